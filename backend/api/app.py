@@ -1,0 +1,43 @@
+"""The FastAPI application: REST under /api/v1, HTML pages, plotly.js served locally."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+
+from backend.api.errors import install_error_handlers
+from backend.api.routes import plan, results, runs
+
+API_PREFIX = "/api/v1"
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="parallab",
+        version="0.1.0",
+        description="A lab bench for distributed-training parallelism: run, measure, predict and compare strategies.",
+    )
+    install_error_handlers(app)
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(runs.router)
+    api.include_router(results.router)
+    api.include_router(plan.router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    _include_pages(app)
+    return app
+
+
+def _include_pages(app: FastAPI) -> None:
+    """The HTML pages (frontend/), when present."""
+    try:
+        from backend.api.routes import pages
+    except ImportError:
+        return
+    pages.install(app)
+
+
+app = create_app()

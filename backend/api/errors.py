@@ -1,0 +1,23 @@
+"""Domain errors → HTTP answers, in one place."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from backend.services.runs import RunNotFound, RunStateError
+from backend.services.validation import SpecError
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SpecError)
+    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": [p.as_detail() for p in exc.problems]})
+
+    @app.exception_handler(RunNotFound)
+    async def _not_found(_: Request, exc: RunNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": f"no run {exc.args[0]!r}"})
+
+    @app.exception_handler(RunStateError)
+    async def _state(_: Request, exc: RunStateError) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})

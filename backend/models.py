@@ -1,0 +1,149 @@
+"""The ORM: runs, their result documents, per-rank rows, per-op communication rows, API tokens.
+
+The columns that list pages and the leaderboard sort and filter on (tokens/s, peak memory,
+MFU, workload key, hardware key) are denormalised onto `runs` and indexed — MLflow's
+`latest_metrics` lesson. The whole document is kept as JSON in `run_results`.
+Migrations (migrations/versions) are the only schema source; tests check they do not drift.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSONB on Postgres (compact, indexable); plain JSON text on SQLite.
+JSONDoc = JSON().with_variant(JSONB(), "postgresql")
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    source: Mapped[str] = mapped_column(String(16), index=True, doc="form, api, cli or ci")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
+    error: Mapped[str | None] = mapped_column(Text)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSONDoc, doc="Latest progress line from rank 0.")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+
+    # Denormalised from spec/result for list pages and the leaderboard.
+    strategy: Mapped[str] = mapped_column(String(32), index=True)
+    world_size: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(64), index=True)
+    workload_key: Mapped[str | None] = mapped_column(String(64), doc="Hash of what must match for runs to be ranked together.")
+    hardware_key: Mapped[str | None] = mapped_column(String(200))
+    branch: Mapped[str | None] = mapped_column(String(200))
+    commit: Mapped[str | None] = mapped_column(String(80))
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    step_time_median_s: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
+    comm_time_fraction: Mapped[float | None] = mapped_column(Float)
+    loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+
+    result: Mapped["RunResult | None"] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
+    ranks: Mapped[list["RankMetric"]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
+
+    __table_args__ = (
+        Index("ix_runs_leaderboard", "workload_key", "hardware_key", "tokens_per_s"),
+        Index("ix_runs_status_created", "status", "created_at"),
+    )
+
+
+class RunResult(Base):
+    """The whole result document of a finished run, and its size-capped traces."""
+
+    __tablename__ = "run_results"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    schema_version: Mapped[int] = mapped_column(Integer)
+    document: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="result")
+
+
+class RankMetric(Base):
+    __tablename__ = "rank_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    params_bytes: Mapped[int] = mapped_column(BigInteger)
+    grads_bytes: Mapped[int] = mapped_column(BigInteger)
+    optimizer_bytes: Mapped[int] = mapped_column(BigInteger)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    step_time_median_s: Mapped[float | None] = mapped_column(Float)
+    comm_time_fraction: Mapped[float | None] = mapped_column(Float)
+
+    run: Mapped[Run] = relationship(back_populates="ranks")
+
+
+class CommMetric(Base):
+    __tablename__ = "comm_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    op: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    time_s: Mapped[float] = mapped_column(Float)
+    busbw_gbps: Mapped[float | None] = mapped_column(Float)
+
+
+class RunTrace(Base):
+    """One rank's gzipped Chrome trace (size-capped), served for Perfetto."""
+
+    __tablename__ = "run_traces"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ApiToken(Base):
+    """A scoped API token; only its SHA-256 is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[str] = mapped_column(String(200), doc="Space-separated: upload, submit, admin.")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)

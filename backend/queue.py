@@ -1,0 +1,44 @@
+"""The Celery app's configuration, shared by the API (which only sends tasks by name) and the
+worker (which registers them in `workers.celery_app`). No torch, no training code here."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from backend.config import Settings
+
+RUN_JOB_TASK = "parallab.run_job"
+
+
+def make_celery(settings: Settings) -> Celery:
+    settings.ensure_home()
+    app = Celery("parallab", broker=settings.celery_broker_url)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_track_started=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        task_default_queue=settings.queue,
+        broker_connection_retry_on_startup=True,
+        # Longer than the longest job, or Redis would hand an unacked job to a second worker.
+        broker_transport_options={"visibility_timeout": settings.max_job_seconds * 2 + 600, "polling_interval": 0.5},
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+@lru_cache(maxsize=4)
+def _client(broker_url: str, settings_json: str) -> Celery:
+    return make_celery(Settings.model_validate_json(settings_json))
+
+
+def enqueue_run(settings: Settings, run_id: str) -> None:
+    """Send the job by name; called only after the run row is committed."""
+    client = _client(settings.celery_broker_url, settings.model_dump_json())
+    client.send_task(RUN_JOB_TASK, args=[run_id], queue=settings.queue)

@@ -1,0 +1,3 @@
+from parallab.cli import app
+
+app(prog_name="parallab")

@@ -1,0 +1,219 @@
+"""The `parallab` command: start the bench, run a job locally, plan, upload, manage the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from backend.config import get_settings
+
+app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+token_app = typer.Typer(help="Scoped API tokens.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+console = Console(stderr=True)
+
+try:  # `parallab plan` lives with the prediction code
+    from parallab.commands.plan import plan as _plan
+
+    app.command("plan", help="Predict memory per rank, communication per step and bubble, before running.")(_plan)
+except ImportError:  # pragma: no cover - only while the plan command is being written
+    pass
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Bring the database schema to the latest migration."""
+    from backend.migrate import upgrade
+
+    settings = get_settings()
+    settings.ensure_home()
+    upgrade(settings.sqlalchemy_url, revision)
+    console.print(f"[green]database at {revision}[/green]")
+
+
+@token_app.command("create")
+def token_create(
+    scope: Annotated[list[str], typer.Option("--scope", help="upload, submit or admin; repeat for several.")],
+    name: Annotated[str, typer.Option(help="What the token is for, e.g. 'ci'.")] = "token",
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from backend.db import session_scope
+    from backend.services.tokens import create_token
+
+    try:
+        with session_scope(get_settings().sqlalchemy_url) as session:
+            token = create_token(session=session, name=name, scopes=scope)
+    except ValueError as exc:
+        console.print(f"[red]--scope: {exc}[/red]")
+        raise typer.Exit(2) from None
+    typer.echo(token)
+
+
+@app.command()
+def worker(
+    queue: Annotated[Optional[str], typer.Option(help="Queue to consume (default from settings).")] = None,
+    loglevel: str = "INFO",
+) -> None:
+    """Run the Celery worker that owns this host's accelerators (one job at a time)."""
+    from workers.celery_app import celery_app
+
+    settings = get_settings()
+    celery_app.worker_main(
+        ["worker", "--pool", "solo", "--concurrency", "1", "--queues", queue or settings.queue,
+         "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--hostname", f"parallab@{os.uname().nodename}"]
+    )
+
+
+@app.command()
+def up(
+    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1: local mode, no login).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+) -> None:
+    """Start parallab: migrate the database, then the API and one worker on the embedded default."""
+    import uvicorn
+
+    from backend.migrate import upgrade
+
+    settings = get_settings()
+    host = host or settings.host
+    port = port or settings.port
+    settings.ensure_home()
+    upgrade(settings.sqlalchemy_url)
+    env = dict(os.environ, PARALLAB_HOST=host, PARALLAB_PORT=str(port))
+    worker_proc = subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], env=env, start_new_session=True)
+    console.print(f"[bold]parallab[/bold] on http://{host}:{port}  (database {settings.sqlalchemy_url.split('@')[-1]}, worker pid {worker_proc.pid})")
+    os.environ["PARALLAB_HOST"] = host
+    get_settings.cache_clear()
+    try:
+        uvicorn.run("backend.api.app:app", host=host, port=port, log_level="info")
+    finally:
+        try:
+            os.killpg(worker_proc.pid, signal.SIGTERM)
+            worker_proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(worker_proc.pid, signal.SIGKILL)
+
+
+@app.command()
+def bench(
+    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp, ring, moe, hybrid or collectives.")] = None,
+    world_size: Annotated[Optional[int], typer.Option("--world-size", min=1)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model preset (tiny, small, gpt2-124m, llama-1b, llama-8b).")] = None,
+    steps: Annotated[Optional[int], typer.Option(min=1)] = None,
+    spec: Annotated[Optional[Path], typer.Option(help="A whole job spec (the API's JSON); flags override it.", exists=True, dir_okay=False)] = None,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Strategy option key=value (JSON value), repeatable.")] = None,
+    trace: Annotated[Optional[bool], typer.Option("--trace/--no-trace", help="Keep Chrome traces and the timeline.")] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
+    run_dir: Annotated[Optional[Path], typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
+) -> None:
+    """Run one job through torchrun on this machine, no server, and write its result document."""
+    from backend.schemas.spec import JobSpec
+    from backend.services.validation import SpecError, resolve_job
+    from workers.execute import run_and_collect
+
+    settings = get_settings()
+    doc = json.loads(spec.read_text()) if spec else {"strategy": {"name": strategy or "single"}}
+    doc.setdefault("workload", {})
+    doc.setdefault("strategy", {})
+    if strategy:
+        doc["strategy"]["name"] = strategy
+    if world_size:
+        doc["strategy"]["world_size"] = world_size
+    if model:
+        doc["workload"]["model"] = model
+    if steps:
+        doc["workload"]["steps"] = steps
+    if trace is not None:
+        doc["trace"] = trace
+    for item in option or []:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            console.print(f"[red]--option {item!r}: expected key=value[/red]")
+            raise typer.Exit(2)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        doc["strategy"].setdefault("options", {})[key] = value
+    try:
+        job = resolve_job(JobSpec.model_validate(doc), max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+    except SpecError as exc:
+        for problem in exc.problems:
+            console.print(f"[red]{'.'.join(map(str, problem.loc))}: {problem.msg}[/red]")
+        raise typer.Exit(2) from None
+    except ValueError as exc:  # pydantic's ValidationError
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+    directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
+    total = job.spec.workload.warmup_steps + job.spec.workload.steps
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task(f"{job.strategy} × {job.world_size} on {job.spec.workload.model}: starting ranks", total=total)
+
+        def on_progress(p: dict) -> None:
+            phase = p.get("phase", "train")
+            done = p.get("step", 0) + 1 + (job.spec.workload.warmup_steps if phase == "train" else 0)
+            loss = p.get("loss")
+            label = f"{job.strategy} × {job.world_size}: {phase}" + (f" loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+            bar.update(task, completed=min(done, total) if phase != "reference" else total, description=label)
+
+        collected = run_and_collect(job, directory, settings=settings, on_progress=on_progress)
+    if collected.document is None:
+        console.print(f"[red]{collected.error}[/red]")
+        raise typer.Exit(1)
+    out.write_text(collected.document.model_dump_json(indent=2))
+    s = collected.document.summary
+    diff = s.loss_max_rel_diff_vs_reference
+    console.print(
+        f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s.median * 1e3:.1f} ms (median), "
+        f"loss diff vs single {diff:.2e}" if diff is not None else f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
+    )
+    console.print(f"result written to {out}")
+
+
+@app.command()
+def upload(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A result document (JSON).")],
+    server: Annotated[str, typer.Option(help="parallab's URL, e.g. http://lab:8000")],
+    token: Annotated[str, typer.Option(envvar="PARALLAB_TOKEN", help="A token with scope 'upload'.")],
+    idempotency_key: Annotated[Optional[str], typer.Option(help="Retries with the same key never store twice.")] = None,
+    branch: Annotated[Optional[str], typer.Option(help="Git branch to record with the result.")] = None,
+    commit: Annotated[Optional[str], typer.Option(help="Git commit to record with the result.")] = None,
+) -> None:
+    """Upload a result document (what CI runs)."""
+    import httpx
+
+    document = json.loads(file.read_text())
+    if branch or commit:
+        source = document.setdefault("source", {}) or {}
+        document["source"] = {**source, **{k: v for k, v in {"branch": branch, "commit": commit}.items() if v}}
+    headers = {"Authorization": f"Bearer {token}"}
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
+    try:
+        response = httpx.post(f"{server.rstrip('/')}/api/v1/results", json=document, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]could not reach {server}: {exc}[/red]")
+        raise typer.Exit(1) from None
+    if response.status_code not in (200, 201):
+        console.print(f"[red]upload refused ({response.status_code}): {response.text}[/red]")
+        raise typer.Exit(1)
+    run = response.json()
+    console.print(f"[green]stored as run {run['id']}[/green] ({'new' if response.status_code == 201 else 'already uploaded'})")
+    typer.echo(run["id"])
+
+
+def main() -> None:  # pragma: no cover
+    app()

@@ -1,0 +1,118 @@
+"""Run a job and turn its ranks' records into a result document.
+
+`parallab bench` calls :func:`run_and_collect` directly; the Celery task calls :func:`execute_run`,
+which adds the database around it: a status guard, live progress, cancel, and one transaction
+for the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from backend.config import Settings
+from backend.db import session_scope
+from backend.schemas.result import ResultDocument
+from backend.schemas.spec import JobSpec
+from backend.services.ingest import attach_result
+from backend.services.runs import validate_spec
+from backend.services.validation import ResolvedJob
+from backend.store import runs as store
+from workers.aggregate import build_result, read_rank_records
+from workers.launcher import LaunchOutcome, launch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Collected:
+    outcome: LaunchOutcome
+    document: ResultDocument | None = None
+    traces: dict[int, bytes] = field(default_factory=dict)
+    error: str | None = None
+    """Why it failed, with the log tail, when it did."""
+
+
+def read_traces(run_dir: Path, world_size: int, cap_bytes: int) -> dict[int, bytes]:
+    """Each rank's gzipped Chrome trace, skipping any over the cap."""
+    traces = {}
+    for rank in range(world_size):
+        path = run_dir / f"trace_rank{rank}.json.gz"
+        if path.exists() and path.stat().st_size <= cap_bytes:
+            traces[rank] = path.read_bytes()
+    return traces
+
+
+def run_and_collect(
+    job: ResolvedJob,
+    run_dir: Path,
+    *,
+    settings: Settings,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> Collected:
+    outcome = launch(
+        job, run_dir, timeout_s=settings.max_job_seconds, cache_dir=settings.resolved_home / "cache" / "reference",
+        on_progress=on_progress, should_cancel=should_cancel,
+    )
+    if not outcome.ok:
+        return Collected(outcome, error=f"training process failed: {outcome.reason}\n--- log tail ---\n{outcome.log_tail}")
+    try:
+        document = build_result(job, read_rank_records(run_dir, job.world_size))
+    except Exception as exc:  # a rank wrote a bad or partial record
+        log.exception("could not build the result of %s", run_dir)
+        return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
+    traces = read_traces(run_dir, job.world_size, settings.max_trace_bytes) if job.spec.trace else {}
+    return Collected(outcome, document=document, traces=traces)
+
+
+def _claim(settings: Settings, run_id: str) -> ResolvedJob | None:
+    """Move a queued run to running; None if it is not queued (the status guard)."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        run = store.get_run_for_update(session, run_id)
+        if run is None or run.status != "queued":
+            log.info("run %s is %s; not running it", run_id, run.status if run else "missing")
+            return None
+        try:
+            job = validate_spec(spec=JobSpec.model_validate(run.spec), settings=settings)
+        except ValueError as exc:
+            store.set_status(session, run, "failed", error=f"invalid spec: {exc}")
+            return None
+        store.set_status(session, run, "running")
+        return job
+
+
+def execute_run(run_id: str, settings: Settings) -> str:
+    """Run a queued run end to end; returns its final status. Never raises for a failed job."""
+    job = _claim(settings, run_id)
+    if job is None:
+        return "skipped"
+    url = settings.sqlalchemy_url
+
+    def on_progress(progress: dict[str, Any]) -> None:
+        with session_scope(url) as session:
+            store.set_progress(session, run_id, progress)
+
+    def should_cancel() -> bool:
+        with session_scope(url) as session:
+            return store.cancel_requested(session, run_id)
+
+    try:
+        collected = run_and_collect(job, settings.runs_dir / run_id, settings=settings, on_progress=on_progress, should_cancel=should_cancel)
+    except Exception as exc:  # the launcher itself broke: the run must still end
+        log.exception("run %s could not be launched", run_id)
+        collected = Collected(LaunchOutcome(None, "launch failed", ""), error=f"could not launch the job: {exc}")
+
+    with session_scope(url) as session:
+        run = store.get_run_for_update(session, run_id)
+        if run is None:
+            return "missing"
+        if collected.outcome.reason == "cancelled":
+            store.set_status(session, run, "cancelled", error="cancelled while running\n--- log tail ---\n" + collected.outcome.log_tail)
+        elif collected.document is None:
+            store.set_status(session, run, "failed", error=collected.error)
+        else:
+            attach_result(session, run=run, document=collected.document, traces=collected.traces)
+        return run.status

@@ -1,0 +1,144 @@
+"""Launch one job's ranks with torchrun as a subprocess in its own process group.
+
+Shared by the Celery task and `parallab bench`: the same command, the same limits, the same
+run directory layout. The caller's process never imports torch or forks ranks itself; a crash,
+a timeout or a cancel takes the whole process group down and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.services.validation import ResolvedJob
+
+LOG_NAME = "torchrun.log"
+LOG_TAIL_LINES = 60
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    returncode: int | None
+    reason: str | None
+    """None on success; else 'exit code N', 'timed out after S s' or 'cancelled'."""
+    log_tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def torchrun_command(job: ResolvedJob, spec_path: Path, run_dir: Path, cache_dir: Path | None) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(job.world_size),
+        "-m", "workers.harness.main", "--spec", str(spec_path), "--run-dir", str(run_dir),
+    ]
+    if cache_dir is not None:
+        cmd += ["--cache-dir", str(cache_dir)]
+    return cmd
+
+
+def rank_environment(job: ResolvedJob) -> dict[str, str]:
+    env = dict(os.environ)
+    cores = os.cpu_count() or 1
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.world_size)))
+    env["PYTHONUNBUFFERED"] = "1"
+    # The ranks import workers/ and backend/ from wherever this process found them.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 64 * 1024))
+        text = fh.read().decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_progress(run_dir: Path) -> dict[str, Any] | None:
+    """The last complete progress line rank 0 wrote, if any."""
+    path = run_dir / "progress.jsonl"
+    if not path.exists():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        try:
+            last = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line still being written
+    return last
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def launch(
+    job: ResolvedJob,
+    run_dir: Path,
+    *,
+    timeout_s: float,
+    cache_dir: Path | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    poll_s: float = 0.5,
+) -> LaunchOutcome:
+    """Run the job's ranks to completion (or until the limit or a cancel) and say how it ended."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(job.to_spec_dict(), indent=2))
+    log_path = run_dir / LOG_NAME
+    deadline = time.monotonic() + timeout_s
+    last_progress = None
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            torchrun_command(job, spec_path, run_dir, cache_dir),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=rank_environment(job), start_new_session=True,
+        )
+        reason = None
+        try:
+            while proc.poll() is None:
+                time.sleep(poll_s)
+                if on_progress is not None:
+                    progress = read_progress(run_dir)
+                    if progress is not None and progress != last_progress:
+                        last_progress = progress
+                        on_progress(progress)
+                if should_cancel is not None and should_cancel():
+                    reason = "cancelled"
+                    _kill_group(proc)
+                    break
+                if time.monotonic() > deadline:
+                    reason = f"timed out after {timeout_s:.0f} s"
+                    _kill_group(proc)
+                    break
+        except BaseException:
+            _kill_group(proc)
+            raise
+    code = proc.returncode
+    if reason is None and code != 0:
+        reason = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(log_path))
