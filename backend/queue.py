@@ -26,10 +26,15 @@ def make_celery(settings: Settings) -> Celery:
         worker_concurrency=1,
         task_default_queue=settings.queue,
         broker_connection_retry_on_startup=True,
-        # Longer than the longest job, or Redis would hand an unacked job to a second worker.
-        broker_transport_options={"visibility_timeout": settings.max_job_seconds * 2 + 600, "polling_interval": 0.5},
         worker_hijack_root_logger=False,
     )
+    if settings.celery_broker_url.startswith(("redis", "rediss")):
+        # Longer than the longest job, or Redis would hand an unacked job to a second worker.
+        app.conf.broker_transport_options = {"visibility_timeout": settings.max_job_seconds * 2 + 600}
+    else:
+        # kombu's SQLAlchemy transport hands its transport options to create_engine; poll briskly.
+        app.conf.broker_transport_options = {}
+        app.conf.broker_polling_interval = 0.5
     return app
 
 

@@ -34,6 +34,10 @@ class RunSummary(BaseModel):
 
 
 class RunRead(RunSummary):
+    """A run with its spec, its error (with the log tail) and, once done, its result document."""
+
+    model_config = ConfigDict(from_attributes=False)
+
     spec: dict[str, Any]
     error: str | None
     cancel_requested: bool

@@ -21,12 +21,12 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it passes `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -51,7 +51,7 @@ async def upload_result(
         document = ResultDocument.model_validate_json(body)
     except ValidationError as exc:
         detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)]
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=detail) from None
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from None
 
     def _write() -> RunRead:  # database work off the event loop
         run, created = ingest_upload(session=session, document=document, idempotency_key=idempotency_key)

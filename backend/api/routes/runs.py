@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from backend.api.deps import CanSubmit, SessionDep, SettingsDep
+from backend.models import Run
 from backend.queue import enqueue_run
 from backend.schemas.runs import RunList, RunRead, RunSummary
 from backend.schemas.spec import JobSpec
@@ -18,10 +19,15 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
-def run_read(run) -> RunRead:
-    view = RunRead.model_validate(run)
-    view.result = run.result.document if run.result is not None else None
-    return view
+def run_read(run: Run) -> RunRead:
+    """The API view of a run, with its result document once it has one."""
+    return RunRead(
+        **RunSummary.model_validate(run).model_dump(),
+        spec=run.spec,
+        error=run.error,
+        cancel_requested=run.cancel_requested,
+        result=run.result.document if run.result is not None else None,
+    )
 
 
 def submit(*, session, settings, spec: JobSpec, source: str):

@@ -1,0 +1,150 @@
+"""The lab-wide leaderboard and the scaling view, from the runs' indexed summary columns.
+
+Runs are ranked only within a group of comparable runs: the same workload (model shape,
+sequence length, global batch, precision, recipe — `workload_key`) on the same hardware
+(`hardware_key`). By default each (strategy, world size) shows its best run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from backend.store import leaderboard as store
+
+MAX_PAGE = 500
+
+
+@dataclass
+class LeaderboardQuery:
+    """What the leaderboard page and its exports were asked for."""
+
+    model: str | None = None
+    hardware_key: str | None = None
+    strategy: str | None = None
+    world_size: int | None = None
+    source: str | None = None
+    branch: str | None = None
+    best_only: bool = True
+    sort: str | None = None
+    descending: bool = True
+    limit: int = 50
+    offset: int = 0
+
+    def filters(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in store.FILTERS}
+
+
+@dataclass
+class Leaderboard:
+    rows: list[dict[str, Any]]
+    total: int
+    query: LeaderboardQuery
+    groups: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(workload_key, hardware_key) → a readable label."""
+
+
+def workload_label(spec: dict[str, Any] | None, model: str) -> str:
+    """A readable name for a workload: preset, shape, sequence length, global batch, precision."""
+    wl = (spec or {}).get("workload") or {}
+    parts = [str(wl.get("model") or model)]
+    if wl.get("num_layers") and wl.get("hidden_size"):
+        parts.append(f"L{wl['num_layers']}·h{wl['hidden_size']}")
+    if wl.get("num_experts"):
+        parts.append(f"{wl['num_experts']} experts")
+    if wl.get("seq_len"):
+        parts.append(f"seq {wl['seq_len']}")
+    if wl.get("global_batch_size"):
+        parts.append(f"batch {wl['global_batch_size']}")
+    if wl.get("precision"):
+        parts.append(str(wl["precision"]))
+    return " · ".join(parts)
+
+
+def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard:
+    """One page of the leaderboard: rows ranked by tokens/s within their group, best marked."""
+    limit = max(1, min(query.limit, MAX_PAGE))
+    rows, total = store.leaderboard_rows(
+        session, filters=query.filters(), best_only=query.best_only, sort=query.sort,
+        descending=query.descending, limit=limit, offset=max(0, query.offset),
+    )
+    # One spec per group on this page names the group; specs are small JSON, not result documents.
+    sample: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        sample.setdefault((row["workload_key"], row["hardware_key"]), row)
+    specs = store.specs(session, [r["id"] for r in sample.values()])
+    groups = {key: workload_label(specs.get(r["id"]), r["model"]) for key, r in sample.items()}
+    for row in rows:
+        row["best"] = row["rank"] == 1
+        row["group_label"] = groups[(row["workload_key"], row["hardware_key"])]
+        row.pop("total", None)
+    return Leaderboard(rows=rows, total=total, query=query, groups=groups)
+
+
+def filter_options(*, session: Session) -> dict[str, list[Any]]:
+    """The values each leaderboard filter can take."""
+    return store.filter_values(session)
+
+
+# ---- scaling ----
+
+
+@dataclass
+class ScalingGroup:
+    workload_key: str
+    hardware_key: str
+    label: str
+    runs: int
+    world_sizes: int
+
+
+@dataclass
+class Scaling:
+    groups: list[ScalingGroup]
+    selected: ScalingGroup | None
+    points: list[dict[str, Any]]
+    """Per (strategy, world size): tokens_per_s, runs, ideal_tokens_per_s, efficiency."""
+
+
+def scaling_groups(*, session: Session) -> list[ScalingGroup]:
+    """Every workload × hardware group, the ones with most world sizes first."""
+    rows = store.workload_groups(session)
+    specs = store.specs(session, [r["sample_id"] for r in rows])
+    return [
+        ScalingGroup(r["workload_key"], r["hardware_key"], workload_label(specs.get(r["sample_id"]), r["model"]), r["runs"], r["world_sizes"])
+        for r in rows
+    ]
+
+
+def with_efficiency(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add the ideal throughput and scaling efficiency to each point.
+
+    The ideal line is linear in world size from a per-rank baseline: the `single` reference
+    when the group has one, otherwise each strategy's own smallest world size.
+    """
+    single = [p for p in points if p["strategy"] == "single"]
+    reference = (single[0]["tokens_per_s"] / single[0]["world_size"]) if single else None
+    smallest: dict[str, dict[str, Any]] = {}
+    for p in points:
+        if p["strategy"] not in smallest or p["world_size"] < smallest[p["strategy"]]["world_size"]:
+            smallest[p["strategy"]] = p
+    out = []
+    for p in points:
+        base = reference if reference is not None else smallest[p["strategy"]]["tokens_per_s"] / smallest[p["strategy"]]["world_size"]
+        ideal = base * p["world_size"]
+        out.append({**p, "ideal_tokens_per_s": ideal, "efficiency": (p["tokens_per_s"] / ideal) if ideal else None})
+    return out
+
+
+def get_scaling(*, session: Session, workload_key: str | None = None, hardware_key: str | None = None) -> Scaling:
+    """Throughput against world size per strategy for one group (default: the best-covered one)."""
+    groups = scaling_groups(session=session)
+    selected = next((g for g in groups if g.workload_key == workload_key and (hardware_key is None or g.hardware_key == hardware_key)), None)
+    if selected is None and groups:
+        selected = groups[0]
+    points = []
+    if selected is not None:
+        points = with_efficiency(store.scaling_points(session, workload_key=selected.workload_key, hardware_key=selected.hardware_key))
+    return Scaling(groups=groups, selected=selected, points=points)

@@ -1,0 +1,112 @@
+"""SQL for the leaderboard and the scaling page — only the indexed summary columns of `runs`.
+
+Never loads result documents: with 10,000 runs the leaderboard is one windowed query over the
+denormalised columns (MLflow's `latest_metrics` lesson), plus a look-up of the few specs shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, distinct, func, select
+from sqlalchemy.orm import Session
+
+from backend.models import Run
+
+# Columns a leaderboard row carries, in display order.
+ROW_COLUMNS = (
+    "id", "name", "model", "strategy", "world_size", "workload_key", "hardware_key", "tokens_per_s", "mfu",
+    "peak_allocated_bytes_max", "step_time_median_s", "comm_time_fraction", "loss_max_rel_diff",
+    "source", "branch", "commit", "created_at",
+)
+SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
+FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch")
+
+
+def _ranked_runs(filters: dict[str, Any]) -> Select:
+    """Finished runs with a throughput, the filters applied, numbered within their strategy config."""
+    config = (Run.workload_key, Run.hardware_key, Run.strategy, Run.world_size)
+    query = select(
+        *(getattr(Run, c) for c in ROW_COLUMNS),
+        func.row_number().over(partition_by=config, order_by=(Run.tokens_per_s.desc(), Run.id)).label("config_order"),
+        func.count().over(partition_by=config).label("config_runs"),
+    ).where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None))
+    for name in FILTERS:
+        value = filters.get(name)
+        if value is not None and value != "":
+            query = query.where(getattr(Run, name) == value)
+    return query
+
+
+def leaderboard_rows(
+    session: Session, *, filters: dict[str, Any], best_only: bool, sort: str | None, descending: bool, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of leaderboard rows (each ranked within its workload × hardware group) and the total."""
+    ranked = _ranked_runs(filters).subquery("ranked")
+    group = (ranked.c.workload_key, ranked.c.hardware_key)
+    scored = select(
+        ranked,
+        func.rank().over(partition_by=group, order_by=ranked.c.tokens_per_s.desc()).label("rank"),
+        func.count().over(partition_by=group).label("group_size"),
+    )
+    if best_only:
+        scored = scored.where(ranked.c.config_order == 1)
+    scored = scored.subquery("scored")
+    order: list[ColumnElement] = []
+    if sort in SORTABLE and sort is not None:
+        column = scored.c[sort]
+        order.append((column.desc() if descending else column.asc()).nulls_last())
+    order += [scored.c.model, scored.c.workload_key, scored.c.hardware_key, scored.c.rank, scored.c.id]
+    page = select(scored, func.count().over().label("total")).order_by(*order).limit(limit).offset(offset)
+    rows = [dict(r._mapping) for r in session.execute(page)]
+    total = rows[0]["total"] if rows else _count(session, scored)
+    return rows, total
+
+
+def _count(session: Session, scored) -> int:
+    return session.execute(select(func.count()).select_from(scored)).scalar_one()
+
+
+def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The job specs of a few runs (for group labels): small JSON, never result documents."""
+    if not run_ids:
+        return {}
+    return dict(session.execute(select(Run.id, Run.spec).where(Run.id.in_(list(run_ids)))).tuples())
+
+
+def filter_values(session: Session) -> dict[str, list[Any]]:
+    """Distinct values of each filter over ranked runs, for the filter menus."""
+    out: dict[str, list[Any]] = {}
+    base = (Run.status == "succeeded", Run.tokens_per_s.is_not(None))
+    for name in FILTERS:
+        column = getattr(Run, name)
+        query = select(distinct(column)).where(*base, column.is_not(None)).order_by(column)
+        out[name] = list(session.execute(query).scalars())
+    return out
+
+
+def workload_groups(session: Session) -> list[dict[str, Any]]:
+    """Every (workload, hardware) group: its size, how many world sizes, and one run to label it."""
+    query = (
+        select(
+            Run.workload_key, Run.hardware_key, func.min(Run.model).label("model"), func.count().label("runs"),
+            func.count(distinct(Run.world_size)).label("world_sizes"), func.min(Run.id).label("sample_id"),
+        )
+        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None))
+        .group_by(Run.workload_key, Run.hardware_key)
+        .order_by(func.count(distinct(Run.world_size)).desc(), func.count().desc(), Run.workload_key)
+    )
+    return [dict(r._mapping) for r in session.execute(query)]
+
+
+def scaling_points(session: Session, *, workload_key: str, hardware_key: str) -> list[dict[str, Any]]:
+    """Best tokens/s per (strategy, world size) within one group."""
+    query = (
+        select(Run.strategy, Run.world_size, func.max(Run.tokens_per_s).label("tokens_per_s"), func.count().label("runs"))
+        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None),
+               Run.workload_key == workload_key, Run.hardware_key == hardware_key)
+        .group_by(Run.strategy, Run.world_size)
+        .order_by(Run.strategy, Run.world_size)
+    )
+    return [dict(r._mapping) for r in session.execute(query)]

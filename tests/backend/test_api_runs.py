@@ -1,0 +1,108 @@
+"""The REST API on SQLite and on Postgres: submit, validate, list, read, cancel, health."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from backend.db import session_scope
+from backend.models import Run
+
+VALID = {"workload": {"model": "tiny", "steps": 3}, "strategy": {"name": "ddp", "world_size": 2}}
+
+
+def run_count(url: str) -> int:
+    with session_scope(url) as session:
+        return session.execute(select(func.count()).select_from(Run)).scalar_one()
+
+
+def test_healthz_and_openapi(client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/results", "/api/v1/plan"} <= set(paths)
+
+
+def test_submit_valid_spec_is_queued_with_resolved_spec(client, settings) -> None:
+    response = client.post("/api/v1/runs", json=VALID)
+    assert response.status_code == 202, response.text
+    run = response.json()
+    assert run["status"] == "queued"
+    assert run["source"] == "api"
+    assert run["strategy"] == "ddp" and run["world_size"] == 2
+    # Defaults are filled in, so the stored spec is exactly what will run.
+    assert run["spec"]["workload"]["hidden_size"] == 64
+    assert run["spec"]["strategy"]["options"] == {"bucket_cap_mb": 25.0}
+    assert client.get(f"/api/v1/runs/{run['id']}").json()["id"] == run["id"]
+    assert run_count(settings.sqlalchemy_url) == 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "loc", "words"),
+    [
+        ({"strategy": {"name": "warp", "world_size": 2}}, ["body", "strategy", "name"], "single"),
+        ({"strategy": {"name": "ddp", "world_size": 64}}, ["body", "strategy", "world_size"], "limit of 4"),
+        ({"workload": {"steps": 0}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
+        ({"workload": {"steps": -3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
+        ({"workload": {"model": "gpt5"}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "model"], "unknown model"),
+        ({"workload": {"num_heads": 3, "hidden_size": 66}, "strategy": {"name": "tp", "world_size": 2}}, ["body", "workload", "num_heads"], "not divisible by 2"),
+        ({"workload": {"num_layers": 3}, "strategy": {"name": "pp", "world_size": 2}}, ["body", "workload", "num_layers"], "layers (3)"),
+        ({"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}}, ["body", "strategy", "options", "microbatches"], "at least the number of stages"),
+        ({"workload": {"seq_len": 66}, "strategy": {"name": "ring", "world_size": 4}}, ["body", "workload", "seq_len"], "sequence length"),
+        ({"workload": {"num_experts": 3}, "strategy": {"name": "moe", "world_size": 2}}, ["body", "workload", "num_experts"], "experts (3)"),
+        ({"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 3}}}, ["body", "strategy", "options", "tp"], "world size 4"),
+        ({"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}}, ["body", "strategy", "options", "bucket"], "not permitted"),
+        ({"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "stepz"], "not permitted"),
+    ],
+)
+def test_bad_spec_is_422_naming_the_field_and_nothing_is_stored(client, settings, spec, loc, words) -> None:
+    response = client.post("/api/v1/runs", json=spec)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    matching = [d for d in detail if d["loc"] == loc]
+    assert matching, f"no error at {loc}: {detail}"
+    assert words in matching[0]["msg"]
+    assert run_count(settings.sqlalchemy_url) == 0
+
+
+def test_list_runs_pages_with_a_cursor(client) -> None:
+    ids = [client.post("/api/v1/runs", json=VALID).json()["id"] for _ in range(5)]
+    first = client.get("/api/v1/runs", params={"limit": 2}).json()
+    assert [r["id"] for r in first["items"]] == ids[::-1][:2]
+    assert first["next_cursor"]
+    seen = [r["id"] for r in first["items"]]
+    cursor = first["next_cursor"]
+    while cursor:
+        page = client.get("/api/v1/runs", params={"limit": 2, "cursor": cursor}).json()
+        seen += [r["id"] for r in page["items"]]
+        cursor = page["next_cursor"]
+    assert seen == ids[::-1]
+    assert client.get("/api/v1/runs", params={"cursor": "garbage"}).status_code == 422
+    assert client.get("/api/v1/runs", params={"status": "succeeded"}).json()["items"] == []
+
+
+def test_cancel_a_queued_run_and_not_twice(client) -> None:
+    run_id = client.post("/api/v1/runs", json=VALID).json()["id"]
+    cancelled = client.post(f"/api/v1/runs/{run_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert client.post(f"/api/v1/runs/{run_id}/cancel").status_code == 409
+    assert client.get("/api/v1/runs/nope").status_code == 404
+
+
+def test_trace_of_a_run_without_one_is_404(client) -> None:
+    run_id = client.post("/api/v1/runs", json=VALID).json()["id"]
+    response = client.get(f"/api/v1/runs/{run_id}/trace")
+    assert response.status_code == 404 and "trace" in response.json()["detail"]
+
+
+def test_outside_local_mode_submitting_needs_a_token(client, settings) -> None:
+    settings.host = "0.0.0.0"
+    assert client.post("/api/v1/runs", json=VALID).status_code == 401
+    assert run_count(settings.sqlalchemy_url) == 0
+
+
+def test_plan_endpoint_predicts_sharded_state(client) -> None:
+    ddp = client.get("/api/v1/plan", params={"strategy": "ddp", "world_size": 4}).json()["prediction"]
+    fsdp = client.get("/api/v1/plan", params={"strategy": "fsdp", "world_size": 4}).json()["prediction"]
+    assert fsdp["model_state_bytes_per_rank"]["params"] * 4 == pytest.approx(ddp["model_state_bytes_per_rank"]["params"], rel=0.02)
+    bad = client.get("/api/v1/plan", params={"strategy": "tp", "world_size": 3})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "workload", "num_heads"]

@@ -1,0 +1,94 @@
+"""Shared fixtures: real databases (SQLite file and a scratch Postgres database), settings,
+an API client on each, and the environment a worker subprocess needs to see the same ones.
+
+Postgres: 127.0.0.1:5432 (trust auth). Each test session creates its own database and drops it
+at the end, so parallel sessions and the developer's data never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from backend.config import Settings, get_settings
+from backend.migrate import upgrade
+
+PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+TABLES = ("comm_metrics", "rank_metrics", "run_traces", "run_results", "runs", "api_tokens")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated Postgres database for this test session."""
+    name = f"parallab_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    yield url
+    from backend.db import get_engine
+
+    get_engine(url).dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("sqlite") / "parallab.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each test that takes this runs once on SQLite and once on Postgres; tables are emptied after."""
+    url = request.getfixturevalue(f"{request.param}_url")
+    yield url
+    from backend.db import get_engine
+
+    with get_engine(url).begin() as conn:
+        for table in TABLES:
+            conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path: Path) -> Settings:
+    """Settings on the test database with the embedded (SQLite) broker under a temp home."""
+    return Settings(home=tmp_path / "home", database_url=db_url, max_world_size=4)
+
+
+@pytest.fixture
+def client(settings: Settings):
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """Environment for a `parallab worker` subprocess that must see exactly `settings`."""
+    env = dict(os.environ)
+    env.update(
+        PARALLAB_HOME=str(settings.resolved_home),
+        PARALLAB_DATABASE_URL=settings.sqlalchemy_url,
+        PARALLAB_BROKER_URL=settings.celery_broker_url,
+        PARALLAB_MAX_WORLD_SIZE=str(settings.max_world_size),
+        PARALLAB_MAX_JOB_SECONDS=str(settings.max_job_seconds),
+        PARALLAB_QUEUE=settings.queue,
+        OMP_NUM_THREADS="1",
+    )
+    return env
