@@ -1,0 +1,163 @@
+"""The whole job path with real parts: REST → Celery worker (Redis or the embedded SQLite
+transport) → torchrun ranks → result ingested into Postgres or SQLite in one transaction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.api.app import create_app
+from backend.config import Settings, get_settings
+from backend.db import session_scope
+from backend.models import Run
+from backend.store import runs as store
+from tests.conftest import REDIS_URL, worker_env
+
+pytestmark = pytest.mark.slow
+
+DDP = {"name": "e2e ddp", "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1}, "strategy": {"name": "ddp", "world_size": 2}}
+
+
+def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen:
+    log = log_path.open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "parallab", "worker", "--loglevel", "INFO"],
+        env=worker_env(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def api_client(settings: Settings) -> TestClient:
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    return TestClient(app)
+
+
+def wait_for(client: TestClient, run_id: str, statuses: set[str], timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.get(f"/api/v1/runs/{run_id}").json()
+        if run["status"] in statuses:
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} never reached {statuses}; last: {run['status']} {run.get('error')}")
+
+
+def assert_ddp_result(run: dict) -> None:
+    assert run["status"] == "succeeded", run["error"]
+    result = run["result"]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert result["summary"]["tokens_per_s"] > 0
+    assert result["strategy"] == {"name": "ddp", "world_size": 2, "options": {"bucket_cap_mb": 25.0}}
+    assert result["summary"]["loss_max_rel_diff_vs_reference"] <= 1e-4
+    assert all(r["model_state_bytes"]["params"] > 0 and r["peak_rss_bytes"] > 0 for r in result["ranks"])
+    assert run["tokens_per_s"] == pytest.approx(result["summary"]["tokens_per_s"])
+
+
+@pytest.fixture(scope="module")
+def redis_setup(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, TestClient]]:
+    home = tmp_path_factory.mktemp("redis-home")
+    # A queue of our own, so nothing another session left in Redis reaches this worker.
+    settings = Settings(home=home, database_url=postgres_url, broker_url=REDIS_URL, queue=f"parallab-test-{uuid.uuid4().hex[:8]}")
+    worker = start_worker(settings, home / "worker.log")
+    with api_client(settings) as client:
+        yield settings, client
+    stop_worker(worker)
+
+
+def test_cancel_a_running_job_kills_its_ranks(redis_setup) -> None:
+    settings, client = redis_setup
+    long = {**DDP, "name": "long", "workload": {"model": "tiny", "steps": 5000}}
+    run_id = client.post("/api/v1/runs", json=long).json()["id"]
+    running = wait_for(client, run_id, {"running", "failed", "succeeded"})
+    assert running["status"] == "running"
+    deadline = time.monotonic() + 120
+    while not (client.get(f"/api/v1/runs/{run_id}").json()["progress"] or {}).get("phase") == "train":
+        assert time.monotonic() < deadline, "no live progress reached the API"
+        time.sleep(0.5)
+    assert client.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    run = wait_for(client, run_id, {"cancelled", "failed", "succeeded"}, timeout=60)
+    assert run["status"] == "cancelled"
+    assert "log tail" in run["error"]
+    assert run["result"] is None
+
+
+def test_ddp_job_over_redis_into_postgres_succeeds(redis_setup) -> None:
+    """Also proves the worker carried on after the cancelled job before it."""
+    settings, client = redis_setup
+    response = client.post("/api/v1/runs", json=DDP)
+    assert response.status_code == 202
+    run = wait_for(client, response.json()["id"], {"succeeded", "failed", "cancelled"})
+    assert_ddp_result(run)
+    assert settings.sqlalchemy_url.startswith("postgresql")
+
+
+def test_ddp_job_on_the_embedded_default_succeeds(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")  # SQLite database and SQLite broker, no server
+    assert settings.celery_broker_url.startswith("sqla+sqlite")
+    from backend.migrate import upgrade
+
+    upgrade(settings.sqlalchemy_url)
+    worker = start_worker(settings, tmp_path / "worker.log")
+    try:
+        with api_client(settings) as client:
+            run = wait_for(client, client.post("/api/v1/runs", json=DDP).json()["id"], {"succeeded", "failed", "cancelled"})
+    finally:
+        stop_worker(worker)
+    assert_ddp_result(run)
+
+
+def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, tmp_path: Path) -> None:
+    """A rank dying (as the OOM killer would) fails the run; the caller survives and says why."""
+    from backend.services.runs import create_run
+    from workers.execute import execute_run
+
+    settings = Settings(home=tmp_path / "home", database_url=sqlite_url)
+    with session_scope(sqlite_url) as session:
+        from backend.schemas.spec import JobSpec
+
+        run_id = create_run(session=session, spec=JobSpec.model_validate({**DDP, "workload": {"model": "tiny", "steps": 5000}}), settings=settings, source="api").id
+
+    def kill_a_rank() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with session_scope(sqlite_url) as session:
+                progress = store.get_run(session, run_id).progress
+            if progress and progress.get("phase") == "train":
+                ranks = [p for p in psutil.process_iter(["cmdline"]) if "workers.harness.main" in " ".join(p.info["cmdline"] or []) and "--run-dir" in (p.info["cmdline"] or [])
+                         and str(settings.runs_dir / run_id) in " ".join(p.info["cmdline"])]
+                if ranks:
+                    ranks[-1].kill()
+                    return
+            time.sleep(0.3)
+
+    killer = threading.Thread(target=kill_a_rank)
+    killer.start()
+    status = execute_run(run_id, settings)
+    killer.join()
+    assert status == "failed"
+    with session_scope(sqlite_url) as session:
+        run = session.get(Run, run_id)
+        assert run.status == "failed" and run.finished_at is not None
+        assert "training process failed" in run.error and "log tail" in run.error
+        assert run.result is None
+    # The status guard: a finished run never runs again.
+    assert execute_run(run_id, settings) == "skipped"
