@@ -1,0 +1,276 @@
+"""The workload model: a Llama-style decoder built from a `ModelConfig`.
+
+Parameter layout is contractual — `backend.workload.param_counts` counts exactly these tensors:
+token embedding; per block RMSNorm, q/k/v/o without bias, RMSNorm, SwiGLU MLP (w1, w3: h→f;
+w2: f→h) or an MoE MLP (router h→E and E SwiGLU experts stored stacked); final RMSNorm; an untied
+LM head. Rotary positions, no position table.
+
+Names are chosen for the strategies: blocks live in a `ModuleDict` keyed "0".."L-1" so pipeline
+stages can drop blocks without renaming the others (torchtitan's layout), and the three hooks a
+strategy may set are plain attributes — `Attention.attn_fn` (ring attention swaps it),
+`MoE.dispatch` (expert parallel swaps it) and `Block.checkpoint` (activation checkpointing).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from backend.workload import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape (T, head_dim/2) for the given *global* token positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., 2i], x[..., 2i+1]); x is (B, T, heads, D)."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Default attention: (B, heads, T, D) in and out, causal over the full local sequence."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(h, h, bias=False)
+        self.wk = nn.Linear(h, h, bias=False)
+        self.wv = nn.Linear(h, h, bias=False)
+        self.wo = nn.Linear(h, h, bias=False)
+        self.attn_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_sdpa
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism wq/wk/wv are column-sharded and hold heads/tp heads.
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert on the rows routed to it."""
+    return (F.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def local_dispatch(moe: "MoE", xs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """Every expert is on this rank: group the routed rows by expert, run each, restore the order."""
+    order = torch.argsort(expert_ids, stable=True)
+    counts = torch.bincount(expert_ids - moe.expert_offset, minlength=moe.num_local_experts)
+    out = moe.run_experts(xs[order], counts.tolist())
+    return out[torch.argsort(order)]
+
+
+class MoE(nn.Module):
+    """Top-k softmax router over E SwiGLU experts with a capacity per expert and Switch's aux loss.
+
+    Routing is per *group* of batch rows (`route_groups`, default 1): each group gets capacity
+    ceil(capacity_factor · tokens_in_group · top_k / E); within an expert's queue the slots are
+    served first-choice-first, then by token order, and those past capacity are dropped (the
+    token keeps only its residual). The aux loss is the mean over groups of
+    E · Σ_e f_e · P_e (f_e: share of the group's routed slots sent to e, P_e: mean router prob).
+    Under expert parallelism each rank's local batch is one group, so a single process that
+    routes the same rows in `dp` groups computes the very same thing (see expert_parallel.py).
+
+    The experts' weights are stacked (E, h, f) so expert parallelism slices the first dim;
+    `dispatch` moves routed rows to their experts and back (local here, all-to-all under EP).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, f, e = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_experts
+        self.num_experts, self.top_k, self.capacity_factor = e, cfg.top_k, cfg.capacity_factor
+        self.router = nn.Linear(h, e, bias=False)
+        self.w1 = nn.Parameter(torch.empty(e, h, f))
+        self.w3 = nn.Parameter(torch.empty(e, h, f))
+        self.w2 = nn.Parameter(torch.empty(e, f, h))
+        self.expert_offset = 0
+        self.num_local_experts = e
+        self.route_groups = 1
+        self.dispatch: Callable[["MoE", torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
+        self.aux_loss: torch.Tensor = torch.zeros(())
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Counters over the forwards since the last reset (plain tensors, not buffers: DDP would broadcast buffers)."""
+        self.stat_routed = torch.zeros(self.num_experts, dtype=torch.long)
+        self.stat_dropped = torch.zeros((), dtype=torch.long)
+
+    def run_experts(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows sorted by local expert, `counts[i]` rows for local expert i."""
+        outs = [expert_ffn(chunk, self.w1[i], self.w3[i], self.w2[i]) for i, chunk in enumerate(xs.split(counts)) if counts[i]]
+        return torch.cat(outs) if outs else xs.new_zeros((0, xs.shape[-1]))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token, expert, gate, keep) per slot in k-major order, and the aux loss, for one group."""
+        t, e, k = x.shape[0], self.num_experts, self.top_k
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        gate, idx = probs.topk(k, dim=-1)
+        experts = idx.t().reshape(-1)  # slot order: every token's 1st choice, then 2nd, ...
+        gates = gate.t().reshape(-1)
+        tokens = torch.arange(t, device=x.device).repeat(k)
+        onehot = F.one_hot(experts, e)
+        position = (onehot.cumsum(0) - 1).gather(1, experts[:, None]).squeeze(1)
+        capacity = math.ceil(self.capacity_factor * t * k / e)
+        keep = position < capacity
+        routed = onehot.sum(0)
+        aux = e * ((routed.float() / (t * k)) * probs.mean(0)).sum()
+        if torch._C._current_graph_task_id() == -1:  # not a checkpoint recompute inside backward
+            self.stat_routed += routed.detach().cpu()
+            self.stat_dropped += (~keep).sum().detach().cpu()
+        return tokens, experts, gates, keep, aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        flat = x.reshape(-1, h)
+        groups = self.route_groups
+        if b % groups:
+            raise ValueError(f"batch rows {b} do not split into {groups} routing groups")
+        per = b // groups * t
+        tok, exp, gate, aux = [], [], [], []
+        for g in range(groups):
+            tokens, experts, gates, keep, aux_g = self.route(flat[g * per:(g + 1) * per])
+            tok.append(tokens[keep] + g * per)
+            exp.append(experts[keep])
+            gate.append(gates[keep])
+            aux.append(aux_g)
+        tokens, experts, gates = torch.cat(tok), torch.cat(exp), torch.cat(gate)
+        self.aux_loss = torch.stack(aux).mean()
+        out = self.dispatch(self, flat[tokens], experts)
+        y = flat.new_zeros(flat.shape, dtype=out.dtype).index_add(0, tokens, out * gates[:, None].to(out.dtype))
+        return y.view(b, t, h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.feed_forward: nn.Module = MoE(cfg) if cfg.is_moe else FeedForward(cfg)
+        self.checkpoint = False
+        """Recompute this block in backward (set by `apply_activation_checkpointing`)."""
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """The decoder. `tok_embeddings`, `norm` and `output` may be None in a pipeline stage."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings: nn.Module | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
+        self.norm: nn.Module | None = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.output: nn.Module | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.aux_loss_coef = 0.0
+        """Weight of the MoE load-balancing loss added in `forward(..., labels=)`."""
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Deterministic init (call under `torch.manual_seed`): N(0, 0.02), norms at one."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def moe_layers(self) -> list[nn.Module]:
+        return [blk.feed_forward for blk in self.layers.values() if hasattr(blk.feed_forward, "aux_loss")]
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V), or with `labels` the loss: mean cross-entropy (+ MoE aux loss).
+
+        `tokens` is token ids on the first stage and hidden states (B, T, h) on later pipeline
+        stages. `positions` are the global positions of the local tokens (ring attention holds a
+        slice of the sequence); by default 0..T-1.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if positions is None:
+            # From the input, not from h: under sequence parallelism h is a sequence shard.
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        for block in self.layers.values():
+            h = block(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is None:
+            return h
+        logits = self.output(h)
+        if labels is None:
+            return logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        moe = self.moe_layers()
+        if moe and self.aux_loss_coef:
+            loss = loss + self.aux_loss_coef * sum(m.aux_loss for m in moe)
+        return loss
+
+
+def build_model(cfg: ModelConfig, *, seed: int, aux_loss_coef: float = 0.0, route_groups: int = 1) -> Transformer:
+    """The full model on CPU, identical on every rank for a seed; strategies shard it afterwards.
+
+    `route_groups` (MoE only): the batch rows are routed in that many equal groups, each with its
+    own capacity and aux loss — how expert parallelism over `route_groups` ranks routes.
+    """
+    torch.manual_seed(seed)
+    model = Transformer(cfg)
+    model.aux_loss_coef = aux_loss_coef if cfg.is_moe else 0.0
+    for moe in model.moe_layers():
+        moe.route_groups = route_groups
+    return model
+
+
+def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
+    """none; full = recompute every block; selective = every other block (torchtitan's layer SAC)."""
+    for i, block in enumerate(model.layers.values()):
+        block.checkpoint = mode == "full" or (mode == "selective" and i % 2 == 0)

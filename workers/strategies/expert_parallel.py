@@ -1,0 +1,115 @@
+"""`moe`: expert parallelism — each rank owns num_experts/world experts; tokens travel by all-to-all.
+
+Data is split over the ranks (the "ep" mesh dim doubles as data parallel). On each rank the MoE
+layer routes its local tokens (`MoE.route`: softmax router, top-k, capacity per expert, drops
+past capacity, Switch aux loss), then `ep_dispatch` sends every kept slot to the rank owning its
+expert: per-expert counts are exchanged first (all_to_all_single on a count vector), then the
+rows (an autograd-aware all-to-all: its backward is the reverse all-to-all), the owner runs its
+experts, and a second all-to-all brings the results back to be combined with the gates.
+
+Gradients: non-expert parameters are replicated and each rank's loss is over 1/world of the
+batch, so their gradients are averaged (one flat all-reduce). An expert's gradient already sums
+the contributions of every rank's loss (they arrived through the all-to-all backward), so it is
+divided by world — both give the gradient of the global mean loss.
+
+Equality with the single-process reference: capacity and the aux loss are per routing group, and
+under EP a group is one rank's micro-batch. The reference (`build_model(route_groups=dp)`) routes
+each micro-step's rows in dp equal groups, and `data.micro_batch` lays rows out so that group g is
+exactly rank g's rows. The reference therefore keeps and drops the same slots, uses the same
+capacities and averages the same aux losses; the loss is mean CE + coef × Σ_layers mean-group-aux
+on both sides, equal up to float summation order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workers.harness.model import MoE
+from workers.strategies import flat_all_reduce_
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single whose backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group: Any):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
+    return _AllToAll.apply(x, out_splits, in_splits, group)
+
+
+def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: Any) -> torch.Tensor:
+    """Run each routed row on its expert's rank; rows come back in the order they were given."""
+    world, local = dist.get_world_size(group), moe.num_local_experts
+    order = torch.argsort(expert_ids, stable=True)  # by expert, hence by owner rank
+    counts = torch.bincount(expert_ids, minlength=moe.num_experts)
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)  # [source rank][my local expert]
+    recv_counts = recv_counts.view(world, local)
+    send_splits = counts.view(world, local).sum(1).tolist()
+    recv_splits = recv_counts.sum(1).tolist()
+    received = all_to_all(xs[order], recv_splits, send_splits, group)
+    # Received rows are ordered by source, then local expert: regroup by local expert.
+    local_ids = torch.arange(local, device=xs.device).repeat(world).repeat_interleave(recv_counts.flatten())
+    regroup = torch.argsort(local_ids, stable=True)
+    out = moe.run_experts(received[regroup], recv_counts.sum(0).tolist())[torch.argsort(regroup)]
+    returned = all_to_all(out, send_splits, recv_splits, group)
+    return returned[torch.argsort(order)]
+
+
+def shard_experts(model: nn.Module, group: Any) -> nn.Module:
+    """Keep this rank's contiguous slice of every MoE layer's experts; route through all-to-all."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        local = moe.num_experts // world
+        lo = rank * local
+        for name in ("w1", "w2", "w3"):
+            setattr(moe, name, nn.Parameter(getattr(moe, name).data[lo:lo + local].clone()))
+        moe.expert_offset, moe.num_local_experts = lo, local
+        moe.dispatch = lambda m, xs, ids, _g=group: ep_dispatch(m, xs, ids, group=_g)
+    return model
+
+
+def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
+    model.aux_loss_coef = options["aux_loss_coef"]
+    shard_experts(model, ctx.mesh.get_group())
+    return model.to(ctx.device)
+
+
+def local_batch(inputs: torch.Tensor, labels: torch.Tensor, ctx: Any, options: dict[str, Any], micro_step: int) -> Any:
+    from workers.harness.data import micro_batch
+    from workers.strategies import MicroBatch
+
+    n, r = ctx.mesh.size(), ctx.mesh.get_local_rank()
+    take = lambda t: micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=n, dp_rank=r)  # noqa: E731
+    return MicroBatch(take(inputs), take(labels))
+
+
+def _is_expert(model: nn.Module) -> dict[int, bool]:
+    experts = {id(getattr(m, n)) for m in model.modules() if isinstance(m, MoE) for n in ("w1", "w2", "w3")}
+    return {id(p): id(p) in experts for p in model.parameters()}
+
+
+def sync_grads(model: nn.Module, ctx: Any, options: dict[str, Any]) -> None:
+    n = ctx.mesh.size()
+    expert = _is_expert(model)
+    flat_all_reduce_([p.grad for p in model.parameters() if p.grad is not None and not expert[id(p)]], ctx.mesh.get_group(), scale=1.0 / n)
+    for p in model.parameters():
+        if p.grad is not None and expert[id(p)]:
+            p.grad.div_(n)

@@ -1,0 +1,65 @@
+"""`tp`: Megatron tensor parallelism with `torch.distributed.tensor.parallel`.
+
+Per block: wq/wk/wv column-parallel (each rank holds heads/tp whole heads — `Attention` infers its
+local head count from the projection's width), wo row-parallel; w1/w3 column-parallel, w2
+row-parallel. So each block costs one all-reduce of (b, s, h) after attention and one after the
+MLP. The embedding is row-parallel over the vocabulary, the LM head column-parallel with its
+logits gathered (replicated) so the loss is the plain cross-entropy on every rank.
+
+`sequence_parallel`: the residual stream and the norms are sharded over the sequence
+(SequenceParallel on norms); each all-reduce becomes a reduce-scatter (row-parallel output
+Shard(1)) plus an all-gather before the next column-parallel input (PrepareModuleInput).
+Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on this mesh).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) -> nn.Module:
+    """Apply the Megatron plan to `model` (embedding, blocks, head) on the 1-D `mesh`."""
+    sp = sequence_parallel
+    residual = Shard(1) if sp else Replicate()
+    root_plan: dict[str, Any] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
+        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True),
+    }
+    if sp:
+        root_plan["norm"] = SequenceParallel()
+    parallelize_module(model, mesh, root_plan)
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+        }
+        if sp:
+            # Norms run on the sequence shard; gather the sequence just before each column-parallel
+            # input (the attention's rotary tables and masks are plain, full-sequence tensors).
+            plan["attention_norm"] = SequenceParallel()
+            plan["ffn_norm"] = SequenceParallel()
+            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None))
+            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        parallelize_module(block, mesh, plan)
+    return model
+
+
+def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
+    model = model.to(ctx.device)
+    return parallelize(model, ctx.mesh["tp"] if ctx.mesh.ndim > 1 else ctx.mesh, sequence_parallel=options["sequence_parallel"])
