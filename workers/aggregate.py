@@ -58,6 +58,8 @@ def build_result(job: ResolvedJob, records: list[dict[str, Any]]) -> ResultDocum
         loss=loss,
     )
     timeline = [event for r in records for event in r.get("timeline", [])]
+    prediction = predict(job) if training else {}
+    flags = metrics.prediction_flags(prediction=prediction, summary=summary, ranks=ranks, precision=job.spec.workload.precision) if training else []
     return ResultDocument.model_validate(
         {
             "schema_version": SCHEMA_VERSION,
@@ -69,7 +71,8 @@ def build_result(job: ResolvedJob, records: list[dict[str, Any]]) -> ResultDocum
             "summary": summary,
             "ranks": ranks,
             "loss": loss,
-            "prediction": predict(job) if training else {},
+            "prediction": prediction,
+            "flags": flags,
             "timeline": timeline,
             "collectives": lead.get("collectives", []),
             "tags": job.spec.tags,

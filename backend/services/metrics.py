@@ -124,3 +124,59 @@ def summarize(
         "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,
         "final_loss": values[-1] if values else None,
     }
+
+
+FLAG_TOLERANCE = 0.10
+"""A measured figure further than this (relative) from its prediction is flagged (shared/DESIGN.md)."""
+
+
+def _gap(predicted: float, measured: float) -> float:
+    return abs(measured - predicted) / abs(predicted) if predicted else (1.0 if measured else 0.0)
+
+
+def prediction_flags(
+    *,
+    prediction: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    ranks: list[Mapping[str, Any]],
+    precision: str = "fp32",
+    tolerance: float = FLAG_TOLERANCE,
+) -> list[dict[str, Any]]:
+    """`flags`: every measured figure more than `tolerance` from its prediction.
+
+    Compared: communication bytes per step by op (the summary's max over ranks; an op nobody
+    predicted is flagged only above 1% of the predicted total, so a stray scalar all-reduce is
+    not), model-state bytes per rank (the max over ranks; per component in fp32, the total in
+    mixed precision, where autocast keeps 4+4+8 bytes per parameter against ZeRO's 2+2+12), and
+    the pipeline bubble.
+    """
+    flags: list[dict[str, Any]] = []
+
+    def check(metric: str, predicted: float, measured: float) -> None:
+        gap = _gap(predicted, measured)
+        if gap > tolerance:
+            flags.append({"metric": metric, "predicted": float(predicted), "measured": float(measured), "rel_gap": gap})
+
+    predicted_comm = dict(prediction.get("comm_bytes_per_step") or {})
+    measured_comm = dict(summary.get("comm_bytes_per_step") or {})
+    total = sum(predicted_comm.values())
+    for op in sorted(set(predicted_comm) | set(measured_comm)):
+        p, m = predicted_comm.get(op, 0), measured_comm.get(op, 0)
+        if not p and m <= 0.01 * total:
+            continue
+        check(f"comm_bytes_per_step.{op}", p, m)
+
+    state = prediction.get("model_state_bytes_per_rank")
+    measured_states = [r["model_state_bytes"] for r in ranks if r.get("model_state_bytes")]
+    if state and measured_states:
+        parts = ("params", "grads", "optimizer")
+        if precision == "fp32":
+            for part in parts:
+                check(f"model_state_bytes_per_rank.{part}", state[part], max(s[part] for s in measured_states))
+        else:
+            check("model_state_bytes_per_rank.total", sum(state[p] for p in parts),
+                  max(sum(s[p] for p in parts) for s in measured_states))
+
+    if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None:
+        check("bubble_fraction", prediction["bubble_fraction"], summary["bubble_fraction"])
+    return flags

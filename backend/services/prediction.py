@@ -188,31 +188,28 @@ def _tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool
     vocab-parallel embedding all-reduces its output (forward), the head's input gradient is
     all-reduced (backward) and its logits are all-gathered (forward).
     With SP, per block: an all-gather before attention and before the MLP and a reduce-scatter
-    after wo and w2, forward; the mirror image backward (4 + 4); the embedding reduce-scatters,
-    the head all-gathers its input (+ reduce-scatter backward) and its logits; the norm weights'
-    gradients (replicated, computed on a sequence shard) are all-reduced.
+    after wo and w2, forward; the mirror image backward (4 + 4); the embedding reduce-scatters its
+    output (forward) and all-gathers that gradient (backward); the head all-gathers its input
+    (reduce-scatter backward) and its logits. The norm weights' gradients (replicated weights on
+    a sequence shard) get no collective in the harness, so none is counted.
     """
     bsh = tokens * cfg.hidden_size * act
     logits = tokens * cfg.vocab_size * act
     L = cfg.num_layers
     if not sequence_parallel:
         return {"all_reduce": (7 * L + 2) * bsh, "all_gather": logits}
-    return {
-        "all_gather": 4 * L * bsh + bsh + logits,
-        "reduce_scatter": 4 * L * bsh + 2 * bsh,
-        "all_reduce": (2 * L + 1) * cfg.hidden_size * 4,
-    }
+    return {"all_gather": (4 * L + 2) * bsh + logits, "reduce_scatter": (4 * L + 2) * bsh}
 
 
-def _fsdp_comm(tensors: list[Tensor], cfg: ModelConfig, n: int, *, reshard_after_forward: bool,
+def _fsdp_comm(tensors: list[Tensor], n: int, *, reshard_after_forward: bool,
                param_bytes: int, local: Any = None) -> dict[str, int]:
-    """FSDP2 per step: all-gather every group forward (blocks and root), the blocks again in
-    backward when they reshard after forward (the root never does), reduce-scatter all grads (fp32)."""
+    """FSDP2 per step: all-gather every group (blocks and root) forward, and again in backward when
+    they reshard after forward — the root too, since `fsdp.shard` passes the option explicitly
+    (FSDP2's "root never reshards" heuristic applies only to the default); reduce-scatter every
+    gradient (fp32). Buffers are dim-0 padded to a multiple of N."""
     local = local or (lambda t: t.shape)
-    blocks = sum(_fsdp_padded(local(t), n) for t in tensors if t.layer is not None)
-    root = sum(_fsdp_padded(local(t), n) for t in tensors if t.layer is None)
-    gathered = (blocks + root + (blocks if reshard_after_forward else 0)) * param_bytes
-    return {"all_gather": gathered, "reduce_scatter": (blocks + root) * 4}
+    total = sum(_fsdp_padded(local(t), n) for t in tensors)
+    return {"all_gather": total * param_bytes * (2 if reshard_after_forward else 1), "reduce_scatter": total * 4}
 
 
 def comm_bytes_per_step(job: ResolvedJob) -> dict[str, int]:
@@ -228,13 +225,13 @@ def comm_bytes_per_step(job: ResolvedJob) -> dict[str, int]:
     if s == "ddp":
         return {"all_reduce": psi * 4}
     if s == "fsdp":
-        return _fsdp_comm(tensors, cfg, n, reshard_after_forward=o["reshard_after_forward"], param_bytes=gather_bytes)
+        return _fsdp_comm(tensors, n, reshard_after_forward=o["reshard_after_forward"], param_bytes=gather_bytes)
     if s == "tp":
         return _tp_comm(cfg, _tokens_per_rank(job), act, sequence_parallel=o["sequence_parallel"])
     if s == "hybrid":
         tp, dp = o["tp"], n // o["tp"]
         out = _tp_comm(cfg, _tokens_per_rank(job), act, sequence_parallel=o["sequence_parallel"])
-        fsdp = _fsdp_comm(tensors, cfg, dp, reshard_after_forward=o["reshard_after_forward"], param_bytes=gather_bytes,
+        fsdp = _fsdp_comm(tensors, dp, reshard_after_forward=o["reshard_after_forward"], param_bytes=gather_bytes,
                           local=lambda t: _tp_local(t, tp))
         return {op: out.get(op, 0) + fsdp.get(op, 0) for op in sorted(set(out) | set(fsdp))}
     if s == "ring":

@@ -1,0 +1,1 @@
+"""Sub-commands of `parallab` that live apart from `parallab.cli` (registered there)."""
