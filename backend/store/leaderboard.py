@@ -72,7 +72,7 @@ def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]
     """The job specs of a few runs (for group labels): small JSON, never result documents."""
     if not run_ids:
         return {}
-    return dict(session.execute(select(Run.id, Run.spec).where(Run.id.in_(list(run_ids)))).tuples())
+    return {run_id: spec for run_id, spec in session.execute(select(Run.id, Run.spec).where(Run.id.in_(list(run_ids))))}
 
 
 def filter_values(session: Session) -> dict[str, list[Any]]:

@@ -1,0 +1,93 @@
+"""Shared look of every figure: one template, units on axes, a quiet palette."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+MIB = 1024**2
+PALETTE = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#0ea5e9", "#ec4899", "#84cc16", "#64748b", "#14b8a6"]
+MEMORY_COLOURS = {"params": "#2563eb", "grads": "#10b981", "optimizer": "#f59e0b", "other": "#94a3b8"}
+TIME_COLOURS = {"compute": "#2563eb", "communication": "#f59e0b", "bubble": "#ef4444"}
+
+
+# A small template of our own: plotly's built-in ones are large and slow to copy into every figure.
+TEMPLATE = go.layout.Template(
+    layout={
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "colorway": PALETTE,
+        "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12, "color": "#1f2937"},
+        "xaxis": {"gridcolor": "#eef2f7", "linecolor": "#cbd5e1", "zerolinecolor": "#cbd5e1", "ticks": "outside", "tickcolor": "#cbd5e1"},
+        "yaxis": {"gridcolor": "#eef2f7", "linecolor": "#cbd5e1", "zerolinecolor": "#cbd5e1"},
+        "hoverlabel": {"bgcolor": "#ffffff", "font": {"size": 12}},
+        "bargap": 0.25,
+    }
+)
+
+
+def house_layout(title: str, *, height: int = 360, **extra: Any) -> dict[str, Any]:
+    """The layout every figure shares (title left, legend on top)."""
+    return {
+        "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
+        "template": TEMPLATE,
+        "height": height,
+        "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1},
+        **extra,
+    }
+
+
+def figure(title: str, *, x: str, y: str, height: int = 360, **layout: Any) -> go.Figure:
+    """An empty figure with the house layout and both axes titled (units in brackets)."""
+    fig = go.Figure(layout=house_layout(title, height=height, **layout))
+    fig.update_xaxes(title_text=x, automargin=True)
+    fig.update_yaxes(title_text=y, automargin=True)
+    return fig
+
+
+def subplots(title: str, *, height: int = 380, **kwargs: Any) -> go.Figure:
+    """make_subplots with the house layout."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(figure=go.Figure(layout=house_layout(title, height=height)), **kwargs)
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def empty(title: str, message: str) -> go.Figure:
+    """A figure that says why there is nothing to draw."""
+    fig = figure(title, x="", y="", height=220)
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 13, "color": "#64748b"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def step_parts(rank: dict[str, Any]) -> dict[str, float]:
+    """A rank's median step split into compute, communication and bubble (seconds)."""
+    step = median(rank.get("step_times_s") or []) or 0.0
+    comm = sum(c.get("time_s") or 0.0 for c in rank.get("comm") or [])
+    bubble = (rank.get("bubble_fraction") or 0.0) * step
+    comm = min(comm, step)
+    bubble = min(bubble, max(step - comm, 0.0))
+    return {"compute": max(step - comm - bubble, 0.0), "communication": comm, "bubble": bubble}
+
+
+def memory_parts(rank: dict[str, Any]) -> dict[str, float]:
+    """A rank's peak memory split into params, grads, optimizer state and the rest (MiB)."""
+    state = rank.get("model_state_bytes") or {}
+    parts = {k: (state.get(k) or 0) / MIB for k in ("params", "grads", "optimizer")}
+    peak = rank.get("peak_allocated_bytes")
+    parts["other"] = max((peak or 0) / MIB - sum(parts.values()), 0.0) if peak else 0.0
+    return parts

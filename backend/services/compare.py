@@ -1,0 +1,180 @@
+"""Runs side by side: every metric in one table, each value relative to a chosen baseline run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from backend.models import Run
+from backend.store import runs as store
+
+MAX_COMPARE = 50
+
+
+@dataclass
+class ComparedRun:
+    run: Run
+    document: dict[str, Any] | None
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    @property
+    def label(self) -> str:
+        """A short label for legends and column heads (user text: always escaped where shown)."""
+        base = self.run.name or f"{self.run.strategy}×{self.run.world_size}"
+        return f"{base} ({self.run.id[:6]})"
+
+
+@dataclass
+class MetricRow:
+    key: str
+    label: str
+    unit: str
+    """bytes, s, fraction, tokens/s, TFLOP/s, text, ... — how pages format the value."""
+    better: str | None
+    """'higher', 'lower' or None (no direction)."""
+    values: list[Any]
+    relative: list[float | None]
+    """(value − baseline) / baseline; None where not numeric or no baseline value."""
+    differs: bool
+
+
+@dataclass
+class Comparison:
+    runs: list[ComparedRun]
+    baseline: int
+    """Index into `runs` of the baseline run."""
+    rows: list[MetricRow]
+    missing: list[str]
+
+    @property
+    def documents(self) -> list[dict[str, Any] | None]:
+        return [r.document for r in self.runs]
+
+
+def _summary(key: str) -> Callable[[ComparedRun], Any]:
+    return lambda r: ((r.document or {}).get("summary") or {}).get(key)
+
+
+def _column(key: str) -> Callable[[ComparedRun], Any]:
+    return lambda r: getattr(r.run, key)
+
+
+def _state_max(r: ComparedRun) -> int | None:
+    ranks = (r.document or {}).get("ranks") or []
+    totals = [sum((rk.get("model_state_bytes") or {}).values()) for rk in ranks]
+    return max(totals) if totals else None
+
+
+def _predicted_state(r: ComparedRun) -> int | None:
+    state = ((r.document or {}).get("prediction") or {}).get("model_state_bytes_per_rank")
+    return sum(state.values()) if state else None
+
+
+def _comm_total(r: ComparedRun) -> int | None:
+    per_op = ((r.document or {}).get("summary") or {}).get("comm_bytes_per_step")
+    return sum(per_op.values()) if per_op else None
+
+
+def _options(r: ComparedRun) -> str:
+    options = ((r.run.spec or {}).get("strategy") or {}).get("options") or {}
+    return json.dumps(options, sort_keys=True) if options else "—"
+
+
+def _workload(field: str) -> Callable[[ComparedRun], Any]:
+    return lambda r: (((r.document or {}).get("workload")) or ((r.run.spec or {}).get("workload")) or {}).get(field)
+
+
+# (key, label, unit, better, getter)
+METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = [
+    ("status", "Status", "text", None, _column("status")),
+    ("strategy", "Strategy", "text", None, _column("strategy")),
+    ("world_size", "World size", "ranks", None, _column("world_size")),
+    ("options", "Options", "text", None, _options),
+    ("model", "Model", "text", None, _column("model")),
+    ("seq_len", "Sequence length", "tokens", None, _workload("seq_len")),
+    ("global_batch_size", "Global batch", "sequences", None, _workload("global_batch_size")),
+    ("precision", "Precision", "text", None, _workload("precision")),
+    ("hardware_key", "Hardware", "text", None, _column("hardware_key")),
+    ("source", "Source", "text", None, _column("source")),
+    ("branch", "Branch", "text", None, _column("branch")),
+    ("tokens_per_s", "Throughput", "tokens/s", "higher", _summary("tokens_per_s")),
+    ("samples_per_s", "Samples", "samples/s", "higher", _summary("samples_per_s")),
+    ("step_time_median", "Step time (median)", "s", "lower", lambda r: (_summary("step_time_s")(r) or {}).get("median")),
+    ("step_time_p90", "Step time (p90)", "s", "lower", lambda r: (_summary("step_time_s")(r) or {}).get("p90")),
+    ("tflops_per_s", "Achieved", "TFLOP/s", "higher", _summary("tflops_per_s")),
+    ("mfu", "MFU", "fraction", "higher", _summary("mfu")),
+    ("peak_allocated_bytes_max", "Peak allocated (max rank)", "bytes", "lower", _summary("peak_allocated_bytes_max")),
+    ("peak_rss_bytes_max", "Peak RSS (max rank)", "bytes", "lower", _summary("peak_rss_bytes_max")),
+    ("model_state_bytes", "Model state per rank (max)", "bytes", "lower", _state_max),
+    ("predicted_model_state_bytes", "Model state per rank (predicted)", "bytes", "lower", _predicted_state),
+    ("comm_time_fraction", "Communication time", "fraction", "lower", _summary("comm_time_fraction")),
+    ("comm_bytes_per_step", "Communication per step", "bytes", "lower", _comm_total),
+    ("bubble_fraction", "Pipeline bubble", "fraction", "lower", _summary("bubble_fraction")),
+    ("final_loss", "Final loss", "loss", None, _summary("final_loss")),
+    ("loss_max_rel_diff", "Loss vs reference (max rel. diff)", "fraction", "lower", _summary("loss_max_rel_diff_vs_reference")),
+    ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
+]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def relative(value: Any, base: Any) -> float | None:
+    """(value − base) / |base| for two numbers; None otherwise."""
+    if not (_is_number(value) and _is_number(base)) or base == 0:
+        return None
+    return (value - base) / abs(base)
+
+
+def _row(key: str, label: str, unit: str, better: str | None, values: list[Any], baseline: int) -> MetricRow:
+    base = values[baseline] if values else None
+    rel = [relative(v, base) for v in values]
+    present = [v for v in values]
+    differs = len({json.dumps(v, sort_keys=True, default=str) for v in present}) > 1
+    return MetricRow(key, label, unit, better, values, rel, differs)
+
+
+def compare(*, session: Session, run_ids: Sequence[str], baseline_id: str | None = None) -> Comparison:
+    """The runs asked for (in that order, at most MAX_COMPARE), their documents and the metric table."""
+    ids = list(dict.fromkeys(i for i in run_ids if i))[:MAX_COMPARE]
+    runs = store.get_runs(session, ids)
+    docs = store.get_documents(session, [r.id for r in runs if r.status == "succeeded"])
+    compared = [ComparedRun(run=r, document=docs.get(r.id)) for r in runs]
+    found = {r.id for r in runs}
+    baseline = next((i for i, r in enumerate(compared) if r.id == baseline_id), 0)
+    rows = [_row(k, label, unit, better, [get(r) for r in compared], baseline) for k, label, unit, better, get in METRICS]
+    # Communication by op: one row per op any run used.
+    ops = sorted({op for r in compared for op in (((r.document or {}).get("summary") or {}).get("comm_bytes_per_step") or {})})
+    for op in ops:
+        values = [(((r.document or {}).get("summary") or {}).get("comm_bytes_per_step") or {}).get(op) for r in compared]
+        rows.append(_row(f"comm_bytes.{op}", f"  {op} per step", "bytes", "lower", values, baseline))
+    return Comparison(runs=compared, baseline=baseline, rows=rows, missing=[i for i in ids if i not in found])
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    """The export of a comparison: runs, baseline and every metric with values relative to it."""
+    return {
+        "baseline": comparison.runs[comparison.baseline].id if comparison.runs else None,
+        "runs": [{"id": r.id, "name": r.run.name, "label": r.label, "status": r.run.status} for r in comparison.runs],
+        "metrics": [
+            {"key": m.key, "label": m.label.strip(), "unit": m.unit, "better": m.better, "values": m.values,
+             "relative_to_baseline": m.relative, "differs": m.differs}
+            for m in comparison.rows
+        ],
+        "missing": comparison.missing,
+    }
+
+
+def comparison_table(comparison: Comparison) -> list[list[Any]]:
+    """The comparison as rows for CSV: metric, unit, each run's value, then each relative value."""
+    head = ["metric", "unit"] + [r.id for r in comparison.runs] + [f"{r.id} vs baseline" for r in comparison.runs]
+    body = [[m.key, m.unit, *m.values, *m.relative] for m in comparison.rows]
+    return [head, *body]

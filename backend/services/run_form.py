@@ -1,0 +1,238 @@
+"""The browser form for a job: its fields, form data → job spec, and errors → the field at fault.
+
+The form's fields carry the job spec's names (`model`, `strategy`, `world_size`, `steps`, ...);
+a strategy's options are named `opt.<strategy>.<option>` so every strategy's fields can sit in
+the page at once while only the chosen one's are used. Validation is the API's own
+(`JobSpec` + `resolve_job`), so the form refuses exactly what the API refuses.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from backend.config import Settings
+from backend.schemas.spec import STRATEGIES, JobSpec, Workload
+from backend.services.prediction import predict
+from backend.services.validation import OPTION_MODELS, SpecError, resolve_job
+from backend.workload import DEFAULT_GLOBAL_BATCH, PRESETS
+
+# Workload fields the form shows as number inputs, in order, with the preset's value as placeholder.
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len", "num_experts", "top_k", "capacity_factor")
+RECIPE_FIELDS = ("steps", "warmup_steps", "global_batch_size", "grad_accumulation_steps", "lr", "seed")
+CHOICE_FIELDS = ("precision", "activation_checkpointing")
+
+
+@dataclass
+class OptionField:
+    """One option of one strategy, as the form renders it."""
+
+    strategy: str
+    name: str
+    kind: str
+    """'bool', 'choice', 'multi', 'int' or 'float'."""
+    default: Any
+    choices: list[str] = field(default_factory=list)
+    help: str = ""
+
+    @property
+    def input_name(self) -> str:
+        return f"opt.{self.strategy}.{self.name}"
+
+
+def _choices(annotation: Any) -> list[str]:
+    args = typing.get_args(annotation)
+    for arg in args:
+        if typing.get_origin(arg) is typing.Literal:
+            return [str(a) for a in typing.get_args(arg)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in args]
+    return []
+
+
+def option_fields() -> dict[str, list[OptionField]]:
+    """Each strategy's options, from the pydantic models that validate them."""
+    out: dict[str, list[OptionField]] = {}
+    for strategy, model in OPTION_MODELS.items():
+        fields = []
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            origin = typing.get_origin(ann)
+            default = info.get_default(call_default_factory=True)
+            if ann is bool:
+                kind, choices = "bool", []
+            elif origin is list:
+                kind, choices = "multi", _choices(typing.get_args(ann)[0])
+            elif _choices(ann):
+                kind, choices = "choice", _choices(ann)
+            elif ann is float or float in typing.get_args(ann):
+                kind, choices = "float", []
+            else:
+                kind, choices = "int", []
+            fields.append(OptionField(strategy, name, kind, default, choices, info.description or ""))
+        out[strategy] = fields
+    return out
+
+
+def choice_values() -> dict[str, list[str]]:
+    return {name: _choices(Workload.model_fields[name].annotation) for name in CHOICE_FIELDS}
+
+
+def preset_table() -> dict[str, dict[str, Any]]:
+    """Each preset's shape and default global batch (the form's placeholders)."""
+    return {name: {**cfg.to_dict(), "global_batch_size": DEFAULT_GLOBAL_BATCH.get(name, 8)} for name, cfg in PRESETS.items()}
+
+
+def default_values() -> dict[str, Any]:
+    return {"model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "20", "trace": "on"}
+
+
+def form_to_spec(form: Any) -> dict[str, Any]:
+    """Form data (a multi-dict of strings) → a raw job spec; empty fields mean 'the default'."""
+
+    def get(name: str) -> str:
+        value = form.get(name)
+        return value.strip() if isinstance(value, str) else ""
+
+    strategy = get("strategy")
+    workload: dict[str, Any] = {"model": get("model") or "tiny"}
+    for name in (*RECIPE_FIELDS, *SHAPE_FIELDS, *CHOICE_FIELDS):
+        if get(name):
+            workload[name] = get(name)
+    options: dict[str, Any] = {}
+    for opt in option_fields().get(strategy, []):
+        if opt.kind == "bool":
+            options[opt.name] = form.get(opt.input_name) is not None
+        elif opt.kind == "multi":
+            values = form.getlist(opt.input_name) if hasattr(form, "getlist") else []
+            if values:
+                options[opt.name] = values
+        elif get(opt.input_name):
+            options[opt.name] = get(opt.input_name)
+    spec: dict[str, Any] = {
+        "workload": workload,
+        "strategy": {"name": strategy, "world_size": get("world_size") or "1", "options": options},
+        "trace": form.get("trace") is not None,
+    }
+    if get("name"):
+        spec["name"] = get("name")
+    tags = [t.strip() for t in get("tags").split(",") if t.strip()]
+    if tags:
+        spec["tags"] = tags
+    return spec
+
+
+def field_for(loc: tuple[Any, ...], strategy: str) -> str:
+    """The form field an error location points at (`__all__` when none does)."""
+    loc = tuple(p for p in loc if p != "body")
+    if not loc:
+        return "__all__"
+    if loc[0] == "workload" and len(loc) > 1:
+        return str(loc[1])
+    if loc[0] == "strategy" and len(loc) > 1:
+        if loc[1] == "name":
+            return "strategy"
+        if loc[1] == "options" and len(loc) > 2:
+            return f"opt.{strategy}.{loc[2]}"
+        return str(loc[1])
+    if loc[0] in ("name", "trace", "tags"):
+        return str(loc[0])
+    return "__all__"
+
+
+@dataclass
+class FormCheck:
+    """The outcome of checking a form: a valid spec (and its prediction), or errors by field."""
+
+    spec: JobSpec | None
+    errors: dict[str, list[str]]
+    prediction: dict[str, Any] | None = None
+    fit: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None = None) -> FormCheck:
+    """Validate form data as the API would, predict the job, and refuse what cannot fit in memory."""
+    raw = form_to_spec(form)
+    strategy = raw["strategy"]["name"]
+    errors: dict[str, list[str]] = {}
+    if strategy not in STRATEGIES:
+        return FormCheck(None, {"strategy": [f"choose a strategy: {', '.join(STRATEGIES)}"]})
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        for err in exc.errors():
+            errors.setdefault(field_for(tuple(err["loc"]), strategy), []).append(err["msg"])
+        return FormCheck(None, errors)
+    try:
+        job = resolve_job(spec, max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+    except SpecError as exc:
+        for problem in exc.problems:
+            errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
+        return FormCheck(spec, errors)
+    prediction = predict(job)
+    fit = memory_fit(prediction, world_size=job.world_size, host_memory_bytes=host_memory_bytes)
+    if fit and not fit["fits"]:
+        errors["model"] = [fit["message"]]
+    return FormCheck(spec, errors, prediction, fit)
+
+
+def memory_fit(prediction: dict[str, Any], *, world_size: int, host_memory_bytes: int | None) -> dict[str, Any] | None:
+    """Predicted memory of all ranks against this host's memory (local mode: the ranks share it)."""
+    state = prediction.get("model_state_bytes_per_rank") or {}
+    per_rank = sum(state.values()) + int(prediction.get("activation_bytes_per_rank") or 0)
+    if not per_rank or not host_memory_bytes:
+        return None
+    total = per_rank * world_size
+    fits = total <= host_memory_bytes
+    gib = 1024**3
+    message = (
+        f"predicted {total / gib:.1f} GiB for {world_size} rank(s) ({per_rank / gib:.2f} GiB each) "
+        f"is more than this host's {host_memory_bytes / gib:.1f} GiB"
+    )
+    return {"per_rank_bytes": per_rank, "total_bytes": total, "host_memory_bytes": host_memory_bytes, "fits": fits,
+            "message": "" if fits else message}
+
+
+def form_values(form: Any) -> dict[str, Any]:
+    """What the user typed, to put back in the form when it comes back with errors."""
+    values: dict[str, Any] = {}
+    for key in form.keys():
+        if key == "csrf_token":
+            continue
+        items = form.getlist(key) if hasattr(form, "getlist") else [form.get(key)]
+        values[key] = items if len(items) > 1 or key.endswith(".ops") else items[0]
+    return values
+
+
+def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored run's spec as form values (the form's 'run again' prefill)."""
+    wl, st = spec.get("workload") or {}, spec.get("strategy") or {}
+    values: dict[str, Any] = {"model": wl.get("model", "tiny"), "strategy": st.get("name", "ddp"), "world_size": str(st.get("world_size", 1))}
+    preset = PRESETS.get(values["model"])
+    for name in (*RECIPE_FIELDS, *SHAPE_FIELDS, *CHOICE_FIELDS):
+        value = wl.get(name)
+        if value is None or (preset is not None and name in SHAPE_FIELDS and getattr(preset, name, None) == value):
+            continue
+        values[name] = str(value)
+    for key, value in (st.get("options") or {}).items():
+        name = f"opt.{values['strategy']}.{key}"
+        if isinstance(value, bool):
+            values[name] = "on" if value else ""  # present but empty: a default-on box left unticked
+        elif isinstance(value, list):
+            values[name] = [str(v) for v in value]
+        elif value is not None:
+            values[name] = str(value)
+    if spec.get("trace"):
+        values["trace"] = "on"
+    if spec.get("name"):
+        values["name"] = spec["name"]
+    if spec.get("tags"):
+        values["tags"] = ", ".join(spec["tags"])
+    return values
