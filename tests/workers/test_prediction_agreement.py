@@ -1,0 +1,77 @@
+"""Measured against predicted: every strategy's communication per op, FSDP's model state vs DDP's.
+
+Real torchrun jobs of the harness on gloo (`tiny`, 3 measured steps after 1 warm-up), merged by
+`workers.aggregate.build_result` exactly as the worker does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.schemas.spec import JobSpec
+from backend.services.validation import resolve_job
+from workers.aggregate import build_result, read_rank_records
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = {"ddp": 2, "fsdp": 2, "tp": 2, "pp": 2, "ring": 2, "moe": 2, "hybrid": 4}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Launch (once per strategy and world size) and return the result document."""
+    cache = {}
+
+    def launch(strategy: str, n: int):
+        if (strategy, n) not in cache:
+            spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
+                                           "strategy": {"name": strategy, "world_size": n}})
+            job = resolve_job(spec, max_world_size=8)
+            run_dir = tmp_path_factory.mktemp(f"{strategy}{n}")
+            (run_dir / "spec.json").write_text(json.dumps(job.to_spec_dict()))
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                   "-m", "workers.harness.main", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)]
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            cache[strategy, n] = build_result(job, read_rank_records(run_dir, n))
+        return cache[strategy, n]
+
+    return launch
+
+
+@pytest.mark.parametrize("strategy", list(CASES))
+def test_comm_bytes_match_prediction_within_10_percent(run, strategy):
+    doc = run(strategy, CASES[strategy])
+    predicted = doc.prediction.comm_bytes_per_step
+    measured = doc.summary.comm_bytes_per_step
+    assert predicted, "every parallel strategy communicates"
+    for op, nbytes in predicted.items():
+        assert measured.get(op, 0) == pytest.approx(nbytes, rel=0.10), (op, measured, predicted)
+    total = sum(predicted.values())
+    assert all(measured[op] <= 0.01 * total for op in set(measured) - set(predicted)), (measured, predicted)
+    assert not [f for f in doc.flags if f.metric.startswith("comm_bytes_per_step")]
+    assert all(r.comm and all(op.time_s > 0 for op in r.comm) for r in doc.ranks)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp_model_state_is_one_nth_of_ddp(run, n):
+    ddp = run("ddp", 2).ranks[0].model_state_bytes  # a full replica, whatever the world size
+    for rank in run("fsdp", n).ranks:
+        for part in ("params", "grads", "optimizer"):
+            assert getattr(rank.model_state_bytes, part) == pytest.approx(getattr(ddp, part) / n, rel=0.10)
+    doc = run("fsdp", n)
+    assert doc.ranks[0].model_state_bytes.params == doc.prediction.model_state_bytes_per_rank.params
+
+
+def test_pipeline_reports_a_bubble_and_others_do_not(run):
+    assert run("pp", 2).summary.bubble_fraction is not None
+    assert run("pp", 2).prediction.bubble_fraction == pytest.approx(0.2)
+    assert run("ring", 2).summary.bubble_fraction is None  # ring P2P is not a pipeline
