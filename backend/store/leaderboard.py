@@ -81,7 +81,7 @@ def filter_values(session: Session) -> dict[str, list[Any]]:
     base = (Run.status == "succeeded", Run.tokens_per_s.is_not(None))
     for name in FILTERS:
         column = getattr(Run, name)
-        query = select(distinct(column)).where(*base, column.is_not(None)).order_by(column)
+        query = select(column).distinct().where(*base, column.is_not(None)).order_by(column)
         out[name] = list(session.execute(query).scalars())
     return out
 

@@ -48,6 +48,8 @@
       box.replaceChildren.apply(box, msgs.map(function (m) { var p = el("p", m, "field-error"); p.setAttribute("role", "alert"); return p; }));
       var field = box.closest(".field");
       if (field) field.classList.toggle("invalid", msgs.length > 0);
+      var section = box.closest("details");
+      if (section && msgs.length) section.open = true;  // never hide a reason inside a closed section
     });
     var general = [];
     Object.keys(errors).forEach(function (name) {

@@ -1,0 +1,221 @@
+"""The pages in a real headless Chromium (Debian's package, driven by Playwright's Python API)
+against a real uvicorn server: the form, live status, comparison charts, leaderboard filters —
+and no JavaScript errors on any page."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend.models import Run
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    """A fresh page that records console errors and uncaught exceptions; the test fails on any."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.set_default_timeout(20_000)
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def test_index_lists_runs_and_ticks_open_compare(page, live_server, lab):
+    page.goto(live_server.url + "/")
+    assert page.title().startswith("Runs")
+    assert page.locator("table.runs-table tbody tr").count() >= 10
+    button = page.locator("#compare-button")
+    assert button.is_disabled()
+    page.locator(f'input.compare-tick[value="{lab["ddp2"].id}"]').check()
+    page.locator(f'input.compare-tick[value="{lab["fsdp2"].id}"]').check()
+    assert button.is_enabled()
+    button.click()
+    page.wait_for_url(re.compile(r"/compare\?"))
+    page.wait_for_selector(".js-plotly-plot .main-svg")
+    assert page.locator("figure.chart.js-plotly-plot").count() == 5
+    assert page.locator("figure.chart .main-svg").count() >= 5
+
+
+def test_form_shows_options_for_the_chosen_strategy_and_refuses_what_cannot_divide(page, live_server, session_factory):
+    page.goto(live_server.url + "/runs/new")
+    pp = page.locator('.strategy-options[data-strategy="pp"]')
+    assert pp.is_hidden()
+    page.select_option("#f-strategy", "pp")
+    assert pp.is_visible() and page.locator('.strategy-options[data-strategy="ddp"]').is_hidden()
+    # tp on 3 ranks: the live check puts the reason beside the field and holds the submit button.
+    page.select_option("#f-strategy", "tp")
+    page.fill("#f-world_size", "3")
+    page.wait_for_selector('[data-errors-for="num_heads"] .field-error')
+    assert "not divisible by 3" in page.inner_text('[data-errors-for="num_heads"]')
+    assert page.locator("#submit-run").is_disabled()
+    assert page.locator("details:has(#f-num_heads) .field.invalid").count() >= 1
+    # Fixed: the error goes, the prediction shows, and the run is submitted from the form.
+    page.fill("#f-world_size", "2")
+    page.wait_for_function("!document.querySelector('#submit-run').disabled")
+    assert page.locator('[data-errors-for="num_heads"] .field-error').count() == 0
+    assert "memory per rank" in page.inner_text("#prediction").lower()
+    page.fill("#f-name", "<b>browser</b> run")
+    page.fill("#f-steps", "3")
+    page.click("#submit-run")
+    page.wait_for_url(re.compile(r"/runs/[0-9a-f]{32}$"))
+    assert page.inner_text("h1") == "<b>browser</b> run"
+    assert page.locator("#run-status .badge").inner_text() in ("queued", "running", "failed")
+    run_id = page.url.rsplit("/", 1)[-1]
+    with session_factory() as s:
+        run = s.get(Run, run_id)
+        assert run.source == "form" and run.strategy == "tp" and run.world_size == 2
+
+
+def test_run_page_follows_progress_live_then_shows_results(page, live_server, session_factory):
+    from backend.services.ingest import attach_result
+    from tests.ui.factories import make_document
+
+    with session_factory() as s:
+        run = Run(name="live", status="running", source="form", strategy="ddp", world_size=2, model="tiny",
+                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False},
+                  progress={"phase": "train", "step": 1, "steps": 20, "loss": 5.5})
+        s.add(run)
+        s.commit()
+        run_id = run.id
+    page.goto(f"{live_server.url}/runs/{run_id}")
+    assert "step 1 of 20" in page.inner_text("#run-progress")
+    with session_factory() as s:
+        s.get(Run, run_id).progress = {"phase": "train", "step": 7, "steps": 20, "loss": 4.25}
+        s.commit()
+    page.wait_for_function("document.querySelector('#run-progress').textContent.includes('step 7 of 20')")
+    with session_factory() as s:
+        attach_result(s, run=s.get(Run, run_id), document=make_document(strategy="ddp", world_size=2, tokens_per_s=17_000.0))
+        s.commit()
+    page.wait_for_selector("#run-status .status-succeeded", timeout=20_000)
+    page.wait_for_selector("#chart-memory .main-svg")
+    assert page.locator("figure.chart.js-plotly-plot").count() >= 5
+    assert "17,000" in page.inner_text(".cards")
+
+
+def test_compare_toggle_and_baseline(page, live_server, lab):
+    ids = [lab["ddp2"].id, lab["ddp4"].id, lab["fsdp4"].id]
+    page.goto(f"{live_server.url}/compare?ids={','.join(ids)}")
+    page.wait_for_selector("#chart-throughput .main-svg")
+    model_row = page.locator('tr[data-metric="model"]')
+    assert model_row.is_visible()
+    page.check("#diff-only")
+    assert model_row.is_hidden() and page.locator('tr[data-metric="tokens_per_s"]').is_visible()
+    page.select_option("#baseline-select", ids[2])
+    page.wait_for_url(re.compile(f"baseline={ids[2]}"))
+    assert "baseline" in page.locator("th.baseline").inner_text()
+    assert page.locator('tr[data-metric="tokens_per_s"] td').nth(2).inner_text().startswith("25,000")
+    page.check("#diff-only") if not page.is_checked("#diff-only") else None
+
+
+def test_leaderboard_filters(page, live_server, lab):
+    page.goto(live_server.url + "/leaderboard")
+    assert page.locator("tr.group-head").count() >= 2
+    assert page.locator("tr.best").count() == page.locator("tr.group-head").count()
+    page.select_option('select[name="strategy"]', "fsdp")
+    page.wait_for_url(re.compile(r"strategy=fsdp"))
+    strategies = set(page.locator("#leaderboard-table tbody tr[data-strategy]").evaluate_all("rs => rs.map(r => r.dataset.strategy)"))
+    assert strategies == {"fsdp"}
+    page.click('th a:has-text("Tokens/s")')
+    page.wait_for_url(re.compile(r"sort=tokens_per_s"))
+
+
+def test_scaling_draws_the_ideal_line(page, live_server, lab):
+    page.goto(live_server.url + "/scaling")
+    page.wait_for_selector("#chart-throughput .main-svg")
+    assert page.locator("#scaling-table tbody tr").count() >= 5
+
+
+def test_narrow_window_has_no_horizontal_page_scroll(browser, live_server, lab):
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    for path in ("/", "/runs/new", "/leaderboard", f"/runs/{lab['ddp2'].id}"):
+        page.goto(live_server.url + path)
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"{path} scrolls sideways by {overflow}px in a narrow window"
+    context.close()
+
+
+# ---- the whole path with a real worker and torchrun ----
+
+HARNESS = REPO / "workers" / "harness" / "main.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HARNESS.exists(), reason="the training harness (workers/harness/main.py) is not there yet")
+def test_end_to_end_submit_watch_compare_leaderboard(browser, tmp_path):
+    """As a new user: submit DDP and FSDP from the form, watch them finish, compare, see both ranked."""
+    settings = make_settings(tmp_path / "home")
+    env = dict(os.environ, PARALLAB_HOME=str(settings.resolved_home), PARALLAB_DATABASE_URL=settings.sqlalchemy_url, PARALLAB_HOST="127.0.0.1")
+    worker = subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], cwd=REPO, env=env,
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    from backend.api.app import create_app
+    from backend.config import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    try:
+        with LiveServer(app) as server:
+            context = browser.new_context()
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            run_urls = []
+            for strategy in ("ddp", "fsdp"):
+                page.goto(server.url + "/runs/new")
+                page.select_option("#f-strategy", strategy)
+                page.fill("#f-world_size", "2")
+                page.fill("#f-steps", "3")
+                page.fill("#f-name", f"e2e {strategy}")
+                page.wait_for_function("!document.querySelector('#submit-run').disabled")
+                page.click("#submit-run")
+                page.wait_for_url(re.compile(r"/runs/[0-9a-f]{32}$"))
+                run_urls.append(page.url)
+            for url in run_urls:
+                page.goto(url)
+                page.wait_for_selector("#run-status .status-succeeded, #run-status .status-failed", timeout=300_000)
+                assert page.locator("#run-status .status-succeeded").count() == 1, page.inner_text("#live")
+                page.wait_for_selector("#chart-memory .main-svg")
+            ids = [u.rsplit("/", 1)[-1] for u in run_urls]
+            page.goto(f"{server.url}/compare?ids={','.join(ids)}")
+            page.wait_for_selector("#chart-throughput .main-svg")
+            page.goto(server.url + "/leaderboard")
+            shown = set(page.locator("#leaderboard-table tbody tr[data-strategy]").evaluate_all("rs => rs.map(r => r.dataset.strategy)"))
+            assert {"ddp", "fsdp"} <= shown
+            assert page.locator("tr.best").count() == 1
+            context.close()
+            assert errors == []
+    finally:
+        import signal
+
+        try:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(worker.pid, signal.SIGKILL)

@@ -1,0 +1,256 @@
+"""The pages at the HTTP level: they render, escape user text, refuse forged forms, show form errors
+inline without storing anything, and the leaderboard and comparison compute the right things."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+import pytest
+from sqlalchemy import func, select
+
+from backend.api import csrf
+from backend.models import Run
+from backend.services import compare as compare_service
+from backend.services import leaderboard as leaderboard_service
+from tests.ui.factories import make_document, store_run
+
+XSS = "<script>alert(1)</script>"
+
+
+def csrf_token(client) -> str:
+    page = client.get("/runs/new")
+    assert page.status_code == 200
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert match, "the form carries a CSRF token"
+    assert client.cookies.get(csrf.COOKIE), "and sets its cookie"
+    return match.group(1)
+
+
+def count_runs(session_factory) -> int:
+    with session_factory() as s:
+        return s.execute(select(func.count()).select_from(Run)).scalar_one()
+
+
+@pytest.fixture(scope="module")
+def xss_run(session_factory, lab):
+    with session_factory() as s:
+        return store_run(s, make_document(strategy="ddp", world_size=2, tokens_per_s=12_345.0, name=XSS, tags=[XSS]), source="form")
+
+
+def test_every_page_renders(client, lab):
+    run_ids = [lab[k].id for k in ("ddp2", "fsdp2", "pp4", "moe2", "single1", "failed", "queued")]
+    urls = ["/", "/runs/new", "/leaderboard", "/scaling", f"/compare?ids={run_ids[0]}&ids={run_ids[1]}", "/compare"]
+    urls += [f"/runs/{i}" for i in run_ids]
+    for url in urls:
+        r = client.get(url)
+        assert r.status_code == 200, url
+        assert "text/html" in r.headers["content-type"]
+        assert "<title>" in r.text
+
+
+def test_plotly_is_served_locally(client):
+    r = client.get("/vendor/plotly.min.js")
+    assert r.status_code == 200 and len(r.content) > 1_000_000
+    page = client.get("/scaling").text
+    assert 'src="/vendor/plotly.min.js"' in page and "cdn" not in page.lower()
+
+
+def test_run_name_is_escaped_everywhere(client, lab, xss_run):
+    for url in ["/", f"/runs/{xss_run.id}", f"/compare?ids={xss_run.id},{lab['ddp2'].id}", "/leaderboard?runs=all"]:
+        text = client.get(url).text
+        assert XSS not in text, url
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text or "\\u003cscript\\u003e" in text, url
+
+
+def test_run_page_shows_results_and_figures(client, lab):
+    text = client.get(f"/runs/{lab['pp4'].id}").text
+    for fig in ("fig-memory", "fig-steps", "fig-comm", "fig-timeline", "fig-loss", "fig-bubble"):
+        assert f'id="{fig}"' in text
+    assert "tokens/s" in text and "15,000" in text
+    moe = client.get(f"/runs/{lab['moe2'].id}").text
+    assert 'id="fig-moe"' in moe
+
+
+def test_failed_run_shows_log_tail_and_live_status(client, lab):
+    text = client.get(f"/runs/{lab['failed'].id}").text
+    assert "CUDA out of memory" in text
+    status = client.get(f"/runs/{lab['queued'].id}/status.json").json()
+    assert status["status"] == "queued" and status["finished"] is False and status["progress"]["step"] == 3
+    assert "Cancel" in client.get(f"/runs/{lab['queued'].id}").text
+
+
+def test_form_post_without_csrf_is_refused(client, session_factory):
+    before = count_runs(session_factory)
+    r = client.post("/runs/new", data={"model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "5"})
+    assert r.status_code == 403
+    assert "CSRF" in r.text
+    token = csrf_token(client)
+    r = client.post("/runs/new", data={"model": "tiny", "strategy": "ddp", "world_size": "2", "csrf_token": token + "x"})
+    assert r.status_code == 403
+    client.cookies.clear()
+    r = client.post("/runs/new", data={"model": "tiny", "strategy": "ddp", "world_size": "2", "csrf_token": token})
+    assert r.status_code == 403, "a token without its cookie is refused"
+    assert count_runs(session_factory) == before
+
+
+def test_form_error_is_inline_with_input_kept_and_nothing_stored(client, session_factory):
+    token = csrf_token(client)
+    before = count_runs(session_factory)
+    r = client.post("/runs/new", data={"csrf_token": token, "name": "my tp try", "model": "tiny", "strategy": "tp", "world_size": "3", "steps": "7"})
+    assert r.status_code == 422
+    html = r.text
+    # The message sits inside the num_heads field's block, and the user's input is still there.
+    block = html[html.index('data-field="num_heads"'):]
+    block = block[: block.index("</details>")]
+    assert "heads (4) is not divisible by 3" in block
+    assert 'value="my tp try"' in html and 'value="3"' in html and 'value="7"' in html
+    assert re.search(r'<option value="tp"\s+selected', html)
+    assert count_runs(session_factory) == before
+    # An option error lands beside the option, a schema error beside its field.
+    r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "pp", "world_size": "2", "opt.pp.microbatches": "1"})
+    assert r.status_code == 422
+    block = r.text[r.text.index('data-field="opt.pp.microbatches"'):][:1500]
+    assert "must be at least the number of stages" in block
+    r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "0"})
+    block = r.text[r.text.index('data-field="steps"'):][:1500]
+    assert r.status_code == 422 and "greater than or equal to 1" in block
+    assert count_runs(session_factory) == before
+
+
+def test_form_submit_stores_a_queued_form_run(client, session_factory):
+    token = csrf_token(client)
+    r = client.post("/runs/new", data={"csrf_token": token, "name": "from the form", "model": "tiny", "strategy": "fsdp", "world_size": "2",
+                                       "steps": "3", "trace": "on"}, follow_redirects=False)
+    assert r.status_code == 303
+    run_id = r.headers["location"].rsplit("/", 1)[-1]
+    with session_factory() as s:
+        run = s.get(Run, run_id)
+        assert run.source == "form" and run.status == "queued" and run.name == "from the form"
+        # fsdp's default-on option stays off when its box is left unticked
+        assert run.spec["strategy"]["options"]["reshard_after_forward"] is False
+        assert run.spec["trace"] is True and run.spec["workload"]["steps"] == 3
+
+
+def test_live_prediction_endpoint(client):
+    bad = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "3"}).json()
+    assert bad["ok"] is False and "num_heads" in bad["errors"]
+    good = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "fsdp", "world_size": "2"}).json()
+    assert good["ok"] is True
+    assert set(good["prediction"]["model_state_bytes_per_rank"]) == {"params", "grads", "optimizer"}
+    too_big = client.get("/runs/new/plan.json", params={"model": "llama-8b", "strategy": "ddp", "world_size": "2"}).json()
+    assert too_big["ok"] is False and "more than this host" in too_big["errors"]["model"][0]
+
+
+def test_leaderboard_groups_and_ranks_within_group(session_factory, lab):
+    with session_factory() as s:
+        board = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(limit=500))
+    groups: dict[tuple, list[dict]] = {}
+    for row in board.rows:
+        groups.setdefault((row["workload_key"], row["hardware_key"]), []).append(row)
+    gpu = next(rows for (wk, hw), rows in groups.items() if hw.startswith("cuda"))
+    assert [r["strategy"] for r in sorted(gpu, key=lambda r: r["rank"])] == ["fsdp", "hybrid", "ddp"]
+    assert [r["best"] for r in sorted(gpu, key=lambda r: r["rank"])] == [True, False, False]
+    cpu = next(rows for (wk, hw), rows in groups.items() if hw == "cpu" and any(r["strategy"] == "single" for r in rows))
+    moe = next(rows for (wk, hw), rows in groups.items() if any(r["strategy"] == "moe" for r in rows))
+    assert len(moe) == 1, "a run with experts is a different workload from the dense ones"
+    best = [r for r in cpu if r["best"]]
+    assert len(best) == 1 and best[0]["strategy"] == "ddp" and best[0]["world_size"] == 4
+    # CPU and GPU runs are never ranked together: each group has its own #1.
+    assert sum(r["rank"] == 1 for r in board.rows) == len(groups)
+    for rows in groups.values():
+        ordered = sorted(rows, key=lambda r: r["rank"])
+        assert [r["tokens_per_s"] for r in ordered] == sorted((r["tokens_per_s"] for r in rows), reverse=True)
+
+
+def test_leaderboard_best_per_config_and_filters(session_factory, lab, xss_run):
+    with session_factory() as s:
+        # ddp ×2 on tiny/cpu has two runs (the seeded one and xss_run): best-only shows one row with both counted.
+        board = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(strategy="ddp", world_size=2))
+        assert len(board.rows) == 1 and board.rows[0]["config_runs"] == 2 and board.rows[0]["tokens_per_s"] == 16_000.0
+        every = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(strategy="ddp", world_size=2, best_only=False))
+        assert len(every.rows) == 2
+        ci = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(source="ci", limit=500))
+        assert ci.rows and {r["source"] for r in ci.rows} == {"ci"}
+        branch = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(branch="perf/overlap"))
+        assert {r["strategy"] for r in branch.rows} == {"ddp", "fsdp", "hybrid"}
+        hw = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(hardware_key="cpu", model="tiny", limit=500))
+        assert hw.rows and all(r["hardware_key"] == "cpu" and r["model"] == "tiny" for r in hw.rows)
+        by_mfu = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(sort="mfu", descending=True, limit=3))
+        assert [r["mfu"] for r in by_mfu.rows] == [0.34, 0.33, 0.31]
+        page = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(limit=2, offset=2))
+        assert len(page.rows) == 2 and page.total > 4
+
+
+def test_leaderboard_page_filters_and_sorts(client, lab):
+    text = client.get("/leaderboard", params={"hardware": "cuda:NVIDIA H100 80GB HBM3"}).text
+    assert "hybrid" in text and 'data-strategy="pp"' not in text and "★" in text
+    text = client.get("/leaderboard", params={"sort": "tokens_per_s", "dir": "asc"}).text
+    assert 'aria-sort="ascending"' in text
+
+
+def test_compare_values_relative_to_baseline(session_factory, lab):
+    with session_factory() as s:
+        ids = [lab["ddp2"].id, lab["ddp4"].id, lab["fsdp2"].id]
+        cmp = compare_service.compare(session=s, run_ids=ids, baseline_id=lab["ddp4"].id)
+    assert [r.id for r in cmp.runs] == ids and cmp.baseline == 1
+    tps = next(m for m in cmp.rows if m.key == "tokens_per_s")
+    assert tps.values == [16_000.0, 28_000.0, 14_000.0]
+    assert tps.relative[1] == 0.0
+    assert tps.relative[0] == pytest.approx(16 / 28 - 1)
+    assert tps.relative[2] == pytest.approx(-0.5)
+    assert next(m for m in cmp.rows if m.key == "model").differs is False
+    assert next(m for m in cmp.rows if m.key == "strategy").differs is True
+
+
+def test_compare_page_has_toggle_baseline_and_charts(client, lab):
+    ids = [lab["ddp2"].id, lab["fsdp2"].id]
+    text = client.get("/compare", params={"ids": ids, "baseline": ids[1]}).text
+    assert 'id="diff-only"' in text and 'id="baseline-select"' in text
+    assert re.search(rf'<option value="{ids[1]}" selected>', text)
+    for fig in ("fig-throughput", "fig-memory", "fig-comm", "fig-steps", "fig-loss"):
+        assert f'id="{fig}"' in text
+    assert 'class="same-row"' in text and 'class="differs"' in text
+    assert "+14.3%" in text  # ddp 16,000 vs the fsdp baseline's 14,000 tokens/s
+
+
+def test_exports(client, lab):
+    ids = f"{lab['ddp2'].id},{lab['fsdp2'].id}"
+    doc = client.get(f"/compare.json?ids={ids}&baseline={lab['fsdp2'].id}").json()
+    assert doc["baseline"] == lab["fsdp2"].id and [r["id"] for r in doc["runs"]] == ids.split(",")
+    tps = next(m for m in doc["metrics"] if m["key"] == "tokens_per_s")
+    assert tps["values"] == [16_000.0, 14_000.0] and tps["relative_to_baseline"][0] == pytest.approx(1 / 7)
+    rows = list(csv.reader(io.StringIO(client.get(f"/compare.csv?ids={ids}").text)))
+    assert rows[0][:2] == ["metric", "unit"] and any(r[0] == "tokens_per_s" for r in rows)
+    r = client.get("/leaderboard.csv", params={"strategy": "fsdp"})
+    assert r.headers["content-type"].startswith("text/csv") and "attachment" in r.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert rows and {row["strategy"] for row in rows} == {"fsdp"}
+    items = client.get("/leaderboard.json", params={"hardware": "cuda:NVIDIA H100 80GB HBM3"}).json()["items"]
+    assert [i["strategy"] for i in items] == ["fsdp", "hybrid", "ddp"] and items[0]["best"] is True
+
+
+def test_scaling_efficiency(session_factory, lab):
+    with session_factory() as s:
+        scaling = leaderboard_service.get_scaling(session=s)
+    assert scaling.selected is not None and scaling.selected.hardware_key == "cpu"
+    points = {(p["strategy"], p["world_size"]): p for p in scaling.points}
+    # The single reference makes 9,000 tokens/s per rank the ideal slope.
+    assert points[("ddp", 4)]["ideal_tokens_per_s"] == pytest.approx(36_000)
+    assert points[("ddp", 4)]["efficiency"] == pytest.approx(28_000 / 36_000)
+    assert points[("single", 1)]["efficiency"] == pytest.approx(1.0)
+
+
+def test_cancel_from_the_run_page(client, session_factory):
+    with session_factory() as s:
+        run = Run(name="to cancel", status="queued", source="form", strategy="ddp", world_size=2, model="tiny",
+                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False})
+        s.add(run)
+        s.commit()
+        run_id = run.id
+    assert client.post(f"/runs/{run_id}/cancel", data={}).status_code == 403
+    token = csrf_token(client)
+    r = client.post(f"/runs/{run_id}/cancel", data={"csrf_token": token}, follow_redirects=False)
+    assert r.status_code == 303
+    assert client.get(f"/runs/{run_id}/status.json").json()["status"] == "cancelled"
