@@ -89,3 +89,47 @@ def test_attribution_matches_in_issue_order_and_gloo_labels():
     assert [r.time_us for r in reqs] == [5.0, 7.0, 2.0]
     comm = {op["op"]: op for op in summarize_comm(reqs, steps=1, world_size=2)}
     assert comm["reduce_scatter"]["bytes"] == 100 and comm["reduce_scatter"]["time_s"] == pytest.approx(5e-6)
+
+
+def _doc(steps: int, events_per_step: int) -> dict:
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]
+    for s in range(steps):
+        t0 = s * 1000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": t0, "dur": 999.0})
+        events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{s}_{i}_{'x' * (i % 97)}", "pid": 1, "tid": 1,
+                    "ts": t0 + i * 0.1, "dur": 0.05} for i in range(events_per_step)]
+    return {"traceEvents": events}
+
+
+def test_trace_over_the_cap_keeps_the_last_step_or_nothing(tmp_path):
+    import torch
+
+    from workers.harness.measure import StepProfiler
+
+    prof = StepProfiler(enabled=False, trace=True, rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"),
+                        trace_cap_bytes=1 << 30)
+    doc = _doc(steps=3, events_per_step=3000)
+    assert prof._keep_trace(doc) == {"trace_file": "trace_rank0.json.gz", "trace_note": None}
+    full = (tmp_path / "trace_rank0.json.gz").stat().st_size
+    prof.trace_cap_bytes = full // 2  # one step of three fits
+    kept = prof._keep_trace(doc)
+    assert kept["trace_file"] == "trace_rank0.json.gz" and "last profiled step" in kept["trace_note"]
+    names = {e["name"] for e in json.loads(gzip.decompress((tmp_path / "trace_rank0.json.gz").read_bytes()))["traceEvents"]}
+    assert "ProfilerStep#2" in names and "ProfilerStep#0" not in names and "process_name" in names
+    prof.trace_cap_bytes = 100
+    assert prof._keep_trace(doc)["trace_file"] is None
+
+
+def test_timeline_is_the_last_step_and_capped(tmp_path):
+    import torch
+
+    from workers.harness.measure import StepProfiler
+
+    prof = StepProfiler(enabled=False, trace=True, rank=1, world_size=2, out_dir=tmp_path, device=torch.device("cpu"),
+                        max_timeline_events=50)
+    events = _doc(steps=2, events_per_step=200)["traceEvents"]
+    reqs = [CommRequest("all_reduce", 64, 1, start_us=1500.0, time_us=10.0), CommRequest("all_reduce", 64, 0, start_us=500.0, time_us=10.0)]
+    timeline = prof._timeline(events, reqs)
+    assert len(timeline) == 50 and all(e["rank"] == 1 for e in timeline)
+    assert {"rank": 1, "op": "all_reduce", "start_us": 500.0, "dur_us": 10.0, "bytes": 64} in timeline
+    assert all(0 <= e["start_us"] <= 1000 for e in timeline)

@@ -173,17 +173,21 @@ class _CommRecorder(TorchDispatchMode):
         super().__init__()
         self.requests: list[CommRequest] = []
         self.step = 0
+        self._is_comm: dict[Any, bool] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func._schema.name
-        if name in _C10D_OPS or name == "_c10d_functional::batch_p2p_ops":
+        # Every aten op of the profiled steps comes through here: keep the common path short.
+        comm = self._is_comm.get(func)
+        if comm is None:
+            name = func._schema.name
+            comm = self._is_comm[func] = name in _C10D_OPS or name == "_c10d_functional::batch_p2p_ops"
+        if comm:
             pipeline = False
-            for kind, nbytes in _request_bytes(name, func, args, kwargs):
+            for kind, nbytes in _request_bytes(func._schema.name, func, args, kwargs or {}):
                 if kind in _P2P and not pipeline:
                     pipeline = _called_from_pipeline()
                 self.requests.append(CommRequest(kind, nbytes, self.step, pipeline))
-        return func(*args, **kwargs)
+        return func(*args, **(kwargs or {}))
 
 
 # ---- the backend's side: when each op really ran ----
@@ -392,18 +396,20 @@ class StepProfiler:
         return out
 
     def _timeline(self, events: list[dict[str, Any]], requests: list[CommRequest]) -> list[dict[str, Any]]:
-        """Events of the last profiled step: comm ops (by requested kind) and top-level compute."""
+        """Events of the last profiled step: comm ops (by requested kind) and top-level main-thread
+        ops as "compute", at most `max_timeline_events` (communication first)."""
         steps = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")),
                        key=lambda e: e["ts"])
         if not steps:
             return []
         last = steps[-1]
         t0, t1, main_tid = float(last["ts"]), float(last["ts"]) + float(last["dur"]), last.get("tid")
-        timeline: list[dict[str, Any]] = []
+        comm: list[dict[str, Any]] = []
         for req in requests:
             if req.start_us is not None and t0 <= req.start_us <= t1:
-                timeline.append({"rank": self.rank, "op": req.kind, "start_us": req.start_us - t0,
-                                 "dur_us": req.time_us, "bytes": req.nbytes})
+                comm.append({"rank": self.rank, "op": req.kind, "start_us": req.start_us - t0,
+                             "dur_us": req.time_us, "bytes": req.nbytes})
+        compute: list[dict[str, Any]] = []
         # top-level main-thread ops (children of the ProfilerStep span) as compute
         end_of_last = t0
         for e in sorted((e for e in events if e.get("ph") == "X" and e.get("tid") == main_tid
@@ -412,9 +418,11 @@ class StepProfiler:
             if ts < end_of_last or ts > t1 or str(e.get("name", "")).startswith(("c10d::", "_c10d_functional", "gloo:")):
                 continue
             end_of_last = ts + dur
-            timeline.append({"rank": self.rank, "op": "compute", "start_us": ts - t0, "dur_us": dur, "bytes": None})
-        timeline.sort(key=lambda e: e["start_us"])
-        return timeline[: self.max_timeline_events]
+            compute.append({"rank": self.rank, "op": "compute", "start_us": ts - t0, "dur_us": dur, "bytes": None})
+        # over the cap, communication is kept first, then the earliest compute
+        cap = self.max_timeline_events
+        timeline = comm[:cap] + compute[: max(cap - len(comm), 0)]
+        return sorted(timeline, key=lambda e: e["start_us"])
 
     def _keep_trace(self, doc: dict[str, Any]) -> dict[str, Any]:
         """Write the Chrome trace gzipped; if over the cap keep only the last step, else skip it."""
