@@ -68,18 +68,34 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def read_progress(run_dir: Path) -> dict[str, Any] | None:
-    """The last complete progress line rank 0 wrote, if any."""
-    path = run_dir / "progress.jsonl"
-    if not path.exists():
-        return None
-    last = None
-    for line in path.read_text().splitlines():
-        try:
-            last = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line still being written
-    return last
+class ProgressTail:
+    """Follows rank 0's progress.jsonl from where it last stopped, keeping the newest line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.latest: dict[str, Any] | None = None
+
+    def poll(self) -> dict[str, Any] | None:
+        """The newest complete line, if any arrived since the last poll."""
+        if not self.path.exists():
+            return None
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return None  # nothing new, or a line still being written
+        self.offset += end + 1
+        fresh = None
+        for line in chunk[:end].splitlines():
+            try:
+                fresh = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+        if fresh is not None:
+            self.latest = fresh
+        return fresh
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -111,7 +127,7 @@ def launch(
     spec_path.write_text(json.dumps(job.to_spec_dict(), indent=2))
     log_path = run_dir / LOG_NAME
     deadline = time.monotonic() + timeout_s
-    last_progress = None
+    progress = ProgressTail(run_dir / "progress.jsonl")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             torchrun_command(job, spec_path, run_dir, cache_dir),
@@ -122,11 +138,8 @@ def launch(
         try:
             while proc.poll() is None:
                 time.sleep(poll_s)
-                if on_progress is not None:
-                    progress = read_progress(run_dir)
-                    if progress is not None and progress != last_progress:
-                        last_progress = progress
-                        on_progress(progress)
+                if on_progress is not None and (fresh := progress.poll()) is not None:
+                    on_progress(fresh)
                 if should_cancel is not None and should_cancel():
                     reason = "cancelled"
                     _kill_group(proc)

@@ -110,19 +110,47 @@ def test_ddp_job_over_redis_into_postgres_succeeds(redis_setup) -> None:
     assert settings.sqlalchemy_url.startswith("postgresql")
 
 
-def test_ddp_job_on_the_embedded_default_succeeds(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")  # SQLite database and SQLite broker, no server
-    assert settings.celery_broker_url.startswith("sqla+sqlite")
-    from backend.migrate import upgrade
+def free_port() -> int:
+    import socket
 
-    upgrade(settings.sqlalchemy_url)
-    worker = start_worker(settings, tmp_path / "worker.log")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_parallab_up_on_the_embedded_default_runs_a_curl_style_job(tmp_path: Path) -> None:
+    """A new user's first minute: `parallab up`, POST a DDP job over HTTP, see it succeed."""
+    import httpx
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
+    env.update(PARALLAB_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "parallab", "up", "--port", str(port)], cwd=tmp_path, env=env,
+        stdout=(tmp_path / "up.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
     try:
-        with api_client(settings) as client:
-            run = wait_for(client, client.post("/api/v1/runs", json=DDP).json()["id"], {"succeeded", "failed", "cancelled"})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            time.sleep(0.5)
+        created = httpx.post(f"{base}/api/v1/runs", json=DDP)
+        assert created.status_code == 202, created.text
+        run_id = created.json()["id"]
+        deadline = time.monotonic() + 240
+        while (run := httpx.get(f"{base}/api/v1/runs/{run_id}").json())["status"] not in ("succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            time.sleep(0.5)
     finally:
-        stop_worker(worker)
+        stop_worker(server)
     assert_ddp_result(run)
+    assert (tmp_path / "home" / "parallab.db").exists() and (tmp_path / "home" / "broker.db").exists()
 
 
 def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, tmp_path: Path) -> None:
