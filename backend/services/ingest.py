@@ -33,12 +33,11 @@ def workload_key(workload: dict[str, Any]) -> str:
 
 
 def hardware_key(hardware: dict[str, Any]) -> str:
-    """E.g. 'cpu' or 'cuda:NVIDIA H100 80GB HBM3' — runs on different hardware are never ranked together."""
+    """E.g. 'cpu:Intel(R) Xeon(R) Processor' or 'cuda:NVIDIA H100 80GB HBM3' — runs on different
+    hardware are never ranked together."""
     device = str(hardware.get("device") or "unknown")
     name = hardware.get("device_name")
-    if device == "cpu" or not name:
-        return device
-    return f"{device}:{name}"[:200]
+    return f"{device}:{name}"[:200] if name else device
 
 
 def summary_columns(doc: ResultDocument) -> dict[str, Any]:
