@@ -89,6 +89,11 @@ def up(
     settings = get_settings()
     host = host or settings.host
     port = port or settings.port
+    try:
+        settings.model_copy(update={"host": host}).check_secrets()
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
     settings.ensure_home()
     upgrade(settings.sqlalchemy_url)
     env = dict(os.environ, PARALLAB_HOST=host, PARALLAB_PORT=str(port))

@@ -106,3 +106,12 @@ def test_plan_endpoint_predicts_sharded_state(client) -> None:
     assert fsdp["model_state_bytes_per_rank"]["params"] * 4 == pytest.approx(ddp["model_state_bytes_per_rank"]["params"], rel=0.02)
     bad = client.get("/api/v1/plan", params={"strategy": "tp", "world_size": 3})
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "workload", "num_heads"]
+
+
+def test_placeholder_secret_is_refused_beyond_loopback() -> None:
+    from backend.config import Settings
+
+    Settings(host="127.0.0.1").check_secrets()  # local mode: fine
+    Settings(host="0.0.0.0", secret_key="s3cr3t-from-vault").check_secrets()
+    with pytest.raises(ValueError, match="PARALLAB_SECRET_KEY"):
+        Settings(host="0.0.0.0").check_secrets()
