@@ -5,8 +5,8 @@ final norm and the LM head (the others drop them, so blocks keep their names: "l
 "layers.5"). Each rank builds its own `PipelineStage` by hand (no tracing) and a
 `ScheduleGPipe` or `Schedule1F1B` over `microbatches` micro-batches of every accumulation
 micro-step. The schedule runs forward and backward itself, so this module replaces the loop's
-`forward_backward`. The loss lives on the last stage: the schedule averages the micro-batch
-gradients (scale_grads), and `loss_weight` gives the last stage the whole global loss.
+`forward_backward`. The loss lives on the last stage: each micro-batch's loss is
+scaled by its share of the step, and `loss_weight` gives the last stage the whole global loss.
 """
 
 from __future__ import annotations
@@ -38,14 +38,17 @@ def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
         model.norm = None
         model.output = None
     model = model.to(ctx.device)
-    accum = ctx.accum_steps
+    # Each micro-batch's loss carries its share 1/(microbatches × accumulation) itself, and the
+    # schedule's own scale_grads stays off: it rescales *all* held grads at every step() and so
+    # would shrink the earlier accumulation micro-steps' gradients again.
+    share = 1.0 / (ctx.accum_steps * options["microbatches"])
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accum
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * share
 
     pipe_stage = PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh.get_group())
     # Kept off the module's attribute table (a plain dict) so parameters() never sees it twice.
-    model.__dict__["pipeline_schedule"] = SCHEDULES[options["schedule"]](pipe_stage, n_microbatches=options["microbatches"], loss_fn=loss_fn, scale_grads=True)
+    model.__dict__["pipeline_schedule"] = SCHEDULES[options["schedule"]](pipe_stage, n_microbatches=options["microbatches"], loss_fn=loss_fn, scale_grads=False)
     return model
 
 
@@ -62,7 +65,7 @@ def forward_backward(model: nn.Module, batch: Any, ctx: Any, options: dict[str, 
             schedule.step(target=target, losses=losses, return_outputs=False)
     if not last:
         return torch.zeros((), device=ctx.device)
-    return torch.stack([loss.detach() for loss in losses]).mean()
+    return torch.stack([loss.detach() for loss in losses]).sum()
 
 
 def loss_weight(ctx: Any, options: dict[str, Any]) -> float:

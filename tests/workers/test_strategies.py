@@ -1,0 +1,83 @@
+"""Every strategy through the real entry point (torchrun, gloo) agrees with `single`.
+
+Each job is launched once per session (`harness_job` memoises) and merged by
+`workers.aggregate.build_result` exactly as the worker does; the assertions read the document.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.workers.conftest import make_spec, torchrun
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    ("ddp", 2, {}),
+    ("fsdp", 2, {}),
+    ("tp", 2, {}),
+    ("tp", 2, {"sequence_parallel": True}),
+    ("pp", 2, {"schedule": "gpipe"}),
+    # 1f1b also with accumulation and selective checkpointing (the schedule's grad scaling must not double-scale)
+    ("pp", 2, {"schedule": "1f1b"}, {"grad_accumulation_steps": 2, "activation_checkpointing": "selective"}),
+    ("hybrid", 4, {"tp": 2}),
+    ("ddp", 4, {}),
+    ("fsdp", 4, {}),
+    ("pp", 4, {"schedule": "1f1b"}),
+]
+
+
+def _id(case) -> str:
+    name, n, options, *workload = case
+    return f"{name}{n}" + "".join(f"-{k}={v}" for k, v in {**options, **(workload[0] if workload else {})}.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_loss_agrees_with_single(harness_job, case):
+    name, n, options, *workload = case
+    doc, run_dir = harness_job(name, n, options, *workload)
+    assert doc.strategy.world_size == n and len(doc.ranks) == n
+    assert [r.rank for r in doc.ranks] == list(range(n))
+    assert doc.summary.tokens_per_s > 0
+    assert len(doc.loss.values) == doc.workload["steps"] == len(doc.loss.reference)
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    assert all(len(r.step_times_s) == doc.workload["steps"] for r in doc.ranks)
+    assert doc.hardware["device"] == "cpu" and doc.environment["backend"] == "gloo"
+    lines = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["phase"] == "train"] == list(range(doc.workload["steps"]))
+    assert [line["phase"] for line in lines][:1] == ["warmup"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp_holds_one_nth_of_ddp_params(harness_job, n):
+    ddp, _ = harness_job("ddp", n)
+    fsdp, _ = harness_job("fsdp", n)
+    full = ddp.ranks[0].model_state_bytes
+    for rank in fsdp.ranks:
+        assert rank.model_state_bytes.params == pytest.approx(full.params / n, rel=0.02)
+        assert rank.model_state_bytes.optimizer == pytest.approx(full.optimizer / n, rel=0.02)
+        assert rank.model_state_bytes.grads > 0, "grads of the last step are still held when measured"
+
+
+def test_single_is_its_own_reference(harness_job):
+    doc, _ = harness_job("single", 1)
+    assert doc.loss.values == doc.loss.reference
+    assert doc.summary.loss_max_rel_diff_vs_reference == 0
+
+
+def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
+    doc, _ = harness_job("fsdp", 2, {}, {"precision": "bf16", "activation_checkpointing": "full", "grad_accumulation_steps": 2})
+    assert all(v == v and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
+    assert doc.workload["precision"] == "bf16"
+
+
+def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):
+    spec = make_spec("ddp", 2)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # Launched on 1 process: re-resolving the spec on the rank refuses world size 2.
+    proc = torchrun(1, ["-m", "workers.harness.main", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)], timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "world size 2 is above" in proc.stderr
+    assert not (tmp_path / "rank0.json").exists()
