@@ -78,7 +78,15 @@ def fmt_duration(start: datetime | None, end: datetime | None) -> str:
     return fmt_seconds((end - start).total_seconds())
 
 
+def pretty_json(value: Any) -> str:
+    """Indented JSON for a <pre> (plain text: the template escapes it)."""
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
 FILTERS = {
+    "pretty_json": pretty_json,
     "bytes": fmt_bytes, "num": fmt_num, "pct": fmt_pct, "seconds": fmt_seconds, "value": fmt_value, "rel": fmt_rel,
     "when": fmt_when, "duration": fmt_duration,
 }

@@ -33,8 +33,10 @@ def house_layout(title: str, *, height: int = 360, **extra: Any) -> dict[str, An
         "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
         "template": TEMPLATE,
         "height": height,
-        "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 40},
+        # Below the plot, growing downwards: a wrapped legend never covers the title or subplot titles
+        # (plotly.js widens the bottom margin for a legend outside the plot area).
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.3, "xanchor": "left", "x": 0},
         **extra,
     }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, distinct, func, select
+from sqlalchemy import ColumnElement, and_, distinct, func, literal, select
 from sqlalchemy.orm import Session
 
 from backend.models import Run
@@ -24,35 +24,49 @@ SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
 FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch")
 
 
-def _ranked_runs(filters: dict[str, Any]) -> Select:
-    """Finished runs with a throughput, the filters applied, numbered within their strategy config."""
-    config = (Run.workload_key, Run.hardware_key, Run.strategy, Run.world_size)
-    query = select(
-        *(getattr(Run, c) for c in ROW_COLUMNS),
-        func.row_number().over(partition_by=config, order_by=(Run.tokens_per_s.desc(), Run.id)).label("config_order"),
-        func.count().over(partition_by=config).label("config_runs"),
-    ).where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None))
+CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
+
+
+def _conditions(filters: dict[str, Any]) -> list[ColumnElement[bool]]:
+    """Finished runs with a throughput and a workload key, the filters applied."""
+    conds: list[ColumnElement[bool]] = [Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)]
     for name in FILTERS:
         value = filters.get(name)
         if value is not None and value != "":
-            query = query.where(getattr(Run, name) == value)
-    return query
+            conds.append(getattr(Run, name) == value)
+    return conds
 
 
 def leaderboard_rows(
     session: Session, *, filters: dict[str, Any], best_only: bool, sort: str | None, descending: bool, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
-    """A page of leaderboard rows (each ranked within its workload × hardware group) and the total."""
-    ranked = _ranked_runs(filters).subquery("ranked")
-    group = (ranked.c.workload_key, ranked.c.hardware_key)
-    scored = select(
-        ranked,
-        func.rank().over(partition_by=group, order_by=ranked.c.tokens_per_s.desc()).label("rank"),
-        func.count().over(partition_by=group).label("group_size"),
+    """A page of leaderboard rows (each ranked within its workload × hardware group) and the total.
+
+    Each (workload, hardware, strategy, world size) is aggregated once (its best throughput and
+    how many runs it has — a hash aggregate over the summary columns, no sort of every run); the
+    runs are joined back to it, and only then ranked within their group.
+    """
+    conds = _conditions(filters)
+    config_cols = [getattr(Run, c) for c in CONFIG]
+    configs = (
+        select(*config_cols, func.max(Run.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
+        .where(*conds).group_by(*config_cols).subquery("configs")
     )
+    on = [getattr(Run, c) == configs.c[c] for c in CONFIG]
     if best_only:
-        scored = scored.where(ranked.c.config_order == 1)
-    scored = scored.subquery("scored")
+        on.append(Run.tokens_per_s == configs.c.best_tps)
+    joined = (
+        select(*(getattr(Run, c) for c in ROW_COLUMNS), configs.c.config_runs,
+               # two runs of one config with exactly the same throughput: keep one
+               func.row_number().over(partition_by=config_cols, order_by=Run.id).label("tie") if best_only else literal(1).label("tie"))
+        .join(configs, and_(*on)).where(*conds)
+    ).subquery("joined")
+    group = (joined.c.workload_key, joined.c.hardware_key)
+    scored = select(
+        joined,
+        func.rank().over(partition_by=group, order_by=joined.c.tokens_per_s.desc()).label("rank"),
+        func.count().over(partition_by=group).label("group_size"),
+    ).where(joined.c.tie == 1).subquery("scored")
     order: list[ColumnElement] = []
     if sort in SORTABLE and sort is not None:
         column = scored.c[sort]
@@ -60,12 +74,10 @@ def leaderboard_rows(
     order += [scored.c.model, scored.c.workload_key, scored.c.hardware_key, scored.c.rank, scored.c.id]
     page = select(scored, func.count().over().label("total")).order_by(*order).limit(limit).offset(offset)
     rows = [dict(r._mapping) for r in session.execute(page)]
-    total = rows[0]["total"] if rows else _count(session, scored)
+    for row in rows:
+        row.pop("tie", None)
+    total = rows[0]["total"] if rows else session.execute(select(func.count()).select_from(scored)).scalar_one()
     return rows, total
-
-
-def _count(session: Session, scored) -> int:
-    return session.execute(select(func.count()).select_from(scored)).scalar_one()
 
 
 def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -76,14 +88,10 @@ def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]
 
 
 def filter_values(session: Session) -> dict[str, list[Any]]:
-    """Distinct values of each filter over ranked runs, for the filter menus."""
-    out: dict[str, list[Any]] = {}
-    base = (Run.status == "succeeded", Run.tokens_per_s.is_not(None))
-    for name in FILTERS:
-        column = getattr(Run, name)
-        query = select(column).distinct().where(*base, column.is_not(None)).order_by(column)
-        out[name] = list(session.execute(query).scalars())
-    return out
+    """Distinct values of each filter over ranked runs, for the filter menus (one scan, not one per filter)."""
+    columns = [getattr(Run, name) for name in FILTERS]
+    combos = session.execute(select(*columns).distinct().where(Run.status == "succeeded", Run.tokens_per_s.is_not(None))).all()
+    return {name: sorted({row[i] for row in combos if row[i] is not None}) for i, name in enumerate(FILTERS)}
 
 
 def workload_groups(session: Session) -> list[dict[str, Any]]:
