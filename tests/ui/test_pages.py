@@ -254,3 +254,8 @@ def test_cancel_from_the_run_page(client, session_factory):
     r = client.post(f"/runs/{run_id}/cancel", data={"csrf_token": token}, follow_redirects=False)
     assert r.status_code == 303
     assert client.get(f"/runs/{run_id}/status.json").json()["status"] == "cancelled"
+
+
+def test_unknown_run_is_a_404_page(client):
+    r = client.get("/runs/does-not-exist")
+    assert r.status_code == 404 and "No such run" in r.text and "<title>" in r.text

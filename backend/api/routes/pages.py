@@ -180,7 +180,11 @@ def install(app: FastAPI) -> None:
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
     def run_page(request: Request, run_id: str, session: SessionDep, settings: SettingsDep):
-        run = _get_run(session, run_id)
+        try:
+            run = run_service.get_run(session=session, run_id=run_id)
+        except RunNotFound:
+            return _render(request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."},
+                           status_code=404, settings=settings)
         doc = run.result.document if run.result is not None else None
         figures = run_figs.run_figures(doc) if doc else {}
         return _render(request, "run.html", {"run": run, "doc": doc, "figures": figures, "finished": run.status in FINISHED_STATUSES,
