@@ -395,14 +395,20 @@ class StepProfiler:
             self._raw_trace.unlink(missing_ok=True)
         return out
 
+    def _last_step_span(self, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The `ProfilerStep#k` span of the last profiled measured step (the warm-up step is #0 …
+        #skip-1; a span opened by the final `step()` and closed at exit holds no step)."""
+        spans = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")),
+                       key=lambda e: e["ts"])
+        wanted = f"ProfilerStep#{self.skip + self._profiled - 1}"
+        return next((e for e in spans if e["name"] == wanted), spans[-1] if spans else None)
+
     def _timeline(self, events: list[dict[str, Any]], requests: list[CommRequest]) -> list[dict[str, Any]]:
         """Events of the last profiled step: comm ops (by requested kind) and top-level main-thread
         ops as "compute", at most `max_timeline_events` (communication first)."""
-        steps = sorted((e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")),
-                       key=lambda e: e["ts"])
-        if not steps:
+        last = self._last_step_span(events)
+        if last is None:
             return []
-        last = steps[-1]
         t0, t1, main_tid = float(last["ts"]), float(last["ts"]) + float(last["dur"]), last.get("tid")
         comm: list[dict[str, Any]] = []
         for req in requests:
@@ -430,10 +436,9 @@ class StepProfiler:
         data = gzip.compress(json.dumps(doc).encode(), compresslevel=6)
         note = None
         if len(data) > self.trace_cap_bytes:
-            steps = sorted((e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")),
-                           key=lambda e: e["ts"])
-            if steps:
-                t0 = float(steps[-1]["ts"])
+            last = self._last_step_span(doc["traceEvents"])
+            if last is not None:
+                t0 = float(last["ts"])
                 small = dict(doc, traceEvents=[e for e in doc["traceEvents"]
                                                if e.get("ph") == "M" or float(e.get("ts", 0.0)) >= t0])
                 data = gzip.compress(json.dumps(small).encode(), compresslevel=6)
