@@ -259,3 +259,16 @@ def test_cancel_from_the_run_page(client, session_factory):
 def test_unknown_run_is_a_404_page(client):
     r = client.get("/runs/does-not-exist")
     assert r.status_code == 404 and "No such run" in r.text and "<title>" in r.text
+
+
+def test_run_page_puts_theory_beside_measurement(client, session_factory):
+    doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=13_000.0).model_dump(mode="json")
+    doc["prediction"]["comm_bytes_per_step"]["all_gather"] = doc["summary"]["comm_bytes_per_step"]["all_gather"] // 2  # measured 2× predicted
+    from backend.schemas.result import ResultDocument
+
+    with session_factory() as s:
+        run = store_run(s, ResultDocument.model_validate(doc))
+    html = client.get(f"/runs/{run.id}").text
+    table = html[html.index('id="agreement-table"'):html.index("</table>", html.index('id="agreement-table"'))]
+    assert "all_gather per step" in table and "+100.0%" in table and "⚑" in table
+    assert "reduce_scatter per step" in table and "+3.1%" in table

@@ -18,11 +18,12 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
 import frontend
-from backend.api import csrf
+from backend.api import csrf, formatting
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.runs import submit
 from backend.figures import compare as compare_figs
@@ -34,9 +35,8 @@ from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
 from backend.services import run_form
 from backend.services import runs as run_service
+from backend.services.run_view import run_view
 from backend.services.runs import RunNotFound, RunStateError
-from backend.workload import PRESETS
-from backend.api import formatting
 
 FRONTEND = Path(frontend.__file__).parent
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -161,8 +161,6 @@ def install(app: FastAPI) -> None:
         if not settings.local_mode:
             return form_page(request, settings, values, {"__all__": ["this server is not in local mode: submit through the API with a token"]},
                              status_code=403)
-        from starlette.concurrency import run_in_threadpool
-
         check = await run_in_threadpool(run_form.check_form, form=form, settings=settings, host_memory_bytes=_host_memory(settings))
         if not check.ok or check.spec is None:
             return form_page(request, settings, values, check.errors, status_code=422)
@@ -181,14 +179,14 @@ def install(app: FastAPI) -> None:
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
     def run_page(request: Request, run_id: str, session: SessionDep, settings: SettingsDep):
         try:
-            run = run_service.get_run(session=session, run_id=run_id)
+            view = run_view(session=session, run_id=run_id)
         except RunNotFound:
             return _render(request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."},
                            status_code=404, settings=settings)
-        doc = run.result.document if run.result is not None else None
-        figures = run_figs.run_figures(doc) if doc else {}
-        return _render(request, "run.html", {"run": run, "doc": doc, "figures": figures, "finished": run.status in FINISHED_STATUSES,
-                                              "trace_ranks": run_service_trace_ranks(session, run.id)}, settings=settings)
+        figures = run_figs.run_figures(view.document) if view.document else {}
+        return _render(request, "run.html", {"run": view.run, "doc": view.document, "figures": figures, "agreement": view.agreement,
+                                              "finished": view.run.status in FINISHED_STATUSES, "trace_ranks": view.trace_ranks},
+                       settings=settings)
 
     @app.get("/runs/{run_id}/status.json", include_in_schema=False)
     def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
@@ -266,8 +264,3 @@ def _get_run(session, run_id: str):
     except RunNotFound:
         raise HTTPException(404, detail=f"no run {run_id!r}") from None
 
-
-def run_service_trace_ranks(session, run_id: str) -> list[int]:
-    from backend.store import runs as store
-
-    return store.trace_ranks(session, run_id)
