@@ -19,7 +19,10 @@ from backend.services.validation import resolve_job
 from workers.aggregate import build_result, read_rank_records
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = {"ddp": 2, "fsdp": 2, "tp": 2, "pp": 2, "ring": 2, "moe": 2, "hybrid": 4}
+CASES = [  # (strategy, world size, options): every strategy, and the options that change the traffic
+    ("ddp", 2, {}), ("fsdp", 2, {}), ("fsdp", 2, {"reshard_after_forward": False}), ("tp", 2, {}),
+    ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}), ("ring", 2, {}), ("moe", 2, {}), ("hybrid", 4, {}),
+]
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +32,11 @@ def run(tmp_path_factory):
     """Launch (once per strategy and world size) and return the result document."""
     cache = {}
 
-    def launch(strategy: str, n: int):
-        if (strategy, n) not in cache:
+    def launch(strategy: str, n: int, options: dict | None = None):
+        key = (strategy, n, json.dumps(options or {}, sort_keys=True))
+        if key not in cache:
             spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
-                                           "strategy": {"name": strategy, "world_size": n}})
+                                           "strategy": {"name": strategy, "world_size": n, "options": options or {}}})
             job = resolve_job(spec, max_world_size=8)
             run_dir = tmp_path_factory.mktemp(f"{strategy}{n}")
             (run_dir / "spec.json").write_text(json.dumps(job.to_spec_dict()))
@@ -41,15 +45,15 @@ def run(tmp_path_factory):
                    "-m", "workers.harness.main", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)]
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-4000:]
-            cache[strategy, n] = build_result(job, read_rank_records(run_dir, n))
-        return cache[strategy, n]
+            cache[key] = build_result(job, read_rank_records(run_dir, n))
+        return cache[key]
 
     return launch
 
 
-@pytest.mark.parametrize("strategy", list(CASES))
-def test_comm_bytes_match_prediction_within_10_percent(run, strategy):
-    doc = run(strategy, CASES[strategy])
+@pytest.mark.parametrize(("strategy", "n", "options"), CASES, ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v))
+def test_comm_bytes_match_prediction_within_10_percent(run, strategy, n, options):
+    doc = run(strategy, n, options)
     predicted = doc.prediction.comm_bytes_per_step
     measured = doc.summary.comm_bytes_per_step
     assert predicted, "every parallel strategy communicates"
