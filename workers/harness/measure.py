@@ -271,6 +271,11 @@ class StepProfiler:
     ``peak_allocated_bytes`` (+ ``peak_reserved_bytes`` on CUDA), ``profiled_steps``, and when
     tracing ``timeline`` (the last profiled step's events) and ``trace_file``.
 
+    ``comm_time_fraction`` is the window's backend comm time over its wall time, both taken under
+    the profiler (whose per-op cost slows microsecond-scale compute, so on tiny CPU models the
+    fraction reads low; see BENCHMARKS.md). The CUDA path (NCCL kernel names, allocator peaks)
+    follows the same attribution but has not been run on a GPU yet.
+
     On CPU, ``peak_allocated_bytes`` is the profiler's "Total Allocated", which counts only what
     was allocated while the profiler ran (the warm-up step and the window): activations, grads
     and transient buffers — not tensors that existed before, such as the parameters.
