@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 
 from backend.api.errors import install_error_handlers
-from backend.api.routes import plan, results, runs
+from backend.api.routes import analysis, pages, plan, results, runs
 
 API_PREFIX = "/api/v1"
 
@@ -21,23 +21,15 @@ def create_app() -> FastAPI:
     api.include_router(runs.router)
     api.include_router(results.router)
     api.include_router(plan.router)
+    api.include_router(analysis.router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    _include_pages(app)
-    return app
-
-
-def _include_pages(app: FastAPI) -> None:
-    """The HTML pages (frontend/), when present."""
-    try:
-        from backend.api.routes import pages
-    except ImportError:
-        return
     pages.install(app)
+    return app
 
 
 app = create_app()

@@ -46,6 +46,16 @@ class Leaderboard:
     """(workload_key, hardware_key) → a readable label."""
 
 
+EXPORT_FIELDS = ("group_label", "workload_key", "hardware_key", "rank", "best", "strategy", "world_size", "model", "tokens_per_s",
+                 "mfu", "peak_allocated_bytes_max", "step_time_median_s", "comm_time_fraction", "loss_max_rel_diff",
+                 "config_runs", "source", "branch", "commit", "id", "name", "created_at")
+
+
+def export_rows(board: Leaderboard) -> list[dict[str, Any]]:
+    """The leaderboard's rows as flat records (CSV/JSON exports and the REST API)."""
+    return [{k: row.get(k) for k in EXPORT_FIELDS} for row in board.rows]
+
+
 def workload_label(spec: dict[str, Any] | None, model: str) -> str:
     """A readable name for a workload: preset, shape, sequence length, global batch, precision."""
     wl = (spec or {}).get("workload") or {}

@@ -116,11 +116,6 @@ def _leaderboard_query(request: Request) -> leaderboard_service.LeaderboardQuery
     )
 
 
-LEADERBOARD_EXPORT = ("group_label", "workload_key", "hardware_key", "rank", "best", "strategy", "world_size", "model", "tokens_per_s",
-                      "mfu", "peak_allocated_bytes_max", "step_time_median_s", "comm_time_fraction", "loss_max_rel_diff",
-                      "config_runs", "source", "branch", "commit", "id", "name", "created_at")
-
-
 def install(app: FastAPI) -> None:
     """Mount the static files, plotly.js and every page on `app`."""
     app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
@@ -242,14 +237,15 @@ def install(app: FastAPI) -> None:
     @app.get("/leaderboard.json", include_in_schema=False)
     def leaderboard_json(request: Request, session: SessionDep):
         board = leaderboard_service.get_leaderboard(session=session, query=_leaderboard_query(request))
-        rows = [{k: row.get(k) for k in LEADERBOARD_EXPORT} for row in board.rows]
+        rows = leaderboard_service.export_rows(board)
         return JSONResponse(json.loads(json.dumps({"items": rows, "total": board.total}, default=str)),
                             headers={"Content-Disposition": 'attachment; filename="parallab-leaderboard.json"'})
 
     @app.get("/leaderboard.csv", include_in_schema=False)
     def leaderboard_csv(request: Request, session: SessionDep):
         board = leaderboard_service.get_leaderboard(session=session, query=_leaderboard_query(request))
-        return _csv([list(LEADERBOARD_EXPORT), *([row.get(k) for k in LEADERBOARD_EXPORT] for row in board.rows)], "parallab-leaderboard.csv")
+        fields = leaderboard_service.EXPORT_FIELDS
+        return _csv([list(fields), *([row[k] for k in fields] for row in leaderboard_service.export_rows(board))], "parallab-leaderboard.csv")
 
     @app.get("/scaling", response_class=HTMLResponse, include_in_schema=False)
     def scaling(request: Request, session: SessionDep, settings: SettingsDep, workload: str | None = None, hardware: str | None = None):

@@ -1,0 +1,45 @@
+"""REST compare and leaderboard on SQLite and Postgres, over runs stored by the ingest path."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.db import session_scope
+from tests.ui.factories import make_document, store_run
+
+GPU = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
+
+
+@pytest.fixture
+def lab(settings) -> dict[str, str]:
+    with session_scope(settings.sqlalchemy_url) as session:
+        plan = {
+            "ddp2": make_document(strategy="ddp", world_size=2, tokens_per_s=16_000.0),
+            "fsdp2": make_document(strategy="fsdp", world_size=2, tokens_per_s=14_000.0),
+            "tp2": make_document(strategy="tp", world_size=2, tokens_per_s=11_000.0),
+            "gpu-ddp8": make_document(strategy="ddp", world_size=8, tokens_per_s=400_000.0, hardware=GPU),
+        }
+        return {key: store_run(session, doc).id for key, doc in plan.items()}
+
+
+def test_leaderboard_ranks_within_workload_and_hardware_groups(client, lab) -> None:
+    body = client.get("/api/v1/leaderboard", params={"runs": "all"}).json()
+    assert body["total"] == 4
+    cpu = [row for row in body["items"] if row["hardware_key"] != "cuda:NVIDIA H100 80GB HBM3"]
+    gpu = [row for row in body["items"] if row["hardware_key"] == "cuda:NVIDIA H100 80GB HBM3"]
+    assert [r["strategy"] for r in sorted(cpu, key=lambda r: r["rank"])] == ["ddp", "fsdp", "tp"]
+    assert [r["rank"] for r in gpu] == [1]  # never ranked against the CPU runs
+    assert sum(r["best"] for r in body["items"]) == 2
+    only_fsdp = client.get("/api/v1/leaderboard", params={"strategy": "fsdp"}).json()
+    assert [r["id"] for r in only_fsdp["items"]] == [lab["fsdp2"]]
+    assert client.get("/api/v1/leaderboard", params={"limit": 0}).status_code == 422
+
+
+def test_compare_is_relative_to_the_baseline(client, lab) -> None:
+    body = client.get("/api/v1/compare", params={"ids": f"{lab['ddp2']},{lab['fsdp2']}", "baseline": lab["ddp2"]}).json()
+    assert [r["id"] for r in body["runs"]] == [lab["ddp2"], lab["fsdp2"]]
+    tokens = next(m for m in body["metrics"] if m["key"] == "tokens_per_s")
+    assert tokens["values"] == [pytest.approx(16_000.0), pytest.approx(14_000.0)]
+    assert tokens["relative_to_baseline"][0] == 0
+    assert tokens["relative_to_baseline"][1] == pytest.approx(14_000 / 16_000 - 1)
+    assert client.get("/api/v1/compare", params={"ids": ""}).status_code == 422
