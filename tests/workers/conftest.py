@@ -23,6 +23,8 @@ from backend.services.validation import resolve_job
 from workers.aggregate import build_result, read_rank_records
 
 REPO = Path(__file__).resolve().parents[2]
+THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
+"""(strategy, world size, options, workload, tokens/s) of every job this session launched."""
 # tiny, a few steps: seconds on 2 cores. lr 1e-2 so the curve moves enough for the comparison to bite.
 TEST_WORKLOAD: dict[str, Any] = {"model": "tiny", "steps": 3, "warmup_steps": 1, "lr": 1e-2, "seed": 0}
 
@@ -63,6 +65,7 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
             assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
             job = resolve_job(JobSpec.model_validate(spec), max_world_size=world_size)
             done[key] = (build_result(job, read_rank_records(run_dir, world_size)), run_dir)
+            THROUGHPUT.append((strategy, world_size, spec["strategy"]["options"], spec["workload"], done[key][0].summary.tokens_per_s))
         return done[key]
 
     return run
@@ -75,3 +78,13 @@ def ring_moe_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     proc = torchrun(4, [str(Path(__file__).with_name("ring_moe_driver.py")), "--out", str(out)])
     assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """tokens/s of each harness job (noisy on a shared 2-core machine: a figure, never asserted)."""
+    if not THROUGHPUT:
+        return
+    terminalreporter.section("harness jobs: tokens/s (tiny)")
+    for name, n, options, workload, tps in THROUGHPUT:
+        recipe = {k: workload[k] for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if workload.get(k) not in ("fp32", "none", 1)}
+        terminalreporter.write_line(f"{name:<12} N={n}  {tps:10.0f}  {options} {recipe or ''}")

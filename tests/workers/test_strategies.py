@@ -81,3 +81,9 @@ def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "world size 2 is above" in proc.stderr
     assert not (tmp_path / "rank0.json").exists()
+
+
+def test_collectives_job_runs_through_the_same_entry_point(harness_job):
+    doc, _ = harness_job("collectives", 2, {"ops": ["all_reduce", "all_to_all"], "max_bytes": 8192, "iters": 2, "warmup_iters": 1})
+    assert {p.op for p in doc.collectives} == {"all_reduce", "all_to_all"}
+    assert all(len(r.step_times_s) == 1 and r.step_times_s[0] > 0 for r in doc.ranks)

@@ -48,15 +48,24 @@ class Progress:
 
 @dataclass
 class Precision:
-    """Autocast and (fp16 only) loss scaling, handed to the strategies' forward_backward."""
+    """Autocast, and for fp16 a dynamic loss scale, handed to the strategies' forward_backward.
+
+    The fp16 scaler is our own rather than torch.amp.GradScaler: that one unscales with a foreach
+    kernel that refuses a mix of DTensor and plain grads (TP keeps norms as plain tensors) and
+    cannot see into the pipeline schedule's backward. Here every grad is unscaled on its own; a
+    non-finite grad on any rank skips the step on every rank (one all-reduce per fp16 step).
+    """
 
     name: str
     device_type: str
-    scaler: Any = None
+    scale: float = 1.0
+    good_steps: int = 0
+
+    GROWTH_INTERVAL = 2000
 
     def __post_init__(self) -> None:
         if self.name == "fp16":
-            self.scaler = torch.amp.GradScaler(self.device_type)
+            self.scale = 2.0**16
 
     def autocast(self) -> Any:
         if self.name in DTYPES:
@@ -64,14 +73,29 @@ class Precision:
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        (loss * self.scale if self.scale != 1.0 else loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
+    def step(self, optimizer: torch.optim.Optimizer, ctx: Any) -> None:
+        if self.name != "fp16":
             optimizer.step()
+            return
+        bad = torch.zeros((), device=ctx.device)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / self.scale)
+                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    bad = torch.maximum(bad, (~torch.isfinite(local)).any().float())
+        if dist.is_initialized() and ctx.world_size > 1:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            self.scale /= 2
+            self.good_steps = 0
+            return
+        optimizer.step()
+        self.good_steps += 1
+        if self.good_steps % self.GROWTH_INTERVAL == 0:
+            self.scale *= 2
 
 
 @dataclass
@@ -105,7 +129,7 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
             with strategy.accumulate(model, micro == ctx.accum_steps - 1):
                 total += strategy.forward_backward(model, batch, ctx, options, precision).float()
         strategy.sync_grads(model, ctx, options)
-        precision.step(optimizer)
+        precision.step(optimizer, ctx)
         return total
 
     def report(ph: str, i: int, n: int, loss: torch.Tensor) -> None:
@@ -113,8 +137,12 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
             has_loss = strategy.loss_weight(ctx, options) > 0
             progress.write(ph, i, n, float(loss.item()) if has_loss else None)
 
+    # The training run reports warm-up and measured steps apart; the reference run as one count.
+    reference = phase != "train"
+    total_steps = wl.warmup_steps + wl.steps
     for i in range(wl.warmup_steps):
-        report("warmup" if phase == "train" else phase, i, wl.warmup_steps, one_step(i))
+        loss = one_step(i)
+        report(phase, i, total_steps, loss) if reference else report("warmup", i, wl.warmup_steps, loss)
     for moe in moe_layers(model):
         moe.reset_stats()
 
@@ -128,7 +156,7 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
             result.losses.append(loss.detach())
             if profiler is not None:
                 profiler.step()
-            report(phase, i, wl.steps, loss)
+            report(phase, wl.warmup_steps + i, total_steps, loss) if reference else report(phase, i, wl.steps, loss)
     return result
 
 
@@ -145,8 +173,9 @@ def moe_stats(model: torch.nn.Module, *, ctx: Any) -> dict[str, Any] | None:
     layers = moe_layers(model)
     if not layers:
         return None
-    routed = torch.stack([m.stat_routed for m in layers]).sum(0)
-    stats = torch.cat([routed, torch.stack([m.stat_dropped for m in layers]).sum()[None]]).to(ctx.device)
+    routed = torch.stack([m.stat_routed.to(ctx.device) for m in layers]).sum(0)
+    dropped = torch.stack([m.stat_dropped.to(ctx.device) for m in layers]).sum()
+    stats = torch.cat([routed, dropped[None]])
     if dist.is_initialized() and ctx.world_size > 1:
         dist.all_reduce(stats)
     stats = stats.cpu().tolist()

@@ -158,8 +158,10 @@ class MoE(nn.Module):
         routed = onehot.sum(0)
         aux = e * ((routed.float() / (t * k)) * probs.mean(0)).sum()
         if torch._C._current_graph_task_id() == -1:  # not a checkpoint recompute inside backward
-            self.stat_routed += routed.detach().cpu()
-            self.stat_dropped += (~keep).sum().detach().cpu()
+            if self.stat_routed.device != routed.device:  # counters live on the device: no sync per step
+                self.stat_routed, self.stat_dropped = self.stat_routed.to(routed.device), self.stat_dropped.to(routed.device)
+            self.stat_routed += routed.detach()
+            self.stat_dropped += (~keep).sum().detach()
         return tokens, experts, gates, keep, aux
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workers.harness.data import micro_batch
 from workers.harness.model import MoE
-from workers.strategies import flat_all_reduce_
+from workers.strategies import MicroBatch, flat_all_reduce_
 
 
 class _AllToAll(torch.autograd.Function):
@@ -92,10 +93,8 @@ def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
     return model.to(ctx.device)
 
 
-def local_batch(inputs: torch.Tensor, labels: torch.Tensor, ctx: Any, options: dict[str, Any], micro_step: int) -> Any:
-    from workers.harness.data import micro_batch
-    from workers.strategies import MicroBatch
-
+def local_batch(inputs: torch.Tensor, labels: torch.Tensor, ctx: Any, options: dict[str, Any], micro_step: int) -> MicroBatch:
+    """The "ep" dim is also the data-parallel dim: rank r takes rows [micro_step][r] (data.py)."""
     n, r = ctx.mesh.size(), ctx.mesh.get_local_rank()
     take = lambda t: micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=n, dp_rank=r)  # noqa: E731
     return MicroBatch(take(inputs), take(labels))

@@ -41,10 +41,12 @@ def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
     # Each micro-batch's loss carries its share 1/(microbatches × accumulation) itself, and the
     # schedule's own scale_grads stays off: it rescales *all* held grads at every step() and so
     # would shrink the earlier accumulation micro-steps' gradients again.
+    # fp16: the loop's loss scale must reach the backward the schedule runs, so loss_fn reads it.
     share = 1.0 / (ctx.accum_steps * options["microbatches"])
+    scale = model.__dict__["pipeline_loss_scale"] = [1.0]
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * share
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * (share * scale[0])
 
     pipe_stage = PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh.get_group())
     # Kept off the module's attribute table (a plain dict) so parameters() never sees it twice.
@@ -55,6 +57,7 @@ def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
 def forward_backward(model: nn.Module, batch: Any, ctx: Any, options: dict[str, Any], run: Any) -> torch.Tensor:
     stage, stages = _stage(ctx)
     schedule = model.__dict__["pipeline_schedule"]
+    model.__dict__["pipeline_loss_scale"][0] = run.scale
     losses: list[torch.Tensor] = []
     last = stage == stages - 1
     target = batch.labels if last else None
@@ -65,7 +68,7 @@ def forward_backward(model: nn.Module, batch: Any, ctx: Any, options: dict[str, 
             schedule.step(target=target, losses=losses, return_outputs=False)
     if not last:
         return torch.zeros((), device=ctx.device)
-    return torch.stack([loss.detach() for loss in losses]).sum()
+    return torch.stack([loss.detach() for loss in losses]).sum() / run.scale
 
 
 def loss_weight(ctx: Any, options: dict[str, Any]) -> float:
