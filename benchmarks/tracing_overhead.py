@@ -101,20 +101,6 @@ def report(data: dict, model: str, world: int, steps: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path) -> None:
-    """Replace (or append) the "Tracing overhead" section of BENCHMARKS.md, leaving the others."""
-    heading = "## Tracing overhead"
-    body = f"{heading}\n\nMeasured by `python benchmarks/tracing_overhead.py --write`.\n\n{text}\n"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if heading in old:
-        head, _, rest = old.partition(heading)
-        nxt = rest.find("\n## ")
-        new = head + body + (rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        new = old.rstrip("\n") + "\n\n" + body
-    path.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", default=["tiny"], help="one or more presets, each its own job")
@@ -146,7 +132,9 @@ def main() -> None:
                  "upper bound, and the run median (what a summary reports) is within noise of 1.")
     text = "\n\n".join(texts)
     if args.write:
-        write_section(text, REPO / "BENCHMARKS.md")
+        from benchmarks.report import write_section
+
+        write_section("Tracing overhead", f"Measured by `python benchmarks/tracing_overhead.py --write`.\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ from backend.models import Run, RunResult  # noqa: E402
 from backend.services import compare as compare_service  # noqa: E402
 from backend.services import leaderboard as leaderboard_service  # noqa: E402
 from backend.services.ingest import hardware_key, workload_key  # noqa: E402
+from benchmarks.report import write_section  # noqa: E402
 from tests.ui.factories import make_document  # noqa: E402
 
-HEADING = "## UI queries with 10,000 runs"
+HEADING = "UI queries with 10,000 runs"
 SCRATCH_DB = "parallab_bench"
 STRATEGIES = [("single", (1,)), ("ddp", (2, 4, 8)), ("fsdp", (2, 4, 8)), ("tp", (2, 4)), ("pp", (2, 4)), ("ring", (2, 4)),
               ("hybrid", (4, 8)), ("moe", (2, 4))]
@@ -187,7 +188,6 @@ def main() -> None:
         recreate(admin_url, drop_only=True)
 
     lines = [
-        HEADING, "",
         f"`python benchmarks/ui_queries.py` — {args.runs:,} finished runs (each with a result document) in Postgres "
         f"({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load:.1f} while measuring), "
         f"bulk-inserted in {insert_s:.1f} s. Median of {args.repeat} after a warm-up, "
@@ -202,19 +202,7 @@ def main() -> None:
     if plan:
         print("\n-- plan of the leaderboard's index path --\n" + plan)
     if not args.no_write:
-        write_section(REPO / "BENCHMARKS.md", report)
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's own section of BENCHMARKS.md (or append it); other sections stay as they are."""
-    text_ = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    start = text_.find(HEADING)
-    if start == -1:
-        text_ = text_.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text_.find("\n## ", start + len(HEADING))
-        text_ = text_[:start] + section + (text_[nxt + 1:] if nxt != -1 else "")
-    path.write_text(text_.rstrip("\n") + "\n")
+        write_section(HEADING, report)
 
 
 if __name__ == "__main__":
