@@ -132,6 +132,7 @@ def main() -> None:
                  "upper bound, and the run median (what a summary reports) is within noise of 1.")
     text = "\n\n".join(texts)
     if args.write:
+        sys.path.insert(0, str(REPO))
         from benchmarks.report import write_section
 
         write_section("Tracing overhead", f"Measured by `python benchmarks/tracing_overhead.py --write`.\n\n{text}")
