@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -22,8 +24,12 @@ def test_ep_with_drops_equals_one_rank_routing_in_n_groups(ring_moe_results, n):
 
 
 def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
-    doc, _ = harness_job("moe", 2)
+    doc, run_dir = harness_job("moe", 2)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    # No other job shares this reference (MoE routes in dp groups): rank 0 computed it in-job.
+    phases = [json.loads(line)["phase"] for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    total = doc.workload["warmup_steps"] + doc.workload["steps"]
+    assert phases.count("reference") == total and phases.count("train") == doc.workload["steps"]
     experts = doc.workload["num_experts"]
     for rank in doc.ranks:
         moe = rank.moe

@@ -78,11 +78,15 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
     return [float(x) for x in torch.stack(result.losses).cpu()]
 
 
-def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, progress: loop.Progress) -> list[float]:
+def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, progress: loop.Progress, own: list[float]) -> list[float]:
+    """`single` is its own reference (and fills the cache); the others read the cache or compute it."""
     path = cache_dir / f"{reference_key(job)}.json" if cache_dir is not None else None
-    if path is not None and path.exists():
+    if job.strategy == "single":
+        curve = own
+    elif path is not None and path.exists():
         return json.loads(path.read_text())["loss"]
-    curve = compute_reference(job, ctx, progress)
+    else:
+        curve = compute_reference(job, ctx, progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -177,9 +181,11 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: Path, cache_dir: Pa
     record["peak_rss_bytes"] = measure.peak_rss_bytes()  # before rank 0's reference run adds its own
 
     del model, result, profiler
-    gc.collect()
+    gc.collect()  # the pipeline schedule and its stage reference the module: cycles
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
     if ctx.is_lead:
-        reference = losses if job.strategy == "single" else reference_curve(job, ctx, cache_dir, progress)
+        reference = reference_curve(job, ctx, cache_dir, progress, own=losses)
         record.update(loss={"values": losses, "reference": reference}, hardware=hardware(ctx), environment=environment(ctx))
     write_record(run_dir, ctx.rank, record)
 

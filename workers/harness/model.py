@@ -227,8 +227,8 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(p, std=0.02)
 
-    def moe_layers(self) -> list[nn.Module]:
-        return [blk.feed_forward for blk in self.layers.values() if hasattr(blk.feed_forward, "aux_loss")]
+    def moe_layers(self) -> list[MoE]:
+        return [blk.feed_forward for blk in self.layers.values() if isinstance(blk.feed_forward, MoE)]
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or with `labels` the loss: mean cross-entropy (+ MoE aux loss).

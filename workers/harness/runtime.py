@@ -50,6 +50,14 @@ def mesh_shape(strategy: str, world_size: int, options: dict[str, Any]) -> tuple
     return (world_size,), (dim,)
 
 
+def check_mesh(shape: tuple[int, ...], world_size: int) -> None:
+    product = 1
+    for size in shape:
+        product *= size
+    if product != world_size:
+        raise ValueError(f"mesh {shape} has {product} ranks but the job runs on {world_size}")
+
+
 def init_runtime(strategy: str, options: dict[str, Any]) -> RunContext:
     """Init the process group from torchrun's environment, pin the device, build the mesh."""
     rank = int(os.environ.get("RANK", 0))
@@ -67,6 +75,7 @@ def init_runtime(strategy: str, options: dict[str, Any]) -> RunContext:
     ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device, backend=backend)
     if strategy != "collectives":
         shape, names = mesh_shape(strategy, world, options)
+        check_mesh(shape, world)
         ctx.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     return ctx
 
