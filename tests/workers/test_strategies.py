@@ -48,6 +48,7 @@ def test_loss_agrees_with_single(harness_job, case):
     lines = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if line["phase"] == "train"] == list(range(doc.workload["steps"]))
     assert [line["phase"] for line in lines][:1] == ["warmup"]
+    assert all(line["loss"] is not None and line["loss"] > 0 for line in lines), "pipeline: the last stage reports"
 
 
 @pytest.mark.parametrize("n", [2, 4])

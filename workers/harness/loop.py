@@ -7,8 +7,8 @@ Each measured step is timed between two device synchronisations.
 
 Losses stay local during the measured window — combining them is one all-reduce *after* it
 (`global_losses`), so the loss bookkeeping adds no collective to the communication measured.
-Rank 0 appends a line per step to `progress.jsonl` for the live UI (its local loss; on a
-pipeline's first stage, which has no loss, null).
+One rank (rank 0; a pipeline's last stage, which holds the loss) appends a line per step to
+`progress.jsonl` for the live UI, with its local loss; rank 0 adds the reference run's lines.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Progress:
-    """Appends {"phase", "step", "steps", "loss"} lines to progress.jsonl (lead rank only)."""
+    """Appends {"phase", "step", "steps", "loss"} lines to progress.jsonl (one rank only)."""
 
     def __init__(self, run_dir: Path | None, enabled: bool):
         self.path = run_dir / "progress.jsonl" if (run_dir is not None and enabled) else None
@@ -132,17 +132,20 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
         precision.step(optimizer, ctx)
         return total
 
-    def report(ph: str, i: int, n: int, loss: torch.Tensor) -> None:
-        if progress.path is not None:
-            has_loss = strategy.loss_weight(ctx, options) > 0
-            progress.write(ph, i, n, float(loss.item()) if has_loss else None)
+    def report(step: int, warmup: bool, loss: torch.Tensor) -> None:
+        """The training run counts warm-up and measured steps apart; the reference run as one."""
+        if progress.path is None:
+            return
+        value = float(loss.item()) if strategy.loss_weight(ctx, options) > 0 else None
+        if phase != "train":
+            progress.write(phase, step, wl.warmup_steps + wl.steps, value)
+        elif warmup:
+            progress.write("warmup", step, wl.warmup_steps, value)
+        else:
+            progress.write("train", step - wl.warmup_steps, wl.steps, value)
 
-    # The training run reports warm-up and measured steps apart; the reference run as one count.
-    reference = phase != "train"
-    total_steps = wl.warmup_steps + wl.steps
     for i in range(wl.warmup_steps):
-        loss = one_step(i)
-        report(phase, i, total_steps, loss) if reference else report("warmup", i, wl.warmup_steps, loss)
+        report(i, True, one_step(i))
     for moe in moe_layers(model):
         moe.reset_stats()
 
@@ -156,7 +159,7 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
             result.losses.append(loss.detach())
             if profiler is not None:
                 profiler.step()
-            report(phase, wl.warmup_steps + i, total_steps, loss) if reference else report(phase, i, wl.steps, loss)
+            report(wl.warmup_steps + i, False, loss)
     return result
 
 

@@ -162,7 +162,7 @@ def run_collectives(job: ResolvedJob, ctx: RunContext, run_dir: Path) -> None:
 
 def run_training(job: ResolvedJob, ctx: RunContext, run_dir: Path, cache_dir: Path | None) -> None:
     strategy = strategies.get(job.strategy)
-    progress = loop.Progress(run_dir, ctx.is_lead)
+    progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, job.options))
     model = strategy.apply(new_model(job), ctx, job.options)
     profiler = measure.StepProfiler(enabled=True, trace=job.spec.trace, rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir, device=ctx.device)
     result = loop.train(model=model, strategy=strategy, ctx=ctx, job=job, progress=progress, profiler=profiler)
@@ -185,7 +185,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: Path, cache_dir: Pa
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     if ctx.is_lead:
-        reference = reference_curve(job, ctx, cache_dir, progress, own=losses)
+        reference = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
         record.update(loss={"values": losses, "reference": reference}, hardware=hardware(ctx), environment=environment(ctx))
     write_record(run_dir, ctx.rank, record)
 

@@ -15,7 +15,9 @@ below are the plain data-parallel behaviour:
 - `sync_grads(model, ctx, options)`: once per optimizer step, after the last backward (gradient
   all-reduce of ring attention and expert parallelism);
 - `loss_weight(ctx, options) -> float`: this rank's share in the global mean loss (default
-  1/world: every rank holds an equal share; pipeline: the last stage holds it all).
+  1/world: every rank holds an equal share; pipeline: the last stage holds it all);
+- `progress_rank(ctx, options) -> int`: the rank that writes the live progress lines (default 0;
+  pipeline: the last stage, the only one that has a loss).
 
 Composition order where strategies combine is fixed: TP, then context parallel, then FSDP or DDP
 (torchtitan's). Only `hybrid` composes (TP then FSDP); the others never import each other.
@@ -92,6 +94,7 @@ class Strategy:
     forward_backward: Callable[..., torch.Tensor]
     sync_grads: Callable[..., None]
     loss_weight: Callable[..., float]
+    progress_rank: Callable[..., int]
 
 
 def get(name: str) -> Strategy:
@@ -108,6 +111,7 @@ def get(name: str) -> Strategy:
         forward_backward=hook("forward_backward", default_forward_backward),
         sync_grads=hook("sync_grads", lambda model, ctx, options: None),
         loss_weight=hook("loss_weight", lambda ctx, options: 1.0 / ctx.world_size),
+        progress_rank=hook("progress_rank", lambda ctx, options: 0),
     )
 
 
