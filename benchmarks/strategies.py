@@ -54,7 +54,9 @@ def main() -> None:
     lines = [
         f"Measured by `python benchmarks/strategies.py --write` on {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
         f"gloo, fp32, {args.steps} measured steps after 2 warm-up steps. Ratio = tokens/s ÷ `single`'s on the same workload, same script. "
-        "On 2 cores every extra rank competes for the same cores, so CPU ratios below 1 are expected: they rank the strategies' overheads, not GPU speed-ups.",
+        "On 2 cores every extra rank competes for the same cores, so CPU ratios below 1 are expected: they rank the strategies' overheads, not GPU speed-ups. "
+        "`moe` trains the preset with 4 experts (top-2), so its ratio is against the dense `single` and only indicative; `hybrid` puts 4 ranks on the 2 cores. "
+        "Peak alloc is the profiler's peak over the profiled steps (what was allocated while profiling: activations, grads, temporaries); comm fraction includes time waiting in receives, so for `pp` it holds the bubble.",
         "",
         "| model | strategy | options | ranks | tokens/s | ratio vs single | step median (ms) | peak alloc / rank (MiB) | comm fraction | loss rel. diff vs single |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -189,3 +189,23 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
         assert run.result is None
     # The status guard: a finished run never runs again.
     assert execute_run(run_id, settings) == "skipped"
+
+
+def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
+    """Issue 3's 'the same runs submitted through the API succeed': one worker, queued back to back."""
+    _, client = redis_setup
+    jobs = [("fsdp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {"schedule": "gpipe"}),
+            ("ring", 2, {"zigzag": True}), ("moe", 2, {}), ("hybrid", 4, {"tp": 2})]
+    ids = {}
+    for name, world, options in jobs:
+        spec = {"workload": {"model": "tiny", "steps": 2, "warmup_steps": 1}, "strategy": {"name": name, "world_size": world, "options": options}}
+        response = client.post("/api/v1/runs", json=spec)
+        assert response.status_code == 202, response.text
+        ids[name] = response.json()["id"]
+    for name, run_id in ids.items():
+        run = wait_for(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=300)
+        assert run["status"] == "succeeded", f"{name}: {run['error']}"
+        summary = run["result"]["summary"]
+        assert summary["tokens_per_s"] > 0
+        assert summary["loss_max_rel_diff_vs_reference"] <= 1e-4, name
+        assert len(run["result"]["ranks"]) == run["world_size"]
