@@ -32,8 +32,9 @@ def make_celery(settings: Settings) -> Celery:
         # Longer than the longest job, or Redis would hand an unacked job to a second worker.
         app.conf.broker_transport_options = {"visibility_timeout": settings.max_job_seconds * 2 + 600}
     else:
-        # kombu's SQLAlchemy transport hands its transport options to create_engine; poll briskly.
-        app.conf.broker_transport_options = {}
+        # kombu's SQLAlchemy transport hands its transport options to create_engine: wait for the
+        # worker's short polling locks instead of failing after SQLite's default 5 s.
+        app.conf.broker_transport_options = {"connect_args": {"timeout": 30}}
         app.conf.broker_polling_interval = 0.5
     return app
 
@@ -43,7 +44,22 @@ def _client(broker_url: str, settings_json: str) -> Celery:
     return make_celery(Settings.model_validate_json(settings_json))
 
 
-def enqueue_run(settings: Settings, run_id: str) -> None:
-    """Send the job by name; called only after the run row is committed."""
-    client = _client(settings.celery_broker_url, settings.model_dump_json())
-    client.send_task(RUN_JOB_TASK, args=[run_id], queue=settings.queue)
+PUBLISH_RETRY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
+
+
+def enqueue_run(settings: Settings, run_id: str, *, attempts: int = 3) -> None:
+    """Send the job by name; called only after the run row is committed.
+
+    kombu's SQLite transport can fail a publish outside its retry policy: a worker starting at
+    the same moment inserts the same queue row (IntegrityError), and the failed session stays
+    unusable. Such a client is dropped and the send tried again on a fresh one.
+    """
+    key = (settings.celery_broker_url, settings.model_dump_json())
+    for attempt in range(attempts):
+        try:
+            _client(*key).send_task(RUN_JOB_TASK, args=[run_id], queue=settings.queue, retry=True, retry_policy=PUBLISH_RETRY)
+            return
+        except Exception:
+            _client.cache_clear()
+            if attempt == attempts - 1:
+                raise
