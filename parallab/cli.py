@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -85,6 +84,7 @@ def up(
     import uvicorn
 
     from backend.migrate import upgrade
+    from workers.launcher import stop_process_group
 
     settings = get_settings()
     host = host or settings.host
@@ -104,11 +104,7 @@ def up(
     try:
         uvicorn.run("backend.api.app:app", host=host, port=port, log_level="info")
     finally:
-        try:
-            os.killpg(worker_proc.pid, signal.SIGTERM)
-            worker_proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(worker_proc.pid, signal.SIGKILL)
+        stop_process_group(worker_proc, grace_s=20)
 
 
 @app.command()

@@ -98,8 +98,9 @@ class ProgressTail:
         return fresh
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGTERM the process group `proc` leads, then SIGKILL it if it has not exited in `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -142,14 +143,14 @@ def launch(
                     on_progress(fresh)
                 if should_cancel is not None and should_cancel():
                     reason = "cancelled"
-                    _kill_group(proc)
+                    stop_process_group(proc)
                     break
                 if time.monotonic() > deadline:
                     reason = f"timed out after {timeout_s:.0f} s"
-                    _kill_group(proc)
+                    stop_process_group(proc)
                     break
         except BaseException:
-            _kill_group(proc)
+            stop_process_group(proc)
             raise
     code = proc.returncode
     if reason is None and code != 0:

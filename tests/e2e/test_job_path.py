@@ -4,7 +4,6 @@ transport) → torchrun ranks → result ingested into Postgres or SQLite in one
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.store import runs as store
 from tests.conftest import REDIS_URL, worker_env
+from workers.launcher import stop_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +35,6 @@ def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen:
         [sys.executable, "-m", "parallab", "worker", "--loglevel", "INFO"],
         env=worker_env(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-
-
-def stop_worker(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def api_client(settings: Settings) -> TestClient:
@@ -80,7 +72,7 @@ def redis_setup(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
     worker = start_worker(settings, home / "worker.log")
     with api_client(settings) as client:
         yield settings, client
-    stop_worker(worker)
+    stop_process_group(worker)
 
 
 def test_cancel_a_running_job_kills_its_ranks(redis_setup) -> None:
@@ -148,7 +140,7 @@ def test_parallab_up_on_the_embedded_default_runs_a_curl_style_job(tmp_path: Pat
             assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
             time.sleep(0.5)
     finally:
-        stop_worker(server)
+        stop_process_group(server)
     assert_ddp_result(run)
     assert (tmp_path / "home" / "parallab.db").exists() and (tmp_path / "home" / "broker.db").exists()
 

@@ -211,10 +211,6 @@ def test_end_to_end_submit_watch_compare_leaderboard(browser, tmp_path):
             context.close()
             assert errors == []
     finally:
-        import signal
+        from workers.launcher import stop_process_group
 
-        try:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(worker.pid, signal.SIGKILL)
+        stop_process_group(worker, grace_s=30)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import re
 import resource
 import sys
 import time
