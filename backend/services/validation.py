@@ -7,6 +7,7 @@ job (`ResolvedJob`) so the rules are written once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -186,8 +187,13 @@ def resolve_job(spec: JobSpec, *, max_world_size: int, max_steps: int | None = N
         problems.append(SpecProblem(("workload", field), str(exc)))
         raise SpecError(problems) from None
 
-    gbs = wl.global_batch_size or DEFAULT_GLOBAL_BATCH.get(wl.model, 8)
     dp = _dp_degree(name, world, options)
+    if name == "pp" and options["microbatches"] is None:
+        options["microbatches"] = 2 * world
+    # Unset, the global batch is the preset's, rounded up so it splits evenly (64 ranks of ddp on
+    # `tiny` get 64 sequences, not an error); a batch the user set is checked as given.
+    split = wl.grad_accumulation_steps * (math.lcm(dp, options["microbatches"]) if name == "pp" else dp)
+    gbs = wl.global_batch_size or -(-DEFAULT_GLOBAL_BATCH.get(wl.model, 8) // split) * split
     _divides(problems, ("workload", "global_batch_size"), gbs, dp * wl.grad_accumulation_steps, "global batch size")
 
     if name == "tp" or name == "hybrid":
@@ -205,8 +211,6 @@ def resolve_job(spec: JobSpec, *, max_world_size: int, max_steps: int | None = N
             problems.append(SpecProblem(("workload", "num_experts"), f"{name} supports dense models only; use the moe strategy for experts"))
     elif name == "pp":
         _divides(problems, ("workload", "num_layers"), model.num_layers, world, "layers")
-        if options["microbatches"] is None:
-            options["microbatches"] = 2 * world
         mb = options["microbatches"]
         if mb < world:
             problems.append(SpecProblem(("strategy", "options", "microbatches"), f"micro-batches ({mb}) must be at least the number of stages ({world})"))

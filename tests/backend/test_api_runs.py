@@ -115,3 +115,14 @@ def test_placeholder_secret_is_refused_beyond_loopback() -> None:
     Settings(host="0.0.0.0", secret_key="s3cr3t-from-vault").check_secrets()
     with pytest.raises(ValueError, match="PARALLAB_SECRET_KEY"):
         Settings(host="0.0.0.0").check_secrets()
+
+
+def test_default_global_batch_rounds_up_to_split_evenly_but_an_explicit_one_is_checked(client) -> None:
+    three = {"workload": {"model": "tiny", "steps": 3}, "strategy": {"name": "ddp", "world_size": 3}}
+    response = client.post("/api/v1/runs", json=three)
+    assert response.status_code == 202, response.text
+    assert response.json()["spec"]["workload"]["global_batch_size"] == 9
+    explicit = {**three, "workload": {"model": "tiny", "steps": 3, "global_batch_size": 8}}
+    response = client.post("/api/v1/runs", json=explicit)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "workload", "global_batch_size"]
