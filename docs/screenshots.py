@@ -1,6 +1,11 @@
-"""Screenshots of every page, for docs/: a server on factory data, shot with headless Chromium.
+"""Screenshots of every page, for docs/: real runs on this machine, shot with headless Chromium.
 
     python docs/screenshots.py [--out docs/screenshots]
+
+Every run shown is measured: each job goes through torchrun (`workers.execute.run_and_collect`,
+the path `parallab bench` and the worker take) and is stored by the same ingest as any run; the
+failed run is a real job stopped by its wall-clock limit, the queued one a real submission that
+no worker has taken. Takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,9 +21,59 @@ sys.path.insert(0, str(REPO))
 
 from backend.api.app import create_app  # noqa: E402
 from backend.config import get_settings  # noqa: E402
-from backend.db import get_sessionmaker  # noqa: E402
+from backend.config import Settings  # noqa: E402
+from backend.db import session_scope  # noqa: E402
+from backend.models import Run  # noqa: E402
+from backend.schemas.spec import JobSpec  # noqa: E402
+from backend.services.ingest import attach_result  # noqa: E402
+from backend.services.runs import create_run, validate_spec  # noqa: E402
+from backend.store import runs as store  # noqa: E402
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings  # noqa: E402
-from tests.ui.factories import seed_lab  # noqa: E402
+from workers.execute import run_and_collect  # noqa: E402
+
+# (key, strategy, world size, options, trace)
+JOBS = [
+    ("single1", "single", 1, {}, False), ("ddp2", "ddp", 2, {}, False), ("ddp4", "ddp", 4, {}, True),
+    ("fsdp2", "fsdp", 2, {}, False), ("fsdp4", "fsdp", 4, {}, False), ("tp2", "tp", 2, {}, False),
+    ("pp2", "pp", 2, {"schedule": "gpipe"}, False), ("pp4", "pp", 4, {"schedule": "1f1b"}, True),
+    ("moe2", "moe", 2, {}, False), ("ring2", "ring", 2, {"zigzag": True}, False), ("hybrid4", "hybrid", 4, {"tp": 2}, False),
+]
+
+
+def spec(name: str, strategy: str, world: int, options: dict, trace: bool, steps: int = 10) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "workload": {"model": "tiny", "steps": steps},
+                                   "strategy": {"name": strategy, "world_size": world, "options": options}, "trace": trace})
+
+
+def real_lab(settings: Settings) -> dict[str, str]:
+    """Run every job for real and store it as the worker would; returns key → run id."""
+    ids: dict[str, str] = {}
+    for key, strategy, world, options, trace in JOBS:
+        with session_scope(settings.sqlalchemy_url) as session:
+            run = create_run(session=session, spec=spec(f"{strategy} ×{world}", strategy, world, options, trace), settings=settings, source="form")
+            store.set_status(session, run, "running")
+            ids[key] = run.id
+        job = validate_spec(spec=JobSpec.model_validate(run.spec), settings=settings)
+        collected = run_and_collect(job, settings.runs_dir / run.id, settings=settings)
+        with session_scope(settings.sqlalchemy_url) as session:
+            run = session.get(Run, ids[key])
+            if collected.document is None:
+                store.set_status(session, run, "failed", error=collected.error)
+            else:
+                attach_result(session, run=run, document=collected.document, traces=collected.traces)
+        print(f"ran {key}: {'ok' if collected.document else collected.error}", flush=True)
+    # A real failure: a long job stopped by a 10 s wall-clock limit, with its log tail.
+    limited = settings.model_copy(update={"max_job_seconds": 10})
+    with session_scope(settings.sqlalchemy_url) as session:
+        run = create_run(session=session, spec=spec("ddp that ran out of time", "ddp", 2, {}, False, steps=5000), settings=limited, source="form")
+        store.set_status(session, run, "running")
+        ids["failed"] = run.id
+    collected = run_and_collect(validate_spec(spec=JobSpec.model_validate(run.spec), settings=limited), limited.runs_dir / run.id, settings=limited)
+    with session_scope(settings.sqlalchemy_url) as session:
+        store.set_status(session, session.get(Run, ids["failed"]), "failed", error=collected.error)
+    with session_scope(settings.sqlalchemy_url) as session:
+        ids["queued"] = create_run(session=session, spec=spec("fsdp waiting for a worker", "fsdp", 2, {}, False), settings=settings, source="form").id
+    return ids
 
 
 def main() -> None:
@@ -31,9 +86,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as home:
         settings = make_settings(Path(home))
-        with get_sessionmaker(settings.sqlalchemy_url)() as session:
-            lab = seed_lab(session)
-            ids = {k: r.id for k, r in lab.items()}
+        ids = real_lab(settings)
         app = create_app()
         app.dependency_overrides[get_settings] = lambda: settings
         shots = [
@@ -45,7 +98,7 @@ def main() -> None:
             ("run-moe", f"/runs/{ids['moe2']}", None),
             ("run-failed", f"/runs/{ids['failed']}", None),
             ("run-queued", f"/runs/{ids['queued']}", None),
-            ("compare", f"/compare?ids={ids['ddp2']},{ids['ddp4']},{ids['fsdp4']},{ids['pp4']}", None),
+            ("compare", f"/compare?ids={ids['ddp2']},{ids['fsdp2']},{ids['tp2']},{ids['pp2']}", None),
             ("compare-diff-only", f"/compare?ids={ids['ddp4']},{ids['fsdp4']}&baseline={ids['fsdp4']}", "diff"),
             ("leaderboard", "/leaderboard", None),
             ("scaling", "/scaling", None),

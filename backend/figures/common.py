@@ -80,9 +80,10 @@ def step_parts(rank: dict[str, Any]) -> dict[str, float]:
     """A rank's median step split into compute, communication and bubble (seconds)."""
     step = median(rank.get("step_times_s") or []) or 0.0
     comm = sum(c.get("time_s") or 0.0 for c in rank.get("comm") or [])
-    bubble = (rank.get("bubble_fraction") or 0.0) * step
-    comm = min(comm, step)
-    bubble = min(bubble, max(step - comm, 0.0))
+    bubble = min((rank.get("bubble_fraction") or 0.0) * step, step)
+    # A pipeline's bubble is measured as the time its stage waits in receives, which the comm total
+    # already holds: carve it out rather than count it twice.
+    comm = min(max(comm - bubble, 0.0), step - bubble)
     return {"compute": max(step - comm - bubble, 0.0), "communication": comm, "bubble": bubble}
 
 
