@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,10 @@ def worker(
     )
 
 
+def _raise_system_exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @app.command()
 def up(
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1: local mode, no login).")] = None,
@@ -101,6 +106,9 @@ def up(
     console.print(f"[bold]parallab[/bold] on http://{host}:{port}  (database {settings.sqlalchemy_url.split('@')[-1]}, worker pid {worker_proc.pid})")
     os.environ["PARALLAB_HOST"] = host
     get_settings.cache_clear()
+    # uvicorn restores the previous SIGTERM handler and re-raises the signal after its graceful
+    # shutdown; make that an exception so the `finally` below still stops the worker.
+    signal.signal(signal.SIGTERM, _raise_system_exit)
     try:
         uvicorn.run("backend.api.app:app", host=host, port=port, log_level="info")
     finally:

@@ -142,6 +142,10 @@ def test_parallab_up_on_the_embedded_default_runs_a_curl_style_job(tmp_path: Pat
     finally:
         stop_process_group(server)
     assert_ddp_result(run)
+    # Stopping `parallab up` stops its worker too: nothing of this home is left running.
+    time.sleep(1)
+    leftover = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get("PARALLAB_HOME") == env["PARALLAB_HOME"]]
+    assert leftover == [], [p.cmdline() for p in leftover]
     assert (tmp_path / "home" / "parallab.db").exists() and (tmp_path / "home" / "broker.db").exists()
 
 
