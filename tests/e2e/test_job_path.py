@@ -194,7 +194,8 @@ def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
             ("ring", 2, {"zigzag": True}), ("moe", 2, {}), ("hybrid", 4, {"tp": 2})]
     ids = {}
     for name, world, options in jobs:
-        spec = {"workload": {"model": "tiny", "steps": 2, "warmup_steps": 1}, "strategy": {"name": name, "world_size": world, "options": options}}
+        spec = {"workload": {"model": "tiny", "steps": 2, "warmup_steps": 1}, "strategy": {"name": name, "world_size": world, "options": options},
+                "trace": name == "fsdp"}
         response = client.post("/api/v1/runs", json=spec)
         assert response.status_code == 202, response.text
         ids[name] = response.json()["id"]
@@ -205,3 +206,14 @@ def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
         assert summary["tokens_per_s"] > 0
         assert summary["loss_max_rel_diff_vs_reference"] <= 1e-4, name
         assert len(run["result"]["ranks"]) == run["world_size"]
+    # The traced run's Chrome traces are stored per rank and served for Perfetto.
+    import gzip
+    import json
+
+    response = client.get(f"/api/v1/runs/{ids['fsdp']}/trace", params={"rank": 1})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/gzip"
+    trace = json.loads(gzip.decompress(response.content))
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any(name.startswith("gloo:") for name in names), sorted(names)[:20]
+    assert client.get(f"/api/v1/runs/{ids['fsdp']}/trace", params={"rank": 2}).status_code == 404
+    assert client.get(f"/api/v1/runs/{ids['fsdp']}").json()["result"]["timeline"], "the traced run keeps its timeline"
