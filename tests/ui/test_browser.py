@@ -117,6 +117,32 @@ def test_run_page_follows_progress_live_then_shows_results(page, live_server, se
     assert "17,000" in page.inner_text(".cards")
 
 
+def test_index_follows_unfinished_runs_live(page, live_server, session_factory):
+    from backend.services.ingest import attach_result
+    from tests.ui.factories import make_document
+
+    with session_factory() as s:
+        run = Run(name="index live", status="running", source="form", strategy="fsdp", world_size=2, model="tiny",
+                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "fsdp", "world_size": 2, "options": {}}, "trace": False},
+                  progress={"phase": "train", "step": 2, "steps": 20, "loss": 5.5})
+        s.add(run)
+        s.commit()
+        run_id = run.id
+    page.goto(f"{live_server.url}/")
+    row = f'tr[data-live-run="{run_id}"]'
+    assert page.inner_text(f"{row} .live-progress") == "step 2/20"
+    with session_factory() as s:
+        s.get(Run, run_id).progress = {"phase": "train", "step": 9, "steps": 20, "loss": 4.0}
+        s.commit()
+    page.wait_for_function(f"document.querySelector('{row} .live-progress').textContent === 'step 9/20'", timeout=15_000)
+    with session_factory() as s:
+        attach_result(s, run=s.get(Run, run_id), document=make_document(strategy="fsdp", world_size=2, tokens_per_s=12_345.0))
+        s.commit()
+    # Finished: the page reloads and the row shows the measured throughput, no longer live.
+    page.wait_for_selector(f'a[href="/runs/{run_id}"]:not(tr[data-live-run] a)', timeout=15_000)
+    assert "12,345" in page.inner_text("table.runs-table")
+
+
 def test_compare_toggle_and_baseline(page, live_server, lab):
     ids = [lab["ddp2"].id, lab["ddp4"].id, lab["fsdp4"].id]
     page.goto(f"{live_server.url}/compare?ids={','.join(ids)}")
