@@ -91,17 +91,22 @@ def test_form_shows_options_for_the_chosen_strategy_and_refuses_what_cannot_divi
         assert run.source == "form" and run.strategy == "tp" and run.world_size == 2
 
 
+def add_running_run(session_factory, *, name: str, strategy: str, step: int) -> str:
+    """A 2-rank run on `tiny` that a worker is running, at measured step `step` of 20."""
+    with session_factory() as s:
+        run = Run(name=name, status="running", source="form", strategy=strategy, world_size=2, model="tiny",
+                  spec={"workload": {"model": "tiny"}, "strategy": {"name": strategy, "world_size": 2, "options": {}}, "trace": False},
+                  progress={"phase": "train", "step": step, "steps": 20, "loss": 5.5})
+        s.add(run)
+        s.commit()
+        return run.id
+
+
 def test_run_page_follows_progress_live_then_shows_results(page, live_server, session_factory):
     from backend.services.ingest import attach_result
     from tests.ui.factories import make_document
 
-    with session_factory() as s:
-        run = Run(name="live", status="running", source="form", strategy="ddp", world_size=2, model="tiny",
-                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False},
-                  progress={"phase": "train", "step": 1, "steps": 20, "loss": 5.5})
-        s.add(run)
-        s.commit()
-        run_id = run.id
+    run_id = add_running_run(session_factory, name="live", strategy="ddp", step=1)
     page.goto(f"{live_server.url}/runs/{run_id}")
     assert "step 1 of 20" in page.inner_text("#run-progress")
     with session_factory() as s:
@@ -121,13 +126,7 @@ def test_index_follows_unfinished_runs_live(page, live_server, session_factory):
     from backend.services.ingest import attach_result
     from tests.ui.factories import make_document
 
-    with session_factory() as s:
-        run = Run(name="index live", status="running", source="form", strategy="fsdp", world_size=2, model="tiny",
-                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "fsdp", "world_size": 2, "options": {}}, "trace": False},
-                  progress={"phase": "train", "step": 2, "steps": 20, "loss": 5.5})
-        s.add(run)
-        s.commit()
-        run_id = run.id
+    run_id = add_running_run(session_factory, name="index live", strategy="fsdp", step=2)
     page.goto(f"{live_server.url}/")
     row = f'tr[data-live-run="{run_id}"]'
     assert page.inner_text(f"{row} .live-progress") == "step 2/20"
