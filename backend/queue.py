@@ -40,7 +40,8 @@ def make_celery(settings: Settings) -> Celery:
 
 
 @lru_cache(maxsize=4)
-def _client(broker_url: str, settings_json: str) -> Celery:
+def _client(settings_json: str) -> Celery:
+    """One client per distinct configuration (settings aren't hashable; their JSON is)."""
     return make_celery(Settings.model_validate_json(settings_json))
 
 
@@ -54,10 +55,10 @@ def enqueue_run(settings: Settings, run_id: str, *, attempts: int = 3) -> None:
     the same moment inserts the same queue row (IntegrityError), and the failed session stays
     unusable. Such a client is dropped and the send tried again on a fresh one.
     """
-    key = (settings.celery_broker_url, settings.model_dump_json())
+    key = settings.model_dump_json()
     for attempt in range(attempts):
         try:
-            _client(*key).send_task(RUN_JOB_TASK, args=[run_id], queue=settings.queue, retry=True, retry_policy=PUBLISH_RETRY)
+            _client(key).send_task(RUN_JOB_TASK, args=[run_id], queue=settings.queue, retry=True, retry_policy=PUBLISH_RETRY)
             return
         except Exception:
             _client.cache_clear()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from typing import Any
 
 import plotly.graph_objects as go
@@ -68,17 +70,9 @@ def empty(title: str, message: str) -> go.Figure:
     return fig
 
 
-def median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def step_parts(rank: dict[str, Any]) -> dict[str, float]:
     """A rank's median step split into compute, communication and bubble (seconds)."""
-    step = median(rank.get("step_times_s") or []) or 0.0
+    step = statistics.median(rank.get("step_times_s") or [0.0])
     comm = sum(c.get("time_s") or 0.0 for c in rank.get("comm") or [])
     bubble = min((rank.get("bubble_fraction") or 0.0) * step, step)
     # A pipeline's bubble is measured as the time its stage waits in receives, which the comm total

@@ -142,6 +142,11 @@ def _row(key: str, label: str, unit: str, better: str | None, values: list[Any],
     return MetricRow(key, label, unit, better, values, rel, differs)
 
 
+def parse_ids(values: Sequence[str]) -> list[str]:
+    """Run ids given as repeated parameters and/or comma-separated."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
 def compare(*, session: Session, run_ids: Sequence[str], baseline_id: str | None = None) -> Comparison:
     """The runs asked for (in that order, at most MAX_COMPARE), their documents and the metric table."""
     ids = list(dict.fromkeys(i for i in run_ids if i))[:MAX_COMPARE]

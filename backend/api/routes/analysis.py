@@ -20,7 +20,7 @@ def compare(
     baseline: str | None = None,
 ) -> dict[str, Any]:
     """Runs side by side: every metric, and each value relative to the baseline run."""
-    run_ids = [i for value in ids for i in value.split(",") if i]
+    run_ids = compare_service.parse_ids(ids)
     if not run_ids:
         raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": "name at least one run", "type": "value_error"}])
     comparison = compare_service.compare(session=session, run_ids=run_ids, baseline_id=baseline)

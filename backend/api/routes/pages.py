@@ -75,11 +75,6 @@ def _render(request: Request, name: str, context: dict[str, Any], *, status_code
     return response
 
 
-def _ids(values: list[str]) -> list[str]:
-    """`ids` given as repeated parameters and/or comma-separated."""
-    return [part.strip() for v in values for part in v.split(",") if part.strip()]
-
-
 def _host_memory(settings) -> int | None:
     """This host's memory, when the ranks run here (local mode)."""
     if not settings.local_mode:
@@ -210,7 +205,7 @@ def install(app: FastAPI) -> None:
     @app.get("/compare", response_class=HTMLResponse, include_in_schema=False)
     def compare_page(request: Request, session: SessionDep, settings: SettingsDep, ids: Annotated[list[str], Query()] = [],  # noqa: B006
                      baseline: str | None = None):
-        comparison = compare_service.compare(session=session, run_ids=_ids(ids), baseline_id=baseline)
+        comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
         labelled = [(r.label, r.document) for r in comparison.runs if r.document]
         figures = compare_figs.compare_figures(labelled) if labelled else {}
         query = "&".join(f"ids={r.id}" for r in comparison.runs)
@@ -218,12 +213,12 @@ def install(app: FastAPI) -> None:
 
     @app.get("/compare.json", include_in_schema=False)
     def compare_json(session: SessionDep, ids: Annotated[list[str], Query()] = [], baseline: str | None = None):  # noqa: B006
-        comparison = compare_service.compare(session=session, run_ids=_ids(ids), baseline_id=baseline)
+        comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
         return JSONResponse(compare_service.comparison_json(comparison), headers={"Content-Disposition": 'attachment; filename="parallab-compare.json"'})
 
     @app.get("/compare.csv", include_in_schema=False)
     def compare_csv(session: SessionDep, ids: Annotated[list[str], Query()] = [], baseline: str | None = None):  # noqa: B006
-        comparison = compare_service.compare(session=session, run_ids=_ids(ids), baseline_id=baseline)
+        comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
         return _csv(compare_service.comparison_table(comparison), "parallab-compare.csv")
 
     @app.get("/leaderboard", response_class=HTMLResponse, include_in_schema=False)
