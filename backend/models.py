@@ -51,6 +51,9 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     source: Mapped[str] = mapped_column(String(16), index=True, doc="form, api, cli or ci")
     spec: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
+    job: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONDoc, doc="The ResolvedJob, frozen at submission; the worker and ranks read it (null for CI uploads)."
+    )
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSONDoc, doc="Latest progress line from rank 0.")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -1,0 +1,98 @@
+"""The one rule that holds a measurement against its prediction (shared/DESIGN.md: gaps above 10%).
+
+`agreement` lists every compared figure — predicted beside measured — and decides which are
+flagged; the worker stores the flagged ones as the document's `flags`, and every page shows the
+rows with the stored flags. Nothing else decides what a gap is.
+
+Compared: model-state bytes per rank (the max over ranks; per component in fp32, the total in
+mixed precision, where autocast keeps 4+4+8 bytes per parameter against ZeRO's 2+2+12),
+communication bytes per step by op (the summary's max over ranks; an op nobody predicted is
+flagged only above 1% of the predicted total, so a stray scalar all-reduce is not), and the
+pipeline bubble.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FLAG_TOLERANCE = 0.10
+"""A measured figure further than this (relative) from its prediction is flagged."""
+UNPREDICTED_OP_SHARE = 0.01
+"""An op with no prediction is flagged only when it moves more than this share of the predicted total."""
+STATE_PARTS = ("params", "grads", "optimizer")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One predicted figure beside its measurement."""
+
+    metric: str
+    """Stable key, e.g. `comm_bytes_per_step.all_reduce` (what a stored flag names)."""
+    label: str
+    unit: str
+    predicted: float | None
+    measured: float | None
+    flagged: bool
+
+    @property
+    def rel_gap(self) -> float | None:
+        """(measured − predicted) / |predicted|; None without both."""
+        if not self.predicted or self.measured is None:
+            return None
+        return (self.measured - self.predicted) / abs(self.predicted)
+
+    def as_flag(self) -> dict[str, Any]:
+        """The stored `flags` entry (rel_gap is the absolute gap the rule compared)."""
+        predicted, measured = float(self.predicted or 0.0), float(self.measured or 0.0)
+        return {"metric": self.metric, "predicted": predicted, "measured": measured, "rel_gap": _gap(predicted, measured)}
+
+
+def _gap(predicted: float, measured: float) -> float:
+    return abs(measured - predicted) / abs(predicted) if predicted else (1.0 if measured else 0.0)
+
+
+def _row(metric: str, label: str, unit: str, predicted: float | None, measured: float | None, *, tolerance: float, floor: float = 0.0) -> Agreement:
+    p, m = float(predicted or 0.0), float(measured or 0.0)
+    flagged = (predicted is not None or measured is not None) and not (not p and m <= floor) and _gap(p, m) > tolerance
+    return Agreement(metric, label, unit, predicted, measured, flagged)
+
+
+def agreement(
+    *,
+    prediction: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    ranks: list[Mapping[str, Any]],
+    precision: str = "fp32",
+    tolerance: float = FLAG_TOLERANCE,
+) -> list[Agreement]:
+    """Every figure the prediction and the measurement both speak of, with the gap rule applied."""
+    rows: list[Agreement] = []
+    state = prediction.get("model_state_bytes_per_rank")
+    measured_states = [r["model_state_bytes"] for r in ranks if r.get("model_state_bytes")]
+    if state and measured_states:
+        if precision == "fp32":
+            for part in STATE_PARTS:
+                rows.append(_row(f"model_state_bytes_per_rank.{part}", f"model state per rank: {part} (max)", "bytes", state[part],
+                                 max(s[part] for s in measured_states), tolerance=tolerance))
+        else:
+            rows.append(_row("model_state_bytes_per_rank.total", "model state per rank (max)", "bytes", sum(state[p] for p in STATE_PARTS),
+                             max(sum(s[p] for p in STATE_PARTS) for s in measured_states), tolerance=tolerance))
+
+    predicted_comm = dict(prediction.get("comm_bytes_per_step") or {})
+    measured_comm = dict(summary.get("comm_bytes_per_step") or {})
+    floor = UNPREDICTED_OP_SHARE * sum(predicted_comm.values())
+    for op in sorted(set(predicted_comm) | set(measured_comm)):
+        rows.append(_row(f"comm_bytes_per_step.{op}", f"{op} per step", "bytes", predicted_comm.get(op), measured_comm.get(op, 0),
+                         tolerance=tolerance, floor=floor))
+
+    if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None:
+        rows.append(_row("bubble_fraction", "pipeline bubble", "fraction", prediction["bubble_fraction"], summary["bubble_fraction"],
+                         tolerance=tolerance))
+    return rows
+
+
+def prediction_flags(**kwargs: Any) -> list[dict[str, Any]]:
+    """The document's `flags`: the flagged rows of `agreement` (same arguments)."""
+    return [row.as_flag() for row in agreement(**kwargs) if row.flagged]

@@ -1,0 +1,122 @@
+"""Formulas that turn per-rank measurements into a run's summary (shared/DESIGN.md).
+
+Pure functions over plain data: used by the worker's aggregation, by CI uploads (to recompute or
+check a summary) and by the ranks (bandwidths). No torch, no database.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+DEVICE_PEAK_FLOPS: dict[str, float] = {
+    "H100": 989e12,
+    "H200": 989e12,
+    "A100": 312e12,
+}
+"""Peak dense bf16 FLOP/s of devices we know (for MFU); unknown devices, CPUs included, give None."""
+
+_BUSBW: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+"""nccl-tests' bus-bandwidth factors, busbw = algbw × factor(n); broadcast and P2P are 1."""
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests' factor for `op` at `world_size` ranks (1 for broadcast, P2P and unknown ops)."""
+    if world_size <= 1 or op not in _BUSBW:
+        return 1.0
+    return _BUSBW[op](world_size)
+
+
+def bandwidths_gbps(op: str, nbytes: float, seconds: float, world_size: int) -> tuple[float | None, float | None]:
+    """(algbw, busbw) in GB/s (1e9 bytes) for one op's bytes moved in `seconds`."""
+    if seconds <= 0 or nbytes <= 0:
+        return None, None
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * busbw_factor(op, world_size)
+
+
+def peak_flops_for(device_name: str | None) -> float | None:
+    """Peak dense bf16 FLOP/s for a device name such as 'NVIDIA H100 80GB HBM3'; None if unknown."""
+    if not device_name:
+        return None
+    return next((peak for key, peak in DEVICE_PEAK_FLOPS.items() if key in device_name), None)
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) — numpy's default, without numpy."""
+    data = sorted(values)
+    if not data:
+        raise ValueError("percentile of no values")
+    pos = (len(data) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def max_rel_diff(values: list[float], reference: list[float]) -> float | None:
+    """max over steps of |loss − loss_ref| / |loss_ref|; None when there is nothing to compare."""
+    pairs = [(v, r) for v, r in zip(values, reference) if r != 0]
+    if not pairs:
+        return None
+    return max(abs(v - r) / abs(r) for v, r in pairs)
+
+
+def _present(ranks: list[Mapping[str, Any]], key: str) -> list[Any]:
+    return [r[key] for r in ranks if r.get(key) is not None]
+
+
+def summarize(
+    *,
+    ranks: list[Mapping[str, Any]],
+    tokens_per_step: int,
+    samples_per_step: int,
+    flops_per_token: float | None,
+    device_name: str | None,
+    world_size: int,
+    loss: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `summary` block from the rank records.
+
+    A step ends when its slowest rank ends, so the step time is, per step, the max over ranks,
+    and the run's step time is the median of those.
+    """
+    per_rank = [r["step_times_s"] for r in ranks if r.get("step_times_s")]
+    if not per_rank:
+        raise ValueError("no rank recorded any step time")
+    steps = min(len(t) for t in per_rank)
+    step_max = [max(t[i] for t in per_rank) for i in range(steps)]
+    median = statistics.median(step_max)
+    tokens_per_s = tokens_per_step / median if median > 0 else 0.0
+    tflops = tokens_per_s * flops_per_token / 1e12 if flops_per_token else None
+    peak = peak_flops_for(device_name)
+    mfu = (tokens_per_s * flops_per_token / (peak * world_size)) if (peak and flops_per_token) else None
+
+    comm_bytes: dict[str, int] = {}
+    for r in ranks:
+        for op in r.get("comm") or []:
+            comm_bytes[op["op"]] = max(comm_bytes.get(op["op"], 0), int(op["bytes"]))
+    comm_fracs, bubbles = _present(ranks, "comm_time_fraction"), _present(ranks, "bubble_fraction")
+    peaks, rss = _present(ranks, "peak_allocated_bytes"), _present(ranks, "peak_rss_bytes")
+
+    values = list((loss or {}).get("values") or [])
+    reference = (loss or {}).get("reference")
+    return {
+        "tokens_per_s": tokens_per_s,
+        "samples_per_s": samples_per_step / median if median > 0 else 0.0,
+        "step_time_s": {"median": median, "p90": percentile(step_max, 90)},
+        "model_flops_per_token": flops_per_token,
+        "tflops_per_s": tflops,
+        "mfu": mfu,
+        "peak_allocated_bytes_max": max(peaks) if peaks else None,
+        "peak_rss_bytes_max": max(rss) if rss else None,
+        "comm_time_fraction": max(comm_fracs) if comm_fracs else None,
+        "comm_bytes_per_step": comm_bytes,
+        "bubble_fraction": max(bubbles) if bubbles else None,
+        "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,
+        "final_loss": values[-1] if values else None,
+    }

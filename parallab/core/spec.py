@@ -1,0 +1,138 @@
+"""The job spec: what a form, the CLI or the API asks parallab to run.
+
+A spec is the result document's `workload` and `strategy` blocks plus `trace`, `name` and `tags`,
+so any run can be resubmitted from its result. Every workload field is declared here or, for the
+model's shape, in `ModelConfig` — the form, the CLI flags, `/plan`'s parameters and the
+leaderboard's workload key are derived from these declarations (see `workload_fields`).
+Rules that need several fields together (heads divisible by the TP degree, ...) are the
+strategies' (`parallab.core.strategies`), applied once by `parallab.core.jobs.resolve_job`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model
+from pydantic.fields import FieldInfo
+
+from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
+from parallab.core.strategies import REGISTRY
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+Checkpointing = Literal["none", "selective", "full"]
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def recipe_field(default: Any, description: str, *, cli: str, key: bool = False, **bounds: Any) -> Any:
+    """A workload field that is not part of the shape; `key`: part of the leaderboard's workload key."""
+    return Field(default, description=description, json_schema_extra={"cli": cli, "workload_key": key}, **bounds)
+
+
+def _shape_overrides() -> type[BaseModel]:
+    """Every ModelConfig field as an optional override (None: the preset's value), same bounds."""
+    fields: dict[str, Any] = {
+        name: (info.annotation | None, FieldInfo.merge_field_infos(info, default=None, annotation=info.annotation | None))
+        for name, info in ModelConfig.model_fields.items()
+    }
+    return create_model("ShapeOverrides", __config__=STRICT, **fields)
+
+
+if TYPE_CHECKING:
+    ShapeOverrides = BaseModel
+else:
+    ShapeOverrides = _shape_overrides()
+
+
+class Workload(ShapeOverrides):
+    """What is trained: a model preset with any shape field overridden, and the recipe."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+
+    model: str = recipe_field("tiny", f"Model preset: {', '.join(PRESETS)}.", cli="--model", max_length=64)
+    steps: int = recipe_field(20, "Measured optimizer steps (after warm-up).", cli="--steps", ge=1, le=1_000_000)
+    warmup_steps: int = recipe_field(2, "Steps run before measuring (not timed, not profiled).", cli="--warmup-steps", ge=0, le=10_000)
+    global_batch_size: int | None = recipe_field(
+        None, "Sequences per optimizer step, over all ranks (default: the preset's, rounded up to split evenly).",
+        cli="--global-batch-size", key=True, ge=1, le=1 << 20,
+    )
+    precision: Precision = recipe_field("fp32", "Training precision (bf16/fp16: autocast with fp32 master weights).", cli="--precision", key=True)
+    activation_checkpointing: Checkpointing = recipe_field(
+        "none", "Recompute activations in backward: none, selective (every other block) or full.", cli="--activation-checkpointing", key=True
+    )
+    grad_accumulation_steps: int = recipe_field(1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096)
+    lr: float = recipe_field(1e-3, "AdamW learning rate.", cli="--lr", gt=0, le=10)
+    seed: int = recipe_field(0, "Seed of the initial weights and the synthetic tokens.", cli="--seed", ge=0, le=2**31 - 1)
+
+    def shape_overrides(self) -> dict[str, Any]:
+        """The shape fields this workload sets (the rest come from the preset)."""
+        return {name: getattr(self, name) for name in SHAPE_FIELDS if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class WorkloadField:
+    """One workload field as the front ends see it."""
+
+    name: str
+    group: Literal["shape", "recipe"]
+    cli: str
+    workload_key: bool
+    description: str
+    info: FieldInfo
+
+
+def workload_fields() -> tuple[WorkloadField, ...]:
+    """Every workload field — recipe first, then the shape — with its flag and whether it is keyed."""
+    out = []
+    for name, info in Workload.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        out.append(
+            WorkloadField(
+                name=name, group="shape" if name in SHAPE_FIELDS else "recipe", cli=str(extra["cli"]),
+                workload_key=bool(extra["workload_key"]), description=info.description or "", info=info,
+            )
+        )
+    return tuple(sorted(out, key=lambda f: f.group == "shape"))
+
+
+WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() if f.workload_key)
+"""What must match for two runs to be ranked together (conbench's "context"). Stored keys hash this
+set of fields: adding one to it splits every existing leaderboard group, so do it with a migration."""
+
+
+def _known_strategy(name: str) -> str:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(REGISTRY)}")
+    return name
+
+
+StrategyName = Annotated[
+    str,
+    AfterValidator(_known_strategy),
+    WithJsonSchema({"type": "string", "enum": list(REGISTRY), "description": "A strategy, or the `collectives` job kind."}),
+]
+
+
+class StrategySpec(BaseModel):
+    """How it is parallelised: a strategy name, a world size and that strategy's options."""
+
+    model_config = STRICT
+
+    name: StrategyName
+    world_size: int = Field(1, ge=1, le=1 << 16)
+    options: dict[str, Any] = Field(default_factory=dict, description="Options of the strategy (see its descriptor); unknown keys are refused.")
+
+
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class JobSpec(BaseModel):
+    """One job: the API's request body, `parallab bench --spec`'s file, and a result's origin."""
+
+    model_config = STRICT
+
+    name: str | None = Field(None, max_length=200)
+    workload: Workload = Field(default_factory=Workload)
+    strategy: StrategySpec
+    trace: bool = False
+    tags: list[Tag] = Field(default_factory=list, max_length=20)

@@ -1,0 +1,33 @@
+"""The strategy registry: every name a job spec may carry, mapped to its descriptor.
+
+Adding a strategy is one descriptor module here (options, mesh, rules, costs) and one rank
+module in `workers/strategies/` (apply it to a model on a mesh); everything that lists
+strategies — the spec's enum, the form, the CLI's help, prediction — reads this registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parallab.core.strategies import collectives, ddp, fsdp, hybrid, moe, pp, ring, single, tp
+from parallab.core.strategies.base import StrategyDescriptor
+
+REGISTRY: dict[str, StrategyDescriptor[Any]] = {
+    d.name: d
+    for d in (
+        single.DESCRIPTOR, ddp.DESCRIPTOR, fsdp.DESCRIPTOR, tp.DESCRIPTOR, pp.DESCRIPTOR, ring.DESCRIPTOR,
+        moe.DESCRIPTOR, hybrid.DESCRIPTOR, collectives.DESCRIPTOR,
+    )
+}
+"""Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""
+
+STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
+TRAINING_STRATEGIES: tuple[str, ...] = tuple(name for name, d in REGISTRY.items() if d.trains)
+
+
+def get_descriptor(name: str) -> StrategyDescriptor[Any]:
+    """The descriptor of `name` (KeyError naming the known ones otherwise)."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r}; known: {', '.join(REGISTRY)}") from None

@@ -1,0 +1,148 @@
+"""What every strategy descriptor says about itself, and the defaults most of them share.
+
+A descriptor is the pure half of a strategy (torchtitan's TrainSpec in spirit): its name, its
+typed options, the device mesh it runs on, how many ways it splits the batch, the rules a spec
+must satisfy (each naming the field at fault), its pipeline stage layout, and its cost formulas
+(model state, communication, activations, bubble). Validation, the ranks' runtime, prediction
+and the form all read it; the rank half lives in `workers/strategies/<module>.py`.
+
+Defaults here are plain data parallelism on a 1-D "dp" mesh; a descriptor overrides what differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict
+
+from parallab.core.costs import model_tensors, numel
+from parallab.core.model import ModelConfig, Preset
+from parallab.core.problems import SpecProblem
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+
+
+class StrategyOptions(BaseModel):
+    """Base of every options model: unknown keys are refused, so a typo never silently does nothing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class NoOptions(StrategyOptions):
+    """A strategy without options."""
+
+
+O = TypeVar("O", bound=StrategyOptions)
+
+
+class MeshDim(NamedTuple):
+    """One named dimension of the device mesh (dp, tp, pp, cp, ep)."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Draft(Generic[O]):
+    """What a strategy's rules see while a spec is resolved: the model and options already filled in."""
+
+    model: ModelConfig
+    world_size: int
+    options: O
+    global_batch_size: int
+    grad_accumulation_steps: int
+
+
+@dataclass(frozen=True)
+class ActivationLayout:
+    """How a strategy lays activations over a rank, for the activation estimate (`prediction`)."""
+
+    tokens: int
+    """Tokens whose per-layer activations one rank holds at its peak (all micro-batches in flight)."""
+    layers: int
+    """Blocks on the rank."""
+    head_tokens: int
+    """Tokens whose logits (and their gradient) the rank holds at once; 0 without the LM head."""
+    tp: int = 1
+    """Ways the attention and MLP interiors are split (tensor parallel degree)."""
+    sequence_parallel: bool = False
+
+
+class StrategyDescriptor(Generic[O]):
+    """A strategy's facts and formulas. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    """One line for help texts and the form."""
+    options_model: type[O]
+    trains: ClassVar[bool] = True
+    """False for job kinds that are not training (the collectives sweep)."""
+    dense_only: ClassVar[bool] = False
+    min_world_size: ClassVar[int] = 2
+    max_world_size: ClassVar[int | None] = None
+
+    # ---- resolution ----
+
+    def parse_options(self, raw: dict[str, Any]) -> O:
+        """The options model from raw JSON (pydantic's ValidationError names the option at fault)."""
+        return self.options_model.model_validate(raw)
+
+    def complete_options(self, options: O, world_size: int) -> O:
+        """Fill defaults that depend on the world size (pipeline micro-batches)."""
+        return options
+
+    def world_size_problems(self, world_size: int) -> list[SpecProblem]:
+        loc = ("strategy", "world_size")
+        if self.max_world_size is not None and world_size > self.max_world_size:
+            return [SpecProblem(loc, f"{self.name} runs on at most {self.max_world_size} rank(s)")]
+        if world_size < self.min_world_size:
+            return [SpecProblem(loc, f"{self.name} needs at least {self.min_world_size} ranks")]
+        return []
+
+    def model_defaults(self, preset: Preset, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Shape fields the strategy fills in when the spec leaves them to the preset (MoE: experts)."""
+        return overrides
+
+    def mesh(self, world_size: int, options: O) -> tuple[MeshDim, ...]:
+        """The device mesh, outer dim first."""
+        return (MeshDim("dp", world_size),)
+
+    def dp_degree(self, world_size: int, options: O) -> int:
+        """How many ways the global batch is split (the size of the mesh's "dp" dim, 1 without one)."""
+        return next((d.size for d in self.mesh(world_size, options) if d.name == "dp"), 1)
+
+    def batch_split(self, world_size: int, options: O) -> int:
+        """What each accumulation micro-step of the global batch must divide by."""
+        return self.dp_degree(world_size, options)
+
+    def rules(self, draft: Draft[O]) -> list[SpecProblem]:
+        """Divisibility and other rules tying the model, the world size and the options together."""
+        return []
+
+    def stage_layers(self, model: ModelConfig, world_size: int, options: O) -> list[range] | None:
+        """The blocks of each pipeline stage (None: no pipeline)."""
+        return None
+
+    # ---- costs (see parallab.core.prediction) ----
+
+    def opts(self, job: ResolvedJob) -> O:
+        """`job.options` as this strategy's options model."""
+        assert isinstance(job.options, self.options_model), f"{job.strategy} job carries {type(job.options).__name__}"
+        return cast(O, job.options)
+
+    def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
+        """Parameter elements each rank holds (one entry per distinct rank kind, e.g. per stage)."""
+        return [sum(numel(t.shape) for t in model_tensors(job.model))]
+
+    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+        """Bytes per step by op on the busiest rank, in nccl-tests' buffer convention."""
+        return {}
+
+    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        tokens = job.micro_batch_size * job.model.seq_len
+        return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens)
+
+    def bubble_fraction(self, job: ResolvedJob) -> float | None:
+        return None

@@ -1,0 +1,24 @@
+"""`single`: one process, the reference every other strategy's loss is checked against."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from parallab.core.problems import SpecProblem
+from parallab.core.strategies.base import NoOptions, StrategyDescriptor
+
+
+class Single(StrategyDescriptor[NoOptions]):
+    name = "single"
+    title = "one process, the reference"
+    options_model = NoOptions
+    min_world_size: ClassVar[int] = 1
+    max_world_size: ClassVar[int | None] = 1
+
+    def world_size_problems(self, world_size: int) -> list[SpecProblem]:
+        if world_size != 1:
+            return [SpecProblem(("strategy", "world_size"), "the single-process reference runs on exactly 1 rank")]
+        return []
+
+
+DESCRIPTOR = Single()

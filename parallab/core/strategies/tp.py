@@ -1,0 +1,87 @@
+"""`tp`: Megatron tensor parallelism — column/row-parallel attention and MLP, vocab-parallel ends.
+
+wq/wk/wv/w1/w3 are column-parallel (dim 0 / tp), wo/w2 row-parallel (dim 1 / tp), the embedding
+row-parallel over the vocabulary and the LM head column-parallel (both V/tp); the RMSNorm weights
+are replicated. Every rank sees the whole batch (no data parallelism on this mesh).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
+from parallab.core.model import ModelConfig
+from parallab.core.problems import SpecProblem, divides
+from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+
+
+class TPOptions(StrategyOptions):
+    sequence_parallel: bool = Field(
+        False, description="Shard norms/residual over the sequence (all-gather/reduce-scatter instead of all-reduce)."
+    )
+
+
+def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[SpecProblem]:
+    """Heads and the MLP split evenly over `tp` ranks; with SP, so does the sequence."""
+    out = divides(("workload", "num_heads"), model.num_heads, tp, "heads")
+    out += divides(("workload", "ffn_hidden_size"), model.ffn_hidden_size, tp, "ffn hidden size")
+    if sequence_parallel:
+        out += divides(("workload", "seq_len"), model.seq_len, tp, "sequence length")
+    return out
+
+
+def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool) -> dict[str, int]:
+    """Megatron TP as the harness applies it, per step, for `tokens` tokens.
+
+    Without SP, per block: forward one all-reduce after wo and one after w2 (row-parallel
+    outputs); backward one per column-parallel input — wq, wk, wv, w1, w3 each turn their
+    replicated input into a DTensor, so each input gradient is all-reduced on its own (5). The
+    vocab-parallel embedding all-reduces its output (forward), the head's input gradient is
+    all-reduced (backward) and its logits are all-gathered (forward).
+    With SP, per block: an all-gather before attention and before the MLP and a reduce-scatter
+    after wo and w2, forward; the mirror image backward (4 + 4); the embedding reduce-scatters its
+    output (forward) and all-gathers that gradient (backward); the head all-gathers its input
+    (reduce-scatter backward) and its logits. The norm weights' gradients (replicated weights on
+    a sequence shard) get no collective in the harness, so none is counted.
+    """
+    bsh = tokens * cfg.hidden_size * act
+    logits = tokens * cfg.vocab_size * act
+    layers = cfg.num_layers
+    if not sequence_parallel:
+        return {"all_reduce": (7 * layers + 2) * bsh, "all_gather": logits}
+    return {"all_gather": (4 * layers + 2) * bsh + logits, "reduce_scatter": (4 * layers + 2) * bsh}
+
+
+class TP(StrategyDescriptor[TPOptions]):
+    name = "tp"
+    title = "Megatron column/row tensor parallel"
+    options_model = TPOptions
+    dense_only = True
+
+    def mesh(self, world_size: int, options: TPOptions) -> tuple[MeshDim, ...]:
+        return (MeshDim("tp", world_size),)
+
+    def rules(self, draft: Draft[TPOptions]) -> list[SpecProblem]:
+        return tp_rules(draft.model, draft.world_size, sequence_parallel=draft.options.sequence_parallel)
+
+    def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
+        return [sum(numel(tp_local(t, job.world_size)) for t in model_tensors(job.model))]
+
+    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+        act = activation_dtype_bytes(job.workload.precision)
+        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=self.opts(job).sequence_parallel)
+
+    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        tokens = job.micro_batch_size * job.model.seq_len
+        return ActivationLayout(
+            tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, tp=job.world_size,
+            sequence_parallel=self.opts(job).sequence_parallel,
+        )
+
+
+DESCRIPTOR = TP()
