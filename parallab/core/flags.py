@@ -53,7 +53,9 @@ def _gap(predicted: float, measured: float) -> float:
     return abs(measured - predicted) / abs(predicted) if predicted else (1.0 if measured else 0.0)
 
 
-def _row(metric: str, label: str, unit: str, predicted: float | None, measured: float | None, *, tolerance: float, floor: float = 0.0) -> Agreement:
+def _row(
+    metric: str, label: str, unit: str, predicted: float | None, measured: float | None, *, tolerance: float, floor: float = 0.0
+) -> Agreement:
     p, m = float(predicted or 0.0), float(measured or 0.0)
     flagged = (predicted is not None or measured is not None) and not (not p and m <= floor) and _gap(p, m) > tolerance
     return Agreement(metric, label, unit, predicted, measured, flagged)
@@ -74,22 +76,55 @@ def agreement(
     if state and measured_states:
         if precision == "fp32":
             for part in STATE_PARTS:
-                rows.append(_row(f"model_state_bytes_per_rank.{part}", f"model state per rank: {part} (max)", "bytes", state[part],
-                                 max(s[part] for s in measured_states), tolerance=tolerance))
+                rows.append(
+                    _row(
+                        f"model_state_bytes_per_rank.{part}",
+                        f"model state per rank: {part} (max)",
+                        "bytes",
+                        state[part],
+                        max(s[part] for s in measured_states),
+                        tolerance=tolerance,
+                    )
+                )
         else:
-            rows.append(_row("model_state_bytes_per_rank.total", "model state per rank (max)", "bytes", sum(state[p] for p in STATE_PARTS),
-                             max(sum(s[p] for p in STATE_PARTS) for s in measured_states), tolerance=tolerance))
+            rows.append(
+                _row(
+                    "model_state_bytes_per_rank.total",
+                    "model state per rank (max)",
+                    "bytes",
+                    sum(state[p] for p in STATE_PARTS),
+                    max(sum(s[p] for p in STATE_PARTS) for s in measured_states),
+                    tolerance=tolerance,
+                )
+            )
 
     predicted_comm = dict(prediction.get("comm_bytes_per_step") or {})
     measured_comm = dict(summary.get("comm_bytes_per_step") or {})
     floor = UNPREDICTED_OP_SHARE * sum(predicted_comm.values())
     for op in sorted(set(predicted_comm) | set(measured_comm)):
-        rows.append(_row(f"comm_bytes_per_step.{op}", f"{op} per step", "bytes", predicted_comm.get(op), measured_comm.get(op, 0),
-                         tolerance=tolerance, floor=floor))
+        rows.append(
+            _row(
+                f"comm_bytes_per_step.{op}",
+                f"{op} per step",
+                "bytes",
+                predicted_comm.get(op),
+                measured_comm.get(op, 0),
+                tolerance=tolerance,
+                floor=floor,
+            )
+        )
 
     if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None:
-        rows.append(_row("bubble_fraction", "pipeline bubble", "fraction", prediction["bubble_fraction"], summary["bubble_fraction"],
-                         tolerance=tolerance))
+        rows.append(
+            _row(
+                "bubble_fraction",
+                "pipeline bubble",
+                "fraction",
+                prediction["bubble_fraction"],
+                summary["bubble_fraction"],
+                tolerance=tolerance,
+            )
+        )
     return rows
 
 

@@ -68,7 +68,8 @@ class ResolvedJob(BaseModel):
     @cached_property
     def options(self) -> StrategyOptions:
         """The strategy's options model, every default filled in."""
-        return self.descriptor.parse_options(self.spec.strategy.options)
+        options: StrategyOptions = self.descriptor.parse_options(self.spec.strategy.options)
+        return options
 
     @cached_property
     def model(self) -> ModelConfig:
@@ -135,7 +136,9 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
     problems: list[SpecProblem] = []
 
     if limits.max_world_size is not None and world > limits.max_world_size:
-        problems.append(SpecProblem(("strategy", "world_size"), f"world size {world} is above this worker's limit of {limits.max_world_size}"))
+        problems.append(
+            SpecProblem(("strategy", "world_size"), f"world size {world} is above this worker's limit of {limits.max_world_size}")
+        )
     problems += descriptor.world_size_problems(world)
     if limits.max_steps is not None and wl.steps > limits.max_steps:
         problems.append(SpecProblem(("workload", "steps"), f"steps {wl.steps} is above the limit of {limits.max_steps}"))
@@ -163,9 +166,13 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
     split = accum * math.lcm(dp, descriptor.batch_split(world, options))
     gbs = wl.global_batch_size or _default_batch(preset.global_batch_size, split)
     problems += divides(("workload", "global_batch_size"), gbs, dp * accum, "global batch size")
-    problems += descriptor.rules(Draft(model=model, world_size=world, options=options, global_batch_size=gbs, grad_accumulation_steps=accum))
+    problems += descriptor.rules(
+        Draft(model=model, world_size=world, options=options, global_batch_size=gbs, grad_accumulation_steps=accum)
+    )
     if descriptor.dense_only and model.is_moe:
-        problems.append(SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts"))
+        problems.append(
+            SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
+        )
     if wl.precision == "fp8" and descriptor.trains:
         problems.append(SpecProblem(("workload", "precision"), "fp8 training is not supported yet; use fp32, bf16 or fp16"))
     if problems:

@@ -60,7 +60,7 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 def max_rel_diff(values: list[float], reference: list[float]) -> float | None:
     """max over steps of |loss − loss_ref| / |loss_ref|; None when there is nothing to compare."""
-    pairs = [(v, r) for v, r in zip(values, reference) if r != 0]
+    pairs = [(v, r) for v, r in zip(values, reference, strict=False) if r != 0]
     if not pairs:
         return None
     return max(abs(v - r) / abs(r) for v, r in pairs)

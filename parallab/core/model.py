@@ -33,7 +33,11 @@ class ModelConfig(BaseModel):
     num_experts: int = shape_field("Experts per MoE layer; 0 means a dense MLP in every block.", cli="--experts", ge=0, le=1024, default=0)
     top_k: int = shape_field("Experts each token is routed to.", cli="--top-k", ge=1, le=64, default=2)
     capacity_factor: float = shape_field(
-        "Tokens an expert accepts = ceil(capacity_factor · tokens · top_k / num_experts).", cli="--capacity-factor", gt=0, le=64, default=1.25
+        "Tokens an expert accepts = ceil(capacity_factor · tokens · top_k / num_experts).",
+        cli="--capacity-factor",
+        gt=0,
+        le=64,
+        default=1.25,
     )
     norm_eps: float = shape_field("RMSNorm epsilon.", cli="--norm-eps", key=False, gt=0, le=1, default=1e-5)
     rope_theta: float = shape_field("Rotary base frequency.", cli="--rope-theta", key=False, gt=0, le=1e9, default=10_000.0)
@@ -96,9 +100,7 @@ PRESETS: dict[str, Preset] = {
         _cfg(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, ffn_hidden_size=8192, seq_len=2048), moe_experts=8
     ),
     "llama-8b": Preset(
-        _cfg(
-            vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336, seq_len=4096, rope_theta=500_000.0
-        ),
+        _cfg(vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336, seq_len=4096, rope_theta=500_000.0),
         moe_experts=8,
     ),
 }

@@ -7,11 +7,11 @@ Top-level keys are contractual (shared/DESIGN.md). Published as JSON Schema at
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 _open = ConfigDict(extra="allow", allow_inf_nan=False)
 _closed = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -29,10 +29,16 @@ def recipe_field(default: Any, description: str, *, cli: str, key: bool = False,
     return Field(default, description=description, json_schema_extra={"cli": cli, "workload_key": key}, **bounds)
 
 
+def _optional(info: FieldInfo) -> Any:
+    """The field's annotation | None (every ModelConfig field is annotated)."""
+    assert info.annotation is not None, "unannotated ModelConfig field"
+    return info.annotation | None
+
+
 def _shape_overrides() -> type[BaseModel]:
     """Every ModelConfig field as an optional override (None: the preset's value), same bounds."""
     fields: dict[str, Any] = {
-        name: (info.annotation | None, FieldInfo.merge_field_infos(info, default=None, annotation=info.annotation | None))
+        name: (_optional(info), FieldInfo.merge_field_infos(info, default=None, annotation=_optional(info)))
         for name, info in ModelConfig.model_fields.items()
     }
     return create_model("ShapeOverrides", __config__=STRICT, **fields)
@@ -53,14 +59,25 @@ class Workload(ShapeOverrides):
     steps: int = recipe_field(20, "Measured optimizer steps (after warm-up).", cli="--steps", ge=1, le=1_000_000)
     warmup_steps: int = recipe_field(2, "Steps run before measuring (not timed, not profiled).", cli="--warmup-steps", ge=0, le=10_000)
     global_batch_size: int | None = recipe_field(
-        None, "Sequences per optimizer step, over all ranks (default: the preset's, rounded up to split evenly).",
-        cli="--global-batch-size", key=True, ge=1, le=1 << 20,
+        None,
+        "Sequences per optimizer step, over all ranks (default: the preset's, rounded up to split evenly).",
+        cli="--global-batch-size",
+        key=True,
+        ge=1,
+        le=1 << 20,
     )
-    precision: Precision = recipe_field("fp32", "Training precision (bf16/fp16: autocast with fp32 master weights).", cli="--precision", key=True)
+    precision: Precision = recipe_field(
+        "fp32", "Training precision (bf16/fp16: autocast with fp32 master weights).", cli="--precision", key=True
+    )
     activation_checkpointing: Checkpointing = recipe_field(
-        "none", "Recompute activations in backward: none, selective (every other block) or full.", cli="--activation-checkpointing", key=True
+        "none",
+        "Recompute activations in backward: none, selective (every other block) or full.",
+        cli="--activation-checkpointing",
+        key=True,
     )
-    grad_accumulation_steps: int = recipe_field(1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096)
+    grad_accumulation_steps: int = recipe_field(
+        1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096
+    )
     lr: float = recipe_field(1e-3, "AdamW learning rate.", cli="--lr", gt=0, le=10)
     seed: int = recipe_field(0, "Seed of the initial weights and the synthetic tokens.", cli="--seed", ge=0, le=2**31 - 1)
 
@@ -88,8 +105,12 @@ def workload_fields() -> tuple[WorkloadField, ...]:
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         out.append(
             WorkloadField(
-                name=name, group="shape" if name in SHAPE_FIELDS else "recipe", cli=str(extra["cli"]),
-                workload_key=bool(extra["workload_key"]), description=info.description or "", info=info,
+                name=name,
+                group="shape" if name in SHAPE_FIELDS else "recipe",
+                cli=str(extra["cli"]),
+                workload_key=bool(extra["workload_key"]),
+                description=info.description or "",
+                info=info,
             )
         )
     return tuple(sorted(out, key=lambda f: f.group == "shape"))
@@ -120,7 +141,9 @@ class StrategySpec(BaseModel):
 
     name: StrategyName
     world_size: int = Field(1, ge=1, le=1 << 16)
-    options: dict[str, Any] = Field(default_factory=dict, description="Options of the strategy (see its descriptor); unknown keys are refused.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the strategy (see its descriptor); unknown keys are refused."
+    )
 
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]

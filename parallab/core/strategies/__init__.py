@@ -15,8 +15,15 @@ from parallab.core.strategies.base import StrategyDescriptor
 REGISTRY: dict[str, StrategyDescriptor[Any]] = {
     d.name: d
     for d in (
-        single.DESCRIPTOR, ddp.DESCRIPTOR, fsdp.DESCRIPTOR, tp.DESCRIPTOR, pp.DESCRIPTOR, ring.DESCRIPTOR,
-        moe.DESCRIPTOR, hybrid.DESCRIPTOR, collectives.DESCRIPTOR,
+        single.DESCRIPTOR,
+        ddp.DESCRIPTOR,
+        fsdp.DESCRIPTOR,
+        tp.DESCRIPTOR,
+        pp.DESCRIPTOR,
+        ring.DESCRIPTOR,
+        moe.DESCRIPTOR,
+        hybrid.DESCRIPTOR,
+        collectives.DESCRIPTOR,
     )
 }
 """Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""

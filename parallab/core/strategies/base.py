@@ -12,7 +12,7 @@ Defaults here are plain data parallelism on a 1-D "dp" mesh; a descriptor overri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,7 +34,7 @@ class NoOptions(StrategyOptions):
     """A strategy without options."""
 
 
-O = TypeVar("O", bound=StrategyOptions)
+OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 
 
 class MeshDim(NamedTuple):
@@ -45,12 +45,12 @@ class MeshDim(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Draft(Generic[O]):
+class Draft(Generic[OptionsT]):
     """What a strategy's rules see while a spec is resolved: the model and options already filled in."""
 
     model: ModelConfig
     world_size: int
-    options: O
+    options: OptionsT
     global_batch_size: int
     grad_accumulation_steps: int
 
@@ -70,13 +70,13 @@ class ActivationLayout:
     sequence_parallel: bool = False
 
 
-class StrategyDescriptor(Generic[O]):
+class StrategyDescriptor(Generic[OptionsT]):
     """A strategy's facts and formulas. Subclasses set the class attributes and override what differs."""
 
     name: ClassVar[str]
     title: ClassVar[str]
     """One line for help texts and the form."""
-    options_model: type[O]
+    options_model: type[OptionsT]
     trains: ClassVar[bool] = True
     """False for job kinds that are not training (the collectives sweep)."""
     dense_only: ClassVar[bool] = False
@@ -85,11 +85,11 @@ class StrategyDescriptor(Generic[O]):
 
     # ---- resolution ----
 
-    def parse_options(self, raw: dict[str, Any]) -> O:
+    def parse_options(self, raw: dict[str, Any]) -> OptionsT:
         """The options model from raw JSON (pydantic's ValidationError names the option at fault)."""
         return self.options_model.model_validate(raw)
 
-    def complete_options(self, options: O, world_size: int) -> O:
+    def complete_options(self, options: OptionsT, world_size: int) -> OptionsT:
         """Fill defaults that depend on the world size (pipeline micro-batches)."""
         return options
 
@@ -105,32 +105,32 @@ class StrategyDescriptor(Generic[O]):
         """Shape fields the strategy fills in when the spec leaves them to the preset (MoE: experts)."""
         return overrides
 
-    def mesh(self, world_size: int, options: O) -> tuple[MeshDim, ...]:
+    def mesh(self, world_size: int, options: OptionsT) -> tuple[MeshDim, ...]:
         """The device mesh, outer dim first."""
         return (MeshDim("dp", world_size),)
 
-    def dp_degree(self, world_size: int, options: O) -> int:
+    def dp_degree(self, world_size: int, options: OptionsT) -> int:
         """How many ways the global batch is split (the size of the mesh's "dp" dim, 1 without one)."""
         return next((d.size for d in self.mesh(world_size, options) if d.name == "dp"), 1)
 
-    def batch_split(self, world_size: int, options: O) -> int:
+    def batch_split(self, world_size: int, options: OptionsT) -> int:
         """What each accumulation micro-step of the global batch must divide by."""
         return self.dp_degree(world_size, options)
 
-    def rules(self, draft: Draft[O]) -> list[SpecProblem]:
+    def rules(self, draft: Draft[OptionsT]) -> list[SpecProblem]:
         """Divisibility and other rules tying the model, the world size and the options together."""
         return []
 
-    def stage_layers(self, model: ModelConfig, world_size: int, options: O) -> list[range] | None:
+    def stage_layers(self, model: ModelConfig, world_size: int, options: OptionsT) -> list[range] | None:
         """The blocks of each pipeline stage (None: no pipeline)."""
         return None
 
     # ---- costs (see parallab.core.prediction) ----
 
-    def opts(self, job: ResolvedJob) -> O:
+    def opts(self, job: ResolvedJob) -> OptionsT:
         """`job.options` as this strategy's options model."""
         assert isinstance(job.options, self.options_model), f"{job.strategy} job carries {type(job.options).__name__}"
-        return cast(O, job.options)
+        return job.options
 
     def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
         """Parameter elements each rank holds (one entry per distinct rank kind, e.g. per stage)."""

@@ -26,7 +26,11 @@ class FSDPOptions(StrategyOptions):
 
 
 def fsdp_comm(
-    tensors: list[Tensor], n: int, *, reshard_after_forward: bool, param_bytes: int,
+    tensors: list[Tensor],
+    n: int,
+    *,
+    reshard_after_forward: bool,
+    param_bytes: int,
     local: Callable[[Tensor], tuple[int, ...]] = lambda t: t.shape,
 ) -> dict[str, int]:
     """FSDP2 per step: all-gather every group (blocks and root) forward, and again in backward when
@@ -48,7 +52,9 @@ class FSDP(StrategyDescriptor[FSDPOptions]):
 
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         return fsdp_comm(
-            model_tensors(job.model), job.world_size, reshard_after_forward=self.opts(job).reshard_after_forward,
+            model_tensors(job.model),
+            job.world_size,
+            reshard_after_forward=self.opts(job).reshard_after_forward,
             param_bytes=gathered_param_bytes(job.workload.precision),
         )
 

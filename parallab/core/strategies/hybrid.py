@@ -57,8 +57,11 @@ class Hybrid(StrategyDescriptor[HybridOptions]):
         precision = job.workload.precision
         out = tp_comm(job.model, job.tokens_per_replica, activation_dtype_bytes(precision), sequence_parallel=opts.sequence_parallel)
         fsdp = fsdp_comm(
-            model_tensors(job.model), dp, reshard_after_forward=opts.reshard_after_forward,
-            param_bytes=gathered_param_bytes(precision), local=lambda t: tp_local(t, tp),
+            model_tensors(job.model),
+            dp,
+            reshard_after_forward=opts.reshard_after_forward,
+            param_bytes=gathered_param_bytes(precision),
+            local=lambda t: tp_local(t, tp),
         )
         return {op: out.get(op, 0) + fsdp.get(op, 0) for op in sorted(set(out) | set(fsdp))}
 

@@ -60,7 +60,11 @@ class PP(StrategyDescriptor[PPOptions]):
         stages, mb = draft.world_size, draft.options.n_microbatches
         out = divides(("workload", "num_layers"), draft.model.num_layers, stages, "layers")
         if mb < stages:
-            out.append(SpecProblem(("strategy", "options", "microbatches"), f"micro-batches ({mb}) must be at least the number of stages ({stages})"))
+            out.append(
+                SpecProblem(
+                    ("strategy", "options", "microbatches"), f"micro-batches ({mb}) must be at least the number of stages ({stages})"
+                )
+            )
         out += divides(("workload", "global_batch_size"), draft.global_batch_size, mb * draft.grad_accumulation_steps, "global batch size")
         return out
 

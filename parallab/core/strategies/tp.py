@@ -79,7 +79,10 @@ class TP(StrategyDescriptor[TPOptions]):
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
         tokens = job.micro_batch_size * job.model.seq_len
         return ActivationLayout(
-            tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, tp=job.world_size,
+            tokens=tokens,
+            layers=job.model.num_layers,
+            head_tokens=tokens,
+            tp=job.world_size,
             sequence_parallel=self.opts(job).sequence_parallel,
         )
 
