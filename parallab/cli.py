@@ -7,15 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from backend.config import get_settings
+from parallab.commands.bench import bench
+from parallab.commands.plan import plan
 
 app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
@@ -24,12 +24,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 console = Console(stderr=True)
 
-try:  # `parallab plan` lives with the prediction code
-    from parallab.commands.plan import plan as _plan
-
-    app.command("plan", help="Predict memory per rank, communication per step and bubble, before running.")(_plan)
-except ImportError:  # pragma: no cover - only while the plan command is being written
-    pass
+app.command("plan")(plan)
+app.command("bench")(bench)
 
 
 @db_app.command("upgrade")
@@ -63,7 +59,7 @@ def token_create(
 
 @app.command()
 def worker(
-    queue: Annotated[Optional[str], typer.Option(help="Queue to consume (default from settings).")] = None,
+    queue: Annotated[str | None, typer.Option(help="Queue to consume (default from settings).")] = None,
     loglevel: str = "INFO",
 ) -> None:
     """Run the Celery worker that owns this host's accelerators (one job at a time)."""
@@ -71,8 +67,21 @@ def worker(
 
     settings = get_settings()
     celery_app.worker_main(
-        ["worker", "--pool", "solo", "--concurrency", "1", "--queues", queue or settings.queue,
-         "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--hostname", f"parallab@{os.uname().nodename}"]
+        [
+            "worker",
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "--queues",
+            queue or settings.queue,
+            "--loglevel",
+            loglevel,
+            "--without-gossip",
+            "--without-mingle",
+            "--hostname",
+            f"parallab@{os.uname().nodename}",
+        ]
     )
 
 
@@ -82,8 +91,8 @@ def _raise_system_exit(signum: int, _frame: object) -> None:
 
 @app.command()
 def up(
-    host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1: local mode, no login).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1: local mode, no login).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
 ) -> None:
     """Start parallab: migrate the database, then the API and one worker on the embedded default."""
     import uvicorn
@@ -103,7 +112,9 @@ def up(
     upgrade(settings.sqlalchemy_url)
     env = dict(os.environ, PARALLAB_HOST=host, PARALLAB_PORT=str(port))
     worker_proc = subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], env=env, start_new_session=True)
-    console.print(f"[bold]parallab[/bold] on http://{host}:{port}  (database {settings.sqlalchemy_url.split('@')[-1]}, worker pid {worker_proc.pid})")
+    console.print(
+        f"[bold]parallab[/bold] on http://{host}:{port}  (database {settings.sqlalchemy_url.split('@')[-1]}, worker pid {worker_proc.pid})"
+    )
     os.environ["PARALLAB_HOST"] = host
     get_settings.cache_clear()
     # uvicorn restores the previous SIGTERM handler and re-raises the signal after its graceful
@@ -116,90 +127,13 @@ def up(
 
 
 @app.command()
-def bench(
-    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp, ring, moe, hybrid or collectives.")] = None,
-    world_size: Annotated[Optional[int], typer.Option("--world-size", min=1)] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model preset (tiny, small, gpt2-124m, llama-1b, llama-8b).")] = None,
-    steps: Annotated[Optional[int], typer.Option(min=1)] = None,
-    spec: Annotated[Optional[Path], typer.Option(help="A whole job spec (the API's JSON); flags override it.", exists=True, dir_okay=False)] = None,
-    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Strategy option key=value (JSON value), repeatable.")] = None,
-    trace: Annotated[Optional[bool], typer.Option("--trace/--no-trace", help="Keep Chrome traces and the timeline.")] = None,
-    out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
-    run_dir: Annotated[Optional[Path], typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
-) -> None:
-    """Run one job through torchrun on this machine, no server, and write its result document."""
-    from backend.schemas.spec import JobSpec
-    from backend.services.validation import SpecError, resolve_job
-    from workers.execute import run_and_collect
-
-    settings = get_settings()
-    doc = json.loads(spec.read_text()) if spec else {"strategy": {"name": strategy or "single"}}
-    doc.setdefault("workload", {})
-    doc.setdefault("strategy", {})
-    if strategy:
-        doc["strategy"]["name"] = strategy
-    if world_size:
-        doc["strategy"]["world_size"] = world_size
-    if model:
-        doc["workload"]["model"] = model
-    if steps:
-        doc["workload"]["steps"] = steps
-    if trace is not None:
-        doc["trace"] = trace
-    for item in option or []:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            console.print(f"[red]--option {item!r}: expected key=value[/red]")
-            raise typer.Exit(2)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        doc["strategy"].setdefault("options", {})[key] = value
-    try:
-        job = resolve_job(JobSpec.model_validate(doc), max_world_size=settings.max_world_size, max_steps=settings.max_steps)
-    except SpecError as exc:
-        for problem in exc.problems:
-            console.print(f"[red]{'.'.join(map(str, problem.loc))}: {problem.msg}[/red]")
-        raise typer.Exit(2) from None
-    except ValueError as exc:  # pydantic's ValidationError
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
-
-    directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
-    total = job.spec.workload.warmup_steps + job.spec.workload.steps
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task(f"{job.strategy} × {job.world_size} on {job.spec.workload.model}: starting ranks", total=total)
-
-        def on_progress(p: dict) -> None:
-            phase = p.get("phase", "train")
-            done = p.get("step", 0) + 1 + (job.spec.workload.warmup_steps if phase == "train" else 0)
-            loss = p.get("loss")
-            label = f"{job.strategy} × {job.world_size}: {phase}" + (f" loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
-            bar.update(task, completed=min(done, total) if phase != "reference" else total, description=label)
-
-        collected = run_and_collect(job, directory, settings=settings, on_progress=on_progress)
-    if collected.document is None:
-        console.print(f"[red]{collected.error}[/red]")
-        raise typer.Exit(1)
-    out.write_text(collected.document.model_dump_json(indent=2))
-    s = collected.document.summary
-    diff = s.loss_max_rel_diff_vs_reference
-    console.print(
-        f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s.median * 1e3:.1f} ms (median), "
-        f"loss diff vs single {diff:.2e}" if diff is not None else f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
-    )
-    console.print(f"result written to {out}")
-
-
-@app.command()
 def upload(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A result document (JSON).")],
     server: Annotated[str, typer.Option(help="parallab's URL, e.g. http://lab:8000")],
     token: Annotated[str, typer.Option(envvar="PARALLAB_TOKEN", help="A token with scope 'upload'.")],
-    idempotency_key: Annotated[Optional[str], typer.Option(help="Retries with the same key never store twice.")] = None,
-    branch: Annotated[Optional[str], typer.Option(help="Git branch to record with the result.")] = None,
-    commit: Annotated[Optional[str], typer.Option(help="Git commit to record with the result.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Retries with the same key never store twice.")] = None,
+    branch: Annotated[str | None, typer.Option(help="Git branch to record with the result.")] = None,
+    commit: Annotated[str | None, typer.Option(help="Git commit to record with the result.")] = None,
 ) -> None:
     """Upload a result document (what CI runs)."""
     import httpx

@@ -1,45 +1,30 @@
 """`parallab plan`: the prediction for a job — memory per rank, communication per step, bubble.
 
-Pure arithmetic over the config (backend.services.prediction); nothing runs, no torch. Planning
-is for any cluster, so the world size has no limit here.
+Pure arithmetic over the config (`parallab.core.prediction`); nothing runs, no torch, no server.
+Planning is for any cluster, so neither the world size nor the steps have a limit here.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from backend.schemas.spec import JobSpec
-from backend.services.prediction import predict
-from backend.services.validation import SpecError, resolve_job
+from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
+from parallab.core.jobs import Limits
+from parallab.core.prediction import predict
+from parallab.core.spec import workload_fields
+from parallab.core.strategies import TRAINING_STRATEGIES
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mixed")
-
-
-def _value(text: str) -> Any:
-    """An option value from the command line: JSON when it parses (true, 4, 1.5), else the string."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+PLAN_FIELDS = tuple(f for f in workload_fields() if f.workload_key or f.name == "model")
+"""The preset and the fields of the workload key: all the prediction reads. Steps, seed, learning
+rate (and the numerics-only norm_eps, rope_theta) change nothing it computes, so plan has no flag for them."""
 
 
-def parse_options(items: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--option {item!r}: expected key=value")
-        options[key.strip()] = _value(value.strip())
-    return options
-
-
-def human_bytes(n: float | int | None) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "—"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -49,45 +34,24 @@ def human_bytes(n: float | int | None) -> str:
     return str(n)
 
 
-def _fail(message: str) -> None:
-    typer.echo(message, err=True)
-    raise typer.Exit(2)
-
-
+@with_workload_flags(PLAN_FIELDS)
 def plan(
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help="single, ddp, fsdp, tp, pp, ring, moe, hybrid.")],
+    strategy: Annotated[str, typer.Option("--strategy", "-s", help=f"{', '.join(TRAINING_STRATEGIES)}.")],
     world_size: Annotated[int, typer.Option("--world-size", "-n", help="Ranks.")] = 1,
-    model: Annotated[str, typer.Option(help="Model preset the shape starts from.")] = "tiny",
-    layers: Annotated[Optional[int], typer.Option("--layers", help="Transformer blocks (L).")] = None,
-    hidden: Annotated[Optional[int], typer.Option("--hidden", help="Hidden size (h).")] = None,
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads.")] = None,
-    vocab: Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length (T).")] = None,
-    ffn_hidden: Annotated[Optional[int], typer.Option("--ffn-hidden", help="MLP inner width.")] = None,
-    experts: Annotated[Optional[int], typer.Option("--experts", help="Experts per MoE layer.")] = None,
-    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", help="Sequences per step.")] = None,
-    precision: Annotated[str, typer.Option(help="fp32, bf16, fp16, fp8 or mixed (= bf16).")] = "fp32",
-    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Strategy option key=value; repeat.")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    *,
+    workload: dict[str, Any],
 ) -> None:
-    """Predict model state per rank, communication per step and the pipeline bubble."""
-    if precision not in PRECISIONS:
-        _fail(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    """Predict model state per rank, communication per step and the pipeline bubble, before running."""
     try:
         options = parse_options(option or [])
     except ValueError as exc:
-        _fail(str(exc))
-    fields = {"model": model, "num_layers": layers, "hidden_size": hidden, "num_heads": heads, "vocab_size": vocab,
-              "seq_len": seq_len, "ffn_hidden_size": ffn_hidden, "num_experts": experts,
-              "global_batch_size": global_batch_size, "precision": "bf16" if precision == "mixed" else precision}
-    workload = {k: v for k, v in fields.items() if v is not None}
-    try:
-        spec = JobSpec.model_validate({"workload": workload, "strategy": {"name": strategy, "world_size": world_size, "options": options}})
-        job = resolve_job(spec, max_world_size=1 << 30)
-    except SpecError as exc:
-        _fail(str(exc))
-    except ValidationError as exc:
-        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        fail(str(exc))
+    doc = spec_document({}, strategy=strategy, world_size=world_size, options=options, workload=workload)
+    job = resolve(doc, Limits())
+    if not job.trains:
+        fail(f"strategy.name: {strategy} trains nothing, so there is nothing to predict; plan one of {', '.join(TRAINING_STRATEGIES)}")
     prediction = predict(job)
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
@@ -96,10 +60,11 @@ def plan(
 
 
 def _print_table(workload: dict[str, Any], strategy: dict[str, Any], prediction: dict[str, Any]) -> None:
-    console = Console()
-    title = (f"{strategy['name']} × {strategy['world_size']} — {workload['model']} "
-             f"(L={workload['num_layers']} h={workload['hidden_size']} V={workload['vocab_size']} T={workload['seq_len']}, "
-             f"{workload['precision']}, Ψ={prediction['params_total']:,})")
+    title = (
+        f"{strategy['name']} × {strategy['world_size']} — {workload['model']} "
+        f"(L={workload['num_layers']} h={workload['hidden_size']} V={workload['vocab_size']} T={workload['seq_len']}, "
+        f"{workload['precision']}, Ψ={prediction['params_total']:,})"
+    )
     table = Table(title=title, show_header=True)
     table.add_column("what")
     table.add_column("per rank / per step", justify="right")
@@ -115,4 +80,4 @@ def _print_table(workload: dict[str, Any], strategy: dict[str, Any], prediction:
     table.add_row("model FLOPs per token", f"{prediction['flops_per_token']:,}")
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper)", human_bytes(value))
-    console.print(table)
+    Console().print(table)

@@ -1,20 +1,38 @@
-"""`parallab plan` through typer's CliRunner."""
+"""`parallab plan` and `parallab bench`'s flags through typer's CliRunner (nothing is launched)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
+from parallab.commands.bench import bench
+from parallab.commands.jobspec import spec_document
 from parallab.commands.plan import plan
+from parallab.core.spec import workload_fields
 
 app = typer.Typer()
 app.command()(plan)
 runner = CliRunner()
 
-GPT_7_5B = ["--layers", "40", "--hidden", "4096", "--heads", "32", "--vocab", "50257", "--seq-len", "1024",
-            "--ffn-hidden", "8960", "--global-batch-size", "64"]
+GPT_7_5B = [
+    "--layers",
+    "40",
+    "--hidden",
+    "4096",
+    "--heads",
+    "32",
+    "--vocab",
+    "50257",
+    "--seq-len",
+    "1024",
+    "--ffn-hidden",
+    "8960",
+    "--global-batch-size",
+    "64",
+]
 
 
 def test_json_for_tiny_ddp():
@@ -34,7 +52,11 @@ def test_7_5b_gpt_at_64_ranks_against_zero_table():
     assert doc["workload"]["precision"] == "bf16"
     assert round(sum(doc["model_state_bytes_per_rank"].values()) / 1e9, 1) == 1.9
     assert {k: round(v / 1e9, 1) for k, v in doc["zero_stages_bytes_per_rank"].items()} == {
-        "baseline": 120.0, "stage1": 31.4, "stage2": 16.6, "stage3": 1.9}
+        "baseline": 120.0,
+        "stage1": 31.4,
+        "stage2": 16.6,
+        "stage3": 1.9,
+    }
 
 
 def test_table_and_options():
@@ -51,3 +73,144 @@ def test_spec_errors_exit_2_with_the_message():
     assert runner.invoke(app, ["-s", "fsdp", "-n", "2", "--option", "bogus=1"]).exit_code == 2
     assert runner.invoke(app, ["-s", "fsdp", "-n", "2", "--option", "novalue"]).exit_code == 2
     assert runner.invoke(app, ["-s", "ddp", "-n", "2", "--precision", "int4"]).exit_code == 2
+
+
+# ---- the flags derive from the core; bench's flags override its spec file ----
+
+
+def _options(command) -> set[str]:
+    """Every flag name a typer command accepts."""
+    click_app = typer.Typer()
+    click_app.command()(command)
+    return {opt for param in typer.main.get_command(click_app).params for opt in (*param.opts, *param.secondary_opts)}
+
+
+def test_every_workload_field_is_a_bench_flag_and_every_keyed_one_a_plan_flag():
+    bench_flags, plan_flags = _options(bench), _options(plan)
+    for field in workload_fields():
+        assert field.cli in bench_flags, field.name
+        if field.workload_key or field.name == "model":
+            assert field.cli in plan_flags, field.name
+    assert "--steps" not in plan_flags  # the prediction does not read it
+    contractual = {
+        "--strategy",
+        "--world-size",
+        "--model",
+        "--steps",
+        "--out",
+        "--spec",
+        "--option",
+        "-o",
+        "--trace",
+        "--no-trace",
+        "--run-dir",
+    }
+    assert contractual <= bench_flags
+    assert {
+        "--strategy",
+        "--world-size",
+        "--model",
+        "--layers",
+        "--hidden",
+        "--heads",
+        "--vocab",
+        "--seq-len",
+        "--precision",
+        "--json",
+        "-o",
+    } <= plan_flags
+
+
+def test_shape_and_recipe_flags_reach_the_resolved_workload():
+    args = [
+        "-s",
+        "pp",
+        "-n",
+        "2",
+        "--model",
+        "small",
+        "--layers",
+        "6",
+        "--hidden",
+        "128",
+        "--heads",
+        "4",
+        "--vocab",
+        "512",
+        "--seq-len",
+        "32",
+        "--grad-accumulation-steps",
+        "2",
+        "--activation-checkpointing",
+        "full",
+        "-o",
+        "microbatches=2",
+        "--json",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    wl = doc["workload"]
+    assert (wl["model"], wl["num_layers"], wl["hidden_size"], wl["num_heads"], wl["vocab_size"], wl["seq_len"]) == (
+        "small",
+        6,
+        128,
+        4,
+        512,
+        32,
+    )
+    assert wl["ffn_hidden_size"] == 1024  # not given: the preset's
+    assert (wl["grad_accumulation_steps"], wl["activation_checkpointing"]) == (2, "full")
+    assert doc["strategy"]["options"] == {"schedule": "1f1b", "microbatches": 2}
+    assert doc["bubble_fraction"] == pytest.approx(1 / 3)  # (2−1)/(2+2−1)
+
+
+def test_a_bad_flag_value_names_its_field():
+    result = runner.invoke(app, ["-s", "ddp", "-n", "2", "--seq-len", "1"])
+    assert result.exit_code == 2
+    assert "workload.seq_len:" in result.output
+    result = runner.invoke(app, ["-s", "collectives", "-n", "2"])
+    assert result.exit_code == 2 and "nothing to predict" in result.output
+    result = runner.invoke(app, ["-s", "nope", "-n", "2"])
+    assert result.exit_code == 2 and "strategy.name: " in result.output and "unknown strategy 'nope'" in result.output
+
+
+def test_flags_override_the_spec_file_and_leave_the_rest():
+    base = {
+        "name": "mine",
+        "workload": {"model": "tiny", "steps": 7, "num_heads": 8},
+        "strategy": {"name": "tp", "world_size": 2, "options": {"sequence_parallel": True}},
+        "trace": True,
+    }
+    doc = spec_document(base, strategy=None, world_size=4, options={"extra": 1}, workload={"num_heads": 2, "seed": 3}, trace=False)
+    assert doc == {
+        "name": "mine",
+        "workload": {"model": "tiny", "steps": 7, "num_heads": 2, "seed": 3},
+        "strategy": {"name": "tp", "world_size": 4, "options": {"sequence_parallel": True, "extra": 1}},
+        "trace": False,
+    }
+    assert base["strategy"]["world_size"] == 2 and base["workload"]["num_heads"] == 8  # not modified
+
+
+def test_bench_refuses_a_bad_job_before_launching_anything(tmp_path, monkeypatch):
+    from backend.config import get_settings
+    from parallab.cli import app as cli
+
+    monkeypatch.setenv("PARALLAB_MAX_WORLD_SIZE", "4")
+    monkeypatch.setenv("PARALLAB_HOME", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"workload": {"model": "tiny"}, "strategy": {"name": "tp", "world_size": 2}}))
+        out = tmp_path / "result.json"
+        result = runner.invoke(cli, ["bench", "--spec", str(spec), "--heads", "3", "--out", str(out)])
+        assert result.exit_code == 2
+        assert "workload.num_heads: hidden_size 64 is not divisible by num_heads 3" in result.output  # the flag beat the file
+        result = runner.invoke(cli, ["bench", "--spec", str(spec), "-n", "8", "--out", str(out)])
+        assert result.exit_code == 2 and "strategy.world_size: world size 8 is above this worker's limit of 4" in result.output
+        spec.write_text("[1, 2]")
+        result = runner.invoke(cli, ["bench", "--spec", str(spec), "--out", str(out)])
+        assert result.exit_code == 2 and "expected a JSON object" in result.output
+        assert not out.exists()
+    finally:
+        get_settings.cache_clear()

@@ -1,0 +1,99 @@
+"""`parallab bench`: run one job through torchrun on this machine, no server, and write its result.
+
+The job comes from `--spec FILE` (the API's JSON), the flags laid over it; it is resolved once,
+under this host's limits (`Settings.max_world_size`, `max_steps`), exactly as a submission is.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
+from parallab.core.jobs import Limits, ResolvedJob
+from parallab.core.spec import workload_fields
+from parallab.core.strategies import STRATEGY_NAMES
+
+console = Console(stderr=True)
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """A job spec file's JSON object; exits 2 when it is not one."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"--spec {path}: {exc}")
+    if not isinstance(doc, dict):
+        fail(f"--spec {path}: expected a JSON object (a job spec), got {type(doc).__name__}")
+    return doc
+
+
+@with_workload_flags(workload_fields())
+def bench(
+    strategy: Annotated[str | None, typer.Option("--strategy", "-s", help=f"{', '.join(STRATEGY_NAMES)}. Default: single.")] = None,
+    world_size: Annotated[int | None, typer.Option("--world-size", "-n", help="Ranks. Default: 1.")] = None,
+    spec: Annotated[
+        Path | None, typer.Option(help="A whole job spec (the API's JSON); the flags override it.", exists=True, dir_okay=False)
+    ] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
+    trace: Annotated[bool | None, typer.Option("--trace/--no-trace", help="Keep Chrome traces and the timeline.")] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
+    run_dir: Annotated[Path | None, typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
+    *,
+    workload: dict[str, Any],
+) -> None:
+    """Run one job through torchrun on this machine, no server, and write its result document."""
+    from backend.config import get_settings
+    from workers.execute import run_and_collect
+
+    settings = get_settings()
+    try:
+        options = parse_options(option or [])
+    except ValueError as exc:
+        fail(str(exc))
+    base = read_spec(spec) if spec else {"strategy": {"name": "single"}}
+    doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
+    job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps))
+
+    directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
+    with _progress(job) as on_progress:
+        collected = run_and_collect(job, directory, settings=settings, on_progress=on_progress)
+    if collected.document is None:
+        console.print(f"[red]{collected.error}[/red]")
+        raise typer.Exit(1)
+    out.write_text(collected.document.model_dump_json(indent=2))
+    s = collected.document.summary
+    head = f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
+    diff = s.loss_max_rel_diff_vs_reference
+    if diff is not None:
+        head += f", step {s.step_time_s.median * 1e3:.1f} ms (median), loss diff vs single {diff:.2e}"
+    console.print(head)
+    console.print(f"result written to {out}")
+
+
+@contextmanager
+def _progress(job: ResolvedJob) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """A rich progress bar over the warm-up and measured steps; yields the ranks' progress callback."""
+    warmup = int(job.workload.warmup_steps)
+    total = warmup + int(job.workload.steps)
+    name = f"{job.strategy} × {job.world_size}"
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(f"{name} on {job.workload.model}: starting ranks", total=total)
+
+        def on_progress(p: dict[str, Any]) -> None:
+            phase = p.get("phase", "train")
+            done = p.get("step", 0) + 1 + (warmup if phase == "train" else 0)
+            loss = p.get("loss")
+            label = f"{name}: {phase}" + (f" loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+            bar.update(task, completed=min(done, total) if phase != "reference" else total, description=label)
+
+        yield on_progress

@@ -1,0 +1,158 @@
+"""From command-line flags to a resolved job, for `parallab plan` and `parallab bench`.
+
+The workload flags are not written here: each is derived from the core's field declarations
+(`parallab.core.spec.workload_fields()`: the flag's name, type, help and choices), so a field added
+to the spec or to `ModelConfig` becomes a flag of both commands with nothing to change in the CLI.
+Values are checked by the spec itself — pydantic and `resolve_job` — so a bad flag is reported
+like any other spec error, naming the field: `workload.num_heads: heads (4) is not divisible by 3`.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import json
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Annotated, Any, Literal, NoReturn, Optional, Union, get_args, get_origin
+
+import typer
+from pydantic import ValidationError
+from pydantic_core import PydanticUndefined
+
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.problems import SpecError
+from parallab.core.spec import JobSpec, WorkloadField
+
+ALIASES: dict[str, dict[str, str]] = {"precision": {"mixed": "bf16"}}
+"""Values the command line accepts beyond the spec's own, and what they stand for."""
+
+PANELS = {"recipe": "Workload", "shape": "Model shape (default: the preset's)"}
+"""The --help panel of each field group."""
+
+
+def _flag_type(field: WorkloadField) -> Any:
+    """The flag's type: the field's (`int | None` → int), a `Literal` as an Enum of its values and
+    the command line's aliases (typer shows an Enum's values as the choices and checks them)."""
+    annotation = field.info.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        (annotation,) = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        values = [str(v) for v in get_args(annotation)] + list(ALIASES.get(field.name, {}))
+        return enum.Enum(f"{field.name}_choices", [(v, v) for v in values], type=str)
+    return annotation
+
+
+def _help(field: WorkloadField) -> str:
+    default = field.info.default
+    if default is None or default is PydanticUndefined:
+        return field.description
+    return f"{field.description} Default: {default}."
+
+
+def workload_parameter(field: WorkloadField) -> inspect.Parameter:
+    """The typer option of one workload field; None (its default) means 'not on the command line'."""
+    option = typer.Option(field.cli, help=_help(field), rich_help_panel=PANELS[field.group], show_default=False)
+    return inspect.Parameter(
+        field.name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[Optional[_flag_type(field)], option],  # noqa: UP045
+    )
+
+
+def _value(name: str, value: Any) -> Any:
+    """A flag's value as the spec takes it: an Enum choice as its string, an alias as what it stands for."""
+    value = value.value if isinstance(value, enum.Enum) else value
+    return ALIASES.get(name, {}).get(value, value)
+
+
+def with_workload_flags(fields: Sequence[WorkloadField]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command one flag per workload field.
+
+    The decorated command takes a `workload` parameter (a dict); typer sees the fields' flags in its
+    place (typer reads the signature, so it is built here), and the command receives the fields set
+    on the command line, aliases (`--precision mixed`) replaced by what they stand for.
+    """
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for name, p in signature.parameters.items() if name != "workload"]
+        names = [f.name for f in fields]
+        clash = set(names) & {p.name for p in own}
+        assert "workload" in signature.parameters and not clash, f"{command.__name__}: workload flags clash with {clash}"
+
+        @functools.wraps(command)
+        def wrapper(**values: Any) -> None:
+            given = {name: values.pop(name) for name in names}
+            workload = {name: _value(name, v) for name, v in given.items() if v is not None}
+            command(**values, workload=workload)
+
+        params = own + [workload_parameter(f) for f in fields]
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        return wrapper
+
+    return decorate
+
+
+def parse_options(items: Iterable[str]) -> dict[str, Any]:
+    """`-o key=value` pairs as strategy options; a value is JSON when it parses (true, 4, 1.5), else a string."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--option {item!r}: expected key=value")
+        try:
+            options[key.strip()] = json.loads(raw.strip())
+        except ValueError:
+            options[key.strip()] = raw.strip()
+    return options
+
+
+def spec_document(
+    base: dict[str, Any],
+    *,
+    strategy: str | None = None,
+    world_size: int | None = None,
+    options: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    trace: bool | None = None,
+) -> dict[str, Any]:
+    """`base` (a job spec's JSON) with what the flags set laid over it; `base` is left as it was."""
+    doc = json.loads(json.dumps(base))
+    block = doc.setdefault("strategy", {})
+    if strategy is not None:
+        block["name"] = strategy
+    if world_size is not None:
+        block["world_size"] = world_size
+    if options:
+        block["options"] = {**(block.get("options") or {}), **options}
+    if workload:
+        doc["workload"] = {**(doc.get("workload") or {}), **workload}
+    if trace is not None:
+        doc["trace"] = trace
+    return doc
+
+
+def problems(exc: SpecError | ValidationError) -> list[str]:
+    """One `field.path: what is wrong` line per problem."""
+    if isinstance(exc, SpecError):
+        return [str(p) for p in exc.problems]
+    return [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+
+
+def fail(*lines: str) -> NoReturn:
+    """Print the lines on stderr and exit 2 (bad input, as click does for its own errors)."""
+    for line in lines:
+        typer.echo(line, err=True)
+    raise typer.Exit(2)
+
+
+def resolve(doc: dict[str, Any], limits: Limits) -> ResolvedJob:
+    """The job a spec document describes, resolved; exits 2 naming each field at fault otherwise."""
+    try:
+        return resolve_job(JobSpec.model_validate(doc), limits)
+    except (SpecError, ValidationError) as exc:
+        fail(*problems(exc))
