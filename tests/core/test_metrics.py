@@ -1,0 +1,76 @@
+"""The summary formulas of shared/DESIGN.md (`parallab.core.metrics`), on hand-made rank records."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallab.core.metrics import bandwidths_gbps, busbw_factor, max_rel_diff, peak_flops_for, percentile, summarize
+from parallab.core.result import Summary
+from parallab.core.rundir import RunDir
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "factor"),
+    [("all_reduce", 4, 1.5), ("all_gather", 4, 0.75), ("reduce_scatter", 2, 0.5), ("all_to_all", 8, 7 / 8), ("broadcast", 4, 1.0),
+     ("send", 2, 1.0), ("all_reduce", 1, 1.0)],
+)  # fmt: skip
+def test_busbw_factors_are_nccl_tests(op, n, factor):
+    assert busbw_factor(op, n) == pytest.approx(factor)
+
+
+def test_bandwidths_in_gb_per_s():
+    assert bandwidths_gbps("all_reduce", 2e9, 1.0, 2) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert bandwidths_gbps("all_reduce", 0, 1.0, 2) == (None, None)
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10, 20, 30, 40, 50], 90) == pytest.approx(46.0)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_peak_flops_are_known_for_named_devices_only():
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_for("cpu") is None and peak_flops_for(None) is None
+
+
+def test_loss_diff_is_the_worst_relative_step():
+    assert max_rel_diff([1.0, 2.2], [1.0, 2.0]) == pytest.approx(0.1)
+    assert max_rel_diff([1.0], [0.0]) is None
+
+
+def test_summary_takes_each_steps_slowest_rank_and_the_largest_comm_per_op():
+    ranks = [
+        {
+            "step_times_s": [0.1, 0.3, 0.2],
+            "comm": [{"op": "all_reduce", "bytes": 100}],
+            "comm_time_fraction": 0.2,
+            "peak_allocated_bytes": 10,
+        },
+        {
+            "step_times_s": [0.2, 0.1, 0.2],
+            "comm": [{"op": "all_reduce", "bytes": 300}],
+            "comm_time_fraction": 0.4,
+            "peak_allocated_bytes": 30,
+        },
+    ]
+    s = summarize(ranks=ranks, tokens_per_step=1000, samples_per_step=4, flops_per_token=1e6, device_name="NVIDIA H100", world_size=2,
+                  loss={"values": [2.0, 1.5], "reference": [2.0, 1.0]})  # fmt: skip
+    assert s["step_time_s"]["median"] == pytest.approx(0.2)  # per-step max: 0.2, 0.3, 0.2
+    assert s["tokens_per_s"] == pytest.approx(5000)
+    assert s["tflops_per_s"] == pytest.approx(5000 * 1e6 / 1e12)
+    assert s["mfu"] == pytest.approx(5000 * 1e6 / (989e12 * 2))
+    assert s["comm_bytes_per_step"] == {"all_reduce": 300}
+    assert (s["comm_time_fraction"], s["peak_allocated_bytes_max"]) == (0.4, 30)
+    assert s["loss_max_rel_diff_vs_reference"] == pytest.approx(0.5)
+    Summary.model_validate(s)
+
+
+def test_a_run_directory_names_every_file_once(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    names = [run.job, run.log, run.progress, run.rank_record(0), run.rank_record(1), run.trace(0), run.raw_trace(0)]
+    assert len({p.name for p in names}) == len(names) and all(p.parent == run.path for p in names)
+    run.write_atomic(run.rank_record(0), b"{}")
+    assert run.rank_record(0).read_bytes() == b"{}"
+    assert sorted(p.name for p in run.path.iterdir()) == ["rank0.json"]  # no temp file left behind

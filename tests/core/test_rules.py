@@ -1,0 +1,130 @@
+"""Every rule a job spec must satisfy raises a SpecError that names the field at fault.
+
+Each case is a spec that breaks one rule and, beside it, the same spec with that field put right,
+which must resolve: so the rule is known to be about that field and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from parallab.core.jobs import Limits, resolve_job
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.spec import JobSpec
+from parallab.core.strategies import REGISTRY
+
+
+def spec(strategy: str, world: int, options: dict[str, Any] | None = None, **workload: Any) -> dict[str, Any]:
+    return {"workload": {"model": "tiny", **workload}, "strategy": {"name": strategy, "world_size": world, "options": options or {}}}
+
+
+def problems_of(doc: dict[str, Any], limits: Limits | None = None) -> list[SpecProblem]:
+    with pytest.raises(SpecError) as caught:
+        resolve_job(JobSpec.model_validate(doc), limits)
+    return caught.value.problems
+
+
+def case(name: str, broken: dict, field: str, says: str, fixed: dict, limits: Limits | None = None) -> Any:
+    """A spec that breaks one rule, the field it must name (dotted), what the message says, the spec put right."""
+    return pytest.param(broken, tuple(field.split(".")), says, fixed, limits, id=name)
+
+
+W, OPT = "workload", "strategy.options"
+CASES = [
+    case("heads/tp", spec("tp", 3, ffn_hidden_size=192), f"{W}.num_heads", "heads (4) is not divisible by 3",
+         spec("tp", 2, ffn_hidden_size=192)),
+    case("ffn/tp", spec("tp", 2, ffn_hidden_size=255), f"{W}.ffn_hidden_size", "ffn hidden size (255) is not divisible by 2",
+         spec("tp", 2, ffn_hidden_size=254)),
+    case("seq/sp", spec("tp", 2, {"sequence_parallel": True}, seq_len=63), f"{W}.seq_len", "sequence length (63)",
+         spec("tp", 2, {"sequence_parallel": False}, seq_len=63)),
+    case("layers/stages", spec("pp", 3), f"{W}.num_layers", "layers (4) is not divisible by 3", spec("pp", 3, num_layers=6)),
+    case("micro-batches < stages", spec("pp", 2, {"microbatches": 1}), f"{OPT}.microbatches",
+         "micro-batches (1) must be at least the number of stages (2)", spec("pp", 2, {"microbatches": 2})),
+    case("batch/dp", spec("ddp", 2, global_batch_size=7), f"{W}.global_batch_size", "global batch size (7) is not divisible by 2",
+         spec("ddp", 2, global_batch_size=6)),
+    case("batch/accumulation", spec("ddp", 2, global_batch_size=6, grad_accumulation_steps=2), f"{W}.global_batch_size",
+         "global batch size (6) is not divisible by 4", spec("ddp", 2, global_batch_size=8, grad_accumulation_steps=2)),
+    case("batch/pp micro-batches", spec("pp", 2, {"microbatches": 4}, global_batch_size=6), f"{W}.global_batch_size",
+         "global batch size (6) is not divisible by 4", spec("pp", 2, {"microbatches": 4}, global_batch_size=12)),
+    case("seq/ring", spec("ring", 4, seq_len=66), f"{W}.seq_len", "sequence length (66) is not divisible by 4",
+         spec("ring", 4, seq_len=68)),
+    case("seq/ring zig-zag", spec("ring", 2, {"zigzag": True}, seq_len=66), f"{W}.seq_len", "zig-zag needs 2 × ring size",
+         spec("ring", 2, {"zigzag": False}, seq_len=66)),
+    case("experts/world", spec("moe", 3), f"{W}.num_experts", "experts (4) is not divisible by 3", spec("moe", 3, num_experts=6)),
+    case("hybrid mesh", spec("hybrid", 6, {"tp": 4}, num_heads=8, ffn_hidden_size=512), f"{OPT}.tp", "does not make world size 6",
+         spec("hybrid", 6, {"tp": 2}, num_heads=8, ffn_hidden_size=512)),
+    case("hybrid dp ≥ 2", spec("hybrid", 2, {"tp": 2}), f"{OPT}.tp", "needs tp ≥ 2 and dp ≥ 2", spec("hybrid", 4, {"tp": 2})),
+    case("hybrid heads/tp", spec("hybrid", 16, {"tp": 8}), f"{W}.num_heads", "heads (4) is not divisible by 8",
+         spec("hybrid", 16, {"tp": 4})),
+    case("collectives min > max", spec("collectives", 2, {"min_bytes": 4096, "max_bytes": 1024}), f"{OPT}.min_bytes",
+         "min_bytes is above max_bytes", spec("collectives", 2, {"min_bytes": 1024, "max_bytes": 4096})),
+    case("fp8", spec("ddp", 2, precision="fp8"), f"{W}.precision", "fp8 training is not supported", spec("ddp", 2, precision="bf16")),
+    case("world above the limit", spec("ddp", 8), "strategy.world_size", "above this worker's limit of 4", spec("ddp", 4),
+         Limits(max_world_size=4)),
+    case("steps above the limit", spec("ddp", 2, steps=50), f"{W}.steps", "above the limit of 10", spec("ddp", 2, steps=10),
+         Limits(max_steps=10)),
+    case("single on 2 ranks", spec("single", 2), "strategy.world_size", "exactly 1 rank", spec("single", 1)),
+    case("ddp on 1 rank", spec("ddp", 1), "strategy.world_size", "ddp needs at least 2 ranks", spec("ddp", 2)),
+    case("unknown preset", spec("ddp", 2, model="huge"), f"{W}.model", "unknown model preset 'huge'", spec("ddp", 2, model="small")),
+    case("unknown option key", spec("fsdp", 2, {"reshard": False}), f"{OPT}.reshard", "Extra inputs are not permitted",
+         spec("fsdp", 2, {"reshard_after_forward": False})),
+    case("option out of bounds", spec("hybrid", 4, {"tp": 0}), f"{OPT}.tp", "greater than or equal to 1", spec("hybrid", 4, {"tp": 2})),
+    case("hidden/heads", spec("ddp", 2, num_heads=3), f"{W}.num_heads", "hidden_size 64 is not divisible by num_heads 3",
+         spec("ddp", 2, num_heads=2)),
+    case("rotary head dim", spec("ddp", 2, hidden_size=96, num_heads=32), f"{W}.num_heads", "must be even",
+         spec("ddp", 2, hidden_size=96, num_heads=16)),
+    case("top_k > experts", spec("moe", 2, num_experts=2, top_k=3), f"{W}.top_k", "top_k 3 must be between 1 and num_experts 2",
+         spec("moe", 2, num_experts=2, top_k=2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("broken", "loc", "says", "fixed", "limits"), CASES)
+def test_a_broken_rule_names_its_field(broken, loc, says, fixed, limits):
+    problems = problems_of(broken, limits)
+    assert [p.loc for p in problems] == [loc], problems
+    assert says in problems[0].msg
+    assert resolve_job(JobSpec.model_validate(fixed), limits).spec.strategy.name == fixed["strategy"]["name"]
+
+
+DENSE_ONLY = [name for name, d in REGISTRY.items() if d.dense_only]
+
+
+@pytest.mark.parametrize("strategy", DENSE_ONLY)
+def test_dense_only_strategies_refuse_experts(strategy):
+    world = 4 if strategy == "hybrid" else 2
+    problems = problems_of(spec(strategy, world, num_experts=4))
+    assert [p.loc for p in problems] == [("workload", "num_experts")]
+    assert f"{strategy} supports dense models only" in problems[0].msg
+
+
+def test_dense_only_covers_the_strategies_that_cannot_route_experts():
+    assert set(DENSE_ONLY) == {"tp", "pp", "ring", "hybrid"}
+    resolve_job(JobSpec.model_validate(spec("moe", 2, num_experts=4)))  # the one that can
+
+
+def test_fp8_is_refused_only_for_training():
+    resolve_job(JobSpec.model_validate(spec("collectives", 2, precision="fp8")))
+
+
+def test_every_problem_is_reported_at_once_and_reads_field_first():
+    problems = problems_of(spec("tp", 3, precision="fp8"), Limits(max_world_size=2))
+    assert {p.loc for p in problems} == {
+        ("strategy", "world_size"),
+        ("workload", "num_heads"),
+        ("workload", "ffn_hidden_size"),
+        ("workload", "precision"),
+    }
+    heads = next(p for p in problems if p.loc == ("workload", "num_heads"))
+    assert str(heads) == "workload.num_heads: heads (4) is not divisible by 3"
+    assert heads.as_detail() == {"loc": ["body", "workload", "num_heads"], "msg": "heads (4) is not divisible by 3", "type": "value_error"}
+
+
+def test_bounds_and_unknown_strategies_fail_in_the_spec_itself():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(spec("warp", 2, seq_len=1))
+    locs = {tuple(e["loc"]) for e in caught.value.errors()}
+    assert locs == {("strategy", "name"), ("workload", "seq_len")}
