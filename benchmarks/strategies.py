@@ -19,15 +19,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.config import Settings  # noqa: E402
-from backend.schemas.spec import JobSpec  # noqa: E402
-from backend.services.validation import resolve_job  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
+from parallab.core.jobs import Limits, resolve_job  # noqa: E402
+from parallab.core.spec import JobSpec  # noqa: E402
 from workers.execute import run_and_collect  # noqa: E402
 
 JOBS = [
-    ("single", 1, {}), ("ddp", 2, {}), ("fsdp", 2, {}), ("fsdp", 2, {"reshard_after_forward": False}),
-    ("tp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {"schedule": "gpipe"}), ("pp", 2, {"schedule": "1f1b"}),
-    ("ring", 2, {}), ("ring", 2, {"zigzag": True}), ("moe", 2, {}), ("hybrid", 4, {"tp": 2}),
+    ("single", 1, {}),
+    ("ddp", 2, {}),
+    ("fsdp", 2, {}),
+    ("fsdp", 2, {"reshard_after_forward": False}),
+    ("tp", 2, {}),
+    ("tp", 2, {"sequence_parallel": True}),
+    ("pp", 2, {"schedule": "gpipe"}),
+    ("pp", 2, {"schedule": "1f1b"}),
+    ("ring", 2, {}),
+    ("ring", 2, {"zigzag": True}),
+    ("moe", 2, {}),
+    ("hybrid", 4, {"tp": 2}),
 ]
 
 
@@ -36,8 +45,13 @@ def mib(n: int | None) -> str:
 
 
 def run(model: str, name: str, world: int, options: dict, steps: int, home: Path) -> dict:
-    spec = JobSpec.model_validate({"workload": {"model": model, "steps": steps, "warmup_steps": 2}, "strategy": {"name": name, "world_size": world, "options": options}})
-    job = resolve_job(spec, max_world_size=8)
+    spec = JobSpec.model_validate(
+        {
+            "workload": {"model": model, "steps": steps, "warmup_steps": 2},
+            "strategy": {"name": name, "world_size": world, "options": options},
+        }
+    )
+    job = resolve_job(spec, Limits(max_world_size=8))
     settings = Settings(home=home, max_world_size=8)
     collected = run_and_collect(job, home / f"{model}-{name}-{world}-{len(os.listdir(home))}", settings=settings)
     if collected.document is None:
@@ -52,13 +66,18 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
     lines = [
-        f"Measured by `python benchmarks/strategies.py --write` on {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-        f"gloo, fp32, {args.steps} measured steps after 2 warm-up steps. Ratio = tokens/s ÷ `single`'s on the same workload, same script. "
-        "On 2 cores every extra rank competes for the same cores, so CPU ratios below 1 are expected: they rank the strategies' overheads, not GPU speed-ups. "
-        "`moe` trains the preset with 4 experts (top-2), so its ratio is against the dense `single` and only indicative; `hybrid` puts 4 ranks on the 2 cores. "
-        "Peak alloc is the profiler's peak over the profiled steps (what was allocated while profiling: activations, grads, temporaries); comm fraction includes time waiting in receives, so for `pp` it holds the bubble.",
+        f"Measured by `python benchmarks/strategies.py --write` on {os.cpu_count()} CPU cores "
+        f"({platform.processor() or platform.machine()}), gloo, fp32, {args.steps} measured steps after 2 warm-up steps. "
+        "Ratio = tokens/s ÷ `single`'s on the same workload, same script. "
+        "On 2 cores every extra rank competes for the same cores, so CPU ratios below 1 are expected: "
+        "they rank the strategies' overheads, not GPU speed-ups. "
+        "`moe` trains the preset with 4 experts (top-2), so its ratio is against the dense `single` and only indicative; "
+        "`hybrid` puts 4 ranks on the 2 cores. "
+        "Peak alloc is the profiler's peak over the profiled steps (what was allocated while profiling: activations, grads, temporaries); "
+        "comm fraction includes time waiting in receives, so for `pp` it holds the bubble.",
         "",
-        "| model | strategy | options | ranks | tokens/s | ratio vs single | step median (ms) | peak alloc / rank (MiB) | comm fraction | loss rel. diff vs single |",
+        "| model | strategy | options | ranks | tokens/s | ratio vs single | step median (ms) | peak alloc / rank (MiB) "
+        "| comm fraction | loss rel. diff vs single |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory(prefix="parallab-bench-") as tmp:
@@ -70,9 +89,11 @@ def main() -> None:
                 opts = ", ".join(f"{k}={v}" for k, v in options.items()) or "—"
                 diff = s["loss_max_rel_diff_vs_reference"]
                 frac = s["comm_time_fraction"]
-                row = (f"| {model} | {name} | {opts} | {world} | {s['tokens_per_s']:,.0f} | {s['tokens_per_s'] / baseline:.2f} | "
-                       f"{s['step_time_s']['median'] * 1e3:.1f} | {mib(s['peak_allocated_bytes_max'])} | "
-                       f"{'—' if frac is None else f'{frac:.2f}'} | {'—' if diff is None else f'{diff:.1e}'} |")
+                row = (
+                    f"| {model} | {name} | {opts} | {world} | {s['tokens_per_s']:,.0f} | {s['tokens_per_s'] / baseline:.2f} | "
+                    f"{s['step_time_s']['median'] * 1e3:.1f} | {mib(s['peak_allocated_bytes_max'])} | "
+                    f"{'—' if frac is None else f'{frac:.2f}'} | {'—' if diff is None else f'{diff:.1e}'} |"
+                )
                 print(row, flush=True)
                 lines.append(row)
     text = "\n".join(lines)

@@ -38,39 +38,47 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from backend.workload import DEFAULT_GLOBAL_BATCH, build_model_config
+    from parallab.core.model import PRESETS
     from workers.harness.data import global_batch, micro_batch
     from workers.harness.measure import StepProfiler
     from workers.harness.model import build_model
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = build_model_config(args.model)
-    gbs = DEFAULT_GLOBAL_BATCH.get(args.model, 8)
+    cfg = PRESETS[args.model].config
+    gbs = PRESETS[args.model].global_batch_size
     times: dict[str, list[list[float]]] = {m: [] for m in MODES}
     results_s: dict[str, list[float]] = {m: [] for m in MODES}
     out_dir = Path(args.out)
+
+    def step(model: DistributedDataParallel, opt: torch.optim.Optimizer, i: int) -> None:
+        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=i)
+        take = lambda t: micro_batch(t, accum_steps=1, micro_step=0, dp_degree=world, dp_rank=rank)  # noqa: E731
+        opt.zero_grad(set_to_none=True)
+        model(take(inputs), labels=take(labels)).backward()
+        opt.step()
+
     for _ in range(args.reps):
         for mode in MODES:
             model = DistributedDataParallel(build_model(cfg, seed=0))
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-            def step(i: int) -> None:
-                inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=i)
-                take = lambda t: micro_batch(t, accum_steps=1, micro_step=0, dp_degree=world, dp_rank=rank)  # noqa: E731
-                opt.zero_grad(set_to_none=True)
-                model(take(inputs), labels=take(labels)).backward()
-                opt.step()
-
             for i in range(2):
-                step(i)
-            prof = StepProfiler(enabled=mode != "off", trace=mode == "trace", rank=rank, world_size=world,
-                                out_dir=out_dir, device=torch.device("cpu"), window=WINDOW, skip=SKIP)
+                step(model, opt, i)
+            prof = StepProfiler(
+                enabled=mode != "off",
+                trace=mode == "trace",
+                rank=rank,
+                world_size=world,
+                out_dir=out_dir,
+                device=torch.device("cpu"),
+                window=WINDOW,
+                skip=SKIP,
+            )
             steps: list[float] = []
             with prof:
                 for i in range(args.steps):
                     start = time.perf_counter()
-                    step(2 + i)
+                    step(model, opt, 2 + i)
                     steps.append(time.perf_counter() - start)
                     prof.step()
             start = time.perf_counter()
@@ -96,8 +104,10 @@ def report(data: dict, model: str, world: int, steps: int) -> str:
     ]
     for mode in MODES:
         w, r = med(times[mode], window), med(times[mode])
-        lines.append(f"| {mode} | {w * 1e3:.1f} | {w / base_w:.2f} | {r * 1e3:.1f} | {r / base_r:.2f} | "
-                     f"{statistics.median(results_s[mode]) * 1e3:.0f} |")
+        lines.append(
+            f"| {mode} | {w * 1e3:.1f} | {w / base_w:.2f} | {r * 1e3:.1f} | {r / base_r:.2f} | "
+            f"{statistics.median(results_s[mode]) * 1e3:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -119,17 +129,35 @@ def main() -> None:
     for model in args.model:
         with tempfile.TemporaryDirectory() as out:
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.world_size),
-                   __file__, "--rank-worker", "--out", out, "--model", model, "--steps", str(args.steps), "--reps", str(args.reps)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(args.world_size),
+                __file__,
+                "--rank-worker",
+                "--out",
+                out,
+                "--model",
+                model,
+                "--steps",
+                str(args.steps),
+                "--reps",
+                str(args.reps),
+            ]
             subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
             data = json.loads(Path(out, "times.json").read_text())
         texts.append(report(data, model, args.world_size, args.steps))
         print(texts[-1])
     load = os.getloadavg()[0]
-    texts.append(f"Load average at the end: {load:.1f} on {os.cpu_count()} cores — on a shared machine, "
-                 "differences of a few tens of percent between runs are noise; the window ratio of `tiny` "
-                 "(microsecond ops, where the profiler's and the dispatch mode's per-op cost dominates) is the "
-                 "upper bound, and the run median (what a summary reports) is within noise of 1.")
+    texts.append(
+        f"Load average at the end: {load:.1f} on {os.cpu_count()} cores — on a shared machine, "
+        "differences of a few tens of percent between runs are noise; the window ratio of `tiny` "
+        "(microsecond ops, where the profiler's and the dispatch mode's per-op cost dominates) is the "
+        "upper bound, and the run median (what a summary reports) is within noise of 1."
+    )
     text = "\n\n".join(texts)
     if args.write:
         sys.path.insert(0, str(REPO))

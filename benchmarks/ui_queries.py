@@ -41,9 +41,21 @@ from tests.ui.factories import make_document  # noqa: E402
 
 HEADING = "UI queries with 10,000 runs"
 SCRATCH_DB = "parallab_bench"
-STRATEGIES = [("single", (1,)), ("ddp", (2, 4, 8)), ("fsdp", (2, 4, 8)), ("tp", (2, 4)), ("pp", (2, 4)), ("ring", (2, 4)),
-              ("hybrid", (4, 8)), ("moe", (2, 4))]
-HARDWARE = [{"device": "cpu"}, {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}, {"device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"}]
+STRATEGIES = [
+    ("single", (1,)),
+    ("ddp", (2, 4, 8)),
+    ("fsdp", (2, 4, 8)),
+    ("tp", (2, 4)),
+    ("pp", (2, 4)),
+    ("ring", (2, 4)),
+    ("hybrid", (4, 8)),
+    ("moe", (2, 4)),
+]
+HARDWARE = [
+    {"device": "cpu"},
+    {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"},
+    {"device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"},
+]
 
 
 def scratch(url: str) -> tuple[str, str]:
@@ -81,24 +93,39 @@ def populate(url: str, n: int) -> list[str]:
         workload = {**doc["workload"], "model": model}
         if seq:
             workload["seq_len"] = seq
-        tps = rng.uniform(5e3, 5e5) * size ** 0.85
+        tps = rng.uniform(5e3, 5e5) * size**0.85
         run_id = uuid.uuid4().hex
-        runs.append({
-            "id": run_id, "name": f"bench {i}", "status": "succeeded", "source": rng.choice(["form", "api", "ci", "ci"]),
-            "spec": {"workload": workload, "strategy": doc["strategy"], "trace": False}, "created_at": start + timedelta(minutes=i),
-            "finished_at": start + timedelta(minutes=i + 1), "cancel_requested": False, "strategy": strategy, "world_size": size,
-            "model": model, "workload_key": workload_key(workload), "hardware_key": hardware_key(hw),
-            "branch": rng.choice(["main", "main", "perf/overlap", None]), "commit": f"{rng.getrandbits(40):010x}", "tokens_per_s": tps,
-            "step_time_median_s": 8 * 64 / tps, "mfu": rng.uniform(0.2, 0.5) if hw["device"] == "cuda" else None,
-            "peak_allocated_bytes_max": rng.randint(1 << 26, 1 << 34), "comm_time_fraction": rng.uniform(0, 0.4),
-            "loss_max_rel_diff": rng.uniform(0, 1e-3),
-        })
+        runs.append(
+            {
+                "id": run_id,
+                "name": f"bench {i}",
+                "status": "succeeded",
+                "source": rng.choice(["form", "api", "ci", "ci"]),
+                "spec": {"workload": workload, "strategy": doc["strategy"], "trace": False},
+                "created_at": start + timedelta(minutes=i),
+                "finished_at": start + timedelta(minutes=i + 1),
+                "cancel_requested": False,
+                "strategy": strategy,
+                "world_size": size,
+                "model": model,
+                "workload_key": workload_key(workload),
+                "hardware_key": hardware_key(hw),
+                "branch": rng.choice(["main", "main", "perf/overlap", None]),
+                "commit": f"{rng.getrandbits(40):010x}",
+                "tokens_per_s": tps,
+                "step_time_median_s": 8 * 64 / tps,
+                "mfu": rng.uniform(0.2, 0.5) if hw["device"] == "cuda" else None,
+                "peak_allocated_bytes_max": rng.randint(1 << 26, 1 << 34),
+                "comm_time_fraction": rng.uniform(0, 0.4),
+                "loss_max_rel_diff": rng.uniform(0, 1e-3),
+            }
+        )
         results.append({"run_id": run_id, "schema_version": 1, "document": {**doc, "workload": workload, "hardware": hw}})
     sm = get_sessionmaker(url)
     with sm() as s:
         for lo in range(0, n, 2000):
-            s.execute(insert(Run), runs[lo:lo + 2000])
-            s.execute(insert(RunResult), results[lo:lo + 2000])
+            s.execute(insert(Run), runs[lo : lo + 2000])
+            s.execute(insert(RunResult), results[lo : lo + 2000])
         s.commit()
         s.execute(text("ANALYZE"))
         s.commit()
@@ -140,14 +167,28 @@ def main() -> None:
             def run():
                 with sm() as s:
                     return call(s)
+
             return run
 
         cases = [
-            ("leaderboard: best per strategy, first page of 50", service(lambda s: leaderboard_service.get_leaderboard(session=s, query=LQ()))),
-            ("leaderboard: every run, sorted by MFU, page 20", service(lambda s: leaderboard_service.get_leaderboard(
-                session=s, query=LQ(best_only=False, sort="mfu", limit=50, offset=950)))),
-            ("leaderboard: filtered (fsdp, H100, branch main)", service(lambda s: leaderboard_service.get_leaderboard(
-                session=s, query=LQ(strategy="fsdp", hardware_key="cuda:NVIDIA H100 80GB HBM3", branch="main")))),
+            (
+                "leaderboard: best per strategy, first page of 50",
+                service(lambda s: leaderboard_service.get_leaderboard(session=s, query=LQ())),
+            ),
+            (
+                "leaderboard: every run, sorted by MFU, page 20",
+                service(
+                    lambda s: leaderboard_service.get_leaderboard(session=s, query=LQ(best_only=False, sort="mfu", limit=50, offset=950))
+                ),
+            ),
+            (
+                "leaderboard: filtered (fsdp, H100, branch main)",
+                service(
+                    lambda s: leaderboard_service.get_leaderboard(
+                        session=s, query=LQ(strategy="fsdp", hardware_key="cuda:NVIDIA H100 80GB HBM3", branch="main")
+                    )
+                ),
+            ),
             ("leaderboard: filter menus (distinct values)", service(lambda s: leaderboard_service.filter_options(session=s))),
             ("scaling: groups + points of one workload", service(lambda s: leaderboard_service.get_scaling(session=s))),
             ("compare: 2 runs (documents + metric table)", service(lambda s: compare_service.compare(session=s, run_ids=two))),
@@ -167,6 +208,7 @@ def main() -> None:
             def run():
                 r = client.get(path)
                 assert r.status_code == 200, (path, r.status_code)
+
             return run
 
         cases += [
@@ -179,8 +221,15 @@ def main() -> None:
         results = [(name, timed(fn, args.repeat)) for name, fn in cases]
         load = os.getloadavg()[0]
         with sm() as s:
-            plan = "\n".join(r[0] for r in s.execute(text(
-                "EXPLAIN ANALYZE SELECT id FROM runs WHERE status='succeeded' AND tokens_per_s IS NOT NULL ORDER BY workload_key, hardware_key, tokens_per_s DESC LIMIT 50")))
+            plan = "\n".join(
+                r[0]
+                for r in s.execute(
+                    text(
+                        "EXPLAIN ANALYZE SELECT id FROM runs WHERE status='succeeded' AND tokens_per_s IS NOT NULL "
+                        "ORDER BY workload_key, hardware_key, tokens_per_s DESC LIMIT 50"
+                    )
+                )
+            )
     finally:
         from backend.db import get_engine
 
@@ -191,11 +240,16 @@ def main() -> None:
         f"`python benchmarks/ui_queries.py` — {args.runs:,} finished runs (each with a result document) in Postgres "
         f"({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load:.1f} while measuring), "
         f"bulk-inserted in {insert_s:.1f} s. Median of {args.repeat} after a warm-up, "
-        "server side (service calls in-process; pages through the ASGI app without a network). Target: under 200 ms.", "",
-        "| query | median |", "|---|---:|",
-        *[f"| {name} | {ms:.1f} ms |" for name, ms in results], "",
-        "The leaderboard reads only the summary columns of `runs` (one query: a hash aggregate per strategy config, joined back and ranked per group; then the specs of the",
-        "few runs that label the groups on the page); compare loads only the documents of the runs asked for.", "",
+        "server side (service calls in-process; pages through the ASGI app without a network). Target: under 200 ms.",
+        "",
+        "| query | median |",
+        "|---|---:|",
+        *[f"| {name} | {ms:.1f} ms |" for name, ms in results],
+        "",
+        "The leaderboard reads only the summary columns of `runs` (one query: a hash aggregate per strategy config, "
+        "joined back and ranked per group; then the specs of the",
+        "few runs that label the groups on the page); compare loads only the documents of the runs asked for.",
+        "",
     ]
     report = "\n".join(lines)
     print(report)

@@ -20,29 +20,42 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from backend.api.app import create_app  # noqa: E402
-from backend.config import get_settings  # noqa: E402
-from backend.config import Settings  # noqa: E402
+from backend.config import Settings, get_settings  # noqa: E402
 from backend.db import session_scope  # noqa: E402
 from backend.models import Run  # noqa: E402
-from backend.schemas.spec import JobSpec  # noqa: E402
 from backend.services.ingest import attach_result  # noqa: E402
-from backend.services.runs import create_run, validate_spec  # noqa: E402
+from backend.services.runs import create_run  # noqa: E402
 from backend.store import runs as store  # noqa: E402
+from parallab.core.jobs import ResolvedJob  # noqa: E402
+from parallab.core.spec import JobSpec  # noqa: E402
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings  # noqa: E402
 from workers.execute import run_and_collect  # noqa: E402
 
 # (key, strategy, world size, options, trace)
 JOBS = [
-    ("single1", "single", 1, {}, False), ("ddp2", "ddp", 2, {}, False), ("ddp4", "ddp", 4, {}, True),
-    ("fsdp2", "fsdp", 2, {}, False), ("fsdp4", "fsdp", 4, {}, False), ("tp2", "tp", 2, {}, False),
-    ("pp2", "pp", 2, {"schedule": "gpipe"}, False), ("pp4", "pp", 4, {"schedule": "1f1b"}, True),
-    ("moe2", "moe", 2, {}, False), ("ring2", "ring", 2, {"zigzag": True}, False), ("hybrid4", "hybrid", 4, {"tp": 2}, False),
+    ("single1", "single", 1, {}, False),
+    ("ddp2", "ddp", 2, {}, False),
+    ("ddp4", "ddp", 4, {}, True),
+    ("fsdp2", "fsdp", 2, {}, False),
+    ("fsdp4", "fsdp", 4, {}, False),
+    ("tp2", "tp", 2, {}, False),
+    ("pp2", "pp", 2, {"schedule": "gpipe"}, False),
+    ("pp4", "pp", 4, {"schedule": "1f1b"}, True),
+    ("moe2", "moe", 2, {}, False),
+    ("ring2", "ring", 2, {"zigzag": True}, False),
+    ("hybrid4", "hybrid", 4, {"tp": 2}, False),
 ]
 
 
 def spec(name: str, strategy: str, world: int, options: dict, trace: bool, steps: int = 10) -> JobSpec:
-    return JobSpec.model_validate({"name": name, "workload": {"model": "tiny", "steps": steps},
-                                   "strategy": {"name": strategy, "world_size": world, "options": options}, "trace": trace})
+    return JobSpec.model_validate(
+        {
+            "name": name,
+            "workload": {"model": "tiny", "steps": steps},
+            "strategy": {"name": strategy, "world_size": world, "options": options},
+            "trace": trace,
+        }
+    )
 
 
 def real_lab(settings: Settings) -> dict[str, str]:
@@ -50,10 +63,12 @@ def real_lab(settings: Settings) -> dict[str, str]:
     ids: dict[str, str] = {}
     for key, strategy, world, options, trace in JOBS:
         with session_scope(settings.sqlalchemy_url) as session:
-            run = create_run(session=session, spec=spec(f"{strategy} ×{world}", strategy, world, options, trace), settings=settings, source="form")
+            run = create_run(
+                session=session, spec=spec(f"{strategy} ×{world}", strategy, world, options, trace), settings=settings, source="form"
+            )
             store.set_status(session, run, "running")
             ids[key] = run.id
-        job = validate_spec(spec=JobSpec.model_validate(run.spec), settings=settings)
+            job = ResolvedJob.model_validate(run.job)  # frozen at submission, as the worker reads it
         collected = run_and_collect(job, settings.runs_dir / run.id, settings=settings)
         with session_scope(settings.sqlalchemy_url) as session:
             run = session.get(Run, ids[key])
@@ -65,14 +80,19 @@ def real_lab(settings: Settings) -> dict[str, str]:
     # A real failure: a long job stopped by a 10 s wall-clock limit, with its log tail.
     limited = settings.model_copy(update={"max_job_seconds": 10})
     with session_scope(settings.sqlalchemy_url) as session:
-        run = create_run(session=session, spec=spec("ddp that ran out of time", "ddp", 2, {}, False, steps=5000), settings=limited, source="form")
+        run = create_run(
+            session=session, spec=spec("ddp that ran out of time", "ddp", 2, {}, False, steps=5000), settings=limited, source="form"
+        )
         store.set_status(session, run, "running")
         ids["failed"] = run.id
-    collected = run_and_collect(validate_spec(spec=JobSpec.model_validate(run.spec), settings=limited), limited.runs_dir / run.id, settings=limited)
+        job = ResolvedJob.model_validate(run.job)
+    collected = run_and_collect(job, limited.runs_dir / run.id, settings=limited)
     with session_scope(settings.sqlalchemy_url) as session:
         store.set_status(session, session.get(Run, ids["failed"]), "failed", error=collected.error)
     with session_scope(settings.sqlalchemy_url) as session:
-        ids["queued"] = create_run(session=session, spec=spec("fsdp waiting for a worker", "fsdp", 2, {}, False), settings=settings, source="form").id
+        ids["queued"] = create_run(
+            session=session, spec=spec("fsdp waiting for a worker", "fsdp", 2, {}, False), settings=settings, source="form"
+        ).id
     return ids
 
 
