@@ -13,7 +13,7 @@ pipeline bubble.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ def agreement(
     *,
     prediction: Mapping[str, Any],
     summary: Mapping[str, Any],
-    ranks: list[Mapping[str, Any]],
+    ranks: Sequence[Mapping[str, Any]],
     precision: str = "fp32",
     tolerance: float = FLAG_TOLERANCE,
 ) -> list[Agreement]:

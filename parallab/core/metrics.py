@@ -7,7 +7,7 @@ check a summary) and by the ranks (bandwidths). No torch, no database.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 DEVICE_PEAK_FLOPS: dict[str, float] = {
@@ -66,13 +66,13 @@ def max_rel_diff(values: list[float], reference: list[float]) -> float | None:
     return max(abs(v - r) / abs(r) for v, r in pairs)
 
 
-def _present(ranks: list[Mapping[str, Any]], key: str) -> list[Any]:
+def _present(ranks: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
     return [r[key] for r in ranks if r.get(key) is not None]
 
 
 def summarize(
     *,
-    ranks: list[Mapping[str, Any]],
+    ranks: Sequence[Mapping[str, Any]],
     tokens_per_step: int,
     samples_per_step: int,
     flops_per_token: float | None,
