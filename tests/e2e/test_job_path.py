@@ -156,7 +156,7 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
 
     settings = Settings(home=tmp_path / "home", database_url=sqlite_url)
     with session_scope(sqlite_url) as session:
-        from backend.schemas.spec import JobSpec
+        from parallab.core.spec import JobSpec
 
         run_id = create_run(session=session, spec=JobSpec.model_validate({**DDP, "workload": {"model": "tiny", "steps": 5000}}), settings=settings, source="api").id
 
@@ -187,9 +187,17 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
     assert execute_run(run_id, settings) == "skipped"
 
 
-def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
-    """Issue 3's 'the same runs submitted through the API succeed': one worker, queued back to back."""
-    _, client = redis_setup
+def stored_job(settings: Settings, run_id: str) -> dict:
+    """The frozen resolved job a run was stored with."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        return store.get_run(session, run_id).job
+
+
+def test_every_strategy_submitted_through_the_api_succeeds_and_its_result_resubmits(redis_setup) -> None:
+    """Issue 3's 'the same runs submitted through the API succeed': one worker, queued back to back.
+    Then issue 8's round trip: each result's workload and strategy, posted back as a job spec,
+    is the same frozen job; one resubmission runs to the end."""
+    settings, client = redis_setup
     jobs = [("fsdp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {"schedule": "gpipe"}),
             ("ring", 2, {"zigzag": True}), ("moe", 2, {}), ("hybrid", 4, {"tp": 2})]
     ids = {}
@@ -199,8 +207,9 @@ def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
         response = client.post("/api/v1/runs", json=spec)
         assert response.status_code == 202, response.text
         ids[name] = response.json()["id"]
+    runs = {}
     for name, run_id in ids.items():
-        run = wait_for(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=300)
+        run = runs[name] = wait_for(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=300)
         assert run["status"] == "succeeded", f"{name}: {run['error']}"
         summary = run["result"]["summary"]
         assert summary["tokens_per_s"] > 0
@@ -217,3 +226,20 @@ def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
     assert any(name.startswith("gloo:") for name in names), sorted(names)[:20]
     assert client.get(f"/api/v1/runs/{ids['fsdp']}/trace", params={"rank": 2}).status_code == 404
     assert client.get(f"/api/v1/runs/{ids['fsdp']}").json()["result"]["timeline"], "the traced run keeps its timeline"
+
+    # result → spec → resubmit: the same frozen job, every strategy. Only hybrid (the one that
+    # composes two strategies) runs again; the others are cancelled while still queued.
+    resubmitted = {}
+    for name in sorted(runs, key=lambda n: n == "hybrid"):
+        result = runs[name]["result"]
+        spec = {"workload": result["workload"], "strategy": result["strategy"], "trace": runs[name]["spec"]["trace"], "name": result["name"]}
+        response = client.post("/api/v1/runs", json=spec)
+        assert response.status_code == 202, f"{name}: {response.text}"
+        resubmitted[name] = response.json()["id"]
+        assert stored_job(settings, resubmitted[name]) == stored_job(settings, ids[name]), name
+        if name != "hybrid":
+            assert client.post(f"/api/v1/runs/{resubmitted[name]}/cancel").status_code == 200
+    again = wait_for(client, resubmitted["hybrid"], {"succeeded", "failed", "cancelled"}, timeout=300)
+    assert again["status"] == "succeeded", again["error"]
+    assert again["result"]["workload"] == runs["hybrid"]["result"]["workload"]
+    assert again["result"]["strategy"] == runs["hybrid"]["result"]["strategy"]

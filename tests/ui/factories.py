@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
-from backend.schemas.result import ResultDocument
 from backend.services.ingest import attach_result, ingest_upload
-from backend.workload import DEFAULT_GLOBAL_BATCH, PRESETS
+from parallab.core.model import PRESETS
+from parallab.core.result import ResultDocument
 
 BUSBW = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
          "all_to_all": lambda n: (n - 1) / n}
@@ -40,11 +40,10 @@ def make_document(
 ) -> ResultDocument:
     """A plausible result document for `strategy` × `world_size` on `model`."""
     rng = random.Random(f"{strategy}{world_size}{tokens_per_s}{seed}")
-    cfg = PRESETS[model].to_dict()
-    cfg.pop("moe_default_experts", None)
+    cfg = PRESETS[model].config.model_dump()
     if seq_len:
         cfg["seq_len"] = seq_len
-    gbs = DEFAULT_GLOBAL_BATCH.get(model, 8)
+    gbs = PRESETS[model].global_batch_size
     workload = {"model": model, "steps": steps, "warmup_steps": 2, "precision": "fp32", "activation_checkpointing": "none",
                 "grad_accumulation_steps": 1, "lr": 1e-3, "seed": 0, **cfg, "global_batch_size": gbs}
     if strategy == "moe":

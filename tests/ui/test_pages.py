@@ -14,6 +14,10 @@ from backend.api import csrf
 from backend.models import Run
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
+from parallab.core.jobs import ResolvedJob
+from parallab.core.result import ResultDocument
+from parallab.core.spec import workload_fields
+from parallab.core.strategies import REGISTRY
 from tests.ui.factories import make_document, store_run
 
 XSS = "<script>alert(1)</script>"
@@ -119,10 +123,20 @@ def test_form_error_is_inline_with_input_kept_and_nothing_stored(client, session
     assert count_runs(session_factory) == before
 
 
+def test_form_has_a_field_for_every_workload_field_strategy_and_option(client):
+    html = client.get("/runs/new").text
+    for f in workload_fields():
+        assert f'data-field="{f.name}"' in html, f.name
+    for name, descriptor in REGISTRY.items():
+        assert f'<option value="{name}"' in html and descriptor.title in html
+        for option in descriptor.options_model.model_fields:
+            assert f'data-field="opt.{name}.{option}"' in html, (name, option)
+
+
 def test_form_submit_stores_a_queued_form_run(client, session_factory):
     token = csrf_token(client)
     r = client.post("/runs/new", data={"csrf_token": token, "name": "from the form", "model": "tiny", "strategy": "fsdp", "world_size": "2",
-                                       "steps": "3", "trace": "on"}, follow_redirects=False)
+                                       "steps": "3", "trace": "on", "rope_theta": "500000"}, follow_redirects=False)
     assert r.status_code == 303
     run_id = r.headers["location"].rsplit("/", 1)[-1]
     with session_factory() as s:
@@ -130,7 +144,8 @@ def test_form_submit_stores_a_queued_form_run(client, session_factory):
         assert run.source == "form" and run.status == "queued" and run.name == "from the form"
         # fsdp's default-on option stays off when its box is left unticked
         assert run.spec["strategy"]["options"]["reshard_after_forward"] is False
-        assert run.spec["trace"] is True and run.spec["workload"]["steps"] == 3
+        assert run.spec["trace"] is True and run.spec["workload"]["steps"] == 3 and run.spec["workload"]["rope_theta"] == 500000
+        assert ResolvedJob.model_validate(run.job).spec.model_dump(mode="json") == run.spec
 
 
 def test_live_prediction_endpoint(client):
@@ -261,14 +276,35 @@ def test_unknown_run_is_a_404_page(client):
     assert r.status_code == 404 and "No such run" in r.text and "<title>" in r.text
 
 
-def test_run_page_puts_theory_beside_measurement(client, session_factory):
-    doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=13_000.0).model_dump(mode="json")
-    doc["prediction"]["comm_bytes_per_step"]["all_gather"] = doc["summary"]["comm_bytes_per_step"]["all_gather"] // 2  # measured 2× predicted
-    from backend.schemas.result import ResultDocument
+def agreement_table_rows(html: str) -> dict[str, str]:
+    """The run page's theory-vs-measurement rows, by metric."""
+    start = html.index('id="agreement-table"')
+    table = html[start:html.index("</table>", start)]
+    return {re.search(r'data-metric="([^"]+)"', row).group(1): row for row in table.split("<tr")[2:]}
 
+
+def test_run_page_flags_exactly_the_stored_flags(client, session_factory):
+    doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=13_000.0).model_dump(mode="json")
+    measured = doc["summary"]["comm_bytes_per_step"]
+    # Both ops measured at 2× their prediction, but the document's flags name only all_gather:
+    # the page shows the stored verdict, it does not judge again.
+    doc["prediction"]["comm_bytes_per_step"] = {op: measured[op] // 2 for op in ("all_gather", "reduce_scatter")}
+    doc["flags"] = [{"metric": "comm_bytes_per_step.all_gather", "predicted": measured["all_gather"] // 2,
+                     "measured": measured["all_gather"], "rel_gap": 1.0}]
     with session_factory() as s:
         run = store_run(s, ResultDocument.model_validate(doc))
-    html = client.get(f"/runs/{run.id}").text
-    table = html[html.index('id="agreement-table"'):html.index("</table>", html.index('id="agreement-table"'))]
-    assert "all_gather per step" in table and "+100.0%" in table and "⚑" in table
-    assert "reduce_scatter per step" in table and "+3.1%" in table
+    rows = agreement_table_rows(client.get(f"/runs/{run.id}").text)
+    assert {"comm_bytes_per_step.all_gather", "comm_bytes_per_step.reduce_scatter", "model_state_bytes_per_rank.params"} <= set(rows)
+    assert [metric for metric, row in rows.items() if "⚑" in row] == ["comm_bytes_per_step.all_gather"]
+    assert "all_gather per step" in rows["comm_bytes_per_step.all_gather"] and "+100.0%" in rows["comm_bytes_per_step.all_gather"]
+    assert "+100.0%" in rows["comm_bytes_per_step.reduce_scatter"] and 'class="flagged"' not in rows["comm_bytes_per_step.reduce_scatter"]
+
+
+def test_a_stored_flag_without_a_matching_row_still_shows():
+    from backend.services.run_view import agreement_rows
+
+    doc = make_document(strategy="ddp", world_size=2).model_dump(mode="json")
+    doc["flags"] = [{"metric": "activation_bytes_per_rank", "predicted": 100.0, "measured": 300.0, "rel_gap": 2.0}]
+    rows = agreement_rows(doc)
+    assert [r.metric for r in rows if r.flagged] == ["activation_bytes_per_rank"]
+    assert rows[-1].predicted == 100.0 and rows[-1].measured == 300.0

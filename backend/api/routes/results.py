@@ -10,9 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import CanUpload, SessionDep, SettingsDep
 from backend.api.routes.runs import run_read
-from backend.schemas.result import ResultDocument
 from backend.schemas.runs import RunRead
 from backend.services.ingest import ingest_upload
+from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
 
