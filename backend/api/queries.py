@@ -43,9 +43,17 @@ class LeaderboardParams(BaseModel):
 def leaderboard_query(params: Annotated[LeaderboardParams, Query()]) -> LeaderboardQuery:
     """The service's query from the query string."""
     return LeaderboardQuery(
-        model=params.model, hardware_key=params.hardware, strategy=params.strategy, world_size=params.world_size,
-        source=params.source, branch=params.branch, best_only=params.runs == "best", sort=params.sort,
-        descending=params.dir == "desc", limit=params.limit, offset=params.offset,
+        model=params.model,
+        hardware_key=params.hardware,
+        strategy=params.strategy,
+        world_size=params.world_size,
+        source=params.source,
+        branch=params.branch,
+        best_only=params.runs == "best",
+        sort=params.sort,
+        descending=params.dir == "desc",
+        limit=params.limit,
+        offset=params.offset,
     )
 
 

@@ -38,7 +38,7 @@ def _option_params() -> dict[str, tuple[Any, FieldInfo]]:
     owners: dict[str, str] = {}
     for strategy, descriptor in REGISTRY.items():
         for name, info in descriptor.options_model.model_fields.items():
-            if name in WORKLOAD_PARAMS or name in StrategySpec.model_fields:
+            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size"):
                 raise TypeError(f"option {strategy}.{name} would shadow a /plan parameter of the same name")
             if name in params:
                 if params[name][1].annotation != _unset_by_default(info)[1].annotation:
@@ -54,10 +54,9 @@ OPTION_PARAMS: tuple[str, ...] = tuple(_OPTIONS)
 
 
 class _PlanBase(BaseModel):
-    model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
+    """The strategy's name and world size (the job spec's declarations), then every field below."""
 
-    strategy: StrategyName
-    world_size: int = StrategySpec.model_fields["world_size"]
+    model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
 
     def to_spec(self) -> JobSpec:
         """The job spec these parameters describe (options only as given: unknown ones are refused)."""
@@ -66,8 +65,8 @@ class _PlanBase(BaseModel):
             {
                 "workload": {name: given[name] for name in WORKLOAD_PARAMS if name in given},
                 "strategy": {
-                    "name": self.strategy,
-                    "world_size": self.world_size,
+                    "name": given["strategy"],
+                    "world_size": given["world_size"],
                     "options": {name: given[name] for name in OPTION_PARAMS if name in given},
                 },
             }
@@ -75,7 +74,9 @@ class _PlanBase(BaseModel):
 
 
 def _plan_query() -> type[_PlanBase]:
-    fields: dict[str, Any] = {f.name: (f.info.annotation, f.info) for f in workload_fields()}
+    spec = StrategySpec.model_fields
+    fields: dict[str, Any] = {"strategy": (StrategyName, spec["name"]), "world_size": (int, spec["world_size"])}
+    fields.update({f.name: (f.info.annotation, f.info) for f in workload_fields()})
     fields.update(_OPTIONS)
     return create_model("PlanQuery", __base__=_PlanBase, __doc__="What to plan: a job spec, flattened.", **fields)
 
@@ -84,4 +85,3 @@ if TYPE_CHECKING:
     PlanQuery = _PlanBase
 else:
     PlanQuery = _plan_query()
-

@@ -52,7 +52,8 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
 
 
 def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    ranks, comms = [], []
+    ranks: list[dict[str, Any]] = []
+    comms: list[dict[str, Any]] = []
     for r in doc.ranks:
         ranks.append(
             {
@@ -67,8 +68,7 @@ def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str
             }
         )
         comms.extend(
-            {"rank": r.rank, "op": c.op, "count": c.count, "bytes": c.bytes, "time_s": c.time_s, "busbw_gbps": c.busbw_gbps}
-            for c in r.comm
+            {"rank": r.rank, "op": c.op, "count": c.count, "bytes": c.bytes, "time_s": c.time_s, "busbw_gbps": c.busbw_gbps} for c in r.comm
         )
     return ranks, comms
 

@@ -73,10 +73,17 @@ def workload_inputs() -> list[InputField]:
     """Every workload field of the job spec, in the core's order, as the form renders it."""
     out = []
     for f in workload_fields():
-        out.append(InputField(
-            name=f.name, group=f.group, help=f.description, default=f.info.default, choices=_choices(f.info.annotation),
-            step="any" if _is_float(f.info.annotation) else "1", min=_lower_bound(f.info),
-        ))
+        out.append(
+            InputField(
+                name=f.name,
+                group=f.group,
+                help=f.description,
+                default=f.info.default,
+                choices=_choices(f.info.annotation),
+                step="any" if _is_float(f.info.annotation) else "1",
+                min=_lower_bound(f.info),
+            )
+        )
     return out
 
 
@@ -251,14 +258,19 @@ def memory_fit(prediction: dict[str, Any], *, world_size: int, host_memory_bytes
         f"predicted {total / gib:.1f} GiB for {world_size} rank(s) ({per_rank / gib:.2f} GiB each) "
         f"is more than this host's {host_memory_bytes / gib:.1f} GiB"
     )
-    return {"per_rank_bytes": per_rank, "total_bytes": total, "host_memory_bytes": host_memory_bytes, "fits": fits,
-            "message": "" if fits else message}
+    return {
+        "per_rank_bytes": per_rank,
+        "total_bytes": total,
+        "host_memory_bytes": host_memory_bytes,
+        "fits": fits,
+        "message": "" if fits else message,
+    }
 
 
 def form_values(form: Any) -> dict[str, Any]:
     """What the user typed, to put back in the form when it comes back with errors."""
     values: dict[str, Any] = {}
-    for key in form.keys():
+    for key in form:
         if key == "csrf_token":
             continue
         items = form.getlist(key) if hasattr(form, "getlist") else [form.get(key)]
@@ -269,7 +281,11 @@ def form_values(form: Any) -> dict[str, Any]:
 def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
     """A stored run's spec as form values (the form's 'run again' prefill)."""
     wl, st = spec.get("workload") or {}, spec.get("strategy") or {}
-    values: dict[str, Any] = {"model": wl.get("model", "tiny"), "strategy": st.get("name", "ddp"), "world_size": str(st.get("world_size", 1))}
+    values: dict[str, Any] = {
+        "model": wl.get("model", "tiny"),
+        "strategy": st.get("name", "ddp"),
+        "world_size": str(st.get("world_size", 1)),
+    }
     preset = PRESETS.get(values["model"])
     for name in WORKLOAD_FIELDS:
         value = wl.get(name)

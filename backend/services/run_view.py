@@ -47,5 +47,6 @@ def run_view(*, session: Session, run_id: str) -> RunView:
     """A run, its result document (once finished), which ranks have traces, and theory vs measurement."""
     run = get_run(session=session, run_id=run_id)
     doc = run.result.document if run.result is not None else None
-    return RunView(run=run, document=doc, trace_ranks=store.trace_ranks(session, run.id) if doc else [],
-                   agreement=agreement_rows(doc) if doc else [])
+    return RunView(
+        run=run, document=doc, trace_ranks=store.trace_ranks(session, run.id) if doc else [], agreement=agreement_rows(doc) if doc else []
+    )

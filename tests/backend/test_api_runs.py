@@ -75,13 +75,29 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
         ({"workload": {"steps": 0}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
         ({"workload": {"steps": -3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
         ({"workload": {"model": "gpt5"}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "model"], "unknown model"),
-        ({"workload": {"num_heads": 3, "hidden_size": 66}, "strategy": {"name": "tp", "world_size": 2}}, ["body", "workload", "num_heads"], "not divisible by 2"),
+        (
+            {"workload": {"num_heads": 3, "hidden_size": 66}, "strategy": {"name": "tp", "world_size": 2}},
+            ["body", "workload", "num_heads"],
+            "not divisible by 2",
+        ),
         ({"workload": {"num_layers": 3}, "strategy": {"name": "pp", "world_size": 2}}, ["body", "workload", "num_layers"], "layers (3)"),
-        ({"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}}, ["body", "strategy", "options", "microbatches"], "at least the number of stages"),
+        (
+            {"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}},
+            ["body", "strategy", "options", "microbatches"],
+            "at least the number of stages",
+        ),
         ({"workload": {"seq_len": 66}, "strategy": {"name": "ring", "world_size": 4}}, ["body", "workload", "seq_len"], "sequence length"),
-        ({"workload": {"num_experts": 3}, "strategy": {"name": "moe", "world_size": 2}}, ["body", "workload", "num_experts"], "experts (3)"),
+        (
+            {"workload": {"num_experts": 3}, "strategy": {"name": "moe", "world_size": 2}},
+            ["body", "workload", "num_experts"],
+            "experts (3)",
+        ),
         ({"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 3}}}, ["body", "strategy", "options", "tp"], "world size 4"),
-        ({"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}}, ["body", "strategy", "options", "bucket"], "not permitted"),
+        (
+            {"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}},
+            ["body", "strategy", "options", "bucket"],
+            "not permitted",
+        ),
         ({"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "stepz"], "not permitted"),
     ],
 )

@@ -9,9 +9,26 @@ from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 # A `tiny` DDP run's workload block, as the worker writes it.
 TINY = {
-    "model": "tiny", "steps": 10, "warmup_steps": 2, "precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1,
-    "lr": 0.001, "seed": 0, "vocab_size": 256, "hidden_size": 64, "num_layers": 4, "num_heads": 4, "ffn_hidden_size": 256, "seq_len": 64,
-    "num_experts": 0, "top_k": 2, "capacity_factor": 1.25, "norm_eps": 1e-05, "rope_theta": 10000.0, "global_batch_size": 8,
+    "model": "tiny",
+    "steps": 10,
+    "warmup_steps": 2,
+    "precision": "fp32",
+    "activation_checkpointing": "none",
+    "grad_accumulation_steps": 1,
+    "lr": 0.001,
+    "seed": 0,
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_layers": 4,
+    "num_heads": 4,
+    "ffn_hidden_size": 256,
+    "seq_len": 64,
+    "num_experts": 0,
+    "top_k": 2,
+    "capacity_factor": 1.25,
+    "norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "global_batch_size": 8,
 }
 
 

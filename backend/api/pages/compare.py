@@ -18,8 +18,13 @@ IdsParam = Annotated[list[str], Query(description="Run ids; repeat or comma-sepa
 
 
 @router.get("/compare", response_class=HTMLResponse)
-def compare_page(request: Request, session: SessionDep, settings: SettingsDep, ids: IdsParam = [],  # noqa: B006
-                 baseline: str | None = None) -> HTMLResponse:
+def compare_page(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    ids: IdsParam = [],  # noqa: B006
+    baseline: str | None = None,
+) -> HTMLResponse:
     comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
     labelled = [(r.label, r.document) for r in comparison.runs if r.document]
     figures = compare_figs.compare_figures(labelled) if labelled else {}
@@ -30,7 +35,9 @@ def compare_page(request: Request, session: SessionDep, settings: SettingsDep, i
 @router.get("/compare.json")
 def compare_json(session: SessionDep, ids: IdsParam = [], baseline: str | None = None) -> JSONResponse:  # noqa: B006
     comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
-    return JSONResponse(compare_service.comparison_json(comparison), headers={"Content-Disposition": 'attachment; filename="parallab-compare.json"'})
+    return JSONResponse(
+        compare_service.comparison_json(comparison), headers={"Content-Disposition": 'attachment; filename="parallab-compare.json"'}
+    )
 
 
 @router.get("/compare.csv")

@@ -27,8 +27,10 @@ def leaderboard(request: Request, session: SessionDep, settings: SettingsDep, qu
 def leaderboard_json(session: SessionDep, query: LeaderboardQueryDep) -> JSONResponse:
     board = leaderboard_service.get_leaderboard(session=session, query=query)
     rows = leaderboard_service.export_rows(board)
-    return JSONResponse(json.loads(json.dumps({"items": rows, "total": board.total}, default=str)),
-                        headers={"Content-Disposition": 'attachment; filename="parallab-leaderboard.json"'})
+    return JSONResponse(
+        json.loads(json.dumps({"items": rows, "total": board.total}, default=str)),
+        headers={"Content-Disposition": 'attachment; filename="parallab-leaderboard.json"'},
+    )
 
 
 @router.get("/leaderboard.csv")

@@ -66,4 +66,6 @@ def csv_response(rows: list[list[Any]], filename: str) -> Response:
     writer = csv.writer(buf)
     for row in rows:
         writer.writerow(["" if v is None else v for v in row])
-    return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return Response(
+        buf.getvalue(), media_type="text/csv; charset=utf-8", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+    )

@@ -6,6 +6,7 @@ dependency first, so no database work ever blocks the event loop.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -45,28 +46,56 @@ def host_memory(settings: Settings) -> int | None:
 
 
 @router.get("/", response_class=HTMLResponse)
-def index(request: Request, session: SessionDep, settings: SettingsDep, status: str | None = None, strategy: str | None = None,
-          cursor: str | None = None) -> HTMLResponse:
-    runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor,
-                                              filters={"status": status or None, "strategy": strategy or None})
-    return render(request, "index.html", {"runs": runs, "next_cursor": next_cursor, "status": status or "", "strategy": strategy or "",
-                                          "strategies": STRATEGY_NAMES}, settings=settings)
+def index(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    status: str | None = None,
+    strategy: str | None = None,
+    cursor: str | None = None,
+) -> HTMLResponse:
+    runs, next_cursor = run_service.list_runs(
+        session=session, limit=100, cursor=cursor, filters={"status": status or None, "strategy": strategy or None}
+    )
+    return render(
+        request,
+        "index.html",
+        {"runs": runs, "next_cursor": next_cursor, "status": status or "", "strategy": strategy or "", "strategies": STRATEGY_NAMES},
+        settings=settings,
+    )
 
 
-def form_page(request: Request, settings: Settings, values: dict[str, Any], errors: dict[str, list[str]], status_code: int = 200) -> HTMLResponse:
+def form_page(
+    request: Request, settings: Settings, values: dict[str, Any], errors: dict[str, list[str]], status_code: int = 200
+) -> HTMLResponse:
     """The job form, with what the user typed and the errors beside their fields."""
-    return render(request, "run_new.html", {
-        "values": values, "errors": errors, "presets": run_form.preset_table(), "strategies": list(STRATEGY_NAMES),
-        "titles": run_form.strategy_titles(), "options": run_form.option_fields(), "choices": run_form.choice_values(),
-        "inputs": run_form.workload_inputs(), "job_fields": run_form.JOB_FIELDS, "shape_fields": run_form.SHAPE_FIELDS,
-        "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
-        "local_mode": settings.local_mode, "max_world_size": settings.max_world_size,
-    }, status_code=status_code, settings=settings)
+    return render(
+        request,
+        "run_new.html",
+        {
+            "values": values,
+            "errors": errors,
+            "presets": run_form.preset_table(),
+            "strategies": list(STRATEGY_NAMES),
+            "titles": run_form.strategy_titles(),
+            "options": run_form.option_fields(),
+            "choices": run_form.choice_values(),
+            "inputs": run_form.workload_inputs(),
+            "job_fields": run_form.JOB_FIELDS,
+            "shape_fields": run_form.SHAPE_FIELDS,
+            "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
+            "local_mode": settings.local_mode,
+            "max_world_size": settings.max_world_size,
+        },
+        status_code=status_code,
+        settings=settings,
+    )
 
 
 @router.get("/runs/new", response_class=HTMLResponse)
-def new_run(request: Request, session: SessionDep, settings: SettingsDep,
-            from_: Annotated[str | None, Query(alias="from")] = None) -> HTMLResponse:
+def new_run(
+    request: Request, session: SessionDep, settings: SettingsDep, from_: Annotated[str | None, Query(alias="from")] = None
+) -> HTMLResponse:
     values = run_form.default_values()
     if from_:
         values = run_form.spec_to_values(run_service.get_run(session=session, run_id=from_).spec)
@@ -81,8 +110,13 @@ def submit_run(request: Request, form: FormDep, session: SessionDep, settings: S
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
     if not settings.local_mode:
-        return form_page(request, settings, values, {"__all__": ["this server is not in local mode: submit through the API with a token"]},
-                         status_code=403)
+        return form_page(
+            request,
+            settings,
+            values,
+            {"__all__": ["this server is not in local mode: submit through the API with a token"]},
+            status_code=403,
+        )
     check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings))
     if not check.ok or check.spec is None:
         return form_page(request, settings, values, check.errors, status_code=422)
@@ -105,19 +139,36 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
     try:
         view = run_view(session=session, run_id=run_id)
     except RunNotFound:
-        return render(request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."},
-                      status_code=404, settings=settings)
+        return render(
+            request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."}, status_code=404, settings=settings
+        )
     figures = run_figs.run_figures(view.document) if view.document else {}
-    return render(request, "run.html", {"run": view.run, "doc": view.document, "figures": figures, "agreement": view.agreement,
-                                        "finished": view.run.status in FINISHED_STATUSES, "trace_ranks": view.trace_ranks},
-                  settings=settings)
+    return render(
+        request,
+        "run.html",
+        {
+            "run": view.run,
+            "doc": view.document,
+            "figures": figures,
+            "agreement": view.agreement,
+            "finished": view.run.status in FINISHED_STATUSES,
+            "trace_ranks": view.trace_ranks,
+        },
+        settings=settings,
+    )
 
 
 @router.get("/runs/{run_id}/status.json")
 def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
     run = run_service.get_run(session=session, run_id=run_id)
-    return {"id": run.id, "status": run.status, "progress": run.progress, "error": run.error,
-            "cancel_requested": run.cancel_requested, "finished": run.status in FINISHED_STATUSES}
+    return {
+        "id": run.id,
+        "status": run.status,
+        "progress": run.progress,
+        "error": run.error,
+        "cancel_requested": run.cancel_requested,
+        "finished": run.status in FINISHED_STATUSES,
+    }
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -128,8 +179,6 @@ def cancel(request: Request, run_id: str, form: FormDep, session: SessionDep, se
         raise HTTPException(403, detail=str(exc)) from None
     if not settings.local_mode:
         raise HTTPException(403, detail="this server is not in local mode: cancel through the API with a token")
-    try:
+    with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id)
-    except RunStateError:
-        pass  # already finished: the run page says so
     return RedirectResponse(f"/runs/{run_id}", status_code=303)

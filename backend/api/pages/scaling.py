@@ -14,8 +14,9 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/scaling", response_class=HTMLResponse)
-def scaling(request: Request, session: SessionDep, settings: SettingsDep, workload: str | None = None,
-            hardware: str | None = None) -> HTMLResponse:
+def scaling(
+    request: Request, session: SessionDep, settings: SettingsDep, workload: str | None = None, hardware: str | None = None
+) -> HTMLResponse:
     result = leaderboard_service.get_scaling(session=session, workload_key=workload, hardware_key=hardware)
     figures = {"throughput": scaling_figs.throughput(result.points), "efficiency": scaling_figs.efficiency(result.points)}
     return render(request, "scaling.html", {"scaling": result, "figures": figures}, settings=settings)

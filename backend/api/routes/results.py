@@ -50,7 +50,9 @@ async def upload_result(
     try:
         document = ResultDocument.model_validate_json(body)
     except ValidationError as exc:
-        detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)]
+        detail = [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)
+        ]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from None
 
     def _write() -> RunRead:  # database work off the event loop

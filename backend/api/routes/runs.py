@@ -45,7 +45,9 @@ def list_runs(
 ) -> RunList:
     try:
         rows, next_cursor = run_service.list_runs(
-            session=session, limit=limit, cursor=cursor,
+            session=session,
+            limit=limit,
+            cursor=cursor,
             filters={"status": status_, "strategy": strategy, "model": model, "source": source},
         )
     except ValueError as exc:
@@ -69,7 +71,7 @@ def read_trace(run_id: str, session: SessionDep, rank: Annotated[int, Query(ge=0
     run_service.get_run(session=session, run_id=run_id)
     data = store.get_trace(session, run_id, rank)
     if data is None:
-        raise HTTPException(404, detail=f"run {run_id} has no trace for rank {rank} (submit with \"trace\": true)")
+        raise HTTPException(404, detail=f'run {run_id} has no trace for rank {rank} (submit with "trace": true)')
     return Response(
         content=data,
         media_type="application/gzip",
