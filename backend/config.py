@@ -67,9 +67,7 @@ class Settings(BaseSettings):
     def check_secrets(self) -> None:
         """Refuse to serve beyond loopback while a secret still holds its placeholder."""
         if not self.local_mode and self.secret_key == PLACEHOLDER_SECRET:
-            raise ValueError(
-                f"PARALLAB_SECRET_KEY still holds its placeholder; set a real secret before binding to {self.host}"
-            )
+            raise ValueError(f"PARALLAB_SECRET_KEY still holds its placeholder; set a real secret before binding to {self.host}")
 
     def ensure_home(self) -> None:
         self.resolved_home.mkdir(parents=True, exist_ok=True)

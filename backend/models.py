@@ -77,8 +77,8 @@ class Run(Base):
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
 
-    result: Mapped["RunResult | None"] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
-    ranks: Mapped[list["RankMetric"]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
+    result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
+    ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
 
     __table_args__ = (
         Index("ix_runs_leaderboard", "workload_key", "hardware_key", "tokens_per_s"),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
 
+from backend.api import pages
 from backend.api.errors import install_error_handlers
-from backend.api.routes import analysis, pages, plan, results, runs
+from backend.api.pages.assets import static_files
+from backend.api.routes import analysis, plan, results, runs
 
 API_PREFIX = "/api/v1"
 
@@ -28,7 +30,9 @@ def create_app() -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    pages.install(app)
+    app.mount("/static", static_files(), name="static")
+    for router in pages.ROUTERS:
+        app.include_router(router)
     return app
 
 

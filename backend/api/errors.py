@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from backend.services.runs import RunNotFound, RunStateError
-from backend.services.validation import SpecError
+from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
+from parallab.core.problems import SpecError
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -21,3 +21,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RunStateError)
     async def _state(_: Request, exc: RunStateError) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.exception_handler(QueueUnavailable)
+    async def _queue(_: Request, exc: QueueUnavailable) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)})

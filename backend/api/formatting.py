@@ -87,6 +87,12 @@ def pretty_json(value: Any) -> str:
 
 FILTERS = {
     "pretty_json": pretty_json,
-    "bytes": fmt_bytes, "num": fmt_num, "pct": fmt_pct, "seconds": fmt_seconds, "value": fmt_value, "rel": fmt_rel,
-    "when": fmt_when, "duration": fmt_duration,
+    "bytes": fmt_bytes,
+    "num": fmt_num,
+    "pct": fmt_pct,
+    "seconds": fmt_seconds,
+    "value": fmt_value,
+    "rel": fmt_rel,
+    "when": fmt_when,
+    "duration": fmt_duration,
 }

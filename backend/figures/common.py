@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-
 from typing import Any
 
 import plotly.graph_objects as go

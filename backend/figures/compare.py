@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
+
 from backend.figures.common import MEMORY_COLOURS, MIB, PALETTE, TIME_COLOURS, empty, figure, memory_parts, step_parts, subplots
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
@@ -18,12 +19,25 @@ def throughput(runs: Labelled) -> go.Figure:
     labels = [label for label, _ in runs]
     summaries = [doc.get("summary") or {} for _, doc in runs]
     fig = subplots("Throughput and MFU", height=360, specs=[[{"secondary_y": True}]])
-    fig.add_bar(name="tokens/s", x=labels, y=[s.get("tokens_per_s") for s in summaries], marker_color=PALETTE[0],
-                hovertemplate="%{x}: %{y:,.0f} tokens/s<extra></extra>", secondary_y=False)
-    mfu = [s.get("mfu") * 100 if s.get("mfu") is not None else None for s in summaries]
+    fig.add_bar(
+        name="tokens/s",
+        x=labels,
+        y=[s.get("tokens_per_s") for s in summaries],
+        marker_color=PALETTE[0],
+        hovertemplate="%{x}: %{y:,.0f} tokens/s<extra></extra>",
+        secondary_y=False,
+    )
+    mfu = [s["mfu"] * 100 if s.get("mfu") is not None else None for s in summaries]
     if any(v is not None for v in mfu):
-        fig.add_scatter(name="MFU", x=labels, y=mfu, mode="markers", marker={"size": 14, "symbol": "diamond", "color": PALETTE[1]},
-                        hovertemplate="%{x}: MFU %{y:.1f}%<extra></extra>", secondary_y=True)
+        fig.add_scatter(
+            name="MFU",
+            x=labels,
+            y=mfu,
+            mode="markers",
+            marker={"size": 14, "symbol": "diamond", "color": PALETTE[1]},
+            hovertemplate="%{x}: MFU %{y:.1f}%<extra></extra>",
+            secondary_y=True,
+        )
     fig.update_yaxes(title_text="throughput [tokens/s]", secondary_y=False)
     fig.update_yaxes(title_text="MFU [%]", secondary_y=True, rangemode="tozero", showgrid=False)
     fig.update_xaxes(title_text="run")
@@ -61,10 +75,27 @@ def comm(runs: Labelled) -> go.Figure:
                 b, t = by_op.get(c["op"], (0.0, 0.0))
                 by_op[c["op"]] = (max(b, c.get("bytes") or 0), max(t, c.get("time_s") or 0.0))
         colour = PALETTE[i % len(PALETTE)]
-        fig.add_bar(name=label, legendgroup=label, x=ops, y=[by_op.get(o, (0, 0))[0] / MIB for o in ops], marker_color=colour,
-                    row=1, col=1, hovertemplate="%{x}: %{y:.3f} MiB<extra>" + "%{fullData.name}</extra>")
-        fig.add_bar(name=label, legendgroup=label, x=ops, y=[by_op.get(o, (0, 0))[1] * 1e3 for o in ops], marker_color=colour,
-                    row=1, col=2, showlegend=False, hovertemplate="%{x}: %{y:.3f} ms<extra>%{fullData.name}</extra>")
+        fig.add_bar(
+            name=label,
+            legendgroup=label,
+            x=ops,
+            y=[by_op.get(o, (0, 0))[0] / MIB for o in ops],
+            marker_color=colour,
+            row=1,
+            col=1,
+            hovertemplate="%{x}: %{y:.3f} MiB<extra>" + "%{fullData.name}</extra>",
+        )
+        fig.add_bar(
+            name=label,
+            legendgroup=label,
+            x=ops,
+            y=[by_op.get(o, (0, 0))[1] * 1e3 for o in ops],
+            marker_color=colour,
+            row=1,
+            col=2,
+            showlegend=False,
+            hovertemplate="%{x}: %{y:.3f} ms<extra>%{fullData.name}</extra>",
+        )
     fig.update_yaxes(title_text="MiB per step (max rank)", row=1, col=1)
     fig.update_yaxes(title_text="ms per step (max rank)", row=1, col=2)
     fig.update_xaxes(title_text="op")
@@ -82,8 +113,14 @@ def step_breakdown(runs: Labelled) -> go.Figure:
         parts = [step_parts(r) for r in doc.get("ranks") or []]
         rows.append((label, max(parts, key=lambda p: sum(p.values())) if parts else {k: 0.0 for k in TIME_COLOURS}))
     for key, colour in TIME_COLOURS.items():
-        fig.add_bar(name=key, orientation="h", y=[label for label, _ in rows], x=[p[key] * 1e3 for _, p in rows], marker_color=colour,
-                    hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>")
+        fig.add_bar(
+            name=key,
+            orientation="h",
+            y=[label for label, _ in rows],
+            x=[p[key] * 1e3 for _, p in rows],
+            marker_color=colour,
+            hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>",
+        )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -100,8 +137,13 @@ def loss(runs: Labelled) -> go.Figure:
         fig.add_scatter(name=label, x=list(range(1, len(values) + 1)), y=values, mode="lines")
         reference = reference or (doc.get("loss") or {}).get("reference")
     if reference:
-        fig.add_scatter(name="reference (single)", x=list(range(1, len(reference) + 1)), y=reference, mode="lines",
-                        line={"dash": "dash", "color": "#111827"})
+        fig.add_scatter(
+            name="reference (single)",
+            x=list(range(1, len(reference) + 1)),
+            y=reference,
+            mode="lines",
+            line={"dash": "dash", "color": "#111827"},
+        )
     return fig
 
 

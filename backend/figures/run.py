@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from backend.figures.common import MEMORY_COLOURS, MIB, PALETTE, TIME_COLOURS, empty, figure, memory_parts, subplots, step_parts
+
+from backend.figures.common import MEMORY_COLOURS, MIB, PALETTE, TIME_COLOURS, empty, figure, memory_parts, step_parts, subplots
 
 
 def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
@@ -17,15 +18,21 @@ def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
     names = [f"rank {r['rank']}" for r in ranks]
     parts = [memory_parts(r) for r in ranks]
     for key, colour in MEMORY_COLOURS.items():
-        fig.add_bar(name=key, x=names, y=[p[key] for p in parts], marker_color=colour,
-                    hovertemplate="%{x}: %{y:.2f} MiB " + key + "<extra></extra>")
+        fig.add_bar(
+            name=key, x=names, y=[p[key] for p in parts], marker_color=colour, hovertemplate="%{x}: %{y:.2f} MiB " + key + "<extra></extra>"
+        )
     predicted = ((doc.get("prediction") or {}).get("model_state_bytes_per_rank")) or None
     if predicted:
         total = sum(predicted.values()) / MIB
-        fig.add_scatter(name="predicted model state", x=names, y=[total] * len(names), mode="markers+lines",
-                        marker={"symbol": "line-ew-open", "size": 30, "color": "#111827", "line": {"width": 3}},
-                        line={"dash": "dot", "color": "#111827", "width": 1},
-                        hovertemplate="predicted params+grads+optimizer: %{y:.2f} MiB<extra></extra>")
+        fig.add_scatter(
+            name="predicted model state",
+            x=names,
+            y=[total] * len(names),
+            mode="markers+lines",
+            marker={"symbol": "line-ew-open", "size": 30, "color": "#111827", "line": {"width": 3}},
+            line={"dash": "dot", "color": "#111827", "width": 1},
+            hovertemplate="predicted params+grads+optimizer: %{y:.2f} MiB<extra></extra>",
+        )
     fig.update_layout(barmode="stack")
     return fig
 
@@ -39,8 +46,14 @@ def step_breakdown(doc: dict[str, Any]) -> go.Figure:
     names = [f"rank {r['rank']}" for r in ranks]
     parts = [step_parts(r) for r in ranks]
     for key, colour in TIME_COLOURS.items():
-        fig.add_bar(name=key, y=names, x=[p[key] * 1e3 for p in parts], orientation="h", marker_color=colour,
-                    hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>")
+        fig.add_bar(
+            name=key,
+            y=names,
+            x=[p[key] * 1e3 for p in parts],
+            orientation="h",
+            marker_color=colour,
+            hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>",
+        )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -52,22 +65,51 @@ def comm_by_op(doc: dict[str, Any]) -> go.Figure:
     ops = sorted({c["op"] for r in ranks for c in r.get("comm") or []})
     if not ops:
         return empty("Communication by op", "no communication recorded (single process?)")
-    fig = subplots("Communication by op", rows=1, cols=3, subplot_titles=("bytes per step", "time per step", "bus bandwidth"), horizontal_spacing=0.09)
+    fig = subplots(
+        "Communication by op", rows=1, cols=3, subplot_titles=("bytes per step", "time per step", "bus bandwidth"), horizontal_spacing=0.09
+    )
     for i, r in enumerate(ranks):
         by_op = {c["op"]: c for c in r.get("comm") or []}
         colour = PALETTE[i % len(PALETTE)]
         common = {"legendgroup": f"rank{r['rank']}", "marker_color": colour, "x": ops}
-        fig.add_bar(name=f"rank {r['rank']}", y=[(by_op.get(o) or {}).get("bytes", 0) / MIB for o in ops], row=1, col=1,
-                    hovertemplate="%{x}: %{y:.3f} MiB<extra>rank " + str(r["rank"]) + "</extra>", **common)
-        fig.add_bar(name=f"rank {r['rank']}", y=[(by_op.get(o) or {}).get("time_s", 0) * 1e3 for o in ops], row=1, col=2,
-                    showlegend=False, hovertemplate="%{x}: %{y:.3f} ms<extra>rank " + str(r["rank"]) + "</extra>", **common)
-        fig.add_bar(name=f"rank {r['rank']}", y=[(by_op.get(o) or {}).get("busbw_gbps") for o in ops], row=1, col=3,
-                    showlegend=False, hovertemplate="%{x}: %{y:.3f} GB/s<extra>rank " + str(r["rank"]) + "</extra>", **common)
+        fig.add_bar(
+            name=f"rank {r['rank']}",
+            y=[(by_op.get(o) or {}).get("bytes", 0) / MIB for o in ops],
+            row=1,
+            col=1,
+            hovertemplate="%{x}: %{y:.3f} MiB<extra>rank " + str(r["rank"]) + "</extra>",
+            **common,
+        )
+        fig.add_bar(
+            name=f"rank {r['rank']}",
+            y=[(by_op.get(o) or {}).get("time_s", 0) * 1e3 for o in ops],
+            row=1,
+            col=2,
+            showlegend=False,
+            hovertemplate="%{x}: %{y:.3f} ms<extra>rank " + str(r["rank"]) + "</extra>",
+            **common,
+        )
+        fig.add_bar(
+            name=f"rank {r['rank']}",
+            y=[(by_op.get(o) or {}).get("busbw_gbps") for o in ops],
+            row=1,
+            col=3,
+            showlegend=False,
+            hovertemplate="%{x}: %{y:.3f} GB/s<extra>rank " + str(r["rank"]) + "</extra>",
+            **common,
+        )
     predicted = (doc.get("prediction") or {}).get("comm_bytes_per_step") or {}
     if predicted:
-        fig.add_scatter(name="predicted", x=ops, y=[(predicted.get(o) or 0) / MIB if o in predicted else None for o in ops],
-                        mode="markers", marker={"symbol": "diamond-open", "size": 12, "color": "#111827", "line": {"width": 2}},
-                        row=1, col=1, hovertemplate="%{x}: predicted %{y:.3f} MiB<extra></extra>")
+        fig.add_scatter(
+            name="predicted",
+            x=ops,
+            y=[(predicted.get(o) or 0) / MIB if o in predicted else None for o in ops],
+            mode="markers",
+            marker={"symbol": "diamond-open", "size": 12, "color": "#111827", "line": {"width": 2}},
+            row=1,
+            col=1,
+            hovertemplate="%{x}: predicted %{y:.3f} MiB<extra></extra>",
+        )
     fig.update_yaxes(title_text="MiB per step", row=1, col=1)
     fig.update_yaxes(title_text="ms per step", row=1, col=2)
     fig.update_yaxes(title_text="busbw [GB/s]", row=1, col=3)
@@ -88,8 +130,12 @@ def timeline(doc: dict[str, Any]) -> go.Figure:
     for i, op in enumerate(ops):
         sel = [e for e in events if e["op"] == op]
         fig.add_bar(
-            name=op, orientation="h", y=[f"rank {e['rank']}" for e in sel], x=[e["dur_us"] / 1e3 for e in sel],
-            base=[(e["start_us"] - t0) / 1e3 for e in sel], marker_color=PALETTE[i % len(PALETTE)],
+            name=op,
+            orientation="h",
+            y=[f"rank {e['rank']}" for e in sel],
+            x=[e["dur_us"] / 1e3 for e in sel],
+            base=[(e["start_us"] - t0) / 1e3 for e in sel],
+            marker_color=PALETTE[i % len(PALETTE)],
             customdata=[[(e.get("bytes") or 0) / MIB] for e in sel],
             hovertemplate=op + ": start %{base:.3f} ms, %{x:.3f} ms, %{customdata[0]:.3f} MiB<extra>%{y}</extra>",
         )
@@ -107,8 +153,13 @@ def loss_curve(doc: dict[str, Any]) -> go.Figure:
     fig = figure("Loss against the reference", x="measured step", y="loss")
     fig.add_scatter(name=doc.get("strategy", {}).get("name", "run"), x=list(range(1, len(values) + 1)), y=values, mode="lines+markers")
     if reference:
-        fig.add_scatter(name="reference (single)", x=list(range(1, len(reference) + 1)), y=reference, mode="lines",
-                        line={"dash": "dash", "color": "#111827"})
+        fig.add_scatter(
+            name="reference (single)",
+            x=list(range(1, len(reference) + 1)),
+            y=reference,
+            mode="lines",
+            line={"dash": "dash", "color": "#111827"},
+        )
     return fig
 
 
@@ -137,8 +188,9 @@ def pipeline_bubble(doc: dict[str, Any]) -> go.Figure | None:
     fig.add_bar(name="measured", x=names, y=[r["bubble_fraction"] * 100 for r in ranks], marker_color="#ef4444")
     theory = (doc.get("prediction") or {}).get("bubble_fraction")
     if theory is not None:
-        fig.add_scatter(name="theory (p−1)/(m+p−1)", x=names, y=[theory * 100] * len(names), mode="lines",
-                        line={"dash": "dash", "color": "#111827"})
+        fig.add_scatter(
+            name="theory (p−1)/(m+p−1)", x=names, y=[theory * 100] * len(names), mode="lines", line={"dash": "dash", "color": "#111827"}
+        )
     return fig
 
 

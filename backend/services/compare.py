@@ -170,8 +170,15 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "baseline": comparison.runs[comparison.baseline].id if comparison.runs else None,
         "runs": [{"id": r.id, "name": r.run.name, "label": r.label, "status": r.run.status} for r in comparison.runs],
         "metrics": [
-            {"key": m.key, "label": m.label.strip(), "unit": m.unit, "better": m.better, "values": m.values,
-             "relative_to_baseline": m.relative, "differs": m.differs}
+            {
+                "key": m.key,
+                "label": m.label.strip(),
+                "unit": m.unit,
+                "better": m.better,
+                "values": m.values,
+                "relative_to_baseline": m.relative,
+                "differs": m.differs,
+            }
             for m in comparison.rows
         ],
         "missing": comparison.missing,

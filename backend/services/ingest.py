@@ -14,20 +14,15 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
-from backend.schemas.result import ResultDocument
 from backend.store import runs as store
-
-# What must match for two runs to be ranked together (conbench's "context"): the model's shape
-# and the recipe. Steps, seed, name and tags don't change what is being measured.
-WORKLOAD_KEY_FIELDS = (
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "seq_len",
-    "num_experts", "top_k", "capacity_factor", "global_batch_size", "precision",
-    "activation_checkpointing", "grad_accumulation_steps",
-)
+from parallab.core.result import ResultDocument
+from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 
 def workload_key(workload: dict[str, Any]) -> str:
-    """A stable hash of the fields that make runs comparable."""
+    """A stable hash of the fields that make runs comparable (`WORKLOAD_KEY_FIELDS`, declared with
+    each field in the core): steps, seed, name and tags don't change what is being measured.
+    Stored keys must stay valid, so the hashing never changes."""
     picked = {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS}
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -57,7 +52,8 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
 
 
 def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    ranks, comms = [], []
+    ranks: list[dict[str, Any]] = []
+    comms: list[dict[str, Any]] = []
     for r in doc.ranks:
         ranks.append(
             {
@@ -72,8 +68,7 @@ def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str
             }
         )
         comms.extend(
-            {"rank": r.rank, "op": c.op, "count": c.count, "bytes": c.bytes, "time_s": c.time_s, "busbw_gbps": c.busbw_gbps}
-            for c in r.comm
+            {"rank": r.rank, "op": c.op, "count": c.count, "bytes": c.bytes, "time_s": c.time_s, "busbw_gbps": c.busbw_gbps} for c in r.comm
         )
     return ranks, comms
 

@@ -46,9 +46,29 @@ class Leaderboard:
     """(workload_key, hardware_key) → a readable label."""
 
 
-EXPORT_FIELDS = ("group_label", "workload_key", "hardware_key", "rank", "best", "strategy", "world_size", "model", "tokens_per_s",
-                 "mfu", "peak_allocated_bytes_max", "step_time_median_s", "comm_time_fraction", "loss_max_rel_diff",
-                 "config_runs", "source", "branch", "commit", "id", "name", "created_at")
+EXPORT_FIELDS = (
+    "group_label",
+    "workload_key",
+    "hardware_key",
+    "rank",
+    "best",
+    "strategy",
+    "world_size",
+    "model",
+    "tokens_per_s",
+    "mfu",
+    "peak_allocated_bytes_max",
+    "step_time_median_s",
+    "comm_time_fraction",
+    "loss_max_rel_diff",
+    "config_runs",
+    "source",
+    "branch",
+    "commit",
+    "id",
+    "name",
+    "created_at",
+)
 
 
 def export_rows(board: Leaderboard) -> list[dict[str, Any]]:
@@ -77,8 +97,13 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
     """One page of the leaderboard: rows ranked by tokens/s within their group, best marked."""
     limit = max(1, min(query.limit, MAX_PAGE))
     rows, total = store.leaderboard_rows(
-        session, filters=query.filters(), best_only=query.best_only, sort=query.sort,
-        descending=query.descending, limit=limit, offset=max(0, query.offset),
+        session,
+        filters=query.filters(),
+        best_only=query.best_only,
+        sort=query.sort,
+        descending=query.descending,
+        limit=limit,
+        offset=max(0, query.offset),
     )
     # One spec per group on this page names the group; specs are small JSON, not result documents.
     sample: dict[tuple[str, str], dict[str, Any]] = {}
@@ -123,7 +148,9 @@ def scaling_groups(*, session: Session) -> list[ScalingGroup]:
     rows = store.workload_groups(session)
     specs = store.specs(session, [r["sample_id"] for r in rows])
     return [
-        ScalingGroup(r["workload_key"], r["hardware_key"], workload_label(specs.get(r["sample_id"]), r["model"]), r["runs"], r["world_sizes"])
+        ScalingGroup(
+            r["workload_key"], r["hardware_key"], workload_label(specs.get(r["sample_id"]), r["model"]), r["runs"], r["world_sizes"]
+        )
         for r in rows
     ]
 
@@ -151,7 +178,9 @@ def with_efficiency(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def get_scaling(*, session: Session, workload_key: str | None = None, hardware_key: str | None = None) -> Scaling:
     """Throughput against world size per strategy for one group (default: the best-covered one)."""
     groups = scaling_groups(session=session)
-    selected = next((g for g in groups if g.workload_key == workload_key and (hardware_key is None or g.hardware_key == hardware_key)), None)
+    selected = next(
+        (g for g in groups if g.workload_key == workload_key and (hardware_key is None or g.hardware_key == hardware_key)), None
+    )
     if selected is None and groups:
         selected = groups[0]
     points = []

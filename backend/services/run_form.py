@@ -1,9 +1,11 @@
 """The browser form for a job: its fields, form data → job spec, and errors → the field at fault.
 
-The form's fields carry the job spec's names (`model`, `strategy`, `world_size`, `steps`, ...);
-a strategy's options are named `opt.<strategy>.<option>` so every strategy's fields can sit in
-the page at once while only the chosen one's are used. Validation is the API's own
-(`JobSpec` + `resolve_job`), so the form refuses exactly what the API refuses.
+The form's fields carry the job spec's names (`model`, `strategy`, `world_size`, `steps`, ...)
+and are derived from the core's declarations: every workload field (`workload_fields`), every
+strategy in the registry and each one's options model. A strategy's options are named
+`opt.<strategy>.<option>` so every strategy's fields can sit in the page at once while only the
+chosen one's are used. Validation is the API's own (`JobSpec` + `resolve_job`), so the form
+refuses exactly what the API refuses.
 """
 
 from __future__ import annotations
@@ -12,18 +14,85 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from annotated_types import Ge
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from backend.config import Settings
-from backend.schemas.spec import STRATEGIES, JobSpec, Workload
-from backend.services.prediction import predict
-from backend.services.validation import OPTION_MODELS, SpecError, resolve_job
-from backend.workload import DEFAULT_GLOBAL_BATCH, PRESETS
+from backend.services.runs import limits
+from parallab.core.jobs import resolve_job
+from parallab.core.model import PRESETS, SHAPE_FIELDS
+from parallab.core.prediction import predict
+from parallab.core.problems import SpecError
+from parallab.core.spec import JobSpec, workload_fields
+from parallab.core.strategies import REGISTRY, STRATEGY_NAMES
 
-# Workload fields the form shows as number inputs, in order, with the preset's value as placeholder.
-SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len", "num_experts", "top_k", "capacity_factor")
-RECIPE_FIELDS = ("steps", "warmup_steps", "global_batch_size", "grad_accumulation_steps", "lr", "seed")
-CHOICE_FIELDS = ("precision", "activation_checkpointing")
+JOB_FIELDS = ("model", "steps")
+"""Workload fields shown at the top of the form, beside the strategy (the rest sit in sections)."""
+
+
+def _choices(annotation: Any) -> list[str]:
+    args = typing.get_args(annotation)
+    for arg in args:
+        if typing.get_origin(arg) is typing.Literal:
+            return [str(a) for a in typing.get_args(arg)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in args]
+    return []
+
+
+def _is_float(annotation: Any) -> bool:
+    return annotation is float or float in typing.get_args(annotation)
+
+
+def _lower_bound(info: FieldInfo) -> str:
+    """The input's `min` (inclusive bounds only; the server checks the rest)."""
+    return next((str(m.ge) for m in info.metadata if isinstance(m, Ge)), "")
+
+
+@dataclass(frozen=True)
+class InputField:
+    """One workload field as the form renders it: a number input or a choice."""
+
+    name: str
+    group: str
+    """'shape' or 'recipe'."""
+    help: str
+    default: Any
+    """The placeholder when the preset has no value for it."""
+    choices: list[str] = field(default_factory=list)
+    step: str = "1"
+    min: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("_", " ")
+
+
+def workload_inputs() -> list[InputField]:
+    """Every workload field of the job spec, in the core's order, as the form renders it."""
+    out = []
+    for f in workload_fields():
+        out.append(
+            InputField(
+                name=f.name,
+                group=f.group,
+                help=f.description,
+                default=f.info.default,
+                choices=_choices(f.info.annotation),
+                step="any" if _is_float(f.info.annotation) else "1",
+                min=_lower_bound(f.info),
+            )
+        )
+    return out
+
+
+RECIPE_FIELDS = tuple(f.name for f in workload_inputs() if f.group == "recipe" and not f.choices and f.name != "model")
+"""Recipe fields entered as numbers."""
+CHOICE_FIELDS = tuple(f.name for f in workload_inputs() if f.group == "recipe" and f.choices)
+"""Recipe fields chosen from a list (precision, activation checkpointing)."""
+WORKLOAD_FIELDS = (*RECIPE_FIELDS, *CHOICE_FIELDS, *SHAPE_FIELDS)
+"""Every workload field the form reads besides `model`."""
 
 
 @dataclass
@@ -43,47 +112,40 @@ class OptionField:
         return f"opt.{self.strategy}.{self.name}"
 
 
-def _choices(annotation: Any) -> list[str]:
-    args = typing.get_args(annotation)
-    for arg in args:
-        if typing.get_origin(arg) is typing.Literal:
-            return [str(a) for a in typing.get_args(arg)]
-    if typing.get_origin(annotation) is typing.Literal:
-        return [str(a) for a in args]
-    return []
+def _option_field(strategy: str, name: str, info: FieldInfo) -> OptionField:
+    ann = info.annotation
+    default = info.get_default(call_default_factory=True)
+    if ann is bool:
+        kind, choices = "bool", []
+    elif typing.get_origin(ann) is list:
+        kind, choices = "multi", _choices(typing.get_args(ann)[0])
+    elif _choices(ann):
+        kind, choices = "choice", _choices(ann)
+    else:
+        kind, choices = ("float" if _is_float(ann) else "int"), []
+    return OptionField(strategy, name, kind, default, choices, info.description or "")
 
 
 def option_fields() -> dict[str, list[OptionField]]:
-    """Each strategy's options, from the pydantic models that validate them."""
-    out: dict[str, list[OptionField]] = {}
-    for strategy, model in OPTION_MODELS.items():
-        fields = []
-        for name, info in model.model_fields.items():
-            ann = info.annotation
-            origin = typing.get_origin(ann)
-            default = info.get_default(call_default_factory=True)
-            if ann is bool:
-                kind, choices = "bool", []
-            elif origin is list:
-                kind, choices = "multi", _choices(typing.get_args(ann)[0])
-            elif _choices(ann):
-                kind, choices = "choice", _choices(ann)
-            elif ann is float or float in typing.get_args(ann):
-                kind, choices = "float", []
-            else:
-                kind, choices = "int", []
-            fields.append(OptionField(strategy, name, kind, default, choices, info.description or ""))
-        out[strategy] = fields
-    return out
+    """Each strategy's options, from its descriptor's options model (the one that validates them)."""
+    return {
+        name: [_option_field(name, option, info) for option, info in descriptor.options_model.model_fields.items()]
+        for name, descriptor in REGISTRY.items()
+    }
+
+
+def strategy_titles() -> dict[str, str]:
+    """Each strategy's one-line description, from its descriptor."""
+    return {name: descriptor.title for name, descriptor in REGISTRY.items()}
 
 
 def choice_values() -> dict[str, list[str]]:
-    return {name: _choices(Workload.model_fields[name].annotation) for name in CHOICE_FIELDS}
+    return {f.name: f.choices for f in workload_inputs() if f.name in CHOICE_FIELDS}
 
 
 def preset_table() -> dict[str, dict[str, Any]]:
     """Each preset's shape and default global batch (the form's placeholders)."""
-    return {name: {**cfg.to_dict(), "global_batch_size": DEFAULT_GLOBAL_BATCH.get(name, 8)} for name, cfg in PRESETS.items()}
+    return {name: {**p.config.model_dump(), "global_batch_size": p.global_batch_size} for name, p in PRESETS.items()}
 
 
 def default_values() -> dict[str, Any]:
@@ -99,7 +161,7 @@ def form_to_spec(form: Any) -> dict[str, Any]:
 
     strategy = get("strategy")
     workload: dict[str, Any] = {"model": get("model") or "tiny"}
-    for name in (*RECIPE_FIELDS, *SHAPE_FIELDS, *CHOICE_FIELDS):
+    for name in WORKLOAD_FIELDS:
         if get(name):
             workload[name] = get(name)
     options: dict[str, Any] = {}
@@ -162,8 +224,8 @@ def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None =
     raw = form_to_spec(form)
     strategy = raw["strategy"]["name"]
     errors: dict[str, list[str]] = {}
-    if strategy not in STRATEGIES:
-        return FormCheck(None, {"strategy": [f"choose a strategy: {', '.join(STRATEGIES)}"]})
+    if strategy not in REGISTRY:
+        return FormCheck(None, {"strategy": [f"choose a strategy: {', '.join(STRATEGY_NAMES)}"]})
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
@@ -171,7 +233,7 @@ def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None =
             errors.setdefault(field_for(tuple(err["loc"]), strategy), []).append(err["msg"])
         return FormCheck(None, errors)
     try:
-        job = resolve_job(spec, max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+        job = resolve_job(spec, limits(settings))
     except SpecError as exc:
         for problem in exc.problems:
             errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
@@ -196,14 +258,19 @@ def memory_fit(prediction: dict[str, Any], *, world_size: int, host_memory_bytes
         f"predicted {total / gib:.1f} GiB for {world_size} rank(s) ({per_rank / gib:.2f} GiB each) "
         f"is more than this host's {host_memory_bytes / gib:.1f} GiB"
     )
-    return {"per_rank_bytes": per_rank, "total_bytes": total, "host_memory_bytes": host_memory_bytes, "fits": fits,
-            "message": "" if fits else message}
+    return {
+        "per_rank_bytes": per_rank,
+        "total_bytes": total,
+        "host_memory_bytes": host_memory_bytes,
+        "fits": fits,
+        "message": "" if fits else message,
+    }
 
 
 def form_values(form: Any) -> dict[str, Any]:
     """What the user typed, to put back in the form when it comes back with errors."""
     values: dict[str, Any] = {}
-    for key in form.keys():
+    for key in form:
         if key == "csrf_token":
             continue
         items = form.getlist(key) if hasattr(form, "getlist") else [form.get(key)]
@@ -214,11 +281,15 @@ def form_values(form: Any) -> dict[str, Any]:
 def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
     """A stored run's spec as form values (the form's 'run again' prefill)."""
     wl, st = spec.get("workload") or {}, spec.get("strategy") or {}
-    values: dict[str, Any] = {"model": wl.get("model", "tiny"), "strategy": st.get("name", "ddp"), "world_size": str(st.get("world_size", 1))}
+    values: dict[str, Any] = {
+        "model": wl.get("model", "tiny"),
+        "strategy": st.get("name", "ddp"),
+        "world_size": str(st.get("world_size", 1)),
+    }
     preset = PRESETS.get(values["model"])
-    for name in (*RECIPE_FIELDS, *SHAPE_FIELDS, *CHOICE_FIELDS):
+    for name in WORKLOAD_FIELDS:
         value = wl.get(name)
-        if value is None or (preset is not None and name in SHAPE_FIELDS and getattr(preset, name, None) == value):
+        if value is None or (preset is not None and name in SHAPE_FIELDS and getattr(preset.config, name) == value):
             continue
         values[name] = str(value)
     for key, value in (st.get("options") or {}).items():

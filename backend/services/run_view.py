@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,28 +11,7 @@ from sqlalchemy.orm import Session
 from backend.models import Run
 from backend.services.runs import get_run
 from backend.store import runs as store
-
-GAP_TOLERANCE = 0.10
-"""A measured figure this far from its prediction is flagged (shared/DESIGN.md: above 10%)."""
-
-
-@dataclass
-class Agreement:
-    metric: str
-    unit: str
-    predicted: float | None
-    measured: float | None
-
-    @property
-    def rel_gap(self) -> float | None:
-        if self.predicted in (None, 0) or self.measured is None:
-            return None
-        return (self.measured - self.predicted) / abs(self.predicted)
-
-    @property
-    def flagged(self) -> bool:
-        gap = self.rel_gap
-        return gap is not None and abs(gap) > GAP_TOLERANCE
+from parallab.core.flags import Agreement, agreement
 
 
 @dataclass
@@ -42,26 +22,31 @@ class RunView:
     agreement: list[Agreement] = field(default_factory=list)
 
 
-def agreement(doc: dict[str, Any]) -> list[Agreement]:
-    """Predicted against measured: model state per rank, communication per op, pipeline bubble."""
-    prediction, summary = doc.get("prediction") or {}, doc.get("summary") or {}
-    rows: list[Agreement] = []
-    state = prediction.get("model_state_bytes_per_rank")
-    totals = [sum((r.get("model_state_bytes") or {}).values()) for r in doc.get("ranks") or []]
-    if state or totals:
-        rows.append(Agreement("model state per rank (max)", "bytes", sum(state.values()) if state else None, max(totals) if totals else None))
-    predicted_comm = prediction.get("comm_bytes_per_step") or {}
-    measured_comm = summary.get("comm_bytes_per_step") or {}
-    for op in sorted(set(predicted_comm) | set(measured_comm)):
-        rows.append(Agreement(f"{op} per step", "bytes", predicted_comm.get(op), measured_comm.get(op)))
-    if prediction.get("bubble_fraction") is not None or summary.get("bubble_fraction") is not None:
-        rows.append(Agreement("pipeline bubble", "fraction", prediction.get("bubble_fraction"), summary.get("bubble_fraction")))
-    return rows
+def agreement_rows(doc: dict[str, Any]) -> list[Agreement]:
+    """Predicted beside measured, the core's rows (`parallab.core.flags.agreement`), each flagged
+    exactly when the document's stored `flags` name its metric — the one gap rule, decided once
+    when the result was made. A stored flag no row speaks of still gets a row of its own."""
+    stored = {f["metric"]: f for f in doc.get("flags") or [] if f.get("metric")}
+    rows = agreement(
+        prediction=doc.get("prediction") or {},
+        summary=doc.get("summary") or {},
+        ranks=doc.get("ranks") or [],
+        precision=str((doc.get("workload") or {}).get("precision") or "fp32"),
+    )
+    shown = [dataclasses.replace(row, flagged=row.metric in stored) for row in rows]
+    covered = {row.metric for row in rows}
+    shown += [
+        Agreement(metric, metric, "", flag.get("predicted"), flag.get("measured"), flagged=True)
+        for metric, flag in stored.items()
+        if metric not in covered
+    ]
+    return shown
 
 
 def run_view(*, session: Session, run_id: str) -> RunView:
     """A run, its result document (once finished), which ranks have traces, and theory vs measurement."""
     run = get_run(session=session, run_id=run_id)
     doc = run.result.document if run.result is not None else None
-    return RunView(run=run, document=doc, trace_ranks=store.trace_ranks(session, run.id) if doc else [],
-                   agreement=agreement(doc) if doc else [])
+    return RunView(
+        run=run, document=doc, trace_ranks=store.trace_ranks(session, run.id) if doc else [], agreement=agreement_rows(doc) if doc else []
+    )

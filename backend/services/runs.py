@@ -1,7 +1,13 @@
-"""Submitting, reading and cancelling runs."""
+"""Submitting, reading and cancelling runs.
+
+A spec is resolved once, here, at submission (`parallab.core.jobs.resolve_job`): the run row
+keeps the frozen `ResolvedJob` in `job` — what the worker and the ranks run — and the resolved,
+resubmittable spec in `spec`.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -9,9 +15,12 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
-from backend.schemas.spec import JobSpec
-from backend.services.validation import ResolvedJob, resolve_job
+from backend.queue import enqueue_run
 from backend.store import runs as store
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 
 class RunNotFound(LookupError):
@@ -22,26 +31,58 @@ class RunStateError(ValueError):
     """The run is not in a state that allows what was asked."""
 
 
+class QueueUnavailable(RuntimeError):
+    """The job queue could not be reached: the run was stored, then marked failed, not left queued."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        super().__init__("the job queue is unreachable; the run was not queued")
+
+
+def limits(settings: Settings) -> Limits:
+    """What one job may ask of this deployment's workers."""
+    return Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+
+
 def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
     """Resolve and check a spec against this deployment's limits (raises SpecError)."""
-    return resolve_job(spec, max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+    return resolve_job(spec, limits(settings))
 
 
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
-    """Store a `queued` run for a valid spec (caller commits, then enqueues)."""
+    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues)."""
     job = validate_spec(spec=spec, settings=settings)
     return store.add_run(
         session,
         Run(
-            name=spec.name,
+            name=job.spec.name,
             status="queued",
             source=source,
-            spec=job.to_spec_dict(),
+            spec=job.spec.model_dump(mode="json"),
+            job=job.model_dump(mode="json"),
             strategy=job.strategy,
             world_size=job.world_size,
-            model=spec.workload.model,
+            model=job.workload.model,
         ),
     )
+
+
+def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
+    """Commit a queued run, then enqueue it (Celery's rule: enqueue only what is committed).
+
+    If the broker is unreachable the run is marked failed rather than left queued forever, and
+    QueueUnavailable says so.
+    """
+    run = create_run(session=session, spec=spec, settings=settings, source=source)
+    session.commit()
+    try:
+        enqueue_run(settings, run.id)
+    except Exception as exc:  # any failure to publish: the run must not look queued
+        log.exception("could not enqueue run %s", run.id)
+        store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
+        session.commit()
+        raise QueueUnavailable(run) from exc
+    return run
 
 
 def get_run(*, session: Session, run_id: str) -> Run:
@@ -72,7 +113,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def cancel_run(*, session: Session, run_id: str) -> Run:
-    """A queued run is cancelled at once; a running one is flagged and its worker kills it."""
+    """A queued run is cancelled at once; a running one is flagged and its worker kills it (commits)."""
     run = store.get_run_for_update(session, run_id)
     if run is None:
         raise RunNotFound(run_id)
@@ -82,4 +123,5 @@ def cancel_run(*, session: Session, run_id: str) -> Run:
         store.set_status(session, run, "cancelled", error="cancelled before it started")
     else:
         run.cancel_requested = True
+    session.commit()
     return run

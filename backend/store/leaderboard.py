@@ -16,9 +16,23 @@ from backend.models import Run
 
 # Columns a leaderboard row carries, in display order.
 ROW_COLUMNS = (
-    "id", "name", "model", "strategy", "world_size", "workload_key", "hardware_key", "tokens_per_s", "mfu",
-    "peak_allocated_bytes_max", "step_time_median_s", "comm_time_fraction", "loss_max_rel_diff",
-    "source", "branch", "commit", "created_at",
+    "id",
+    "name",
+    "model",
+    "strategy",
+    "world_size",
+    "workload_key",
+    "hardware_key",
+    "tokens_per_s",
+    "mfu",
+    "peak_allocated_bytes_max",
+    "step_time_median_s",
+    "comm_time_fraction",
+    "loss_max_rel_diff",
+    "source",
+    "branch",
+    "commit",
+    "created_at",
 )
 SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
 FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch")
@@ -50,23 +64,33 @@ def leaderboard_rows(
     config_cols = [getattr(Run, c) for c in CONFIG]
     configs = (
         select(*config_cols, func.max(Run.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
-        .where(*conds).group_by(*config_cols).subquery("configs")
+        .where(*conds)
+        .group_by(*config_cols)
+        .subquery("configs")
     )
     on = [getattr(Run, c) == configs.c[c] for c in CONFIG]
     if best_only:
         on.append(Run.tokens_per_s == configs.c.best_tps)
     joined = (
-        select(*(getattr(Run, c) for c in ROW_COLUMNS), configs.c.config_runs,
-               # two runs of one config with exactly the same throughput: keep one
-               func.row_number().over(partition_by=config_cols, order_by=Run.id).label("tie") if best_only else literal(1).label("tie"))
-        .join(configs, and_(*on)).where(*conds)
+        select(
+            *(getattr(Run, c) for c in ROW_COLUMNS),
+            configs.c.config_runs,
+            # two runs of one config with exactly the same throughput: keep one
+            func.row_number().over(partition_by=config_cols, order_by=Run.id).label("tie") if best_only else literal(1).label("tie"),
+        )
+        .join(configs, and_(*on))
+        .where(*conds)
     ).subquery("joined")
     group = (joined.c.workload_key, joined.c.hardware_key)
-    scored = select(
-        joined,
-        func.rank().over(partition_by=group, order_by=joined.c.tokens_per_s.desc()).label("rank"),
-        func.count().over(partition_by=group).label("group_size"),
-    ).where(joined.c.tie == 1).subquery("scored")
+    scored = (
+        select(
+            joined,
+            func.rank().over(partition_by=group, order_by=joined.c.tokens_per_s.desc()).label("rank"),
+            func.count().over(partition_by=group).label("group_size"),
+        )
+        .where(joined.c.tie == 1)
+        .subquery("scored")
+    )
     order: list[ColumnElement] = []
     if sort in SORTABLE and sort is not None:
         column = scored.c[sort]
@@ -98,8 +122,12 @@ def workload_groups(session: Session) -> list[dict[str, Any]]:
     """Every (workload, hardware) group: its size, how many world sizes, and one run to label it."""
     query = (
         select(
-            Run.workload_key, Run.hardware_key, func.min(Run.model).label("model"), func.count().label("runs"),
-            func.count(distinct(Run.world_size)).label("world_sizes"), func.min(Run.id).label("sample_id"),
+            Run.workload_key,
+            Run.hardware_key,
+            func.min(Run.model).label("model"),
+            func.count().label("runs"),
+            func.count(distinct(Run.world_size)).label("world_sizes"),
+            func.min(Run.id).label("sample_id"),
         )
         .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None))
         .group_by(Run.workload_key, Run.hardware_key)
@@ -112,8 +140,7 @@ def scaling_points(session: Session, *, workload_key: str, hardware_key: str) ->
     """Best tokens/s per (strategy, world size) within one group."""
     query = (
         select(Run.strategy, Run.world_size, func.max(Run.tokens_per_s).label("tokens_per_s"), func.count().label("runs"))
-        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None),
-               Run.workload_key == workload_key, Run.hardware_key == hardware_key)
+        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key == workload_key, Run.hardware_key == hardware_key)
         .group_by(Run.strategy, Run.world_size)
         .order_by(Run.strategy, Run.world_size)
     )

@@ -43,3 +43,15 @@ def test_compare_is_relative_to_the_baseline(client, lab) -> None:
     assert tokens["relative_to_baseline"][0] == 0
     assert tokens["relative_to_baseline"][1] == pytest.approx(14_000 / 16_000 - 1)
     assert client.get("/api/v1/compare", params={"ids": ""}).status_code == 422
+
+
+@pytest.mark.parametrize("url", ["/api/v1/leaderboard", "/leaderboard", "/leaderboard.json", "/leaderboard.csv"])
+def test_the_page_its_exports_and_rest_read_the_same_parameters(client, lab, url) -> None:
+    for bad in ({"world_size": "two"}, {"runs": "some"}, {"dir": "up"}, {"limit": 0}, {"offset": -1}):
+        response = client.get(url, params=bad)
+        assert response.status_code == 422, (url, bad)
+        assert response.json()["detail"][0]["loc"] == ["query", next(iter(bad))]
+    # HTML filter forms send an empty value for "any"
+    response = client.get(url, params={"strategy": "fsdp", "world_size": "", "model": "", "runs": "all"})
+    assert response.status_code == 200
+    assert lab["fsdp2"] in response.text and lab["ddp2"] not in response.text

@@ -20,8 +20,12 @@ DOCUMENT = {
     "environment": {"torch": "2.13.0"},
     "summary": {"tokens_per_s": 1234.5, "step_time_s": {"median": 0.41, "p90": 0.5}, "comm_bytes_per_step": {"all_reduce": 1000}},
     "ranks": [
-        {"rank": r, "model_state_bytes": {"params": 100, "grads": 100, "optimizer": 200}, "step_times_s": [0.4, 0.41],
-         "comm": [{"op": "all_reduce", "count": 1, "bytes": 1000, "time_s": 0.01}]}
+        {
+            "rank": r,
+            "model_state_bytes": {"params": 100, "grads": 100, "optimizer": 200},
+            "step_times_s": [0.4, 0.41],
+            "comm": [{"op": "all_reduce", "count": 1, "bytes": 1000, "time_s": 0.01}],
+        }
         for r in range(2)
     ],
     "loss": {"values": [5.5, 5.4], "reference": [5.5, 5.4]},

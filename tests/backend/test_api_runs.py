@@ -7,6 +7,8 @@ from sqlalchemy import func, select
 
 from backend.db import session_scope
 from backend.models import Run
+from parallab.core.jobs import ResolvedJob, resolve_job
+from parallab.core.spec import JobSpec
 
 VALID = {"workload": {"model": "tiny", "steps": 3}, "strategy": {"name": "ddp", "world_size": 2}}
 
@@ -36,6 +38,35 @@ def test_submit_valid_spec_is_queued_with_resolved_spec(client, settings) -> Non
     assert run_count(settings.sqlalchemy_url) == 1
 
 
+def stored(url: str, run_id: str) -> tuple[dict, dict | None, str]:
+    """A run's stored spec, frozen job and status."""
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        return run.spec, run.job, run.status
+
+
+def test_the_resolved_job_is_frozen_at_submission_and_its_spec_resubmits_to_the_same_job(client, settings) -> None:
+    raw = {"workload": {"model": "tiny", "steps": 3, "rope_theta": 500000}, "strategy": {"name": "pp", "world_size": 2}, "trace": True}
+    run_id = client.post("/api/v1/runs", json=raw).json()["id"]
+    spec, job, _ = stored(settings.sqlalchemy_url, run_id)
+    frozen = ResolvedJob.model_validate(job)
+    assert job == resolve_job(JobSpec.model_validate(raw)).model_dump(mode="json")
+    assert frozen.options.microbatches == 4 and frozen.global_batch_size == 8 and frozen.model.rope_theta == 500000
+    assert frozen.spec.model_dump(mode="json") == spec, "the stored spec is the frozen job's spec"
+    again = client.post("/api/v1/runs", json=spec)
+    assert again.status_code == 202, again.text
+    assert stored(settings.sqlalchemy_url, again.json()["id"])[1] == job
+
+
+def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(client, settings) -> None:
+    settings.broker_url = f"sqla+sqlite:///{settings.resolved_home}/no-such-dir/broker.db"  # the transport cannot open it
+    response = client.post("/api/v1/runs", json=VALID)
+    assert response.status_code == 503 and "queue" in response.json()["detail"]
+    with session_scope(settings.sqlalchemy_url) as session:
+        runs = session.execute(select(Run)).scalars().all()
+        assert [(r.status, "could not reach the job queue" in r.error) for r in runs] == [("failed", True)]
+
+
 @pytest.mark.parametrize(
     ("spec", "loc", "words"),
     [
@@ -44,13 +75,29 @@ def test_submit_valid_spec_is_queued_with_resolved_spec(client, settings) -> Non
         ({"workload": {"steps": 0}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
         ({"workload": {"steps": -3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "steps"], "greater than"),
         ({"workload": {"model": "gpt5"}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "model"], "unknown model"),
-        ({"workload": {"num_heads": 3, "hidden_size": 66}, "strategy": {"name": "tp", "world_size": 2}}, ["body", "workload", "num_heads"], "not divisible by 2"),
+        (
+            {"workload": {"num_heads": 3, "hidden_size": 66}, "strategy": {"name": "tp", "world_size": 2}},
+            ["body", "workload", "num_heads"],
+            "not divisible by 2",
+        ),
         ({"workload": {"num_layers": 3}, "strategy": {"name": "pp", "world_size": 2}}, ["body", "workload", "num_layers"], "layers (3)"),
-        ({"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}}, ["body", "strategy", "options", "microbatches"], "at least the number of stages"),
+        (
+            {"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}},
+            ["body", "strategy", "options", "microbatches"],
+            "at least the number of stages",
+        ),
         ({"workload": {"seq_len": 66}, "strategy": {"name": "ring", "world_size": 4}}, ["body", "workload", "seq_len"], "sequence length"),
-        ({"workload": {"num_experts": 3}, "strategy": {"name": "moe", "world_size": 2}}, ["body", "workload", "num_experts"], "experts (3)"),
+        (
+            {"workload": {"num_experts": 3}, "strategy": {"name": "moe", "world_size": 2}},
+            ["body", "workload", "num_experts"],
+            "experts (3)",
+        ),
         ({"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 3}}}, ["body", "strategy", "options", "tp"], "world size 4"),
-        ({"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}}, ["body", "strategy", "options", "bucket"], "not permitted"),
+        (
+            {"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}},
+            ["body", "strategy", "options", "bucket"],
+            "not permitted",
+        ),
         ({"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload", "stepz"], "not permitted"),
     ],
 )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from backend.schemas.spec import JobSpec
-from backend.services.metrics import prediction_flags
-from backend.services.prediction import GB, predict, zero_stages
-from backend.services.validation import resolve_job
-from backend.workload import param_counts
+from parallab.core.flags import prediction_flags
+from parallab.core.jobs import resolve_job
+from parallab.core.model import param_counts
+from parallab.core.prediction import GB, predict, zero_stages
+from parallab.core.spec import JobSpec
 
 # tiny: V=256, h=64, L=4, f=256, T=64, global batch 8.
 # Ψ = embedding 256·64 + 4 · (4·64² + 2·64 + 3·64·256) + head 256·64 + final norm 64 = 295,488
@@ -17,9 +17,10 @@ BSH = 8 * 64 * 64 * 4  # one (b, s, h) fp32 activation of the whole global batch
 
 
 def job(strategy: str, n: int, precision: str = "fp32", **options):
-    spec = JobSpec.model_validate({"workload": {"model": "tiny", "precision": precision},
-                                   "strategy": {"name": strategy, "world_size": n, "options": options}})
-    return resolve_job(spec, max_world_size=1 << 20)
+    spec = JobSpec.model_validate(
+        {"workload": {"model": "tiny", "precision": precision}, "strategy": {"name": strategy, "world_size": n, "options": options}}
+    )
+    return resolve_job(spec)
 
 
 def test_tiny_param_count_is_the_hand_count():
@@ -101,19 +102,34 @@ def test_zero_paper_table_for_7_5b_at_64_ranks():
     stages = zero_stages(7_500_000_000, 64, "bf16")
     assert {k: round(v / GB, 1) for k, v in stages.items()} == {"baseline": 120.0, "stage1": 31.4, "stage2": 16.6, "stage3": 1.9}
     # a GPT shape of 7.5B parameters, planned as FSDP (stage 3) on 64 ranks
-    spec = JobSpec.model_validate({"workload": {"model": "tiny", "num_layers": 40, "hidden_size": 4096, "num_heads": 32,
-                                                "vocab_size": 50257, "ffn_hidden_size": 8960, "seq_len": 1024,
-                                                "global_batch_size": 64, "precision": "bf16"},
-                                   "strategy": {"name": "fsdp", "world_size": 64}})
-    p = predict(resolve_job(spec, max_world_size=1 << 20))
+    spec = JobSpec.model_validate(
+        {
+            "workload": {
+                "model": "tiny",
+                "num_layers": 40,
+                "hidden_size": 4096,
+                "num_heads": 32,
+                "vocab_size": 50257,
+                "ffn_hidden_size": 8960,
+                "seq_len": 1024,
+                "global_batch_size": 64,
+                "precision": "bf16",
+            },
+            "strategy": {"name": "fsdp", "world_size": 64},
+        }
+    )
+    p = predict(resolve_job(spec))
     assert p["params_total"] == pytest.approx(7.5e9, rel=1e-3)
     assert sum(p["model_state_bytes_per_rank"].values()) / GB == pytest.approx(1.875, rel=2e-3)
     assert round(p["zero_stages_bytes_per_rank"]["stage2"] / GB, 1) == 16.6
 
 
 def test_flags_only_beyond_ten_percent():
-    prediction = {"comm_bytes_per_step": {"all_reduce": 1000, "all_gather": 1000},
-                  "model_state_bytes_per_rank": {"params": 100, "grads": 100, "optimizer": 200}, "bubble_fraction": 0.2}
+    prediction = {
+        "comm_bytes_per_step": {"all_reduce": 1000, "all_gather": 1000},
+        "model_state_bytes_per_rank": {"params": 100, "grads": 100, "optimizer": 200},
+        "bubble_fraction": 0.2,
+    }
     summary = {"comm_bytes_per_step": {"all_reduce": 1050, "all_gather": 1200, "broadcast": 4}, "bubble_fraction": 0.21}
     ranks = [{"model_state_bytes": {"params": 100, "grads": 130, "optimizer": 200}}]
     flags = prediction_flags(prediction=prediction, summary=summary, ranks=ranks)

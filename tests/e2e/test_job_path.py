@@ -33,7 +33,10 @@ def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen:
     log = log_path.open("wb")
     return subprocess.Popen(
         [sys.executable, "-m", "parallab", "worker", "--loglevel", "INFO"],
-        env=worker_env(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=worker_env(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -82,7 +85,7 @@ def test_cancel_a_running_job_kills_its_ranks(redis_setup) -> None:
     running = wait_for(client, run_id, {"running", "failed", "succeeded"})
     assert running["status"] == "running"
     deadline = time.monotonic() + 120
-    while not (client.get(f"/api/v1/runs/{run_id}").json()["progress"] or {}).get("phase") == "train":
+    while (client.get(f"/api/v1/runs/{run_id}").json()["progress"] or {}).get("phase") != "train":
         assert time.monotonic() < deadline, "no live progress reached the API"
         time.sleep(0.5)
     assert client.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
@@ -118,8 +121,12 @@ def test_parallab_up_on_the_embedded_default_runs_a_curl_style_job(tmp_path: Pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
     env.update(PARALLAB_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
     server = subprocess.Popen(
-        [sys.executable, "-m", "parallab", "up", "--port", str(port)], cwd=tmp_path, env=env,
-        stdout=(tmp_path / "up.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [sys.executable, "-m", "parallab", "up", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=(tmp_path / "up.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -156,9 +163,14 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
 
     settings = Settings(home=tmp_path / "home", database_url=sqlite_url)
     with session_scope(sqlite_url) as session:
-        from backend.schemas.spec import JobSpec
+        from parallab.core.spec import JobSpec
 
-        run_id = create_run(session=session, spec=JobSpec.model_validate({**DDP, "workload": {"model": "tiny", "steps": 5000}}), settings=settings, source="api").id
+        run_id = create_run(
+            session=session,
+            spec=JobSpec.model_validate({**DDP, "workload": {"model": "tiny", "steps": 5000}}),
+            settings=settings,
+            source="api",
+        ).id
 
     def kill_a_rank() -> None:
         deadline = time.monotonic() + 120
@@ -166,8 +178,13 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
             with session_scope(sqlite_url) as session:
                 progress = store.get_run(session, run_id).progress
             if progress and progress.get("phase") == "train":
-                ranks = [p for p in psutil.process_iter(["cmdline"]) if "workers.harness.main" in " ".join(p.info["cmdline"] or []) and "--run-dir" in (p.info["cmdline"] or [])
-                         and str(settings.runs_dir / run_id) in " ".join(p.info["cmdline"])]
+                ranks = [
+                    p
+                    for p in psutil.process_iter(["cmdline"])
+                    if "workers.harness.main" in " ".join(p.info["cmdline"] or [])
+                    and "--run-dir" in (p.info["cmdline"] or [])
+                    and str(settings.runs_dir / run_id) in " ".join(p.info["cmdline"])
+                ]
                 if ranks:
                     ranks[-1].kill()
                     return
@@ -187,20 +204,38 @@ def test_a_rank_killed_mid_run_fails_the_run_with_its_log_tail(sqlite_url: str, 
     assert execute_run(run_id, settings) == "skipped"
 
 
-def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
-    """Issue 3's 'the same runs submitted through the API succeed': one worker, queued back to back."""
-    _, client = redis_setup
-    jobs = [("fsdp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {"schedule": "gpipe"}),
-            ("ring", 2, {"zigzag": True}), ("moe", 2, {}), ("hybrid", 4, {"tp": 2})]
+def stored_job(settings: Settings, run_id: str) -> dict:
+    """The frozen resolved job a run was stored with."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        return store.get_run(session, run_id).job
+
+
+def test_every_strategy_submitted_through_the_api_succeeds_and_its_result_resubmits(redis_setup) -> None:
+    """Issue 3's 'the same runs submitted through the API succeed': one worker, queued back to back.
+    Then issue 8's round trip: each result's workload and strategy, posted back as a job spec,
+    is the same frozen job; one resubmission runs to the end."""
+    settings, client = redis_setup
+    jobs = [
+        ("fsdp", 2, {}),
+        ("tp", 2, {"sequence_parallel": True}),
+        ("pp", 2, {"schedule": "gpipe"}),
+        ("ring", 2, {"zigzag": True}),
+        ("moe", 2, {}),
+        ("hybrid", 4, {"tp": 2}),
+    ]
     ids = {}
     for name, world, options in jobs:
-        spec = {"workload": {"model": "tiny", "steps": 2, "warmup_steps": 1}, "strategy": {"name": name, "world_size": world, "options": options},
-                "trace": name == "fsdp"}
+        spec = {
+            "workload": {"model": "tiny", "steps": 2, "warmup_steps": 1},
+            "strategy": {"name": name, "world_size": world, "options": options},
+            "trace": name == "fsdp",
+        }
         response = client.post("/api/v1/runs", json=spec)
         assert response.status_code == 202, response.text
         ids[name] = response.json()["id"]
+    runs = {}
     for name, run_id in ids.items():
-        run = wait_for(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=300)
+        run = runs[name] = wait_for(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=300)
         assert run["status"] == "succeeded", f"{name}: {run['error']}"
         summary = run["result"]["summary"]
         assert summary["tokens_per_s"] > 0
@@ -217,3 +252,25 @@ def test_every_strategy_submitted_through_the_api_succeeds(redis_setup) -> None:
     assert any(name.startswith("gloo:") for name in names), sorted(names)[:20]
     assert client.get(f"/api/v1/runs/{ids['fsdp']}/trace", params={"rank": 2}).status_code == 404
     assert client.get(f"/api/v1/runs/{ids['fsdp']}").json()["result"]["timeline"], "the traced run keeps its timeline"
+
+    # result → spec → resubmit: the same frozen job, every strategy. Only hybrid (the one that
+    # composes two strategies) runs again; the others are cancelled while still queued.
+    resubmitted = {}
+    for name in sorted(runs, key=lambda n: n == "hybrid"):
+        result = runs[name]["result"]
+        spec = {
+            "workload": result["workload"],
+            "strategy": result["strategy"],
+            "trace": runs[name]["spec"]["trace"],
+            "name": result["name"],
+        }
+        response = client.post("/api/v1/runs", json=spec)
+        assert response.status_code == 202, f"{name}: {response.text}"
+        resubmitted[name] = response.json()["id"]
+        assert stored_job(settings, resubmitted[name]) == stored_job(settings, ids[name]), name
+        if name != "hybrid":
+            assert client.post(f"/api/v1/runs/{resubmitted[name]}/cancel").status_code == 200
+    again = wait_for(client, resubmitted["hybrid"], {"succeeded", "failed", "cancelled"}, timeout=300)
+    assert again["status"] == "succeeded", again["error"]
+    assert again["result"]["workload"] == runs["hybrid"]["result"]["workload"]
+    assert again["result"]["strategy"] == runs["hybrid"]["result"]["strategy"]

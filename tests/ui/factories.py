@@ -13,14 +13,26 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
-from backend.schemas.result import ResultDocument
 from backend.services.ingest import attach_result, ingest_upload
-from backend.workload import DEFAULT_GLOBAL_BATCH, PRESETS
+from parallab.core.model import PRESETS
+from parallab.core.result import ResultDocument
 
-BUSBW = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-         "all_to_all": lambda n: (n - 1) / n}
-OPS = {"single": [], "ddp": ["all_reduce"], "fsdp": ["all_gather", "reduce_scatter"], "tp": ["all_reduce"], "pp": ["send", "recv"],
-       "ring": ["send", "recv"], "moe": ["all_to_all", "all_reduce"], "hybrid": ["all_gather", "reduce_scatter", "all_reduce"]}
+BUSBW = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+OPS = {
+    "single": [],
+    "ddp": ["all_reduce"],
+    "fsdp": ["all_gather", "reduce_scatter"],
+    "tp": ["all_reduce"],
+    "pp": ["send", "recv"],
+    "ring": ["send", "recv"],
+    "moe": ["all_to_all", "all_reduce"],
+    "hybrid": ["all_gather", "reduce_scatter", "all_reduce"],
+}
 
 
 def make_document(
@@ -40,13 +52,22 @@ def make_document(
 ) -> ResultDocument:
     """A plausible result document for `strategy` × `world_size` on `model`."""
     rng = random.Random(f"{strategy}{world_size}{tokens_per_s}{seed}")
-    cfg = PRESETS[model].to_dict()
-    cfg.pop("moe_default_experts", None)
+    cfg = PRESETS[model].config.model_dump()
     if seq_len:
         cfg["seq_len"] = seq_len
-    gbs = DEFAULT_GLOBAL_BATCH.get(model, 8)
-    workload = {"model": model, "steps": steps, "warmup_steps": 2, "precision": "fp32", "activation_checkpointing": "none",
-                "grad_accumulation_steps": 1, "lr": 1e-3, "seed": 0, **cfg, "global_batch_size": gbs}
+    gbs = PRESETS[model].global_batch_size
+    workload = {
+        "model": model,
+        "steps": steps,
+        "warmup_steps": 2,
+        "precision": "fp32",
+        "activation_checkpointing": "none",
+        "grad_accumulation_steps": 1,
+        "lr": 1e-3,
+        "seed": 0,
+        **cfg,
+        "global_batch_size": gbs,
+    }
     if strategy == "moe":
         workload["num_experts"] = 4
     n = world_size
@@ -63,12 +84,24 @@ def make_document(
             nbytes = 4 * psi if op in ("all_reduce", "all_gather", "reduce_scatter") else 4 * gbs * cfg["seq_len"] * cfg["hidden_size"] // n
             t = step * comm_frac / len(ops)
             algbw = nbytes / t / 1e9
-            comm.append({"op": op, "count": 4, "bytes": nbytes, "time_s": t, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * BUSBW.get(op, lambda n: 1.0)(n)})
+            comm.append(
+                {
+                    "op": op,
+                    "count": 4,
+                    "bytes": nbytes,
+                    "time_s": t,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * BUSBW.get(op, lambda n: 1.0)(n),
+                }
+            )
         rank = {
-            "rank": r, "model_state_bytes": state, "peak_allocated_bytes": int(sum(state.values()) * (1.6 + 0.1 * rng.random())),
-            "peak_rss_bytes": 300 * 1024**2, "step_times_s": [step * (0.95 + 0.1 * rng.random()) for _ in range(steps)],
-            "comm": comm, "comm_time_fraction": comm_frac,
+            "rank": r,
+            "model_state_bytes": state,
+            "peak_allocated_bytes": int(sum(state.values()) * (1.6 + 0.1 * rng.random())),
+            "peak_rss_bytes": 300 * 1024**2,
+            "step_times_s": [step * (0.95 + 0.1 * rng.random()) for _ in range(steps)],
+            "comm": comm,
+            "comm_time_fraction": comm_frac,
         }
         if strategy == "pp":
             rank["bubble_fraction"] = (n - 1) / (2 * n + n - 1) * (1 + 0.1 * rng.random())
@@ -81,7 +114,7 @@ def make_document(
     timeline = []
     for r in range(n):
         t = 0.0
-        for i, op in enumerate(ops * 2):
+        for op in ops * 2:
             t += 2000 + 500 * rng.random()
             timeline.append({"rank": r, "op": op, "start_us": t, "dur_us": 800 + 400 * rng.random(), "bytes": 4 * psi})
     comm_bytes = {}
@@ -94,17 +127,27 @@ def make_document(
         "hardware": hardware or {"device": "cpu", "device_name": None, "num_devices": n},
         "environment": {"torch": "2.13.0", "backend": "gloo"},
         "summary": {
-            "tokens_per_s": tokens_per_s, "samples_per_s": tokens_per_s / cfg["seq_len"],
-            "step_time_s": {"median": step, "p90": step * 1.05}, "model_flops_per_token": 6 * psi, "tflops_per_s": 6 * psi * tokens_per_s / 1e12,
-            "mfu": mfu, "peak_allocated_bytes_max": max(r["peak_allocated_bytes"] for r in ranks),
-            "peak_rss_bytes_max": 300 * 1024**2, "comm_time_fraction": comm_frac, "comm_bytes_per_step": comm_bytes,
-            "bubble_fraction": ranks[0].get("bubble_fraction"), "loss_max_rel_diff_vs_reference": 1e-4 if strategy != "single" else 0.0,
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": tokens_per_s / cfg["seq_len"],
+            "step_time_s": {"median": step, "p90": step * 1.05},
+            "model_flops_per_token": 6 * psi,
+            "tflops_per_s": 6 * psi * tokens_per_s / 1e12,
+            "mfu": mfu,
+            "peak_allocated_bytes_max": max(r["peak_allocated_bytes"] for r in ranks),
+            "peak_rss_bytes_max": 300 * 1024**2,
+            "comm_time_fraction": comm_frac,
+            "comm_bytes_per_step": comm_bytes,
+            "bubble_fraction": ranks[0].get("bubble_fraction"),
+            "loss_max_rel_diff_vs_reference": 1e-4 if strategy != "single" else 0.0,
             "final_loss": values[-1],
         },
         "ranks": ranks,
         "loss": {"values": values, "reference": reference},
-        "prediction": {"model_state_bytes_per_rank": state, "comm_bytes_per_step": {k: int(v * 0.97) for k, v in comm_bytes.items()},
-                       "bubble_fraction": (n - 1) / (2 * n + n - 1) if strategy == "pp" else None},
+        "prediction": {
+            "model_state_bytes_per_rank": state,
+            "comm_bytes_per_step": {k: int(v * 0.97) for k, v in comm_bytes.items()},
+            "bubble_fraction": (n - 1) / (2 * n + n - 1) if strategy == "pp" else None,
+        },
         "flags": [],
         "timeline": timeline,
         "source": {"branch": branch, "commit": "abc1234"} if branch else None,
@@ -118,9 +161,15 @@ def store_run(session: Session, document: ResultDocument, *, source: str = "ci")
     if source == "ci":
         run, _ = ingest_upload(session, document=document, idempotency_key=None)
     else:
-        run = Run(name=document.name, status="running", source=source,
-                  spec={"name": document.name, "workload": document.workload, "strategy": document.strategy.model_dump(), "trace": False},
-                  strategy=document.strategy.name, world_size=document.strategy.world_size, model=str(document.workload["model"]))
+        run = Run(
+            name=document.name,
+            status="running",
+            source=source,
+            spec={"name": document.name, "workload": document.workload, "strategy": document.strategy.model_dump(), "trace": False},
+            strategy=document.strategy.name,
+            world_size=document.strategy.world_size,
+            model=str(document.workload["model"]),
+        )
         session.add(run)
         session.flush()
         attach_result(session, run=run, document=document)
@@ -132,23 +181,46 @@ def seed_lab(session: Session) -> dict[str, Run]:
     """A small lab: tiny on CPU across strategies and world sizes, small on a GPU, a failed and a queued run."""
     runs: dict[str, Run] = {}
     plan = [
-        ("single", 1, 9_000.0, "form"), ("ddp", 2, 16_000.0, "form"), ("ddp", 4, 28_000.0, "api"), ("fsdp", 2, 14_000.0, "form"),
-        ("fsdp", 4, 25_000.0, "ci"), ("tp", 2, 11_000.0, "ci"), ("pp", 2, 10_000.0, "ci"), ("pp", 4, 15_000.0, "ci"),
-        ("moe", 2, 12_000.0, "api"), ("ring", 2, 12_500.0, "ci"),
+        ("single", 1, 9_000.0, "form"),
+        ("ddp", 2, 16_000.0, "form"),
+        ("ddp", 4, 28_000.0, "api"),
+        ("fsdp", 2, 14_000.0, "form"),
+        ("fsdp", 4, 25_000.0, "ci"),
+        ("tp", 2, 11_000.0, "ci"),
+        ("pp", 2, 10_000.0, "ci"),
+        ("pp", 4, 15_000.0, "ci"),
+        ("moe", 2, 12_000.0, "api"),
+        ("ring", 2, 12_500.0, "ci"),
     ]
     for strategy, n, tps, source in plan:
-        doc = make_document(strategy=strategy, world_size=n, tokens_per_s=tps, name=f"{strategy} ×{n}", branch="main" if source == "ci" else None)
+        doc = make_document(
+            strategy=strategy, world_size=n, tokens_per_s=tps, name=f"{strategy} ×{n}", branch="main" if source == "ci" else None
+        )
         runs[f"{strategy}{n}"] = store_run(session, doc, source=source)
     gpu = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "num_devices": 8}
     for strategy, n, tps, mfu in (("ddp", 8, 410_000.0, 0.31), ("fsdp", 8, 450_000.0, 0.34), ("hybrid", 8, 430_000.0, 0.33)):
         doc = make_document(strategy=strategy, world_size=n, tokens_per_s=tps, model="small", hardware=gpu, mfu=mfu, branch="perf/overlap")
         runs[f"gpu-{strategy}{n}"] = store_run(session, doc)
-    failed = Run(name="ddp that ran out of memory", status="failed", source="form", strategy="ddp", world_size=2, model="tiny",
-                 spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False},
-                 error="torchrun exited with code 1\n--- log tail ---\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    queued = Run(name="fsdp waiting", status="queued", source="form", strategy="fsdp", world_size=2, model="tiny",
-                 spec={"workload": {"model": "tiny"}, "strategy": {"name": "fsdp", "world_size": 2, "options": {}}, "trace": False},
-                 progress={"phase": "train", "step": 3, "steps": 20, "loss": 5.1})
+    failed = Run(
+        name="ddp that ran out of memory",
+        status="failed",
+        source="form",
+        strategy="ddp",
+        world_size=2,
+        model="tiny",
+        spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False},
+        error="torchrun exited with code 1\n--- log tail ---\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    )
+    queued = Run(
+        name="fsdp waiting",
+        status="queued",
+        source="form",
+        strategy="fsdp",
+        world_size=2,
+        model="tiny",
+        spec={"workload": {"model": "tiny"}, "strategy": {"name": "fsdp", "world_size": 2, "options": {}}, "trace": False},
+        progress={"phase": "train", "step": 3, "steps": 20, "loss": 5.1},
+    )
     session.add_all([failed, queued])
     session.commit()
     runs["failed"], runs["queued"] = failed, queued

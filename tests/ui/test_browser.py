@@ -94,9 +94,16 @@ def test_form_shows_options_for_the_chosen_strategy_and_refuses_what_cannot_divi
 def add_running_run(session_factory, *, name: str, strategy: str, step: int) -> str:
     """A 2-rank run on `tiny` that a worker is running, at measured step `step` of 20."""
     with session_factory() as s:
-        run = Run(name=name, status="running", source="form", strategy=strategy, world_size=2, model="tiny",
-                  spec={"workload": {"model": "tiny"}, "strategy": {"name": strategy, "world_size": 2, "options": {}}, "trace": False},
-                  progress={"phase": "train", "step": step, "steps": 20, "loss": 5.5})
+        run = Run(
+            name=name,
+            status="running",
+            source="form",
+            strategy=strategy,
+            world_size=2,
+            model="tiny",
+            spec={"workload": {"model": "tiny"}, "strategy": {"name": strategy, "world_size": 2, "options": {}}, "trace": False},
+            progress={"phase": "train", "step": step, "steps": 20, "loss": 5.5},
+        )
         s.add(run)
         s.commit()
         return run.id
@@ -195,9 +202,17 @@ HARNESS = REPO / "workers" / "harness" / "main.py"
 def test_end_to_end_submit_watch_compare_leaderboard(browser, tmp_path):
     """As a new user: submit DDP and FSDP from the form, watch them finish, compare, see both ranked."""
     settings = make_settings(tmp_path / "home")
-    env = dict(os.environ, PARALLAB_HOME=str(settings.resolved_home), PARALLAB_DATABASE_URL=settings.sqlalchemy_url, PARALLAB_HOST="127.0.0.1")
-    worker = subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], cwd=REPO, env=env,
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = dict(
+        os.environ, PARALLAB_HOME=str(settings.resolved_home), PARALLAB_DATABASE_URL=settings.sqlalchemy_url, PARALLAB_HOST="127.0.0.1"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     from backend.api.app import create_app
     from backend.config import get_settings
 

@@ -14,6 +14,10 @@ from backend.api import csrf
 from backend.models import Run
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
+from parallab.core.jobs import ResolvedJob
+from parallab.core.result import ResultDocument
+from parallab.core.spec import workload_fields
+from parallab.core.strategies import REGISTRY
 from tests.ui.factories import make_document, store_run
 
 XSS = "<script>alert(1)</script>"
@@ -98,31 +102,57 @@ def test_form_post_without_csrf_is_refused(client, session_factory):
 def test_form_error_is_inline_with_input_kept_and_nothing_stored(client, session_factory):
     token = csrf_token(client)
     before = count_runs(session_factory)
-    r = client.post("/runs/new", data={"csrf_token": token, "name": "my tp try", "model": "tiny", "strategy": "tp", "world_size": "3", "steps": "7"})
+    r = client.post(
+        "/runs/new", data={"csrf_token": token, "name": "my tp try", "model": "tiny", "strategy": "tp", "world_size": "3", "steps": "7"}
+    )
     assert r.status_code == 422
     html = r.text
     # The message sits inside the num_heads field's block, and the user's input is still there.
-    block = html[html.index('data-field="num_heads"'):]
+    block = html[html.index('data-field="num_heads"') :]
     block = block[: block.index("</details>")]
     assert "heads (4) is not divisible by 3" in block
     assert 'value="my tp try"' in html and 'value="3"' in html and 'value="7"' in html
     assert re.search(r'<option value="tp"\s+selected', html)
     assert count_runs(session_factory) == before
     # An option error lands beside the option, a schema error beside its field.
-    r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "pp", "world_size": "2", "opt.pp.microbatches": "1"})
+    r = client.post(
+        "/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "pp", "world_size": "2", "opt.pp.microbatches": "1"}
+    )
     assert r.status_code == 422
-    block = r.text[r.text.index('data-field="opt.pp.microbatches"'):][:1500]
+    block = r.text[r.text.index('data-field="opt.pp.microbatches"') :][:1500]
     assert "must be at least the number of stages" in block
     r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "0"})
-    block = r.text[r.text.index('data-field="steps"'):][:1500]
+    block = r.text[r.text.index('data-field="steps"') :][:1500]
     assert r.status_code == 422 and "greater than or equal to 1" in block
     assert count_runs(session_factory) == before
 
 
+def test_form_has_a_field_for_every_workload_field_strategy_and_option(client):
+    html = client.get("/runs/new").text
+    for f in workload_fields():
+        assert f'data-field="{f.name}"' in html, f.name
+    for name, descriptor in REGISTRY.items():
+        assert f'<option value="{name}"' in html and descriptor.title in html
+        for option in descriptor.options_model.model_fields:
+            assert f'data-field="opt.{name}.{option}"' in html, (name, option)
+
+
 def test_form_submit_stores_a_queued_form_run(client, session_factory):
     token = csrf_token(client)
-    r = client.post("/runs/new", data={"csrf_token": token, "name": "from the form", "model": "tiny", "strategy": "fsdp", "world_size": "2",
-                                       "steps": "3", "trace": "on"}, follow_redirects=False)
+    r = client.post(
+        "/runs/new",
+        data={
+            "csrf_token": token,
+            "name": "from the form",
+            "model": "tiny",
+            "strategy": "fsdp",
+            "world_size": "2",
+            "steps": "3",
+            "trace": "on",
+            "rope_theta": "500000",
+        },
+        follow_redirects=False,
+    )
     assert r.status_code == 303
     run_id = r.headers["location"].rsplit("/", 1)[-1]
     with session_factory() as s:
@@ -130,7 +160,8 @@ def test_form_submit_stores_a_queued_form_run(client, session_factory):
         assert run.source == "form" and run.status == "queued" and run.name == "from the form"
         # fsdp's default-on option stays off when its box is left unticked
         assert run.spec["strategy"]["options"]["reshard_after_forward"] is False
-        assert run.spec["trace"] is True and run.spec["workload"]["steps"] == 3
+        assert run.spec["trace"] is True and run.spec["workload"]["steps"] == 3 and run.spec["workload"]["rope_theta"] == 500000
+        assert ResolvedJob.model_validate(run.job).spec.model_dump(mode="json") == run.spec
 
 
 def test_live_prediction_endpoint(client):
@@ -169,15 +200,21 @@ def test_leaderboard_best_per_config_and_filters(session_factory, lab, xss_run):
         # ddp ×2 on tiny/cpu has two runs (the seeded one and xss_run): best-only shows one row with both counted.
         board = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(strategy="ddp", world_size=2))
         assert len(board.rows) == 1 and board.rows[0]["config_runs"] == 2 and board.rows[0]["tokens_per_s"] == 16_000.0
-        every = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(strategy="ddp", world_size=2, best_only=False))
+        every = leaderboard_service.get_leaderboard(
+            session=s, query=leaderboard_service.LeaderboardQuery(strategy="ddp", world_size=2, best_only=False)
+        )
         assert len(every.rows) == 2
         ci = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(source="ci", limit=500))
         assert ci.rows and {r["source"] for r in ci.rows} == {"ci"}
         branch = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(branch="perf/overlap"))
         assert {r["strategy"] for r in branch.rows} == {"ddp", "fsdp", "hybrid"}
-        hw = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(hardware_key="cpu", model="tiny", limit=500))
+        hw = leaderboard_service.get_leaderboard(
+            session=s, query=leaderboard_service.LeaderboardQuery(hardware_key="cpu", model="tiny", limit=500)
+        )
         assert hw.rows and all(r["hardware_key"] == "cpu" and r["model"] == "tiny" for r in hw.rows)
-        by_mfu = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(sort="mfu", descending=True, limit=3))
+        by_mfu = leaderboard_service.get_leaderboard(
+            session=s, query=leaderboard_service.LeaderboardQuery(sort="mfu", descending=True, limit=3)
+        )
         assert [r["mfu"] for r in by_mfu.rows] == [0.34, 0.33, 0.31]
         page = leaderboard_service.get_leaderboard(session=s, query=leaderboard_service.LeaderboardQuery(limit=2, offset=2))
         assert len(page.rows) == 2 and page.total > 4
@@ -244,8 +281,15 @@ def test_scaling_efficiency(session_factory, lab):
 
 def test_cancel_from_the_run_page(client, session_factory):
     with session_factory() as s:
-        run = Run(name="to cancel", status="queued", source="form", strategy="ddp", world_size=2, model="tiny",
-                  spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False})
+        run = Run(
+            name="to cancel",
+            status="queued",
+            source="form",
+            strategy="ddp",
+            world_size=2,
+            model="tiny",
+            spec={"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2, "options": {}}, "trace": False},
+        )
         s.add(run)
         s.commit()
         run_id = run.id
@@ -261,14 +305,41 @@ def test_unknown_run_is_a_404_page(client):
     assert r.status_code == 404 and "No such run" in r.text and "<title>" in r.text
 
 
-def test_run_page_puts_theory_beside_measurement(client, session_factory):
-    doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=13_000.0).model_dump(mode="json")
-    doc["prediction"]["comm_bytes_per_step"]["all_gather"] = doc["summary"]["comm_bytes_per_step"]["all_gather"] // 2  # measured 2× predicted
-    from backend.schemas.result import ResultDocument
+def agreement_table_rows(html: str) -> dict[str, str]:
+    """The run page's theory-vs-measurement rows, by metric."""
+    start = html.index('id="agreement-table"')
+    table = html[start : html.index("</table>", start)]
+    return {re.search(r'data-metric="([^"]+)"', row).group(1): row for row in table.split("<tr")[2:]}
 
+
+def test_run_page_flags_exactly_the_stored_flags(client, session_factory):
+    doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=13_000.0).model_dump(mode="json")
+    measured = doc["summary"]["comm_bytes_per_step"]
+    # Both ops measured at 2× their prediction, but the document's flags name only all_gather:
+    # the page shows the stored verdict, it does not judge again.
+    doc["prediction"]["comm_bytes_per_step"] = {op: measured[op] // 2 for op in ("all_gather", "reduce_scatter")}
+    doc["flags"] = [
+        {
+            "metric": "comm_bytes_per_step.all_gather",
+            "predicted": measured["all_gather"] // 2,
+            "measured": measured["all_gather"],
+            "rel_gap": 1.0,
+        }
+    ]
     with session_factory() as s:
         run = store_run(s, ResultDocument.model_validate(doc))
-    html = client.get(f"/runs/{run.id}").text
-    table = html[html.index('id="agreement-table"'):html.index("</table>", html.index('id="agreement-table"'))]
-    assert "all_gather per step" in table and "+100.0%" in table and "⚑" in table
-    assert "reduce_scatter per step" in table and "+3.1%" in table
+    rows = agreement_table_rows(client.get(f"/runs/{run.id}").text)
+    assert {"comm_bytes_per_step.all_gather", "comm_bytes_per_step.reduce_scatter", "model_state_bytes_per_rank.params"} <= set(rows)
+    assert [metric for metric, row in rows.items() if "⚑" in row] == ["comm_bytes_per_step.all_gather"]
+    assert "all_gather per step" in rows["comm_bytes_per_step.all_gather"] and "+100.0%" in rows["comm_bytes_per_step.all_gather"]
+    assert "+100.0%" in rows["comm_bytes_per_step.reduce_scatter"] and 'class="flagged"' not in rows["comm_bytes_per_step.reduce_scatter"]
+
+
+def test_a_stored_flag_without_a_matching_row_still_shows():
+    from backend.services.run_view import agreement_rows
+
+    doc = make_document(strategy="ddp", world_size=2).model_dump(mode="json")
+    doc["flags"] = [{"metric": "activation_bytes_per_rank", "predicted": 100.0, "measured": 300.0, "rel_gap": 2.0}]
+    rows = agreement_rows(doc)
+    assert [r.metric for r in rows if r.flagged] == ["activation_bytes_per_rank"]
+    assert rows[-1].predicted == 100.0 and rows[-1].measured == 300.0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
 from backend.api.deps import SessionDep
+from backend.api.queries import LeaderboardQueryDep
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
 
@@ -28,24 +29,7 @@ def compare(
 
 
 @router.get("/leaderboard")
-def leaderboard(
-    session: SessionDep,
-    model: str | None = None,
-    hardware: str | None = None,
-    strategy: str | None = None,
-    world_size: Annotated[int | None, Query(ge=1)] = None,
-    source: str | None = None,
-    branch: str | None = None,
-    runs: Literal["best", "all"] = "best",
-    sort: str | None = None,
-    dir: Literal["asc", "desc"] = "desc",
-    limit: Annotated[int, Query(ge=1, le=leaderboard_service.MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
-) -> dict[str, Any]:
+def leaderboard(session: SessionDep, query: LeaderboardQueryDep) -> dict[str, Any]:
     """Ranked within (workload, hardware) groups; runs that are not comparable are never ranked together."""
-    query = leaderboard_service.LeaderboardQuery(
-        model=model, hardware_key=hardware, strategy=strategy, world_size=world_size, source=source, branch=branch,
-        best_only=runs == "best", sort=sort, descending=dir == "desc", limit=limit, offset=offset,
-    )
     board = leaderboard_service.get_leaderboard(session=session, query=query)
-    return {"items": leaderboard_service.export_rows(board), "total": board.total, "limit": limit, "offset": offset}
+    return {"items": leaderboard_service.export_rows(board), "total": board.total, "limit": query.limit, "offset": query.offset}

@@ -10,9 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import CanUpload, SessionDep, SettingsDep
 from backend.api.routes.runs import run_read
-from backend.schemas.result import ResultDocument
 from backend.schemas.runs import RunRead
 from backend.services.ingest import ingest_upload
+from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
 
@@ -50,7 +50,9 @@ async def upload_result(
     try:
         document = ResultDocument.model_validate_json(body)
     except ValidationError as exc:
-        detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)]
+        detail = [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)
+        ]
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from None
 
     def _write() -> RunRead:  # database work off the event loop

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from backend.api.deps import CanSubmit, SessionDep, SettingsDep
 from backend.models import Run
-from backend.queue import enqueue_run
 from backend.schemas.runs import RunList, RunRead, RunSummary
-from backend.schemas.spec import JobSpec
 from backend.services import runs as run_service
 from backend.store import runs as store
+from parallab.core.spec import JobSpec
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 
@@ -30,24 +27,10 @@ def run_read(run: Run) -> RunRead:
     )
 
 
-def submit(*, session, settings, spec: JobSpec, source: str):
-    """Commit a queued run, then enqueue it; if the queue is unreachable the run is failed, not left queued."""
-    run = run_service.create_run(session=session, spec=spec, settings=settings, source=source)
-    session.commit()
-    try:
-        enqueue_run(settings, run.id)
-    except Exception as exc:  # broker down: say so rather than leave a run queued forever
-        log.exception("could not enqueue run %s", run.id)
-        store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
-        session.commit()
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail="the job queue is unreachable; the run was not queued") from exc
-    return run
-
-
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead, dependencies=[CanSubmit])
 def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep) -> RunRead:
-    """Validate a job spec, store it as `queued` and hand it to a worker."""
-    return run_read(submit(session=session, settings=settings, spec=spec, source="api"))
+    """Resolve a job spec, store it as `queued` and hand it to a worker (503 if the queue is unreachable)."""
+    return run_read(run_service.submit_run(session=session, settings=settings, spec=spec, source="api"))
 
 
 @router.get("", response_model=RunList)
@@ -62,7 +45,9 @@ def list_runs(
 ) -> RunList:
     try:
         rows, next_cursor = run_service.list_runs(
-            session=session, limit=limit, cursor=cursor,
+            session=session,
+            limit=limit,
+            cursor=cursor,
             filters={"status": status_, "strategy": strategy, "model": model, "source": source},
         )
     except ValueError as exc:
@@ -77,9 +62,7 @@ def read_run(run_id: str, session: SessionDep) -> RunRead:
 
 @router.post("/{run_id}/cancel", response_model=RunRead, dependencies=[CanSubmit])
 def cancel_run(run_id: str, session: SessionDep) -> RunRead:
-    run = run_service.cancel_run(session=session, run_id=run_id)
-    session.commit()
-    return run_read(run)
+    return run_read(run_service.cancel_run(session=session, run_id=run_id))
 
 
 @router.get("/{run_id}/trace", responses={200: {"content": {"application/gzip": {}}}})
@@ -88,7 +71,7 @@ def read_trace(run_id: str, session: SessionDep, rank: Annotated[int, Query(ge=0
     run_service.get_run(session=session, run_id=run_id)
     data = store.get_trace(session, run_id, rank)
     if data is None:
-        raise HTTPException(404, detail=f"run {run_id} has no trace for rank {rank} (submit with \"trace\": true)")
+        raise HTTPException(404, detail=f'run {run_id} has no trace for rank {rank} (submit with "trace": true)')
     return Response(
         content=data,
         media_type="application/gzip",

@@ -1,0 +1,41 @@
+"""The leaderboard page and its CSV/JSON exports, filtered by the same parser as `GET /api/v1/leaderboard`."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from backend.api.deps import SessionDep, SettingsDep
+from backend.api.pages.rendering import csv_response, render
+from backend.api.queries import LeaderboardQueryDep
+from backend.services import leaderboard as leaderboard_service
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/leaderboard", response_class=HTMLResponse)
+def leaderboard(request: Request, session: SessionDep, settings: SettingsDep, query: LeaderboardQueryDep) -> HTMLResponse:
+    board = leaderboard_service.get_leaderboard(session=session, query=query)
+    options = leaderboard_service.filter_options(session=session)
+    params = {k: v for k, v in request.query_params.items() if k not in ("offset",)}
+    return render(request, "leaderboard.html", {"board": board, "options": options, "params": params}, settings=settings)
+
+
+@router.get("/leaderboard.json")
+def leaderboard_json(session: SessionDep, query: LeaderboardQueryDep) -> JSONResponse:
+    board = leaderboard_service.get_leaderboard(session=session, query=query)
+    rows = leaderboard_service.export_rows(board)
+    return JSONResponse(
+        json.loads(json.dumps({"items": rows, "total": board.total}, default=str)),
+        headers={"Content-Disposition": 'attachment; filename="parallab-leaderboard.json"'},
+    )
+
+
+@router.get("/leaderboard.csv")
+def leaderboard_csv(session: SessionDep, query: LeaderboardQueryDep) -> Response:
+    board = leaderboard_service.get_leaderboard(session=session, query=query)
+    fields = leaderboard_service.EXPORT_FIELDS
+    rows = [list(fields), *([row[k] for k in fields] for row in leaderboard_service.export_rows(board))]
+    return csv_response(rows, "parallab-leaderboard.csv")

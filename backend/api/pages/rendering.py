@@ -1,0 +1,71 @@
+"""The pages' template environment and the helpers every page group renders with.
+
+Templates live in frontend/templates: autoescaped, `StrictUndefined`, with the number filters of
+`backend.api.formatting`. Every page gets a CSRF token (and its cookie) for the forms it may carry.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from fastapi import Request, Response
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+import frontend
+from backend.api import csrf, formatting
+from backend.config import Settings
+from parallab.core.flags import FLAG_TOLERANCE
+
+FRONTEND = Path(frontend.__file__).parent
+
+
+def figure_json(fig: go.Figure) -> Markup:
+    """A figure as JSON that is safe inside <script type="application/json"> (no '<', '>', '&')."""
+    text = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return Markup(text)
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(FRONTEND / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(formatting.FILTERS)
+    env.globals["figure_json"] = figure_json
+    env.globals["flag_tolerance"] = FLAG_TOLERANCE
+    return env
+
+
+templates = Jinja2Templates(env=_environment())
+
+
+def render(request: Request, name: str, context: dict[str, Any], *, settings: Settings, status_code: int = 200) -> HTMLResponse:
+    """Render a page with a CSRF token for its forms, setting this browser's CSRF cookie if it has none."""
+    nonce, token = csrf.issue(request, settings.secret_key) if settings.secret_key else ("", "")
+    response = templates.TemplateResponse(
+        request, name, {"csrf_token": token, "page": name.removesuffix(".html"), **context}, status_code=status_code
+    )
+    if nonce and request.cookies.get(csrf.COOKIE) != nonce:
+        csrf.set_cookie(response, nonce, secure=request.url.scheme == "https")
+    return response
+
+
+def csv_response(rows: list[list[Any]], filename: str) -> Response:
+    """Rows as a CSV download (None as an empty cell)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for row in rows:
+        writer.writerow(["" if v is None else v for v in row])
+    return Response(
+        buf.getvalue(), media_type="text/csv; charset=utf-8", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+    )

@@ -1,0 +1,184 @@
+"""Pages of runs: the index, the job form (and its live check), a run's page, its live status, cancel.
+
+Routes are sync (FastAPI runs them in its thread pool): the forms are read by an async
+dependency first, so no database work ever blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.datastructures import FormData
+
+from backend.api import csrf
+from backend.api.deps import SessionDep, SettingsDep
+from backend.api.pages.rendering import render
+from backend.config import Settings
+from backend.figures import run as run_figs
+from backend.models import FINISHED_STATUSES
+from backend.services import run_form
+from backend.services import runs as run_service
+from backend.services.run_view import run_view
+from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
+from parallab.core.strategies import STRATEGY_NAMES
+
+router = APIRouter(include_in_schema=False)
+
+
+async def read_form(request: Request) -> FormData:
+    """The posted form, read before the (sync) route runs."""
+    return await request.form()
+
+
+FormDep = Annotated[FormData, Depends(read_form)]
+
+
+def host_memory(settings: Settings) -> int | None:
+    """This host's memory, when the ranks run here (local mode)."""
+    if not settings.local_mode:
+        return None
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    status: str | None = None,
+    strategy: str | None = None,
+    cursor: str | None = None,
+) -> HTMLResponse:
+    runs, next_cursor = run_service.list_runs(
+        session=session, limit=100, cursor=cursor, filters={"status": status or None, "strategy": strategy or None}
+    )
+    return render(
+        request,
+        "index.html",
+        {"runs": runs, "next_cursor": next_cursor, "status": status or "", "strategy": strategy or "", "strategies": STRATEGY_NAMES},
+        settings=settings,
+    )
+
+
+def form_page(
+    request: Request, settings: Settings, values: dict[str, Any], errors: dict[str, list[str]], status_code: int = 200
+) -> HTMLResponse:
+    """The job form, with what the user typed and the errors beside their fields."""
+    return render(
+        request,
+        "run_new.html",
+        {
+            "values": values,
+            "errors": errors,
+            "presets": run_form.preset_table(),
+            "strategies": list(STRATEGY_NAMES),
+            "titles": run_form.strategy_titles(),
+            "options": run_form.option_fields(),
+            "choices": run_form.choice_values(),
+            "inputs": run_form.workload_inputs(),
+            "job_fields": run_form.JOB_FIELDS,
+            "shape_fields": run_form.SHAPE_FIELDS,
+            "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
+            "local_mode": settings.local_mode,
+            "max_world_size": settings.max_world_size,
+        },
+        status_code=status_code,
+        settings=settings,
+    )
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+def new_run(
+    request: Request, session: SessionDep, settings: SettingsDep, from_: Annotated[str | None, Query(alias="from")] = None
+) -> HTMLResponse:
+    values = run_form.default_values()
+    if from_:
+        values = run_form.spec_to_values(run_service.get_run(session=session, run_id=from_).spec)
+    return form_page(request, settings, values, {})
+
+
+@router.post("/runs/new", response_class=HTMLResponse)
+def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> Response:
+    values = run_form.form_values(form)
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
+    if not settings.local_mode:
+        return form_page(
+            request,
+            settings,
+            values,
+            {"__all__": ["this server is not in local mode: submit through the API with a token"]},
+            status_code=403,
+        )
+    check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings))
+    if not check.ok or check.spec is None:
+        return form_page(request, settings, values, check.errors, status_code=422)
+    try:
+        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form")
+    except QueueUnavailable as exc:
+        return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+@router.get("/runs/new/plan.json")
+def plan_json(request: Request, settings: SettingsDep) -> dict[str, Any]:
+    """The form's live check: errors by field, the prediction, and whether it fits this host."""
+    check = run_form.check_form(form=request.query_params, settings=settings, host_memory_bytes=host_memory(settings))
+    return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    try:
+        view = run_view(session=session, run_id=run_id)
+    except RunNotFound:
+        return render(
+            request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."}, status_code=404, settings=settings
+        )
+    figures = run_figs.run_figures(view.document) if view.document else {}
+    return render(
+        request,
+        "run.html",
+        {
+            "run": view.run,
+            "doc": view.document,
+            "figures": figures,
+            "agreement": view.agreement,
+            "finished": view.run.status in FINISHED_STATUSES,
+            "trace_ranks": view.trace_ranks,
+        },
+        settings=settings,
+    )
+
+
+@router.get("/runs/{run_id}/status.json")
+def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
+    run = run_service.get_run(session=session, run_id=run_id)
+    return {
+        "id": run.id,
+        "status": run.status,
+        "progress": run.progress,
+        "error": run.error,
+        "cancel_requested": run.cancel_requested,
+        "finished": run.status in FINISHED_STATUSES,
+    }
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel(request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+    if not settings.local_mode:
+        raise HTTPException(403, detail="this server is not in local mode: cancel through the API with a token")
+    with contextlib.suppress(RunStateError):  # already finished: the run page says so
+        run_service.cancel_run(session=session, run_id=run_id)
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)

@@ -1,0 +1,60 @@
+"""Query-string parsers that REST and the pages share, as FastAPI dependencies.
+
+The leaderboard page, its CSV/JSON exports and `GET /api/v1/leaderboard` all read their filters
+through `LeaderboardQueryDep`, so they accept the same names and refuse the same values (422,
+naming the parameter). HTML filter forms send an empty value for "any": empty means unset.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, Query
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from backend.services.leaderboard import MAX_PAGE, LeaderboardQuery
+
+
+class LeaderboardParams(BaseModel):
+    """The leaderboard's query parameters."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    model: str | None = Field(None, description="Model preset.")
+    hardware: str | None = Field(None, description="Hardware key, e.g. `cpu` or `cuda:NVIDIA H100 80GB HBM3`.")
+    strategy: str | None = None
+    world_size: int | None = Field(None, ge=1)
+    source: str | None = Field(None, description="form, api, cli or ci.")
+    branch: str | None = None
+    runs: Literal["best", "all"] = Field("best", description="The best run per (strategy, world size), or every run.")
+    sort: str | None = Field(None, description="Column to sort by (default: rank within each group).")
+    dir: Literal["asc", "desc"] = "desc"
+    limit: int = Field(50, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_unset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v.strip() if isinstance(v, str) else v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
+        return data
+
+
+def leaderboard_query(params: Annotated[LeaderboardParams, Query()]) -> LeaderboardQuery:
+    """The service's query from the query string."""
+    return LeaderboardQuery(
+        model=params.model,
+        hardware_key=params.hardware,
+        strategy=params.strategy,
+        world_size=params.world_size,
+        source=params.source,
+        branch=params.branch,
+        best_only=params.runs == "best",
+        sort=params.sort,
+        descending=params.dir == "desc",
+        limit=params.limit,
+        offset=params.offset,
+    )
+
+
+LeaderboardQueryDep = Annotated[LeaderboardQuery, Depends(leaderboard_query)]

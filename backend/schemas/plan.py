@@ -1,0 +1,87 @@
+"""`GET /api/v1/plan`'s query parameters, derived from the core's declarations.
+
+One parameter per workload field (`parallab.core.spec.workload_fields`, with the same bounds and
+defaults as the job spec) and one per strategy option (every descriptor's `options_model`; an
+option several strategies share, such as `reshard_after_forward`, is one parameter). A field
+added to the core is a `/plan` parameter without touching this file.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+from pydantic.fields import FieldInfo
+
+from parallab.core.spec import JobSpec, StrategyName, StrategySpec, workload_fields
+from parallab.core.strategies import REGISTRY
+
+WORKLOAD_PARAMS: tuple[str, ...] = tuple(f.name for f in workload_fields())
+"""Workload fields, by the names the job spec gives them."""
+
+
+def _accepts_none(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+def _unset_by_default(info: FieldInfo) -> tuple[Any, FieldInfo]:
+    """The option as a query parameter: its type and bounds, None unless given (the strategy fills defaults)."""
+    annotation = info.annotation if _accepts_none(info.annotation) else info.annotation | None  # type: ignore[operator]
+    return annotation, FieldInfo.merge_field_infos(info, annotation=annotation, default=None, default_factory=None)
+
+
+def _option_params() -> dict[str, tuple[Any, FieldInfo]]:
+    """Every strategy option once; strategies that share a name must give it the same type."""
+    params: dict[str, tuple[Any, FieldInfo]] = {}
+    owners: dict[str, str] = {}
+    for strategy, descriptor in REGISTRY.items():
+        for name, info in descriptor.options_model.model_fields.items():
+            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size"):
+                raise TypeError(f"option {strategy}.{name} would shadow a /plan parameter of the same name")
+            if name in params:
+                if params[name][1].annotation != _unset_by_default(info)[1].annotation:
+                    raise TypeError(f"option {name!r} has different types in {owners[name]} and {strategy}")
+                continue
+            params[name], owners[name] = _unset_by_default(info), strategy
+    return params
+
+
+_OPTIONS = _option_params()
+OPTION_PARAMS: tuple[str, ...] = tuple(_OPTIONS)
+"""Strategy options, by name."""
+
+
+class _PlanBase(BaseModel):
+    """The strategy's name and world size (the job spec's declarations), then every field below."""
+
+    model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
+
+    def to_spec(self) -> JobSpec:
+        """The job spec these parameters describe (options only as given: unknown ones are refused)."""
+        given = {name: value for name, value in self.model_dump(mode="json").items() if value is not None}
+        return JobSpec.model_validate(
+            {
+                "workload": {name: given[name] for name in WORKLOAD_PARAMS if name in given},
+                "strategy": {
+                    "name": given["strategy"],
+                    "world_size": given["world_size"],
+                    "options": {name: given[name] for name in OPTION_PARAMS if name in given},
+                },
+            }
+        )
+
+
+def _plan_query() -> type[_PlanBase]:
+    spec = StrategySpec.model_fields
+    fields: dict[str, Any] = {"strategy": (StrategyName, spec["name"]), "world_size": (int, spec["world_size"])}
+    fields.update({f.name: (f.info.annotation, f.info) for f in workload_fields()})
+    fields.update(_OPTIONS)
+    return create_model("PlanQuery", __base__=_PlanBase, __doc__="What to plan: a job spec, flattened.", **fields)
+
+
+if TYPE_CHECKING:
+    PlanQuery = _PlanBase
+else:
+    PlanQuery = _plan_query()

@@ -1,0 +1,49 @@
+"""The leaderboard's workload key: derived from the core's declarations, hashed as it always was."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.services.ingest import workload_key
+from parallab.core.spec import WORKLOAD_KEY_FIELDS
+
+# A `tiny` DDP run's workload block, as the worker writes it.
+TINY = {
+    "model": "tiny",
+    "steps": 10,
+    "warmup_steps": 2,
+    "precision": "fp32",
+    "activation_checkpointing": "none",
+    "grad_accumulation_steps": 1,
+    "lr": 0.001,
+    "seed": 0,
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_layers": 4,
+    "num_heads": 4,
+    "ffn_hidden_size": 256,
+    "seq_len": 64,
+    "num_experts": 0,
+    "top_k": 2,
+    "capacity_factor": 1.25,
+    "norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "global_batch_size": 8,
+}
+
+
+def test_a_known_workload_keeps_its_stored_key() -> None:
+    # Computed by the key function before the fields moved into parallab.core: keys already in
+    # the database must keep matching new runs of the same workload.
+    assert workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
+
+
+@pytest.mark.parametrize("change", [{"steps": 99}, {"seed": 3}, {"lr": 0.1}, {"warmup_steps": 0}, {"norm_eps": 1e-6}, {"rope_theta": 1.0}])
+def test_what_does_not_change_the_measurement_does_not_change_the_key(change) -> None:
+    assert workload_key({**TINY, **change}) == workload_key(TINY)
+
+
+@pytest.mark.parametrize("name", WORKLOAD_KEY_FIELDS)
+def test_every_keyed_field_splits_the_group(name) -> None:
+    changed = {**TINY, name: "bf16" if name == "precision" else "full" if name == "activation_checkpointing" else TINY[name] * 2 + 1}
+    assert workload_key(changed) != workload_key(TINY)
