@@ -7,7 +7,6 @@ reduce_scatter of 512 fp32 (2048 B), all_to_all of 256 fp32 (1024 B), one send a
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def main(out_dir: Path, steps: int, window: int) -> None:
             _ = torch.randn(64, 64) @ torch.randn(64, 64)
             assert x[0].item() == sum(range(1, world + 1))
             prof.step()
-    (out_dir / f"result_rank{rank}.json").write_text(json.dumps(prof.results()))
+    (out_dir / f"result_rank{rank}.json").write_text(prof.results().model_dump_json())
     dist.destroy_process_group()
 
 
