@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from pydantic import TypeAdapter
 
-from workers.harness.measure import StepProfiler
+from workers.harness.measure import ProfileResult, StepProfiler
 
 
 def main(out_dir: Path, steps: int, window: int) -> None:
@@ -38,7 +39,7 @@ def main(out_dir: Path, steps: int, window: int) -> None:
             _ = torch.randn(64, 64) @ torch.randn(64, 64)
             assert x[0].item() == sum(range(1, world + 1))
             prof.step()
-    (out_dir / f"result_rank{rank}.json").write_text(prof.results().model_dump_json())
+    (out_dir / f"result_rank{rank}.json").write_bytes(TypeAdapter(ProfileResult).dump_json(prof.results()))
     dist.destroy_process_group()
 
 

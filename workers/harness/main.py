@@ -187,7 +187,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
         step_times_s=result.step_times_s,
         moe=loop.moe_stats(applied.model, ctx=ctx),
-        **profiler.results().model_dump(),
+        **profiler.results().record_fields(),
         peak_rss_bytes=measure.peak_rss_bytes(),  # before rank 0's reference run adds its own
     )
 

@@ -8,17 +8,18 @@ is decided in `workers.harness.attribution`, which needs no torch and is tested 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import resource
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -83,20 +84,23 @@ class _CommRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-class ProfileResult(BaseModel):
-    """What the profiled window measured, under the names the rank record gives them."""
+@dataclass
+class ProfileResult:
+    """What the profiled window measured, under the names the rank record (`RankRecord`) gives them."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    comm: list[CommOp] = Field(default_factory=list)
+    comm: list[CommOp] = field(default_factory=list)
     comm_time_fraction: float | None = None
     bubble_fraction: float | None = None
-    timeline: list[TimelineEvent] = Field(default_factory=list)
+    timeline: list[TimelineEvent] = field(default_factory=list)
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
+
+    def record_fields(self) -> dict[str, Any]:
+        """The fields as keyword arguments of `RankRecord`."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class StepProfiler:
