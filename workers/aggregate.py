@@ -1,65 +1,54 @@
 """Merge the ranks' records into one result document.
 
-Runs in the worker (or `parallab bench`) after torchrun exits. Pure Python, no torch: the ranks
-wrote JSON, this reads it. The record each rank writes, ``rank{r}.json`` in the run directory:
-
-- ``rank``, ``model_state_bytes`` {params, grads, optimizer}, ``peak_allocated_bytes``,
-  ``peak_reserved_bytes``, ``peak_rss_bytes``, ``step_times_s`` (measured steps),
-  ``comm`` (per-step CommOp dicts), ``comm_time_fraction``, ``bubble_fraction``,
-  ``memory_breakdown``, ``moe`` — as in `RankResult`;
-- ``timeline``: events of the profiled steps (rank, op, start_us, dur_us, bytes);
-- rank 0 also: ``loss`` {values, reference}, ``hardware``, ``environment``, ``collectives``.
+Runs in the worker (or `parallab bench`) after torchrun exits. Pure Python, no torch: each rank
+wrote its `RankRecord` (`parallab.core.result`) to `RunDir.rank_record(r)`; this reads them back
+and builds the `ResultDocument` with the core's formulas — the summary (`metrics.summarize`), the
+prediction (`prediction.predict`) and the gap rule (`flags.prediction_flags`).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from backend.schemas.result import SCHEMA_VERSION, ResultDocument
-from backend.services import metrics
-from backend.services.prediction import predict
-from backend.services.validation import ResolvedJob
-from backend.workload import model_flops_per_token
-
-RANK_RESULT_KEYS = (
-    "rank", "model_state_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes",
-    "step_times_s", "comm", "comm_time_fraction", "bubble_fraction", "memory_breakdown", "moe",
-)
+from parallab.core.flags import prediction_flags
+from parallab.core.jobs import ResolvedJob
+from parallab.core.metrics import summarize
+from parallab.core.model import model_flops_per_token
+from parallab.core.prediction import predict
+from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
+from parallab.core.rundir import RunDir
 
 
-def read_rank_records(run_dir: Path, world_size: int) -> list[dict[str, Any]]:
+def read_rank_records(run_dir: RunDir, world_size: int) -> list[RankRecord]:
     """Each rank's record, in rank order; a missing one means that rank died before the end."""
     records = []
     for rank in range(world_size):
-        path = run_dir / f"rank{rank}.json"
+        path = run_dir.rank_record(rank)
         if not path.exists():
             raise FileNotFoundError(f"rank {rank} wrote no record ({path.name})")
-        records.append(json.loads(path.read_text()))
+        records.append(RankRecord.model_validate_json(path.read_text()))
     return records
 
 
-def build_result(job: ResolvedJob, records: list[dict[str, Any]]) -> ResultDocument:
-    """The result document of a finished job from its ranks' records."""
+def build_result(job: ResolvedJob, records: list[RankRecord]) -> ResultDocument:
+    """The result document of a finished job from its ranks' records (rank order)."""
     lead = records[0]
-    ranks = [{k: r[k] for k in RANK_RESULT_KEYS if k in r} for r in records]
-    hardware = lead.get("hardware", {})
-    loss = lead.get("loss") or {"values": [], "reference": None}
-    training = job.strategy != "collectives"
-    tokens_per_step = job.global_batch_size * job.model.seq_len if training else 0
-    summary = metrics.summarize(
-        ranks=ranks,
-        tokens_per_step=tokens_per_step,
-        samples_per_step=job.global_batch_size if training else 0,
-        flops_per_token=model_flops_per_token(job.model) if training else None,
+    ranks = [record.rank_result() for record in records]
+    rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
+    hardware = lead.hardware or {}
+    loss = lead.loss or LossCurve()
+    summary = summarize(
+        ranks=rank_dicts,
+        tokens_per_step=job.tokens_per_step,
+        samples_per_step=job.global_batch_size if job.trains else 0,
+        flops_per_token=model_flops_per_token(job.model) if job.trains else None,
         device_name=hardware.get("device_name"),
         world_size=job.world_size,
-        loss=loss,
+        loss=loss.model_dump(),
     )
-    timeline = [event for r in records for event in r.get("timeline", [])]
-    prediction = predict(job) if training else {}
-    flags = metrics.prediction_flags(prediction=prediction, summary=summary, ranks=ranks, precision=job.spec.workload.precision) if training else []
+    prediction = predict(job)
+    flags = prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
     return ResultDocument.model_validate(
         {
             "schema_version": SCHEMA_VERSION,
@@ -67,14 +56,14 @@ def build_result(job: ResolvedJob, records: list[dict[str, Any]]) -> ResultDocum
             "workload": job.workload_document(),
             "strategy": job.strategy_document(),
             "hardware": hardware,
-            "environment": lead.get("environment", {}),
+            "environment": lead.environment or {},
             "summary": summary,
             "ranks": ranks,
             "loss": loss,
             "prediction": prediction,
             "flags": flags,
-            "timeline": timeline,
-            "collectives": lead.get("collectives", []),
+            "timeline": [event for record in records for event in record.timeline],
+            "collectives": lead.collectives or [],
             "tags": job.spec.tags,
         }
     )

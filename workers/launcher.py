@@ -1,8 +1,10 @@
 """Launch one job's ranks with torchrun as a subprocess in its own process group.
 
 Shared by the Celery task and `parallab bench`: the same command, the same limits, the same
-run directory layout. The caller's process never imports torch or forks ranks itself; a crash,
-a timeout or a cancel takes the whole process group down and nothing else.
+run directory (`parallab.core.rundir.RunDir`). The launcher writes the frozen `ResolvedJob` to
+`RunDir.job` and the ranks load it from there — they never resolve a spec themselves. The
+caller's process never imports torch or forks ranks itself; a crash, a timeout or a cancel takes
+the whole process group down and nothing else.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.services.validation import ResolvedJob
+from parallab.core.jobs import ResolvedJob
+from parallab.core.rundir import RunDir
 
-LOG_NAME = "torchrun.log"
 LOG_TAIL_LINES = 60
 
 
@@ -36,11 +38,13 @@ class LaunchOutcome:
         return self.reason is None
 
 
-def torchrun_command(job: ResolvedJob, spec_path: Path, run_dir: Path, cache_dir: Path | None) -> list[str]:
+def torchrun_command(job: ResolvedJob, run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | None) -> list[str]:
+    """torchrun running `workers.harness.main` on the job file of `run_dir`, one process per rank."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(job.world_size),
-        "-m", "workers.harness.main", "--spec", str(spec_path), "--run-dir", str(run_dir),
+        "-m", "workers.harness.main", "--job", str(run_dir.job), "--run-dir", str(run_dir.path),
+        "--trace-cap-bytes", str(trace_cap_bytes),
     ]
     if cache_dir is not None:
         cmd += ["--cache-dir", str(cache_dir)]
@@ -52,7 +56,7 @@ def rank_environment(job: ResolvedJob) -> dict[str, str]:
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.world_size)))
     env["PYTHONUNBUFFERED"] = "1"
-    # The ranks import workers/ and backend/ from wherever this process found them.
+    # The ranks import workers/ and parallab/ from wherever this process found them.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -69,7 +73,7 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 class ProgressTail:
-    """Follows rank 0's progress.jsonl from where it last stopped, keeping the newest line."""
+    """Follows the ranks' progress file (`RunDir.progress`) from where it last stopped, keeping the newest line."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -98,7 +102,7 @@ class ProgressTail:
         return fresh
 
 
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
     """SIGTERM the process group `proc` leads, then SIGKILL it if it has not exited in `grace_s`."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
         try:
@@ -114,24 +118,23 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
 
 def launch(
     job: ResolvedJob,
-    run_dir: Path,
+    run_dir: RunDir,
     *,
     timeout_s: float,
+    trace_cap_bytes: int,
     cache_dir: Path | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
     poll_s: float = 0.5,
 ) -> LaunchOutcome:
     """Run the job's ranks to completion (or until the limit or a cancel) and say how it ended."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(job.to_spec_dict(), indent=2))
-    log_path = run_dir / LOG_NAME
+    run_dir.create()
+    run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
     deadline = time.monotonic() + timeout_s
-    progress = ProgressTail(run_dir / "progress.jsonl")
-    with log_path.open("wb") as log:
+    progress = ProgressTail(run_dir.progress)
+    with run_dir.log.open("wb") as log:
         proc = subprocess.Popen(
-            torchrun_command(job, spec_path, run_dir, cache_dir),
+            torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=rank_environment(job), start_new_session=True,
         )
@@ -155,4 +158,4 @@ def launch(
     code = proc.returncode
     if reason is None and code != 0:
         reason = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(log_path))
+    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(run_dir.log))

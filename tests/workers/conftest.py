@@ -1,32 +1,38 @@
 """Fixtures for the worker tests: launch real torchrun jobs (gloo, CPU) and read their results.
 
-`harness_job` runs one job through the real entry point and returns (result document, run dir);
-jobs are memoised for the session, so tests that assert different things about the same job share
-one launch. All jobs share a reference cache directory, so the `single` curve of a workload is
-computed in the first job that needs it (in-job path) and read from the cache after (cache path).
+`harness_job` resolves a job once, runs it through the real launcher (which writes the frozen job
+to the run directory for the ranks) and returns (result document, run dir); jobs are memoised for
+the session, so tests that assert different things about the same job share one launch. All jobs
+share a reference cache directory, so the `single` curve of a workload is computed in the first
+job that needs it (in-job path) and read from the cache after (cache path).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from backend.schemas.result import ResultDocument
-from backend.schemas.spec import JobSpec
-from backend.services.validation import resolve_job
+from backend.config import Settings
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.result import ResultDocument
+from parallab.core.rundir import RunDir
+from parallab.core.spec import JobSpec
 from workers.aggregate import build_result, read_rank_records
+from workers.launcher import launch
 
 REPO = Path(__file__).resolve().parents[2]
 THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
 """(strategy, world size, options, workload, tokens/s) of every job this session launched."""
 # tiny, a few steps: seconds on 2 cores. lr 1e-2 so the curve moves enough for the comparison to bite.
 TEST_WORKLOAD: dict[str, Any] = {"model": "tiny", "steps": 3, "warmup_steps": 1, "lr": 1e-2, "seed": 0}
+TRACE_CAP_BYTES: int = Settings.model_fields["max_trace_bytes"].default
+"""The worker's default cap on a stored trace."""
 
 
 def torchrun_env() -> dict[str, str]:
@@ -36,14 +42,27 @@ def torchrun_env() -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, args: list[str], *, timeout: float = 400) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, args: list[str], *, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
-    return subprocess.run(cmd, cwd=REPO, env=torchrun_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=torchrun_env(), capture_output=True, text=True, check=False, timeout=timeout)
 
 
-def make_spec(strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None) -> dict[str, Any]:
-    spec = JobSpec.model_validate({"workload": {**TEST_WORKLOAD, **(workload or {})}, "strategy": {"name": strategy, "world_size": world_size, "options": options or {}}})
-    return resolve_job(spec, max_world_size=world_size).to_spec_dict()
+def make_job(
+    strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None, *, trace: bool = False,
+) -> ResolvedJob:
+    """The test workload with `workload` on top, resolved once as the API would."""
+    spec = JobSpec.model_validate(
+        {"workload": {**TEST_WORKLOAD, **(workload or {})}, "strategy": {"name": strategy, "world_size": world_size, "options": options or {}}, "trace": trace}
+    )
+    return resolve_job(spec, Limits(max_world_size=max(world_size, 8)))
+
+
+def run_job(job: ResolvedJob, run_dir: Path, *, cache_dir: Path | None, trace_cap_bytes: int = TRACE_CAP_BYTES) -> ResultDocument:
+    """Launch `job` as the worker does and merge its ranks' records."""
+    files = RunDir(run_dir)
+    outcome = launch(job, files, timeout_s=600, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
+    assert outcome.ok, f"torchrun failed ({outcome.reason}):\n{outcome.log_tail}"
+    return build_result(job, read_rank_records(files, job.world_size))
 
 
 @pytest.fixture(scope="session")
@@ -53,19 +72,19 @@ def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path) -> Callable[..., tuple[ResultDocument, Path]]:
-    done: dict[str, tuple[ResultDocument, Path]] = {}
+    done: dict[tuple[str, int], tuple[ResultDocument, Path]] = {}
 
-    def run(strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None) -> tuple[ResultDocument, Path]:
-        spec = make_spec(strategy, world_size, options, workload)
-        key = json.dumps(spec, sort_keys=True)
+    def run(
+        strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None,
+        *, trace: bool = False, trace_cap_bytes: int = TRACE_CAP_BYTES,
+    ) -> tuple[ResultDocument, Path]:
+        job = make_job(strategy, world_size, options, workload, trace=trace)
+        key = (job.model_dump_json(), trace_cap_bytes)
         if key not in done:
             run_dir = tmp_path_factory.mktemp(f"{strategy}{world_size}")
-            (run_dir / "spec.json").write_text(json.dumps(spec))
-            proc = torchrun(world_size, ["-m", "workers.harness.main", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir), "--cache-dir", str(reference_cache)])
-            assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-            job = resolve_job(JobSpec.model_validate(spec), max_world_size=world_size)
-            done[key] = (build_result(job, read_rank_records(run_dir, world_size)), run_dir)
-            THROUGHPUT.append((strategy, world_size, spec["strategy"]["options"], spec["workload"], done[key][0].summary.tokens_per_s))
+            doc = run_job(job, run_dir, cache_dir=reference_cache, trace_cap_bytes=trace_cap_bytes)
+            done[key] = (doc, run_dir)
+            THROUGHPUT.append((strategy, world_size, job.strategy_document()["options"], job.workload_document(), doc.summary.tokens_per_s))
         return done[key]
 
     return run
@@ -74,10 +93,13 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
 @pytest.fixture(scope="session")
 def ring_moe_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
     """One 4-rank torchrun of ring_moe_driver.py: ring attention and EP MoE cases at n=4 and n=2."""
+    import json
+
     out = tmp_path_factory.mktemp("ring-moe") / "results.json"
     proc = torchrun(4, [str(Path(__file__).with_name("ring_moe_driver.py")), "--out", str(out)])
     assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
+    results: dict[str, dict[str, float]] = json.loads(out.read_text())
+    return results
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -7,14 +7,14 @@ reduce_scatter of 512 fp32 (2048 B), all_to_all of 256 fp32 (1024 B), one send a
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from pydantic import TypeAdapter
 
-from workers.harness.measure import StepProfiler
+from workers.harness.measure import ProfileResult, StepProfiler
 
 
 def main(out_dir: Path, steps: int, window: int) -> None:
@@ -39,7 +39,7 @@ def main(out_dir: Path, steps: int, window: int) -> None:
             _ = torch.randn(64, 64) @ torch.randn(64, 64)
             assert x[0].item() == sum(range(1, world + 1))
             prof.step()
-    (out_dir / f"result_rank{rank}.json").write_text(json.dumps(prof.results()))
+    (out_dir / f"result_rank{rank}.json").write_bytes(TypeAdapter(ProfileResult).dump_json(prof.results()))
     dist.destroy_process_group()
 
 

@@ -1,14 +1,29 @@
-"""The launcher's file followers: progress lines arrive whole, log tails stay bounded."""
+"""The launcher: the ranks' command line, and its file followers (progress lines arrive whole,
+log tails stay bounded)."""
 
 from __future__ import annotations
 
 import json
 
-from workers.launcher import ProgressTail, read_log_tail
+from parallab.core.jobs import Limits, resolve_job
+from parallab.core.rundir import RunDir
+from parallab.core.spec import JobSpec
+from workers.launcher import ProgressTail, read_log_tail, torchrun_command
+
+
+def test_the_ranks_get_the_job_file_and_the_trace_cap(tmp_path) -> None:
+    job = resolve_job(JobSpec.model_validate({"strategy": {"name": "fsdp", "world_size": 2}}), Limits())
+    run_dir = RunDir(tmp_path)
+    cmd = torchrun_command(job, run_dir, trace_cap_bytes=4096, cache_dir=None)
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[cmd.index("--job") + 1] == str(run_dir.job)
+    assert cmd[cmd.index("--trace-cap-bytes") + 1] == "4096"
+    assert "--cache-dir" not in cmd and "--spec" not in cmd
+    assert torchrun_command(job, run_dir, trace_cap_bytes=4096, cache_dir=tmp_path / "c")[-2:] == ["--cache-dir", str(tmp_path / "c")]
 
 
 def test_progress_tail_returns_only_complete_new_lines(tmp_path) -> None:
-    path = tmp_path / "progress.jsonl"
+    path = RunDir(tmp_path).progress
     tail = ProgressTail(path)
     assert tail.poll() is None  # no file yet
     path.write_text(json.dumps({"phase": "warmup", "step": 0}) + "\n" + '{"phase": "tr')
@@ -21,7 +36,7 @@ def test_progress_tail_returns_only_complete_new_lines(tmp_path) -> None:
 
 
 def test_log_tail_keeps_the_last_lines(tmp_path) -> None:
-    log = tmp_path / "torchrun.log"
+    log = RunDir(tmp_path).log
     log.write_text("".join(f"line {i}\n" for i in range(1000)))
     tail = read_log_tail(log, lines=5)
     assert tail.splitlines() == [f"line {i}" for i in range(995, 1000)]

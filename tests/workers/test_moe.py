@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from parallab.core.rundir import RunDir
+
 pytestmark = pytest.mark.slow
 
 
@@ -27,7 +29,7 @@ def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
     doc, run_dir = harness_job("moe", 2)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
     # No other job shares this reference (MoE routes in dp groups): rank 0 computed it in-job.
-    phases = [json.loads(line)["phase"] for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    phases = [json.loads(line)["phase"] for line in RunDir(run_dir).progress.read_text().splitlines()]
     total = doc.workload["warmup_steps"] + doc.workload["steps"]
     assert phases.count("reference") == total and phases.count("train") == doc.workload["steps"]
     experts = doc.workload["num_experts"]
@@ -43,8 +45,6 @@ def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
 
 
 def sum_params(doc) -> int:
-    from backend.workload import build_model_config, param_counts
+    from parallab.core.model import SHAPE_FIELDS, ModelConfig, param_counts
 
-    w = doc.workload
-    cfg = build_model_config(w["model"], {k: w[k] for k in ("num_experts", "top_k", "capacity_factor")})
-    return param_counts(cfg).total
+    return param_counts(ModelConfig.model_validate({k: doc.workload[k] for k in SHAPE_FIELDS})).total

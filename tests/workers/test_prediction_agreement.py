@@ -7,18 +7,13 @@ Real torchrun jobs of the harness on gloo (`tiny`, 3 measured steps after 1 warm
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from backend.schemas.spec import JobSpec
-from backend.services.validation import resolve_job
-from workers.aggregate import build_result, read_rank_records
+from parallab.core.jobs import Limits, resolve_job
+from parallab.core.spec import JobSpec
+from tests.workers.conftest import run_job
 
-REPO = Path(__file__).resolve().parents[2]
 CASES = [  # (strategy, world size, options): every strategy, and the options that change the traffic
     ("ddp", 2, {}), ("fsdp", 2, {}), ("fsdp", 2, {"reshard_after_forward": False}), ("tp", 2, {}),
     ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}), ("ring", 2, {}), ("moe", 2, {}), ("hybrid", 4, {}),
@@ -37,15 +32,8 @@ def run(tmp_path_factory):
         if key not in cache:
             spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
                                            "strategy": {"name": strategy, "world_size": n, "options": options or {}}})
-            job = resolve_job(spec, max_world_size=8)
-            run_dir = tmp_path_factory.mktemp(f"{strategy}{n}")
-            (run_dir / "spec.json").write_text(json.dumps(job.to_spec_dict()))
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                   "-m", "workers.harness.main", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)]
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            cache[key] = build_result(job, read_rank_records(run_dir, n))
+            job = resolve_job(spec, Limits(max_world_size=8))
+            cache[key] = run_job(job, tmp_path_factory.mktemp(f"{strategy}{n}"), cache_dir=None)
         return cache[key]
 
     return launch

@@ -1,16 +1,20 @@
 """Every strategy through the real entry point (torchrun, gloo) agrees with `single`.
 
-Each job is launched once per session (`harness_job` memoises) and merged by
-`workers.aggregate.build_result` exactly as the worker does; the assertions read the document.
+Each job is resolved once, launched once per session through the worker's launcher
+(`harness_job` memoises) and merged by `workers.aggregate.build_result` exactly as the worker
+does; the assertions read the document.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from tests.workers.conftest import make_spec, torchrun
+from parallab.core.jobs import ResolvedJob
+from parallab.core.rundir import RunDir
+from tests.workers.conftest import make_job, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +49,7 @@ def test_loss_agrees_with_single(harness_job, case):
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
     assert all(len(r.step_times_s) == doc.workload["steps"] for r in doc.ranks)
     assert doc.hardware["device"] == "cpu" and doc.environment["backend"] == "gloo"
-    lines = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in RunDir(run_dir).progress.read_text().splitlines()]
     assert [line["step"] for line in lines if line["phase"] == "train"] == list(range(doc.workload["steps"]))
     assert [line["phase"] for line in lines][:1] == ["warmup"]
     assert all(line["loss"] is not None and line["loss"] > 0 for line in lines), "pipeline: the last stage reports"
@@ -70,18 +74,34 @@ def test_single_is_its_own_reference(harness_job):
 
 def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
     doc, _ = harness_job("fsdp", 2, {}, {"precision": "bf16", "activation_checkpointing": "full", "grad_accumulation_steps": 2})
-    assert all(v == v and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
+    assert all(math.isfinite(v) and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
     assert doc.workload["precision"] == "bf16"
 
 
+def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):
+    doc, run_dir = harness_job("tp", 2)
+    job = ResolvedJob.model_validate_json(RunDir(run_dir).job.read_text())
+    assert job == make_job("tp", 2)
+    assert doc.workload == job.workload_document() and doc.strategy.model_dump() == job.strategy_document()
+
+
 def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):
-    spec = make_spec("ddp", 2)
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    # Launched on 1 process: re-resolving the spec on the rank refuses world size 2.
-    proc = torchrun(1, ["-m", "workers.harness.main", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)], timeout=120)
+    files = RunDir(tmp_path)
+    files.write_atomic(files.job, make_job("ddp", 2).model_dump_json().encode())
+    # Launched on 1 process: the rank refuses a job frozen for 2 ranks (it never re-resolves it).
+    args = ["-m", "workers.harness.main", "--job", str(files.job), "--run-dir", str(tmp_path), "--trace-cap-bytes", "1024"]
+    proc = torchrun(1, args, timeout=120)
     assert proc.returncode != 0
-    assert "Traceback" in proc.stderr and "world size 2 is above" in proc.stderr
-    assert not (tmp_path / "rank0.json").exists()
+    assert "Traceback" in proc.stderr and "the job runs on 2 rank(s) but torchrun started 1" in proc.stderr
+    assert not files.rank_record(0).exists()
+
+
+def test_the_trace_cap_reaches_the_ranks(harness_job):
+    """The launcher hands the worker's cap to every rank's profiler: 1 KiB holds not even one step."""
+    doc, run_dir = harness_job("ddp", 2, trace=True, trace_cap_bytes=1024)
+    assert doc.timeline, "the timeline does not depend on the stored trace"
+    assert not any(RunDir(run_dir).trace(r).exists() for r in range(2))
+    assert not any(RunDir(run_dir).raw_trace(r).exists() for r in range(2)), "the raw export is cleaned up"
 
 
 def test_collectives_job_runs_through_the_same_entry_point(harness_job):

@@ -11,15 +11,16 @@ receives from the previous at once) â€” and algbw = size / time, busbw = algbw Ã
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from backend.services.metrics import bandwidths_gbps
+from parallab.core.metrics import bandwidths_gbps
+from parallab.core.result import CollectivePoint
+from parallab.core.strategies.collectives import CollectivesOptions
 
 DTYPE = torch.float32
-BUSBW_OP = {"send_recv": "send_recv"}
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -66,24 +67,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_collectives(rank: int, world_size: int, device: torch.device, options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sweep every op over every size; CollectivePoint dicts {op, size_bytes, time_s, algbw_gbps, busbw_gbps}."""
+def run_collectives(rank: int, world_size: int, device: torch.device, options: CollectivesOptions) -> list[CollectivePoint]:
+    """Sweep every op over every size; one point per (op, size), the same on every rank."""
     device = torch.device(device)
-    points: list[dict[str, Any]] = []
-    for name in options["ops"]:
-        for size in sizes(int(options["min_bytes"]), int(options["max_bytes"])):
+    points: list[CollectivePoint] = []
+    for name in options.ops:
+        for size in sizes(options.min_bytes, options.max_bytes):
             call, nbytes = _op(name, size, rank, world_size, device)
-            for _ in range(int(options["warmup_iters"])):
+            for _ in range(options.warmup_iters):
                 call()
             _sync(device)
             dist.barrier()
             start = time.perf_counter()
-            for _ in range(int(options["iters"])):
+            for _ in range(options.iters):
                 call()
             _sync(device)
-            elapsed = torch.tensor([(time.perf_counter() - start) / int(options["iters"])], dtype=torch.float64, device=device)
+            elapsed = torch.tensor([(time.perf_counter() - start) / options.iters], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             seconds = float(elapsed.item())
             algbw, busbw = bandwidths_gbps(name, nbytes, seconds, world_size)
-            points.append({"op": name, "size_bytes": nbytes, "time_s": seconds, "algbw_gbps": algbw or 0.0, "busbw_gbps": busbw or 0.0})
+            points.append(CollectivePoint(op=name, size_bytes=nbytes, time_s=seconds, algbw_gbps=algbw or 0.0, busbw_gbps=busbw or 0.0))
     return points

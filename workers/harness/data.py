@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.workload import ModelConfig
+from parallab.core.model import ModelConfig
 
 
 def global_batch(cfg: ModelConfig, *, global_batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ Each measured step is timed between two device synchronisations.
 Losses stay local during the measured window — combining them is one all-reduce *after* it
 (`global_losses`), so the loss bookkeeping adds no collective to the communication measured.
 One rank (rank 0; a pipeline's last stage, which holds the loss) appends a line per step to
-`progress.jsonl` for the live UI, with its local loss; rank 0 adds the reference run's lines.
+the run's progress file (`RunDir.progress`) for the live UI, with its local loss; rank 0 adds the reference run's lines.
 """
 
 from __future__ import annotations
@@ -17,26 +17,30 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from backend.services.validation import ResolvedJob
+from parallab.core.jobs import ResolvedJob
+from parallab.core.rundir import RunDir
+from parallab.core.strategies.base import StrategyOptions
+from workers.harness.amp import Amp
 from workers.harness.data import global_batch
+from workers.harness.measure import StepProfiler
 from workers.harness.model import MoE
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.0
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Progress:
-    """Appends {"phase", "step", "steps", "loss"} lines to progress.jsonl (one rank only)."""
+    """Appends {"phase", "step", "steps", "loss"} lines to the run's progress file (one rank only)."""
 
-    def __init__(self, run_dir: Path | None, enabled: bool):
-        self.path = run_dir / "progress.jsonl" if (run_dir is not None and enabled) else None
+    def __init__(self, run_dir: RunDir | None, enabled: bool):
+        self.path = run_dir.progress if (run_dir is not None and enabled) else None
 
     def write(self, phase: str, step: int, steps: int, loss: float | None) -> None:
         if self.path is None:
@@ -44,58 +48,6 @@ class Progress:
         with self.path.open("a") as fh:
             fh.write(json.dumps({"phase": phase, "step": step, "steps": steps, "loss": loss}) + "\n")
             fh.flush()
-
-
-@dataclass
-class Precision:
-    """Autocast, and for fp16 a dynamic loss scale, handed to the strategies' forward_backward.
-
-    The fp16 scaler is our own rather than torch.amp.GradScaler: that one unscales with a foreach
-    kernel that refuses a mix of DTensor and plain grads (TP keeps norms as plain tensors) and
-    cannot see into the pipeline schedule's backward. Here every grad is unscaled on its own; a
-    non-finite grad on any rank skips the step on every rank (one all-reduce per fp16 step).
-    """
-
-    name: str
-    device_type: str
-    scale: float = 1.0
-    good_steps: int = 0
-
-    GROWTH_INTERVAL = 2000
-
-    def __post_init__(self) -> None:
-        if self.name == "fp16":
-            self.scale = 2.0**16
-
-    def autocast(self) -> Any:
-        if self.name in DTYPES:
-            return torch.autocast(device_type=self.device_type, dtype=DTYPES[self.name])
-        return contextlib.nullcontext()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.scale if self.scale != 1.0 else loss).backward()
-
-    def step(self, optimizer: torch.optim.Optimizer, ctx: Any) -> None:
-        if self.name != "fp16":
-            optimizer.step()
-            return
-        bad = torch.zeros((), device=ctx.device)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.mul_(1.0 / self.scale)
-                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                    bad = torch.maximum(bad, (~torch.isfinite(local)).any().float())
-        if dist.is_initialized() and ctx.world_size > 1:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item():
-            self.scale /= 2
-            self.good_steps = 0
-            return
-        optimizer.step()
-        self.good_steps += 1
-        if self.good_steps % self.GROWTH_INTERVAL == 0:
-            self.scale *= 2
 
 
 @dataclass
@@ -110,12 +62,15 @@ def moe_layers(model: torch.nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, progress: Progress, profiler: Any = None, phase: str = "train") -> TrainResult:
-    """Warm-up then measured steps; `profiler` (a StepProfiler) wraps the measured ones only."""
-    wl = job.spec.workload
-    options = job.options
+def train(
+    *, applied: Applied, strategy: Strategy[Any, Any], options: StrategyOptions, ctx: RunContext, job: ResolvedJob,
+    progress: Progress, profiler: StepProfiler | None = None, phase: str = "train",
+) -> TrainResult:
+    """Warm-up then measured steps; `profiler` wraps the measured ones only."""
+    wl = job.workload
+    model = applied.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=wl.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    precision = Precision(wl.precision, ctx.device.type)
+    amp = Amp(wl.precision, ctx.device.type)
     result = TrainResult(optimizer=optimizer)
 
     def one_step(step: int) -> torch.Tensor:
@@ -126,10 +81,10 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
         total = torch.zeros((), device=ctx.device)
         for micro in range(ctx.accum_steps):
             batch = strategy.local_batch(inputs, labels, ctx, options, micro).to(ctx.device)
-            with strategy.accumulate(model, micro == ctx.accum_steps - 1):
-                total += strategy.forward_backward(model, batch, ctx, options, precision).float()
-        strategy.sync_grads(model, ctx, options)
-        precision.step(optimizer, ctx)
+            with strategy.accumulate(applied, micro == ctx.accum_steps - 1):
+                total += strategy.forward_backward(applied, batch, ctx, options, amp).float()
+        strategy.sync_grads(applied, ctx, options)
+        amp.step(optimizer, ctx)
         return total
 
     def report(step: int, warmup: bool, loss: torch.Tensor) -> None:
@@ -163,7 +118,7 @@ def train(*, model: torch.nn.Module, strategy: Any, ctx: Any, job: ResolvedJob, 
     return result
 
 
-def global_losses(result: TrainResult, *, weight: float, ctx: Any) -> list[float]:
+def global_losses(result: TrainResult, *, weight: float, ctx: RunContext) -> list[float]:
     """Global mean loss of each measured step: Σ over ranks of weight × local loss, one all-reduce."""
     local = torch.stack(result.losses).to(ctx.device).float() * weight
     if dist.is_initialized() and ctx.world_size > 1:
@@ -171,7 +126,7 @@ def global_losses(result: TrainResult, *, weight: float, ctx: Any) -> list[float
     return [float(x) for x in local.cpu()]
 
 
-def moe_stats(model: torch.nn.Module, *, ctx: Any) -> dict[str, Any] | None:
+def moe_stats(model: torch.nn.Module, *, ctx: RunContext) -> dict[str, Any] | None:
     """Tokens routed per expert (all layers, all ranks, measured steps), imbalance, dropped slots."""
     layers = moe_layers(model)
     if not layers:
@@ -181,7 +136,6 @@ def moe_stats(model: torch.nn.Module, *, ctx: Any) -> dict[str, Any] | None:
     stats = torch.cat([routed, dropped[None]])
     if dist.is_initialized() and ctx.world_size > 1:
         dist.all_reduce(stats)
-    stats = stats.cpu().tolist()
-    per_expert, dropped = stats[:-1], stats[-1]
+    *per_expert, total_dropped = stats.cpu().tolist()
     mean = sum(per_expert) / len(per_expert)
-    return {"tokens_per_expert": per_expert, "imbalance": (max(per_expert) / mean) if mean else 0.0, "dropped_tokens": int(dropped)}
+    return {"tokens_per_expert": per_expert, "imbalance": (max(per_expert) / mean) if mean else 0.0, "dropped_tokens": int(total_dropped)}

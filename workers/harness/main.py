@@ -1,17 +1,20 @@
 """Rank entry point: `python -m torch.distributed.run --standalone --nproc-per-node N
--m workers.harness.main --spec SPEC.json --run-dir DIR [--cache-dir CACHE]`.
+-m workers.harness.main --job JOB.json --run-dir DIR --trace-cap-bytes B [--cache-dir CACHE]`.
 
-Every strategy, `single` included, runs this one path: resolve the spec again (the rules live in
-backend.services.validation), set up the rank (runtime), build the seeded model on CPU, let the
-strategy shard it, train with the shared loop under the StepProfiler, combine the losses once,
-then — on rank 0, with the trained model freed — obtain the `single` reference curve (computed
-here, or read from the cache) and write `rank{r}.json` (the record `workers.aggregate` merges).
+Every strategy, `single` included, runs this one path: load the frozen `ResolvedJob` the launcher
+wrote (resolved once, at submission — never again here), set up the rank (runtime), build the
+seeded model on CPU, let the strategy shard it, train with the shared loop under the
+StepProfiler, combine the losses once, then — on rank 0, with the trained model freed — obtain
+the `single` reference curve (computed here, or read from the cache) and write the rank's
+`RankRecord` (`RunDir.rank_record`, which `workers.aggregate` merges). Job kinds that train
+nothing (`job.trains` false: the collectives sweep) run their own sweep instead.
 Any exception exits non-zero with its traceback on stderr; the process group is always destroyed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import importlib.metadata
@@ -28,33 +31,41 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from backend.schemas.spec import JobSpec
-from backend.services.validation import ResolvedJob, resolve_job
-from workers.harness import loop, measure
-from workers.harness.model import apply_activation_checkpointing, build_model
-from workers.harness.runtime import RunContext, init_runtime, shutdown
+from parallab.core.jobs import ResolvedJob
+from parallab.core.result import LossCurve, ModelStateBytes, RankRecord
+from parallab.core.rundir import RunDir
+from parallab.core.strategies.base import NoOptions
+from parallab.core.strategies.collectives import CollectivesOptions
+from parallab.core.strategies.moe import MoEOptions
 from workers import strategies
+from workers.harness import loop, measure
+from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
+from workers.harness.runtime import RunContext, init_runtime, shutdown
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="workers.harness.main")
-    parser.add_argument("--spec", type=Path, required=True, help="ResolvedJob.to_spec_dict() as JSON")
+    parser.add_argument("--job", type=Path, required=True, help="the frozen ResolvedJob as JSON (RunDir.job)")
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--trace-cap-bytes", type=int, required=True, help="cap on one rank's stored (gzipped) Chrome trace")
     parser.add_argument("--cache-dir", type=Path, default=None, help="reference loss curves, by workload hash")
     return parser.parse_args(argv)
 
 
-def load_job(path: Path, world_size: int) -> ResolvedJob:
-    return resolve_job(JobSpec.model_validate(json.loads(path.read_text())), max_world_size=world_size)
+def load_job(path: Path) -> ResolvedJob:
+    """The job exactly as it was resolved at submission (loading re-runs no rule)."""
+    return ResolvedJob.model_validate_json(path.read_text())
 
 
 def aux_loss_coef(job: ResolvedJob) -> float:
-    return float(job.options.get("aux_loss_coef", 0.01))
+    """The MoE load-balancing weight: the moe strategy's option, else its default (dense-MoE under ddp/fsdp)."""
+    options = job.options
+    return options.aux_loss_coef if isinstance(options, MoEOptions) else MoEOptions().aux_loss_coef
 
 
-def new_model(job: ResolvedJob, *, route_groups: int = 1) -> torch.nn.Module:
-    model = build_model(job.model, seed=job.spec.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
-    apply_activation_checkpointing(model, job.spec.workload.activation_checkpointing)
+def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
+    model = build_model(job.model, seed=job.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
+    apply_activation_checkpointing(model, job.workload.activation_checkpointing)
     return model
 
 
@@ -72,9 +83,10 @@ def reference_key(job: ResolvedJob) -> str:
 def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress) -> list[float]:
     """Train the plain model on one device (no collectives), routing MoE in dp groups (expert_parallel.py)."""
     single = strategies.get("single")
-    solo = RunContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=ctx.device, backend="none", accum_steps=ctx.accum_steps, precision=ctx.precision)
-    model = single.apply(new_model(job, route_groups=job.dp_degree if job.model.is_moe else 1), solo, {})
-    result = loop.train(model=model, strategy=single, ctx=solo, job=job, progress=progress, phase="reference")
+    solo = dataclasses.replace(ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None)
+    options = NoOptions()
+    applied = single.apply(new_model(job, route_groups=job.dp_degree if job.model.is_moe else 1), solo, options)
+    result = loop.train(applied=applied, strategy=single, options=options, ctx=solo, job=job, progress=progress, phase="reference")
     return [float(x) for x in torch.stack(result.losses).cpu()]
 
 
@@ -84,7 +96,8 @@ def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, p
     if job.strategy == "single":
         curve = own
     elif path is not None and path.exists():
-        return json.loads(path.read_text())["loss"]
+        cached: list[float] = json.loads(path.read_text())["loss"]
+        return cached
     else:
         curve = compute_reference(job, ctx, progress)
     if path is not None:
@@ -134,75 +147,73 @@ def environment(ctx: RunContext) -> dict[str, Any]:
     return {"torch": torch.__version__, "python": platform.python_version(), "backend": ctx.backend, "parallab_version": version}
 
 
-def write_record(run_dir: Path, rank: int, record: dict[str, Any]) -> None:
-    tmp = run_dir / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(run_dir / f"rank{rank}.json")
+def write_record(run_dir: RunDir, record: RankRecord) -> None:
+    run_dir.write_atomic(run_dir.rank_record(record.rank), record.model_dump_json().encode())
 
 
-# ---- the two job kinds ----
+# ---- the two kinds of job ----
 
 
-def run_collectives(job: ResolvedJob, ctx: RunContext, run_dir: Path) -> None:
-    from workers.harness import collectives  # written separately; a job of this kind needs it
+def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
+    """A job that trains nothing: the collectives sweep, timed as one step."""
+    from workers.harness import collectives  # only this job kind needs it
 
+    assert isinstance(job.options, CollectivesOptions), f"{job.strategy} is not a sweep"
     start = time.perf_counter()
     points = collectives.run_collectives(ctx.rank, ctx.world_size, ctx.device, job.options)
-    total = time.perf_counter() - start
-    record: dict[str, Any] = {
-        "rank": ctx.rank,
-        "model_state_bytes": {"params": 0, "grads": 0, "optimizer": 0},
-        "peak_rss_bytes": measure.peak_rss_bytes(),
-        "step_times_s": [total],
-    }
+    record = RankRecord(
+        rank=ctx.rank, model_state_bytes=ModelStateBytes(params=0, grads=0, optimizer=0),
+        peak_rss_bytes=measure.peak_rss_bytes(), step_times_s=[time.perf_counter() - start],
+    )
     if ctx.is_lead:
-        record.update(collectives=points, loss={"values": [], "reference": None}, hardware=hardware(ctx), environment=environment(ctx))
-    write_record(run_dir, ctx.rank, record)
+        record = record.model_copy(update={"collectives": points, "loss": LossCurve(), "hardware": hardware(ctx), "environment": environment(ctx)})
+    write_record(run_dir, record)
 
 
-def run_training(job: ResolvedJob, ctx: RunContext, run_dir: Path, cache_dir: Path | None) -> None:
-    strategy = strategies.get(job.strategy)
-    progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, job.options))
-    model = strategy.apply(new_model(job), ctx, job.options)
-    profiler = measure.StepProfiler(enabled=True, trace=job.spec.trace, rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir, device=ctx.device)
-    result = loop.train(model=model, strategy=strategy, ctx=ctx, job=job, progress=progress, profiler=profiler)
+def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: Path | None, trace_cap_bytes: int) -> None:
+    strategy, options = strategies.get(job.strategy), job.options
+    progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, options))
+    applied = strategy.apply(new_model(job), ctx, options)
+    profiler = measure.StepProfiler(
+        enabled=True, trace=job.spec.trace, rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir.path, device=ctx.device,
+        trace_cap_bytes=trace_cap_bytes,
+    )
+    result = loop.train(applied=applied, strategy=strategy, options=options, ctx=ctx, job=job, progress=progress, profiler=profiler)
 
     # After the measured window: the collectives of the bookkeeping, then the measurements.
-    losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, job.options), ctx=ctx)
-    moe = loop.moe_stats(model, ctx=ctx)
-    record: dict[str, Any] = {
-        "rank": ctx.rank,
-        "model_state_bytes": measure.model_state_bytes(model, result.optimizer),
-        "step_times_s": result.step_times_s,
-    }
-    record.update(profiler.results())
-    if moe is not None:
-        record["moe"] = moe
-    record["peak_rss_bytes"] = measure.peak_rss_bytes()  # before rank 0's reference run adds its own
+    losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, options), ctx=ctx)
+    record = RankRecord(
+        rank=ctx.rank,
+        model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
+        step_times_s=result.step_times_s,
+        moe=loop.moe_stats(applied.model, ctx=ctx),
+        **profiler.results().record_fields(),
+        peak_rss_bytes=measure.peak_rss_bytes(),  # before rank 0's reference run adds its own
+    )
 
-    del model, result, profiler
+    del applied, result, profiler
     gc.collect()  # the pipeline schedule and its stage reference the module: cycles
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     if ctx.is_lead:
         reference = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
-        record.update(loss={"values": losses, "reference": reference}, hardware=hardware(ctx), environment=environment(ctx))
-    write_record(run_dir, ctx.rank, record)
+        record = record.model_copy(
+            update={"loss": LossCurve(values=losses, reference=reference), "hardware": hardware(ctx), "environment": environment(ctx)}
+        )
+    write_record(run_dir, record)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     code = 0
     try:
-        args.run_dir.mkdir(parents=True, exist_ok=True)
-        job = load_job(args.spec, int(os.environ.get("WORLD_SIZE", 1)))
-        ctx = init_runtime(job.strategy, job.options)
-        ctx.accum_steps = job.spec.workload.grad_accumulation_steps
-        ctx.precision = job.spec.workload.precision
-        if job.strategy == "collectives":
-            run_collectives(job, ctx, args.run_dir)
+        run_dir = RunDir(args.run_dir).create()
+        job = load_job(args.job)
+        ctx = init_runtime(job)
+        if job.trains:
+            run_training(job, ctx, run_dir, args.cache_dir, args.trace_cap_bytes)
         else:
-            run_training(job, ctx, args.run_dir, args.cache_dir)
+            run_sweep(job, ctx, run_dir)
         if dist.is_initialized() and ctx.world_size > 1:
             dist.barrier()  # nobody tears the group down while rank 0 still computes the reference
     except BaseException:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit

@@ -1,9 +1,9 @@
 """The workload model: a Llama-style decoder built from a `ModelConfig`.
 
-Parameter layout is contractual — `backend.workload.param_counts` counts exactly these tensors:
-token embedding; per block RMSNorm, q/k/v/o without bias, RMSNorm, SwiGLU MLP (w1, w3: h→f;
-w2: f→h) or an MoE MLP (router h→E and E SwiGLU experts stored stacked); final RMSNorm; an untied
-LM head. Rotary positions, no position table.
+Parameter layout is contractual — `parallab.core.model.param_counts` and the prediction's
+`parallab.core.costs.model_tensors` count exactly these tensors: token embedding; per block
+RMSNorm, q/k/v/o without bias, RMSNorm, SwiGLU MLP (w1, w3: h→f; w2: f→h) or an MoE MLP (router
+h→E and E SwiGLU experts stored stacked); final RMSNorm; an untied LM head. Rotary positions, no position table.
 
 Names are chosen for the strategies: blocks live in a `ModuleDict` keyed "0".."L-1" so pipeline
 stages can drop blocks without renaming the others (torchtitan's layout), and the three hooks a
@@ -14,14 +14,14 @@ strategy may set are plain attributes — `Attention.attn_fn` (ring attention sw
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from backend.workload import ModelConfig
+from parallab.core.model import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -95,7 +95,7 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Te
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
-def local_dispatch(moe: "MoE", xs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+def local_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
     """Every expert is on this rank: group the routed rows by expert, run each, restore the order."""
     order = torch.argsort(expert_ids, stable=True)
     counts = torch.bincount(expert_ids - moe.expert_offset, minlength=moe.num_local_experts)
@@ -129,7 +129,7 @@ class MoE(nn.Module):
         self.expert_offset = 0
         self.num_local_experts = e
         self.route_groups = 1
-        self.dispatch: Callable[["MoE", torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
+        self.dispatch: Callable[[MoE, torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.reset_stats()
 
@@ -227,8 +227,12 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(p, std=0.02)
 
+    def blocks(self) -> list[Block]:
+        """The blocks this module holds, in order (a pipeline stage holds some)."""
+        return [blk for blk in self.layers.values() if isinstance(blk, Block)]
+
     def moe_layers(self) -> list[MoE]:
-        return [blk.feed_forward for blk in self.layers.values() if isinstance(blk.feed_forward, MoE)]
+        return [blk.feed_forward for blk in self.blocks() if isinstance(blk.feed_forward, MoE)]
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or with `labels` the loss: mean cross-entropy (+ MoE aux loss).
@@ -274,5 +278,5 @@ def build_model(cfg: ModelConfig, *, seed: int, aux_loss_coef: float = 0.0, rout
 
 def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
     """none; full = recompute every block; selective = every other block (torchtitan's layer SAC)."""
-    for i, block in enumerate(model.layers.values()):
+    for i, block in enumerate(model.blocks()):
         block.checkpoint = mode == "full" or (mode == "selective" and i % 2 == 0)

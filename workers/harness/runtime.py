@@ -1,23 +1,29 @@
 """Device, backend, process group and device mesh of one rank — passed around, never global.
 
-CUDA available → NCCL, one rank per GPU by LOCAL_RANK; otherwise CPU ranks on gloo. Meshes are
-built with the rank's own device type ("cpu" on CPU: FSDP2 over gloo with a cuda mesh crashes).
+CUDA available → NCCL, one rank per GPU by LOCAL_RANK; otherwise CPU ranks on gloo. The mesh is
+the job's (`ResolvedJob.mesh`, from its strategy descriptor), built with the rank's own device
+type ("cpu" on CPU: FSDP2 over gloo with a cuda mesh crashes); job kinds without a mesh (the
+collectives sweep) run on the default process group.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from parallab.core.jobs import ResolvedJob
+from parallab.core.spec import Precision
 
-@dataclass
+
+@dataclass(frozen=True)
 class RunContext:
-    """What a rank knows about where it runs; strategies read their mesh dims from `mesh`."""
+    """What a rank knows about where it runs, built once by `init_runtime` and never changed
+    (a variant, such as the reference run's one-process context, is a `dataclasses.replace`)."""
 
     rank: int
     world_size: int
@@ -25,11 +31,12 @@ class RunContext:
     local_world_size: int
     device: torch.device
     backend: str
-    mesh: DeviceMesh | None = None
-    """Named dims per strategy: dp, tp, pp, cp, ep — or ("dp", "tp") for hybrid."""
+    """"nccl", "gloo", or "none" for a context that talks to nobody (the reference run)."""
     accum_steps: int = 1
     """Gradient-accumulation micro-steps per optimizer step (the workload's recipe)."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
+    mesh: DeviceMesh | None = None
+    """The job's mesh: named dims dp, tp, pp, cp, ep — ("dp", "tp") for hybrid; None without one."""
 
     @property
     def is_lead(self) -> bool:
@@ -40,30 +47,32 @@ class RunContext:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def mesh_dim(self, name: str) -> DeviceMesh:
+        """The 1-D mesh of dim `name` (the whole mesh when it is 1-D); an error naming the dims otherwise."""
+        names = (self.mesh.mesh_dim_names or ()) if self.mesh is not None else ()
+        if self.mesh is None or name not in names:
+            raise RuntimeError(f"this rank's mesh has no {name!r} dim (dims: {', '.join(names) or 'none'})")
+        return self.mesh[name] if self.mesh.ndim > 1 else self.mesh
 
-def mesh_shape(strategy: str, world_size: int, options: dict[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The mesh each strategy runs on (hybrid: dp outer, tp inner — TP wants the closer ranks)."""
-    if strategy == "hybrid":
-        tp = options["tp"]
-        return (world_size // tp, tp), ("dp", "tp")
-    dim = {"tp": "tp", "pp": "pp", "ring": "cp", "moe": "ep"}.get(strategy, "dp")
-    return (world_size,), (dim,)
-
-
-def check_mesh(shape: tuple[int, ...], world_size: int) -> None:
-    product = 1
-    for size in shape:
-        product *= size
-    if product != world_size:
-        raise ValueError(f"mesh {shape} has {product} ranks but the job runs on {world_size}")
+    def dp_coordinate(self) -> tuple[int, int]:
+        """(data-parallel degree, this rank's index) on the mesh's "dp" dim; (1, 0) without one."""
+        if self.mesh is None or "dp" not in (self.mesh.mesh_dim_names or ()):
+            return 1, 0
+        sub = self.mesh_dim("dp")
+        return sub.size(), sub.get_local_rank()
 
 
-def init_runtime(strategy: str, options: dict[str, Any]) -> RunContext:
-    """Init the process group from torchrun's environment, pin the device, build the mesh."""
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+def init_runtime(job: ResolvedJob) -> RunContext:
+    """Init the process group from torchrun's environment, pin the device, build the job's mesh."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world != job.world_size:
+        raise RuntimeError(f"the job runs on {job.world_size} rank(s) but torchrun started {world}")
+    shape = tuple(dim.size for dim in job.mesh)
+    if shape and math.prod(shape) != world:
+        raise RuntimeError(f"mesh {job.mesh} has {math.prod(shape)} ranks but the job runs on {world}")
     if torch.cuda.is_available():
         device, backend = torch.device("cuda", local_rank), "nccl"
         torch.cuda.set_device(device)
@@ -71,13 +80,15 @@ def init_runtime(strategy: str, options: dict[str, Any]) -> RunContext:
         device, backend = torch.device("cpu"), "gloo"
         # N ranks share the host's cores: don't let each spawn a thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group(backend=backend, rank=rank, world_size=world, **({"device_id": device} if backend == "nccl" else {}))
-    ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device, backend=backend)
-    if strategy != "collectives":
-        shape, names = mesh_shape(strategy, world, options)
-        check_mesh(shape, world)
-        ctx.mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-    return ctx
+    if backend == "nccl":
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=device)
+    else:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=tuple(dim.name for dim in job.mesh)) if shape else None
+    return RunContext(
+        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device, backend=backend,
+        accum_steps=job.accum_steps, precision=job.workload.precision, mesh=mesh,
+    )
 
 
 def shutdown() -> None:

@@ -8,22 +8,38 @@ micro-steps run under `no_sync` so the all-reduce happens once per optimizer ste
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    model = model.to(ctx.device)
-    return DistributedDataParallel(
-        model,
-        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        process_group=ctx.mesh.get_group("dp"),
-        bucket_cap_mb=options["bucket_cap_mb"],
-        broadcast_buffers=False,  # the model has no buffers to keep in step
-    )
+from parallab.core.strategies.ddp import DDPOptions
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
 
 
-def accumulate(model: nn.Module, last: bool) -> Any:
-    return contextlib.nullcontext() if last else model.no_sync()
+@dataclass(frozen=True)
+class DDPApplied(Applied):
+    model: DistributedDataParallel
+
+
+class DDP(Strategy[DDPOptions, DDPApplied]):
+    name = "ddp"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: DDPOptions) -> DDPApplied:
+        return DDPApplied(
+            DistributedDataParallel(
+                model.to(ctx.device),
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                process_group=ctx.mesh_dim("dp").get_group(),
+                bucket_cap_mb=options.bucket_cap_mb,
+                broadcast_buffers=False,  # the model has no buffers to keep in step
+            )
+        )
+
+    def accumulate(self, applied: DDPApplied, last: bool) -> AbstractContextManager[object]:
+        return contextlib.nullcontext() if last else applied.model.no_sync()
+
+
+STRATEGY = DDP()

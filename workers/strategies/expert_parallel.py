@@ -22,40 +22,45 @@ on both sides, equal up to float summation order.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallab.core.strategies.moe import MoEOptions
 from workers.harness.data import micro_batch
-from workers.harness.model import MoE
-from workers.strategies import MicroBatch, flat_all_reduce_
+from workers.harness.model import MoE, Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
 
 
 class _AllToAll(torch.autograd.Function):
     """all_to_all_single whose backward sends the gradients back the way the rows came."""
 
+    # `ctx` is autograd's per-call context: it carries what backward needs as plain attributes.
     @staticmethod
-    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group: Any):
+    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup) -> torch.Tensor:
         ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
         dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
         return back, None, None, None
 
 
-def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
-    return _AllToAll.apply(x, out_splits, in_splits, group)
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    out: torch.Tensor = _AllToAll.apply(x, out_splits, in_splits, group)
+    return out
 
 
-def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: Any) -> torch.Tensor:
+def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: dist.ProcessGroup) -> torch.Tensor:
     """Run each routed row on its expert's rank; rows come back in the order they were given."""
     world, local = dist.get_world_size(group), moe.num_local_experts
     order = torch.argsort(expert_ids, stable=True)  # by expert, hence by owner rank
@@ -74,30 +79,17 @@ def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: 
     return returned[torch.argsort(order)]
 
 
-def shard_experts(model: nn.Module, group: Any) -> nn.Module:
+def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """Keep this rank's contiguous slice of every MoE layer's experts; route through all-to-all."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     for moe in (m for m in model.modules() if isinstance(m, MoE)):
         local = moe.num_experts // world
         lo = rank * local
         for name in ("w1", "w2", "w3"):
-            setattr(moe, name, nn.Parameter(getattr(moe, name).data[lo:lo + local].clone()))
+            setattr(moe, name, nn.Parameter(getattr(moe, name).data[lo : lo + local].clone()))
         moe.expert_offset, moe.num_local_experts = lo, local
-        moe.dispatch = lambda m, xs, ids, _g=group: ep_dispatch(m, xs, ids, group=_g)
+        moe.dispatch = functools.partial(ep_dispatch, group=group)
     return model
-
-
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    model.aux_loss_coef = options["aux_loss_coef"]
-    shard_experts(model, ctx.mesh.get_group())
-    return model.to(ctx.device)
-
-
-def local_batch(inputs: torch.Tensor, labels: torch.Tensor, ctx: Any, options: dict[str, Any], micro_step: int) -> MicroBatch:
-    """The "ep" dim is also the data-parallel dim: rank r takes rows [micro_step][r] (data.py)."""
-    n, r = ctx.mesh.size(), ctx.mesh.get_local_rank()
-    take = lambda t: micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=n, dp_rank=r)  # noqa: E731
-    return MicroBatch(take(inputs), take(labels))
 
 
 def _is_expert(model: nn.Module) -> dict[int, bool]:
@@ -105,10 +97,29 @@ def _is_expert(model: nn.Module) -> dict[int, bool]:
     return {id(p): id(p) in experts for p in model.parameters()}
 
 
-def sync_grads(model: nn.Module, ctx: Any, options: dict[str, Any]) -> None:
-    n = ctx.mesh.size()
-    expert = _is_expert(model)
-    flat_all_reduce_([p.grad for p in model.parameters() if p.grad is not None and not expert[id(p)]], ctx.mesh.get_group(), scale=1.0 / n)
-    for p in model.parameters():
-        if p.grad is not None and expert[id(p)]:
-            p.grad.div_(n)
+class ExpertParallel(Strategy[MoEOptions, Applied]):
+    name = "moe"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: MoEOptions) -> Applied:
+        model.aux_loss_coef = options.aux_loss_coef
+        shard_experts(model, ctx.mesh_dim("ep").get_group())
+        return Applied(model.to(ctx.device))
+
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: MoEOptions, micro_step: int) -> MicroBatch:
+        """The "ep" dim is also the data-parallel dim: rank r takes rows [micro_step][r] (data.py)."""
+        ep = ctx.mesh_dim("ep")
+        n, r = ep.size(), ep.get_local_rank()
+        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=n, dp_rank=r) for t in (inputs, labels)]
+        return MicroBatch(rows[0], rows[1])
+
+    def sync_grads(self, applied: Applied, ctx: RunContext, options: MoEOptions) -> None:
+        ep = ctx.mesh_dim("ep")
+        n, params = ep.size(), list(applied.model.parameters())
+        expert = _is_expert(applied.model)
+        flat_all_reduce_([p.grad for p in params if p.grad is not None and not expert[id(p)]], ep.get_group(), scale=1.0 / n)
+        for p in params:
+            if p.grad is not None and expert[id(p)]:
+                p.grad.div_(n)
+
+
+STRATEGY = ExpertParallel()

@@ -9,28 +9,36 @@ loop does the casting and FSDP keeps fp32.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from parallab.core.strategies.fsdp import FSDPOptions
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
 
-def mixed_precision(ctx: Any) -> MixedPrecisionPolicy:
+
+def mixed_precision(ctx: RunContext) -> MixedPrecisionPolicy:
     if ctx.device.type == "cuda" and ctx.precision == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy) -> nn.Module:
-    """Shard every block, then the root; the root never reshards (its params are needed first in backward)."""
+def shard(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy) -> Transformer:
+    """Shard every block, then the root (the option is passed to the root too, explicitly)."""
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     return model
 
 
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    model = model.to(ctx.device)
-    return shard(model, ctx.mesh["dp"] if ctx.mesh.ndim > 1 else ctx.mesh, reshard_after_forward=options["reshard_after_forward"], mp_policy=mixed_precision(ctx))
+class FSDP(Strategy[FSDPOptions, Applied]):
+    name = "fsdp"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: FSDPOptions) -> Applied:
+        model = model.to(ctx.device)
+        return Applied(shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx)))
+
+
+STRATEGY = FSDP()

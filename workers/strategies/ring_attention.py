@@ -22,13 +22,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from parallab.core.strategies.ring import RingOptions
 from workers.harness.data import micro_batch, sequence_positions
-from workers.strategies import MicroBatch, flat_all_reduce_
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
 
 
-def _exchange(send: torch.Tensor, group: Any) -> tuple[torch.Tensor, list[Any]]:
+def _exchange(send: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, list[dist.Work]]:
     """Start sending `send` to the next rank and receiving the previous rank's into a new buffer."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     recv = torch.empty_like(send)
@@ -43,7 +45,7 @@ def _mask(q_pos: torch.Tensor, kv_pos: torch.Tensor, causal: bool) -> torch.Tens
     return kv_pos[None, :] <= q_pos[:, None] if causal else None
 
 
-def _block_forward(q, k, v, mask, scale):
+def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One K/V block: (out, lse) with fully masked rows giving out 0 and lse −inf."""
     s = (q @ k.transpose(-1, -2)) * scale
     if mask is not None:
@@ -56,8 +58,11 @@ def _block_forward(q, k, v, mask, scale):
 class RingAttention(torch.autograd.Function):
     """softmax(QKᵀ/√d + mask)V over the ring's whole sequence; q, k, v are (B, H, S_local, D)."""
 
+    # `ctx` is autograd's per-call context: it carries what backward needs as plain attributes.
     @staticmethod
-    def forward(ctx, q, k, v, group, positions: list[torch.Tensor], causal: bool):
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, positions: list[torch.Tensor], causal: bool
+    ) -> torch.Tensor:
         n, r = dist.get_world_size(group), dist.get_rank(group)
         dtype = q.dtype
         with torch.autocast(q.device.type, enabled=False):
@@ -70,7 +75,7 @@ class RingAttention(torch.autograd.Function):
                 mask = _mask(positions[r], positions[src], causal)
                 if mask is None or bool(mask.any()):
                     blk_out, blk_lse = _block_forward(qf, kv[0], kv[1], mask, scale)
-                    if out is None:  # step 0: own block, every query sees at least itself
+                    if out is None or lse is None:  # step 0: own block, every query sees at least itself
                         out, lse = blk_out, blk_lse
                     else:
                         new_lse = torch.logaddexp(lse, blk_lse)
@@ -81,13 +86,14 @@ class RingAttention(torch.autograd.Function):
                     for req in reqs:
                         req.wait()
                     kv = recv
+        assert out is not None, "step 0 attends to the rank's own block"
         ctx.save_for_backward(qf, k, v, out, lse)
         ctx.group, ctx.positions, ctx.causal, ctx.scale = group, positions, causal, scale
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         return out.to(dtype)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qf, k, v, out, lse = ctx.saved_tensors
         group, positions, causal, scale = ctx.group, ctx.positions, ctx.causal, ctx.scale
         n, r = dist.get_world_size(group), dist.get_rank(group)
@@ -128,33 +134,42 @@ class RingAttention(torch.autograd.Function):
         return dq.to(qt), dkv[0].to(kt), dkv[1].to(vt), None, None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: Any, positions: list[torch.Tensor], causal: bool = True) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: dist.ProcessGroup, positions: list[torch.Tensor], causal: bool = True
+) -> torch.Tensor:
     """Attention of the local queries over the whole ring; `positions[i]` are rank i's global positions."""
-    return RingAttention.apply(q, k, v, group, positions, causal)
+    out: torch.Tensor = RingAttention.apply(q, k, v, group, positions, causal)
+    return out
 
 
-def _layout(ctx: Any, seq_len: int, options: dict[str, Any]) -> list[torch.Tensor]:
-    n = ctx.mesh.size()
-    return [sequence_positions(seq_len, ring_size=n, ring_rank=i, zigzag=options["zigzag"]).to(ctx.device) for i in range(n)]
+def _layout(ctx: RunContext, seq_len: int, options: RingOptions) -> list[torch.Tensor]:
+    n = ctx.mesh_dim("cp").size()
+    return [sequence_positions(seq_len, ring_size=n, ring_rank=i, zigzag=options.zigzag).to(ctx.device) for i in range(n)]
 
 
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    model = model.to(ctx.device)
-    positions = _layout(ctx, model.cfg.seq_len, options)
-    attn = functools.partial(ring_attention, group=ctx.mesh.get_group(), positions=positions, causal=True)
-    for block in model.layers.values():
-        block.attention.attn_fn = attn
-    return model
+class Ring(Strategy[RingOptions, Applied]):
+    name = "ring"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: RingOptions) -> Applied:
+        model = model.to(ctx.device)
+        positions = _layout(ctx, model.cfg.seq_len, options)
+        attn = functools.partial(ring_attention, group=ctx.mesh_dim("cp").get_group(), positions=positions, causal=True)
+        for block in model.blocks():
+            block.attention.attn_fn = attn
+        return Applied(model)
+
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: RingOptions, micro_step: int) -> MicroBatch:
+        """Every row of the micro-step, only this rank's sequence positions (inputs, labels and rotary)."""
+        cp = ctx.mesh_dim("cp")
+        pos = sequence_positions(inputs.shape[1], ring_size=cp.size(), ring_rank=cp.get_local_rank(), zigzag=options.zigzag)
+        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step)[:, pos] for t in (inputs, labels)]
+        return MicroBatch(rows[0], rows[1], pos)
+
+    def sync_grads(self, applied: Applied, ctx: RunContext, options: RingOptions) -> None:
+        """Each rank's loss covers 1/n of the tokens: the gradient of the global mean is the ring average."""
+        cp = ctx.mesh_dim("cp")
+        grads = [p.grad for p in applied.model.parameters() if p.grad is not None]
+        flat_all_reduce_(grads, cp.get_group(), scale=1.0 / cp.size())
 
 
-def local_batch(inputs: torch.Tensor, labels: torch.Tensor, ctx: Any, options: dict[str, Any], micro_step: int) -> MicroBatch:
-    """Every row of the micro-step, only this rank's sequence positions (inputs, labels and rotary)."""
-    pos = sequence_positions(inputs.shape[1], ring_size=ctx.mesh.size(), ring_rank=ctx.mesh.get_local_rank(), zigzag=options["zigzag"])
-    take = lambda t: micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step)[:, pos]  # noqa: E731
-    return MicroBatch(take(inputs), take(labels), pos)
-
-
-def sync_grads(model: nn.Module, ctx: Any, options: dict[str, Any]) -> None:
-    """Each rank's loss covers 1/n of the tokens: the gradient of the global mean is the ring average."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat_all_reduce_(grads, ctx.mesh.get_group(), scale=1.0 / ctx.mesh.size())
+STRATEGY = Ring()

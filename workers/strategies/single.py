@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from parallab.core.strategies.base import NoOptions
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
 
-from torch import nn
+
+class Single(Strategy[NoOptions, Applied]):
+    name = "single"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: NoOptions) -> Applied:
+        return Applied(model.to(ctx.device))
 
 
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    return model.to(ctx.device)
+STRATEGY = Single()

@@ -14,25 +14,28 @@ Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
+from parallab.core.strategies.tp import TPOptions
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) -> nn.Module:
+
+def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool) -> Transformer:
     """Apply the Megatron plan to `model` (embedding, blocks, head) on the 1-D `mesh`."""
     sp = sequence_parallel
-    residual = Shard(1) if sp else Replicate()
-    root_plan: dict[str, Any] = {
+    residual: Placement = Shard(1) if sp else Replicate()
+    root_plan: dict[str, ParallelStyle] = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
         "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True),
     }
@@ -40,7 +43,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) 
         root_plan["norm"] = SequenceParallel()
     parallelize_module(model, mesh, root_plan)
     for block in model.layers.values():
-        plan: dict[str, Any] = {
+        plan: dict[str, ParallelStyle] = {
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
@@ -60,6 +63,12 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) 
     return model
 
 
-def apply(model: nn.Module, ctx: Any, options: dict[str, Any]) -> nn.Module:
-    model = model.to(ctx.device)
-    return parallelize(model, ctx.mesh["tp"] if ctx.mesh.ndim > 1 else ctx.mesh, sequence_parallel=options["sequence_parallel"])
+class TensorParallel(Strategy[TPOptions, Applied]):
+    name = "tp"
+
+    def apply(self, model: Transformer, ctx: RunContext, options: TPOptions) -> Applied:
+        model = model.to(ctx.device)
+        return Applied(parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=options.sequence_parallel))
+
+
+STRATEGY = TensorParallel()
