@@ -48,7 +48,9 @@ def build_result(job: ResolvedJob, records: list[RankRecord]) -> ResultDocument:
         loss=loss.model_dump(),
     )
     prediction = predict(job)
-    flags = prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
+    flags = (
+        prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
+    )
     return ResultDocument.model_validate(
         {
             "schema_version": SCHEMA_VERSION,

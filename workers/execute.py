@@ -61,8 +61,13 @@ def run_and_collect(
     """Launch `job` in `run_dir` under the settings' limits and build its result document."""
     files = RunDir(run_dir)
     outcome = launch(
-        job, files, timeout_s=settings.max_job_seconds, trace_cap_bytes=settings.max_trace_bytes,
-        cache_dir=settings.resolved_home / "cache" / "reference", on_progress=on_progress, should_cancel=should_cancel,
+        job,
+        files,
+        timeout_s=settings.max_job_seconds,
+        trace_cap_bytes=settings.max_trace_bytes,
+        cache_dir=settings.resolved_home / "cache" / "reference",
+        on_progress=on_progress,
+        should_cancel=should_cancel,
     )
     if not outcome.ok:
         return Collected(outcome, error=f"training process failed: {outcome.reason}\n--- log tail ---\n{outcome.log_tail}")
@@ -117,7 +122,9 @@ def execute_run(run_id: str, settings: Settings) -> str:
             return store.cancel_requested(session, run_id)
 
     try:
-        collected = run_and_collect(job, settings.runs_dir / run_id, settings=settings, on_progress=on_progress, should_cancel=should_cancel)
+        collected = run_and_collect(
+            job, settings.runs_dir / run_id, settings=settings, on_progress=on_progress, should_cancel=should_cancel
+        )
     except Exception as exc:  # the launcher itself broke: the run must still end
         log.exception("run %s could not be launched", run_id)
         collected = Collected(LaunchOutcome(None, "launch failed", ""), error=f"could not launch the job: {exc}")

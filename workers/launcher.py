@@ -41,10 +41,22 @@ class LaunchOutcome:
 def torchrun_command(job: ResolvedJob, run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | None) -> list[str]:
     """torchrun running `workers.harness.main` on the job file of `run_dir`, one process per rank."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(job.world_size),
-        "-m", "workers.harness.main", "--job", str(run_dir.job), "--run-dir", str(run_dir.path),
-        "--trace-cap-bytes", str(trace_cap_bytes),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(job.world_size),
+        "-m",
+        "workers.harness.main",
+        "--job",
+        str(run_dir.job),
+        "--run-dir",
+        str(run_dir.path),
+        "--trace-cap-bytes",
+        str(trace_cap_bytes),
     ]
     if cache_dir is not None:
         cmd += ["--cache-dir", str(cache_dir)]
@@ -135,8 +147,11 @@ def launch(
     with run_dir.log.open("wb") as log:
         proc = subprocess.Popen(
             torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=rank_environment(job), start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=rank_environment(job),
+            start_new_session=True,
         )
         reason = None
         try:

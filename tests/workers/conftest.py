@@ -48,11 +48,20 @@ def torchrun(nproc: int, args: list[str], *, timeout: float = 400) -> subprocess
 
 
 def make_job(
-    strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None, *, trace: bool = False,
+    strategy: str,
+    world_size: int,
+    options: dict[str, Any] | None = None,
+    workload: dict[str, Any] | None = None,
+    *,
+    trace: bool = False,
 ) -> ResolvedJob:
     """The test workload with `workload` on top, resolved once as the API would."""
     spec = JobSpec.model_validate(
-        {"workload": {**TEST_WORKLOAD, **(workload or {})}, "strategy": {"name": strategy, "world_size": world_size, "options": options or {}}, "trace": trace}
+        {
+            "workload": {**TEST_WORKLOAD, **(workload or {})},
+            "strategy": {"name": strategy, "world_size": world_size, "options": options or {}},
+            "trace": trace,
+        }
     )
     return resolve_job(spec, Limits(max_world_size=max(world_size, 8)))
 
@@ -75,8 +84,13 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
     done: dict[tuple[str, int], tuple[ResultDocument, Path]] = {}
 
     def run(
-        strategy: str, world_size: int, options: dict[str, Any] | None = None, workload: dict[str, Any] | None = None,
-        *, trace: bool = False, trace_cap_bytes: int = TRACE_CAP_BYTES,
+        strategy: str,
+        world_size: int,
+        options: dict[str, Any] | None = None,
+        workload: dict[str, Any] | None = None,
+        *,
+        trace: bool = False,
+        trace_cap_bytes: int = TRACE_CAP_BYTES,
     ) -> tuple[ResultDocument, Path]:
         job = make_job(strategy, world_size, options, workload, trace=trace)
         key = (job.model_dump_json(), trace_cap_bytes)
@@ -108,5 +122,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     terminalreporter.section("harness jobs: tokens/s (tiny)")
     for name, n, options, workload, tps in THROUGHPUT:
-        recipe = {k: workload[k] for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if workload.get(k) not in ("fp32", "none", 1)}
+        recipe = {
+            k: workload[k]
+            for k in ("precision", "activation_checkpointing", "grad_accumulation_steps")
+            if workload.get(k) not in ("fp32", "none", 1)
+        }
         terminalreporter.write_line(f"{name:<12} N={n}  {tps:10.0f}  {options} {recipe or ''}")

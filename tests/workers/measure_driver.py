@@ -21,8 +21,9 @@ def main(out_dir: Path, steps: int, window: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = (rank + 1) % world
-    with StepProfiler(enabled=True, trace=True, rank=rank, world_size=world, out_dir=out_dir,
-                      device=torch.device("cpu"), window=window) as prof:
+    with StepProfiler(
+        enabled=True, trace=True, rank=rank, world_size=world, out_dir=out_dir, device=torch.device("cpu"), window=window
+    ) as prof:
         for _ in range(steps):
             x = torch.full((1024,), float(rank + 1))
             dist.all_reduce(x)
@@ -33,8 +34,9 @@ def main(out_dir: Path, steps: int, window: int) -> None:
             exchanged = torch.empty(256)
             dist.all_to_all_single(exchanged, torch.ones(256))
             inbox = torch.empty(128)
-            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(128), peer),
-                                                dist.P2POp(dist.irecv, inbox, (rank - 1) % world)]):
+            for work in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, torch.ones(128), peer), dist.P2POp(dist.irecv, inbox, (rank - 1) % world)]
+            ):
                 work.wait()
             _ = torch.randn(64, 64) @ torch.randn(64, 64)
             assert x[0].item() == sum(range(1, world + 1))

@@ -42,7 +42,7 @@ def ring_case(group, causal: bool, zigzag: bool) -> dict[str, float]:
     out = ring_attention(*local, group=group, positions=positions, causal=causal)
     out.backward(do[:, :, pos])
     errs = {"out": (out - ref[:, :, pos]).abs().max().item()}
-    for name, loc, glob in zip("qkv", local, full):
+    for name, loc, glob in zip("qkv", local, full, strict=True):
         errs[f"d{name}"] = (loc.grad - glob.grad[:, :, pos]).abs().max().item()
     return {key: _max(val) for key, val in errs.items()}
 
@@ -50,7 +50,9 @@ def ring_case(group, causal: bool, zigzag: bool) -> dict[str, float]:
 def moe_case(group, capacity_factor: float) -> dict[str, float]:
     """EP MoE on each rank's rows vs the same layer on one rank routing the rows in n groups."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    cfg = ModelConfig.model_validate({**PRESETS["tiny"].config.model_dump(), "num_experts": 4, "top_k": 2, "capacity_factor": capacity_factor})
+    cfg = ModelConfig.model_validate(
+        {**PRESETS["tiny"].config.model_dump(), "num_experts": 4, "top_k": 2, "capacity_factor": capacity_factor}
+    )
     torch.manual_seed(0)
     ref_layer = MoE(cfg)
     for p in ref_layer.parameters():
@@ -82,7 +84,7 @@ def moe_case(group, capacity_factor: float) -> dict[str, float]:
     }
     for name in ("w1", "w2", "w3"):
         mine = getattr(ep, name).grad
-        errs[f"d{name}"] = (mine - getattr(ref_layer, name).grad[lo:lo + ep.num_local_experts]).abs().max().item()
+        errs[f"d{name}"] = (mine - getattr(ref_layer, name).grad[lo : lo + ep.num_local_experts]).abs().max().item()
     return {key: _max(val) for key, val in errs.items()} | {"dropped_total": float(ref_layer.stat_dropped)}
 
 

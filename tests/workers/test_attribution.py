@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_module_needs_no_torch():
     probe = "import sys, workers.harness.attribution; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]"
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -172,7 +174,10 @@ def test_timeline_is_the_last_profiled_step_and_capped():
     events = chrome_trace(steps=3, events_per_step=200)["traceEvents"]  # #0 skipped, #1 profiled, #2 opened by the last step()
     span = attribution.step_span(events, 1)
     assert span is not None and span["name"] == "ProfilerStep#1"
-    requests = [CommRequest("all_reduce", 64, 0, start_us=500.0, time_us=10.0), CommRequest("all_reduce", 64, 1, start_us=1500.0, time_us=10.0)]
+    requests = [
+        CommRequest("all_reduce", 64, 0, start_us=500.0, time_us=10.0),
+        CommRequest("all_reduce", 64, 1, start_us=1500.0, time_us=10.0),
+    ]
     timeline = attribution.timeline(events, requests, span=span, rank=1, max_events=50)
     assert len(timeline) == 50 and all(e.rank == 1 for e in timeline)
     # communication is kept first, and only step #1's: its start is relative to the step

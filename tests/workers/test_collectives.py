@@ -27,8 +27,15 @@ def test_sizes_double_from_min_to_max():
 @pytest.mark.slow
 def test_sweep_on_two_ranks(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(DRIVER), str(tmp_path), "8192"], cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DRIVER), str(tmp_path), "8192"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"points_rank{r}.json").read_text()) for r in range(2)]
     assert [(p["op"], p["size_bytes"]) for p in ranks[0]] == [(op, s) for op in OPS for s in (1024, 2048, 4096, 8192)]

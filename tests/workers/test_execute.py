@@ -19,8 +19,14 @@ SPEC: dict[str, Any] = {"workload": {"model": "tiny", "steps": 3}, "strategy": {
 def add_run(settings: Settings, spec: dict[str, Any], job: ResolvedJob | None, status: str = "queued") -> str:
     with session_scope(settings.sqlalchemy_url) as session:
         run = Run(
-            name=None, status=status, source="api", spec=spec, job=job.model_dump(mode="json") if job else None,
-            strategy=spec["strategy"]["name"], world_size=spec["strategy"]["world_size"], model="tiny",
+            name=None,
+            status=status,
+            source="api",
+            spec=spec,
+            job=job.model_dump(mode="json") if job else None,
+            strategy=spec["strategy"]["name"],
+            world_size=spec["strategy"]["world_size"],
+            model="tiny",
         )
         return store.add_run(session, run).id
 

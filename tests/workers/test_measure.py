@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("measure")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(DRIVER), str(out), "4", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DRIVER), str(out), "4", "2"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"result_rank{r}.json").read_text()) | {"_dir": str(out)} for r in range(2)]
@@ -85,8 +84,9 @@ def test_trace_over_the_cap_keeps_the_last_step_or_nothing(tmp_path):
 
     from workers.harness.measure import StepProfiler
 
-    prof = StepProfiler(enabled=False, trace=True, rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"),
-                        trace_cap_bytes=1 << 30)
+    prof = StepProfiler(
+        enabled=False, trace=True, rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"), trace_cap_bytes=1 << 30
+    )
     prof._profiled = 2  # ProfilerStep#0 skipped, #1 and #2 profiled
     doc = chrome_trace(steps=3, events_per_step=3000)
     path = RunDir(tmp_path).trace(0)

@@ -22,7 +22,9 @@ TINY_MOE = replace(TINY, num_experts=4, top_k=2)
 SMALL = PRESETS["small"].config
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_MOE, SMALL, replace(SMALL, num_experts=8, top_k=1)], ids=["tiny", "tiny-moe", "small", "small-moe"])
+@pytest.mark.parametrize(
+    "cfg", [TINY, TINY_MOE, SMALL, replace(SMALL, num_experts=8, top_k=1)], ids=["tiny", "tiny-moe", "small", "small-moe"]
+)
 def test_parameter_count_matches_param_counts(cfg):
     model = build_model(cfg, seed=0)
     counts = param_counts(cfg)
@@ -32,7 +34,7 @@ def test_parameter_count_matches_param_counts(cfg):
 
 def test_same_seed_same_weights_and_other_seed_differs():
     a, b, c = build_model(TINY, seed=3), build_model(TINY, seed=3), build_model(TINY, seed=4)
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     assert not torch.equal(a.layers["0"].attention.wq.weight, c.layers["0"].attention.wq.weight)
 
 
@@ -82,7 +84,7 @@ def test_activation_checkpointing_changes_nothing_numerically(mode):
         grads.append([p.grad for p in model.parameters()])
         # a recompute in backward must not count routed tokens twice
         assert int(model.layers["0"].feed_forward.stat_routed.sum()) == 2 * TINY.seq_len * 2
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 

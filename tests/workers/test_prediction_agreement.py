@@ -15,8 +15,15 @@ from parallab.core.spec import JobSpec
 from tests.workers.conftest import run_job
 
 CASES = [  # (strategy, world size, options): every strategy, and the options that change the traffic
-    ("ddp", 2, {}), ("fsdp", 2, {}), ("fsdp", 2, {"reshard_after_forward": False}), ("tp", 2, {}),
-    ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}), ("ring", 2, {}), ("moe", 2, {}), ("hybrid", 4, {}),
+    ("ddp", 2, {}),
+    ("fsdp", 2, {}),
+    ("fsdp", 2, {"reshard_after_forward": False}),
+    ("tp", 2, {}),
+    ("tp", 2, {"sequence_parallel": True}),
+    ("pp", 2, {}),
+    ("ring", 2, {}),
+    ("moe", 2, {}),
+    ("hybrid", 4, {}),
 ]
 
 pytestmark = pytest.mark.slow
@@ -30,8 +37,12 @@ def run(tmp_path_factory):
     def launch(strategy: str, n: int, options: dict | None = None):
         key = (strategy, n, json.dumps(options or {}, sort_keys=True))
         if key not in cache:
-            spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
-                                           "strategy": {"name": strategy, "world_size": n, "options": options or {}}})
+            spec = JobSpec.model_validate(
+                {
+                    "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
+                    "strategy": {"name": strategy, "world_size": n, "options": options or {}},
+                }
+            )
             job = resolve_job(spec, Limits(max_world_size=8))
             cache[key] = run_job(job, tmp_path_factory.mktemp(f"{strategy}{n}"), cache_dir=None)
         return cache[key]

@@ -85,8 +85,14 @@ BACKEND_LABELS: dict[str, tuple[str, ...]] = {
 an all-reduce; NCCL runs all-to-all and P2P as grouped send/recv kernels ("p2p")."""
 P2P = ("send", "recv")
 NCCL_KERNELS = (
-    ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
-    ("broadcast", "broadcast"), ("sendrecv", "p2p"), ("send", "p2p"), ("recv", "p2p"), ("reduce", "reduce"),
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("reducescatter", "reduce_scatter"),
+    ("broadcast", "broadcast"),
+    ("sendrecv", "p2p"),
+    ("send", "p2p"),
+    ("recv", "p2p"),
+    ("reduce", "reduce"),
 )
 COMM_EVENT_PREFIXES = ("c10d::", "_c10d_functional", "gloo:")
 """Main-thread events that are communication, never compute, on the timeline."""
@@ -143,7 +149,7 @@ def requests_of(name: str, args: Mapping[str, object], nbytes: Callable[[object]
     `nbytes` gives the local byte size of one tensor (lists and tuples are walked here)."""
     if name == BATCH_P2P:
         kinds = ["send" if str(op).startswith("isend") else "recv" for op in _as_list(args["op_list"])]
-        return [(k, _buffer_bytes(t, nbytes)) for k, t in zip(kinds, _as_list(args["tensors"]))]
+        return [(k, _buffer_bytes(t, nbytes)) for k, t in zip(kinds, _as_list(args["tensors"]), strict=True)]
     kind, arg = C10D_OPS[name]
     total = _buffer_bytes(args.get(arg, ()), nbytes)
     if name.startswith("_c10d_functional") and kind == "all_gather":
@@ -262,12 +268,16 @@ def peak_total_allocated(trace_events: Sequence[TraceEvent]) -> int | None:
 
 def step_span(trace_events: Sequence[TraceEvent], index: int) -> TraceEvent | None:
     """The `ProfilerStep#index` span, or the latest step span when there is no such one."""
-    spans = sorted((e for e in trace_events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: float(e["ts"]))
+    spans = sorted(
+        (e for e in trace_events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: float(e["ts"])
+    )
     wanted = f"ProfilerStep#{index}"
     return next((e for e in spans if e["name"] == wanted), spans[-1] if spans else None)
 
 
-def timeline(trace_events: Sequence[TraceEvent], requests: list[CommRequest], *, span: TraceEvent, rank: int, max_events: int) -> list[TimelineEvent]:
+def timeline(
+    trace_events: Sequence[TraceEvent], requests: list[CommRequest], *, span: TraceEvent, rank: int, max_events: int
+) -> list[TimelineEvent]:
     """Events of one step `span`: comm ops (by requested kind) and the top-level main-thread ops
     as "compute", at most `max_events` (communication first, then the earliest compute)."""
     t0 = float(span["ts"])
@@ -279,7 +289,11 @@ def timeline(trace_events: Sequence[TraceEvent], requests: list[CommRequest], *,
     ]
     compute: list[TimelineEvent] = []
     end_of_last = t0  # top-level only: skip what starts inside the previous kept op
-    candidates = (e for e in trace_events if e.get("ph") == "X" and e.get("tid") == main_tid and e.get("cat") in ("cpu_op", "user_annotation") and e is not span)
+    candidates = (
+        e
+        for e in trace_events
+        if e.get("ph") == "X" and e.get("tid") == main_tid and e.get("cat") in ("cpu_op", "user_annotation") and e is not span
+    )
     for e in sorted(candidates, key=lambda e: float(e["ts"])):
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         if ts < end_of_last or ts > t1 or str(e.get("name", "")).startswith(COMM_EVENT_PREFIXES):

@@ -31,7 +31,7 @@ def micro_batch(batch: torch.Tensor, *, accum_steps: int, micro_step: int, dp_de
         raise ValueError(f"global batch {rows} does not split into {accum_steps} micro-steps × {dp_degree} ranks")
     per = rows // (accum_steps * dp_degree)
     start = (micro_step * dp_degree + dp_rank) * per
-    return batch[start:start + per]
+    return batch[start : start + per]
 
 
 def sequence_positions(seq_len: int, *, ring_size: int, ring_rank: int, zigzag: bool) -> torch.Tensor:

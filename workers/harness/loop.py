@@ -63,8 +63,15 @@ def moe_layers(model: torch.nn.Module) -> list[MoE]:
 
 
 def train(
-    *, applied: Applied, strategy: Strategy[Any, Any], options: StrategyOptions, ctx: RunContext, job: ResolvedJob,
-    progress: Progress, profiler: StepProfiler | None = None, phase: str = "train",
+    *,
+    applied: Applied,
+    strategy: Strategy[Any, Any],
+    options: StrategyOptions,
+    ctx: RunContext,
+    job: ResolvedJob,
+    progress: Progress,
+    profiler: StepProfiler | None = None,
+    phase: str = "train",
 ) -> TrainResult:
     """Warm-up then measured steps; `profiler` wraps the measured ones only."""
     wl = job.workload

@@ -162,11 +162,15 @@ def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
     start = time.perf_counter()
     points = collectives.run_collectives(ctx.rank, ctx.world_size, ctx.device, job.options)
     record = RankRecord(
-        rank=ctx.rank, model_state_bytes=ModelStateBytes(params=0, grads=0, optimizer=0),
-        peak_rss_bytes=measure.peak_rss_bytes(), step_times_s=[time.perf_counter() - start],
+        rank=ctx.rank,
+        model_state_bytes=ModelStateBytes(params=0, grads=0, optimizer=0),
+        peak_rss_bytes=measure.peak_rss_bytes(),
+        step_times_s=[time.perf_counter() - start],
     )
     if ctx.is_lead:
-        record = record.model_copy(update={"collectives": points, "loss": LossCurve(), "hardware": hardware(ctx), "environment": environment(ctx)})
+        record = record.model_copy(
+            update={"collectives": points, "loss": LossCurve(), "hardware": hardware(ctx), "environment": environment(ctx)}
+        )
     write_record(run_dir, record)
 
 
@@ -175,7 +179,12 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, options))
     applied = strategy.apply(new_model(job), ctx, options)
     profiler = measure.StepProfiler(
-        enabled=True, trace=job.spec.trace, rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir.path, device=ctx.device,
+        enabled=True,
+        trace=job.spec.trace,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        out_dir=run_dir.path,
+        device=ctx.device,
         trace_cap_bytes=trace_cap_bytes,
     )
     result = loop.train(applied=applied, strategy=strategy, options=options, ctx=ctx, job=job, progress=progress, profiler=profiler)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -45,7 +45,9 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         for state in optimizer.state.values():
             opt_bytes += sum(local_nbytes(value) for value in state.values())
     return ModelStateBytes(
-        params=sum(local_nbytes(p) for p in params), grads=sum(local_nbytes(p.grad) for p in params if p.grad is not None), optimizer=opt_bytes
+        params=sum(local_nbytes(p) for p in params),
+        grads=sum(local_nbytes(p.grad) for p in params if p.grad is not None),
+        optimizer=opt_bytes,
     )
 
 
@@ -78,7 +80,7 @@ class _CommRecorder(TorchDispatchMode):
         if comm is None:
             comm = self._is_comm[func] = attribution.is_comm_op(func._schema.name)
         if comm:
-            named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args))
+            named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
             named.update(kwargs)
             self.requests += attribution.record(func._schema.name, named, local_nbytes, step=self.step)
         return func(*args, **kwargs)
@@ -127,8 +129,18 @@ class StepProfiler:
     """
 
     def __init__(
-        self, *, enabled: bool, trace: bool, rank: int, world_size: int, out_dir: Path, device: torch.device,
-        window: int = 3, skip: int = 1, trace_cap_bytes: int | None = None, max_timeline_events: int = 5000,
+        self,
+        *,
+        enabled: bool,
+        trace: bool,
+        rank: int,
+        world_size: int,
+        out_dir: Path,
+        device: torch.device,
+        window: int = 3,
+        skip: int = 1,
+        trace_cap_bytes: int | None = None,
+        max_timeline_events: int = 5000,
     ):
         self.enabled = enabled
         self.trace = trace
@@ -152,7 +164,7 @@ class StepProfiler:
 
     # -- lifecycle --
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StepProfiler:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.enabled and self.window > 0:
@@ -221,7 +233,9 @@ class StepProfiler:
         if steps and events:
             requests = attribution.attribute(self._recorder.requests, events)
             out.comm = attribution.summarize_comm(requests, steps, self.world_size)
-            out.comm_time_fraction, out.bubble_fraction = attribution.window_fractions(out.comm, requests, steps=steps, window_s=self._window_seconds)
+            out.comm_time_fraction, out.bubble_fraction = attribution.window_fractions(
+                out.comm, requests, steps=steps, window_s=self._window_seconds
+            )
             span = self._last_step_span(events)
             if self.trace and span is not None:
                 out.timeline = attribution.timeline(events, requests, span=span, rank=self.rank, max_events=self.max_timeline_events)

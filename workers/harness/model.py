@@ -173,7 +173,7 @@ class MoE(nn.Module):
         per = b // groups * t
         tok, exp, gate, aux = [], [], [], []
         for g in range(groups):
-            tokens, experts, gates, keep, aux_g = self.route(flat[g * per:(g + 1) * per])
+            tokens, experts, gates, keep, aux_g = self.route(flat[g * per : (g + 1) * per])
             tok.append(tokens[keep] + g * per)
             exp.append(experts[keep])
             gate.append(gates[keep])

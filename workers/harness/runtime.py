@@ -86,8 +86,15 @@ def init_runtime(job: ResolvedJob) -> RunContext:
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=tuple(dim.name for dim in job.mesh)) if shape else None
     return RunContext(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world, device=device, backend=backend,
-        accum_steps=job.accum_steps, precision=job.workload.precision, mesh=mesh,
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        device=device,
+        backend=backend,
+        accum_steps=job.accum_steps,
+        precision=job.workload.precision,
+        mesh=mesh,
     )
 
 

@@ -68,21 +68,21 @@ class Applied:
     model: nn.Module
 
 
-O = TypeVar("O", bound=StrategyOptions)
+OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 A = TypeVar("A", bound=Applied)
 
 
-class Strategy(ABC, Generic[O, A]):
+class Strategy(ABC, Generic[OptionsT, A]):
     """A strategy on the rank side; subclasses implement `apply` and override the hooks that differ."""
 
     name: ClassVar[str]
     """The strategy's name in `parallab.core.strategies.REGISTRY`."""
 
     @abstractmethod
-    def apply(self, model: Transformer, ctx: RunContext, options: O) -> A:
+    def apply(self, model: Transformer, ctx: RunContext, options: OptionsT) -> A:
         """Place, shard or slice `model` on this rank's mesh."""
 
-    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: O, micro_step: int) -> MicroBatch:
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: OptionsT, micro_step: int) -> MicroBatch:
         dp, r = ctx.dp_coordinate()
         return MicroBatch(
             micro_batch(inputs, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=dp, dp_rank=r),
@@ -92,20 +92,20 @@ class Strategy(ABC, Generic[O, A]):
     def accumulate(self, applied: A, last: bool) -> AbstractContextManager[object]:
         return contextlib.nullcontext()
 
-    def forward_backward(self, applied: A, batch: MicroBatch, ctx: RunContext, options: O, amp: Amp) -> torch.Tensor:
+    def forward_backward(self, applied: A, batch: MicroBatch, ctx: RunContext, options: OptionsT, amp: Amp) -> torch.Tensor:
         """Forward to the loss, scale for accumulation, backward; `amp` carries autocast and the loss scale."""
         with amp.autocast():
             loss = applied.model(batch.inputs, labels=batch.labels, positions=batch.positions) / ctx.accum_steps
         amp.backward(loss)
         return loss.detach()
 
-    def sync_grads(self, applied: A, ctx: RunContext, options: O) -> None:
+    def sync_grads(self, applied: A, ctx: RunContext, options: OptionsT) -> None:
         return None
 
-    def loss_weight(self, ctx: RunContext, options: O) -> float:
+    def loss_weight(self, ctx: RunContext, options: OptionsT) -> float:
         return 1.0 / ctx.world_size
 
-    def progress_rank(self, ctx: RunContext, options: O) -> int:
+    def progress_rank(self, ctx: RunContext, options: OptionsT) -> int:
         return 0
 
 

@@ -38,7 +38,9 @@ class FSDP(Strategy[FSDPOptions, Applied]):
 
     def apply(self, model: Transformer, ctx: RunContext, options: FSDPOptions) -> Applied:
         model = model.to(ctx.device)
-        return Applied(shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx)))
+        return Applied(
+            shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx))
+        )
 
 
 STRATEGY = FSDP()

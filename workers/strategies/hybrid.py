@@ -20,7 +20,9 @@ class Hybrid(Strategy[HybridOptions, Applied]):
     def apply(self, model: Transformer, ctx: RunContext, options: HybridOptions) -> Applied:
         model = model.to(ctx.device)
         tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=options.sequence_parallel)
-        sharded = fsdp.shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx))
+        sharded = fsdp.shard(
+            model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx)
+        )
         return Applied(sharded)
 
 

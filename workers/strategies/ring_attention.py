@@ -45,7 +45,9 @@ def _mask(q_pos: torch.Tensor, kv_pos: torch.Tensor, causal: bool) -> torch.Tens
     return kv_pos[None, :] <= q_pos[:, None] if causal else None
 
 
-def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One K/V block: (out, lse) with fully masked rows giving out 0 and lse −inf."""
     s = (q @ k.transpose(-1, -2)) * scale
     if mask is not None:
