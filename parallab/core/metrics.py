@@ -33,6 +33,12 @@ def busbw_factor(op: str, world_size: int) -> float:
     return _BUSBW[op](world_size)
 
 
+def wire_bytes(op: str, nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends for an op of `nbytes` (nccl-tests' buffer convention) in a ring
+    implementation: the buffer × the busbw factor — e.g. 2(n−1)/n·S for an all-reduce of S."""
+    return round(nbytes * busbw_factor(op, world_size))
+
+
 def bandwidths_gbps(op: str, nbytes: float, seconds: float, world_size: int) -> tuple[float | None, float | None]:
     """(algbw, busbw) in GB/s (1e9 bytes) for one op's bytes moved in `seconds`."""
     if seconds <= 0 or nbytes <= 0:

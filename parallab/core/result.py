@@ -40,6 +40,29 @@ class CommOp(BaseModel):
     busbw_gbps: float | None = None
 
 
+class StepBreakdown(BaseModel):
+    """One step of one rank split into parts that sum to its step time (seconds)."""
+
+    model_config = _closed
+    compute_s: float = Field(ge=0)
+    exposed_comm_s: float = Field(ge=0, description="Communication that no compute overlaps.")
+    overlapped_comm_s: float = Field(ge=0, description="Communication hidden under compute (shown apart, not added twice).")
+    idle_s: float = Field(ge=0, description="Neither computing nor communicating: the pipeline bubble, waits for other ranks.")
+    step_s: float = Field(ge=0)
+
+
+class GradientCheck(BaseModel):
+    """The first step's gradients against the `single` reference, per parameter (catches what the loss
+    cannot under AdamW: a constant-factor gradient error)."""
+
+    model_config = _closed
+    passed: bool
+    tolerance: float = Field(ge=0, description="Relative tolerance per parameter (norm of the difference / norm of the reference).")
+    max_rel_err: float = Field(ge=0)
+    worst_param: str | None = None
+    params_checked: int = Field(ge=0)
+
+
 class RankResult(BaseModel):
     model_config = _open
     rank: int = Field(ge=0)
@@ -51,7 +74,11 @@ class RankResult(BaseModel):
     comm: list[CommOp] = Field(default_factory=list)
     comm_time_fraction: float | None = None
     bubble_fraction: float | None = None
-    memory_breakdown: dict[str, int] | None = Field(None, description="Peak split: params, grads, optimizer, activations, other.")
+    memory_breakdown: dict[str, int] | None = Field(
+        None, description="Peak split: params, grads, optimizer, activations, temporaries, other (bytes at the peak)."
+    )
+    exposed_comm_time_s: float | None = Field(None, ge=0, description="Communication time per step that no compute on this rank overlaps.")
+    step_time_breakdown: StepBreakdown | None = Field(None, description="Where one step's time goes on this rank; sums to the step time.")
     moe: dict[str, Any] | None = Field(None, description="tokens_per_expert, imbalance, dropped_tokens.")
 
 
@@ -76,6 +103,11 @@ class Summary(BaseModel):
     bubble_fraction: float | None = None
     loss_max_rel_diff_vs_reference: float | None = None
     final_loss: float | None = None
+    exposed_comm_fraction: float | None = Field(None, description="Max over ranks of exposed communication time / step time.")
+    wire_bytes_per_step: dict[str, int] = Field(
+        default_factory=dict, description="Bytes a ring implementation sends per rank per step, by op (buffer bytes × busbw factor)."
+    )
+    gradient_check: GradientCheck | None = None
 
 
 class LossCurve(BaseModel):
@@ -92,6 +124,7 @@ class Prediction(BaseModel):
     comm_bytes_per_step: dict[str, int] = Field(default_factory=dict)
     activation_bytes_per_rank: int | None = None
     bubble_fraction: float | None = None
+    wire_bytes_per_step: dict[str, int] = Field(default_factory=dict)
 
 
 class Flag(BaseModel):

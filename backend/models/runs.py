@@ -1,46 +1,22 @@
-"""The ORM: runs, their result documents, per-rank rows, per-op communication rows, API tokens.
+"""Runs, their result documents, per-rank rows, per-op communication rows and traces.
 
 The columns that list pages and the leaderboard sort and filter on (tokens/s, peak memory,
 MFU, workload key, hardware key) are denormalised onto `runs` and indexed — MLflow's
 `latest_metrics` lesson. The whole document is kept as JSON in `run_results`.
-Migrations (migrations/versions) are the only schema source; tests check they do not drift.
 """
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-# JSONB on Postgres (compact, indexable); plain JSON text on SQLite.
-JSONDoc = JSON().with_variant(JSONB(), "postgresql")
+from backend.models.base import Base, JSONDoc, new_id, utcnow
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class Run(Base):
@@ -137,16 +113,3 @@ class RunTrace(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
-
-
-class ApiToken(Base):
-    """A scoped API token; only its SHA-256 is stored."""
-
-    __tablename__ = "api_tokens"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(200))
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    scopes: Mapped[str] = mapped_column(String(200), doc="Space-separated: upload, submit, admin.")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    revoked: Mapped[bool] = mapped_column(Boolean, default=False)

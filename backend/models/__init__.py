@@ -1,0 +1,25 @@
+"""The ORM, one module per area; everything is re-exported here so callers import `backend.models`.
+
+Migrations (migrations/versions) are the only schema source; tests check they do not drift.
+New areas add a module here and re-export their tables below.
+"""
+
+from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
+from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
+from backend.models.tokens import ApiToken
+
+__all__ = [
+    "NAMING_CONVENTION",
+    "Base",
+    "JSONDoc",
+    "new_id",
+    "utcnow",
+    "FINISHED_STATUSES",
+    "RUN_STATUSES",
+    "CommMetric",
+    "RankMetric",
+    "Run",
+    "RunResult",
+    "RunTrace",
+    "ApiToken",
+]
