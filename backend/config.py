@@ -11,7 +11,7 @@ import ipaddress
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PLACEHOLDER_SECRET = "change-me"
@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
     queue: str = Field("parallab", description="Celery queue this worker consumes (one per hardware kind in a lab).")
 
+    # Accounts and CI series (issue #11).
+    allow_local_mode: bool = Field(
+        True, description="False: ask for logins and tokens even when bound to loopback (a shared host, or a test of the lab setup)."
+    )
+    admin_email: str | None = Field(None, description="With admin_password: an admin created at start-up if no user has this email.")
+    admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
+    session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
+
     @property
     def resolved_home(self) -> Path:
         return self.home.expanduser().resolve()
@@ -57,12 +65,17 @@ class Settings(BaseSettings):
         return self.resolved_home / "runs"
 
     @property
-    def local_mode(self) -> bool:
-        """Local mode: bound to loopback, so its one user submits and browses without logging in."""
+    def loopback(self) -> bool:
+        """Bound to a loopback address (cookies need not be Secure: nothing leaves the host)."""
         try:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host == "localhost"
+
+    @property
+    def local_mode(self) -> bool:
+        """Local mode: bound to loopback, so its one user submits and browses without logging in."""
+        return self.allow_local_mode and self.loopback
 
     def check_secrets(self) -> None:
         """Refuse to serve beyond loopback while a secret still holds its placeholder."""

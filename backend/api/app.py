@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI
 
 from backend.api import pages
+from backend.api.deps import gate
 from backend.api.errors import install_error_handlers
 from backend.api.pages.assets import static_files
-from backend.api.routes import analysis, plan, results, runs
+from backend.api.routes import accounts, analysis, plan, results, runs, series
+from backend.config import get_settings
 
 API_PREFIX = "/api/v1"
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """At start-up: the env-seeded admin of a compose deployment (issue #11), read once."""
+    settings = app.dependency_overrides.get(get_settings, get_settings)()
+    if settings.admin_email and settings.admin_password:
+        from backend.db import session_scope
+        from backend.services.auth import seed_admin
+
+        with session_scope(settings.sqlalchemy_url) as session:
+            if seed_admin(session=session, email=settings.admin_email, password=settings.admin_password.get_secret_value()):
+                log.warning(
+                    "created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.admin_email
+                )
+    yield
 
 
 def create_app() -> FastAPI:
@@ -17,6 +40,9 @@ def create_app() -> FastAPI:
         title="parallab",
         version="0.1.0",
         description="A lab bench for distributed-training parallelism: run, measure, predict and compare strategies.",
+        # Every route: who is asking, and a login outside local mode (deps.PUBLIC_PATHS aside).
+        dependencies=[Depends(gate)],
+        lifespan=lifespan,
     )
     install_error_handlers(app)
     api = APIRouter(prefix=API_PREFIX)
@@ -24,6 +50,8 @@ def create_app() -> FastAPI:
     api.include_router(results.router)
     api.include_router(plan.router)
     api.include_router(analysis.router)
+    api.include_router(series.router)
+    api.include_router(accounts.router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["health"])

@@ -4,8 +4,10 @@ Migrations (migrations/versions) are the only schema source; tests check they do
 New areas add a module here and re-export their tables below.
 """
 
+from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
+from backend.models.series import VERDICTS, Series, SeriesVerdict
 from backend.models.tokens import ApiToken
 
 __all__ = [
@@ -22,4 +24,10 @@ __all__ = [
     "RunResult",
     "RunTrace",
     "ApiToken",
+    "ROLES",
+    "LoginSession",
+    "User",
+    "VERDICTS",
+    "Series",
+    "SeriesVerdict",
 ]

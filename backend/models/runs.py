@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from backend.models.auth import User
 from backend.models.base import Base, JSONDoc, new_id, utcnow
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -52,7 +53,15 @@ class Run(Base):
     peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    # Accounts and CI series (issue #11): who submitted or uploaded the run, the CI series it
+    # belongs to, and the rest of the CI metadata of an upload (branch and commit are above).
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    series_id: Mapped[str | None] = mapped_column(ForeignKey("series.id", ondelete="SET NULL"), index=True)
+    repository: Mapped[str | None] = mapped_column(String(500))
+    pr: Mapped[int | None] = mapped_column(Integer)
+    ci_url: Mapped[str | None] = mapped_column(String(500))
 
+    user: Mapped[User | None] = relationship(lazy="selectin")
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
 
 class RunSummary(BaseModel):
     """A run as list pages show it: no result document, just the indexed summary columns."""
 
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
     id: str
     name: str | None
@@ -31,6 +31,12 @@ class RunSummary(BaseModel):
     loss_max_rel_diff: float | None
     branch: str | None
     commit: str | None
+    # Accounts and CI series (issue #11).
+    user: str | None = Field(None, validation_alias=AliasPath("user", "email"), description="Who submitted or uploaded it (email).")
+    series_id: str | None = None
+    repository: str | None = None
+    pr: int | None = None
+    ci_url: str | None = None
 
 
 class RunRead(RunSummary):
@@ -53,3 +59,39 @@ class RunList(BaseModel):
 class TokenCreated(BaseModel):
     token: str
     scopes: list[str]
+
+
+class Verdict(BaseModel):
+    """One metric of an uploaded result against its series' baseline (issue #11)."""
+
+    id: int
+    metric: str
+    higher_is_better: bool | None
+    verdict: str = Field(description="improved, unchanged, regressed or no_baseline.")
+    value: float
+    baseline: float | None = Field(description="The baseline's centre: mean (t_test) or median (mad).")
+    change_pct: float | None = Field(description="(value − baseline) / baseline, in percent.")
+    lower: float | None = Field(description="The band: outside it a change is flagged.")
+    upper: float | None
+    test: str
+    threshold: float = Field(description="alpha for t_test, k for mad.")
+    p_value: float | None
+    baseline_n: int
+    baseline_branch: str
+    dismissed: bool
+    dismissed_at: datetime | None = None
+    dismiss_note: str | None = None
+
+
+class UploadRead(RunRead):
+    """An uploaded result: the run, and its verdicts on its CI series."""
+
+    verdicts: list[Verdict] = Field(default_factory=list)
+    regressed: bool = Field(False, description="Whether any metric regressed (an alert nobody dismissed).")
+
+
+class UploadBatchRead(BaseModel):
+    """A batch upload: every result, in the order sent."""
+
+    items: list[UploadRead]
+    regressed: bool

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
+from backend.services.auth import Forbidden, Principal
 from backend.store import runs as store
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.spec import JobSpec
@@ -49,8 +50,10 @@ def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
     return resolve_job(spec, limits(settings))
 
 
-def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
-    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues)."""
+def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None) -> Run:
+    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
+
+    `user_id`: who submitted it (None in local mode)."""
     job = validate_spec(spec=spec, settings=settings)
     return store.add_run(
         session,
@@ -63,17 +66,18 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
             strategy=job.strategy,
             world_size=job.world_size,
             model=job.workload.model,
+            user_id=user_id,
         ),
     )
 
 
-def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
+def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None) -> Run:
     """Commit a queued run, then enqueue it (Celery's rule: enqueue only what is committed).
 
     If the broker is unreachable the run is marked failed rather than left queued forever, and
     QueueUnavailable says so.
     """
-    run = create_run(session=session, spec=spec, settings=settings, source=source)
+    run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id)
     session.commit()
     try:
         enqueue_run(settings, run.id)
@@ -110,6 +114,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         return datetime.fromisoformat(created), run_id
     except ValueError:
         raise ValueError("cursor is not one this API returned") from None
+
+
+def check_owner(*, principal: Principal, run: Run) -> None:
+    """Raise Forbidden unless `principal` submitted `run` or is an admin (or the local user)."""
+    if not principal.owns(run.user_id):
+        raise Forbidden("only the member who submitted or uploaded a run, or an admin, can cancel it")
 
 
 def cancel_run(*, session: Session, run_id: str) -> Run:

@@ -1,4 +1,4 @@
-"""All SQL that reads and writes runs, their results, ranks, comm rows, traces and tokens.
+"""All SQL that reads and writes runs, their results, ranks, comm rows, and traces (tokens: store.accounts).
 
 Services call these; routes never touch the session directly. Bulk rows go in with one batched
 insert per table. Callers own the transaction (one write, one transaction).
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from backend.models import ApiToken, CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
+from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
 
 
 def add_run(session: Session, run: Run) -> Run:
@@ -44,13 +44,14 @@ def list_runs(
     strategy: str | None = None,
     model: str | None = None,
     source: str | None = None,
+    user_id: int | None = None,
 ) -> list[Run]:
     """Newest first; keyset paging on (created_at, id) so pages stay fast with many runs."""
     query = select(Run).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
     if before is not None:
         created, run_id = before
         query = query.where((Run.created_at < created) | ((Run.created_at == created) & (Run.id < run_id)))
-    for column, value in ((Run.status, status), (Run.strategy, strategy), (Run.model, model), (Run.source, source)):
+    for column, value in ((Run.status, status), (Run.strategy, strategy), (Run.model, model), (Run.source, source), (Run.user_id, user_id)):
         if value is not None:
             query = query.where(column == value)
     return list(session.execute(query).scalars())
@@ -122,17 +123,3 @@ def count_runs(session: Session) -> int:
 
 def delete_run(session: Session, run_id: str) -> None:
     session.execute(delete(Run).where(Run.id == run_id))
-
-
-# ---- tokens ----
-
-
-def add_token(session: Session, *, name: str, token_hash: str, scopes: str) -> ApiToken:
-    token = ApiToken(name=name, token_hash=token_hash, scopes=scopes)
-    session.add(token)
-    session.flush()
-    return token
-
-
-def find_token(session: Session, token_hash: str) -> ApiToken | None:
-    return session.execute(select(ApiToken).where(ApiToken.token_hash == token_hash, ApiToken.revoked.is_(False))).scalar_one_or_none()

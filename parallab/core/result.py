@@ -7,9 +7,10 @@ Top-level keys are contractual (shared/DESIGN.md). Published as JSON Schema at
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION: Final = 1
 
@@ -155,14 +156,40 @@ class CollectivePoint(BaseModel):
     busbw_gbps: float
 
 
+BRANCH_CHARS: Final = re.compile(r"^[^\x00-\x20\x7f~^:?*\[\\]+$")
+GIT_COMMIT_PATTERN: Final = r"^[0-9a-fA-F]{4,64}$"
+"""A commit hash, full (SHA-1 or SHA-256) or abbreviated to at least 4 hex digits, as git allows."""
+REPOSITORY_PATTERN: Final = r"^[^\x00-\x20\x7f]+$"
+"""`owner/name` or a clone URL: printable, no spaces."""
+CI_URL_PATTERN: Final = r"^https?://[^\x00-\x20\x7f]+$"
+
+
+def check_branch(name: str) -> str:
+    """`name` if git would accept it as a branch (`git check-ref-format --branch`, less its rare corners)."""
+    if not BRANCH_CHARS.match(name):
+        raise ValueError("a branch name has no spaces, control characters or any of ~ ^ : ? * [ \\")
+    if name.startswith(("-", "/")) or name.endswith(("/", ".", ".lock")) or ".." in name or "//" in name or "@{" in name:
+        raise ValueError("not a git branch name: no leading '-' or '/', no trailing '/', '.' or '.lock', no '..', '//' or '@{'")
+    return name
+
+
 class SourceInfo(BaseModel):
-    """Where a CI upload came from (conbench/bencher style); absent for worker runs."""
+    """Where a CI upload came from (conbench/bencher style); absent for worker runs.
+
+    Checked on upload (issue #11): each field's length and format, so a history page never
+    shows a branch git could not have, and a CI link is always an http(s) URL."""
 
     model_config = _open
-    repository: str | None = Field(None, max_length=500)
-    branch: str | None = Field(None, max_length=200)
-    commit: str | None = Field(None, max_length=80)
-    pr: int | None = None
+    repository: str | None = Field(None, max_length=500, pattern=REPOSITORY_PATTERN, description="`owner/name` or a clone URL.")
+    branch: str | None = Field(None, max_length=200, description="A git branch name.")
+    commit: str | None = Field(None, max_length=64, pattern=GIT_COMMIT_PATTERN, description="A git commit hash (4–64 hex digits).")
+    pr: int | None = Field(None, ge=1, le=2**31 - 1, description="Pull or merge request number.")
+    ci_url: str | None = Field(None, max_length=500, pattern=CI_URL_PATTERN, description="The CI job that produced the result.")
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, value: str | None) -> str | None:
+        return None if value is None else check_branch(value)
 
 
 class StrategyBlock(BaseModel):

@@ -70,8 +70,9 @@ def test_upload_without_a_valid_token_is_401(client, settings, headers) -> None:
 
 def test_upload_needs_the_upload_scope_even_in_local_mode(client, settings) -> None:
     assert settings.local_mode
+    assert client.post("/api/v1/results", json=DOCUMENT).status_code == 401
     response = client.post("/api/v1/results", json=DOCUMENT, headers=token(settings, "submit"))
-    assert response.status_code == 401 and "upload" in response.json()["detail"]
+    assert response.status_code == 403 and "upload" in response.json()["detail"]
     assert client.post("/api/v1/results", json=DOCUMENT, headers=token(settings, "admin")).status_code == 201
 
 

@@ -7,6 +7,8 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `compare`      runs side by side, and the comparison's exports
 - `leaderboard`  the lab-wide leaderboard, and its exports
 - `scaling`      throughput against world size
+- `accounts`     log in and out, one's API tokens, users (admins)   (issue #11)
+- `series`       CI series and their history with alerts               (issue #11)
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share
 """
@@ -15,7 +17,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.pages import assets, compare, leaderboard, runs, scaling
+from backend.api.pages import accounts, assets, compare, leaderboard, runs, scaling, series
 
-ROUTERS: tuple[APIRouter, ...] = (assets.router, runs.router, compare.router, leaderboard.router, scaling.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    assets.router,
+    runs.router,
+    compare.router,
+    leaderboard.router,
+    scaling.router,
+    accounts.router,
+    series.router,
+)
 """Every page router, for the app to include."""

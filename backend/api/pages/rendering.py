@@ -20,7 +20,8 @@ from markupsafe import Markup
 
 import frontend
 from backend.api import csrf, formatting
-from backend.config import Settings
+from backend.config import Settings, get_settings
+from backend.services.auth import ANONYMOUS
 from parallab.core.flags import FLAG_TOLERANCE
 
 FRONTEND = Path(frontend.__file__).parent
@@ -52,12 +53,22 @@ templates = Jinja2Templates(env=_environment())
 def render(request: Request, name: str, context: dict[str, Any], *, settings: Settings, status_code: int = 200) -> HTMLResponse:
     """Render a page with a CSRF token for its forms, setting this browser's CSRF cookie if it has none."""
     nonce, token = csrf.issue(request, settings.secret_key) if settings.secret_key else ("", "")
+    principal = getattr(request.state, "principal", ANONYMOUS)
     response = templates.TemplateResponse(
-        request, name, {"csrf_token": token, "page": name.removesuffix(".html"), **context}, status_code=status_code
+        request,
+        name,
+        {"csrf_token": token, "page": name.removesuffix(".html"), "principal": principal, "local_mode": settings.local_mode, **context},
+        status_code=status_code,
     )
     if nonce and request.cookies.get(csrf.COOKIE) != nonce:
         csrf.set_cookie(response, nonce, secure=request.url.scheme == "https")
     return response
+
+
+def render_error(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
+    """The error page, from an exception handler (which gets no dependencies: settings are looked up)."""
+    settings: Settings = request.app.dependency_overrides.get(get_settings, get_settings)()
+    return render(request, "error.html", {"title": title, "message": message}, settings=settings, status_code=status_code)
 
 
 def csv_response(rows: list[list[Any]], filename: str) -> Response:

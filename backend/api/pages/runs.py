@@ -14,13 +14,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from backend.api import csrf
-from backend.api.deps import SessionDep, SettingsDep
+from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep
 from backend.api.pages.rendering import render
 from backend.config import Settings
 from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
+from backend.services import auth as auth_service
 from backend.services import run_form
 from backend.services import runs as run_service
+from backend.services.auth import ANONYMOUS
 from backend.services.run_view import run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from parallab.core.strategies import STRATEGY_NAMES
@@ -52,15 +54,23 @@ def index(
     settings: SettingsDep,
     status: str | None = None,
     strategy: str | None = None,
+    user: str | None = None,
     cursor: str | None = None,
 ) -> HTMLResponse:
-    runs, next_cursor = run_service.list_runs(
-        session=session, limit=100, cursor=cursor, filters={"status": status or None, "strategy": strategy or None}
-    )
+    filters = {"status": status or None, "strategy": strategy or None, "user_id": auth_service.user_filter(session=session, email=user)}
+    runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor, filters=filters)
     return render(
         request,
         "index.html",
-        {"runs": runs, "next_cursor": next_cursor, "status": status or "", "strategy": strategy or "", "strategies": STRATEGY_NAMES},
+        {
+            "runs": runs,
+            "next_cursor": next_cursor,
+            "status": status or "",
+            "strategy": strategy or "",
+            "strategies": STRATEGY_NAMES,
+            "user": user or "",
+            "users": [u.email for u in auth_service.list_users(session=session)],
+        },
         settings=settings,
     )
 
@@ -85,6 +95,7 @@ def form_page(
             "shape_fields": run_form.SHAPE_FIELDS,
             "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
             "local_mode": settings.local_mode,
+            "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
         },
         status_code=status_code,
@@ -103,25 +114,17 @@ def new_run(
 
 
 @router.post("/runs/new", response_class=HTMLResponse)
-def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> Response:
+def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
     values = run_form.form_values(form)
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
-    if not settings.local_mode:
-        return form_page(
-            request,
-            settings,
-            values,
-            {"__all__": ["this server is not in local mode: submit through the API with a token"]},
-            status_code=403,
-        )
     check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings))
     if not check.ok or check.spec is None:
         return form_page(request, settings, values, check.errors, status_code=422)
     try:
-        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form")
+        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id)
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
@@ -172,13 +175,14 @@ def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/cancel")
-def cancel(request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
+def cancel(
+    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+) -> RedirectResponse:
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         raise HTTPException(403, detail=str(exc)) from None
-    if not settings.local_mode:
-        raise HTTPException(403, detail="this server is not in local mode: cancel through the API with a token")
+    run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)

@@ -1,17 +1,21 @@
-"""REST: CI uploads of result documents (token with scope `upload`, Idempotency-Key honoured)."""
+"""REST: CI uploads of result documents (token with scope `upload`, Idempotency-Key honoured).
+
+The body is one result document or a batch (a JSON list of them, stored all or nothing). The
+answer carries each result's verdicts on its CI series (issue #11).
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response, status
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from backend.api.deps import CanUpload, SessionDep, SettingsDep
+from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.routes.runs import run_read
-from backend.schemas.runs import RunRead
-from backend.services.ingest import ingest_upload
+from backend.schemas.runs import UploadBatchRead, UploadRead
+from backend.services import series as series_service
+from backend.services.uploads import Uploaded, parse_documents, upload_results
 from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
@@ -31,36 +35,53 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def upload_read(uploaded: Uploaded) -> UploadRead:
+    return UploadRead(
+        **run_read(uploaded.run).model_dump(),
+        verdicts=[series_service.verdict_dict(v) for v in uploaded.verdicts],  # type: ignore[misc]
+        regressed=uploaded.regressed,
+    )
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    response_model=RunRead,
-    dependencies=[CanUpload],
-    openapi_extra={"requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ResultDocument"}}}}},
+    response_model=UploadRead | UploadBatchRead,
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/ResultDocument"},
+                            {"type": "array", "items": {"$ref": "#/components/schemas/ResultDocument"}, "minItems": 1, "maxItems": 100},
+                        ]
+                    }
+                }
+            }
+        }
+    },
 )
 async def upload_result(
     request: Request,
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
+    principal: UploaderDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> RunRead:
-    """Store a result document as a finished run. A repeated Idempotency-Key returns the first run (200)."""
+) -> UploadRead | UploadBatchRead:
+    """Store a result document (or a batch, all or nothing) as finished runs, judged against their
+    CI series. A repeated Idempotency-Key returns the first upload (200)."""
     body = await read_limited_body(request, settings.max_upload_bytes)
-    try:
-        document = ResultDocument.model_validate_json(body)
-    except ValidationError as exc:
-        detail = [
-            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)
-        ]
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from None
 
-    def _write() -> RunRead:  # database work off the event loop
-        run, created = ingest_upload(session=session, document=document, idempotency_key=idempotency_key)
+    def _write() -> UploadRead | UploadBatchRead:  # validation and database work off the event loop
+        documents, batch = parse_documents(body)
+        uploaded = upload_results(session=session, documents=documents, batch=batch, idempotency_key=idempotency_key, principal=principal)
         session.commit()
-        if not created:
+        if not any(u.created for u in uploaded):
             response.status_code = status.HTTP_200_OK
-        return run_read(run)
+        items = [upload_read(u) for u in uploaded]
+        return UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
 
     return await run_in_threadpool(_write)
 

@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from backend.api.deps import CanSubmit, SessionDep, SettingsDep
+from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep
 from backend.models import Run
 from backend.schemas.runs import RunList, RunRead, RunSummary
+from backend.services import auth as auth_service
 from backend.services import runs as run_service
 from backend.store import runs as store
 from parallab.core.spec import JobSpec
@@ -27,10 +28,10 @@ def run_read(run: Run) -> RunRead:
     )
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead, dependencies=[CanSubmit])
-def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep) -> RunRead:
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead)
+def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> RunRead:
     """Resolve a job spec, store it as `queued` and hand it to a worker (503 if the queue is unreachable)."""
-    return run_read(run_service.submit_run(session=session, settings=settings, spec=spec, source="api"))
+    return run_read(run_service.submit_run(session=session, settings=settings, spec=spec, source="api", user_id=principal.user_id))
 
 
 @router.get("", response_model=RunList)
@@ -42,13 +43,15 @@ def list_runs(
     strategy: str | None = None,
     model: str | None = None,
     source: str | None = None,
+    user: Annotated[str | None, Query(description="Who submitted or uploaded the runs (email).", max_length=320)] = None,
 ) -> RunList:
+    user_id = auth_service.user_filter(session=session, email=user)
     try:
         rows, next_cursor = run_service.list_runs(
             session=session,
             limit=limit,
             cursor=cursor,
-            filters={"status": status_, "strategy": strategy, "model": model, "source": source},
+            filters={"status": status_, "strategy": strategy, "model": model, "source": source, "user_id": user_id},
         )
     except ValueError as exc:
         raise HTTPException(422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
@@ -60,8 +63,10 @@ def read_run(run_id: str, session: SessionDep) -> RunRead:
     return run_read(run_service.get_run(session=session, run_id=run_id))
 
 
-@router.post("/{run_id}/cancel", response_model=RunRead, dependencies=[CanSubmit])
-def cancel_run(run_id: str, session: SessionDep) -> RunRead:
+@router.post("/{run_id}/cancel", response_model=RunRead)
+def cancel_run(run_id: str, session: SessionDep, principal: CancellerDep) -> RunRead:
+    """Cancel a run: a member only its own, an admin any."""
+    run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     return run_read(run_service.cancel_run(session=session, run_id=run_id))
 
 

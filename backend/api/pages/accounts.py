@@ -1,0 +1,208 @@
+"""Pages of accounts (issue #11): log in and out, one's API tokens, and (admins) the users.
+
+Every form carries the CSRF token; the login cookie is HttpOnly, SameSite=Lax (a link from
+elsewhere still arrives logged in; a cross-site POST never carries it) and Secure off loopback.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from backend.api import csrf
+from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, SessionDep, SettingsDep, TokenHolderDep
+from backend.api.pages.rendering import render
+from backend.api.pages.runs import FormDep
+from backend.config import Settings
+from backend.models import ROLES
+from backend.services import auth as auth_service
+from backend.services import tokens as token_service
+from backend.services.auth import AccountError, Forbidden, LoginFailed, Principal
+
+router = APIRouter(include_in_schema=False)
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after logging in: a path on this site only (never `//host` or a URL)."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+def check_csrf(request: Request, form_value: object, settings: Settings) -> None:
+    try:
+        csrf.verify(request, form_value if isinstance(form_value, str) else None, settings.secret_key)
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+
+
+def secure_cookies(request: Request, settings: Settings) -> bool:
+    """Secure off loopback (and always over https)."""
+    return request.url.scheme == "https" or not settings.loopback
+
+
+# ---- login, logout ----
+
+
+def login_page(
+    request: Request, settings: Settings, *, next_url: str, error: str | None = None, email: str = "", status_code: int = 200
+) -> HTMLResponse:
+    return render(request, "login.html", {"next": next_url, "error": error, "email": email}, settings=settings, status_code=status_code)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, settings: SettingsDep, principal: CurrentUser, next: str | None = None) -> Response:  # noqa: A002
+    if principal.via == "session":
+        return RedirectResponse(safe_next(next), status_code=303)
+    return login_page(request, settings, next_url=safe_next(next))
+
+
+@router.post("/login", response_class=HTMLResponse)
+def login(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> Response:
+    email, password = str(form.get("email") or ""), str(form.get("password") or "")
+    next_url = safe_next(str(form.get("next") or "/"))
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=403)
+    try:
+        user = auth_service.authenticate(session=session, email=email, password=password)
+    except LoginFailed as exc:
+        return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=401)
+    cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.session_max_age_s)
+    session.commit()
+    response = RedirectResponse(next_url, status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        cookie,
+        max_age=settings.session_max_age_s,
+        httponly=True,
+        samesite="lax",
+        secure=secure_cookies(request, settings),
+        path="/",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    if cookie := request.cookies.get(SESSION_COOKIE):
+        auth_service.end_session(session=session, cookie=cookie)
+        session.commit()
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax", secure=secure_cookies(request, settings))
+    return response
+
+
+# ---- tokens ----
+
+
+def tokens_page(
+    request: Request,
+    session: SessionDep,
+    settings: Settings,
+    principal: Principal,
+    *,
+    new_token: str | None = None,
+    error: str | None = None,
+) -> HTMLResponse:
+    everyone = principal.may("admin")
+    tokens = token_service.list_tokens(session=session, user_id=None if everyone else principal.user_id)
+    allowed = [
+        s
+        for s in token_service.SCOPES
+        if auth_service.ROLE_RANK[principal.role or "viewer"] >= auth_service.ROLE_RANK[token_service.SCOPE_ROLE[s]]
+    ]
+    return render(
+        request,
+        "tokens.html",
+        {"tokens": tokens, "new_token": new_token, "error": error, "scopes": allowed, "everyone": everyone},
+        settings=settings,
+        status_code=422 if error else 200,
+    )
+
+
+@router.get("/tokens", response_class=HTMLResponse)
+def tokens(request: Request, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep) -> HTMLResponse:
+    return tokens_page(request, session, settings, principal)
+
+
+@router.post("/tokens", response_class=HTMLResponse)
+def create_token(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep) -> HTMLResponse:
+    """Create a token for oneself; the page shows it once (it is not kept: only its hash is)."""
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    if principal.user_id is None:
+        return tokens_page(request, session, settings, principal, error="local mode has no user to own a token: `parallab user create` one")
+    user = auth_service.get_user(session=session, user_id=principal.user_id)
+    try:
+        token = token_service.create_token(session=session, name=str(form.get("name") or "token"), scopes=form.getlist("scope"), user=user)  # type: ignore[arg-type]
+    except ValueError as exc:
+        return tokens_page(request, session, settings, principal, error=f"scope: {exc}")
+    session.commit()
+    return tokens_page(request, session, settings, principal, new_token=token)
+
+
+@router.post("/tokens/{token_id}/revoke")
+def revoke_token(
+    request: Request, token_id: int, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep
+) -> RedirectResponse:
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    try:
+        token_service.revoke_token(session=session, token_id=token_id, principal=principal)
+    except LookupError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    session.commit()
+    return RedirectResponse("/tokens", status_code=303)
+
+
+# ---- users (admins) ----
+
+
+def users_page(
+    request: Request, session: SessionDep, settings: Settings, *, error: str | None = None, created: str | None = None
+) -> HTMLResponse:
+    return render(
+        request,
+        "users.html",
+        {"users": auth_service.list_users(session=session), "roles": ROLES, "error": error, "created": created},
+        settings=settings,
+        status_code=422 if error else 200,
+    )
+
+
+@router.get("/users", response_class=HTMLResponse)
+def users(request: Request, session: SessionDep, settings: SettingsDep, _: AdminDep) -> HTMLResponse:
+    return users_page(request, session, settings)
+
+
+@router.post("/users", response_class=HTMLResponse)
+def create_user(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, _: AdminDep) -> HTMLResponse:
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    try:
+        user = auth_service.create_user(
+            session=session,
+            email=str(form.get("email") or ""),
+            password=str(form.get("password") or ""),
+            role=str(form.get("role") or "member"),
+        )
+    except AccountError as exc:
+        return users_page(request, session, settings, error=str(exc))
+    session.commit()
+    return users_page(request, session, settings, created=user.email)
+
+
+@router.post("/users/{user_id}/disable")
+def disable_user(
+    request: Request, user_id: int, form: FormDep, session: SessionDep, settings: SettingsDep, principal: AdminDep
+) -> RedirectResponse:
+    """Disable (or, with enable=1, enable again) a user; an admin cannot disable itself."""
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    user = auth_service.get_user(session=session, user_id=user_id)
+    if user is None:
+        raise HTTPException(404, detail=f"no user {user_id}")
+    if user.id == principal.user_id:
+        raise Forbidden("you cannot disable yourself")
+    auth_service.set_disabled(session=session, user=user, disabled=form.get("enable") != "1")
+    session.commit()
+    return RedirectResponse("/users", status_code=303)

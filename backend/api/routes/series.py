@@ -1,0 +1,61 @@
+"""REST: CI benchmark series with their regression verdicts; configure a series, dismiss an alert (issue #11)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend.api.deps import SeriesEditorDep, SessionDep
+from backend.services import series as series_service
+
+router = APIRouter(prefix="/series", tags=["series"])
+
+
+class SeriesConfigUpdate(BaseModel):
+    """How a series judges its next results; fields left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: Literal["t_test", "mad"] | None = None
+    window: int | None = Field(None, ge=2, le=1000, description="K: the latest K baseline results form the baseline.")
+    baseline_branch: str | None = Field(None, min_length=1, max_length=200)
+    alpha: float | None = Field(None, gt=0, lt=0.5, description="t_test: one-sided significance level.")
+    mad_k: float | None = Field(None, gt=0, le=100, description="mad: the band is median ± k·MAD.")
+    min_change: float | None = Field(None, ge=0, lt=1, description="Relative changes below this are never flagged.")
+
+
+class Dismissal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str | None = Field(None, max_length=500, description="Why this alert is a false positive.")
+
+
+@router.get("")
+def list_series(session: SessionDep) -> dict[str, Any]:
+    """Every series, latest result first, with how many results and open alerts each has."""
+    rows = series_service.list_series(session=session)
+    return {"items": [{**series_service.series_dict(r["series"]), "results": r["results"], "open_alerts": r["open_alerts"]} for r in rows]}
+
+
+@router.get("/{series_id}")
+def read_series(series_id: str, session: SessionDep) -> dict[str, Any]:
+    """A series, its baseline series, and every result on it with its verdicts (oldest first)."""
+    return series_service.view_dict(series_service.series_view(session=session, series_id=series_id))
+
+
+@router.patch("/{series_id}")
+def configure_series(series_id: str, update: SeriesConfigUpdate, session: SessionDep, _: SeriesEditorDep) -> dict[str, Any]:
+    """Change the test, the window K, the baseline branch or the thresholds for the series' next results."""
+    series = series_service.configure(session=session, series_id=series_id, changes=update.model_dump(exclude_none=True))
+    session.commit()
+    return series_service.series_dict(series)
+
+
+@router.post("/{series_id}/alerts/{verdict_id}/dismiss")
+def dismiss_alert(series_id: str, verdict_id: int, body: Dismissal, session: SessionDep, principal: SeriesEditorDep) -> dict[str, Any]:
+    """Mark an alert a false positive; the dismissal is kept (and the alert no longer fails `--fail-on-regression` replays)."""
+    verdict = series_service.dismiss_alert(session=session, series_id=series_id, verdict_id=verdict_id, principal=principal, note=body.note)
+    session.commit()
+    return series_service.verdict_dict(verdict)

@@ -1,0 +1,71 @@
+"""A CI series' history: one metric over its results, the threshold band each was judged against, alerts marked.
+
+Pure: a list of points in, a figure out. Each point is one result, oldest first:
+`{"label", "value", "lower", "upper", "verdict", "dismissed", "run_id", "commit", "branch"}` —
+`lower`/`upper` are the band of that result's verdict (None where it had no baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from backend.figures.common import PALETTE, empty, figure
+
+VERDICT_STYLE = {
+    "regressed": {"color": "#dc2626", "symbol": "x", "size": 13},
+    "improved": {"color": "#16a34a", "symbol": "triangle-up", "size": 11},
+}
+BAND = "rgba(37, 99, 235, 0.12)"
+
+
+def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool) -> go.Figure:
+    """The metric over the series' results, with the band and the alerts (✕ regressed; hollow when dismissed)."""
+    if not points:
+        return empty(title, "no results on this series yet")
+    xs = list(range(1, len(points) + 1))
+    fig = figure(f"{title} ({'higher' if higher_is_better else 'lower'} is better)", x="result (commit)", y=f"{title} [{unit}]", height=340)
+    banded = [(x, p) for x, p in zip(xs, points, strict=True) if p.get("lower") is not None and p.get("upper") is not None]
+    if banded:
+        fig.add_scatter(
+            name="threshold band",
+            x=[x for x, _ in banded] + [x for x, _ in reversed(banded)],
+            y=[p["upper"] for _, p in banded] + [p["lower"] for _, p in reversed(banded)],
+            fill="toself",
+            fillcolor=BAND,
+            line={"width": 0},
+            hoverinfo="skip",
+            mode="lines",
+        )
+    fig.add_scatter(
+        name=title,
+        x=xs,
+        y=[p["value"] for p in points],
+        mode="lines+markers",
+        line={"color": PALETTE[0]},
+        customdata=[[p.get("commit") or "—", p.get("branch") or "—", p.get("verdict") or "—"] for p in points],
+        hovertemplate="%{customdata[0]} on %{customdata[1]}: %{y:,.4g} — %{customdata[2]}<extra></extra>",
+    )
+    for verdict, style in VERDICT_STYLE.items():
+        marked = [(x, p) for x, p in zip(xs, points, strict=True) if p.get("verdict") == verdict]
+        if not marked:
+            continue
+        dismissed = [bool(p.get("dismissed")) for _, p in marked]
+        fig.add_scatter(
+            name="alert" if verdict == "regressed" else verdict,
+            x=[x for x, _ in marked],
+            y=[p["value"] for _, p in marked],
+            mode="markers",
+            marker={
+                "color": style["color"],
+                "size": style["size"],
+                "symbol": [f"{style['symbol']}-open" if d else style["symbol"] for d in dismissed],
+                "line": {"width": 2, "color": style["color"]},
+            },
+            customdata=[["dismissed" if d else verdict] for d in dismissed],
+            hovertemplate="%{customdata[0]}<extra></extra>",
+        )
+    fig.update_xaxes(tickvals=xs, ticktext=[str(p.get("label") or x) for x, p in zip(xs, points, strict=True)], tickangle=-30)
+    return fig

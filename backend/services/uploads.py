@@ -1,0 +1,105 @@
+"""CI uploads (issue #11): one result document or a batch, all or nothing, judged against its series.
+
+Each document goes through the one ingest path (`services.ingest.ingest_upload`); the run then
+records who uploaded it and its CI metadata, joins its series, and gets its verdicts — all in
+the caller's one transaction, so a batch with one bad document stores nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from backend.models import Run, SeriesVerdict
+from backend.services import series as series_service
+from backend.services.auth import Principal
+from backend.services.ingest import ingest_upload
+from parallab.core.result import ResultDocument
+
+MAX_BATCH = 100
+
+
+class UploadInvalid(ValueError):
+    """The body is not a result document or a list of them; `detail` is FastAPI's 422 shape."""
+
+    def __init__(self, detail: list[dict[str, Any]]):
+        self.detail = detail
+        super().__init__(detail[0]["msg"] if detail else "invalid upload")
+
+
+@dataclass
+class Uploaded:
+    run: Run
+    created: bool
+    verdicts: list[SeriesVerdict]
+
+    @property
+    def regressed(self) -> bool:
+        """An alert that nobody dismissed."""
+        return any(v.verdict == "regressed" and not v.dismissed for v in self.verdicts)
+
+
+def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
+    """(documents, whether the body was a batch): one JSON object, or a list of 1–MAX_BATCH of them."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise UploadInvalid([{"loc": ["body"], "msg": f"not JSON: {exc}", "type": "json_invalid"}]) from None
+    batch = isinstance(data, list)
+    items = data if batch else [data]
+    if batch and not 1 <= len(items) <= MAX_BATCH:
+        raise UploadInvalid(
+            [{"loc": ["body"], "msg": f"a batch holds 1 to {MAX_BATCH} result documents; got {len(items)}", "type": "value_error"}]
+        )
+    documents, errors = [], []
+    for i, item in enumerate(items):
+        prefix: list[Any] = ["body", i] if batch else ["body"]
+        try:
+            documents.append(ResultDocument.model_validate(item))
+        except ValidationError as exc:
+            errors += [
+                {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                for e in exc.errors(include_url=False, include_input=False)
+            ]
+    if errors:
+        raise UploadInvalid(errors)
+    return documents, batch
+
+
+def _key(idempotency_key: str | None, index: int, batch: bool) -> str | None:
+    """Each document of a batch gets its own key derived from the request's (a retried batch stores nothing twice)."""
+    if not idempotency_key or not batch:
+        return idempotency_key
+    return f"{idempotency_key[:190]}#{index}"
+
+
+def upload_results(
+    *, session: Session, documents: list[ResultDocument], batch: bool, idempotency_key: str | None, principal: Principal
+) -> list[Uploaded]:
+    """Store the documents as finished runs, join them to their series and judge them (caller commits)."""
+    stored: list[tuple[Run, bool, ResultDocument]] = []
+    for i, document in enumerate(documents):
+        run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
+        if created:
+            record_uploader(run=run, document=document, principal=principal)
+            series_service.join_series(session=session, run=run, document=document)
+        stored.append((run, created, document))
+    session.flush()
+    series_service.judge_uploads(session=session, uploads=[(run, doc) for run, created, doc in stored if created])
+    session.flush()
+    verdicts = series_service.verdicts_for_runs(session=session, run_ids=[run.id for run, _, _ in stored])
+    return [Uploaded(run, created, verdicts.get(run.id, [])) for run, created, _ in stored]
+
+
+def record_uploader(*, run: Run, document: ResultDocument, principal: Principal) -> None:
+    """Who uploaded the run, and the CI metadata beyond branch and commit."""
+    run.user_id = principal.user_id
+    source = document.source
+    if source is not None:
+        run.repository = source.repository
+        run.pr = source.pr
+        run.ci_url = source.ci_url

@@ -1,0 +1,99 @@
+"""All SQL for CI series and their verdicts (issue #11). Callers own the transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from backend.models import Run, Series, SeriesVerdict
+
+
+def get_series(session: Session, series_id: str) -> Series | None:
+    return session.get(Series, series_id)
+
+
+def add_series(session: Session, series: Series) -> Series:
+    session.add(series)
+    session.flush()
+    return series
+
+
+def family_series(session: Session, family: str, branch: str) -> Series | None:
+    return session.execute(select(Series).where(Series.family == family, Series.branch == branch)).scalar_one_or_none()
+
+
+def series_of_family(session: Session, family: str) -> list[Series]:
+    return list(session.execute(select(Series).where(Series.family == family).order_by(Series.branch)).scalars())
+
+
+def list_series(session: Session, *, limit: int) -> list[dict[str, Any]]:
+    """Every series, latest result first, with how many results and open alerts it has."""
+    results = (
+        select(SeriesVerdict.series_id, func.count(func.distinct(SeriesVerdict.run_id)).label("results"))
+        .group_by(SeriesVerdict.series_id)
+        .subquery()
+    )
+    alerts = (
+        select(SeriesVerdict.series_id, func.count().label("open_alerts"))
+        .where(SeriesVerdict.verdict == "regressed", SeriesVerdict.dismissed.is_(False))
+        .group_by(SeriesVerdict.series_id)
+        .subquery()
+    )
+    query = (
+        select(Series, func.coalesce(results.c.results, 0), func.coalesce(alerts.c.open_alerts, 0))
+        .outerjoin(results, results.c.series_id == Series.id)
+        .outerjoin(alerts, alerts.c.series_id == Series.id)
+        .order_by(Series.updated_at.desc(), Series.id)
+        .limit(limit)
+    )
+    return [{"series": s, "results": n, "open_alerts": a} for s, n, a in session.execute(query).tuples()]
+
+
+def baseline_values(session: Session, *, series_id: str, metric: str, window: int, exclude_runs: Sequence[str]) -> list[float]:
+    """The metric's values of the latest `window` results on a series, oldest first (results in `exclude_runs` left out)."""
+    query = (
+        select(SeriesVerdict.value)
+        .join(Run, Run.id == SeriesVerdict.run_id)
+        .where(SeriesVerdict.series_id == series_id, SeriesVerdict.metric == metric)
+        .order_by(Run.created_at.desc(), SeriesVerdict.id.desc())
+        .limit(window)
+    )
+    if exclude_runs:
+        query = query.where(SeriesVerdict.run_id.not_in(list(exclude_runs)))
+    return list(reversed(session.execute(query).scalars().all()))
+
+
+def add_verdicts(session: Session, rows: list[dict[str, Any]]) -> None:
+    """One batched insert of verdict rows."""
+    if rows:
+        session.execute(insert(SeriesVerdict), rows)
+
+
+def verdicts_for_runs(session: Session, run_ids: Sequence[str]) -> list[SeriesVerdict]:
+    if not run_ids:
+        return []
+    return list(session.execute(select(SeriesVerdict).where(SeriesVerdict.run_id.in_(list(run_ids))).order_by(SeriesVerdict.id)).scalars())
+
+
+def history(session: Session, series_id: str) -> list[tuple[Run, list[SeriesVerdict]]]:
+    """Every result on a series in order (oldest first), with its verdicts; summary columns only, no documents."""
+    runs = list(session.execute(select(Run).where(Run.series_id == series_id).order_by(Run.created_at, Run.id)).scalars())
+    verdicts: dict[str, list[SeriesVerdict]] = {}
+    for v in verdicts_for_runs(session, [r.id for r in runs]):
+        verdicts.setdefault(v.run_id, []).append(v)
+    return [(r, verdicts.get(r.id, [])) for r in runs]
+
+
+def get_verdict(session: Session, verdict_id: int) -> SeriesVerdict | None:
+    return session.get(SeriesVerdict, verdict_id)
+
+
+def dismiss(session: Session, verdict: SeriesVerdict, *, user_id: int | None, note: str | None, now: datetime) -> None:
+    verdict.dismissed = True
+    verdict.dismissed_by = user_id
+    verdict.dismissed_at = now
+    verdict.dismiss_note = note

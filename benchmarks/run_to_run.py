@@ -1,0 +1,116 @@
+"""The run-to-run spread of this machine: the same tiny DDP job, repeated, through `parallab bench`'s path.
+
+    python benchmarks/run_to_run.py [--runs 12] [--steps 10 100] [--write]
+
+What regression detection must not flag is the spread between runs of unchanged code. This
+repeats one job (`tiny`, ddp × 2 on gloo) at each number of measured steps, interleaved so that
+every length sees the same load, and reports per metric that detection covers the coefficient of
+variation over runs (sample standard deviation / mean), beside the spread of step times within
+one run. Each run's summary values and rank 0's step times are saved to
+`benchmarks/run_to_run_spread.json`: the synthetic series of `benchmarks/regression_fpr.py` and
+the detection tests are drawn from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.config import Settings  # noqa: E402
+from backend.services.regression import metric_values  # noqa: E402
+from benchmarks.report import write_section  # noqa: E402
+from parallab.core.jobs import Limits, resolve_job  # noqa: E402
+from parallab.core.spec import JobSpec  # noqa: E402
+from workers.execute import run_and_collect  # noqa: E402
+
+SPREAD_JSON = Path(__file__).resolve().parent / "run_to_run_spread.json"
+METRICS = ("tokens_per_s", "step_time_p50", "peak_memory_per_rank", "exposed_comm_fraction")
+
+
+def cv(values: list[float]) -> float | None:
+    """Sample standard deviation over mean (None with fewer than two values or a zero mean)."""
+    if len(values) < 2 or not statistics.fmean(values):
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def one_run(steps: int, home: Path, index: int) -> dict[str, Any]:
+    spec = JobSpec.model_validate(
+        {"workload": {"model": "tiny", "steps": steps, "warmup_steps": 2}, "strategy": {"name": "ddp", "world_size": 2}}
+    )
+    job = resolve_job(spec, Limits(max_world_size=2, max_steps=10_000))
+    collected = run_and_collect(job, home / f"run-{index}", settings=Settings(home=home, max_world_size=2))
+    if collected.document is None:
+        raise RuntimeError(collected.error)
+    doc = collected.document.model_dump(mode="json")
+    return {"values": metric_values(doc["summary"]), "step_times_s": doc["ranks"][0]["step_times_s"], "load": round(os.getloadavg()[0], 2)}
+
+
+def pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.2f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--steps", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md and the spread JSON")
+    args = parser.parse_args()
+    runs: dict[int, list[dict[str, Any]]] = {steps: [] for steps in args.steps}
+    with tempfile.TemporaryDirectory(prefix="parallab-spread-") as tmp:
+        for i in range(args.runs):
+            for steps in args.steps:  # interleaved: each length sees the same load
+                run = one_run(steps, Path(tmp), len(runs[steps]) + 1000 * steps)
+                runs[steps].append(run)
+                print(
+                    f"{steps} steps, run {i + 1}/{args.runs}: {run['values']['tokens_per_s']:,.0f} tokens/s, load {run['load']}", flush=True
+                )
+    spread: dict[str, Any] = {"job": "tiny ddp x2 gloo", "runs": args.runs, "by_steps": {}}
+    header = (
+        "| measured steps | " + " | ".join(f"{m} CV" for m in METRICS) + " | step-time CV within a run (median) | load average (min–max) |"
+    )
+    rows = [header, "|" + "---:|" * (len(METRICS) + 3)]
+    for steps, done in runs.items():
+        entry: dict[str, Any] = {"runs": done, "cv": {}}
+        for m in METRICS:
+            entry["cv"][m] = cv([r["values"][m] for r in done if m in r["values"]])
+        entry["within_run_step_time_cv"] = statistics.median(c for r in done if (c := cv(r["step_times_s"])) is not None)
+        loads = [r["load"] for r in done]
+        spread["by_steps"][str(steps)] = entry
+        rows.append(
+            f"| {steps} | "
+            + " | ".join(pct(entry["cv"][m]) for m in METRICS)
+            + f" | {pct(entry['within_run_step_time_cv'])} | {min(loads):.1f}–{max(loads):.1f} |"
+        )
+    text = "\n".join(
+        [
+            f"Measured by `python benchmarks/run_to_run.py --runs {args.runs} --steps {' '.join(map(str, args.steps))} --write` on "
+            f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}): one job (`tiny`, ddp × 2 on gloo, 2 warm-up "
+            f"steps) run {args.runs} times at each number of measured steps, the lengths interleaved so that each sees the same load. "
+            "CV = sample standard deviation / mean over the runs (a metric a run does not report is —). The machine was shared "
+            "with other work while measuring (load average in the last column, on 2 cores): this is the noise a CI job sees on a "
+            "busy runner of this kind.",
+            "",
+            *rows,
+            "",
+            "Each run's values and rank 0's step times are kept in `benchmarks/run_to_run_spread.json`; the synthetic series "
+            "below are drawn from them.",
+        ]
+    )
+    print(text)
+    if args.write:
+        SPREAD_JSON.write_text(json.dumps(spread, indent=1) + "\n")
+        write_section("Run-to-run spread of this machine", text)
+
+
+if __name__ == "__main__":
+    main()
