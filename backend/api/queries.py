@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from backend.api.deps import SessionDep
+from backend.services.auth import user_filter
 from backend.services.leaderboard import MAX_PAGE, LeaderboardQuery
 
 
@@ -26,6 +28,7 @@ class LeaderboardParams(BaseModel):
     world_size: int | None = Field(None, ge=1)
     source: str | None = Field(None, description="form, api, cli or ci.")
     branch: str | None = None
+    user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
     runs: Literal["best", "all"] = Field("best", description="The best run per (strategy, world size), or every run.")
     sort: str | None = Field(None, description="Column to sort by (default: rank within each group).")
     dir: Literal["asc", "desc"] = "desc"
@@ -40,9 +43,10 @@ class LeaderboardParams(BaseModel):
         return data
 
 
-def leaderboard_query(params: Annotated[LeaderboardParams, Query()]) -> LeaderboardQuery:
-    """The service's query from the query string."""
+def leaderboard_query(params: Annotated[LeaderboardParams, Query()], session: SessionDep) -> LeaderboardQuery:
+    """The service's query from the query string (a user by email)."""
     return LeaderboardQuery(
+        user_id=user_filter(session=session, email=params.user),
         model=params.model,
         hardware_key=params.hardware,
         strategy=params.strategy,

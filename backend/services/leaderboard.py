@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
 
 MAX_PAGE = 500
@@ -27,6 +28,8 @@ class LeaderboardQuery:
     world_size: int | None = None
     source: str | None = None
     branch: str | None = None
+    user_id: int | None = None
+    """Who submitted or uploaded the runs (issue #11); -1 matches nobody (an unknown email)."""
     best_only: bool = True
     sort: str | None = None
     descending: bool = True
@@ -65,6 +68,7 @@ EXPORT_FIELDS = (
     "source",
     "branch",
     "commit",
+    "user",
     "id",
     "name",
     "created_at",
@@ -111,7 +115,9 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         sample.setdefault((row["workload_key"], row["hardware_key"]), row)
     specs = store.specs(session, [r["id"] for r in sample.values()])
     groups = {key: workload_label(specs.get(r["id"]), r["model"]) for key, r in sample.items()}
+    emails = accounts_store.user_emails(session, [r["user_id"] for r in rows if r["user_id"] is not None])
     for row in rows:
+        row["user"] = emails.get(row["user_id"]) if row["user_id"] is not None else None
         row["best"] = row["rank"] == 1
         row["group_label"] = groups[(row["workload_key"], row["hardware_key"])]
         row.pop("total", None)
@@ -119,8 +125,10 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
 
 
 def filter_options(*, session: Session) -> dict[str, list[Any]]:
-    """The values each leaderboard filter can take."""
-    return store.filter_values(session)
+    """The values each leaderboard filter can take (users by email)."""
+    options = store.filter_values(session)
+    options["user"] = sorted(accounts_store.user_emails(session, options.pop("user_id", [])).values())
+    return options
 
 
 # ---- scaling ----

@@ -33,9 +33,10 @@ ROW_COLUMNS = (
     "branch",
     "commit",
     "created_at",
+    "user_id",
 )
 SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
-FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch")
+FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch", "user_id")
 
 
 CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")

@@ -1,0 +1,141 @@
+"""`parallab upload FILE...`: what CI runs — upload result documents, print the verdicts, fail on a regression.
+
+Several files go as one batch (stored all or nothing). CI metadata comes from the flags, else
+from the CI's environment (GitHub Actions' GITHUB_*, GitLab's CI_*), else from the document.
+Unless given one, the Idempotency-Key is a hash of what is sent, so a retried job never stores
+a result twice (and gets back the verdicts of the first upload).
+
+Exit status: 0 uploaded (no regression, or not asked to fail on one); 1 a regression, with
+--fail-on-regression; 2 bad input (a file, a flag, or a document the server refused as invalid);
+3 the server could not be reached or refused the token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from parallab.commands.ci_env import ci_metadata
+from parallab.commands.jobspec import fail
+
+console = Console()
+err = Console(stderr=True)
+EXIT_REGRESSION = 1
+EXIT_SERVER = 3
+STYLE = {"regressed": "bold red", "improved": "green", "unchanged": "", "no_baseline": "dim"}
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"{path}: {exc}")
+    if not isinstance(doc, dict):
+        fail(f"{path}: expected a result document (a JSON object), got {type(doc).__name__}")
+    return doc
+
+
+def with_source(document: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """The document with `metadata` (the fields that are set) laid over its `source`."""
+    given = {k: v for k, v in metadata.items() if v not in (None, "")}
+    if not given:
+        return document
+    return {**document, "source": {**(document.get("source") or {}), **given}}
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    return str(value)
+
+
+def verdict_table(items: list[dict[str, Any]], files: list[Path]) -> Table:
+    table = Table(
+        "file", "run", "metric", "baseline", "value", "change", "band", "test", "verdict", title="Verdicts against each series' baseline"
+    )
+    for path, item in zip(files, items, strict=True):
+        verdicts = item.get("verdicts") or []
+        if not verdicts:
+            table.add_row(path.name, item["id"][:8], "—", "—", "—", "—", "—", "—", "no series (no branch)")
+        for v in verdicts:
+            change = "—" if v["change_pct"] is None else f"{v['change_pct']:+.1f}%"
+            band = "—" if v["lower"] is None else f"{_fmt(v['lower'])} … {_fmt(v['upper'])}"
+            test = (
+                f"{v['test']} ({'α' if v['test'] == 't_test' else 'k'}={v['threshold']:g}, n={v['baseline_n']} on {v['baseline_branch']})"
+            )
+            label = v["verdict"].replace("_", " ") + (" (dismissed)" if v.get("dismissed") else "")
+            table.add_row(
+                path.name,
+                item["id"][:8],
+                v["metric"],
+                _fmt(v["baseline"]),
+                _fmt(v["value"]),
+                change,
+                band,
+                test,
+                f"[{STYLE[v['verdict']]}]{label}",
+            )
+    return table
+
+
+def upload(
+    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Result documents (JSON); several go as one batch.")],
+    server: Annotated[str, typer.Option(envvar="PARALLAB_SERVER", help="parallab's URL, e.g. http://lab:8000")],
+    token: Annotated[str, typer.Option(envvar="PARALLAB_TOKEN", help="A token with scope 'upload'.")],
+    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 1 when any metric regressed.")] = False,
+    branch: Annotated[str | None, typer.Option(help="Git branch (default: the CI's).")] = None,
+    commit: Annotated[str | None, typer.Option(help="Git commit (default: the CI's).")] = None,
+    repository: Annotated[str | None, typer.Option(help="owner/name (default: the CI's).")] = None,
+    pr: Annotated[int | None, typer.Option(help="Pull/merge request number (default: the CI's).", min=1)] = None,
+    ci_url: Annotated[str | None, typer.Option(help="URL of the CI job (default: the CI's).")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Retries with the same key never store twice (default: a hash of the upload).")
+    ] = None,
+) -> None:
+    """Upload result documents (what CI runs), print each metric's verdict, and with --fail-on-regression exit 1 on a regression."""
+    import httpx
+
+    flags = {"branch": branch, "commit": commit, "repository": repository, "pr": pr, "ci_url": ci_url}
+    from_ci = ci_metadata(os.environ)
+    metadata = {k: flags[k] if flags[k] not in (None, "") else from_ci.get(k) for k in flags}
+    documents = [with_source(read_document(f), metadata) for f in files]
+    body: Any = documents if len(documents) > 1 else documents[0]
+    payload = json.dumps(body, sort_keys=True).encode()
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": idempotency_key or "sha256:" + hashlib.sha256(payload).hexdigest(),
+    }
+    url = f"{server.rstrip('/')}/api/v1/results"
+    try:
+        response = httpx.post(url, content=payload, headers=headers, timeout=120)
+    except httpx.HTTPError as exc:
+        err.print(f"[red]could not reach {server}: {exc}[/red]")
+        raise typer.Exit(EXIT_SERVER) from None
+    if response.status_code in (400, 413, 422):
+        err.print(f"[red]the server refused the upload as invalid ({response.status_code}): {response.text}[/red]")
+        raise typer.Exit(2)
+    if response.status_code not in (200, 201):
+        err.print(f"[red]upload refused ({response.status_code}): {response.text}[/red]")
+        raise typer.Exit(EXIT_SERVER)
+    answer = response.json()
+    items = answer["items"] if len(documents) > 1 else [answer]
+    console.print(verdict_table(items, files))
+    for item in items:
+        state = "new" if response.status_code == 201 else "already uploaded"
+        where = f", series {server.rstrip('/')}/series/{item['series_id']}" if item.get("series_id") else ""
+        err.print(f"stored as run {item['id']} ({state}{where})")
+    regressed = [item["id"] for item in items if item.get("regressed")]
+    if regressed:
+        err.print(f"[bold red]regression in {len(regressed)} result(s): {', '.join(regressed)}[/bold red]")
+        if fail_on_regression:
+            raise typer.Exit(EXIT_REGRESSION)
