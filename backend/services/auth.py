@@ -35,7 +35,7 @@ ACTIONS: dict[str, tuple[str, str | None]] = {
     "cancel": ("member", "submit"),
     "upload": ("member", "upload"),
     "series": ("member", "upload"),
-    "tokens": ("member", None),
+    "tokens": ("member", "admin"),  # a token minting tokens would escape its own scopes
     "admin": ("admin", "admin"),
 }
 """action → (the weakest role allowed, the scope a token needs for it; None: any token)."""

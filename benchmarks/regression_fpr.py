@@ -1,0 +1,145 @@
+"""Regression detection on synthetic series at this machine's measured run-to-run spread.
+
+    python benchmarks/regression_fpr.py [--series 200] [--write]
+
+Reads `benchmarks/run_to_run_spread.json` (written by `benchmarks/run_to_run.py`). For each
+number of measured steps there, it builds synthetic series two ways:
+
+- *resampled*: the baseline is K runs drawn (without replacement) from the measured runs, the
+  new result one more of them — the machine's real spread, outliers and all;
+- *normal*: K + 1 values from a normal distribution with the measured CV.
+
+and reports, for each test of `backend.services.regression` at its defaults, the false-positive
+rate (an unchanged result flagged as regressed) and the rate at which a 20% throughput drop (the
+new run's step times × 1.25) is flagged. For comparison, the same resampled series judged by a
+one-sided Welch t-test on pooled step times (the baseline's steps against the new run's steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.services.regression import DEFAULTS, Config, judge, t_cdf  # noqa: E402
+from benchmarks.report import write_section  # noqa: E402
+from benchmarks.run_to_run import SPREAD_JSON  # noqa: E402
+
+DROP = 0.8
+"""A 20% throughput drop: tokens/s × 0.8 (step times × 1.25)."""
+SEED = 11
+
+
+def load_spread(path: Path = SPREAD_JSON) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def flagged(baseline: Sequence[float], new: float, config: Config) -> bool:
+    """Whether a tokens/s value `new` is judged regressed against `baseline`."""
+    return judge(baseline, [new], config=config, higher_is_better=True).verdict == "regressed"
+
+
+def resampled_series(values: Sequence[float], window: int, count: int, rng: random.Random) -> list[tuple[list[float], float]]:
+    """`count` (baseline, new) pairs drawn without replacement from the measured values."""
+    k = min(window, len(values) - 1)
+    out = []
+    for _ in range(count):
+        picked = rng.sample(list(values), k + 1)
+        out.append((picked[:k], picked[k]))
+    return out
+
+
+def normal_series(cv: float, window: int, count: int, rng: random.Random) -> list[tuple[list[float], float]]:
+    """`count` (baseline, new) pairs of normal noise around 1 with coefficient of variation `cv`."""
+    return [([rng.gauss(1.0, cv) for _ in range(window)], rng.gauss(1.0, cv)) for _ in range(count)]
+
+
+def rates(series: Sequence[tuple[list[float], float]], config: Config) -> tuple[float, float]:
+    """(false-positive rate, rate at which a 20% drop is flagged)."""
+    fp = sum(flagged(b, n, config) for b, n in series) / len(series)
+    tp = sum(flagged(b, n * DROP, config) for b, n in series) / len(series)
+    return fp, tp
+
+
+def pooled_steps_flagged(baseline_runs: Sequence[Sequence[float]], new_steps: Sequence[float], alpha: float) -> bool:
+    """One-sided Welch on per-step throughput (1 / step time), the baseline's steps pooled."""
+    a = [1 / s for run in baseline_runs for s in run]
+    b = [1 / s for s in new_steps]
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    t = (statistics.fmean(b) - statistics.fmean(a)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return t_cdf(t, df) < alpha
+
+
+def pooled_rates(runs: Sequence[dict[str, Any]], window: int, count: int, rng: random.Random, alpha: float) -> tuple[float, float]:
+    k = min(window, len(runs) - 1)
+    fp = tp = 0
+    for _ in range(count):
+        picked = rng.sample(list(runs), k + 1)
+        base = [r["step_times_s"] for r in picked[:k]]
+        new = picked[k]["step_times_s"]
+        fp += pooled_steps_flagged(base, new, alpha)
+        tp += pooled_steps_flagged(base, [s / DROP for s in new], alpha)
+    return fp / count, tp / count
+
+
+def evaluate(spread: dict[str, Any], *, count: int, seed: int = SEED) -> list[dict[str, Any]]:
+    """Every row of the report: per number of steps, noise model and test."""
+    rows = []
+    for steps, entry in spread["by_steps"].items():
+        values = [r["values"]["tokens_per_s"] for r in entry["runs"]]
+        cv = entry["cv"]["tokens_per_s"]
+        for test in ("t_test", "mad"):
+            config = Config(test=test)
+            for model, make in (
+                ("resampled", lambda rng, v=values: resampled_series(v, DEFAULTS.window, count, rng)),
+                ("normal", lambda rng, c=cv: normal_series(c, DEFAULTS.window, count, rng)),
+            ):
+                fp, tp = rates(make(random.Random(seed)), config)
+                rows.append({"steps": int(steps), "cv": cv, "model": model, "test": test, "fpr": fp, "detected": tp})
+        fp, tp = pooled_rates(entry["runs"], DEFAULTS.window, count, random.Random(seed), DEFAULTS.alpha)
+        rows.append({"steps": int(steps), "cv": cv, "model": "resampled", "test": "Welch on pooled steps", "fpr": fp, "detected": tp})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None] = write_section) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--series", type=int, default=200)
+    parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    spread = load_spread()
+    rows = evaluate(spread, count=args.series)
+    d = DEFAULTS
+    lines = [
+        f"Measured by `python benchmarks/regression_fpr.py --series {args.series} --write`, from the runs of the section above "
+        f"(`benchmarks/run_to_run_spread.json`), seed {SEED}. Each synthetic series: a baseline of K = {d.window} results and one new "
+        "result, on tokens/s. *resampled*: the K + 1 values drawn without replacement from the measured runs (with fewer runs, K = runs − 1); "
+        "*normal*: drawn from a normal distribution with the measured CV. False positives: an unchanged result judged regressed; "
+        "20% drop: the new result's step times × 1.25. Tests at their defaults: t-test one-sided α = "
+        f"{d.alpha}, median ± {d.mad_k:g}·MAD, changes under {d.min_change:.0%} never flagged. The last row of each group is the "
+        "alternative we did not take: a Welch t-test on the baseline's pooled step times against the new run's.",
+        "",
+        f"| measured steps | run-to-run CV | series | test | false positives (of {args.series}) | 20% drop flagged (of {args.series}) |",
+        "|---:|---:|---|---|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['steps']} | {r['cv'] * 100:.1f}% | {r['model']} | {r['test']} | {r['fpr'] * 100:.1f}% ({round(r['fpr'] * args.series)}) "
+            f"| {r['detected'] * 100:.1f}% ({round(r['detected'] * args.series)}) |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        write("Regression detection: false positives and power on synthetic series", text)
+
+
+if __name__ == "__main__":
+    main()

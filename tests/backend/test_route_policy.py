@@ -1,0 +1,237 @@
+"""Every route of the app against every kind of caller (issue #11), outside local mode.
+
+`POLICY` holds one decision per (method, path): what a caller must be allowed to do to get past
+the route's checks. A route added to the app without a decision here fails
+`test_every_route_has_a_decision`; each decision is then tried with each caller below, and the
+answer must be a refusal (401, 403, or a redirect to the login page) exactly when the caller's
+row in `ALLOWED` lacks the decision. `ALLOWED` is written out by hand, not derived from the code
+under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.routing import Mount
+
+from backend.api import csrf
+from backend.api.app import create_app
+from backend.api.deps import CSRF_HEADER, SESSION_COOKIE
+from backend.config import Settings, get_settings
+from backend.db import get_sessionmaker, session_scope
+from backend.migrate import upgrade
+from backend.services import auth, tokens
+from backend.services import runs as run_service
+from backend.services.uploads import upload_results
+from parallab.core.result import ResultDocument
+from parallab.core.spec import JobSpec
+from tests.backend.ci_documents import document, slowed
+
+POLICY: dict[tuple[str, str], str] = {
+    # FastAPI's own documentation: public.
+    ("GET", "/openapi.json"): "public",
+    ("GET", "/docs"): "public",
+    ("GET", "/docs/oauth2-redirect"): "public",
+    ("GET", "/redoc"): "public",
+    ("GET", "/healthz"): "public",
+    ("GET", "/vendor/plotly.min.js"): "public",
+    ("GET", "/login"): "public",
+    ("POST", "/login"): "public",
+    ("POST", "/logout"): "public",
+    ("GET", "/api/v1/results/schema"): "public",
+    # Reading.
+    ("GET", "/api/v1/runs"): "read",
+    ("GET", "/api/v1/runs/{run_id}"): "read",
+    ("GET", "/api/v1/runs/{run_id}/trace"): "read",
+    ("GET", "/api/v1/plan"): "read",
+    ("GET", "/api/v1/compare"): "read",
+    ("GET", "/api/v1/leaderboard"): "read",
+    ("GET", "/api/v1/series"): "read",
+    ("GET", "/api/v1/series/{series_id}"): "read",
+    ("GET", "/api/v1/me"): "read",
+    ("GET", "/"): "read",
+    ("GET", "/runs/new"): "read",
+    ("GET", "/runs/new/plan.json"): "read",
+    ("GET", "/runs/{run_id}"): "read",
+    ("GET", "/runs/{run_id}/status.json"): "read",
+    ("GET", "/compare"): "read",
+    ("GET", "/compare.json"): "read",
+    ("GET", "/compare.csv"): "read",
+    ("GET", "/leaderboard"): "read",
+    ("GET", "/leaderboard.json"): "read",
+    ("GET", "/leaderboard.csv"): "read",
+    ("GET", "/scaling"): "read",
+    ("GET", "/series"): "read",
+    ("GET", "/series/{series_id}"): "read",
+    # Running jobs: submit; cancel only one's own run (admins any).
+    ("POST", "/api/v1/runs"): "submit",
+    ("POST", "/runs/new"): "submit",
+    ("POST", "/api/v1/runs/{run_id}/cancel"): "cancel own run",
+    ("POST", "/runs/{run_id}/cancel"): "cancel own run",
+    # CI: uploads with a token; series settings and alert dismissals.
+    ("POST", "/api/v1/results"): "upload",
+    ("PATCH", "/api/v1/series/{series_id}"): "series",
+    ("POST", "/api/v1/series/{series_id}/alerts/{verdict_id}/dismiss"): "series",
+    ("POST", "/series/{series_id}/alerts/{verdict_id}/dismiss"): "series",
+    # One's own tokens; users (admins).
+    ("GET", "/tokens"): "tokens",
+    ("POST", "/tokens"): "tokens",
+    ("POST", "/tokens/{token_id}/revoke"): "revoke own token",
+    ("GET", "/users"): "admin",
+    ("POST", "/users"): "admin",
+    ("POST", "/users/{user_id}/disable"): "admin",
+}
+
+READ = {"public", "read"}
+ALLOWED: dict[str, set[str]] = {
+    "anonymous": {"public"},
+    "viewer": READ,
+    "member": READ | {"submit", "cancel own run", "series", "tokens", "revoke own token"},
+    "other member": READ | {"submit", "series", "tokens"},
+    "admin": READ | {"submit", "cancel own run", "series", "tokens", "revoke own token", "admin"},
+    "member's upload token": READ | {"upload", "series"},
+    "member's submit token": READ | {"submit", "cancel own run"},
+}
+"""What each caller may do. The run, the token and the alert the routes act on are the member's."""
+
+PASSWORD = "route-policy-password"
+SECRET = "route-policy-secret"
+
+
+def app_routes(app) -> list[tuple[str, str]]:
+    """(method, path) of every route, the static mount aside (HEAD goes with GET)."""
+    out = []
+    for route in app.routes:
+        contexts = route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
+        for r in contexts:
+            if isinstance(r, Mount):
+                continue
+            out += [(m, r.path) for m in sorted(r.methods or ()) if m != "HEAD"]
+    return out
+
+
+@dataclass
+class World:
+    settings: Settings
+    app: object
+    ids: dict[str, str]
+    cookies: dict[str, str]
+    bearer: dict[str, str]
+    user_ids: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    home: Path = tmp_path_factory.mktemp("policy")
+    settings = Settings(home=home, database_url=f"sqlite:///{home / 'p.db'}", secret_key=SECRET, allow_local_mode=False)
+    settings.ensure_home()
+    upgrade(settings.sqlalchemy_url)
+    assert not settings.local_mode, "the policy is checked outside local mode (loopback, local mode switched off)"
+    cookies, bearer, ids = {}, {}, {}
+    with session_scope(settings.sqlalchemy_url) as session:
+        users = {
+            name: auth.create_user(session=session, email=f"{name.replace(' ', '-')}@lab.org", password=PASSWORD, role=role)
+            for name, role in [("viewer", "viewer"), ("member", "member"), ("other member", "member"), ("admin", "admin"), ("target", "viewer")]
+        }
+        for name in ("viewer", "member", "other member", "admin"):
+            cookies[name] = auth.start_session(session=session, user=users[name], max_age_s=3600)
+        member = users["member"]
+        bearer["member's upload token"] = tokens.create_token(session=session, name="ci", scopes=["upload"], user=member)
+        bearer["member's submit token"] = tokens.create_token(session=session, name="jobs", scopes=["submit"], user=member)
+        tokens.create_token(session=session, name="spare", scopes=["upload"], user=member)
+        ids["token_id"] = str(max(t.id for t in tokens.list_tokens(session=session, user_id=member.id)))
+        ids["user_id"] = str(users["target"].id)
+        spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}})
+        ids["run_id"] = run_service.create_run(session=session, spec=spec, settings=settings, source="api", user_id=member.id).id
+        principal = auth.Principal(via="token", role="member", user_id=member.id, email=member.email, scopes=frozenset({"upload"}))
+        base = document(tokens_per_s=1000.0)
+        docs = [ResultDocument.model_validate(d) for d in (base, slowed(base, 1.01), slowed(base, 0.99), slowed(base, 1.5))]
+        for doc in docs:  # one at a time: three make the baseline, the fourth an alert
+            uploaded = upload_results(session=session, documents=[doc], batch=False, idempotency_key=None, principal=principal)
+        alert = next(v for v in uploaded[0].verdicts if v.verdict == "regressed")
+        ids["series_id"], ids["verdict_id"] = alert.series_id, str(alert.id)
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    yield World(settings, app, ids, cookies, bearer, {name: u.id for name, u in users.items()})
+    get_sessionmaker(settings.sqlalchemy_url).kw["bind"].dispose()
+
+
+def test_every_route_has_a_decision(world: World) -> None:
+    routes = set(app_routes(world.app))
+    missing = sorted(routes - POLICY.keys())
+    assert not missing, f"routes without a decision in POLICY (add one): {missing}"
+    stale = sorted(POLICY.keys() - routes)
+    assert not stale, f"POLICY names routes the app no longer has: {stale}"
+    assert {d for d in POLICY.values()} <= set().union(*ALLOWED.values()), "every decision is some caller's to take"
+
+
+def client_for(world: World, caller: str) -> tuple[TestClient, str]:
+    """A fresh client acting as `caller`, with this browser's CSRF cookie; returns it and the form token."""
+    client = TestClient(world.app, follow_redirects=False)
+    nonce = "nonce-" + "".join(c for c in caller if c.isalnum())
+    client.cookies.set(csrf.COOKIE, nonce)
+    if caller in world.cookies:
+        client.cookies.set(SESSION_COOKIE, world.cookies[caller])
+    if caller in world.bearer:
+        client.headers["Authorization"] = f"Bearer {world.bearer[caller]}"
+    token = csrf._serializer(SECRET).dumps(nonce)
+    client.headers[CSRF_HEADER] = token
+    return client, token
+
+
+def call(client: TestClient, method: str, path: str, ids: dict[str, str], form_token: str):
+    url = path.format(**ids)
+    if method == "GET":
+        return client.get(url)
+    if url.startswith("/api/"):
+        return client.request(method, url, json={})
+    form = {csrf.FIELD: form_token}
+    if url == "/login":
+        form |= {"email": "viewer@lab.org", "password": PASSWORD}
+    return client.request(method, url, data=form)
+
+
+def refused(response, path: str) -> str | None:
+    """How a response refuses (None when it let the caller through)."""
+    if response.status_code in (401, 403):
+        return str(response.status_code)
+    if response.status_code in (302, 303, 307) and response.headers["location"].startswith("/login?next="):
+        return "login redirect"
+    return None
+
+
+@pytest.mark.parametrize("caller", list(ALLOWED))
+@pytest.mark.parametrize(("method", "path"), sorted(POLICY))
+def test_route_against_caller(world: World, caller: str, method: str, path: str) -> None:
+    decision = POLICY[(method, path)]
+    client, form_token = client_for(world, caller)
+    if path == "/logout" and caller in world.cookies:  # log out of a session of its own, not the one the other cases use
+        with session_scope(world.settings.sqlalchemy_url) as session:
+            user = auth.get_user(session=session, user_id=world.user_ids[caller])
+            client.cookies.set(SESSION_COOKIE, auth.start_session(session=session, user=user, max_age_s=600))
+    with client:
+        response = call(client, method, path, world.ids, form_token)
+    how = refused(response, path)
+    if decision in ALLOWED[caller]:
+        assert how is None, f"{caller} must get past {method} {path} ({decision}); got {response.status_code} {response.text[:200]}"
+        assert response.status_code < 500, response.text[:500]
+    else:
+        assert how is not None, f"{caller} must be refused {method} {path} ({decision}); got {response.status_code}"
+        if caller == "anonymous":
+            assert how == ("401" if path.startswith("/api/") else "login redirect"), "anonymous: 401 from the API, the login page for pages"
+        else:
+            assert how == "403", f"{caller} is known: 403, not {how}"
+
+
+def test_local_mode_needs_no_login_but_uploads_still_need_a_token(world: World) -> None:
+    local = world.settings.model_copy(update={"allow_local_mode": True})
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: local
+    with TestClient(app, follow_redirects=False) as client:
+        assert client.get("/").status_code == 200 and client.get("/users").status_code == 200
+        assert client.get("/api/v1/me").json() == {"via": "local", "email": None, "role": "admin", "scopes": []}
+        assert client.post("/api/v1/results", json=document()).status_code == 401
