@@ -91,23 +91,43 @@ def pooled_rates(runs: Sequence[dict[str, Any]], window: int, count: int, rng: r
     return fp / count, tp / count
 
 
+CV_GRID = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2)
+"""Normal noise at these CVs shows where a single result can tell a 20% drop from noise."""
+
+
 def evaluate(spread: dict[str, Any], *, count: int, seed: int = SEED) -> list[dict[str, Any]]:
-    """Every row of the report: per number of steps, noise model and test."""
+    """Every row of the measured table: per condition, number of steps, series model and test."""
     rows = []
-    for steps, entry in spread["by_steps"].items():
-        values = [r["values"]["tokens_per_s"] for r in entry["runs"]]
-        cv = entry["cv"]["tokens_per_s"]
-        for test in ("t_test", "mad"):
-            config = Config(test=test)
-            for model, make in (
-                ("resampled", lambda rng, v=values: resampled_series(v, DEFAULTS.window, count, rng)),
-                ("normal", lambda rng, c=cv: normal_series(c, DEFAULTS.window, count, rng)),
-            ):
-                fp, tp = rates(make(random.Random(seed)), config)
-                rows.append({"steps": int(steps), "cv": cv, "model": model, "test": test, "fpr": fp, "detected": tp})
-        fp, tp = pooled_rates(entry["runs"], DEFAULTS.window, count, random.Random(seed), DEFAULTS.alpha)
-        rows.append({"steps": int(steps), "cv": cv, "model": "resampled", "test": "Welch on pooled steps", "fpr": fp, "detected": tp})
+    for condition, measured in spread["conditions"].items():
+        for steps, entry in measured["by_steps"].items():
+            values = [r["values"]["tokens_per_s"] for r in entry["runs"]]
+            cv = entry["cv"]["tokens_per_s"]
+            base = {"condition": condition, "steps": int(steps), "cv": cv}
+            for test in ("t_test", "mad"):
+                config = Config(test=test)
+                for model, series in (
+                    ("resampled", resampled_series(values, DEFAULTS.window, count, random.Random(seed))),
+                    ("normal", normal_series(cv, DEFAULTS.window, count, random.Random(seed))),
+                ):
+                    fp, tp = rates(series, config)
+                    rows.append({**base, "model": model, "test": test, "fpr": fp, "detected": tp})
+            fp, tp = pooled_rates(entry["runs"], DEFAULTS.window, count, random.Random(seed), DEFAULTS.alpha)
+            rows.append({**base, "model": "resampled", "test": "Welch on pooled steps", "fpr": fp, "detected": tp})
     return rows
+
+
+def power(*, count: int, seed: int = SEED) -> list[dict[str, Any]]:
+    """False positives and the 20% drop flagged, under normal noise at each CV of `CV_GRID`."""
+    rows = []
+    for cv in CV_GRID:
+        for test in ("t_test", "mad"):
+            fp, tp = rates(normal_series(cv, DEFAULTS.window, count, random.Random(seed)), Config(test=test))
+            rows.append({"cv": cv, "test": test, "fpr": fp, "detected": tp})
+    return rows
+
+
+def _rate(value: float, count: int) -> str:
+    return f"{value * 100:.1f}% ({round(value * count)})"
 
 
 def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None] = write_section) -> None:
@@ -115,26 +135,33 @@ def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None]
     parser.add_argument("--series", type=int, default=200)
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
     args = parser.parse_args(argv)
-    spread = load_spread()
-    rows = evaluate(spread, count=args.series)
+    n = args.series
+    rows = evaluate(load_spread(), count=n)
     d = DEFAULTS
     lines = [
-        f"Measured by `python benchmarks/regression_fpr.py --series {args.series} --write`, from the runs of the section above "
-        f"(`benchmarks/run_to_run_spread.json`), seed {SEED}. Each synthetic series: a baseline of K = {d.window} results and one new "
-        "result, on tokens/s. *resampled*: the K + 1 values drawn without replacement from the measured runs (with fewer runs, K = runs − 1); "
-        "*normal*: drawn from a normal distribution with the measured CV. False positives: an unchanged result judged regressed; "
-        "20% drop: the new result's step times × 1.25. Tests at their defaults: t-test one-sided α = "
-        f"{d.alpha}, median ± {d.mad_k:g}·MAD, changes under {d.min_change:.0%} never flagged. The last row of each group is the "
-        "alternative we did not take: a Welch t-test on the baseline's pooled step times against the new run's.",
+        f"Measured by `python benchmarks/regression_fpr.py --series {n} --write`, from the runs of the section above "
+        f"(`benchmarks/run_to_run_spread.json`), seed {SEED}. Each synthetic series: a baseline of K = {d.window} results "
+        "and one new result, on tokens/s. *resampled*: the K + 1 values drawn without replacement from the measured runs "
+        "(with fewer runs, K = runs − 1); *normal*: drawn from a normal distribution with the measured CV. "
+        "False positives: an unchanged result judged regressed; 20% drop: the new result's step times × 1.25. "
+        f"Tests at their defaults: t-test one-sided α = {d.alpha}, median ± {d.mad_k:g}·MAD, changes under "
+        f"{d.min_change:.0%} never flagged. *Welch on pooled steps* is the alternative we did not take: the baseline's "
+        "step times pooled against the new run's.",
         "",
-        f"| measured steps | run-to-run CV | series | test | false positives (of {args.series}) | 20% drop flagged (of {args.series}) |",
-        "|---:|---:|---|---|---:|---:|",
+        f"| condition | measured steps | run-to-run CV | series | test | false positives (of {n}) | 20% drop flagged (of {n}) |",
+        "|---|---:|---:|---|---|---:|---:|",
+        *(
+            f"| {r['condition']} | {r['steps']} | {r['cv'] * 100:.1f}% | {r['model']} | {r['test']} | {_rate(r['fpr'], n)} "
+            f"| {_rate(r['detected'], n)} |"
+            for r in rows
+        ),
+        "",
+        f"Where a single result can be judged at all: the same tests on normal noise at a range of CVs ({n} series each).",
+        "",
+        f"| run-to-run CV | test | false positives (of {n}) | 20% drop flagged (of {n}) |",
+        "|---:|---|---:|---:|",
+        *(f"| {r['cv'] * 100:.0f}% | {r['test']} | {_rate(r['fpr'], n)} | {_rate(r['detected'], n)} |" for r in power(count=n)),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['steps']} | {r['cv'] * 100:.1f}% | {r['model']} | {r['test']} | {r['fpr'] * 100:.1f}% ({round(r['fpr'] * args.series)}) "
-            f"| {r['detected'] * 100:.1f}% ({round(r['detected'] * args.series)}) |"
-        )
     text = "\n".join(lines)
     print(text)
     if args.write:

@@ -1,14 +1,16 @@
 """The run-to-run spread of this machine: the same tiny DDP job, repeated, through `parallab bench`'s path.
 
-    python benchmarks/run_to_run.py [--runs 12] [--steps 10 100] [--write]
+    python benchmarks/run_to_run.py [--runs 12] [--steps 10 100] [--condition shared] [--nice N] [--write]
 
 What regression detection must not flag is the spread between runs of unchanged code. This
 repeats one job (`tiny`, ddp × 2 on gloo) at each number of measured steps, interleaved so that
 every length sees the same load, and reports per metric that detection covers the coefficient of
 variation over runs (sample standard deviation / mean), beside the spread of step times within
 one run. Each run's summary values and rank 0's step times are saved to
-`benchmarks/run_to_run_spread.json`: the synthetic series of `benchmarks/regression_fpr.py` and
-the detection tests are drawn from them.
+`benchmarks/run_to_run_spread.json`, under a named condition (`--condition`: how busy the
+machine was; `--nice -15` gives the job the cores before the other work on a shared machine,
+as a dedicated CI runner would): the synthetic series of `benchmarks/regression_fpr.py` and the
+detection tests are drawn from them.
 """
 
 from __future__ import annotations
@@ -63,8 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=12)
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--condition", default="shared", help="name of the conditions measured (kept apart in the JSON)")
+    parser.add_argument("--nice", type=int, default=0, help="run at this niceness (negative: before the machine's other work; needs root)")
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md and the spread JSON")
     args = parser.parse_args()
+    if args.nice:
+        os.nice(args.nice)
     runs: dict[int, list[dict[str, Any]]] = {steps: [] for steps in args.steps}
     with tempfile.TemporaryDirectory(prefix="parallab-spread-") as tmp:
         for i in range(args.runs):
@@ -74,42 +80,57 @@ def main() -> None:
                 print(
                     f"{steps} steps, run {i + 1}/{args.runs}: {run['values']['tokens_per_s']:,.0f} tokens/s, load {run['load']}", flush=True
                 )
-    spread: dict[str, Any] = {"job": "tiny ddp x2 gloo", "runs": args.runs, "by_steps": {}}
-    header = (
-        "| measured steps | " + " | ".join(f"{m} CV" for m in METRICS) + " | step-time CV within a run (median) | load average (min–max) |"
-    )
-    rows = [header, "|" + "---:|" * (len(METRICS) + 3)]
+    measured: dict[str, Any] = {"runs": args.runs, "nice": args.nice, "by_steps": {}}
     for steps, done in runs.items():
-        entry: dict[str, Any] = {"runs": done, "cv": {}}
-        for m in METRICS:
-            entry["cv"][m] = cv([r["values"][m] for r in done if m in r["values"]])
+        entry: dict[str, Any] = {"runs": done, "cv": {m: cv([r["values"][m] for r in done if m in r["values"]]) for m in METRICS}}
         entry["within_run_step_time_cv"] = statistics.median(c for r in done if (c := cv(r["step_times_s"])) is not None)
-        loads = [r["load"] for r in done]
-        spread["by_steps"][str(steps)] = entry
-        rows.append(
-            f"| {steps} | "
-            + " | ".join(pct(entry["cv"][m]) for m in METRICS)
-            + f" | {pct(entry['within_run_step_time_cv'])} | {min(loads):.1f}–{max(loads):.1f} |"
-        )
-    text = "\n".join(
-        [
-            f"Measured by `python benchmarks/run_to_run.py --runs {args.runs} --steps {' '.join(map(str, args.steps))} --write` on "
-            f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}): one job (`tiny`, ddp × 2 on gloo, 2 warm-up "
-            f"steps) run {args.runs} times at each number of measured steps, the lengths interleaved so that each sees the same load. "
-            "CV = sample standard deviation / mean over the runs (a metric a run does not report is —). The machine was shared "
-            "with other work while measuring (load average in the last column, on 2 cores): this is the noise a CI job sees on a "
-            "busy runner of this kind.",
-            "",
-            *rows,
-            "",
-            "Each run's values and rank 0's step times are kept in `benchmarks/run_to_run_spread.json`; the synthetic series "
-            "below are drawn from them.",
-        ]
-    )
+        measured["by_steps"][str(steps)] = entry
+    spread = json.loads(SPREAD_JSON.read_text()) if SPREAD_JSON.exists() else {"job": "tiny ddp x2 gloo", "conditions": {}}
+    spread["conditions"][args.condition] = measured
+    text = report(spread)
     print(text)
     if args.write:
         SPREAD_JSON.write_text(json.dumps(spread, indent=1) + "\n")
         write_section("Run-to-run spread of this machine", text)
+
+
+def report(spread: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section: one row per condition and number of measured steps."""
+    header = (
+        "| condition | measured steps | "
+        + " | ".join(f"{m} CV" for m in METRICS)
+        + " | step-time CV within a run (median) | load average (min–max) |"
+    )
+    rows = [header, "|---|" + "---:|" * (len(METRICS) + 3)]
+    commands = []
+    for name, measured in spread["conditions"].items():
+        steps_list = list(measured["by_steps"])
+        nice = f" --nice {measured['nice']}" if measured["nice"] else ""
+        commands.append(
+            f"`python benchmarks/run_to_run.py --runs {measured['runs']} --steps {' '.join(steps_list)} --condition {name}{nice} --write`"
+        )
+        for steps, entry in measured["by_steps"].items():
+            loads = [r["load"] for r in entry["runs"]]
+            rows.append(
+                f"| {name} | {steps} | "
+                + " | ".join(pct(entry["cv"][m]) for m in METRICS)
+                + f" | {pct(entry['within_run_step_time_cv'])} | {min(loads):.1f}–{max(loads):.1f} |"
+            )
+    return "\n".join(
+        [
+            f"Measured by {' and '.join(commands)} on {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}): "
+            "one job (`tiny`, ddp × 2 on gloo, 2 warm-up steps) run again and again at each number of measured steps, the lengths "
+            "interleaved so that each sees the same load. CV = sample standard deviation / mean over the runs (— where a run does not "
+            "report the metric). The machine is shared with other work (load average on its 2 cores in the last column): *shared* "
+            "runs at normal priority, as a job on a busy runner; *priority* runs at niceness −15, so that the other work yields the "
+            "cores, as on a dedicated runner.",
+            "",
+            *rows,
+            "",
+            "Each run's values and rank 0's step times are kept in `benchmarks/run_to_run_spread.json`; the synthetic series "
+            "of the next section are drawn from them.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from backend.models import ApiToken, User, utcnow
-from backend.services.auth import ACTIONS, ROLE_RANK, Forbidden, Principal
+from backend.services.auth import ROLE_RANK, Forbidden, Principal
 from backend.store import accounts as store
 
 SCOPES = ("upload", "submit", "admin")
 TOKEN_PREFIX = "plb_"
-SCOPE_ROLE = {scope: next(role for role, s in ACTIONS.values() if s == scope) for scope in SCOPES}
-"""The weakest role that may hold each scope (upload and submit: member; admin: admin)."""
+SCOPE_ROLE = {"upload": "member", "submit": "member", "admin": "admin"}
+"""The weakest role that may hold each scope: the role its actions need (services.auth.ACTIONS)."""
 TOUCH_EVERY = timedelta(seconds=60)
 
 

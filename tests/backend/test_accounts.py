@@ -149,3 +149,10 @@ def test_the_env_seeded_admin_is_created_once_at_start_up(settings) -> None:
         users = auth.list_users(session=session)
         assert [(u.email, u.role) for u in users] == [("root@lab.org", "admin")]
         assert auth.authenticate(session=session, email="root@lab.org", password="seeded-password-1")
+
+
+def test_each_scope_needs_the_role_its_actions_need() -> None:
+    for scope, role in tokens.SCOPE_ROLE.items():
+        actions = [a for a, (_, s) in auth.ACTIONS.items() if s == scope and a != "tokens"]
+        assert actions and all(auth.ROLE_RANK[auth.ACTIONS[a][0]] <= auth.ROLE_RANK[role] for a in actions), scope
+    assert tokens.SCOPE_ROLE["admin"] == "admin"

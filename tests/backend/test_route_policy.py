@@ -135,7 +135,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with session_scope(settings.sqlalchemy_url) as session:
         users = {
             name: auth.create_user(session=session, email=f"{name.replace(' ', '-')}@lab.org", password=PASSWORD, role=role)
-            for name, role in [("viewer", "viewer"), ("member", "member"), ("other member", "member"), ("admin", "admin"), ("target", "viewer")]
+            for name, role in [
+                ("viewer", "viewer"),
+                ("member", "member"),
+                ("other member", "member"),
+                ("admin", "admin"),
+                ("target", "viewer"),
+            ]
         }
         for name in ("viewer", "member", "other member", "admin"):
             cookies[name] = auth.start_session(session=session, user=users[name], max_age_s=3600)
