@@ -8,7 +8,7 @@ import random
 import pytest
 
 from backend.services.regression import DEFAULTS, Config, judge, metric_values, t_cdf, t_quantile
-from benchmarks.regression_fpr import DROP, load_spread, normal_series, rates, resampled_series
+from benchmarks.regression_fpr import load_spread, normal_series, rates, resampled_series
 
 SERIES = 200
 BASELINE = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.0, 100.7, 99.3]

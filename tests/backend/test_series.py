@@ -228,5 +228,5 @@ def test_csrf_guards_api_writes_made_with_a_login_session(client, settings) -> N
     assert client.post("/api/v1/runs", json=spec).status_code == 403, "a cookie alone cannot write through the API"
     token = form_token(client, "/")
     assert client.post("/api/v1/runs", json=spec, headers={"X-CSRF-Token": token}).status_code == 202
-    assert client.get(f"/api/v1/runs?user=ada@lab.org").json()["items"][0]["user"] == "ada@lab.org"
+    assert client.get("/api/v1/runs?user=ada@lab.org").json()["items"][0]["user"] == "ada@lab.org"
     assert csrf.COOKIE in client.cookies
