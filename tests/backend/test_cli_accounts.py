@@ -93,7 +93,13 @@ def test_ci_metadata_comes_from_github_actions_and_gitlab_ci() -> None:
         "pr": 42,
         "ci_url": "https://github.com/lab/model/actions/runs/777/attempts/2",
     }
-    push = {"GITHUB_ACTIONS": "true", "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main", "GITHUB_REF_TYPE": "branch", "GITHUB_HEAD_REF": ""}
+    push = {
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_REF": "refs/heads/main",
+        "GITHUB_REF_NAME": "main",
+        "GITHUB_REF_TYPE": "branch",
+        "GITHUB_HEAD_REF": "",
+    }
     assert ci_metadata(push)["branch"] == "main" and ci_metadata(push)["pr"] is None
     gitlab = {
         "GITLAB_CI": "true",
