@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.routes.runs import run_read
-from backend.schemas.runs import UploadBatchRead, UploadRead
+from backend.schemas.runs import UploadBatchRead, UploadRead, Verdict
 from backend.services import series as series_service
 from backend.services.uploads import Uploaded, parse_documents, upload_results
 from parallab.core.result import ResultDocument
@@ -38,7 +38,7 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
 def upload_read(uploaded: Uploaded) -> UploadRead:
     return UploadRead(
         **run_read(uploaded.run).model_dump(),
-        verdicts=[series_service.verdict_dict(v) for v in uploaded.verdicts],  # type: ignore[misc]
+        verdicts=[Verdict.model_validate(series_service.verdict_dict(v)) for v in uploaded.verdicts],
         regressed=uploaded.regressed,
     )
 
