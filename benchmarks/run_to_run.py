@@ -127,7 +127,13 @@ def report(spread: dict[str, Any]) -> str:
             "",
             *rows,
             "",
-            "Each run's values and rank 0's step times are kept in `benchmarks/run_to_run_spread.json`; the synthetic series "
+            "Throughput CV by condition: "
+            + "; ".join(
+                f"{name} {min(cvs):.0%}–{max(cvs):.0%}"
+                for name, measured in spread["conditions"].items()
+                if (cvs := [e["cv"]["tokens_per_s"] for e in measured["by_steps"].values() if e["cv"]["tokens_per_s"] is not None])
+            )
+            + ". Each run's values and rank 0's step times are kept in `benchmarks/run_to_run_spread.json`; the synthetic series "
             "of the next section are drawn from them.",
         ]
     )

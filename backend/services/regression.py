@@ -20,6 +20,7 @@ the band is *regressed* on the metric's worse side and *improved* on its better 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -189,6 +190,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: float) -> float:
     """The `p` quantile of Student's t (bisection on the CDF; p in (0, 1))."""
     if not 0 < p < 1:

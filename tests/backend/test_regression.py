@@ -8,7 +8,7 @@ import random
 import pytest
 
 from backend.services.regression import DEFAULTS, Config, judge, metric_values, t_cdf, t_quantile
-from benchmarks.regression_fpr import load_spread, normal_series, rates, resampled_series
+from benchmarks.regression_fpr import DROP, load_spread, normal_series, rates, resampled_series
 
 SERIES = 200
 BASELINE = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.0, 100.7, 99.3]
@@ -94,15 +94,32 @@ def measured() -> list[tuple[str, str, list[float], float]]:
     ]
 
 
-@pytest.mark.parametrize("test", ["t_test", "mad"])
-def test_noise_at_the_measured_spread_is_not_flagged(test) -> None:
-    """Over 200 synthetic series per measurement, drawn from the measured runs and from normal noise at
-    their CV, at most 5% of unchanged results are called regressed (BENCHMARKS.md has the rates)."""
+def test_noise_at_the_measured_spread_is_not_flagged() -> None:
+    """The default test, over 200 synthetic series per measurement — drawn from the measured runs and from
+    normal noise at their CV — calls at most 5% of unchanged results regressed (BENCHMARKS.md has the rates)."""
     assert measured(), "the spread was measured (benchmarks/run_to_run.py)"
     for condition, steps, values, cv in measured():
         for model, series in (
             ("resampled", resampled_series(values, DEFAULTS.window, SERIES, random.Random(1))),
             ("normal", normal_series(cv, DEFAULTS.window, SERIES, random.Random(2))),
         ):
-            fpr, _ = rates(series, Config(test=test))
-            assert fpr <= 0.05, f"{test}: {fpr:.1%} false positives on {model} series at {condition}, {steps} steps (CV {cv:.1%})"
+            fpr, _ = rates(series, DEFAULTS)
+            assert fpr <= 0.05, f"{DEFAULTS.test}: {fpr:.1%} false positives on {model} series at {condition}, {steps} steps (CV {cv:.1%})"
+
+
+def test_median_and_mad_keep_to_their_rate_on_normal_noise_at_the_measured_spread() -> None:
+    """median ± 4·MAD assumes one cluster of runs: on normal noise at each measured CV it flags at most 5% of
+    unchanged results. (On the measured runs themselves it can flag more — this machine's noise is bimodal;
+    BENCHMARKS.md shows where, and why the t-test is the default.)"""
+    for condition, steps, _, cv in measured():
+        fpr, _ = rates(normal_series(cv, DEFAULTS.window, SERIES, random.Random(3)), Config(test="mad"))
+        assert fpr <= 0.05, f"mad: {fpr:.1%} false positives at {condition}, {steps} steps (CV {cv:.1%})"
+
+
+@pytest.mark.parametrize("test", ["t_test", "mad"])
+def test_a_20_percent_drop_is_flagged_on_synthetic_series_where_one_run_can_tell(test) -> None:
+    """At 2% run-to-run spread (BENCHMARKS.md's power table: a single result can tell there, not at this
+    machine's 27–57%), a 20% throughput drop is flagged in at least 95% of 200 series, noise in at most 5%."""
+    fpr, caught = rates(normal_series(0.02, DEFAULTS.window, SERIES, random.Random(4)), Config(test=test))
+    assert caught >= 0.95 and fpr <= 0.05, (caught, fpr)
+    assert DROP == 0.8, "rates() judges the new result at 0.8 × its throughput"
