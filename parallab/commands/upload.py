@@ -54,7 +54,7 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:,.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
@@ -82,7 +82,7 @@ def verdict_table(items: list[dict[str, Any]], files: list[Path]) -> Table:
                 change,
                 band,
                 test,
-                f"[{STYLE[v['verdict']]}]{label}",
+                f"[{STYLE[v['verdict']]}]{label}[/]" if STYLE[v["verdict"]] else label,
             )
     return table
 
