@@ -69,6 +69,8 @@ def login(request: Request, form: FormDep, session: SessionDep, settings: Settin
         user = auth_service.authenticate(session=session, email=email, password=password)
     except LoginFailed as exc:
         return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=401)
+    if old := request.cookies.get(SESSION_COOKIE):  # a new login never keeps a session someone else may have set
+        auth_service.end_session(session=session, cookie=old)
     cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.session_max_age_s)
     session.commit()
     response = RedirectResponse(next_url, status_code=303)
