@@ -215,7 +215,8 @@ def refused(response, path: str) -> str | None:
 def test_route_against_caller(world: World, caller: str, method: str, path: str) -> None:
     decision = POLICY[(method, path)]
     client, form_token = client_for(world, caller)
-    if path == "/logout" and caller in world.cookies:  # log out of a session of its own, not the one the other cases use
+    if path in ("/login", "/logout") and caller in world.cookies:
+        # logging in or out ends the session the request carries: use one of its own, not the one the other cases use
         with session_scope(world.settings.sqlalchemy_url) as session:
             user = auth.get_user(session=session, user_id=world.user_ids[caller])
             client.cookies.set(SESSION_COOKIE, auth.start_session(session=session, user=user, max_age_s=600))
