@@ -52,6 +52,8 @@ class Run(Base):
     peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    # issue #9: communication no compute overlaps / step time (summary.exposed_comm_fraction)
+    exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
 
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")

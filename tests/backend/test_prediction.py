@@ -91,10 +91,19 @@ def test_hybrid_is_tp_inside_fsdp_over_dp():
     assert p["comm_bytes_per_step"]["all_reduce"] == 30 * BSH // 2  # each dp group sees half the batch
 
 
-def test_mixed_precision_uses_zero_bytes_per_param():
-    p = predict(job("ddp", 2, precision="bf16"))
-    assert p["model_state_bytes_per_rank"] == {"params": 2 * PSI, "grads": 2 * PSI, "optimizer": 12 * PSI}
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_predicts_what_autocast_runs_and_labels_both_recipes(precision):
+    p = predict(job("ddp", 2, precision=precision))
+    # autocast keeps fp32 master weights: fp32 params and grads, fp32 AdamW state
+    assert p["model_state_bytes_per_rank"] == {"params": 4 * PSI, "grads": 4 * PSI, "optimizer": 8 * PSI}
+    assert p["bytes_per_param"] == {"params": 4, "grads": 4, "optimizer": 8}
+    assert "autocast" in p["precision_recipe"] and "4+4+8" in p["precision_recipe"]
+    # the ZeRO table stays the paper's own recipe, labelled as such
+    assert p["zero_stages_bytes_per_rank"]["baseline"] == 16 * PSI and p["zero_stages_bytes_per_rank"]["stage1"] == 4 * PSI + 12 * PSI // 2
+    assert "ZeRO" in p["zero_stages_recipe"] and "2+2+12" in p["zero_stages_recipe"]
     assert p["activation_bytes_per_rank"] < predict(job("ddp", 2))["activation_bytes_per_rank"]
+    fp32 = predict(job("ddp", 2))
+    assert "fp32 AdamW" in fp32["precision_recipe"] and fp32["zero_stages_recipe"] == fp32["precision_recipe"]
 
 
 def test_zero_paper_table_for_7_5b_at_64_ranks():

@@ -55,13 +55,16 @@ def test_model_state_is_compared_per_component_in_fp32():
     assert [r.metric for r in rows] == [f"model_state_bytes_per_rank.{p}" for p in ("params", "grads", "optimizer")]
 
 
-def test_model_state_is_compared_as_a_total_in_mixed_precision():
-    # ZeRO's 2+2+12 against autocast's 4+4+8: the same 16 bytes per parameter, split differently
-    prediction = {"model_state_bytes_per_rank": {"params": 500, "grads": 500, "optimizer": 3000}}
-    rows = agreement(prediction=prediction, summary={}, ranks=[rank()], precision="bf16")
-    assert [(r.metric, r.predicted, r.measured, r.flagged) for r in rows] == [("model_state_bytes_per_rank.total", 4000, 4000, False)]
-    assert flagged(prediction=prediction, summary={}, ranks=[rank(optimizer=2500)], precision="bf16") == [
-        "model_state_bytes_per_rank.total"
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_model_state_is_compared_per_component_in_mixed_precision_too(precision):
+    # the prediction is of what runs (autocast: 4+4+8), so a component that differs is caught even
+    # when the total agrees — the old total-only rule passed ZeRO's 2+2+12 against 4+4+8
+    prediction = {"model_state_bytes_per_rank": STATE}
+    rows = agreement(prediction=prediction, summary={}, ranks=[rank()], precision=precision)
+    assert [(r.metric, r.flagged) for r in rows] == [(f"model_state_bytes_per_rank.{p}", False) for p in ("params", "grads", "optimizer")]
+    zero_split = {"model_state_bytes_per_rank": {"params": 500, "grads": 500, "optimizer": 3000}}  # same 4000 in total
+    assert flagged(prediction=zero_split, summary={}, ranks=[rank()], precision=precision) == [
+        f"model_state_bytes_per_rank.{p}" for p in ("params", "grads", "optimizer")
     ]
 
 
