@@ -84,3 +84,22 @@ def test_rel_gap_is_signed_on_the_row_and_absolute_on_the_flag():
     (row,) = agreement(**kwargs)
     assert row.rel_gap == pytest.approx(-0.2)
     assert prediction_flags(**kwargs)[0]["rel_gap"] == pytest.approx(0.2)
+
+
+def test_wire_bytes_are_held_against_their_prediction_once_they_are_measured():
+    prediction = {"comm_bytes_per_step": {"all_reduce": 1000}, "wire_bytes_per_step": {"all_reduce": 1500}}
+    summary = {"comm_bytes_per_step": {"all_reduce": 1000}}
+    assert [r.metric for r in agreement(prediction=prediction, summary=summary, ranks=[])] == ["comm_bytes_per_step.all_reduce"]
+    summary["wire_bytes_per_step"] = {"all_reduce": 1000}  # e.g. measured over a smaller group than predicted
+    assert flagged(prediction=prediction, summary=summary, ranks=[]) == ["wire_bytes_per_step.all_reduce"]
+    summary["wire_bytes_per_step"] = {"all_reduce": 1500}
+    assert flagged(prediction=prediction, summary=summary, ranks=[]) == []
+
+
+def test_activations_are_held_against_the_measured_split():
+    prediction = {"activation_bytes_per_rank": 1000}
+    ranks = [{"memory_breakdown": {"activations": 900}}, {"memory_breakdown": {"activations": 1050}}]
+    (row,) = agreement(prediction=prediction, summary={}, ranks=ranks)
+    assert (row.metric, row.measured, row.flagged) == ("activation_bytes_per_rank", 1050, False)  # the max over ranks
+    assert flagged(prediction=prediction, summary={}, ranks=[{"memory_breakdown": {"activations": 1200}}]) == ["activation_bytes_per_rank"]
+    assert agreement(prediction=prediction, summary={}, ranks=[{"rank": 0}]) == []  # no split measured: no row
