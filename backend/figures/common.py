@@ -11,6 +11,17 @@ MIB = 1024**2
 PALETTE = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#0ea5e9", "#ec4899", "#84cc16", "#64748b", "#14b8a6"]
 MEMORY_COLOURS = {"params": "#2563eb", "grads": "#10b981", "optimizer": "#f59e0b", "other": "#94a3b8"}
 TIME_COLOURS = {"compute": "#2563eb", "communication": "#f59e0b", "bubble": "#ef4444"}
+MEMORY_SPLIT_COLOURS = {
+    "params": "#2563eb",
+    "grads": "#10b981",
+    "optimizer": "#f59e0b",
+    "activations": "#8b5cf6",
+    "temporaries": "#0ea5e9",
+    "other": "#94a3b8",
+}
+"""The MemTracker split of a rank's peak (`memory_breakdown`), in stacking order."""
+SPLIT_COLOURS = {"compute": "#2563eb", "overlapped comm": "#f59e0b", "exposed comm": "#ea580c", "idle / bubble": "#ef4444"}
+"""The step-time split (`step_time_breakdown`), in stacking order; overlapped comm is drawn hatched."""
 
 
 # A small template of our own: plotly's built-in ones are large and slow to copy into every figure.
@@ -86,4 +97,39 @@ def memory_parts(rank: dict[str, Any]) -> dict[str, float]:
     parts = {k: (state.get(k) or 0) / MIB for k in ("params", "grads", "optimizer")}
     peak = rank.get("peak_allocated_bytes")
     parts["other"] = max((peak or 0) / MIB - sum(parts.values()), 0.0) if peak else 0.0
+    return parts
+
+
+def step_split(rank: dict[str, Any]) -> dict[str, float] | None:
+    """A rank's `step_time_breakdown` as four parts that sum to its step time (seconds), or None.
+
+    Overlapped communication runs under compute, so it is carved out of the compute bar (and drawn
+    hatched) rather than added on top: compute + exposed comm + idle = step. A breakdown whose four
+    fields already sum to the step (compute without the overlapped part) is taken as it is.
+    """
+    b = rank.get("step_time_breakdown")
+    if not b:
+        return None
+    compute, exposed, overlapped = b.get("compute_s") or 0.0, b.get("exposed_comm_s") or 0.0, b.get("overlapped_comm_s") or 0.0
+    idle, step = b.get("idle_s") or 0.0, b.get("step_s") or 0.0
+    four_parts = abs(compute + exposed + overlapped + idle - step) <= 1e-6 * max(step, 1e-12)
+    only_compute = compute if four_parts else max(compute - overlapped, 0.0)
+    return {"compute": only_compute, "overlapped comm": overlapped, "exposed comm": exposed, "idle / bubble": idle}
+
+
+def memory_split(rank: dict[str, Any]) -> dict[str, float] | None:
+    """A rank's `memory_breakdown` at its peak in MiB, every part present (0 where missing), or None."""
+    split = rank.get("memory_breakdown")
+    if not split:
+        return None
+    return {key: (split.get(key) or 0) / MIB for key in MEMORY_SPLIT_COLOURS}
+
+
+def predicted_memory(prediction: dict[str, Any]) -> dict[str, float] | None:
+    """The predicted components of the busiest rank in MiB: model state parts and activations."""
+    state = prediction.get("model_state_bytes_per_rank")
+    if not state:
+        return None
+    parts = {key: (state.get(key) or 0) / MIB for key in ("params", "grads", "optimizer")}
+    parts["activations"] = (prediction.get("activation_bytes_per_rank") or 0) / MIB
     return parts

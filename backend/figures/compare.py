@@ -7,7 +7,21 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from backend.figures.common import MEMORY_COLOURS, MIB, PALETTE, TIME_COLOURS, empty, figure, memory_parts, step_parts, subplots
+from backend.figures.common import (
+    MEMORY_COLOURS,
+    MEMORY_SPLIT_COLOURS,
+    MIB,
+    PALETTE,
+    SPLIT_COLOURS,
+    TIME_COLOURS,
+    empty,
+    figure,
+    memory_parts,
+    memory_split,
+    step_parts,
+    step_split,
+    subplots,
+)
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
 
@@ -45,7 +59,8 @@ def throughput(runs: Labelled) -> go.Figure:
 
 
 def memory(runs: Labelled) -> go.Figure:
-    """Every run's per-rank peak memory, stacked (params, grads, optimizer, other)."""
+    """Every run's per-rank peak memory, stacked: the MemTracker split (params, grads, optimizer,
+    activations, temporaries, other) where the run has it, else model state and the rest."""
     if not runs:
         return empty("Memory per rank", "no finished runs")
     fig = figure("Memory per rank (peak)", x="run / rank", y="memory [MiB]")
@@ -55,9 +70,14 @@ def memory(runs: Labelled) -> go.Figure:
         for r in doc.get("ranks") or []:
             xs[0].append(label)
             xs[1].append(f"r{r['rank']}")
-            parts.append(memory_parts(r))
-    for key, colour in MEMORY_COLOURS.items():
-        fig.add_bar(name=key, x=xs, y=[p[key] for p in parts], marker_color=colour, hovertemplate="%{y:.2f} MiB " + key + "<extra></extra>")
+            parts.append(memory_split(r) or memory_parts(r))
+    colours = {**MEMORY_SPLIT_COLOURS, **MEMORY_COLOURS}
+    for key, colour in colours.items():
+        if not any(key in p for p in parts):
+            continue
+        fig.add_bar(
+            name=key, x=xs, y=[p.get(key, 0.0) for p in parts], marker_color=colour, hovertemplate="%{y:.2f} MiB " + key + "<extra></extra>"
+        )
     fig.update_layout(barmode="stack")
     return fig
 
@@ -104,25 +124,85 @@ def comm(runs: Labelled) -> go.Figure:
 
 
 def step_breakdown(runs: Labelled) -> go.Figure:
-    """Median step of each run split into compute, communication and bubble (slowest rank)."""
+    """Each run's slowest rank: its step split into compute, overlapped and exposed communication
+    and idle/bubble (`step_time_breakdown`), or — for runs that lack it — the median step split into
+    compute, all communication and bubble."""
     if not runs:
         return empty("Step time breakdown", "no finished runs")
-    fig = figure("Step time breakdown (slowest rank, median step)", x="time per step [ms]", y="run")
-    rows = []
+    fig = figure("Step time breakdown (slowest rank)", x="time per step [ms]", y="run")
+    rows: list[tuple[str, dict[str, float]]] = []
     for label, doc in runs:
-        parts = [step_parts(r) for r in doc.get("ranks") or []]
-        rows.append((label, max(parts, key=lambda p: sum(p.values())) if parts else {k: 0.0 for k in TIME_COLOURS}))
-    for key, colour in TIME_COLOURS.items():
+        parts = [step_split(r) or step_parts(r) for r in doc.get("ranks") or []]
+        rows.append((label, max(parts, key=lambda p: sum(p.values())) if parts else {}))
+    colours = {**SPLIT_COLOURS, **{k: v for k, v in TIME_COLOURS.items() if k != "compute"}}
+    for key, colour in colours.items():
+        values = [p.get(key) for _, p in rows]
+        if all(v is None for v in values):
+            continue
+        marker: dict[str, Any] = {"color": colour}
+        if key == "overlapped comm":
+            marker["pattern"] = {"shape": "/", "fgcolor": SPLIT_COLOURS["compute"], "bgcolor": colour}
+        name = {"communication": "communication (overlap not measured)", "bubble": "bubble"}.get(key, key)
         fig.add_bar(
-            name=key,
+            name=name,
             orientation="h",
             y=[label for label, _ in rows],
-            x=[p[key] * 1e3 for _, p in rows],
-            marker_color=colour,
-            hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>",
+            x=[v * 1e3 if v is not None else None for v in values],
+            marker=marker,
+            hovertemplate="%{y}: %{x:.2f} ms " + name + "<extra></extra>",
         )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def exposure(runs: Labelled) -> go.Figure:
+    """Communication time against the part of it no compute overlaps, as fractions of the step."""
+    summaries = [(label, doc.get("summary") or {}) for label, doc in runs]
+    if not any(s.get("comm_time_fraction") is not None or s.get("exposed_comm_fraction") is not None for _, s in summaries):
+        return empty("Exposed communication", "no communication measured")
+    fig = figure("Communication: all of it and the exposed part", x="run", y="share of the step [%]")
+    for key, name, colour in (
+        ("comm_time_fraction", "communication (all)", TIME_COLOURS["communication"]),
+        ("exposed_comm_fraction", "exposed (no compute overlaps it)", SPLIT_COLOURS["exposed comm"]),
+    ):
+        fig.add_bar(
+            name=name,
+            x=[label for label, _ in summaries],
+            y=[s[key] * 100 if s.get(key) is not None else None for _, s in summaries],
+            marker_color=colour,
+            hovertemplate="%{x}: %{y:.1f}% " + name + "<extra></extra>",
+        )
+    fig.update_layout(barmode="group")
+    return fig
+
+
+def gradient_check(runs: Labelled) -> go.Figure | None:
+    """Each run's worst per-parameter gradient error against `single`, log scale, its tolerance
+    marked; None when no run has a gradient check."""
+    checks = [(label, (doc.get("summary") or {}).get("gradient_check")) for label, doc in runs]
+    present = [(label, c) for label, c in checks if c]
+    if not present:
+        return None
+    fig = figure("Gradient check: worst relative error per parameter", x="run", y="relative error (log)")
+    fig.add_bar(
+        name="worst parameter",
+        x=[label for label, _ in present],
+        y=[max(c["max_rel_err"], 1e-12) for _, c in present],
+        marker_color=["#10b981" if c["passed"] else "#ef4444" for _, c in present],
+        customdata=[[c.get("worst_param") or "—", "passed" if c["passed"] else "failed"] for _, c in present],
+        hovertemplate="%{x}: %{y:.2e} at %{customdata[0]} (%{customdata[1]})<extra></extra>",
+    )
+    fig.add_scatter(
+        name="tolerance",
+        x=[label for label, _ in present],
+        y=[c["tolerance"] for _, c in present],
+        mode="markers+lines",
+        marker={"symbol": "line-ew-open", "size": 24, "color": "#111827", "line": {"width": 2}},
+        line={"dash": "dot", "color": "#111827", "width": 1},
+        hovertemplate="tolerance %{y:.0e}<extra></extra>",
+    )
+    fig.update_yaxes(type="log")
     return fig
 
 
@@ -148,10 +228,15 @@ def loss(runs: Labelled) -> go.Figure:
 
 
 def compare_figures(runs: Labelled) -> dict[str, go.Figure]:
-    return {
+    figures = {
         "throughput": throughput(runs),
         "memory": memory(runs),
         "comm": comm(runs),
         "steps": step_breakdown(runs),
+        "exposure": exposure(runs),
         "loss": loss(runs),
     }
+    gradients = gradient_check(runs)
+    if gradients is not None:
+        figures["gradients"] = gradients
+    return figures

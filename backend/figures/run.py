@@ -6,14 +6,37 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from backend.figures.common import MEMORY_COLOURS, MIB, PALETTE, TIME_COLOURS, empty, figure, memory_parts, step_parts, subplots
+from backend.figures.common import (
+    MEMORY_COLOURS,
+    MEMORY_SPLIT_COLOURS,
+    MIB,
+    PALETTE,
+    SPLIT_COLOURS,
+    TIME_COLOURS,
+    empty,
+    figure,
+    memory_parts,
+    memory_split,
+    predicted_memory,
+    step_parts,
+    step_split,
+    subplots,
+)
 
 
 def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
-    """Per-rank peak memory as stacked bars (params, grads, optimizer, other), prediction marked."""
+    """Per-rank peak memory stacked by what holds it, beside the predicted components.
+
+    With the MemTracker split (`memory_breakdown`): params, grads, optimizer, activations,
+    temporaries and other per rank, and a hatched bar of the prediction for the busiest rank
+    (model state parts + activations). Without it: model state and the rest of the peak, the
+    predicted model state marked."""
     ranks = doc.get("ranks") or []
     if not ranks:
         return empty("Memory per rank", "no per-rank data")
+    splits = [memory_split(r) for r in ranks]
+    if all(split is not None for split in splits):
+        return _memory_split(doc, ranks, [s for s in splits if s is not None])
     fig = figure("Memory per rank (peak)", x="rank", y="memory [MiB]")
     names = [f"rank {r['rank']}" for r in ranks]
     parts = [memory_parts(r) for r in ranks]
@@ -37,12 +60,64 @@ def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
+def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list[dict[str, float]]) -> go.Figure:
+    fig = figure("Memory per rank at the peak, beside the prediction", x="rank", y="memory [MiB]")
+    names = [f"rank {r['rank']}" for r in ranks]
+    predicted = predicted_memory(doc.get("prediction") or {})
+    label = "predicted (busiest rank)"
+    for key, colour in MEMORY_SPLIT_COLOURS.items():
+        fig.add_bar(
+            name=key,
+            legendgroup=key,
+            x=names,
+            y=[split[key] for split in splits],
+            marker_color=colour,
+            hovertemplate="%{x}: %{y:.2f} MiB " + key + "<extra></extra>",
+        )
+        if predicted is not None and key in predicted:
+            fig.add_bar(
+                name=f"{key} (predicted)",
+                legendgroup=key,
+                showlegend=False,
+                x=[label],
+                y=[predicted[key]],
+                marker={"color": colour, "pattern": {"shape": "/", "fgcolor": "#ffffff", "bgcolor": colour}},
+                hovertemplate="predicted: %{y:.2f} MiB " + key + "<extra></extra>",
+            )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(categoryorder="array", categoryarray=[*names, label])
+    return fig
+
+
 def step_breakdown(doc: dict[str, Any]) -> go.Figure:
-    """Each rank's median step split into compute, communication and bubble/idle."""
+    """Each rank's step split into compute, communication and bubble/idle.
+
+    With `step_time_breakdown`: compute, the communication compute overlaps (hatched, inside the
+    compute time), exposed communication and idle/bubble, summing to the rank's step time.
+    Without it: the median step, all communication together (overlap unknown)."""
     ranks = doc.get("ranks") or []
+    splits = [step_split(r) for r in ranks]
+    if ranks and all(split is not None for split in splits):
+        fig = figure("Step time per rank: where it goes", x="time per step [ms]", y="rank")
+        names = [f"rank {r['rank']}" for r in ranks]
+        for key, colour in SPLIT_COLOURS.items():
+            marker: dict[str, Any] = {"color": colour}
+            if key == "overlapped comm":
+                marker["pattern"] = {"shape": "/", "fgcolor": SPLIT_COLOURS["compute"], "bgcolor": colour}
+            fig.add_bar(
+                name=key,
+                y=names,
+                x=[(split or {}).get(key, 0.0) * 1e3 for split in splits],
+                orientation="h",
+                marker=marker,
+                hovertemplate="%{y}: %{x:.2f} ms " + key + "<extra></extra>",
+            )
+        fig.update_layout(barmode="stack")
+        fig.update_yaxes(autorange="reversed")
+        return fig
     if not any(r.get("step_times_s") for r in ranks):
         return empty("Step time breakdown", "no step times recorded")
-    fig = figure("Step time breakdown (median step)", x="time per step [ms]", y="rank")
+    fig = figure("Step time breakdown (median step; overlap not measured)", x="time per step [ms]", y="rank")
     names = [f"rank {r['rank']}" for r in ranks]
     parts = [step_parts(r) for r in ranks]
     for key, colour in TIME_COLOURS.items():
@@ -56,6 +131,37 @@ def step_breakdown(doc: dict[str, Any]) -> go.Figure:
         )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def comm_volume(doc: dict[str, Any]) -> go.Figure | None:
+    """Bytes per step by op: the buffer (nccl-tests' convention) and the bytes on the wire, each
+    measured (largest rank) beside predicted. None when nothing was communicated or predicted."""
+    summary, prediction = doc.get("summary") or {}, doc.get("prediction") or {}
+    series = {
+        "buffer, measured": (summary.get("comm_bytes_per_step") or {}, PALETTE[0], None),
+        "buffer, predicted": (prediction.get("comm_bytes_per_step") or {}, PALETTE[0], "/"),
+        "wire, measured": (summary.get("wire_bytes_per_step") or {}, PALETTE[1], None),
+        "wire, predicted": (prediction.get("wire_bytes_per_step") or {}, PALETTE[1], "/"),
+    }
+    ops = sorted({op for values, _, _ in series.values() for op in values})
+    if not ops:
+        return None
+    fig = figure("Bytes per step by op: buffer and wire, measured and predicted", x="op", y="MiB per step")
+    for name, (values, colour, pattern) in series.items():
+        if not values:
+            continue
+        marker: dict[str, Any] = {"color": colour}
+        if pattern:
+            marker["pattern"] = {"shape": pattern, "fgcolor": "#ffffff", "bgcolor": colour}
+        fig.add_bar(
+            name=name,
+            x=ops,
+            y=[values[op] / MIB if op in values else None for op in ops],
+            marker=marker,
+            hovertemplate="%{x}: %{y:.3f} MiB " + name + "<extra></extra>",
+        )
+    fig.update_layout(barmode="group")
     return fig
 
 
@@ -203,7 +309,7 @@ def run_figures(doc: dict[str, Any]) -> dict[str, go.Figure]:
         "timeline": timeline(doc),
         "loss": loss_curve(doc),
     }
-    for key, builder in (("moe", moe_load), ("bubble", pipeline_bubble)):
+    for key, builder in (("volume", comm_volume), ("moe", moe_load), ("bubble", pipeline_bubble)):
         fig = builder(doc)
         if fig is not None:
             figures[key] = fig

@@ -60,6 +60,8 @@ class Run(Base):
     repository: Mapped[str | None] = mapped_column(String(500))
     pr: Mapped[int | None] = mapped_column(Integer)
     ci_url: Mapped[str | None] = mapped_column(String(500))
+    # issue #9: communication no compute overlaps / step time (summary.exposed_comm_fraction)
+    exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
 
     user: Mapped[User | None] = relationship(lazy="selectin")
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)

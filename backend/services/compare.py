@@ -82,6 +82,34 @@ def _comm_total(r: ComparedRun) -> int | None:
     return sum(per_op.values()) if per_op else None
 
 
+def _wire_total(r: ComparedRun) -> int | None:
+    per_op = ((r.document or {}).get("summary") or {}).get("wire_bytes_per_step")
+    return sum(per_op.values()) if per_op else None
+
+
+def _activations_max(r: ComparedRun) -> int | None:
+    ranks = (r.document or {}).get("ranks") or []
+    values = [(rk.get("memory_breakdown") or {}).get("activations") for rk in ranks]
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _prediction(key: str) -> Callable[[ComparedRun], Any]:
+    return lambda r: ((r.document or {}).get("prediction") or {}).get(key)
+
+
+def _gradient(key: str) -> Callable[[ComparedRun], Any]:
+    def get(r: ComparedRun) -> Any:
+        check = ((r.document or {}).get("summary") or {}).get("gradient_check")
+        if not check:
+            return None
+        if key == "verdict":
+            return "passed" if check.get("passed") else "failed"
+        return check.get(key)
+
+    return get
+
+
 def _options(r: ComparedRun) -> str:
     options = ((r.run.spec or {}).get("strategy") or {}).get("options") or {}
     return json.dumps(options, sort_keys=True) if options else "—"
@@ -114,11 +142,18 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("peak_rss_bytes_max", "Peak RSS (max rank)", "bytes", "lower", _summary("peak_rss_bytes_max")),
     ("model_state_bytes", "Model state per rank (max)", "bytes", "lower", _state_max),
     ("predicted_model_state_bytes", "Model state per rank (predicted)", "bytes", "lower", _predicted_state),
+    ("activation_bytes", "Activations per rank at the peak (max)", "bytes", "lower", _activations_max),
+    ("predicted_activation_bytes", "Activations per rank (predicted)", "bytes", "lower", _prediction("activation_bytes_per_rank")),
     ("comm_time_fraction", "Communication time", "fraction", "lower", _summary("comm_time_fraction")),
+    ("exposed_comm_fraction", "Exposed communication (no compute overlaps it)", "fraction", "lower", _summary("exposed_comm_fraction")),
     ("comm_bytes_per_step", "Communication per step", "bytes", "lower", _comm_total),
+    ("wire_bytes_per_step", "Bytes on the wire per step", "bytes", "lower", _wire_total),
     ("bubble_fraction", "Pipeline bubble", "fraction", "lower", _summary("bubble_fraction")),
     ("final_loss", "Final loss", "loss", None, _summary("final_loss")),
     ("loss_max_rel_diff", "Loss vs reference (max rel. diff)", "fraction", "lower", _summary("loss_max_rel_diff_vs_reference")),
+    ("gradient_check", "Gradient check against single", "text", None, _gradient("verdict")),
+    ("gradient_max_rel_err", "Gradient error (worst parameter)", "rel. error", "lower", _gradient("max_rel_err")),
+    ("gradient_worst_param", "Gradient: worst parameter", "text", None, _gradient("worst_param")),
     ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
 ]
 

@@ -2,6 +2,7 @@
 
 All-or-nothing: the document, the summary columns, the per-rank and per-op rows and the traces
 are written in the caller's single transaction; a bad document raises before anything is written.
+A CI upload's summary and flags are not taken on trust: `checked_upload` recomputes them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from sqlalchemy.orm import Session
 
 from backend.models import Run
 from backend.store import runs as store
-from parallab.core.result import ResultDocument
+from parallab.core.checks import DocumentError, check_summary
+from parallab.core.flags import prediction_flags
+from parallab.core.result import Flag, ResultDocument, Summary
 from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 
@@ -45,6 +48,7 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
         "mfu": s.mfu,
         "peak_allocated_bytes_max": s.peak_allocated_bytes_max,
         "comm_time_fraction": s.comm_time_fraction,
+        "exposed_comm_fraction": s.exposed_comm_fraction,
         "loss_max_rel_diff": s.loss_max_rel_diff_vs_reference,
         "branch": doc.source.branch if doc.source else None,
         "commit": doc.source.commit if doc.source else None,
@@ -88,12 +92,41 @@ def attach_result(session: Session, *, run: Run, document: ResultDocument, trace
     store.set_status(session, run, "succeeded")
 
 
+def checked_upload(document: ResultDocument) -> ResultDocument:
+    """An upload as it is stored: its summary recomputed from its own ranks and its flags from its
+    prediction by the one gap rule (`parallab.core.checks`, `parallab.core.flags`).
+
+    A stated summary that disagrees with the ranks beyond float noise is refused: `DocumentError`
+    (a 422 naming each field), never stored. Stated flags are not read: they are recomputed.
+    """
+    checked = check_summary(document)
+    if checked.problems:
+        raise DocumentError(checked.problems)
+    prediction = document.prediction.model_dump(mode="json", exclude_defaults=True)
+    flags = (
+        prediction_flags(
+            prediction=prediction,
+            summary=checked.summary,
+            ranks=[r.model_dump(mode="json") for r in document.ranks],
+            precision=str(document.workload.get("precision") or "fp32"),
+        )
+        if prediction
+        else []
+    )
+    return document.model_copy(
+        update={"summary": Summary.model_validate(checked.summary), "flags": [Flag.model_validate(f) for f in flags]}
+    )
+
+
 def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key: str | None) -> tuple[Run, bool]:
-    """A CI upload becomes a finished run. Returns (run, created); a repeated key returns the first run."""
+    """A CI upload becomes a finished run. Returns (run, created); a repeated key returns the first run.
+
+    The document is checked first (`checked_upload`: raises `DocumentError` before anything is written)."""
     if idempotency_key:
         existing = store.get_run_by_idempotency_key(session, idempotency_key)
         if existing is not None:
             return existing, False
+    document = checked_upload(document)
     spec = {
         "name": document.name,
         "workload": document.workload,

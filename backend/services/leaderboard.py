@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
+from parallab.core.jobs import model_label, workload_custom_fields
 
 MAX_PAGE = 500
 
@@ -63,6 +64,7 @@ EXPORT_FIELDS = (
     "peak_allocated_bytes_max",
     "step_time_median_s",
     "comm_time_fraction",
+    "exposed_comm_fraction",
     "loss_max_rel_diff",
     "config_runs",
     "source",
@@ -81,11 +83,17 @@ def export_rows(board: Leaderboard) -> list[dict[str, Any]]:
 
 
 def workload_label(spec: dict[str, Any] | None, model: str) -> str:
-    """A readable name for a workload: preset, shape, sequence length, global batch, precision."""
+    """A readable name for a workload: preset (`custom (from tiny)` when a shape field differs from
+    it), shape, sequence length, global batch, precision."""
     wl = (spec or {}).get("workload") or {}
-    parts = [str(wl.get("model") or model)]
+    strategy = ((spec or {}).get("strategy") or {}).get("name")
+    preset = str(wl.get("model") or model)
+    custom = bool(workload_custom_fields(wl, strategy if isinstance(strategy, str) else None))
+    parts = [model_label(preset, custom=custom)]
     if wl.get("num_layers") and wl.get("hidden_size"):
-        parts.append(f"L{wl['num_layers']}·h{wl['hidden_size']}")
+        parts.append(
+            f"L{wl['num_layers']}·h{wl['hidden_size']}" + (f"·ffn{wl['ffn_hidden_size']}" if custom and wl.get("ffn_hidden_size") else "")
+        )
     if wl.get("num_experts"):
         parts.append(f"{wl['num_experts']} experts")
     if wl.get("seq_len"):

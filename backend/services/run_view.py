@@ -14,12 +14,38 @@ from backend.store import runs as store
 from parallab.core.flags import Agreement, agreement
 
 
+@dataclass(frozen=True)
+class VolumeRow:
+    """One op's bytes per step: the buffer (nccl-tests' convention) and on the wire, measured
+    (largest rank) and predicted; None where a side has no figure."""
+
+    op: str
+    buffer_measured: int | None
+    buffer_predicted: int | None
+    wire_measured: int | None
+    wire_predicted: int | None
+
+
 @dataclass
 class RunView:
     run: Run
     document: dict[str, Any] | None
     trace_ranks: list[int]
     agreement: list[Agreement] = field(default_factory=list)
+    volume: list[VolumeRow] = field(default_factory=list)
+
+
+def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
+    """Buffer and wire bytes per op, measured beside predicted, for every op either side names."""
+    summary, prediction = doc.get("summary") or {}, doc.get("prediction") or {}
+    columns = [
+        summary.get("comm_bytes_per_step") or {},
+        prediction.get("comm_bytes_per_step") or {},
+        summary.get("wire_bytes_per_step") or {},
+        prediction.get("wire_bytes_per_step") or {},
+    ]
+    ops = sorted({op for column in columns for op in column})
+    return [VolumeRow(op, *(column.get(op) for column in columns)) for op in ops]
 
 
 def agreement_rows(doc: dict[str, Any]) -> list[Agreement]:
@@ -48,5 +74,9 @@ def run_view(*, session: Session, run_id: str) -> RunView:
     run = get_run(session=session, run_id=run_id)
     doc = run.result.document if run.result is not None else None
     return RunView(
-        run=run, document=doc, trace_ranks=store.trace_ranks(session, run.id) if doc else [], agreement=agreement_rows(doc) if doc else []
+        run=run,
+        document=doc,
+        trace_ranks=store.trace_ranks(session, run.id) if doc else [],
+        agreement=agreement_rows(doc) if doc else [],
+        volume=volume_rows(doc) if doc else [],
     )

@@ -28,6 +28,7 @@ ROW_COLUMNS = (
     "peak_allocated_bytes_max",
     "step_time_median_s",
     "comm_time_fraction",
+    "exposed_comm_fraction",
     "loss_max_rel_diff",
     "source",
     "branch",

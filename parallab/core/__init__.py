@@ -9,8 +9,10 @@ torch, SQLAlchemy, FastAPI or Celery.
 - `strategies`  one descriptor per strategy (options, mesh, rules, stage layout, cost formulas)
 - `jobs`        `resolve_job`: a spec checked and filled in once, frozen as a `ResolvedJob`
 - `prediction`  what theory says before the run (memory, communication, bubble)
+- `activations` activation memory per layer: Korthikanti et al. 2022, and our model's own count
 - `metrics`     the formulas that turn rank measurements into a summary
 - `flags`       the one rule that holds a measurement against its prediction
+- `checks`      a result document held against itself (an upload's summary recomputed from its ranks)
 - `result`      the result document and the record each rank writes
 - `rundir`      the names of the files in a run directory
 """

@@ -13,16 +13,50 @@ from dataclasses import dataclass
 from parallab.core.model import ModelConfig
 
 FP32_ADAM = (4, 4, 8)
-"""Bytes per parameter of (params, grads, optimizer state) for fp32 AdamW."""
+"""Bytes per parameter of (params, grads, optimizer state) for fp32 AdamW: fp32 weights and
+gradients, fp32 momentum and variance."""
 MIXED_ADAM = (2, 2, 12)
-"""The ZeRO paper's mixed precision: K = 12 (fp32 master copy, momentum and variance)."""
+"""The ZeRO paper's mixed-precision recipe (Rajbhandari et al. 2020, §3.1): fp16 params and grads,
+and K = 12 bytes of optimizer state (fp32 master copy, momentum and variance). parallab does not
+run this recipe; it is kept for the paper's table (`zero_stages_bytes_per_rank`)."""
 GRAD_BYTES = 4
 """Gradients travel in fp32: autocast keeps fp32 parameters, so their gradients are fp32."""
 
+PRECISION_RECIPES = {
+    "fp32": "fp32 AdamW: fp32 params, grads, momentum and variance (4+4+8 bytes per parameter)",
+    "autocast": "autocast {dtype} compute with fp32 master weights: fp32 params and grads, fp32 AdamW momentum "
+    "and variance (4+4+8 bytes per parameter); matmul activations in {dtype}",
+    "zero": "the ZeRO paper's mixed-precision Adam: 16-bit params and grads, fp32 master copy, momentum and "
+    "variance (2+2+12 bytes per parameter)",
+}
+"""What each model-state formula assumes, as the prediction labels it (`precision_recipe`)."""
+
 
 def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
-    """(params, grads, optimizer) bytes per parameter: fp32 AdamW, or ZeRO's mixed precision."""
+    """(params, grads, optimizer) bytes per parameter of what the harness runs: 4+4+8 in every precision.
+
+    bf16/fp16 run under torch autocast, which keeps the fp32 parameters (the master weights), so
+    their gradients and AdamW's momentum and variance are fp32 as well; only activations shrink.
+    """
+    return FP32_ADAM
+
+
+def precision_recipe(precision: str) -> str:
+    """The recipe `state_bytes_per_param(precision)` describes, in words."""
+    if precision == "fp32":
+        return PRECISION_RECIPES["fp32"]
+    return PRECISION_RECIPES["autocast"].format(dtype=precision)
+
+
+def zero_paper_bytes_per_param(precision: str) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes per parameter in the ZeRO paper's table: its mixed-precision
+    recipe (2+2+12) for 16-bit training, fp32 Adam (4+4+8) otherwise."""
     return FP32_ADAM if precision == "fp32" else MIXED_ADAM
+
+
+def zero_paper_recipe(precision: str) -> str:
+    """The recipe `zero_paper_bytes_per_param(precision)` describes, in words."""
+    return PRECISION_RECIPES["fp32"] if precision == "fp32" else PRECISION_RECIPES["zero"]
 
 
 def activation_dtype_bytes(precision: str) -> int:

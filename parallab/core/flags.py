@@ -4,11 +4,13 @@
 flagged; the worker stores the flagged ones as the document's `flags`, and every page shows the
 rows with the stored flags. Nothing else decides what a gap is.
 
-Compared: model-state bytes per rank (the max over ranks; per component in fp32, the total in
-mixed precision, where autocast keeps 4+4+8 bytes per parameter against ZeRO's 2+2+12),
-communication bytes per step by op (the summary's max over ranks; an op nobody predicted is
-flagged only above 1% of the predicted total, so a stray scalar all-reduce is not), and the
-pipeline bubble.
+Compared: model-state bytes per rank, per component (params, grads, optimizer; the max over
+ranks) in every precision — the prediction is of what runs (4+4+8 bytes per parameter under
+autocast as in fp32); communication bytes per step by op, in the buffer convention (the
+summary's max over ranks; an op nobody predicted is flagged only above 1% of the predicted
+total, so a stray scalar all-reduce is not); the bytes on the wire by op, where the measurement
+has them (`summary.wire_bytes_per_step`; same rule); activations per rank at the peak, where the
+ranks have a `memory_breakdown` (the max over ranks); and the pipeline bubble.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ def _row(
     return Agreement(metric, label, unit, predicted, measured, flagged)
 
 
+def _per_op(key: str, what: str, prediction: Mapping[str, Any], summary: Mapping[str, Any], *, tolerance: float) -> list[Agreement]:
+    """One row per op either side speaks of; an unpredicted op counts above 1% of the predicted total."""
+    predicted = dict(prediction.get(key) or {})
+    measured = dict(summary.get(key) or {})
+    floor = UNPREDICTED_OP_SHARE * sum(predicted.values())
+    return [
+        _row(f"{key}.{op}", f"{op} {what}", "bytes", predicted.get(op), measured.get(op, 0), tolerance=tolerance, floor=floor)
+        for op in sorted(set(predicted) | set(measured))
+    ]
+
+
 def agreement(
     *,
     prediction: Mapping[str, Any],
@@ -69,50 +82,43 @@ def agreement(
     precision: str = "fp32",
     tolerance: float = FLAG_TOLERANCE,
 ) -> list[Agreement]:
-    """Every figure the prediction and the measurement both speak of, with the gap rule applied."""
+    """Every figure the prediction and the measurement both speak of, with the gap rule applied.
+
+    `precision` is accepted for older callers; model state is compared per component in every
+    precision, since the prediction is of what runs."""
     rows: list[Agreement] = []
     state = prediction.get("model_state_bytes_per_rank")
     measured_states = [r["model_state_bytes"] for r in ranks if r.get("model_state_bytes")]
     if state and measured_states:
-        if precision == "fp32":
-            for part in STATE_PARTS:
-                rows.append(
-                    _row(
-                        f"model_state_bytes_per_rank.{part}",
-                        f"model state per rank: {part} (max)",
-                        "bytes",
-                        state[part],
-                        max(s[part] for s in measured_states),
-                        tolerance=tolerance,
-                    )
-                )
-        else:
+        for part in STATE_PARTS:
             rows.append(
                 _row(
-                    "model_state_bytes_per_rank.total",
-                    "model state per rank (max)",
+                    f"model_state_bytes_per_rank.{part}",
+                    f"model state per rank: {part} (max)",
                     "bytes",
-                    sum(state[p] for p in STATE_PARTS),
-                    max(sum(s[p] for p in STATE_PARTS) for s in measured_states),
+                    state[part],
+                    max(s[part] for s in measured_states),
                     tolerance=tolerance,
                 )
             )
 
-    predicted_comm = dict(prediction.get("comm_bytes_per_step") or {})
-    measured_comm = dict(summary.get("comm_bytes_per_step") or {})
-    floor = UNPREDICTED_OP_SHARE * sum(predicted_comm.values())
-    for op in sorted(set(predicted_comm) | set(measured_comm)):
+    activations = [(r.get("memory_breakdown") or {}).get("activations") for r in ranks]
+    measured_activations = [a for a in activations if a is not None]
+    if prediction.get("activation_bytes_per_rank") is not None and measured_activations:
         rows.append(
             _row(
-                f"comm_bytes_per_step.{op}",
-                f"{op} per step",
+                "activation_bytes_per_rank",
+                "activations per rank at the peak (max)",
                 "bytes",
-                predicted_comm.get(op),
-                measured_comm.get(op, 0),
+                prediction["activation_bytes_per_rank"],
+                max(measured_activations),
                 tolerance=tolerance,
-                floor=floor,
             )
         )
+
+    rows += _per_op("comm_bytes_per_step", "per step", prediction, summary, tolerance=tolerance)
+    if summary.get("wire_bytes_per_step"):
+        rows += _per_op("wire_bytes_per_step", "on the wire per step", prediction, summary, tolerance=tolerance)
 
     if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None:
         rows.append(

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from parallab.core.model import PRESETS, ModelConfig, model_with, shape_problems
+from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import SpecError, SpecProblem, divides
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import get_descriptor
@@ -109,12 +109,43 @@ class ResolvedJob(BaseModel):
         """Global tokens per optimizer step (0 for job kinds that train nothing)."""
         return self.global_batch_size * self.model.seq_len if self.trains else 0
 
+    @property
+    def custom_fields(self) -> list[str]:
+        """The shape fields that differ from the preset's (the strategy's defaults, e.g. MoE's
+        experts, aside): the model is labelled *custom* when there are any."""
+        return workload_custom_fields(self.spec.workload.model_dump(), self.strategy)
+
+    @property
+    def model_label(self) -> str:
+        """`tiny`, or `custom (from tiny)` when any shape field differs from the preset."""
+        return model_label(self.spec.workload.model, custom=bool(self.custom_fields))
+
     def workload_document(self) -> dict[str, Any]:
-        """The result document's `workload` block (a valid `Workload`: it resubmits as is)."""
-        return self.spec.workload.model_dump(mode="json")
+        """The result document's `workload` block (a valid `Workload`: it resubmits as is), with
+        `custom` (derived, ignored on input): whether any shape field differs from the preset."""
+        return {**self.spec.workload.model_dump(mode="json"), "custom": bool(self.custom_fields)}
 
     def strategy_document(self) -> dict[str, Any]:
         return self.spec.strategy.model_dump(mode="json")
+
+
+def workload_custom_fields(workload: dict[str, Any], strategy: str | None = None) -> list[str]:
+    """The shape fields of a workload block (a spec's or a result's) that differ from its preset's;
+    the fields `strategy` fills in by default (MoE's experts on a dense preset) are the preset's."""
+    preset = str(workload.get("model") or "")
+    shape = {name: workload.get(name) for name in SHAPE_FIELDS}
+    defaults: dict[str, Any] = {}
+    if preset in PRESETS and strategy is not None:
+        try:
+            defaults = get_descriptor(strategy).model_defaults(PRESETS[preset], {})
+        except KeyError:
+            defaults = {}
+    return custom_fields(preset, shape, defaults=defaults)
+
+
+def model_label(preset: str, *, custom: bool) -> str:
+    """How pages and the planner name a model: the preset, or `custom (from <preset>)`."""
+    return f"custom (from {preset})" if custom else preset
 
 
 def _options_problems(exc: ValidationError) -> list[SpecProblem]:

@@ -106,11 +106,45 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+FFN_MULTIPLE = 256
+"""What a derived SwiGLU width is rounded up to (Llama's `multiple_of`)."""
+
+
+def swiglu_ffn(hidden_size: int) -> int:
+    """The SwiGLU MLP width for a residual width h: 8/3·h rounded up to a multiple of 256.
+
+    Llama's rule (Shazeer 2020; Touvron et al. 2023): three h×f matrices with f = 8/3·h hold the
+    parameters of a GPT-style two-matrix 4h GELU MLP (8h²). Our model is SwiGLU, so 4h — GPT's
+    rule for a GELU MLP — would describe a model a third larger than the one meant.
+    h = 4096 gives 11008 (Llama-7B's width); `tiny`'s h = 64 gives 256.
+    """
+    return FFN_MULTIPLE * -(-(8 * hidden_size) // (3 * FFN_MULTIPLE))
+
+
 def model_with(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The preset's shape with the given fields replaced (None values are ignored), as raw fields."""
+    """The preset's shape with the given fields replaced (None values are ignored), as raw fields.
+
+    A hidden size that differs from the preset's without an ffn size of its own gets the SwiGLU
+    width of that hidden size (`swiglu_ffn`), not the preset's: overriding the width alone must
+    describe a consistent model. A resolved workload names both, so it resolves as it was.
+    """
     fields = PRESETS[preset].config.model_dump()
-    fields.update({k: v for k, v in overrides.items() if v is not None and k in SHAPE_FIELDS})
+    given = {k: v for k, v in overrides.items() if v is not None and k in SHAPE_FIELDS}
+    hidden = given.get("hidden_size", fields["hidden_size"])
+    if "ffn_hidden_size" not in given and hidden != fields["hidden_size"] and isinstance(hidden, int):
+        given["ffn_hidden_size"] = swiglu_ffn(hidden)
+    fields.update(given)
     return fields
+
+
+def custom_fields(preset: str, shape: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> list[str]:
+    """The shape fields `shape` sets to other values than the preset (with `defaults` laid over it,
+    e.g. the experts a strategy adds) — a model is *custom* when this is not empty. An unknown
+    preset makes every given field custom."""
+    if preset not in PRESETS:
+        return [name for name in SHAPE_FIELDS if shape.get(name) is not None]
+    base = {**PRESETS[preset].config.model_dump(), **(defaults or {})}
+    return [name for name in SHAPE_FIELDS if shape.get(name) is not None and shape[name] != base[name]]
 
 
 @dataclass(frozen=True)

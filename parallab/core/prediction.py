@@ -1,41 +1,52 @@
 """What theory predicts for a job, from its config alone (`parallab plan`, stored with each run).
 
 The strategies' descriptors hold their own cost formulas (`parallab.core.strategies.*`); this
-module puts them together into the result document's `prediction` block:
+module puts them together into the result document's `prediction` block. Each formula says which
+recipe it is for:
 
 Model state per rank (`model_state_bytes_per_rank`, the max over ranks) = the rank's local
-parameter elements × bytes per element of (params, grads, optimizer): fp32 AdamW 4+4+8; mixed
-precision (bf16/fp16) the ZeRO paper's 2+2+12 (K = 12: fp32 master, momentum, variance). Note
-that torch autocast — what the harness uses — keeps fp32 params and grads, i.e. 4+4+8: the same
-16 bytes per parameter split differently, so flags compare the mixed-precision total only.
+parameter elements × bytes per element of (params, grads, optimizer) of what the harness runs:
+4+4+8 in every precision — fp32 AdamW, and bf16/fp16 as torch autocast with fp32 master weights
+(`precision_recipe` says which). The ZeRO paper's table (`zero_stages_bytes_per_rank`) keeps the
+paper's own mixed-precision recipe, 2+2+12 (`zero_stages_recipe`): a reference, not what runs.
 
 Communication per step (`comm_bytes_per_step`, the max over ranks per op, nccl-tests' buffer
 convention as measured): each descriptor's `comm_bytes_per_step`. Gradients travel in fp32
 (autocast keeps fp32 grads); activations in the precision's bytes, except ring attention's K/V
 (always fp32) and the pipeline's residual stream (fp32 under autocast).
+`wire_bytes_per_step`: what a ring implementation sends per rank, by op — each op's buffer ×
+the busbw factor of its own process group (hybrid: TP's ops over tp ranks, FSDP's over dp).
 
-Activations (`activation_bytes_per_rank`) are an estimate, not exact: per block and token the
-tensors autograd saves — ≈ 10·h (norm in/out, q, k, v, attention out, residual, ffn norm) + 4·f
-(w1, w3, silu, product) elements, attention by a flash-style kernel (no T² term, as torch's
-CPU/GPU SDPA) — plus fp32 logits and their gradient where the head lives. Full activation
-checkpointing keeps each block's input plus one block's full set; `selective` is counted as none.
-The descriptor says how its activations lie on a rank (`activation_layout`).
+Activations (`activation_bytes_per_rank`, the rank that holds the most): Korthikanti et al.
+2022's count, made for our model (`parallab.core.activations`: no dropout, flash-style SDPA,
+fp32 norms and residual, SwiGLU) per recomputation mode, × the micro-batches in flight, + the LM
+head where it lives. `activations` holds the parts and the paper's own per-layer figure beside.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from parallab.core.costs import activation_dtype_bytes, state_bytes_per_param
+from parallab.core.activations import (
+    checkpoint_input_bytes,
+    head_bytes_per_token,
+    korthikanti_layer_bytes,
+    layer_terms,
+    per_token_bytes,
+    weight_copy_bytes,
+)
+from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
 from parallab.core.jobs import ResolvedJob
 from parallab.core.model import model_flops_per_token, param_counts
+from parallab.core.strategies.base import ActivationLayout
 
 GB = 1e9
 
 
 def zero_stages(psi: int, n: int, precision: str = "bf16") -> dict[str, int]:
-    """The ZeRO paper's per-rank model-state bytes: baseline and stages 1–3 for Ψ params on N ranks."""
-    p, g, k = state_bytes_per_param(precision)
+    """The ZeRO paper's per-rank model-state bytes, baseline and stages 1–3, for Ψ params on N ranks,
+    in the paper's recipe (`zero_paper_bytes_per_param`: 2+2+12 for 16-bit training)."""
+    p, g, k = zero_paper_bytes_per_param(precision)
     return {
         "baseline": (p + g + k) * psi,
         "stage1": p * psi + g * psi + k * psi // n,
@@ -45,28 +56,61 @@ def zero_stages(psi: int, n: int, precision: str = "bf16") -> dict[str, int]:
 
 
 def model_state_per_rank(job: ResolvedJob) -> dict[str, int]:
-    """{params, grads, optimizer} bytes of the rank that holds the most."""
+    """{params, grads, optimizer} bytes of the rank that holds the most, in the recipe that runs."""
     p, g, k = state_bytes_per_param(job.workload.precision)
     most = max(job.descriptor.param_elements_per_rank(job))
     return {"params": p * most, "grads": g * most, "optimizer": k * most}
 
 
-def activation_bytes_per_rank(job: ResolvedJob) -> int:
-    """Estimate of the activations one rank holds at its peak (see the module docstring)."""
+def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, Any]:
+    """The activation bytes of one kind of rank, by part (see `parallab.core.activations`)."""
     cfg, wl = job.model, job.workload
-    layout = job.descriptor.activation_layout(job)
-    act = activation_dtype_bytes(wl.precision)
-    h = cfg.hidden_size
-    f = cfg.ffn_hidden_size * (cfg.top_k * cfg.capacity_factor if cfg.is_moe else 1)
-    per_token = 6 * h + (4 * h + 4 * f) / layout.tp
-    if layout.sequence_parallel:
-        per_token = (10 * h + 4 * f) / layout.tp
-    head = layout.head_tokens * cfg.vocab_size * 4 * 2
-    if wl.activation_checkpointing == "full":
-        blocks = layout.tokens * (h * layout.layers + per_token) * act
+    mode = wl.activation_checkpointing
+    terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel)
+    per_token = per_token_bytes(terms, mode)
+    if mode == "full":
+        kept = layout.tokens * checkpoint_input_bytes(cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel)
+        blocks = layout.layers * kept + layout.micro * per_token
     else:
-        blocks = layout.tokens * per_token * layout.layers * act
-    return int(blocks + head)
+        blocks = layout.layers * layout.tokens * per_token
+    copies = layout.layers * weight_copy_bytes(cfg, wl.precision, tp=layout.tp, experts_local=layout.experts_local)
+    copies = copies if layout.weight_copies else 0
+    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision)
+    head = layout.head_tokens * kept_head + (layout.micro * head_grad if layout.head_tokens else 0)
+    return {
+        "rank": layout.name,
+        "blocks": int(blocks),
+        "weight_copies": int(copies),
+        "head": int(head),
+        "total": int(blocks + copies + head),
+        "per_layer_bytes": int(layout.micro * per_token),
+        "microbatches_in_flight": layout.tokens // max(layout.micro, 1),
+        "layers": layout.layers,
+    }
+
+
+def activation_prediction(job: ResolvedJob) -> dict[str, Any]:
+    """The activation estimate of the rank that holds the most, its parts, and the paper's per-layer
+    figure for the same micro-batch (16-bit GPT with dropout and materialised scores)."""
+    layouts = job.descriptor.activation_layouts(job)
+    ranks = [layout_activations(job, layout) for layout in layouts]
+    most = max(range(len(ranks)), key=lambda i: ranks[i]["total"])
+    layout, cfg = layouts[most], job.model
+    paper = korthikanti_layer_bytes(
+        s=cfg.seq_len,
+        b=max(layout.micro // cfg.seq_len, 1),
+        h=cfg.hidden_size,
+        a=cfg.num_heads,
+        t=layout.tp,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=job.workload.activation_checkpointing,
+    )
+    return {
+        **ranks[most],
+        "recompute": job.workload.activation_checkpointing,
+        "paper_per_layer_bytes": int(paper),
+        "formula": "Korthikanti et al. 2022, counted for this model (parallab.core.activations)",
+    }
 
 
 def predict(job: ResolvedJob) -> dict[str, Any]:
@@ -76,15 +120,21 @@ def predict(job: ResolvedJob) -> dict[str, Any]:
     precision = job.workload.precision
     psi = param_counts(job.model).total
     p, g, k = state_bytes_per_param(precision)
+    activations = activation_prediction(job)
+    distributed = job.world_size > 1
     out: dict[str, Any] = {
         "model_state_bytes_per_rank": model_state_per_rank(job),
-        "comm_bytes_per_step": job.descriptor.comm_bytes_per_step(job) if job.world_size > 1 else {},
-        "activation_bytes_per_rank": activation_bytes_per_rank(job),
+        "precision_recipe": precision_recipe(precision),
+        "comm_bytes_per_step": job.descriptor.comm_bytes_per_step(job) if distributed else {},
+        "wire_bytes_per_step": job.descriptor.wire_bytes_per_step(job) if distributed else {},
+        "activation_bytes_per_rank": activations["total"],
+        "activations": activations,
         "bubble_fraction": job.descriptor.bubble_fraction(job),
         "flops_per_token": model_flops_per_token(job.model),
         "params_total": psi,
         "bytes_per_param": {"params": p, "grads": g, "optimizer": k},
         "zero_stages_bytes_per_rank": zero_stages(psi, max(job.dp_degree, 1), precision),
+        "zero_stages_recipe": zero_paper_recipe(precision),
     }
     if job.descriptor.stage_layers(job.model, job.world_size, job.options) is not None:
         out["model_state_bytes_per_stage"] = [

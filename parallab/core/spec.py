@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
@@ -80,6 +80,15 @@ class Workload(ShapeOverrides):
     )
     lr: float = recipe_field(1e-3, "AdamW learning rate.", cli="--lr", gt=0, le=10)
     seed: int = recipe_field(0, "Seed of the initial weights and the synthetic tokens.", cli="--seed", ge=0, le=2**31 - 1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        """A result's workload block carries `custom` (derived from the shape, see
+        `ResolvedJob.workload_document`); resubmitted, it is recomputed, not read."""
+        if isinstance(data, dict) and isinstance(data.get("custom"), bool):
+            return {k: v for k, v in data.items() if k != "custom"}
+        return data
 
     def shape_overrides(self) -> dict[str, Any]:
         """The shape fields this workload sets (the rest come from the preset)."""

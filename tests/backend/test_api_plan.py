@@ -47,7 +47,8 @@ def test_shape_and_recipe_parameters_reach_the_plan(client) -> None:
     assert deeper["workload"]["num_layers"] == 8 and deeper["workload"]["rope_theta"] == 500000
     assert deeper["workload"]["precision"] == "bf16" and deeper["workload"]["global_batch_size"] == 16
     assert deeper["prediction"]["params_total"] > base["prediction"]["params_total"]
-    assert deeper["prediction"]["bytes_per_param"] != base["prediction"]["bytes_per_param"]
+    assert deeper["prediction"]["precision_recipe"] != base["prediction"]["precision_recipe"]
+    assert deeper["workload"]["custom"] is True and base["workload"]["custom"] is False
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,8 @@ def test_shape_and_recipe_flags_reach_the_resolved_workload():
         512,
         32,
     )
-    assert wl["ffn_hidden_size"] == 1024  # not given: the preset's
+    assert wl["ffn_hidden_size"] == 512  # not given: derived from the new hidden size, 8/3·128 rounded up to 256s
+    assert wl["custom"] is True
     assert (wl["grad_accumulation_steps"], wl["activation_checkpointing"]) == (2, "full")
     assert doc["strategy"]["options"] == {"schedule": "1f1b", "microbatches": 2}
     assert doc["bubble_fraction"] == pytest.approx(1 / 3)  # (2−1)/(2+2−1)
@@ -214,3 +215,17 @@ def test_bench_refuses_a_bad_job_before_launching_anything(tmp_path, monkeypatch
         assert not out.exists()
     finally:
         get_settings.cache_clear()
+
+
+def test_the_planner_as_a_user_types_it_plans_the_model_described():
+    args = ["--strategy", "ddp", "--world-size", "64", "--layers", "36", "--hidden", "4096", "--heads", "32", "--vocab", "50257"]
+    result = runner.invoke(app, [*args, "--precision", "mixed"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "custom (from tiny)" in out and "ffn=11008" in out and "Ψ=7,697,510,400 parameters" in out
+    assert "ffn_hidden_size 11,008 derived from hidden_size" in out and "from the preset tiny: seq_len 64" in out
+    assert "4+4+8" in out and "ZeRO stage1 (paper, 2+2+12)" in out and "on the wire" in out
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert doc["params_total"] == 7_697_510_400 and doc["workload"]["ffn_hidden_size"] == 11008 and doc["workload"]["custom"] is True
+    plain = runner.invoke(app, ["-s", "ddp", "-n", "2"], env={"COLUMNS": "200"}).stdout
+    assert "— tiny: L=4" in plain and "custom" not in plain

@@ -91,10 +91,19 @@ def test_hybrid_is_tp_inside_fsdp_over_dp():
     assert p["comm_bytes_per_step"]["all_reduce"] == 30 * BSH // 2  # each dp group sees half the batch
 
 
-def test_mixed_precision_uses_zero_bytes_per_param():
-    p = predict(job("ddp", 2, precision="bf16"))
-    assert p["model_state_bytes_per_rank"] == {"params": 2 * PSI, "grads": 2 * PSI, "optimizer": 12 * PSI}
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_predicts_what_autocast_runs_and_labels_both_recipes(precision):
+    p = predict(job("ddp", 2, precision=precision))
+    # autocast keeps fp32 master weights: fp32 params and grads, fp32 AdamW state
+    assert p["model_state_bytes_per_rank"] == {"params": 4 * PSI, "grads": 4 * PSI, "optimizer": 8 * PSI}
+    assert p["bytes_per_param"] == {"params": 4, "grads": 4, "optimizer": 8}
+    assert "autocast" in p["precision_recipe"] and "4+4+8" in p["precision_recipe"]
+    # the ZeRO table stays the paper's own recipe, labelled as such
+    assert p["zero_stages_bytes_per_rank"]["baseline"] == 16 * PSI and p["zero_stages_bytes_per_rank"]["stage1"] == 4 * PSI + 12 * PSI // 2
+    assert "ZeRO" in p["zero_stages_recipe"] and "2+2+12" in p["zero_stages_recipe"]
     assert p["activation_bytes_per_rank"] < predict(job("ddp", 2))["activation_bytes_per_rank"]
+    fp32 = predict(job("ddp", 2))
+    assert "fp32 AdamW" in fp32["precision_recipe"] and fp32["zero_stages_recipe"] == fp32["precision_recipe"]
 
 
 def test_zero_paper_table_for_7_5b_at_64_ranks():
@@ -138,3 +147,33 @@ def test_flags_only_beyond_ten_percent():
     assert gather["rel_gap"] == pytest.approx(0.2) and gather["predicted"] == 1000 and gather["measured"] == 1200
     summary["comm_bytes_per_step"]["broadcast"] = 500  # an unpredicted op above 1% of the total is flagged
     assert "comm_bytes_per_step.broadcast" in {f["metric"] for f in prediction_flags(prediction=prediction, summary=summary, ranks=ranks)}
+
+
+# ---- bytes on the wire: the buffer × the busbw factor of each op's own process group ----
+
+
+def test_wire_bytes_of_a_ring_all_reduce_and_of_fsdp_over_four_ranks():
+    assert predict(job("ddp", 4))["wire_bytes_per_step"] == {"all_reduce": round(4 * PSI * 2 * 3 / 4)}
+    p = predict(job("fsdp", 4))
+    assert p["wire_bytes_per_step"] == {op: round(nbytes * 3 / 4) for op, nbytes in p["comm_bytes_per_step"].items()}
+
+
+def test_point_to_point_sends_its_buffer():
+    p = predict(job("pp", 2))
+    assert p["wire_bytes_per_step"] == p["comm_bytes_per_step"] == {"send": BSH, "recv": BSH}
+
+
+def test_hybrid_counts_tp_ops_over_tp_ranks_and_fsdp_ops_over_dp_ranks():
+    j = job("hybrid", 8, tp=2)  # dp = 4
+    (tensor, tp), (fsdp, dp) = j.descriptor.comm_groups(j)
+    assert (tp, dp) == (2, 4)
+    p = predict(j)
+    assert p["comm_bytes_per_step"] == {op: tensor.get(op, 0) + fsdp.get(op, 0) for op in sorted(set(tensor) | set(fsdp))}
+    # TP's all-reduce over 2 ranks: 2·1/2; TP's logits gather over 2: 1/2; FSDP's gathers and scatters over 4: 3/4
+    assert p["wire_bytes_per_step"]["all_reduce"] == tensor["all_reduce"]
+    assert p["wire_bytes_per_step"]["all_gather"] == round(tensor["all_gather"] / 2) + round(fsdp["all_gather"] * 3 / 4)
+    assert p["wire_bytes_per_step"]["reduce_scatter"] == round(fsdp["reduce_scatter"] * 3 / 4)
+
+
+def test_one_rank_sends_nothing():
+    assert predict(job("single", 1))["wire_bytes_per_step"] == {} == predict(job("single", 1))["comm_bytes_per_step"]

@@ -55,13 +55,16 @@ def test_model_state_is_compared_per_component_in_fp32():
     assert [r.metric for r in rows] == [f"model_state_bytes_per_rank.{p}" for p in ("params", "grads", "optimizer")]
 
 
-def test_model_state_is_compared_as_a_total_in_mixed_precision():
-    # ZeRO's 2+2+12 against autocast's 4+4+8: the same 16 bytes per parameter, split differently
-    prediction = {"model_state_bytes_per_rank": {"params": 500, "grads": 500, "optimizer": 3000}}
-    rows = agreement(prediction=prediction, summary={}, ranks=[rank()], precision="bf16")
-    assert [(r.metric, r.predicted, r.measured, r.flagged) for r in rows] == [("model_state_bytes_per_rank.total", 4000, 4000, False)]
-    assert flagged(prediction=prediction, summary={}, ranks=[rank(optimizer=2500)], precision="bf16") == [
-        "model_state_bytes_per_rank.total"
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_model_state_is_compared_per_component_in_mixed_precision_too(precision):
+    # the prediction is of what runs (autocast: 4+4+8), so a component that differs is caught even
+    # when the total agrees — the old total-only rule passed ZeRO's 2+2+12 against 4+4+8
+    prediction = {"model_state_bytes_per_rank": STATE}
+    rows = agreement(prediction=prediction, summary={}, ranks=[rank()], precision=precision)
+    assert [(r.metric, r.flagged) for r in rows] == [(f"model_state_bytes_per_rank.{p}", False) for p in ("params", "grads", "optimizer")]
+    zero_split = {"model_state_bytes_per_rank": {"params": 500, "grads": 500, "optimizer": 3000}}  # same 4000 in total
+    assert flagged(prediction=zero_split, summary={}, ranks=[rank()], precision=precision) == [
+        f"model_state_bytes_per_rank.{p}" for p in ("params", "grads", "optimizer")
     ]
 
 
@@ -81,3 +84,22 @@ def test_rel_gap_is_signed_on_the_row_and_absolute_on_the_flag():
     (row,) = agreement(**kwargs)
     assert row.rel_gap == pytest.approx(-0.2)
     assert prediction_flags(**kwargs)[0]["rel_gap"] == pytest.approx(0.2)
+
+
+def test_wire_bytes_are_held_against_their_prediction_once_they_are_measured():
+    prediction = {"comm_bytes_per_step": {"all_reduce": 1000}, "wire_bytes_per_step": {"all_reduce": 1500}}
+    summary = {"comm_bytes_per_step": {"all_reduce": 1000}}
+    assert [r.metric for r in agreement(prediction=prediction, summary=summary, ranks=[])] == ["comm_bytes_per_step.all_reduce"]
+    summary["wire_bytes_per_step"] = {"all_reduce": 1000}  # e.g. measured over a smaller group than predicted
+    assert flagged(prediction=prediction, summary=summary, ranks=[]) == ["wire_bytes_per_step.all_reduce"]
+    summary["wire_bytes_per_step"] = {"all_reduce": 1500}
+    assert flagged(prediction=prediction, summary=summary, ranks=[]) == []
+
+
+def test_activations_are_held_against_the_measured_split():
+    prediction = {"activation_bytes_per_rank": 1000}
+    ranks = [{"memory_breakdown": {"activations": 900}}, {"memory_breakdown": {"activations": 1050}}]
+    (row,) = agreement(prediction=prediction, summary={}, ranks=ranks)
+    assert (row.metric, row.measured, row.flagged) == ("activation_bytes_per_rank", 1050, False)  # the max over ranks
+    assert flagged(prediction=prediction, summary={}, ranks=[{"memory_breakdown": {"activations": 1200}}]) == ["activation_bytes_per_rank"]
+    assert agreement(prediction=prediction, summary={}, ranks=[{"rank": 0}]) == []  # no split measured: no row

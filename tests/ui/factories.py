@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from backend.models import Run
 from backend.services.ingest import attach_result, ingest_upload
+from parallab.core.checks import summary_inputs
+from parallab.core.metrics import summarize, wire_bytes
 from parallab.core.model import PRESETS
 from parallab.core.result import ResultDocument
 
@@ -35,6 +38,17 @@ OPS = {
 }
 
 
+def _step_times(step: float, steps: int, rng: random.Random, n: int) -> list[list[float]]:
+    """Per-rank step times whose per-step maximum has a median of exactly `step` (so the summary
+    recomputed from the ranks gives the throughput asked for): rank 0 spreads symmetrically around
+    it, with `step` itself in the middle, and is the slowest rank of every step."""
+    half = (steps - 1) // 2
+    offsets = [-i for i in range(half, 0, -1)] + [0] * (steps - 2 * half) + list(range(1, half + 1))
+    lead = [step * (1 + 0.1 * k / steps) for k in offsets]
+    rng.shuffle(lead)
+    return [lead] + [[t * (1 - 0.04 * rng.random()) for t in lead] for _ in range(n - 1)]
+
+
 def make_document(
     *,
     strategy: str = "ddp",
@@ -49,8 +63,13 @@ def make_document(
     branch: str | None = None,
     seed: int = 0,
     tags: list[str] | None = None,
+    gradient_error: float = 3e-7,
 ) -> ResultDocument:
-    """A plausible result document for `strategy` × `world_size` on `model`."""
+    """A plausible result document for `strategy` × `world_size` on `model`, consistent with itself:
+    its summary is what `parallab.core.metrics.summarize` makes of its ranks (a CI upload's summary
+    is recomputed and checked at ingest), plus the fields the ranks carry for issue #9 — the
+    step-time split, the memory split, the gradient check and the bytes on the wire. `mfu` is
+    accepted for older callers; the summary's MFU is what the device's peak gives."""
     rng = random.Random(f"{strategy}{world_size}{tokens_per_s}{seed}")
     cfg = PRESETS[model].config.model_dump()
     if seq_len:
@@ -75,10 +94,12 @@ def make_document(
     psi = 200_000 if model == "tiny" else 3_000_000
     shard = n if strategy in ("fsdp", "tp", "pp", "hybrid") else 1
     state = {"params": 4 * psi // shard, "grads": 4 * psi // shard, "optimizer": 8 * psi // shard}
+    activations = 2_000_000 if model == "tiny" else 40_000_000
     ops = OPS.get(strategy, [])
     comm_frac = 0.0 if not ops else 0.15 + 0.05 * rng.random()
+    bubble = (n - 1) / (2 * n + n - 1) if strategy == "pp" else 0.0
     ranks = []
-    for r in range(n):
+    for r, times in enumerate(_step_times(step, steps, rng, n)):
         comm = []
         for op in ops:
             nbytes = 4 * psi if op in ("all_reduce", "all_gather", "reduce_scatter") else 4 * gbs * cfg["seq_len"] * cfg["hidden_size"] // n
@@ -94,64 +115,93 @@ def make_document(
                     "busbw_gbps": algbw * BUSBW.get(op, lambda n: 1.0)(n),
                 }
             )
+        rank_step = statistics.median(times)
+        exposed = rank_step * comm_frac * (0.3 + 0.2 * rng.random())
+        idle = rank_step * (bubble * (1 + 0.1 * rng.random()) if strategy == "pp" else 0.02 * rng.random())
+        split = {
+            "compute_s": rank_step - exposed - idle,  # includes the overlapped communication
+            "exposed_comm_s": exposed,
+            "overlapped_comm_s": rank_step * comm_frac - exposed,
+            "idle_s": idle,
+            "step_s": rank_step,
+        }
+        memory = {
+            **state,
+            "activations": int(activations * (0.95 + 0.1 * rng.random())),
+            "temporaries": int(activations * 0.1 * rng.random()),
+            "other": int(200_000 * rng.random()),
+        }
         rank = {
             "rank": r,
             "model_state_bytes": state,
-            "peak_allocated_bytes": int(sum(state.values()) * (1.6 + 0.1 * rng.random())),
+            "peak_allocated_bytes": sum(memory.values()),
             "peak_rss_bytes": 300 * 1024**2,
-            "step_times_s": [step * (0.95 + 0.1 * rng.random()) for _ in range(steps)],
+            "step_times_s": times,
             "comm": comm,
             "comm_time_fraction": comm_frac,
+            "exposed_comm_time_s": exposed,
+            "step_time_breakdown": split,
+            "memory_breakdown": memory,
         }
         if strategy == "pp":
-            rank["bubble_fraction"] = (n - 1) / (2 * n + n - 1) * (1 + 0.1 * rng.random())
+            rank["bubble_fraction"] = idle / rank_step
         if strategy == "moe":
             counts = [int(gbs * cfg["seq_len"] * 2 / 4 * (0.7 + 0.6 * rng.random())) for _ in range(4)]
             rank["moe"] = {"tokens_per_expert": counts, "imbalance": max(counts) / (sum(counts) / 4), "dropped_tokens": rng.randint(0, 30)}
         ranks.append(rank)
     reference = [5.6 * math.exp(-0.08 * i) + 0.1 for i in range(steps)]
-    values = [v * (1 + 1e-4 * rng.random()) for v in reference]
+    values = [v * (1 + 1e-4 * rng.random()) for v in reference] if strategy != "single" else list(reference)
     timeline = []
     for r in range(n):
         t = 0.0
         for op in ops * 2:
             t += 2000 + 500 * rng.random()
             timeline.append({"rank": r, "op": op, "start_us": t, "dur_us": 800 + 400 * rng.random(), "bytes": 4 * psi})
-    comm_bytes = {}
-    for c in ranks[0]["comm"] if ranks else []:
-        comm_bytes[c["op"]] = c["bytes"]
-    doc = {
+    doc: dict[str, Any] = {
         "name": name,
         "workload": workload,
         "strategy": {"name": strategy, "world_size": n, "options": {"schedule": "1f1b", "microbatches": 2 * n} if strategy == "pp" else {}},
         "hardware": hardware or {"device": "cpu", "device_name": None, "num_devices": n},
         "environment": {"torch": "2.13.0", "backend": "gloo"},
-        "summary": {
-            "tokens_per_s": tokens_per_s,
-            "samples_per_s": tokens_per_s / cfg["seq_len"],
-            "step_time_s": {"median": step, "p90": step * 1.05},
-            "model_flops_per_token": 6 * psi,
-            "tflops_per_s": 6 * psi * tokens_per_s / 1e12,
-            "mfu": mfu,
-            "peak_allocated_bytes_max": max(r["peak_allocated_bytes"] for r in ranks),
-            "peak_rss_bytes_max": 300 * 1024**2,
-            "comm_time_fraction": comm_frac,
-            "comm_bytes_per_step": comm_bytes,
-            "bubble_fraction": ranks[0].get("bubble_fraction"),
-            "loss_max_rel_diff_vs_reference": 1e-4 if strategy != "single" else 0.0,
-            "final_loss": values[-1],
-        },
+        "summary": {"tokens_per_s": tokens_per_s, "step_time_s": {"median": step, "p90": step}},
         "ranks": ranks,
         "loss": {"values": values, "reference": reference},
-        "prediction": {
-            "model_state_bytes_per_rank": state,
-            "comm_bytes_per_step": {k: int(v * 0.97) for k, v in comm_bytes.items()},
-            "bubble_fraction": (n - 1) / (2 * n + n - 1) if strategy == "pp" else None,
-        },
         "flags": [],
         "timeline": timeline,
         "source": {"branch": branch, "commit": "abc1234"} if branch else None,
         "tags": tags or [],
+    }
+    inputs = summary_inputs(ResultDocument.model_validate(doc))
+    summary = summarize(
+        ranks=ranks,
+        tokens_per_step=inputs.tokens_per_step or 0,
+        samples_per_step=inputs.samples_per_step or 0,
+        flops_per_token=inputs.flops_per_token,
+        device_name=doc["hardware"].get("device_name"),
+        world_size=n,
+        loss=doc["loss"],
+    )
+    # what the ranks carry but today's summarize does not fold in yet (issue #9's other halves)
+    summary.setdefault("exposed_comm_fraction", max(r["exposed_comm_time_s"] / r["step_time_breakdown"]["step_s"] for r in ranks))
+    summary.setdefault("wire_bytes_per_step", {op: wire_bytes(op, b, n) for op, b in summary["comm_bytes_per_step"].items()})
+    if strategy != "single":
+        summary.setdefault(
+            "gradient_check",
+            {
+                "passed": gradient_error <= 1e-5,
+                "tolerance": 1e-5,
+                "max_rel_err": gradient_error,
+                "worst_param": "layers.0.attention.wq.weight",
+                "params_checked": 39,
+            },
+        )
+    doc["summary"] = summary
+    doc["prediction"] = {
+        "model_state_bytes_per_rank": state,
+        "comm_bytes_per_step": {k: int(v * 0.97) for k, v in summary["comm_bytes_per_step"].items()},
+        "wire_bytes_per_step": {k: int(v * 0.97) for k, v in summary["wire_bytes_per_step"].items()},
+        "activation_bytes_per_rank": activations,
+        "bubble_fraction": bubble if strategy == "pp" else None,
     }
     return ResultDocument.model_validate(doc)
 

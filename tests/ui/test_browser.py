@@ -57,8 +57,8 @@ def test_index_lists_runs_and_ticks_open_compare(page, live_server, lab):
     button.click()
     page.wait_for_url(re.compile(r"/compare\?"))
     page.wait_for_selector(".js-plotly-plot .main-svg")
-    assert page.locator("figure.chart.js-plotly-plot").count() == 5
-    assert page.locator("figure.chart .main-svg").count() >= 5
+    assert page.locator("figure.chart.js-plotly-plot").count() == 7  # with exposed comm and the gradient check
+    assert page.locator("figure.chart .main-svg").count() >= 7
 
 
 def test_form_shows_options_for_the_chosen_strategy_and_refuses_what_cannot_divide(page, live_server, session_factory):
@@ -162,6 +162,23 @@ def test_compare_toggle_and_baseline(page, live_server, lab):
     assert "baseline" in page.locator("th.baseline").inner_text()
     assert page.locator('tr[data-metric="tokens_per_s"] td').nth(2).inner_text().startswith("25,000")
     page.check("#diff-only") if not page.is_checked("#diff-only") else None
+
+
+def test_run_page_draws_the_step_and_memory_splits_and_the_gradient_check(page, live_server, lab):
+    page.goto(f"{live_server.url}/runs/{lab['pp4'].id}")
+    page.wait_for_selector("#chart-steps .main-svg")
+    page.wait_for_selector("#chart-memory .main-svg")
+    steps = page.evaluate("() => document.getElementById('chart-steps').data.map(t => [t.name, t.x])")
+    assert [name for name, _ in steps] == ["compute", "overlapped comm", "exposed comm", "idle / bubble"]
+    assert all(len(x) == 4 for _, x in steps)  # one bar per rank
+    memory = page.evaluate("() => document.getElementById('chart-memory').data.map(t => [t.name, t.x])")
+    assert ["activations", ["rank 0", "rank 1", "rank 2", "rank 3"]] in memory
+    assert ["activations (predicted)", ["predicted (busiest rank)"]] in memory
+    # drawn, with the hatched patterns, as SVG paths in every figure
+    for chart in ("steps", "memory", "volume", "bubble"):
+        assert page.locator(f"#chart-{chart} .main-svg .bars path").count() > 0, chart
+    assert page.locator("#gradient-check .badge").inner_text() == "passed"
+    assert page.locator("#volume-table tbody tr").count() == 2  # send, recv
 
 
 def test_leaderboard_filters(page, live_server, lab):

@@ -154,6 +154,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "doc": view.document,
             "figures": figures,
             "agreement": view.agreement,
+            "volume": view.volume,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
         },

@@ -71,7 +71,17 @@ async def upload_result(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> UploadRead | UploadBatchRead:
     """Store a result document (or a batch, all or nothing) as finished runs, judged against their
-    CI series. A repeated Idempotency-Key returns the first upload (200)."""
+    CI series. A repeated Idempotency-Key returns the first upload (200).
+
+    Each document is checked against itself before anything is stored: its `summary` is recomputed
+    from its own `ranks[]`, `loss`, workload and hardware (the worker's formulas), and a stated
+    field that disagrees — beyond a relative 1e-6 for rates, times, fractions and losses, ±1 byte
+    for byte counts — refuses the upload with 422, one detail per field (`loc`
+    `["body", "summary", <field>]`, the stated and recomputed values in `msg`). FLOPs per token,
+    TFLOP/s and MFU are recomputed with the server's formulas and replace what was stated. `flags`
+    are never taken as stated: they are recomputed from the document's `prediction` and the checked
+    summary by the one 10% gap rule.
+    """
     body = await read_limited_body(request, settings.max_upload_bytes)
 
     def _write() -> UploadRead | UploadBatchRead:  # validation and database work off the event loop

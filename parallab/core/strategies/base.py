@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from parallab.core.costs import model_tensors, numel
+from parallab.core.metrics import wire_bytes
 from parallab.core.model import ModelConfig, Preset
 from parallab.core.problems import SpecProblem
 
@@ -57,17 +58,30 @@ class Draft(Generic[OptionsT]):
 
 @dataclass(frozen=True)
 class ActivationLayout:
-    """How a strategy lays activations over a rank, for the activation estimate (`prediction`)."""
+    """How a strategy lays activations over a rank, for the activation prediction (`parallab.core.activations`)."""
 
     tokens: int
     """Tokens whose per-layer activations one rank holds at its peak (all micro-batches in flight)."""
     layers: int
     """Blocks on the rank."""
     head_tokens: int
-    """Tokens whose logits (and their gradient) the rank holds at once; 0 without the LM head."""
+    """Tokens whose LM-head activations (the fp32 log-softmax) the rank keeps; 0 without the head."""
     tp: int = 1
     """Ways the attention and MLP interiors are split (tensor parallel degree)."""
     sequence_parallel: bool = False
+    micro_tokens: int | None = None
+    """Tokens of one micro-batch: what is recomputed at once under full checkpointing, and whose
+    logits' gradient exists at once in backward (None: `tokens`, one micro-batch in flight)."""
+    experts_local: int | None = None
+    """MoE experts on the rank (None: all of them)."""
+    weight_copies: bool = True
+    """Whether autocast casts this rank's block weights (False where FSDP gathers them in 16 bits)."""
+    name: str = ""
+    """Which rank this layout is, when ranks differ (a pipeline stage)."""
+
+    @property
+    def micro(self) -> int:
+        return self.tokens if self.micro_tokens is None else self.micro_tokens
 
 
 class StrategyDescriptor(Generic[OptionsT]):
@@ -140,9 +154,28 @@ class StrategyDescriptor(Generic[OptionsT]):
         """Bytes per step by op on the busiest rank, in nccl-tests' buffer convention."""
         return {}
 
+    def comm_groups(self, job: ResolvedJob) -> list[tuple[dict[str, int], int]]:
+        """`comm_bytes_per_step` split by process group: (bytes by op, the group's size) — one group,
+        the whole world, unless a strategy runs ops over sub-meshes (hybrid)."""
+        return [(self.comm_bytes_per_step(job), job.world_size)]
+
+    def wire_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+        """Bytes a ring implementation sends per rank per step, by op: each op's buffer × the busbw
+        factor of its own process group (`parallab.core.metrics.wire_bytes`; P2P and broadcast: 1)."""
+        out: dict[str, int] = {}
+        for by_op, group in self.comm_groups(job):
+            for op, nbytes in by_op.items():
+                out[op] = out.get(op, 0) + wire_bytes(op, nbytes, group)
+        return out
+
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        """One accumulation micro-step's tokens (micro-steps run one after the other), every block, the head."""
         tokens = job.micro_batch_size * job.model.seq_len
         return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens)
+
+    def activation_layouts(self, job: ResolvedJob) -> list[ActivationLayout]:
+        """One layout per kind of rank (a pipeline's stages differ); the prediction takes the largest."""
+        return [self.activation_layout(job)]
 
     def bubble_fraction(self, job: ResolvedJob) -> float | None:
         return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES, Tensor, chunk, fsdp_padded, gathered_param_bytes, model_tensors, numel
-from parallab.core.strategies.base import StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -57,6 +57,11 @@ class FSDP(StrategyDescriptor[FSDPOptions]):
             reshard_after_forward=self.opts(job).reshard_after_forward,
             param_bytes=gathered_param_bytes(job.workload.precision),
         )
+
+    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        """The default layout, without autocast's weight copies: FSDP gathers 16-bit weights (its param_dtype)."""
+        tokens = job.micro_batch_size * job.model.seq_len
+        return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, weight_copies=False)
 
 
 DESCRIPTOR = FSDP()

@@ -51,11 +51,12 @@ class Hybrid(StrategyDescriptor[HybridOptions]):
         dp = job.world_size // tp
         return [sum(numel(chunk(tp_local(t, tp), 0, dp)) for t in model_tensors(job.model))]
 
-    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+    def comm_groups(self, job: ResolvedJob) -> list[tuple[dict[str, int], int]]:
+        """TP's ops over the tp ranks of a dp group, FSDP's over the dp ranks holding one TP shard."""
         opts = self.opts(job)
         tp, dp = opts.tp, job.world_size // opts.tp
         precision = job.workload.precision
-        out = tp_comm(job.model, job.tokens_per_replica, activation_dtype_bytes(precision), sequence_parallel=opts.sequence_parallel)
+        tensor = tp_comm(job.model, job.tokens_per_replica, activation_dtype_bytes(precision), sequence_parallel=opts.sequence_parallel)
         fsdp = fsdp_comm(
             model_tensors(job.model),
             dp,
@@ -63,13 +64,25 @@ class Hybrid(StrategyDescriptor[HybridOptions]):
             param_bytes=gathered_param_bytes(precision),
             local=lambda t: tp_local(t, tp),
         )
-        return {op: out.get(op, 0) + fsdp.get(op, 0) for op in sorted(set(out) | set(fsdp))}
+        return [(tensor, tp), (fsdp, dp)]
+
+    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for by_op, _group in self.comm_groups(job):
+            for op, nbytes in by_op.items():
+                out[op] = out.get(op, 0) + nbytes
+        return dict(sorted(out.items()))
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
         opts = self.opts(job)
         tokens = job.micro_batch_size * job.model.seq_len
         return ActivationLayout(
-            tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, tp=opts.tp, sequence_parallel=opts.sequence_parallel
+            tokens=tokens,
+            layers=job.model.num_layers,
+            head_tokens=tokens,
+            tp=opts.tp,
+            sequence_parallel=opts.sequence_parallel,
+            weight_copies=False,  # FSDP over dp gathers 16-bit weights (its param_dtype)
         )
 
 

@@ -13,7 +13,7 @@ from pydantic import Field
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
 from parallab.core.model import Preset, param_counts
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -57,6 +57,12 @@ class MoE(StrategyDescriptor[MoEOptions]):
         a2a = cfg.num_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
         experts = sum(numel(t.shape) for t in model_tensors(cfg) if t.expert)
         return {"all_to_all": a2a, "all_reduce": (param_counts(cfg).total - experts) * GRAD_BYTES}
+
+    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        """Each rank routes its own rows; its experts compute as many rows as it routes (even routing)."""
+        tokens = job.micro_batch_size * job.model.seq_len
+        experts = job.model.num_experts // job.world_size
+        return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, experts_local=experts)
 
 
 DESCRIPTOR = MoE()

@@ -86,13 +86,30 @@ class PP(StrategyDescriptor[PPOptions]):
         return {"send": per_rank, "recv": per_rank}
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
-        """One micro-batch's activations per micro-batch in flight: all of them for GPipe,
-        at most `stages` for 1F1B; the last stage holds one micro-batch's logits at a time."""
+        """The first stage's layout (the most micro-batches in flight under 1F1B)."""
+        return self.activation_layouts(job)[0]
+
+    def activation_layouts(self, job: ResolvedJob) -> list[ActivationLayout]:
+        """Per stage, one micro-batch's activations per micro-batch in flight: all m under GPipe,
+        p − s on stage s under 1F1B (its warm-up forwards; Korthikanti et al. §4.2.3). The last
+        stage keeps the log-softmax of its micro-batches in flight."""
         opts = self.opts(job)
-        m = opts.n_microbatches
+        p, m = job.world_size, opts.n_microbatches
         per_micro = job.micro_batch_size * job.model.seq_len // m
-        in_flight = m if opts.schedule == "gpipe" else min(job.world_size, m)
-        return ActivationLayout(tokens=per_micro * in_flight, layers=job.model.num_layers // job.world_size, head_tokens=per_micro)
+        layers = job.model.num_layers // p
+        out = []
+        for stage in range(p):
+            in_flight = m if opts.schedule == "gpipe" else min(p - stage, m)
+            out.append(
+                ActivationLayout(
+                    tokens=per_micro * in_flight,
+                    layers=layers,
+                    head_tokens=per_micro * in_flight if stage == p - 1 else 0,
+                    micro_tokens=per_micro,
+                    name=f"stage {stage}",
+                )
+            )
+        return out
 
     def bubble_fraction(self, job: ResolvedJob) -> float:
         """(p−1)/(m+p−1) for p stages and m micro-batches (GPipe and 1F1B alike)."""

@@ -1,0 +1,178 @@
+"""Activation memory per layer: Korthikanti et al. 2022's formulas, and the same count for our model.
+
+## The paper
+
+Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (§4,
+Table 2), count the bytes one GPT layer keeps for its backward pass: s tokens per sequence, b
+sequences, hidden size h, a heads, tensor-parallel degree t. Their convention: every activation
+in 16 bits (2 bytes), every dropout mask 1 byte, a 4h-wide GELU MLP, LayerNorm, and attention
+that materialises the a·s·s scores:
+
+    attention      11sbh + 5as²b   QKV input 2, Q and K 4, softmax output 2as²b, its dropout mask
+                                   as²b, the dropout output 2as²b, V 2, projection input 2, mask 1
+    MLP            19sbh           input 2, GELU input 8, GELU output 8, dropout mask 1
+    2 LayerNorms   4sbh            their inputs
+    per layer      sbh(34 + 5as/h)
+    TP (t ranks)   sbh(10 + 24/t + 5as/(ht))   the norms, the QKV and MLP inputs and two masks
+                                               stay replicated
+    TP + SP        sbh(34/t + 5as/(ht))
+    selective      the 5as/h term goes (the core attention is recomputed):
+                   sbh·34, sbh(10 + 24/t), sbh·34/t
+    full           2sbh per layer (each layer's input), plus one layer's full set while it is
+                   recomputed in backward
+
+A pipeline multiplies the per-layer figure by the micro-batches in flight on a stage: all m for
+GPipe, p − s on stage s of 1F1B (so p on the first stage: L layers' worth, the paper's §4.2.3).
+
+## Our model (`workers.harness.model`)
+
+The same count for what autograd saves in our Llama-style block, per token and layer, in bytes;
+a = 2 under bf16/fp16 autocast, 4 in fp32. Checked term by term against
+`torch.autograd.graph.saved_tensors_hooks` (tests/core/test_activations.py: within 1% for
+`tiny` and `small`, dense and MoE, fp32 and bf16; fp32: 4(10h + 4f + A + 2) per token, bf16:
+34h + 8f + 4A + 8 plus the weight copies).
+
+- No dropout, so no masks; torch's SDPA is flash-style on CPU and GPU, so there are no s² scores
+  — only one fp32 logsumexp per head and token (4A). The paper's 5as/h term is absent here.
+- Two RMSNorms, each keeping its input and its normalised value before the weight, both fp32
+  (under autocast the residual stream stays fp32: an fp32 embedding plus 16-bit block outputs
+  promotes to fp32), and a 1-element rsqrt: 2·(8h + 4).
+- The inputs of the projections that read a norm: in fp32 one tensor per norm, shared by its
+  linears (2·4h); under autocast each linear casts its input on its own (autocast caches only
+  the casts of leaf weights), so wq, wk, wv, w1 and w3 keep five copies (5ah).
+- Attention: q and k after rotary, v and the output (4ah); rotary itself keeps nothing (its
+  cos/sin tables need no gradient).
+- SwiGLU: w1's output, silu's output, w3's output and their product (4af) — where the paper's
+  GELU MLP keeps two 4h tensors, ours keeps four f-wide ones.
+- Under autocast, the 16-bit copies of the layer's weights, (4h² + 3hf)·a per layer (not per
+  token): autocast caches each weight's cast for the whole forward/backward region, checkpointed
+  or not. FSDP with a 16-bit param_dtype gathers 16-bit weights and casts nothing.
+
+In the paper's notation, one bf16 layer keeps sbh(34 + 8f/h) + 4sbA bytes (+ the weight
+copies): the fp32 norms and the five input copies (16 + 10 = 26) and q, k, v, o (8) make 34,
+the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
+
+- TP without SP splits q, k, v, o, the logsumexp, the MLP and the weight copies by t; the norms
+  and the projection inputs stay replicated.
+- SP splits the norms too, not the projection inputs: torch's SequenceParallel all-gathers the
+  norm's output and the linears save the gathered tensor (Megatron saves its shard and gathers
+  again in backward, which is why the paper's SP form divides everything by t).
+- Selective recomputation (Korthikanti's: recompute the core attention) saves here only what
+  the core attention keeps for itself, the logsumexp: q, k, v stay as the recomputation's inputs
+  and the output as wo's input.
+- Full recomputation keeps each block's input, the fp32 residual stream (4h; 4h/t under SP),
+  and one layer's full set for one micro-batch while it is recomputed.
+- MoE layers replace the MLP terms: the router's input copy (autocast) and its fp32
+  probabilities (4E) and top-k indices (8k), and per routed row (top_k rows per token, drops
+  ignored) the expert input (fp32: 4h, shared by w1 and w3; autocast: 2ah), the SwiGLU terms
+  (4af), the expert output put back in token order and its gated product (2ah: the gate's
+  multiply and index_add keep them), the gate (a) and three int64 indices and a bool mask (25).
+- The LM head (on its rank): the final norm (8h + 4), its projection input (4h fp32 or ah) and
+  the fp32 log-softmax the loss keeps (4V) per token; in backward, the logits' gradient (4V) of
+  one micro-batch on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from parallab.core.costs import activation_dtype_bytes
+from parallab.core.model import ModelConfig
+
+Recompute = Literal["none", "selective", "full"]
+RESIDUAL_BYTES = 4
+"""The residual stream, the norms' math and the log-softmax are fp32 in every precision."""
+
+
+# ---- the paper ----
+
+
+def korthikanti_layer_bytes(
+    *, s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False, recompute: Recompute = "none"
+) -> float:
+    """Bytes one GPT layer keeps for backward (Korthikanti et al. 2022, Table 2): 16-bit
+    activations, 1-byte dropout masks, a 4h GELU MLP and materialised attention scores."""
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh
+    scores = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    if sequence_parallel:
+        return sbh * (34 / t + scores)
+    if t > 1:
+        return sbh * (10 + 24 / t + scores)
+    return sbh * (34 + scores)
+
+
+# ---- our model ----
+
+
+@dataclass(frozen=True)
+class Term:
+    """One tensor (or a group of like tensors) a layer keeps for backward, per token, on one rank."""
+
+    name: str
+    bytes_per_token: float
+    core_attention: bool = False
+    """Kept by the core attention itself: what Korthikanti's selective recomputation drops."""
+
+
+def layer_terms(cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False) -> list[Term]:
+    """What one block of our model keeps per token on one rank (see the module docstring)."""
+    a = activation_dtype_bytes(precision)
+    autocast = a != RESIDUAL_BYTES
+    h, f, heads = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_heads
+    norm_split = tp if sequence_parallel else 1
+    attention_inputs = 3 * a * h if autocast else RESIDUAL_BYTES * h
+    terms = [
+        Term("norms: inputs and normalised values (fp32), rsqrt", 2 * (2 * RESIDUAL_BYTES * h + RESIDUAL_BYTES) / norm_split),
+        Term("attention: q, k (after rotary), v, output", 4 * a * h / tp),
+        Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
+    ]
+    if not cfg.is_moe:
+        mlp_inputs = 2 * a * h if autocast else RESIDUAL_BYTES * h
+        terms += [
+            Term("projection inputs (wq, wk, wv, w1, w3)", attention_inputs + mlp_inputs),
+            Term("SwiGLU: w1 out, silu out, w3 out, product", 4 * a * f / tp),
+        ]
+        return terms
+    k, e = cfg.top_k, cfg.num_experts
+    router_input = a * h if autocast else RESIDUAL_BYTES * h
+    expert_input = 2 * a * h if autocast else RESIDUAL_BYTES * h
+    terms += [
+        Term("projection inputs (wq, wk, wv, router)", attention_inputs + router_input),
+        Term("router: probabilities (fp32), top-k indices", RESIDUAL_BYTES * e + 8 * k),
+        Term("experts: routed rows' inputs, SwiGLU, outputs, gates, indices", k * (expert_input + 4 * a * f + 2 * a * h + a + 25)),
+    ]
+    return terms
+
+
+def weight_copy_bytes(cfg: ModelConfig, precision: str, *, tp: int = 1, experts_local: int | None = None) -> int:
+    """Autocast's 16-bit copies of one block's weights (0 in fp32), held for the whole step."""
+    a = activation_dtype_bytes(precision)
+    if a == RESIDUAL_BYTES:
+        return 0
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    if cfg.is_moe:
+        local = cfg.num_experts if experts_local is None else experts_local
+        return a * (4 * h * h // tp + 3 * h * f * local + h * cfg.num_experts)
+    return a * (4 * h * h + 3 * h * f) // tp
+
+
+def checkpoint_input_bytes(cfg: ModelConfig, *, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Per token, what full recomputation keeps of a block: its input, the fp32 residual stream."""
+    return RESIDUAL_BYTES * cfg.hidden_size / (tp if sequence_parallel else 1)
+
+
+def head_bytes_per_token(cfg: ModelConfig, precision: str) -> tuple[float, float]:
+    """(kept per token through the step, the logits' gradient per token of the micro-batch in backward)."""
+    a = activation_dtype_bytes(precision)
+    h, v = cfg.hidden_size, cfg.vocab_size
+    head_input = RESIDUAL_BYTES * h if a == RESIDUAL_BYTES else a * h
+    kept = 2 * RESIDUAL_BYTES * h + RESIDUAL_BYTES + head_input + RESIDUAL_BYTES * v
+    return kept, RESIDUAL_BYTES * v
+
+
+def per_token_bytes(terms: list[Term], recompute: Recompute) -> float:
+    """Bytes per token of one layer's full set, less what selective recomputation drops."""
+    return sum(t.bytes_per_token for t in terms if not (recompute == "selective" and t.core_attention))

@@ -1,0 +1,173 @@
+"""A result document checked against itself: its summary recomputed from its own ranks.
+
+A CI upload states a `summary` and `flags`; the server does not take them on trust. The summary
+is recomputed with the same formulas the worker uses (`metrics.summarize`, from `ranks[]`, the
+document's `loss`, its workload and its hardware) and every measured field the document states
+must agree with the recomputation within the tolerance below, or the upload is refused (422,
+naming each field: `summary.tokens_per_s: stated 1234.5, ranks[] give 1264.2 ...`). Fields no
+rank speaks of (a gradient check, anything `summarize` does not produce) are kept as stated.
+
+Tolerances, per field (`SUMMARY_TOLERANCES`): rates, times, fractions and losses agree to a
+relative 1e-6 (float noise of another implementation of the same median, percentile and
+divisions: a JSON round trip is exact, float32 serialisation is ~6e-8); byte counts to ±1 byte
+(integers, rounded once in the wire-bytes formula). The config's formulas — `model_flops_per_token`
+and what follows from it, `tflops_per_s` and `mfu` — are not measurements: they are recomputed
+with this server's formulas and replace what was stated (kept only where this server cannot
+compute them: a workload it cannot resolve, a device whose peak it does not know).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from parallab.core.jobs import resolve_job
+from parallab.core.metrics import summarize
+from parallab.core.model import model_flops_per_token
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.result import ResultDocument
+from parallab.core.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|stated − recomputed| ≤ max(abs, rel · |recomputed|)."""
+
+    rel: float
+    abs: float
+
+    def agrees(self, stated: float, recomputed: float) -> bool:
+        return math.isclose(stated, recomputed, rel_tol=self.rel, abs_tol=self.abs)
+
+    def __str__(self) -> str:
+        return f"±{self.abs:g} byte" if not self.rel else f"relative {self.rel:g}"
+
+
+FLOAT = Tolerance(rel=1e-6, abs=1e-12)
+BYTES = Tolerance(rel=0.0, abs=1.0)
+SUMMARY_TOLERANCES: dict[str, Tolerance] = {
+    "tokens_per_s": FLOAT,
+    "samples_per_s": FLOAT,
+    "step_time_s": FLOAT,
+    "peak_allocated_bytes_max": BYTES,
+    "peak_rss_bytes_max": BYTES,
+    "comm_time_fraction": FLOAT,
+    "comm_bytes_per_step": BYTES,
+    "wire_bytes_per_step": BYTES,
+    "exposed_comm_fraction": FLOAT,
+    "bubble_fraction": FLOAT,
+    "loss_max_rel_diff_vs_reference": FLOAT,
+    "final_loss": FLOAT,
+}
+"""Every measured summary field the check holds against the ranks; a field `summarize` produces
+that is not listed here is checked as FLOAT (or BYTES when its name says bytes)."""
+FORMULA_FIELDS = frozenset({"model_flops_per_token", "tflops_per_s", "mfu"})
+"""Computed from the config, not measured: recomputed and replaced, never a reason to refuse."""
+
+
+class DocumentError(SpecError):
+    """A result document that contradicts itself; `problems` name each field (422 like a spec error)."""
+
+
+@dataclass(frozen=True)
+class SummaryInputs:
+    """What `summarize` needs beyond the ranks, from the document's workload and hardware."""
+
+    tokens_per_step: int | None
+    """None: the workload names neither a resolvable job nor a batch and sequence length."""
+    samples_per_step: int | None
+    flops_per_token: float | None
+
+
+def summary_inputs(document: ResultDocument) -> SummaryInputs:
+    """The job's tokens, samples and FLOPs per token: from the resolved workload when it resolves,
+    else from its `global_batch_size` × `seq_len` and the stated FLOPs per token."""
+    workload = {k: v for k, v in document.workload.items() if k != "custom"}
+    try:
+        job = resolve_job(JobSpec.model_validate({"workload": workload, "strategy": document.strategy.model_dump()}))
+    except (SpecError, ValidationError):
+        gbs, seq = workload.get("global_batch_size"), workload.get("seq_len")
+        if not (isinstance(gbs, int) and isinstance(seq, int)):
+            return SummaryInputs(None, None, document.summary.model_flops_per_token)
+        return SummaryInputs(gbs * seq, gbs, document.summary.model_flops_per_token)
+    return SummaryInputs(
+        tokens_per_step=job.tokens_per_step,
+        samples_per_step=job.global_batch_size if job.trains else 0,
+        flops_per_token=float(model_flops_per_token(job.model)) if job.trains else None,
+    )
+
+
+def _tolerance(field: str) -> Tolerance:
+    return SUMMARY_TOLERANCES.get(field, BYTES if "bytes" in field else FLOAT)
+
+
+def _disagreements(field: str, stated: Any, recomputed: Any) -> list[SpecProblem]:
+    """Where a stated value (a number, or a dict of them) differs from the recomputed one."""
+    loc = ("summary", field)
+    tolerance = _tolerance(field)
+    if isinstance(stated, Mapping) or isinstance(recomputed, Mapping):
+        stated_map, recomputed_map = dict(stated or {}), dict(recomputed or {})
+        if not stated_map:
+            return []  # stated nothing: filled in from the ranks
+        out = []
+        for key in sorted(set(stated_map) | set(recomputed_map)):
+            s, r = stated_map.get(key), recomputed_map.get(key)
+            if s is None or r is None or not tolerance.agrees(float(s), float(r)):
+                out.append(SpecProblem((*loc, key), _message(s, r, tolerance)))
+        return out
+    if stated is None:
+        return []
+    if recomputed is None or not tolerance.agrees(float(stated), float(recomputed)):
+        return [SpecProblem(loc, _message(stated, recomputed, tolerance))]
+    return []
+
+
+def _message(stated: Any, recomputed: Any, tolerance: Tolerance) -> str:
+    if recomputed is None:
+        return f"stated {stated!r}, but ranks[] do not record what it is computed from"
+    if stated is None:
+        return f"missing, but ranks[] give {recomputed!r}"
+    return f"stated {stated!r}, but ranks[] give {recomputed!r} (tolerance: {tolerance})"
+
+
+@dataclass(frozen=True)
+class CheckedSummary:
+    summary: dict[str, Any]
+    """The summary to store: recomputed fields over the stated ones."""
+    problems: list[SpecProblem]
+
+
+def check_summary(document: ResultDocument) -> CheckedSummary:
+    """The document's summary recomputed from its ranks, and where the stated one disagrees."""
+    inputs = summary_inputs(document)
+    ranks = [rank.model_dump(mode="json") for rank in document.ranks]
+    try:
+        recomputed = summarize(
+            ranks=ranks,
+            tokens_per_step=inputs.tokens_per_step or 0,
+            samples_per_step=inputs.samples_per_step or 0,
+            flops_per_token=inputs.flops_per_token,
+            device_name=document.hardware.get("device_name"),
+            world_size=document.strategy.world_size,
+            loss=document.loss.model_dump(mode="json"),
+        )
+    except ValueError as exc:
+        return CheckedSummary(document.summary.model_dump(mode="json"), [SpecProblem(("ranks",), f"the summary cannot be checked: {exc}")])
+    stated = document.summary.model_dump(mode="json", exclude_unset=False)
+    unknown = set() if inputs.tokens_per_step is not None else {"tokens_per_s", "samples_per_s", "tflops_per_s", "mfu"}
+    problems: list[SpecProblem] = []
+    merged = dict(stated)
+    for field, value in recomputed.items():
+        if field in unknown:
+            continue
+        if field in FORMULA_FIELDS:
+            if value is not None:
+                merged[field] = value
+            continue
+        problems += _disagreements(field, stated.get(field), value)
+        merged[field] = value
+    return CheckedSummary(merged, problems)

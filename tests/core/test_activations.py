@@ -1,0 +1,154 @@
+"""Activation memory: Korthikanti et al. 2022's formulas against hand-computed figures, our model's
+count term by term, per recomputation mode and pipeline schedule — and against what autograd
+really saves for `tiny` and `small` (a forward under `saved_tensors_hooks`, no training).
+
+The comparison with the measured `memory_breakdown.activations` (MemTracker, issue #9's other
+half) is added when that measurement lands."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallab.core.activations import (
+    checkpoint_input_bytes,
+    head_bytes_per_token,
+    korthikanti_layer_bytes,
+    layer_terms,
+    per_token_bytes,
+    weight_copy_bytes,
+)
+from parallab.core.jobs import ResolvedJob, resolve_job
+from parallab.core.model import PRESETS
+from parallab.core.prediction import predict
+from parallab.core.spec import JobSpec
+
+# The paper's 22B configuration (Table 3): a=64 heads, h=6144, s=2048, b=1, t=8.
+S, B, H, A, T = 2048, 1, 6144, 64, 8
+SBH = S * B * H  # 12,582,912
+
+
+@pytest.mark.parametrize(
+    ("t", "sp", "mode", "expected"),
+    [
+        (1, False, "none", SBH * 422 / 3),  # 34 + 5·64·2048/6144 = 34 + 320/3
+        (T, False, "none", SBH * 79 / 3),  # 10 + 24/8 + 40/3
+        (T, True, "none", SBH * 211 / 12),  # 34/8 + 40/3
+        (1, False, "selective", SBH * 34),
+        (T, False, "selective", SBH * 13),  # 10 + 24/8
+        (T, True, "selective", SBH * 34 / 8),
+        (T, True, "full", SBH * 2),
+    ],
+)
+def test_korthikanti_table_2(t, sp, mode, expected):
+    assert korthikanti_layer_bytes(s=S, b=B, h=H, a=A, t=t, sequence_parallel=sp, recompute=mode) == pytest.approx(expected)
+
+
+TINY = PRESETS["tiny"].config  # h=64, f=256, 4 heads
+
+
+def test_our_layer_in_fp32_is_ten_h_plus_four_f_elements_per_token():
+    # norms 2·(2·4h + 4), the shared projection inputs 2·4h, q k v o 4·4h, logsumexp 4A, SwiGLU 4·4f
+    assert per_token_bytes(layer_terms(TINY, "fp32"), "none") == 4 * (10 * 64 + 4 * 256 + 4 + 2) == 6680
+    assert weight_copy_bytes(TINY, "fp32") == 0
+
+
+def test_our_layer_under_bf16_autocast_keeps_fp32_norms_and_five_input_copies():
+    # 2·(8h + 4) fp32 norms + 5·2h input copies + 4·2h q k v o + 4A + 4·2f
+    assert per_token_bytes(layer_terms(TINY, "bf16"), "none") == 34 * 64 + 8 * 256 + 4 * 4 + 8 == 4248
+    assert weight_copy_bytes(TINY, "bf16") == 2 * (4 * 64 * 64 + 3 * 64 * 256) == 131_072
+
+
+def test_tensor_and_sequence_parallel_split_what_they_split():
+    # t=2, fp32: norms 1032 and projection inputs 512 replicated; q k v o 512, logsumexp 8, SwiGLU 2048 halved
+    assert per_token_bytes(layer_terms(TINY, "fp32", tp=2), "none") == 1032 + 512 + 512 + 8 + 2048
+    # SP halves the norms too, not the projection inputs (torch saves the all-gathered tensor)
+    assert per_token_bytes(layer_terms(TINY, "fp32", tp=2, sequence_parallel=True), "none") == 516 + 512 + 512 + 8 + 2048
+    assert checkpoint_input_bytes(TINY, tp=2, sequence_parallel=True) == 128
+
+
+def test_selective_recomputation_drops_only_the_core_attention_state():
+    # flash-style SDPA keeps no s² scores: what Korthikanti's selective mode drops is the logsumexp
+    assert per_token_bytes(layer_terms(TINY, "fp32"), "selective") == 6680 - 4 * 4
+
+
+def job(strategy: str, n: int, options: dict | None = None, **workload) -> ResolvedJob:
+    spec = {"workload": {"model": "tiny", **workload}, "strategy": {"name": strategy, "world_size": n, "options": options or {}}}
+    return resolve_job(JobSpec.model_validate(spec))
+
+
+HEAD_KEPT, HEAD_GRAD = head_bytes_per_token(TINY, "fp32")
+
+
+def test_the_head_keeps_the_fp32_log_softmax_and_its_gradient_exists_in_backward():
+    assert (HEAD_KEPT, HEAD_GRAD) == (2 * 4 * 64 + 4 + 4 * 64 + 4 * 256, 4 * 256)
+
+
+def test_ddp_rank_holds_its_micro_batch_through_every_layer_and_the_head():
+    p = predict(job("ddp", 2))
+    tokens = 4 * 64  # 8 sequences over 2 replicas
+    assert p["activation_bytes_per_rank"] == 4 * tokens * 6680 + tokens * (HEAD_KEPT + HEAD_GRAD)
+    assert p["activations"]["per_layer_bytes"] == tokens * 6680
+    assert p["activations"]["paper_per_layer_bytes"] == 64 * 4 * 64 * (34 + 5 * 4 * 64 / 64)  # sbh(34 + 5as/h)
+
+
+def test_full_recomputation_keeps_block_inputs_and_one_layer_at_a_time():
+    p = predict(job("ddp", 2, activation_checkpointing="full"))
+    tokens = 4 * 64
+    assert p["activations"]["blocks"] == 4 * tokens * 4 * 64 + tokens * 6680
+    assert p["activations"]["paper_per_layer_bytes"] == 2 * tokens * 64
+
+
+def test_1f1b_stage_s_holds_p_minus_s_micro_batches_and_gpipe_all_of_them():
+    # 2 stages, 4 micro-batches of 2 sequences (128 tokens), 2 layers a stage
+    per_layer = 128 * 6680
+    onef1b = predict(job("pp", 2))["activations"]
+    assert (onef1b["rank"], onef1b["microbatches_in_flight"], onef1b["blocks"]) == ("stage 0", 2, 2 * 2 * per_layer)
+    gpipe = predict(job("pp", 2, {"schedule": "gpipe"}))["activations"]
+    # every stage holds all 4; the last also keeps 4 micro-batches' log-softmax and one's gradient
+    assert (gpipe["rank"], gpipe["microbatches_in_flight"]) == ("stage 1", 4)
+    assert gpipe["total"] == 2 * 4 * per_layer + 4 * 128 * HEAD_KEPT + 128 * HEAD_GRAD
+
+
+def test_fsdp_gathers_16_bit_weights_so_autocast_copies_none():
+    ddp, fsdp = predict(job("ddp", 2, precision="bf16")), predict(job("fsdp", 2, precision="bf16"))
+    assert ddp["activations"]["weight_copies"] == 4 * 131_072 and fsdp["activations"]["weight_copies"] == 0
+
+
+# ---- against what autograd saves (torch, one forward, no distributed) ----
+
+
+def autograd_saved_bytes(j: ResolvedJob) -> tuple[int, int]:
+    """(predicted bytes kept through the step, what autograd saves in one forward of `j`'s model on
+    one process): parameters excluded, each storage once; the logits' gradient, which exists only
+    in backward, is left out of the prediction. Also prints docs/theory.md's table
+    (docs/activation_check.py)."""
+    import torch
+
+    from workers.harness.model import build_model
+
+    model = build_model(j.model, seed=0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    tokens = torch.randint(0, j.model.vocab_size, (j.micro_batch_size, j.model.seq_len))
+    bf16 = j.workload.precision == "bf16"
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        model(tokens, labels=tokens)
+    logits_gradient = j.micro_batch_size * j.model.seq_len * 4 * j.model.vocab_size
+    return predict(j)["activation_bytes_per_rank"] - logits_gradient, sum(saved.values())
+
+
+SAVED_CASES = [{}, {"precision": "bf16"}, {"num_experts": 4}, {"num_experts": 4, "precision": "bf16"}, {"model": "small"}]
+
+
+@pytest.mark.parametrize("workload", SAVED_CASES, ids=["tiny-fp32", "tiny-bf16", "moe-fp32", "moe-bf16", "small-fp32"])
+def test_the_count_is_what_autograd_saves_within_one_percent(workload):
+    pytest.importorskip("torch")
+    predicted, saved = autograd_saved_bytes(job("single", 1, **workload))
+    assert saved == pytest.approx(predicted, rel=0.01)

@@ -1,0 +1,63 @@
+"""A result document held against itself (`parallab.core.checks`): its summary recomputed from its
+ranks, each stated field within its tolerance or named as a problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallab.core.checks import BYTES, FLOAT, check_summary, summary_inputs
+from parallab.core.result import ResultDocument
+from tests.ui.factories import make_document
+
+
+def doc(**summary) -> ResultDocument:
+    d = make_document(strategy="ddp", world_size=2, tokens_per_s=12_000.0).model_dump(mode="json")
+    d["summary"].update(summary)
+    return ResultDocument.model_validate(d)
+
+
+def problems(document: ResultDocument) -> list[str]:
+    return [".".join(map(str, p.loc)) for p in check_summary(document).problems]
+
+
+def test_the_tolerances():
+    assert FLOAT.agrees(1.0, 1.0 + 9e-7) and not FLOAT.agrees(1.0, 1.0 + 2e-6)
+    assert BYTES.agrees(1000, 1001) and not BYTES.agrees(1000, 1002)
+
+
+def test_a_worker_made_summary_passes_and_comes_back_unchanged():
+    document = doc()
+    checked = check_summary(document)
+    assert checked.problems == []
+    assert checked.summary == document.summary.model_dump(mode="json")
+
+
+def test_every_disagreeing_field_is_named():
+    stated = doc().summary
+    bad = doc(tokens_per_s=stated.tokens_per_s * 1.001, comm_time_fraction=0.9, peak_rss_bytes_max=1)
+    assert problems(bad) == ["summary.tokens_per_s", "summary.peak_rss_bytes_max", "summary.comm_time_fraction"]
+
+
+def test_formula_fields_are_recomputed_never_refused():
+    checked = check_summary(doc(model_flops_per_token=1.0, tflops_per_s=99.0, mfu=0.5))
+    assert checked.problems == []
+    assert checked.summary["model_flops_per_token"] != 1.0 and checked.summary["tflops_per_s"] != 99.0
+    assert checked.summary["mfu"] == 0.5  # a CPU has no known peak: what was stated is kept
+
+
+def test_fields_no_rank_speaks_of_are_kept_as_stated():
+    checked = check_summary(doc(gradient_check={"passed": False, "tolerance": 1e-5, "max_rel_err": 0.5, "params_checked": 3}))
+    assert checked.problems == [] and checked.summary["gradient_check"]["max_rel_err"] == 0.5
+
+
+def test_a_document_without_step_times_cannot_be_checked():
+    d = doc().model_dump(mode="json")
+    for rank in d["ranks"]:
+        rank["step_times_s"] = []
+    assert problems(ResultDocument.model_validate(d)) == ["ranks"]
+
+
+def test_inputs_come_from_the_resolved_workload():
+    inputs = summary_inputs(doc())
+    assert (inputs.tokens_per_step, inputs.samples_per_step) == (8 * 64, 8)
+    assert inputs.flops_per_token == pytest.approx(doc().summary.model_flops_per_token)
