@@ -76,6 +76,7 @@ def run(root: Path, scratch: Path, strategy: str, options: dict[str, Any], workl
     if proc.returncode != 0:
         raise RuntimeError(f"{root.name}: {strategy} {options} failed:\n{proc.stderr[-3000:]}")
     doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc["_run_dir"] = str(run_dir)
     return doc
 
 
@@ -179,6 +180,37 @@ def memory_table(before: dict[str, dict], after: dict[str, dict]) -> list[str]:
     return lines
 
 
+def aligned_actions(doc: dict[str, Any]) -> list[str]:
+    """The last profiled step of every stage on one clock (the ranks share the host's), from the
+    kept Chrome traces: each action as start–end in ms from stage 0's step start, and each wait
+    for a receive over 1 ms. Shows where a stage's idle time goes."""
+    import gzip
+
+    traces = [
+        json.loads(gzip.decompress((Path(doc["_run_dir"]) / f"trace_rank{r}.json.gz").read_bytes()))["traceEvents"] for r in range(WORLD)
+    ]
+    last = f"ProfilerStep#{max(int(e['name'].split('#')[1]) for e in traces[0] if str(e.get('name', '')).startswith('ProfilerStep#'))}"
+    spans = [next(e for e in t if e.get("name") == last and e.get("ph") == "X") for t in traces]
+    t0 = float(spans[0]["ts"])
+    short = {"forward": "F", "backward": "B", "loss": "L"}
+    rows = []
+    for rank, (events, span) in enumerate(zip(traces, spans, strict=True)):
+        lo, hi = float(span["ts"]), float(span["ts"]) + float(span["dur"])
+        items = []
+        for e in sorted((e for e in events if e.get("ph") == "X" and lo <= float(e["ts"]) <= hi), key=lambda e: float(e["ts"])):
+            name = str(e["name"])
+            start, end = (float(e["ts"]) - t0) / 1e3, (float(e["ts"]) + float(e["dur"]) - t0) / 1e3
+            if name.startswith("parallab.pp::"):
+                kind, _, mb = name.removeprefix("parallab.pp::").partition(" ")
+                items.append(f"{short[kind]}{mb} {start:.1f}–{end:.1f}")
+            elif name == "gloo:recv" and end - start > 1.0:
+                items.append(f"*wait {end - start:.1f}*")
+            elif name.startswith("Optimizer.step"):
+                items.append(f"opt {start:.1f}–{end:.1f}")
+        rows.append(f"| {rank} | {(lo - t0) / 1e3:.1f}–{(hi - t0) / 1e3:.1f} | {', '.join(items)} |")
+    return ["| stage | profiled step (ms) | actions in order (ms from stage 0's step start) |", "|---|---|---|", *rows]
+
+
 def throughput_table(runs: dict[str, dict[int, list[float]]]) -> list[str]:
     lines = ["| code | tokens/s, 4 steps | tokens/s, 10 steps | ratio 4 / 10 |", "|---|---|---|---|"]
     for code, by_steps in runs.items():
@@ -203,6 +235,7 @@ def main() -> None:
             for code, root in roots.items():
                 docs[code][label(strategy, options)] = run(root, scratch, strategy, options, workload)
                 print(f"{code:6} {label(strategy, options):10} done", file=sys.stderr)
+        timelines = {key[3:]: aligned_actions(docs["after"][key]) for key in ("pp gpipe", "pp 1f1b")}  # before the traces go
         speed: dict[str, dict[int, list[float]]] = {code: {4: [], 10: []} for code in roots}
         for r in range(args.rounds):
             for code, root in roots.items() if r % 2 == 0 else reversed(roots.items()):
@@ -234,6 +267,12 @@ def main() -> None:
             "",
             *bubble_table(docs["before"], docs["after"]),
             "",
+            "The last profiled step of each schedule, both stages on one clock (F/B/L: forward, backward, loss of a "
+            "micro-batch; *wait*: a receive that blocked over 1 ms). Stage 0's idle is the wait for stage 1's forward, "
+            "loss and backward of a micro-batch plus the hand-off of each message (a few ms on gloo through Python), and "
+            "any action slowed by sharing 2 cores with the other rank, gloo's threads, the profiler and the machine's other work.",
+            "",
+            *(line for schedule, rows in timelines.items() for line in (f"*{schedule}*", "", *rows, "")),
             '**Memory at the peak.** Before, the CPU peak was the profiler\'s "Total Allocated", counted from the start of '
             "profiling: parameters, optimizer state and anything allocated earlier were left out. After, MemTracker follows "
             "one whole step told first of every live tensor, so `peak_allocated_bytes` is the highest total held, parameters "

@@ -1,6 +1,6 @@
 """Harness overhead: parallab's timed steps against a hand-written DDP loop with no instrumentation.
 
-    python benchmarks/harness_overhead.py [--models tiny small] [--rounds 3] [--steps 20] [--json] [--write]
+    python benchmarks/harness_overhead.py [--models tiny small] [--rounds 5] [--steps 20] [--json] [--write]
 
 Both sides train the same model (`workers.harness.model.build_model`, same seed), with AdamW
 (the harness's betas and weight decay), the same global batch split over 2 gloo ranks, the same
@@ -11,11 +11,13 @@ untraced (`trace: false`: no profiler, no dispatch mode) and traced (`trace: tru
 timed steps, then the profiled window after them). The three take turns, round after round, in a
 rotating order, so the drift of a shared machine hits them alike.
 
-Each figure is a median step time: per step the slowest rank's time, then the median over the
-steps of every round (the harness's `summary.step_time_s.median` per run, the plain loop's own).
-Reported per model: `ratio_tracing_off` and `ratio_tracing_on` (harness over plain; targets
-≤ 1.03 and ≤ 1.15), the profiled window's own step time over the plain loop's (what tracing costs
-*inside* the window, never in the timed steps), and each variant's wall time per job.
+A job's step time is its median step (per step the slowest rank's time; the harness's
+`summary.step_time_s.median`). Each round gives a ratio per variant: its step time over the plain
+loop's in the same round (neighbours in time, so the load of a shared machine cancels as far as it
+can); the figure is the median of the rounds' ratios, with their range beside it. Reported per
+model: `ratio_tracing_off` and `ratio_tracing_on` (targets ≤ 1.03 and ≤ 1.15), the profiled
+window's own step time over the plain loop's (what tracing costs *inside* the window, never in the
+timed steps), and each variant's wall time per job.
 `--json` prints one line: {"ratio_tracing_off": …, "ratio_tracing_on": …} (the worst model's),
 plus "models" with every figure. `--write` puts the table under "Harness overhead" in BENCHMARKS.md.
 """
@@ -115,7 +117,9 @@ def run_harness(model: str, steps: int, trace: bool, home: Path) -> tuple[list[f
 
 
 def measure(model: str, steps: int, rounds: int, home: Path) -> dict[str, Any]:
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    """Every variant once per round, in a rotating order; a ratio per round (the variant's median
+    step over the plain loop's in that round), then the median of those ratios."""
+    medians: dict[str, list[float]] = {v: [] for v in VARIANTS}
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     windows: list[float] = []
     for r in range(rounds):
@@ -125,21 +129,19 @@ def measure(model: str, steps: int, rounds: int, home: Path) -> dict[str, Any]:
             else:
                 per_step, wall, window = run_harness(model, steps, variant == "on", home)
                 if window is not None:
-                    windows.append(window)
-            times[variant] += per_step
+                    windows.append(window / statistics.median(medians["plain"] or per_step))
+            medians[variant].append(statistics.median(per_step))
             walls[variant].append(wall)
-            print(
-                f"  {model} round {r + 1} {variant:5} median {statistics.median(per_step) * 1e3:8.2f} ms  wall {wall:5.1f} s",
-                file=sys.stderr,
-            )
-    plain = statistics.median(times["plain"])
+            print(f"  {model} round {r + 1} {variant:5} median {medians[variant][-1] * 1e3:8.2f} ms  wall {wall:5.1f} s", file=sys.stderr)
+    ratios = {v: [m / p for m, p in zip(medians[v], medians["plain"], strict=True)] for v in ("off", "on")}
     return {
-        "plain_ms": plain * 1e3,
-        "off_ms": statistics.median(times["off"]) * 1e3,
-        "on_ms": statistics.median(times["on"]) * 1e3,
-        "ratio_tracing_off": statistics.median(times["off"]) / plain,
-        "ratio_tracing_on": statistics.median(times["on"]) / plain,
-        "window_ratio": statistics.median(windows) / plain if windows else None,
+        "plain_ms": statistics.median(medians["plain"]) * 1e3,
+        "off_ms": statistics.median(medians["off"]) * 1e3,
+        "on_ms": statistics.median(medians["on"]) * 1e3,
+        "ratio_tracing_off": statistics.median(ratios["off"]),
+        "ratio_tracing_on": statistics.median(ratios["on"]),
+        "round_ratios": ratios,
+        "window_ratio": statistics.median(windows) if windows else None,
         "wall_s": {v: statistics.median(w) for v, w in walls.items()},
     }
 
@@ -148,18 +150,19 @@ def report(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
     lines = [
         f"Measured by `python benchmarks/harness_overhead.py --write` on {os.cpu_count()} CPU cores ({platform.machine()}), "
         f"DDP on {WORLD} gloo ranks, fp32, AdamW, {steps} timed steps after {WARMUP} warm-up steps, {rounds} interleaved rounds "
-        f"(load average at the end: {os.getloadavg()[0]:.1f}). Median step time: per step the slowest rank, median over all rounds.",
+        f"(load average at the end: {os.getloadavg()[0]:.1f}). Step time: a job's median step (per step the slowest rank).",
         "",
-        "| model | plain loop (ms) | harness untraced (ms) | ratio_tracing_off | harness traced (ms) | ratio_tracing_on "
-        "| profiled window step / plain | wall per job: plain / untraced / traced (s) |",
+        "| model | plain loop (ms) | harness untraced (ms) | ratio_tracing_off (rounds' range) | harness traced (ms) "
+        "| ratio_tracing_on (rounds' range) | profiled window step / plain | wall per job: plain / untraced / traced (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for model, r in results.items():
         window = "—" if r["window_ratio"] is None else f"{r['window_ratio']:.2f}"
         wall = r["wall_s"]
+        spread = {v: f"{min(r['round_ratios'][v]):.2f}–{max(r['round_ratios'][v]):.2f}" for v in ("off", "on")}
         lines.append(
-            f"| {model} | {r['plain_ms']:.1f} | {r['off_ms']:.1f} | {r['ratio_tracing_off']:.3f} | {r['on_ms']:.1f} | "
-            f"{r['ratio_tracing_on']:.3f} | {window} | {wall['plain']:.1f} / {wall['off']:.1f} / {wall['on']:.1f} |"
+            f"| {model} | {r['plain_ms']:.1f} | {r['off_ms']:.1f} | {r['ratio_tracing_off']:.3f} ({spread['off']}) | {r['on_ms']:.1f} | "
+            f"{r['ratio_tracing_on']:.3f} ({spread['on']}) | {window} | {wall['plain']:.1f} / {wall['off']:.1f} / {wall['on']:.1f} |"
         )
     lines += [
         "",
@@ -178,7 +181,7 @@ def report(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "small"])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")

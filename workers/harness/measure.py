@@ -138,8 +138,8 @@ class StepMemTracker(MemTracker):
 
 
 def live_tensors() -> list[torch.Tensor]:
-    """Every tensor the Python heap holds now (plain tensors and subclasses such as DTensor)."""
-    return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    """Every dense tensor with memory that the Python heap holds now (plain tensors and subclasses such as DTensor)."""
+    return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type != "meta"]
 
 
 @contextmanager
@@ -150,8 +150,7 @@ def track_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> It
     Tensors held only by C++ (DDP's gradient buckets) join when an operator touches them."""
     tracker = StepMemTracker()
     tracker.track_external(model, optimizer)
-    known = set(tracker._WINFO.keys())
-    others = [t for t in live_tensors() if not any(st in known for st in get_untyped_storages(t))]
+    others = [t for t in live_tensors() if not any(st in tracker._WINFO for st in get_untyped_storages(t))]
     tracker.track_external(*others)
     with tracker:
         yield tracker
