@@ -166,7 +166,9 @@ def report(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
         )
     lines += [
         "",
-        "Targets: ratio_tracing_off ≤ 1.03, ratio_tracing_on ≤ 1.15. A traced run's timed steps run exactly as an "
+        "Targets: ratio_tracing_off ≤ 1.03, ratio_tracing_on ≤ 1.15. On this shared 2-core machine one round's ratio "
+        "swings by 10–20% either way (the range in brackets), so a ratio below 1 says only that no overhead stands out "
+        "of that noise. A traced run's timed steps run exactly as an "
         "untraced run's (the profiler, the comm-recording dispatch mode and MemTracker run only in the profiled "
         "window of extra steps after them), so both ratios measure the same loop. The window's own steps are slower "
         "(the profiler's and the dispatch mode's per-op cost; last column but one): its fractions (communication, "
