@@ -27,6 +27,8 @@ from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.strategies import REGISTRY, STRATEGY_NAMES
 
+TRACE_HELP: str = JobSpec.model_fields["trace"].description or ""
+"""What the trace box switches (the spec's own description, as the CLI's --trace/--no-trace says)."""
 JOB_FIELDS = ("model", "steps")
 """Workload fields shown at the top of the form, beside the strategy (the rest sit in sections)."""
 

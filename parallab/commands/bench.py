@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
 from parallab.core.jobs import Limits, ResolvedJob
-from parallab.core.spec import workload_fields
+from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.strategies import STRATEGY_NAMES
 
 console = Console(stderr=True)
@@ -44,7 +44,7 @@ def bench(
         Path | None, typer.Option(help="A whole job spec (the API's JSON); the flags override it.", exists=True, dir_okay=False)
     ] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
-    trace: Annotated[bool | None, typer.Option("--trace/--no-trace", help="Keep Chrome traces and the timeline.")] = None,
+    trace: Annotated[bool | None, typer.Option("--trace/--no-trace", help=JobSpec.model_fields["trace"].description)] = None,
     out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
     run_dir: Annotated[Path | None, typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
     *,

@@ -76,6 +76,20 @@ def _present(ranks: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
     return [r[key] for r in ranks if r.get(key) is not None]
 
 
+def exposed_comm_fraction(rank: Mapping[str, Any]) -> float | None:
+    """A rank's communication time that no compute overlaps, over its step time: from its
+    `step_time_breakdown` (both from the same profiled steps), else `exposed_comm_time_s` over the
+    median of its step times; None when the rank measured no exposed time."""
+    split = rank.get("step_time_breakdown")
+    if split and split.get("step_s"):
+        return min(float(split["exposed_comm_s"]) / float(split["step_s"]), 1.0)
+    exposed, times = rank.get("exposed_comm_time_s"), rank.get("step_times_s")
+    if exposed is None or not times:
+        return None
+    median = statistics.median(times)
+    return min(float(exposed) / median, 1.0) if median > 0 else None
+
+
 def summarize(
     *,
     ranks: Sequence[Mapping[str, Any]],
@@ -89,7 +103,8 @@ def summarize(
     """The `summary` block from the rank records.
 
     A step ends when its slowest rank ends, so the step time is, per step, the max over ranks,
-    and the run's step time is the median of those.
+    and the run's step time is the median of those. `comm_time_fraction` (every comm span over
+    the step) and `exposed_comm_fraction` (what no compute overlaps) are each the max over ranks.
     """
     per_rank = [r["step_times_s"] for r in ranks if r.get("step_times_s")]
     if not per_rank:
@@ -107,6 +122,7 @@ def summarize(
         for op in r.get("comm") or []:
             comm_bytes[op["op"]] = max(comm_bytes.get(op["op"], 0), int(op["bytes"]))
     comm_fracs, bubbles = _present(ranks, "comm_time_fraction"), _present(ranks, "bubble_fraction")
+    exposed = [f for f in (exposed_comm_fraction(r) for r in ranks) if f is not None]
     peaks, rss = _present(ranks, "peak_allocated_bytes"), _present(ranks, "peak_rss_bytes")
 
     values = list((loss or {}).get("values") or [])
@@ -121,6 +137,7 @@ def summarize(
         "peak_allocated_bytes_max": max(peaks) if peaks else None,
         "peak_rss_bytes_max": max(rss) if rss else None,
         "comm_time_fraction": max(comm_fracs) if comm_fracs else None,
+        "exposed_comm_fraction": max(exposed) if exposed else None,
         "comm_bytes_per_step": comm_bytes,
         "bubble_fraction": max(bubbles) if bubbles else None,
         "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,

@@ -166,5 +166,14 @@ class JobSpec(BaseModel):
     name: str | None = Field(None, max_length=200)
     workload: Workload = Field(default_factory=Workload)
     strategy: StrategySpec
-    trace: bool = False
+    trace: bool = Field(
+        True,
+        description=(
+            "On: after the timed steps, a profiled window of extra steps measures communication by op "
+            "(with the time no compute overlaps), the step-time split, the pipeline bubble, the peak-memory "
+            "split, the timeline and Chrome traces; throughput still comes from the timed steps only. "
+            "Off: no profiler and no dispatch mode at all; the run records step times, throughput, loss, "
+            "model-state bytes, peak RSS and, on GPU, the allocator's peaks."
+        ),
+    )
     tags: list[Tag] = Field(default_factory=list, max_length=20)

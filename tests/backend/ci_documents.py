@@ -36,6 +36,14 @@ def document(*, tokens_per_s: float = 1000.0, branch: str | None = "main", commi
                 "peak_allocated_bytes": 8_000_000,
                 "step_times_s": [step] * 5,
                 "comm": [{"op": "all_reduce", "count": 1, "bytes": 1000, "time_s": step / 10}],
+                # what summary.exposed_comm_fraction (0.1) is computed from: uploads are checked against their ranks
+                "step_time_breakdown": {
+                    "compute_s": 0.9 * step,
+                    "exposed_comm_s": 0.1 * step,
+                    "overlapped_comm_s": 0.0,
+                    "idle_s": 0.0,
+                    "step_s": step,
+                },
             }
             for r in range(2)
         ],

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from parallab.core.metrics import bandwidths_gbps, busbw_factor, max_rel_diff, peak_flops_for, percentile, summarize
+from parallab.core.metrics import (
+    bandwidths_gbps,
+    busbw_factor,
+    exposed_comm_fraction,
+    max_rel_diff,
+    peak_flops_for,
+    percentile,
+    summarize,
+)
 from parallab.core.result import Summary
 from parallab.core.rundir import RunDir
 
@@ -64,6 +72,21 @@ def test_summary_takes_each_steps_slowest_rank_and_the_largest_comm_per_op():
     assert s["comm_bytes_per_step"] == {"all_reduce": 300}
     assert (s["comm_time_fraction"], s["peak_allocated_bytes_max"]) == (0.4, 30)
     assert s["loss_max_rel_diff_vs_reference"] == pytest.approx(0.5)
+    Summary.model_validate(s)
+    assert s["exposed_comm_fraction"] is None  # no rank measured its exposed communication
+
+
+def test_exposed_comm_fraction_is_the_worst_ranks_share_of_its_own_step():
+    split = {"compute_s": 0.06, "overlapped_comm_s": 0.01, "idle_s": 0.01}
+    ranks = [
+        {"step_times_s": [0.05], "step_time_breakdown": {**split, "exposed_comm_s": 0.03, "step_s": 0.1}, "exposed_comm_time_s": 0.03},
+        {"step_times_s": [0.05], "step_time_breakdown": {**split, "exposed_comm_s": 0.02, "step_s": 0.1}, "exposed_comm_time_s": 0.02},
+        {"step_times_s": [0.05, 0.05, 0.2], "exposed_comm_time_s": 0.01},  # an upload without the split: over its median step
+    ]
+    s = summarize(ranks=ranks, tokens_per_step=1, samples_per_step=1, flops_per_token=None, device_name=None, world_size=3)
+    assert s["exposed_comm_fraction"] == pytest.approx(0.3)  # the profiled step's own time, not the timed steps'
+    assert exposed_comm_fraction(ranks[2]) == pytest.approx(0.2)
+    assert exposed_comm_fraction({"step_times_s": [0.1]}) is None
     Summary.model_validate(s)
 
 

@@ -53,7 +53,7 @@ def make_job(
     options: dict[str, Any] | None = None,
     workload: dict[str, Any] | None = None,
     *,
-    trace: bool = False,
+    trace: bool = True,
 ) -> ResolvedJob:
     """The test workload with `workload` on top, resolved once as the API would."""
     spec = JobSpec.model_validate(
@@ -89,7 +89,7 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
         options: dict[str, Any] | None = None,
         workload: dict[str, Any] | None = None,
         *,
-        trace: bool = False,
+        trace: bool = True,
         trace_cap_bytes: int = TRACE_CAP_BYTES,
     ) -> tuple[ResultDocument, Path]:
         job = make_job(strategy, world_size, options, workload, trace=trace)

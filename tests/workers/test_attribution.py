@@ -150,24 +150,12 @@ def test_only_p2p_under_the_pipeline_tag_is_the_pipelines():
     assert not attribution.in_pipeline(), "the tag ends with its block, however it ends"
 
 
-def test_window_fractions_report_a_bubble_only_for_a_pipeline():
+def test_comm_time_fraction_adds_every_span_and_is_capped():
     ring = [CommRequest("send", 8, 0, time_us=1e5), CommRequest("recv", 8, 0, time_us=3e5)]
     comm = summarize_comm(ring, steps=1, world_size=2)
-    assert attribution.window_fractions(comm, ring, steps=1, window_s=1.0) == (pytest.approx(0.4), None)
-    pipeline = [CommRequest(r.kind, r.nbytes, r.step, pipeline=True, time_us=r.time_us) for r in ring]
-    assert attribution.window_fractions(comm, pipeline, steps=1, window_s=1.0) == (pytest.approx(0.4), pytest.approx(0.3))
-    assert attribution.window_fractions(comm, pipeline, steps=1, window_s=0.1) == (1.0, 1.0)  # capped
-    assert attribution.window_fractions(comm, pipeline, steps=0, window_s=1.0) == (None, None)
-
-
-def test_peak_total_allocated_reads_cpu_memory_events():
-    events = [
-        {"ph": "i", "name": "[memory]", "args": {"Total Allocated": 100, "Device Type": 0}},
-        {"ph": "i", "name": "[memory]", "args": {"Total Allocated": 300, "Device Type": 0}},
-        {"ph": "i", "name": "[memory]", "args": {"Total Allocated": 900, "Device Type": 1}},  # a CUDA event
-    ]
-    assert attribution.peak_total_allocated(events) == 300
-    assert attribution.peak_total_allocated([]) is None
+    assert attribution.comm_time_fraction(comm, steps=1, window_s=1.0) == pytest.approx(0.4)
+    assert attribution.comm_time_fraction(comm, steps=1, window_s=0.1) == 1.0  # capped
+    assert attribution.comm_time_fraction(comm, steps=0, window_s=1.0) is None
 
 
 def test_timeline_is_the_last_profiled_step_and_capped():
@@ -178,9 +166,184 @@ def test_timeline_is_the_last_profiled_step_and_capped():
         CommRequest("all_reduce", 64, 0, start_us=500.0, time_us=10.0),
         CommRequest("all_reduce", 64, 1, start_us=1500.0, time_us=10.0),
     ]
-    timeline = attribution.timeline(events, requests, span=span, rank=1, max_events=50)
+    busy = [(1000.0 + i, 1000.5 + i) for i in range(200)]
+    timeline = attribution.timeline(events, requests, span=span, busy=busy, rank=1, max_events=50)
     assert len(timeline) == 50 and all(e.rank == 1 for e in timeline)
     # communication is kept first, and only step #1's: its start is relative to the step
     assert [e for e in timeline if e.op != "compute"] == [TimelineEvent(rank=1, op="all_reduce", start_us=500.0, dur_us=10.0, bytes=64)]
     assert all(0 <= e.start_us <= 1000 for e in timeline)
     assert timeline == sorted(timeline, key=lambda e: e.start_us)
+
+
+# ---- interval arithmetic ----
+
+
+def test_union_merges_overlapping_and_touching_intervals_and_drops_empty_ones():
+    assert attribution.union([(5, 7), (0, 2), (1, 3), (3, 4), (9, 9)]) == [(0, 4), (5, 7)]
+    assert attribution.length([(0, 2), (1, 3), (10, 11)]) == 4
+
+
+def test_intersect_subtract_and_clip():
+    a, b = [(0, 10), (20, 30)], [(5, 25)]
+    assert attribution.intersect(a, b) == [(5, 10), (20, 25)]
+    assert attribution.subtract(a, b) == [(0, 5), (25, 30)]
+    assert attribution.subtract(b, a) == [(10, 20)]
+    assert attribution.clip(a, 8, 22) == [(8, 10), (20, 22)]
+    assert attribution.length(attribution.intersect(a, b)) + attribution.length(attribution.subtract(a, b)) == attribution.length(a)
+
+
+def test_interval_identities_on_random_sets():
+    rng = random.Random(1)
+    for _ in range(200):
+        a = [(s, s + rng.uniform(0, 5)) for s in (rng.uniform(0, 50) for _ in range(rng.randint(0, 8)))]
+        b = [(s, s + rng.uniform(0, 5)) for s in (rng.uniform(0, 50) for _ in range(rng.randint(0, 8)))]
+        both, only_a = attribution.intersect(a, b), attribution.subtract(a, b)
+        assert attribution.length(both) + attribution.length(only_a) == pytest.approx(attribution.length(a))
+        assert attribution.length(attribution.union(a + b)) == pytest.approx(
+            attribution.length(a) + attribution.length(b) - attribution.length(both)
+        )
+
+
+# ---- where a step's time goes ----
+
+STEP = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "tid": 1, "ts": 0.0, "dur": 100.0}
+
+
+def cpu_op(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "tid": tid, "ts": ts, "dur": dur}
+
+
+# A CPU step of 100 µs: compute 0–40 (with a nested op and a c10d enqueue 30–32 inside it), the
+# schedule's annotation 40–90 (not compute: it wraps a wait), compute 60–70, nothing after 70.
+# gloo ran an all-reduce on its worker thread 35–55: 35–40 under compute (minus the enqueue), the rest exposed.
+CPU_EVENTS = [
+    STEP,
+    cpu_op("aten::linear", 0, 40),
+    cpu_op("aten::mm", 5, 10),
+    cpu_op("c10d::allreduce_", 30, 2),
+    cpu_op("Forward 0", 40, 50, cat="user_annotation"),
+    cpu_op("aten::add", 60, 10),
+    cpu_op("gloo:all_reduce", 35, 20, tid=7, cat="user_annotation"),
+    cpu_op("aten::copy_", 36, 5, tid=7),  # gloo's own work on its thread: not the rank's compute
+]
+ALL_REDUCE = CommRequest("all_reduce", 64, 0, time_us=20.0, start_us=35.0)
+
+
+def check_cpu_split(split: attribution.Breakdown) -> None:
+    """busy = [0,30) ∪ [32,40) ∪ [60,70) = 48; comm [35,55): 5 overlapped, 15 exposed; idle 100 − 48 − 15."""
+    assert split == attribution.Breakdown(compute=48.0, exposed_comm=15.0, overlapped_comm=5.0, idle=37.0, step=100.0)
+
+
+def test_cpu_step_split_is_hta_overlap_on_the_main_thread():
+    busy = attribution.busy(CPU_EVENTS, STEP, device="cpu")
+    assert busy == [(0, 30), (32, 40), (60, 70)]
+    split = attribution.breakdown(busy, attribution.comm_intervals([ALL_REDUCE], STEP), STEP)
+    check_cpu_split(split)
+    assert split.compute + split.exposed_comm + split.idle == split.step
+
+
+def _enqueue_counts_as_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attribution, "COMM_EVENT_PREFIXES", ("gloo:",))
+
+
+def _overlap_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attribution, "intersect", lambda a, b: [])
+
+
+def _annotations_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_busy = attribution.cpu_busy
+    relabel = [
+        dict(e, cat="cpu_op") if e.get("cat") == "user_annotation" and e.get("tid") == 1 and e is not STEP else e for e in CPU_EVENTS
+    ]
+    monkeypatch.setattr(attribution, "cpu_busy", lambda events, span: cpu_busy(relabel, span))
+
+
+@pytest.mark.parametrize(
+    "breakage", [_enqueue_counts_as_compute, _overlap_ignored, _annotations_count], ids=["enqueue", "overlap", "annotation"]
+)
+def test_the_split_check_catches_a_broken_rule(monkeypatch, breakage):
+    """Break the overlap rules on purpose: the same check must fail."""
+    breakage(monkeypatch)
+    busy = attribution.busy(CPU_EVENTS, STEP, device="cpu")
+    with pytest.raises(AssertionError):
+        check_cpu_split(attribution.breakdown(busy, attribution.comm_intervals([ALL_REDUCE], STEP), STEP))
+
+
+def kernel(name: str, ts: float, dur: float, stream: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "tid": stream, "ts": ts, "dur": dur}
+
+
+def test_cuda_step_split_from_kernels_per_stream():
+    """Compute kernels on two streams (merged), NCCL kernels on a third; host-side ops don't count."""
+    events = [
+        STEP,
+        cpu_op("aten::mm", 0, 90),  # the host launching: not device compute
+        kernel("ampere_sgemm_128x64_tn", 10, 30, stream=7),
+        kernel("elementwise_kernel", 30, 20, stream=13),  # overlaps the gemm: counted once
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "tid": 7, "ts": 60, "dur": 5},
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 30, stream=21),
+    ]
+    busy = attribution.busy(events, STEP, device="cuda")
+    assert busy == [(10, 50), (60, 65)]
+    requests = attribute([CommRequest("all_reduce", 4096, 0)], events)
+    split = attribution.breakdown(busy, attribution.comm_intervals(requests, STEP), STEP)
+    # comm [40,70): [40,50) and [60,65) under compute → 15 overlapped, 15 exposed
+    assert split == attribution.Breakdown(compute=45.0, exposed_comm=15.0, overlapped_comm=15.0, idle=40.0, step=100.0)
+
+
+def test_a_pipelines_p2p_is_idle_not_exposed_comm():
+    """A stage's receive mostly waits for the other stage: its time is the bubble (idle)."""
+    recv = CommRequest("recv", 64, 0, pipeline=True, time_us=40.0, start_us=50.0)
+    ring_recv = CommRequest("recv", 64, 0, pipeline=False, time_us=40.0, start_us=50.0)
+    busy = [(0.0, 50.0)]
+    pipeline = attribution.breakdown(busy, attribution.comm_intervals([recv], STEP), STEP)
+    ring = attribution.breakdown(busy, attribution.comm_intervals([ring_recv], STEP), STEP)
+    assert (pipeline.exposed_comm, pipeline.idle) == (0.0, 50.0)
+    assert (ring.exposed_comm, ring.idle) == (40.0, 10.0)
+
+
+def test_comm_outside_the_step_is_cut_to_it():
+    late = CommRequest("all_reduce", 8, 0, time_us=30.0, start_us=90.0)
+    assert attribution.comm_intervals([late], STEP) == [(90.0, 100.0)]
+
+
+# ---- the pipeline's actions ----
+
+
+def action(kind: str, mb: int | None, ts: float, dur: float, cat: str = "user_annotation") -> dict:
+    return {"ph": "X", "cat": cat, "name": attribution.action_name(kind, mb), "tid": 1, "ts": ts, "dur": dur}
+
+
+def test_bubble_is_idle_between_the_first_and_last_action():
+    """GPipe's first stage with 2 micro-batches: F0 F1, a wait, B0 B1 — the wait is the bubble."""
+    events = [
+        STEP,
+        action("forward", 0, 5, 10),
+        action("forward", 1, 15, 10),
+        action("loss", None, 20, 2),  # inside F1's time on the last stage: counted once
+        action("backward", 0, 55, 15),
+        action("backward", 1, 70, 15),
+        action("forward", 0, 105, 10),  # the next step's
+    ]
+    acts = attribution.actions(events, STEP)
+    assert [(a.kind, a.microbatch) for a in acts] == [("forward", 0), ("forward", 1), ("loss", None), ("backward", 0), ("backward", 1)]
+    assert attribution.action_idle(acts) == 30.0  # 25 → 55; before 5 and after 85 are not between actions
+    assert attribution.action_idle([]) == 0.0
+
+
+def test_on_cuda_actions_are_the_device_time_of_their_kernels():
+    events = [STEP, action("forward", 0, 1, 2), action("forward", 0, 10, 30, cat="gpu_user_annotation")]
+    assert [(a.start, a.end) for a in attribution.actions(events, STEP, device="cuda")] == [(10.0, 40.0)]
+    assert [(a.start, a.end) for a in attribution.actions(events, STEP)] == [(1.0, 3.0)]
+
+
+def test_action_names_are_checked():
+    assert attribution.action_name("backward", 3) == "parallab.pp::backward 3"
+    with pytest.raises(ValueError, match="unknown pipeline action"):
+        attribution.action_name("recompute", 0)
+
+
+def test_the_timeline_shows_a_stages_actions():
+    events = [STEP, action("forward", 0, 5, 10), action("backward", 0, 55, 15)]
+    timeline = attribution.timeline(events, [], span=STEP, busy=[(5.0, 15.0)], rank=0, max_events=10)
+    assert [(e.op, e.start_us, e.dur_us) for e in timeline] == [("forward", 5.0, 10.0), ("compute", 5.0, 10.0), ("backward", 55.0, 15.0)]

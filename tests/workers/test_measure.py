@@ -1,4 +1,5 @@
-"""StepProfiler on a real 2-rank gloo job: op kinds, counts and bytes exactly, times, trace, memory.
+"""StepProfiler on a real 2-rank gloo job: op kinds, counts and bytes exactly, times, the step-time
+split, trace, memory at the peak.
 
 The attribution rules themselves are tested without torch in test_attribution.py.
 """
@@ -25,10 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("measure")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DRIVER), str(out), "4", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DRIVER), str(out), "2"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"result_rank{r}.json").read_text()) | {"_dir": str(out)} for r in range(2)]
+    return [
+        json.loads((out / f"result_rank{r}.json").read_text())
+        | {"_dir": str(out), "_params": int((out / f"params_rank{r}.txt").read_text())}
+        for r in range(2)
+    ]
 
 
 EXPECTED = {  # op -> (count, bytes) per step, nccl-tests' buffer convention
@@ -56,7 +61,18 @@ def test_times_bandwidths_and_fraction(ranks):
             assert op["time_s"] > 0, op
             assert op["algbw_gbps"] > 0 and op["busbw_gbps"] > 0
         assert 0 < rank["comm_time_fraction"] <= 1
-        assert rank["bubble_fraction"] is None  # P2P outside a pipeline is not a bubble
+        assert rank["bubble_fraction"] is None  # no pipeline actions, no bubble
+
+
+@pytest.mark.slow
+def test_the_step_split_adds_up_and_exposed_is_part_of_the_comm(ranks):
+    for rank in ranks:
+        split = rank["step_time_breakdown"]
+        assert split["compute_s"] > 0 and split["step_s"] > 0
+        assert split["compute_s"] + split["exposed_comm_s"] + split["idle_s"] == pytest.approx(split["step_s"], rel=1e-9)
+        assert rank["exposed_comm_time_s"] == split["exposed_comm_s"] > 0  # blocking collectives: exposed
+        comm_s = sum(op["time_s"] for op in rank["comm"])
+        assert split["exposed_comm_s"] + split["overlapped_comm_s"] <= comm_s * (1 + 1e-9)  # overlaps counted once
 
 
 @pytest.mark.slow
@@ -75,8 +91,13 @@ def test_trace_is_gzip_chrome_json_and_timeline_bounded(ranks):
 
 
 @pytest.mark.slow
-def test_peak_allocated_from_profiler_memory_events(ranks):
-    assert all(rank["peak_allocated_bytes"] > 0 for rank in ranks)
+def test_memory_at_the_peak_is_split_and_counts_the_parameters(ranks):
+    for rank in ranks:
+        split = rank["memory_breakdown"]
+        assert set(split) == {"params", "grads", "optimizer", "activations", "temporaries", "other"}
+        assert split["params"] == rank["_params"]  # the layer's parameters, held before the step began
+        assert split["optimizer"] >= 2 * rank["_params"]  # AdamW's two moments
+        assert rank["peak_allocated_bytes"] == sum(split.values())
 
 
 def test_trace_over_the_cap_keeps_the_last_step_or_nothing(tmp_path):
@@ -84,9 +105,7 @@ def test_trace_over_the_cap_keeps_the_last_step_or_nothing(tmp_path):
 
     from workers.harness.measure import StepProfiler
 
-    prof = StepProfiler(
-        enabled=False, trace=True, rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"), trace_cap_bytes=1 << 30
-    )
+    prof = StepProfiler(rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"), trace_cap_bytes=1 << 30)
     prof._profiled = 2  # ProfilerStep#0 skipped, #1 and #2 profiled
     doc = chrome_trace(steps=3, events_per_step=3000)
     path = RunDir(tmp_path).trace(0)

@@ -53,6 +53,26 @@ def test_loss_agrees_with_single(harness_job, case):
     assert [line["step"] for line in lines if line["phase"] == "train"] == list(range(doc.workload["steps"]))
     assert [line["phase"] for line in lines][:1] == ["warmup"]
     assert all(line["loss"] is not None and line["loss"] > 0 for line in lines), "pipeline: the last stage reports"
+    check_profiled_window(doc)
+
+
+def check_profiled_window(doc) -> None:
+    """A traced job's window: the step split adds up, exposed ≤ all comm, memory split at the peak."""
+    assert doc.summary.exposed_comm_fraction is not None and doc.summary.comm_time_fraction is not None
+    assert doc.summary.exposed_comm_fraction <= doc.summary.comm_time_fraction + 1e-9
+    sharded = doc.strategy.name in ("fsdp", "hybrid")  # all-gathered params at the peak count too
+    for rank in doc.ranks:
+        split = rank.step_time_breakdown
+        assert split.compute_s > 0
+        assert split.compute_s + split.exposed_comm_s + split.idle_s == pytest.approx(split.step_s, rel=1e-9)
+        assert rank.exposed_comm_time_s == split.exposed_comm_s
+        memory, state = rank.memory_breakdown, rank.model_state_bytes
+        assert rank.peak_allocated_bytes == sum(memory.values()), "one meaning of peak: everything held, params included"
+        assert memory["activations"] > 0
+        if sharded:
+            assert memory["params"] >= state.params
+        else:
+            assert (memory["params"], memory["optimizer"]) == (state.params, state.optimizer), (memory, state)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -83,6 +103,42 @@ def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):
     job = ResolvedJob.model_validate_json(RunDir(run_dir).job.read_text())
     assert job == make_job("tp", 2)
     assert doc.workload == job.workload_document() and doc.strategy.model_dump() == job.strategy_document()
+
+
+def test_throughput_comes_from_unprofiled_steps_only(harness_job):
+    """A 4-step traced run reports about the tokens/s of a 10-step one: the profiled window runs
+    after the timed steps (when it did not, 4 steps gave ~6× fewer tokens/s than 10)."""
+    short, _ = harness_job("ddp", 2, {}, {"steps": 4})
+    long, _ = harness_job("ddp", 2, {}, {"steps": 10})
+    assert len(short.loss.values) == 4 and len(long.loss.values) == 10, "the profiled steps are not the run's"
+    ratio = short.summary.tokens_per_s / long.summary.tokens_per_s
+    assert 0.6 < ratio < 1.6, (short.summary.tokens_per_s, long.summary.tokens_per_s)
+
+
+def test_an_untraced_run_measures_without_any_profiler(harness_job):
+    doc, run_dir = harness_job("ddp", 2, trace=False)
+    assert doc.summary.tokens_per_s > 0 and doc.summary.loss_max_rel_diff_vs_reference <= 1e-4
+    for rank in doc.ranks:
+        assert rank.peak_rss_bytes > 0 and rank.model_state_bytes.params > 0
+        assert not rank.comm and rank.comm_time_fraction is None and rank.step_time_breakdown is None
+        assert rank.memory_breakdown is None and rank.peak_allocated_bytes is None  # no allocator stats on CPU
+    assert doc.summary.exposed_comm_fraction is None and not doc.timeline
+    assert not any(RunDir(run_dir).trace(r).exists() for r in range(2))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pp"], ids=[_id(c) for c in CASES if c[0] == "pp"])
+def test_the_pipeline_bubble_comes_from_each_stages_actions(harness_job, case):
+    """Every stage runs one forward and one backward per micro-batch (accumulation micro-steps
+    included) in the profiled step; its bubble is its idle time between them."""
+    name, n, options, *workload = case
+    doc, _ = harness_job(name, n, options, *workload)
+    per_step = doc.strategy.options["microbatches"] * doc.workload["grad_accumulation_steps"]
+    for rank in doc.ranks:
+        ops = [e.op for e in doc.timeline if e.rank == rank.rank]
+        assert ops.count("forward") == ops.count("backward") == per_step, ops
+        assert 0 < rank.bubble_fraction < 1
+        assert rank.exposed_comm_time_s == 0.0, "a stage's P2P wait is its bubble, not exposed comm"
+    assert doc.summary.bubble_fraction == max(r.bubble_fraction for r in doc.ranks)
 
 
 def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):

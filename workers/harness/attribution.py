@@ -16,14 +16,20 @@ a `TorchDispatchMode` saw and what the profiler exported. Verified on torch 2.13
 - The profiler's `record_param_comms` collective fields appear only with NCCL; they are not used.
 - Pipeline P2P is told apart from other P2P (ring attention's) by an explicit tag: the pipeline
   strategy runs its schedule under `pipeline_comm()`, and requests made meanwhile carry it.
+
+Where a step's time goes (`busy`, `comm_intervals`, `breakdown`) is HTA's comm/compute overlap: busy intervals (the
+main thread's operators on CPU, compute kernels on CUDA) against communication intervals (the
+backend events above); communication while busy is overlapped, the rest exposed, and what is
+neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`,
+`action_idle`), which the pipeline strategy marks with profiler ranges.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from parallab.core.metrics import bandwidths_gbps
@@ -236,34 +242,218 @@ def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> 
     return out
 
 
-def window_fractions(comm: list[CommOp], requests: list[CommRequest], *, steps: int, window_s: float) -> tuple[float | None, float | None]:
-    """(comm_time_fraction, bubble_fraction) of the profiled window of `steps` steps.
+def comm_time_fraction(comm: list[CommOp], *, steps: int, window_s: float) -> float | None:
+    """Every op's span, added up, over the window's step time (overlapped or not; `exposed` splits it)."""
+    if steps <= 0 or window_s <= 0:
+        return None
+    return min(sum(op.time_s for op in comm) * steps / window_s, 1.0)
 
-    The bubble is reported only when the pipeline communicated: idle per stage ≈ time spent
-    waiting for P2P receives (a gloo recv's span ends when the message has arrived, so it holds
-    the wait for the upstream / downstream stage).
+
+# ---- intervals (µs, as the trace gives them) ----
+
+Interval = tuple[float, float]
+"""[start, end) in the trace's microseconds."""
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """The intervals merged: sorted, disjoint, empty ones dropped."""
+    out: list[Interval] = []
+    for start, end in sorted(iv for iv in intervals if iv[1] > iv[0]):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    """Total length covered (overlaps counted once)."""
+    return sum(end - start for start, end in union(intervals))
+
+
+def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """What both cover."""
+    left, right = union(a), union(b)
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        start, end = max(left[i][0], right[j][0]), min(left[i][1], right[j][1])
+        if end > start:
+            out.append((start, end))
+        if left[i][1] < right[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """What `a` covers and `b` does not."""
+    out: list[Interval] = []
+    cuts = union(b)
+    for start, end in union(a):
+        cursor = start
+        for cut_start, cut_end in cuts:
+            if cut_end <= cursor or cut_start >= end:
+                continue
+            if cut_start > cursor:
+                out.append((cursor, cut_start))
+            cursor = max(cursor, cut_end)
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
+    """The intervals cut to [lo, hi)."""
+    return union((max(start, lo), min(end, hi)) for start, end in intervals)
+
+
+# ---- where a step's time goes (HTA's comm/compute overlap) ----
+
+COMPUTE_KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Device work in a CUDA trace; the NCCL kernels among them are communication, the rest compute."""
+
+
+def _span(span: TraceEvent) -> Interval:
+    return float(span["ts"]), float(span["ts"]) + float(span.get("dur", 0.0))
+
+
+def _is_comm_name(name: str) -> bool:
+    return name.startswith(COMM_EVENT_PREFIXES)
+
+
+def cpu_busy(trace_events: Sequence[TraceEvent], span: TraceEvent) -> list[Interval]:
+    """When the rank's main thread computed during the step `span` (CPU).
+
+    Compute is the union of the main thread's operator events (`cpu_op`) that are not
+    communication, minus the main-thread communication operators themselves (a `c10d::*` enqueue,
+    a `_c10d_functional::wait_tensor`) when nested inside one. Annotations (`user_annotation`:
+    the schedule's "Forward i", FSDP's phases) are not compute: they wrap waits as well. gloo's
+    own `gloo:*` spans are not subtracted: they are the backend's view of the op (on worker
+    threads, or for P2P an asynchronous span on the main thread that may run beside compute).
+    Time on the main thread outside any operator (blocked in `Work.wait()`, Python between ops)
+    is not compute.
     """
-    step_s = window_s / steps if steps else 0.0
-    if step_s <= 0:
-        return None, None
-    comm_fraction = min(sum(op.time_s for op in comm) / step_s, 1.0)
-    if not any(r.pipeline for r in requests):
-        return comm_fraction, None
-    recv_s = sum(r.time_us for r in requests if r.kind == "recv") / 1e6 / steps
-    return comm_fraction, min(recv_s / step_s, 1.0)
+    t0, t1 = _span(span)
+    main = span.get("tid")
+    ops = [e for e in trace_events if e.get("ph") == "X" and e.get("tid") == main and e.get("cat") == "cpu_op" and e is not span]
+    compute = [_span(e) for e in ops if not _is_comm_name(str(e.get("name", "")))]
+    blocking = [_span(e) for e in ops if _is_comm_name(str(e.get("name", "")))]
+    return clip(subtract(compute, blocking), t0, t1)
 
 
-# ---- memory and the timeline, from the profile ----
+def gpu_busy(trace_events: Sequence[TraceEvent], span: TraceEvent) -> list[Interval]:
+    """When the device computed during the step `span` (CUDA): every non-NCCL kernel, memcpy and
+    memset, on any stream, merged (HTA counts a moment as compute when any compute kernel runs)."""
+    t0, t1 = _span(span)
+    return clip(
+        (
+            _span(e)
+            for e in trace_events
+            if e.get("ph") == "X"
+            and e.get("cat") in COMPUTE_KERNEL_CATS
+            and backend_label(str(e.get("name", "")), str(e.get("cat", ""))) is None
+        ),
+        t0,
+        t1,
+    )
 
 
-def peak_total_allocated(trace_events: Sequence[TraceEvent]) -> int | None:
-    """Max "Total Allocated" over the profile's CPU `[memory]` events."""
-    totals = [
-        int(e["args"]["Total Allocated"])
-        for e in trace_events
-        if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {}) and e["args"].get("Device Type", 0) == 0
-    ]
-    return max(totals) if totals else None
+def comm_intervals(requests: Sequence[CommRequest], span: TraceEvent) -> list[Interval]:
+    """When communication ran during `span`: each attributed request's backend event (gloo's span
+    on CPU, its NCCL kernel on CUDA). A pipeline's P2P is left out: a stage's receive mostly waits
+    for the other stage to get there (the bubble), so its time is the stage's idle, not traffic."""
+    t0, t1 = _span(span)
+    return clip(((r.start_us, r.start_us + r.time_us) for r in requests if r.start_us is not None and not r.pipeline), t0, t1)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One step split as the result document's `StepBreakdown` (µs): compute + exposed + idle = step."""
+
+    compute: float
+    exposed_comm: float
+    overlapped_comm: float
+    idle: float
+    step: float
+
+    def __add__(self, other: Breakdown) -> Breakdown:
+        return Breakdown(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def scaled(self, factor: float) -> Breakdown:
+        return Breakdown(*(value * factor for value in astuple(self)))
+
+
+def breakdown(busy: Sequence[Interval], comm: Sequence[Interval], span: TraceEvent) -> Breakdown:
+    """Split the step `span`: compute = busy; overlapped = comm while busy; exposed = comm while not
+    busy; idle = the rest (neither)."""
+    t0, t1 = _span(span)
+    busy_in, comm_in = clip(busy, t0, t1), clip(comm, t0, t1)
+    overlapped = length(intersect(comm_in, busy_in))
+    exposed = length(comm_in) - overlapped
+    compute = length(busy_in)
+    step = t1 - t0
+    return Breakdown(compute=compute, exposed_comm=exposed, overlapped_comm=overlapped, idle=max(step - compute - exposed, 0.0), step=step)
+
+
+def busy(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str) -> list[Interval]:
+    """What counts as compute in the step `span`: the main thread's operators on CPU, kernels on CUDA."""
+    return gpu_busy(trace_events, span) if device == "cuda" else cpu_busy(trace_events, span)
+
+
+# ---- the pipeline's schedule actions ----
+
+ACTION_PREFIX = "parallab.pp::"
+"""The pipeline strategy wraps each stage action (a micro-batch's forward, backward, or the last
+stage's loss) in a profiler range named `parallab.pp::<kind> <micro-batch>`."""
+ACTION_KINDS = ("forward", "backward", "loss")
+
+
+def action_name(kind: str, microbatch: int | None = None) -> str:
+    """The range name of one action (`microbatch` None: not known at the hook, e.g. the loss)."""
+    if kind not in ACTION_KINDS:
+        raise ValueError(f"unknown pipeline action {kind!r}; known: {', '.join(ACTION_KINDS)}")
+    return f"{ACTION_PREFIX}{kind}" + ("" if microbatch is None else f" {microbatch}")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    microbatch: int | None
+    start: float
+    end: float
+
+
+def actions(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str = "cpu") -> list[Action]:
+    """The stage's actions that start within the step `span`, earliest first. On CPU, the ranges
+    as the main thread ran them (`user_annotation`); on CUDA, the device time of the kernels each
+    range launched (Kineto's `gpu_user_annotation` copy of the range), since launches are async."""
+    t0, t1 = _span(span)
+    cat = "gpu_user_annotation" if device == "cuda" else "user_annotation"
+    out = []
+    for e in trace_events:
+        name = str(e.get("name", ""))
+        if e.get("ph") != "X" or e.get("cat") != cat or not name.startswith(ACTION_PREFIX):
+            continue
+        start, end = _span(e)
+        if t0 <= start <= t1:
+            kind, _, mb = name[len(ACTION_PREFIX) :].partition(" ")
+            out.append(Action(kind, int(mb) if mb else None, start, end))
+    return sorted(out, key=lambda a: a.start)
+
+
+def action_idle(stage_actions: Sequence[Action]) -> float:
+    """The stage's idle time between its first and last action (µs): the span they cover minus
+    the time some action ran. Before the first and after the last is not counted."""
+    if not stage_actions:
+        return 0.0
+    spans = [(a.start, a.end) for a in stage_actions]
+    first, last = min(s for s, _ in spans), max(e for _, e in spans)
+    return (last - first) - length(spans)
+
+
+# ---- the timeline, from the profile ----
 
 
 def step_span(trace_events: Sequence[TraceEvent], index: int) -> TraceEvent | None:
@@ -276,31 +466,31 @@ def step_span(trace_events: Sequence[TraceEvent], index: int) -> TraceEvent | No
 
 
 def timeline(
-    trace_events: Sequence[TraceEvent], requests: list[CommRequest], *, span: TraceEvent, rank: int, max_events: int
+    trace_events: Sequence[TraceEvent],
+    requests: list[CommRequest],
+    *,
+    span: TraceEvent,
+    busy: Sequence[Interval],
+    rank: int,
+    max_events: int,
+    device: str = "cpu",
 ) -> list[TimelineEvent]:
-    """Events of one step `span`: comm ops (by requested kind) and the top-level main-thread ops
-    as "compute", at most `max_events` (communication first, then the earliest compute)."""
-    t0 = float(span["ts"])
-    t1, main_tid = t0 + float(span["dur"]), span.get("tid")
+    """Events of one step `span`: comm ops (by requested kind), a pipeline stage's actions
+    ("forward", "backward", "loss"), and the `busy` intervals (`cpu_busy`/`gpu_busy`: what the
+    step-time split counts as compute) as "compute"; at most `max_events` — communication
+    first, then the actions, then the earliest compute. Times are relative to the step's start."""
+    t0, t1 = _span(span)
     comm = [
         TimelineEvent(rank=rank, op=req.kind, start_us=req.start_us - t0, dur_us=req.time_us, bytes=req.nbytes)
         for req in requests
         if req.start_us is not None and t0 <= req.start_us <= t1
     ]
-    compute: list[TimelineEvent] = []
-    end_of_last = t0  # top-level only: skip what starts inside the previous kept op
-    candidates = (
-        e
-        for e in trace_events
-        if e.get("ph") == "X" and e.get("tid") == main_tid and e.get("cat") in ("cpu_op", "user_annotation") and e is not span
-    )
-    for e in sorted(candidates, key=lambda e: float(e["ts"])):
-        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        if ts < end_of_last or ts > t1 or str(e.get("name", "")).startswith(COMM_EVENT_PREFIXES):
-            continue
-        end_of_last = ts + dur
-        compute.append(TimelineEvent(rank=rank, op="compute", start_us=ts - t0, dur_us=dur, bytes=None))
-    kept = comm[:max_events] + compute[: max(max_events - len(comm), 0)]
+    stage = [
+        TimelineEvent(rank=rank, op=a.kind, start_us=a.start - t0, dur_us=a.end - a.start)
+        for a in actions(trace_events, span, device=device)
+    ]
+    compute = [TimelineEvent(rank=rank, op="compute", start_us=start - t0, dur_us=end - start) for start, end in clip(busy, t0, t1)]
+    kept = (comm + stage)[:max_events] + compute[: max(max_events - len(comm) - len(stage), 0)]
     return sorted(kept, key=lambda e: e.start_us)
 
 

@@ -3,9 +3,11 @@
 Per optimizer step: the step's global batch (`data.global_batch`, seeded by seed + step), then
 for each accumulation micro-step the strategy's `local_batch` and `forward_backward`, then the
 strategy's `sync_grads`, then AdamW. Warm-up steps run first and are neither timed nor profiled.
-Each measured step is timed between two device synchronisations.
+Each measured step is timed between two device synchronisations, with nothing watching it: no
+profiler, no dispatch mode. A traced job's profiled window (`measure.StepProfiler`) runs its
+extra steps after the measured ones; their losses, times and MoE routing are not the run's.
 
-Losses stay local during the measured window — combining them is one all-reduce *after* it
+Losses stay local during the measured steps — combining them is one all-reduce *after* them
 (`global_losses`), so the loss bookkeeping adds no collective to the communication measured.
 One rank (rank 0; a pipeline's last stage, which holds the loss) appends a line per step to
 the run's progress file (`RunDir.progress`) for the live UI, with its local loss; rank 0 adds the reference run's lines.
@@ -13,7 +15,6 @@ the run's progress file (`RunDir.progress`) for the live UI, with its local loss
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import StrategyOptions
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
-from workers.harness.measure import StepProfiler
+from workers.harness.measure import StepProfiler, device_peaks, reset_device_peaks
 from workers.harness.model import MoE
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy
@@ -56,6 +57,9 @@ class TrainResult:
     losses: list[torch.Tensor] = field(default_factory=list)
     """This rank's local loss of each measured step (its share of the global mean)."""
     step_times_s: list[float] = field(default_factory=list)
+    peak_allocated_bytes: int | None = None
+    """The CUDA allocator's peak over the measured steps (parameters included); None on CPU."""
+    peak_reserved_bytes: int | None = None
 
 
 def moe_layers(model: torch.nn.Module) -> list[MoE]:
@@ -73,7 +77,8 @@ def train(
     profiler: StepProfiler | None = None,
     phase: str = "train",
 ) -> TrainResult:
-    """Warm-up then measured steps; `profiler` wraps the measured ones only."""
+    """Warm-up, then the measured (timed) steps, then — when `profiler` is given — its profiled
+    window of extra steps, which neither the losses nor the step times include."""
     wl = job.workload
     model = applied.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=wl.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
@@ -111,17 +116,23 @@ def train(
     for moe in moe_layers(model):
         moe.reset_stats()
 
-    with profiler if profiler is not None else contextlib.nullcontext():
-        for i in range(wl.steps):
-            ctx.synchronize()
-            start = time.perf_counter()
-            loss = one_step(wl.warmup_steps + i)
-            ctx.synchronize()
-            result.step_times_s.append(time.perf_counter() - start)
-            result.losses.append(loss.detach())
-            if profiler is not None:
-                profiler.step()
-            report(wl.warmup_steps + i, False, loss)
+    reset_device_peaks(ctx.device)
+    for i in range(wl.steps):
+        ctx.synchronize()
+        start = time.perf_counter()
+        loss = one_step(wl.warmup_steps + i)
+        ctx.synchronize()
+        result.step_times_s.append(time.perf_counter() - start)
+        result.losses.append(loss.detach())
+        report(wl.warmup_steps + i, False, loss)
+    result.peak_allocated_bytes, result.peak_reserved_bytes = device_peaks(ctx.device)
+
+    if profiler is not None:
+        routed = [(m.stat_routed.clone(), m.stat_dropped.clone()) for m in moe_layers(model)]
+        first = wl.warmup_steps + wl.steps
+        profiler.run(lambda i: one_step(first + i), model=model, optimizer=optimizer, synchronize=ctx.synchronize)
+        for m, (tokens, dropped) in zip(moe_layers(model), routed, strict=True):
+            m.stat_routed, m.stat_dropped = tokens, dropped  # routing stats: the measured steps only
     return result
 
 

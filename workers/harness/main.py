@@ -3,8 +3,9 @@
 
 Every strategy, `single` included, runs this one path: load the frozen `ResolvedJob` the launcher
 wrote (resolved once, at submission — never again here), set up the rank (runtime), build the
-seeded model on CPU, let the strategy shard it, train with the shared loop under the
-StepProfiler, combine the losses once, then — on rank 0, with the trained model freed — obtain
+seeded model on CPU, let the strategy shard it, train with the shared loop (a traced job adds
+the StepProfiler's window after the timed steps; an untraced one runs no profiler at all),
+combine the losses once, then — on rank 0, with the trained model freed — obtain
 the `single` reference curve (computed here, or read from the cache) and write the rank's
 `RankRecord` (`RunDir.rank_record`, which `workers.aggregate` merges). Job kinds that train
 nothing (`job.trains` false: the collectives sweep) run their own sweep instead.
@@ -178,25 +179,26 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     strategy, options = strategies.get(job.strategy), job.options
     progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, options))
     applied = strategy.apply(new_model(job), ctx, options)
-    profiler = measure.StepProfiler(
-        enabled=True,
-        trace=job.spec.trace,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        out_dir=run_dir.path,
-        device=ctx.device,
-        trace_cap_bytes=trace_cap_bytes,
+    profiler = (
+        measure.StepProfiler(
+            rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir.path, device=ctx.device, trace_cap_bytes=trace_cap_bytes
+        )
+        if job.spec.trace
+        else None
     )
     result = loop.train(applied=applied, strategy=strategy, options=options, ctx=ctx, job=job, progress=progress, profiler=profiler)
 
-    # After the measured window: the collectives of the bookkeeping, then the measurements.
+    # After the measured steps (and the profiled window): the collectives of the bookkeeping, then the measurements.
     losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, options), ctx=ctx)
+    profiled = profiler.results().record_fields() if profiler is not None else {}
+    if result.peak_allocated_bytes is not None:  # CUDA: the allocator's own peak over the timed steps
+        profiled.update(peak_allocated_bytes=result.peak_allocated_bytes, peak_reserved_bytes=result.peak_reserved_bytes)
     record = RankRecord(
         rank=ctx.rank,
         model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
         step_times_s=result.step_times_s,
         moe=loop.moe_stats(applied.model, ctx=ctx),
-        **profiler.results().record_fields(),
+        **profiled,
         peak_rss_bytes=measure.peak_rss_bytes(),  # before rank 0's reference run adds its own
     )
 

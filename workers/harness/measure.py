@@ -1,29 +1,34 @@
-"""Per-rank measurement that every strategy shares: model-state bytes, peak RSS, step profiling.
+"""Per-rank measurement that every strategy shares: model-state bytes, peak RSS, device peaks,
+and the profiled window of a traced job.
 
 Runs inside the ranks (imports torch); writes files in the run directory only — the rank's record
-is a JSON file the worker merges. This module drives `torch.profiler` and a `TorchDispatchMode`;
-what their output means (op kinds, bytes, which backend event timed which request, the timeline)
-is decided in `workers.harness.attribution`, which needs no torch and is tested on its own.
+is a JSON file the worker merges. This module drives `torch.profiler`, a `TorchDispatchMode` that
+records the communication asked for, and MemTracker; what their output means (op kinds, bytes,
+which backend event timed which request, where a step's time goes, the pipeline's actions, the
+timeline) is decided in `workers.harness.attribution`, which needs no torch and is tested on its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import gzip
 import json
 import resource
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from parallab.core.result import CommOp, ModelStateBytes, TimelineEvent
+from parallab.core.result import CommOp, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
 from workers.harness import attribution
 from workers.harness.attribution import CommRequest
@@ -57,6 +62,20 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def reset_device_peaks(device: torch.device) -> None:
+    """Start the CUDA allocator's peak counters afresh (no-op on CPU, which keeps no allocator stats)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_peaks(device: torch.device) -> tuple[int | None, int | None]:
+    """(peak allocated, peak reserved) bytes since `reset_device_peaks`: the CUDA allocator's own
+    counters, everything it held (parameters included); (None, None) on CPU."""
+    if device.type != "cuda":
+        return None, None
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
 class _CommRecorder(TorchDispatchMode):
     """Sees every top-level c10d op while active and records what it asked for.
 
@@ -86,43 +105,115 @@ class _CommRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# ---- memory at the peak: MemTracker ----
+
+MEMORY_CATEGORIES: dict[str, str] = {
+    "Parameter": "params",
+    "Gradient": "grads",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Buffer": "other",
+    "Other": "other",
+}
+"""MemTracker's reference types -> the result document's `memory_breakdown` keys."""
+MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "other")
+
+
+class StepMemTracker(MemTracker):
+    """MemTracker over one optimizer step whose root module may run forward more than once.
+
+    MemTracker refuses a root module's second forward ("multiple iterative calls"): it takes it for
+    the next iteration, whose per-module snapshots would mix with this one's. Within one step the
+    root runs once per accumulation micro-step, and a pipeline stage once per micro-batch. Only
+    the global peak is used here, so the per-module stats are cleared before such a forward
+    (`reset_mod_stats`, MemTracker's own remedy); the tensors tracked, and the peak, are kept.
+    """
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: object) -> None:
+        name = self._mod_tracker.get_known_fqn(module)
+        if module in self.memory_tracking and not self._mod_tracker.is_bw and set(self._mod_tracker.parents) - {name} == {"Global"}:
+            self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+
+def live_tensors() -> list[torch.Tensor]:
+    """Every dense tensor with memory that the Python heap holds now (plain tensors and subclasses such as DTensor)."""
+    return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type != "meta"]
+
+
+@contextmanager
+def track_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[StepMemTracker]:
+    """MemTracker over the block, told first about what already exists: the model's parameters,
+    buffers and gradients, the optimizer's state, and every other live tensor as "other" (the
+    data, a pipeline stage's buffers, ...), so its peak is the whole total, parameters included.
+    Tensors held only by C++ (DDP's gradient buckets) join when an operator touches them."""
+    tracker = StepMemTracker()
+    tracker.track_external(model, optimizer)
+    others = [t for t in live_tensors() if not any(st in tracker._WINFO for st in get_untyped_storages(t))]
+    tracker.track_external(*others)
+    with tracker:
+        yield tracker
+
+
+def peak_breakdown(tracker: MemTracker, device: torch.device) -> tuple[dict[str, int], int] | None:
+    """(bytes per `MEMORY_KEYS` category, total) at the tracker's peak on `device`; None if nothing was tracked there."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    snap = tracker.get_tracker_snapshot("peak").get(device)
+    if not snap:
+        return None
+    out = dict.fromkeys(MEMORY_KEYS, 0)
+    total = 0
+    for key, value in snap.items():
+        name = getattr(key, "value", key)
+        if name == "Total":
+            total = int(value)
+        else:
+            out[MEMORY_CATEGORIES[name]] += int(value)
+    return out, total
+
+
+# ---- the profiled window ----
+
+
 @dataclass
 class ProfileResult:
     """What the profiled window measured, under the names the rank record (`RankRecord`) gives them."""
 
     comm: list[CommOp] = field(default_factory=list)
     comm_time_fraction: float | None = None
+    exposed_comm_time_s: float | None = None
+    step_time_breakdown: StepBreakdown | None = None
     bubble_fraction: float | None = None
-    timeline: list[TimelineEvent] = field(default_factory=list)
+    memory_breakdown: dict[str, int] | None = None
     peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
+    timeline: list[TimelineEvent] = field(default_factory=list)
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
 
     def record_fields(self) -> dict[str, Any]:
-        """The fields as keyword arguments of `RankRecord`."""
+        """The fields as keyword arguments of `RankRecord` (a CUDA peak comes from the allocator, not from here)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class StepProfiler:
-    """Profiles a bounded window of measured steps on one rank.
+    """The profiled window of a traced job: extra steps run *after* the timed ones, so no timed
+    step ever runs under the profiler, the dispatch mode or MemTracker.
 
-    Use as a context manager around the measured steps and call :meth:`step` after each one.
-    The first `skip` measured steps run under the profiler as its warm-up (recorded, discarded);
-    the next `window` steps are profiled, with the comm recorder active. :meth:`results` returns
-    the `ProfileResult`: per-step comm ops, ``comm_time_fraction``, ``bubble_fraction``
-    (pipelines), ``peak_allocated_bytes`` (+ ``peak_reserved_bytes`` on CUDA), ``profiled_steps``,
-    and when tracing ``timeline`` (the last profiled step's events) and ``trace_file``.
+    :meth:`run` drives `skip + window` steps. The first `skip` are the profiler's warm-up (its
+    start-up cost lands there, and they are not exported); the first of them runs under MemTracker,
+    which splits that step's peak memory (`memory_breakdown`; on CPU `peak_allocated_bytes` is its
+    total). The `window` steps after them are profiled with the comm recorder active; from them
+    :meth:`results` derives the per-step comm ops, ``comm_time_fraction`` (every comm span over
+    the step), the step-time split (`step_time_breakdown`, ``exposed_comm_time_s``), a pipeline
+    stage's ``bubble_fraction`` (idle between its first and last schedule action), the timeline of
+    the last profiled step and the Chrome trace. Times are those of the profiled steps (slower
+    than the timed ones: the profiler's per-op cost); the fractions are what they are measured for.
 
-    ``comm_time_fraction`` is the window's backend comm time over its wall time, both taken under
-    the profiler (whose per-op cost slows microsecond-scale compute, so on tiny CPU models the
-    fraction reads low; see BENCHMARKS.md). The CUDA path (NCCL kernel names, allocator peaks)
-    follows the same attribution but has not been run on a GPU yet.
-
-    On CPU, ``peak_allocated_bytes`` is the profiler's "Total Allocated", which counts only what
-    was allocated while the profiler ran (the warm-up step and the window): activations, grads
-    and transient buffers — not tensors that existed before, such as the parameters.
+    The CUDA path (kernel intervals per stream, NCCL kernel names) follows the same attribution
+    and is unit-tested on synthetic CUDA traces; it has not been run on a GPU yet.
 
     `trace_cap_bytes` bounds the stored (gzipped) Chrome trace — the worker's
     `Settings.max_trace_bytes`, passed by the launcher; None: no cap.
@@ -131,8 +222,6 @@ class StepProfiler:
     def __init__(
         self,
         *,
-        enabled: bool,
-        trace: bool,
         rank: int,
         world_size: int,
         out_dir: Path,
@@ -142,8 +231,10 @@ class StepProfiler:
         trace_cap_bytes: int | None = None,
         max_timeline_events: int = 5000,
     ):
-        self.enabled = enabled
-        self.trace = trace
+        if skip < 1 or window < 1:
+            raise ValueError(
+                f"the profiled window needs skip ≥ 1 (MemTracker's step, the profiler's warm-up) and window ≥ 1: {skip}, {window}"
+            )
         self.rank = rank
         self.world_size = world_size
         self.run_dir = RunDir(Path(out_dir))
@@ -152,64 +243,56 @@ class StepProfiler:
         self.skip = skip
         self.trace_cap_bytes = trace_cap_bytes
         self.max_timeline_events = max_timeline_events
-        self.steps_seen = 0
-        self._prof: torch.profiler.profile | None = None
         self._recorder = _CommRecorder()
-        self._recording = False
-        self._window_start = 0.0
-        self._window_seconds = 0.0
+        self._memory: tuple[dict[str, int], int] | None = None
         self._profiled = 0
         self._raw_trace: Path | None = None
         self._results: ProfileResult | None = None
 
-    # -- lifecycle --
+    @property
+    def steps(self) -> int:
+        """Steps the window adds after the timed ones."""
+        return self.skip + self.window
 
-    def __enter__(self) -> StepProfiler:
+    def run(
+        self,
+        step: Callable[[int], object],
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        synchronize: Callable[[], None],
+    ) -> None:
+        """Run `step(i)` for i in range(self.steps) as described above; `synchronize` waits for the device."""
+        activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        if self.enabled and self.window > 0:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self._prof = torch.profiler.profile(
-                activities=activities,
-                schedule=torch.profiler.schedule(wait=0, warmup=self.skip, active=self.window, repeat=1),
-                on_trace_ready=self._save_raw,
-                profile_memory=True,
-            )
-            self._prof.start()
-            if self.skip == 0:
-                self._start_recording()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop_recording()
-        if self._prof is not None:
-            self._prof.stop()
-            self._prof = None
-
-    def step(self) -> None:
-        self.steps_seen += 1
-        if self._recording:
-            self._profiled += 1
-            self._recorder.step += 1
-            if self._profiled >= self.window:
-                self._stop_recording()
-        if self._prof is not None:
-            self._prof.step()
-        if self.steps_seen == self.skip and self._prof is not None:
-            self._start_recording()
-
-    def _start_recording(self) -> None:
-        self._recorder.__enter__()
-        self._recording = True
-        self._window_start = time.perf_counter()
-
-    def _stop_recording(self) -> None:
-        if self._recording:
-            self._window_seconds = time.perf_counter() - self._window_start
-            self._recorder.__exit__(None, None, None)
-            self._recording = False
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=0, warmup=self.skip, active=self.window, repeat=1),
+            on_trace_ready=self._save_raw,
+        )
+        prof.start()
+        try:
+            for i in range(self.steps):
+                synchronize()
+                if i == 0:
+                    with track_memory(model, optimizer) as tracker:
+                        step(i)
+                        synchronize()
+                    self._memory = peak_breakdown(tracker, self.device)
+                    del tracker
+                elif i >= self.skip:
+                    self._recorder.step = i - self.skip
+                    with self._recorder:
+                        step(i)
+                        synchronize()
+                    self._profiled += 1
+                else:
+                    step(i)
+                synchronize()
+                prof.step()
+        finally:
+            prof.stop()
 
     def _save_raw(self, prof: torch.profiler.profile) -> None:
         self.run_dir.create()
@@ -223,36 +306,60 @@ class StepProfiler:
             self._results = self._compute()
         return self._results
 
+    def _window_spans(self, events: Sequence[attribution.TraceEvent]) -> list[attribution.TraceEvent]:
+        """The profiled steps' spans, `ProfilerStep#skip` … (the warm-up steps are #0 … #skip-1)."""
+        names = {f"ProfilerStep#{self.skip + i}" for i in range(self._profiled)}
+        return sorted((e for e in events if e.get("ph") == "X" and e.get("name") in names), key=lambda e: float(e["ts"]))
+
     def _compute(self) -> ProfileResult:
         out = ProfileResult(profiled_steps=self._profiled)
+        if self._memory is not None:
+            out.memory_breakdown, total = self._memory
+            if self.device.type != "cuda":
+                out.peak_allocated_bytes = total
         doc: dict[str, Any] = {}
         if self._raw_trace is not None and self._raw_trace.exists():
             doc = json.loads(self._raw_trace.read_text())
         events: list[dict[str, Any]] = doc.get("traceEvents", [])
-        steps = self._profiled
-        if steps and events:
+        spans = self._window_spans(events)
+        if spans:
+            steps = len(spans)
+            window_us = sum(float(s["dur"]) for s in spans)
             requests = attribution.attribute(self._recorder.requests, events)
             out.comm = attribution.summarize_comm(requests, steps, self.world_size)
-            out.comm_time_fraction, out.bubble_fraction = attribution.window_fractions(
-                out.comm, requests, steps=steps, window_s=self._window_seconds
+            out.comm_time_fraction = attribution.comm_time_fraction(out.comm, steps=steps, window_s=window_us / 1e6)
+            split = attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)
+            idle_between_actions = 0.0
+            stage_acted = False
+            busy: list[attribution.Interval] = []
+            for span in spans:
+                busy = attribution.busy(events, span, device=self.device.type)
+                split += attribution.breakdown(busy, attribution.comm_intervals(requests, span), span)
+                acts = attribution.actions(events, span, device=self.device.type)
+                stage_acted = stage_acted or bool(acts)
+                idle_between_actions += attribution.action_idle(acts)
+            per_step = split.scaled(1e-6 / steps)  # µs over the window -> seconds per step
+            out.step_time_breakdown = StepBreakdown(
+                compute_s=per_step.compute,
+                exposed_comm_s=per_step.exposed_comm,
+                overlapped_comm_s=per_step.overlapped_comm,
+                idle_s=per_step.idle,
+                step_s=per_step.step,
             )
-            span = self._last_step_span(events)
-            if self.trace and span is not None:
-                out.timeline = attribution.timeline(events, requests, span=span, rank=self.rank, max_events=self.max_timeline_events)
-        if self.device.type == "cuda":
-            out.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
-            out.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
-        else:
-            out.peak_allocated_bytes = attribution.peak_total_allocated(events)
-        if self.trace and doc:
+            out.exposed_comm_time_s = per_step.exposed_comm
+            if stage_acted:
+                out.bubble_fraction = idle_between_actions / window_us
+            out.timeline = attribution.timeline(
+                events, requests, span=spans[-1], busy=busy, rank=self.rank, max_events=self.max_timeline_events, device=self.device.type
+            )
+        if doc:
             out.trace_file, out.trace_note = self._keep_trace(doc)
         if self._raw_trace is not None:
             self._raw_trace.unlink(missing_ok=True)
         return out
 
     def _last_step_span(self, events: Sequence[attribution.TraceEvent]) -> attribution.TraceEvent | None:
-        """The span of the last profiled measured step (the warm-up steps are #0 … #skip-1; a span
-        opened by the final `step()` and closed at exit holds no step)."""
+        """The span of the last profiled step."""
         return attribution.step_span(events, self.skip + self._profiled - 1)
 
     def _keep_trace(self, doc: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -6,14 +6,20 @@ Stage s keeps the blocks the descriptor's stage layout gives it (`stage_layers`:
 its own `PipelineStage` by hand (no tracing) and a `ScheduleGPipe` or `Schedule1F1B` over
 `microbatches` micro-batches of every accumulation micro-step. The schedule runs forward and
 backward itself, so this module replaces the loop's `forward_backward`, and runs it under
-`pipeline_comm()` so the profiler knows its P2P for the pipeline's (the bubble). The loss lives
+`pipeline_comm()` so the profiler knows its P2P for the pipeline's. While a profiler runs, each
+stage action — a micro-batch's forward (`PipelineStage.forward_one_chunk`), its backward
+(`backward_one_chunk`), the last stage's loss — is a profiler range (`attribution.action_name`):
+the bubble is the stage's idle time between its first and last action. The loss lives
 on the last stage: each micro-batch's loss is scaled by its share of the step, and `loss_weight`
 gives the last stage the whole global loss.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +29,37 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.pp import PPOptions
 from workers.harness.amp import Amp
-from workers.harness.attribution import pipeline_comm
+from workers.harness.attribution import action_name, pipeline_comm
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, MicroBatch, Strategy
 
 SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+STAGE_ACTIONS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward"}
+"""The `PipelineStage` methods every schedule calls once per micro-batch (first argument: its
+index), and the action each is. Both schedules call them on the stage (torch 2.13,
+torch/distributed/pipelining/schedules.py: `self._stage.forward_one_chunk(i, ...)`)."""
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+
+def _profiled_action(kind: str, fn: Fn, *, indexed: bool = True) -> Fn:
+    """`fn` inside a profiler range named for the action while a profiler runs; as is otherwise."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.autograd._profiler_enabled():
+            return fn(*args, **kwargs)
+        with torch.profiler.record_function(action_name(kind, int(args[0]) if indexed else None)):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def mark_actions(stage: PipelineStage) -> PipelineStage:
+    """Make the stage's forward and backward of each micro-batch show in a profile as its actions."""
+    for method, kind in STAGE_ACTIONS.items():
+        setattr(stage, method, _profiled_action(kind, getattr(stage, method)))
+    return stage
 
 
 @dataclass
@@ -81,10 +112,11 @@ class Pipeline(Strategy[PPOptions, PipelineApplied]):
         share = 1.0 / (ctx.accum_steps * options.n_microbatches)
         scale = LossScale()
 
-        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * (share * scale.value)
 
-        pipe_stage = PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh_dim("pp").get_group())
+        loss_fn = _profiled_action("loss", loss, indexed=False)
+        pipe_stage = mark_actions(PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh_dim("pp").get_group()))
         schedule = SCHEDULES[options.schedule](pipe_stage, n_microbatches=options.n_microbatches, loss_fn=loss_fn, scale_grads=False)
         return PipelineApplied(model=model, schedule=schedule, loss_scale=scale, stage=stage, stages=stages)
 

@@ -97,6 +97,7 @@ def form_page(
             "local_mode": settings.local_mode,
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
+            "trace_help": run_form.TRACE_HELP,
         },
         status_code=status_code,
         settings=settings,
