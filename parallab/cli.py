@@ -16,6 +16,7 @@ from rich.console import Console
 from backend.config import get_settings
 from parallab.commands.bench import bench
 from parallab.commands.plan import plan
+from parallab.commands.worker import worker
 
 app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
@@ -26,6 +27,7 @@ console = Console(stderr=True)
 
 app.command("plan")(plan)
 app.command("bench")(bench)
+app.command("worker")(worker)
 
 
 @db_app.command("upgrade")
@@ -55,34 +57,6 @@ def token_create(
         console.print(f"[red]--scope: {exc}[/red]")
         raise typer.Exit(2) from None
     typer.echo(token)
-
-
-@app.command()
-def worker(
-    queue: Annotated[str | None, typer.Option(help="Queue to consume (default from settings).")] = None,
-    loglevel: str = "INFO",
-) -> None:
-    """Run the Celery worker that owns this host's accelerators (one job at a time)."""
-    from workers.celery_app import celery_app
-
-    settings = get_settings()
-    celery_app.worker_main(
-        [
-            "worker",
-            "--pool",
-            "solo",
-            "--concurrency",
-            "1",
-            "--queues",
-            queue or settings.queue,
-            "--loglevel",
-            loglevel,
-            "--without-gossip",
-            "--without-mingle",
-            "--hostname",
-            f"parallab@{os.uname().nodename}",
-        ]
-    )
 
 
 def _raise_system_exit(signum: int, _frame: object) -> None:

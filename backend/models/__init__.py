@@ -7,6 +7,7 @@ New areas add a module here and re-export their tables below.
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.tokens import ApiToken
+from backend.models.workers import FINAL_NODE_STATUSES, NODE_STATUSES, RunNode, Worker
 
 __all__ = [
     "NAMING_CONVENTION",
@@ -22,4 +23,8 @@ __all__ = [
     "RunResult",
     "RunTrace",
     "ApiToken",
+    "FINAL_NODE_STATUSES",
+    "NODE_STATUSES",
+    "RunNode",
+    "Worker",
 ]

@@ -53,6 +53,13 @@ class Run(Base):
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
 
+    # Issues 10 and 13: where it runs and who holds its lease (the worker's heartbeat is the lease).
+    pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")
+    worker_id: Mapped[str | None] = mapped_column(
+        String(32), doc="The worker that claimed it (node 0's); its heartbeat is the run's lease."
+    )
+    host: Mapped[str | None] = mapped_column(String(200), doc="node 0's host")
+
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
 

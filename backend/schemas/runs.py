@@ -31,6 +31,10 @@ class RunSummary(BaseModel):
     loss_max_rel_diff: float | None
     branch: str | None
     commit: str | None
+    pool: str | None = None
+    """The pool it was queued on (issue 13)."""
+    host: str | None = None
+    """node 0's host, once a worker claimed it."""
 
 
 class RunRead(RunSummary):

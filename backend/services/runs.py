@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
+from backend.services import workers as fleet
 from backend.store import runs as store
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.spec import JobSpec
@@ -50,8 +51,10 @@ def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
 
 
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
-    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues)."""
+    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
+    The run is placed on a pool that can run it (SpecError, a 422 naming the pool and the limit, if none can)."""
     job = validate_spec(spec=spec, settings=settings)
+    pool = fleet.place(session=session, job=job, settings=settings)
     return store.add_run(
         session,
         Run(
@@ -63,6 +66,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
             strategy=job.strategy,
             world_size=job.world_size,
             model=job.workload.model,
+            pool=pool,
         ),
     )
 
@@ -76,7 +80,7 @@ def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     run = create_run(session=session, spec=spec, settings=settings, source=source)
     session.commit()
     try:
-        enqueue_run(settings, run.id)
+        enqueue_run(settings, run.id, pool=run.pool)
     except Exception as exc:  # any failure to publish: the run must not look queued
         log.exception("could not enqueue run %s", run.id)
         store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
@@ -112,8 +116,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError("cursor is not one this API returned") from None
 
 
-def cancel_run(*, session: Session, run_id: str) -> Run:
-    """A queued run is cancelled at once; a running one is flagged and its worker kills it (commits)."""
+def cancel_run(*, session: Session, run_id: str, settings: Settings | None = None) -> Run:
+    """A queued run is cancelled at once; a running one is flagged and its worker kills it; a running
+    one whose worker is lost (its lease lapsed) is cancelled at once, and the next worker on its
+    host kills its orphaned ranks (commits)."""
     run = store.get_run_for_update(session, run_id)
     if run is None:
         raise RunNotFound(run_id)
@@ -121,6 +127,15 @@ def cancel_run(*, session: Session, run_id: str) -> Run:
         raise RunStateError(f"run is already {run.status}")
     if run.status == "queued":
         store.set_status(session, run, "cancelled", error="cancelled before it started")
+    elif settings is not None and fleet.lease_lapsed(session=session, run=run, settings=settings):
+        run.cancel_requested = True
+        fleet.mark_lost(
+            session=session,
+            run=run,
+            settings=settings,
+            status="cancelled",
+            error=f"cancelled; {fleet.lost_reason(session, run)}",
+        )
     else:
         run.cancel_requested = True
     session.commit()

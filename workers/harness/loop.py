@@ -25,6 +25,7 @@ import torch.distributed as dist
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import StrategyOptions
+from workers.harness import divergence
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
 from workers.harness.measure import StepProfiler
@@ -99,6 +100,8 @@ def train(
         if progress.path is None:
             return
         value = float(loss.item()) if strategy.loss_weight(ctx, options) > 0 else None
+        stage = phase if phase != "train" else ("warmup" if warmup else "train")
+        divergence.check_loss(value, phase=stage, step=step + 1, rank=ctx.rank)  # issue 10: stop a diverged run now
         if phase != "train":
             progress.write(phase, step, wl.warmup_steps + wl.steps, value)
         elif warmup:

@@ -180,5 +180,5 @@ def cancel(request: Request, run_id: str, form: FormDep, session: SessionDep, se
     if not settings.local_mode:
         raise HTTPException(403, detail="this server is not in local mode: cancel through the API with a token")
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
-        run_service.cancel_run(session=session, run_id=run_id)
+        run_service.cancel_run(session=session, run_id=run_id, settings=settings)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)

@@ -61,8 +61,8 @@ def read_run(run_id: str, session: SessionDep) -> RunRead:
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead, dependencies=[CanSubmit])
-def cancel_run(run_id: str, session: SessionDep) -> RunRead:
-    return run_read(run_service.cancel_run(session=session, run_id=run_id))
+def cancel_run(run_id: str, session: SessionDep, settings: SettingsDep) -> RunRead:
+    return run_read(run_service.cancel_run(session=session, run_id=run_id, settings=settings))
 
 
 @router.get("/{run_id}/trace", responses={200: {"content": {"application/gzip": {}}}})
