@@ -365,13 +365,17 @@ def mark_lost(*, session: Session, run: Run, settings: Settings, status: str = "
 
 
 def reconcile_lost_runs(*, session: Session, settings: Settings) -> list[str]:
-    """Fail every running run whose lease lapsed ("worker lost"); forget long-dead workers. Any
+    """Fail every running run whose lease lapsed ("worker lost"; "cancelled" if a cancel was asked
+    for); forget long-dead workers. Any
     worker or the API may call this: each run is locked and re-checked before it is changed."""
     lost = []
     for candidate in store.running_runs(session):
         run = run_store.get_run_for_update(session, candidate.id)
         if run is not None and lease_lapsed(session=session, run=run, settings=settings):
-            mark_lost(session=session, run=run, settings=settings)
+            if run.cancel_requested:  # cancelled while its worker was dying: the cancel stands
+                mark_lost(session=session, run=run, settings=settings, status="cancelled", error=f"cancelled; {lost_reason(session, run)}")
+            else:
+                mark_lost(session=session, run=run, settings=settings)
             lost.append(run.id)
     store.forget_workers(session, dead_before=utcnow() - FORGET_AFTER)
     return lost

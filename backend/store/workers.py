@@ -1,5 +1,8 @@
 """All SQL of the fleet: worker rows and their heartbeats, reservations, and the nodes of a run.
 
+Updates run with `synchronize_session=False` (SYNC): they are conditions checked by the database,
+never evaluated on rows already loaded (SQLite hands back naive datetimes).
+
 Reservations are conditional updates (`... WHERE run_id IS NULL`), taken in id order inside the
 caller's transaction: two coordinators competing for the same hosts never both get one, and
 never wait on each other in a cycle. Callers own the transaction.
@@ -15,6 +18,8 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from backend.models import FINAL_NODE_STATUSES, Run, RunNode, RunTrace, Worker
+
+SYNC = {"synchronize_session": False}
 
 # ---- workers ----
 
@@ -39,7 +44,7 @@ def upsert_worker(session: Session, fields: dict[str, Any], *, now: datetime) ->
 
 def touch_worker(session: Session, worker_id: str, *, now: datetime) -> bool:
     """Renew the heartbeat; False if the row is gone (forgotten: the caller registers again)."""
-    result = session.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=now))
+    result = session.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=now), execution_options=SYNC)
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
@@ -76,7 +81,7 @@ def idle_workers(session: Session, *, pool: str, alive_after: datetime, exclude:
 
 def forget_workers(session: Session, *, dead_before: datetime) -> int:
     """Delete the rows of workers silent since `dead_before` that hold nothing."""
-    result = session.execute(delete(Worker).where(Worker.heartbeat_at < dead_before, Worker.run_id.is_(None)))
+    result = session.execute(delete(Worker).where(Worker.heartbeat_at < dead_before, Worker.run_id.is_(None)), execution_options=SYNC)
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
@@ -87,7 +92,7 @@ def forget_dead_twins(session: Session, *, machine: str, live_pids: Iterable[int
     rows = session.execute(select(Worker.id, Worker.pid).where(Worker.machine == machine, Worker.id != keep)).all()
     dead = [worker_id for worker_id, pid in rows if pid not in alive]
     if dead:
-        session.execute(update(Worker).where(Worker.id.in_(dead)).values(heartbeat_at=datetime(1970, 1, 1)))
+        session.execute(update(Worker).where(Worker.id.in_(dead)).values(heartbeat_at=datetime(1970, 1, 1)), execution_options=SYNC)
     return dead
 
 
@@ -99,7 +104,8 @@ def take_worker(session: Session, worker_id: str, *, run_id: str, node_rank: int
     result = session.execute(
         update(Worker)
         .where(Worker.id == worker_id, Worker.run_id.is_(None), Worker.heartbeat_at >= alive_after)
-        .values(run_id=run_id, node_rank=node_rank, reserved_at=now)
+        .values(run_id=run_id, node_rank=node_rank, reserved_at=now),
+        execution_options=SYNC,
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -116,7 +122,8 @@ def release_workers_of(session: Session, run_id: str, *, worker_ids: Sequence[st
         session.execute(
             update(Worker)
             .where(Worker.id.in_(list(worker_ids)), Worker.run_id == run_id)
-            .values(run_id=None, node_rank=None, reserved_at=None)
+            .values(run_id=None, node_rank=None, reserved_at=None),
+            execution_options=SYNC,
         )
 
 
@@ -144,7 +151,9 @@ def get_node_for_update(session: Session, run_id: str, node_rank: int) -> RunNod
 
 
 def set_node_pgid(session: Session, run_id: str, node_rank: int, pgid: int | None) -> None:
-    session.execute(update(RunNode).where(RunNode.run_id == run_id, RunNode.node_rank == node_rank).values(pgid=pgid))
+    session.execute(
+        update(RunNode).where(RunNode.run_id == run_id, RunNode.node_rank == node_rank).values(pgid=pgid), execution_options=SYNC
+    )
 
 
 def open_nodes_on(session: Session, machine: str) -> list[tuple[RunNode, str, str | None]]:
