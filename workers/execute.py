@@ -331,7 +331,7 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
     job = claim.job
     node = None
     if job.nodes > 1 and claim.endpoint is not None:
-        node = NodeLaunch(nnodes=job.nodes, node_rank=0, endpoint=claim.endpoint, rdzv_id=run_id)
+        node = NodeLaunch(job.nodes, 0, claim.endpoint, run_id, join_timeout_s=int(settings.reservation_timeout_s))
         for rank, worker_id in claim.nodes[1:]:
             try:
                 send_node(settings, worker_id=worker_id, run_id=run_id, node_rank=rank)
@@ -382,7 +382,7 @@ def execute_node(run_id: str, node_rank: int, settings: Settings, worker: Worker
             log.info("node %d of run %s is not reserved for this worker; not running it", node_rank, run_id)
             return "skipped"
         job = ResolvedJob.model_validate(run.job)
-        node = NodeLaunch(nnodes=job.nodes, node_rank=node_rank, endpoint=claimed.endpoint, rdzv_id=run_id)
+        node = NodeLaunch(job.nodes, node_rank, claimed.endpoint, run_id, join_timeout_s=int(settings.reservation_timeout_s))
     watcher = Watcher(settings, run_id=run_id, node_rank=node_rank, me=me)
     part = _run_part(settings, job, run_id, node, watcher)
     status = "succeeded" if part.reason is None else ("stopped" if part.stopped else "failed")

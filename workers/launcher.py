@@ -40,6 +40,8 @@ class NodeLaunch:
     """node 0's `address:port`, where the c10d rendezvous store listens."""
     rdzv_id: str
     """The same on every node of one job (the run id)."""
+    join_timeout_s: int = 600
+    """How long a node waits at the rendezvous for the others (the reservation's timeout)."""
 
     @property
     def is_host(self) -> bool:
@@ -81,7 +83,7 @@ def torchrun_command(
             "--rdzv-id",
             node.rdzv_id,
             "--rdzv-conf",
-            f"is_host={str(node.is_host).lower()}",
+            f"is_host={str(node.is_host).lower()},join_timeout={node.join_timeout_s}",
         ]
     cmd = [
         sys.executable,

@@ -93,7 +93,7 @@ def test_a_node_of_a_multi_node_job_runs_its_share_over_a_c10d_rendezvous(tmp_pa
         "--rdzv-backend": "c10d",
         "--rdzv-endpoint": "10.0.0.1:29500",
         "--rdzv-id": "abc",
-        "--rdzv-conf": "is_host=false",
+        "--rdzv-conf": "is_host=false,join_timeout=600",
     }
     assert NodeLaunch(2, 0, "h:1", "abc").is_host
 
@@ -167,3 +167,36 @@ def test_progress_lines_lose_their_non_finite_values_before_any_json_column_sees
     with session_scope(settings.sqlalchemy_url) as session:
         store.set_progress(session, run_id, line)  # JSONB on Postgres refuses NaN: this must not raise
     assert stored(settings, run_id).progress == line
+
+
+def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node_that_never_started(settings: Settings) -> None:
+    from datetime import timedelta
+
+    from backend.models import utcnow
+    from backend.services.workers import GangState, NodeState
+    from tests.backend.test_fleet import info
+    from workers.watch import Watcher
+
+    now = utcnow()
+
+    def state(*nodes: NodeState, status: str = "running", cancel: bool = False) -> GangState:
+        return GangState(status=status, cancel_requested=cancel, nodes=list(nodes), records={})
+
+    def node(rank: int, status: str, *, alive: bool = True, age_s: float = 0, reason: str | None = None) -> NodeState:
+        return NodeState(rank, f"host-{rank}", status, reason, alive, now - timedelta(seconds=age_s))
+
+    lead = Watcher(settings, run_id="r", node_rank=0, me=info("host-0"))
+    other = Watcher(settings, run_id="r", node_rank=1, me=info("host-1"))
+    healthy = state(node(0, "running"), node(1, "running"))
+    assert lead.reason(healthy) is None and other.reason(healthy) is None
+    assert lead.reason(state(node(0, "running"), node(1, "succeeded"))) is None
+    assert other.reason(state(node(0, "running"), node(1, "running"), cancel=True)) == "cancelled"
+    assert other.reason(state(node(0, "failed"), node(1, "running"), status="failed")) == "the run ended (failed) elsewhere"
+    crashed = lead.reason(state(node(0, "running"), node(1, "failed", reason="exit code 1")))
+    assert crashed == "node 1 (host host-1) failed: exit code 1"
+    assert other.reason(state(node(0, "running", alive=False), node(1, "running"))) == (
+        "worker lost on node 0 (host host-0): it stopped heartbeating"
+    )
+    late = state(node(0, "running"), node(1, "reserved", age_s=settings.reservation_timeout_s + 1))
+    assert lead.reason(late) == f"node 1 (host host-1) did not start its part within {settings.reservation_timeout_s:.0f} s"
+    assert other.reason(None) == "the run was deleted"
