@@ -200,3 +200,19 @@ def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node
     late = state(node(0, "running"), node(1, "reserved", age_s=settings.reservation_timeout_s + 1))
     assert lead.reason(late) == f"node 1 (host host-1) did not start its part within {settings.reservation_timeout_s:.0f} s"
     assert other.reason(None) == "the run was deleted"
+
+
+def test_a_hosts_default_pool_and_interconnect_come_from_its_gpus_names_and_nvidia_smi_topo() -> None:
+    from workers.topology import interconnect_from_topo, pool_name, short_gpu_name
+
+    assert pool_name(None) == "cpu"
+    assert pool_name(["NVIDIA H100 80GB HBM3"] * 8) == "h100x8"
+    assert [short_gpu_name(n) for n in ("NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-16GB", "NVIDIA L4")] == [
+        "a100",
+        "rtx4090",
+        "v100",
+        "l4",
+    ]
+    nvlink = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
+    pcie = "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n"
+    assert interconnect_from_topo(nvlink) == "nvlink" and interconnect_from_topo(pcie) == "pcie"
