@@ -264,6 +264,31 @@ def _wait_for_nodes(settings: Settings, run_id: str, watcher: Watcher, nodes: in
         time.sleep(0.5)
 
 
+def _gang_failure(settings: Settings, run_id: str, own: str, settle_s: float = 10) -> str:
+    """Node 0 failed by itself: a peer's death often surfaces here as a broken connection, so wait
+    briefly for the other nodes to end and name every node that failed, the others first."""
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            fleet.fail_node(session=session, run_id=run_id, node_rank=0, reason=own)
+    except Exception as exc:
+        log.warning("could not mark node 0 of %s failed: %s", run_id, exc)
+    deadline = time.monotonic() + settle_s
+    others: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            with session_scope(settings.sqlalchemy_url) as session:
+                state = fleet.gang_state(session=session, run_id=run_id, settings=settings)
+        except Exception:
+            state = None
+        if state is not None:
+            rest = [n for n in state.nodes if n.node_rank != 0]
+            others = [f"node {n.node_rank} (host {n.host}) failed: {n.reason}" for n in rest if n.status == "failed"]
+            if all(n.status not in ("reserved", "running") for n in rest):
+                break
+        time.sleep(0.5)
+    return "\n\n".join([*others, own])
+
+
 def _finish_run(
     settings: Settings,
     run_id: str,
@@ -347,7 +372,9 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
         if watcher.cancelled and part.stopped:
             tail = f"\n--- log tail ---\n{part.outcome.log_tail}" if part.outcome.log_tail else ""
             return _finish_run(settings, run_id, me, status="cancelled", error="cancelled while running" + tail, document=None, traces={})
-        error = f"node 0 (host {me.host}): {part.reason}" if node is not None and not part.stopped else part.reason
+        error = part.reason
+        if node is not None and not part.stopped:
+            error = _gang_failure(settings, run_id, f"node 0 (host {me.host}) failed: {part.reason}")
         return _finish_run(settings, run_id, me, status="failed", error=error, document=None, traces={})
 
     per_node: list[list[RankRecord]] = [part.records or []]

@@ -274,6 +274,14 @@ def finish_node(
     store.release_worker(session, worker_id, run_id=run_id)
 
 
+def fail_node(*, session: Session, run_id: str, node_rank: int, reason: str) -> None:
+    """Say at once that this node failed (the other nodes stop on it); the worker stays reserved
+    until it has finished the run."""
+    node = store.get_node_for_update(session, run_id, node_rank)
+    if node is not None and node.status not in FINAL_NODE_STATUSES:
+        node.status, node.reason, node.finished_at = "failed", reason, utcnow()
+
+
 def close_nodes(*, session: Session, run_id: str) -> None:
     """The run is over: parts never started are released with their workers; node 0's worker is freed.
     Parts still running are left to their own workers, which stop them and free themselves."""
