@@ -104,6 +104,7 @@ def test_two_competing_two_node_jobs_both_succeed_one_after_the_other_with_the_l
     first, second = sorted(runs.values(), key=lambda r: r["started_at"])
     assert at(first["finished_at"]) <= at(second["started_at"]), "two 2-node jobs on two hosts ran one after the other"
     wait_until(lambda: all(w["run_id"] is None for w in live_hosts(client).values()), "both hosts to be free", timeout=30)
+    assert not any(rank_processes(run["id"]) for run in runs.values())
 
 
 def test_killing_one_nodes_rank_fails_the_whole_job_and_frees_both_hosts(two_hosts) -> None:
