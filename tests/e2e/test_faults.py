@@ -71,13 +71,13 @@ def lab(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with private_redis(root) as redis:
         base = Settings(home=root / "api", database_url=postgres_url, broker_url=redis.url, **FAST_LEASES)
         settings = host_settings(base, root / "worker", HOST)
-        worker = start_worker(settings, root / "worker.log")
+        lab = Lab(settings, api_client(settings), redis, root, start_worker(settings, root / "worker.log"))
         try:
-            with api_client(settings) as client:
-                wait_until(lambda: HOST in live_hosts(client), "the worker to register", timeout=60)
-                yield Lab(settings, client, redis, root, worker)
+            with lab.client:
+                wait_until(lambda: HOST in live_hosts(lab.client), "the worker to register", timeout=60)
+                yield lab
         finally:
-            stop_worker(worker)
+            stop_worker(lab.worker)  # the last one started: the tests restart it
 
 
 def lease_lapsed(settings: Settings, run_id: str) -> bool:
