@@ -14,6 +14,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from parallab.core.spec import POOL_PATTERN
+
 PLACEHOLDER_SECRET = "change-me"
 
 
@@ -34,7 +36,25 @@ class Settings(BaseSettings):
     max_job_seconds: int = Field(1800, ge=10, description="Wall-clock limit of one torchrun job.")
     max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest result document CI may upload.")
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
-    queue: str = Field("parallab", description="Celery queue this worker consumes (one per hardware kind in a lab).")
+    queue: str = Field("parallab", description="Prefix of the Celery queues: pool P is consumed from queue '<queue>.<P>'.")
+
+    # Issues 10 and 13: the fleet — pools, heartbeats, leases, multi-node reservations.
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="This worker's pool (default: named after its hardware: cpu, h100x8).")
+    default_pool: str | None = Field(
+        None, pattern=POOL_PATTERN, description="The pool of a job that names none (default: the first live pool that can run it)."
+    )
+    worker_host: str | None = Field(None, max_length=200, description="The host this worker stands for (default: the hostname).")
+    worker_address: str | None = Field(
+        None, max_length=200, description="Where other hosts reach this one for a multi-node rendezvous (default: the host's address)."
+    )
+    worker_devices: int | None = Field(
+        None, ge=1, le=1024, description="Ranks one node may run on this worker (default: its GPUs; on CPU, max_world_size)."
+    )
+    heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker heartbeats; its runs' leases live on it.")
+    worker_ttl_s: float = Field(30.0, gt=0, le=3600, description="A worker silent this long is dead and its runs' leases have lapsed.")
+    reservation_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="A host reserved for a multi-node job that has not started its part by then fails the job."
+    )
 
     # Accounts and CI series (issue #11).
     allow_local_mode: bool = Field(

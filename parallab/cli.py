@@ -17,6 +17,7 @@ from parallab.commands.plan import plan
 from parallab.commands.token import token_app
 from parallab.commands.upload import upload
 from parallab.commands.user import user_app
+from parallab.commands.worker import worker
 
 app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
@@ -28,6 +29,7 @@ console = Console(stderr=True)
 app.command("plan")(plan)
 app.command("bench")(bench)
 app.command("upload")(upload)
+app.command("worker")(worker)
 
 
 @db_app.command("upgrade")
@@ -39,34 +41,6 @@ def db_upgrade(revision: str = "head") -> None:
     settings.ensure_home()
     upgrade(settings.sqlalchemy_url, revision)
     console.print(f"[green]database at {revision}[/green]")
-
-
-@app.command()
-def worker(
-    queue: Annotated[str | None, typer.Option(help="Queue to consume (default from settings).")] = None,
-    loglevel: str = "INFO",
-) -> None:
-    """Run the Celery worker that owns this host's accelerators (one job at a time)."""
-    from workers.celery_app import celery_app
-
-    settings = get_settings()
-    celery_app.worker_main(
-        [
-            "worker",
-            "--pool",
-            "solo",
-            "--concurrency",
-            "1",
-            "--queues",
-            queue or settings.queue,
-            "--loglevel",
-            loglevel,
-            "--without-gossip",
-            "--without-mingle",
-            "--hostname",
-            f"parallab@{os.uname().nodename}",
-        ]
-    )
 
 
 def _raise_system_exit(signum: int, _frame: object) -> None:

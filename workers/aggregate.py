@@ -4,11 +4,16 @@ Runs in the worker (or `parallab bench`) after torchrun exits. Pure Python, no t
 wrote its `RankRecord` (`parallab.core.result`) to `RunDir.rank_record(r)`; this reads them back
 and builds the `ResultDocument` with the core's formulas — the summary (`metrics.summarize`), the
 prediction (`prediction.predict`) and the gap rule (`flags.prediction_flags`).
+
+A multi-node job's ranks write into each host's own run directory; every node's worker reads its
+host's records (`read_node_records`) and hands them on through the database (`run_nodes.records`,
+issue 13); node 0 merges them (`merge_nodes`) and builds the one document here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parallab.core.flags import prediction_flags
@@ -31,12 +36,39 @@ def read_rank_records(run_dir: RunDir, world_size: int) -> list[RankRecord]:
     return records
 
 
-def build_result(job: ResolvedJob, records: list[RankRecord]) -> ResultDocument:
-    """The result document of a finished job from its ranks' records (rank order)."""
+_RECORD = re.compile(r"rank(\d+)\.json")
+
+
+def read_node_records(run_dir: RunDir) -> list[RankRecord]:
+    """The records of whichever ranks ran on this host (c10d numbers the nodes, so which global
+    ranks landed here is read from the files, not assumed), in rank order."""
+    found = sorted((int(m.group(1)), path) for path in run_dir.path.iterdir() if (m := _RECORD.fullmatch(path.name)))
+    return [RankRecord.model_validate_json(path.read_text()) for _, path in found]
+
+
+def merge_nodes(per_node: Sequence[Sequence[RankRecord]], world_size: int) -> list[RankRecord]:
+    """Every node's records as one list in rank order; each rank exactly once, or a ValueError naming the gap."""
+    by_rank: dict[int, RankRecord] = {}
+    for records in per_node:
+        for record in records:
+            if record.rank in by_rank:
+                raise ValueError(f"rank {record.rank} reported twice")
+            by_rank[record.rank] = record
+    missing = [r for r in range(world_size) if r not in by_rank]
+    if missing:
+        raise ValueError(f"no record from rank(s) {', '.join(map(str, missing))}")
+    return [by_rank[r] for r in range(world_size)]
+
+
+def build_result(job: ResolvedJob, records: list[RankRecord], *, hosts: Sequence[str] | None = None) -> ResultDocument:
+    """The result document of a finished job from its ranks' records (rank order); `hosts`: the
+    job's hosts by node, when a worker ran it (added to `hardware`)."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
-    hardware = lead.hardware or {}
+    hardware = dict(lead.hardware or {})
+    if hosts:
+        hardware["hosts"] = list(hosts)
     loss = lead.loss or LossCurve()
     summary = summarize(
         ranks=rank_dicts,

@@ -5,11 +5,15 @@ run directory (`parallab.core.rundir.RunDir`). The launcher writes the frozen `R
 `RunDir.job` and the ranks load it from there — they never resolve a spec themselves. The
 caller's process never imports torch or forks ranks itself; a crash, a timeout or a cancel takes
 the whole process group down and nothing else.
+
+A multi-node job runs one torchrun per host (`NodeLaunch`): `--nnodes N --node-rank r
+--rdzv-backend c10d --rdzv-endpoint <node 0>:<port>`, node 0 hosting the rendezvous store.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,10 +31,29 @@ LOG_TAIL_LINES = 60
 
 
 @dataclass(frozen=True)
+class NodeLaunch:
+    """One host's part of a multi-node job."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str
+    """node 0's `address:port`, where the c10d rendezvous store listens."""
+    rdzv_id: str
+    """The same on every node of one job (the run id)."""
+    join_timeout_s: int = 600
+    """How long a node waits at the rendezvous for the others (the reservation's timeout)."""
+
+    @property
+    def is_host(self) -> bool:
+        """Node 0 hosts the rendezvous store (said outright: on one machine every node would match the address)."""
+        return self.node_rank == 0
+
+
+@dataclass(frozen=True)
 class LaunchOutcome:
     returncode: int | None
     reason: str | None
-    """None on success; else 'exit code N', 'timed out after S s' or 'cancelled'."""
+    """None on success; else 'exit code N', 'timed out after S s', 'cancelled' or what `should_stop` said."""
     log_tail: str
 
     @property
@@ -38,17 +61,35 @@ class LaunchOutcome:
         return self.reason is None
 
 
-def torchrun_command(job: ResolvedJob, run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | None) -> list[str]:
-    """torchrun running `workers.harness.main` on the job file of `run_dir`, one process per rank."""
+def torchrun_command(
+    job: ResolvedJob, run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | None, node: NodeLaunch | None = None
+) -> list[str]:
+    """torchrun running `workers.harness.main` on the job file of `run_dir`, one process per rank of
+    this host: the whole job on one host, or this node's share over a c10d rendezvous."""
+    if node is None:
+        where = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(job.world_size)]
+    else:
+        where = [
+            "--nnodes",
+            str(node.nnodes),
+            "--node-rank",  # informative: c10d numbers the nodes itself; the ranks of one node stay contiguous
+            str(node.node_rank),
+            "--nproc-per-node",
+            str(job.ranks_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            node.endpoint,
+            "--rdzv-id",
+            node.rdzv_id,
+            "--rdzv-conf",
+            f"is_host={str(node.is_host).lower()},join_timeout={node.join_timeout_s}",
+        ]
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(job.world_size),
+        *where,
         "-m",
         "workers.harness.main",
         "--job",
@@ -66,7 +107,7 @@ def torchrun_command(job: ResolvedJob, run_dir: RunDir, *, trace_cap_bytes: int,
 def rank_environment(job: ResolvedJob) -> dict[str, str]:
     env = dict(os.environ)
     cores = os.cpu_count() or 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.world_size)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.ranks_per_node)))
     env["PYTHONUNBUFFERED"] = "1"
     # The ranks import workers/ and parallab/ from wherever this process found them.
     root = str(Path(__file__).resolve().parent.parent)
@@ -82,6 +123,18 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         fh.seek(max(0, fh.tell() - 64 * 1024))
         text = fh.read().decode(errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None: JSON columns (JSONB) refuse them, and a
+    progress line from a diverging run must not crash the write that records it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 class ProgressTail:
@@ -106,7 +159,7 @@ class ProgressTail:
         fresh = None
         for line in chunk[:end].splitlines():
             try:
-                fresh = json.loads(line)
+                fresh = finite(json.loads(line))
             except json.JSONDecodeError:
                 continue
         if fresh is not None:
@@ -137,16 +190,22 @@ def launch(
     cache_dir: Path | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    node: NodeLaunch | None = None,
     poll_s: float = 0.5,
 ) -> LaunchOutcome:
-    """Run the job's ranks to completion (or until the limit or a cancel) and say how it ended."""
+    """Run the job's ranks to completion (or until the limit, a cancel or a stop) and say how it ended.
+
+    `should_stop` returns why the ranks must stop now (a cancel, another node's fault, a lapsed
+    lease), or None; `on_start` gets the ranks' process group id as soon as it exists."""
     run_dir.create()
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress)
     with run_dir.log.open("wb") as log:
         proc = subprocess.Popen(
-            torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir),
+            torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -155,12 +214,18 @@ def launch(
         )
         reason = None
         try:
+            if on_start is not None:
+                on_start(proc.pid)  # start_new_session: torchrun leads its own process group
             while proc.poll() is None:
                 time.sleep(poll_s)
                 if on_progress is not None and (fresh := progress.poll()) is not None:
                     on_progress(fresh)
                 if should_cancel is not None and should_cancel():
                     reason = "cancelled"
+                    stop_process_group(proc)
+                    break
+                if should_stop is not None and (why := should_stop()) is not None:
+                    reason = why
                     stop_process_group(proc)
                     break
                 if time.monotonic() > deadline:

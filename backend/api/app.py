@@ -12,7 +12,7 @@ from backend.api import pages
 from backend.api.deps import gate
 from backend.api.errors import install_error_handlers
 from backend.api.pages.assets import static_files
-from backend.api.routes import accounts, analysis, plan, results, runs, series
+from backend.api.routes import accounts, analysis, metrics, plan, results, runs, series, workers
 from backend.config import get_settings
 
 API_PREFIX = "/api/v1"
@@ -52,7 +52,9 @@ def create_app() -> FastAPI:
     api.include_router(analysis.router)
     api.include_router(series.router)
     api.include_router(accounts.router)
+    api.include_router(workers.router)
     app.include_router(api)
+    app.include_router(metrics.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

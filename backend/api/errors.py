@@ -6,6 +6,7 @@ from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from backend.api.deps import LoginRequired, is_api
 from backend.services.auth import AccountError, Forbidden
@@ -60,3 +61,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AccountError)
     async def _account(_: Request, exc: AccountError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]})
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+        # Issue 10: the database is unreachable (or went away mid-request). The engine's pool
+        # pre-pings, so the next request after it is back reconnects: no restart needed.
+        return JSONResponse(
+            status_code=503, content={"detail": "the database is unavailable; try again shortly"}, headers={"Retry-After": "5"}
+        )

@@ -9,6 +9,7 @@ from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.series import VERDICTS, Series, SeriesVerdict
 from backend.models.tokens import ApiToken
+from backend.models.workers import FINAL_NODE_STATUSES, NODE_STATUSES, RunNode, Worker
 
 __all__ = [
     "NAMING_CONVENTION",
@@ -30,4 +31,8 @@ __all__ = [
     "VERDICTS",
     "Series",
     "SeriesVerdict",
+    "FINAL_NODE_STATUSES",
+    "NODE_STATUSES",
+    "RunNode",
+    "Worker",
 ]

@@ -63,6 +63,13 @@ class Run(Base):
     # issue #9: communication no compute overlaps / step time (summary.exposed_comm_fraction)
     exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
 
+    # Issues 10 and 13: where it runs and who holds its lease (the worker's heartbeat is the lease).
+    pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")
+    worker_id: Mapped[str | None] = mapped_column(
+        String(32), doc="The worker that claimed it (node 0's); its heartbeat is the run's lease."
+    )
+    host: Mapped[str | None] = mapped_column(String(200), doc="node 0's host")
+
     user: Mapped[User | None] = relationship(lazy="selectin")
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")

@@ -37,6 +37,10 @@ class RunSummary(BaseModel):
     repository: str | None = None
     pr: int | None = None
     ci_url: str | None = None
+    pool: str | None = None
+    """The pool it was queued on (issue 13)."""
+    host: str | None = None
+    """node 0's host, once a worker claimed it."""
 
 
 class RunRead(RunSummary):

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import time
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from backend.metrics import INGEST_LATENCY
 from backend.models import Run
 from backend.store import runs as store
 from parallab.core.checks import DocumentError, check_summary
@@ -32,10 +34,17 @@ def workload_key(workload: dict[str, Any]) -> str:
 
 def hardware_key(hardware: dict[str, Any]) -> str:
     """E.g. 'cpu:Intel(R) Xeon(R) Processor' or 'cuda:NVIDIA H100 80GB HBM3' — runs on different
-    hardware are never ranked together."""
+    hardware are never ranked together. A job over several hosts adds its topology, nodes ×
+    devices per host ('cuda:NVIDIA H100 80GB HBM3 [2x4]'): 2×4 is not 1×8 (issue 13). One-host
+    keys are unchanged, so stored keys stay valid."""
     device = str(hardware.get("device") or "unknown")
     name = hardware.get("device_name")
-    return f"{device}:{name}"[:200] if name else device
+    key = f"{device}:{name}" if name else device
+    nodes, per_host = hardware.get("nodes"), hardware.get("devices_per_host")
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1:
+        topology = f" [{nodes}x{per_host}]" if isinstance(per_host, int) and not isinstance(per_host, bool) else f" [{nodes} nodes]"
+        return key[: 200 - len(topology)] + topology
+    return key[:200] if name else device
 
 
 def summary_columns(doc: ResultDocument) -> dict[str, Any]:
@@ -79,6 +88,7 @@ def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str
 
 def attach_result(session: Session, *, run: Run, document: ResultDocument, traces: dict[int, bytes] | None = None) -> None:
     """Store `document` as `run`'s result and mark the run succeeded (caller commits)."""
+    start = time.perf_counter()
     rank_rows, comm_rows = _rank_rows(document)
     store.store_result(
         session,
@@ -90,6 +100,7 @@ def attach_result(session: Session, *, run: Run, document: ResultDocument, trace
         traces=traces or {},
     )
     store.set_status(session, run, "succeeded")
+    INGEST_LATENCY.observe(time.perf_counter() - start, source=run.source)
 
 
 def checked_upload(document: ResultDocument) -> ResultDocument:

@@ -17,8 +17,10 @@ from typing import Any
 from annotated_types import Ge
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from sqlalchemy.orm import Session
 
 from backend.config import Settings
+from backend.services import workers as fleet
 from backend.services.runs import limits
 from parallab.core.jobs import resolve_job
 from parallab.core.model import PRESETS, SHAPE_FIELDS
@@ -181,6 +183,8 @@ def form_to_spec(form: Any) -> dict[str, Any]:
         "strategy": {"name": strategy, "world_size": get("world_size") or "1", "options": options},
         "trace": form.get("trace") is not None,
     }
+    if get("pool") or get("nodes") not in ("", "1"):
+        spec["placement"] = {"pool": get("pool") or None, "nodes": get("nodes") or "1"}
     if get("name"):
         spec["name"] = get("name")
     tags = [t.strip() for t in get("tags").split(",") if t.strip()]
@@ -202,6 +206,8 @@ def field_for(loc: tuple[Any, ...], strategy: str) -> str:
         if loc[1] == "options" and len(loc) > 2:
             return f"opt.{strategy}.{loc[2]}"
         return str(loc[1])
+    if loc[0] == "placement" and len(loc) > 1:
+        return str(loc[1])
     if loc[0] in ("name", "trace", "tags"):
         return str(loc[0])
     return "__all__"
@@ -221,8 +227,9 @@ class FormCheck:
         return not self.errors
 
 
-def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None = None) -> FormCheck:
-    """Validate form data as the API would, predict the job, and refuse what cannot fit in memory."""
+def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None = None, session: Session | None = None) -> FormCheck:
+    """Validate form data as the API would, predict the job, and refuse what cannot fit in memory
+    or what no live pool can run (with a session: the API's own placement check)."""
     raw = form_to_spec(form)
     strategy = raw["strategy"]["name"]
     errors: dict[str, list[str]] = {}
@@ -240,6 +247,13 @@ def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None =
         for problem in exc.problems:
             errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
         return FormCheck(spec, errors)
+    if session is not None:
+        try:
+            fleet.place(session=session, job=job, settings=settings)
+        except SpecError as exc:
+            for problem in exc.problems:
+                errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
+            return FormCheck(spec, errors)
     prediction = predict(job)
     fit = memory_fit(prediction, world_size=job.world_size, host_memory_bytes=host_memory_bytes)
     if fit and not fit["fits"]:
@@ -302,6 +316,11 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
             values[name] = [str(v) for v in value]
         elif value is not None:
             values[name] = str(value)
+    placement = spec.get("placement") or {}
+    if placement.get("pool"):
+        values["pool"] = placement["pool"]
+    if placement.get("nodes", 1) != 1:
+        values["nodes"] = str(placement["nodes"])
     if spec.get("trace"):
         values["trace"] = "on"
     if spec.get("name"):
@@ -309,3 +328,26 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("tags"):
         values["tags"] = ", ".join(spec["tags"])
     return values
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """A pool the form offers, with what a job may ask of it (issue 13)."""
+
+    name: str
+    hosts: int
+    devices_per_host: int
+    memory_per_device_bytes: int | None
+
+    @property
+    def label(self) -> str:
+        memory = f", {self.memory_per_device_bytes / 1024**3:.1f} GiB each" if self.memory_per_device_bytes else ""
+        return f"{self.name} — {self.hosts} live host(s) × {self.devices_per_host} device(s){memory}"
+
+
+def pool_choices(*, session: Session, settings: Settings) -> list[PoolChoice]:
+    """The pools that exist (a worker registered them) and their live limits, for the form's select."""
+    return [
+        PoolChoice(p.name, p.hosts, p.devices_per_host, p.memory_per_device_bytes)
+        for p in sorted(fleet.pool_capacities(session, settings).values(), key=lambda p: p.name)
+    ]

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
+from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
 from backend.store import runs as store
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
@@ -53,8 +54,10 @@ def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None) -> Run:
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
-    `user_id`: who submitted it (None in local mode)."""
+    `user_id`: who submitted it (None in local mode). The run is placed on a pool that can run it
+    (SpecError, a 422 naming the pool and the limit, if none can)."""
     job = validate_spec(spec=spec, settings=settings)
+    pool = fleet.place(session=session, job=job, settings=settings)
     return store.add_run(
         session,
         Run(
@@ -67,6 +70,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
             world_size=job.world_size,
             model=job.workload.model,
             user_id=user_id,
+            pool=pool,
         ),
     )
 
@@ -80,7 +84,7 @@ def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id)
     session.commit()
     try:
-        enqueue_run(settings, run.id)
+        enqueue_run(settings, run.id, pool=run.pool)
     except Exception as exc:  # any failure to publish: the run must not look queued
         log.exception("could not enqueue run %s", run.id)
         store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
@@ -122,8 +126,10 @@ def check_owner(*, principal: Principal, run: Run) -> None:
         raise Forbidden("only the member who submitted or uploaded a run, or an admin, can cancel it")
 
 
-def cancel_run(*, session: Session, run_id: str) -> Run:
-    """A queued run is cancelled at once; a running one is flagged and its worker kills it (commits)."""
+def cancel_run(*, session: Session, run_id: str, settings: Settings | None = None) -> Run:
+    """A queued run is cancelled at once; a running one is flagged and its worker kills it; a running
+    one whose worker is lost (its lease lapsed) is cancelled at once, and the next worker on its
+    host kills its orphaned ranks (commits)."""
     run = store.get_run_for_update(session, run_id)
     if run is None:
         raise RunNotFound(run_id)
@@ -131,6 +137,15 @@ def cancel_run(*, session: Session, run_id: str) -> Run:
         raise RunStateError(f"run is already {run.status}")
     if run.status == "queued":
         store.set_status(session, run, "cancelled", error="cancelled before it started")
+    elif settings is not None and fleet.lease_lapsed(session=session, run=run, settings=settings):
+        run.cancel_requested = True
+        fleet.mark_lost(
+            session=session,
+            run=run,
+            settings=settings,
+            status="cancelled",
+            error=f"cancelled; {fleet.lost_reason(session, run)}",
+        )
     else:
         run.cancel_requested = True
     session.commit()

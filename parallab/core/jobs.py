@@ -57,6 +57,21 @@ class ResolvedJob(BaseModel):
         return self.spec.workload
 
     @property
+    def nodes(self) -> int:
+        """Hosts the job spans (1 unless its placement says more)."""
+        return self.spec.placement.nodes if self.spec.placement is not None else 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks each host runs: the world size split evenly over the nodes."""
+        return self.world_size // self.nodes
+
+    @property
+    def pool(self) -> str | None:
+        """The pool the spec names (None: the deployment's default)."""
+        return self.spec.placement.pool if self.spec.placement is not None else None
+
+    @property
     def descriptor(self) -> StrategyDescriptor[Any]:
         return get_descriptor(self.strategy)
 
@@ -171,6 +186,8 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
             SpecProblem(("strategy", "world_size"), f"world size {world} is above this worker's limit of {limits.max_world_size}")
         )
     problems += descriptor.world_size_problems(world)
+    if spec.placement is not None and world % spec.placement.nodes:
+        problems.append(SpecProblem(("placement", "nodes"), f"world size {world} does not split evenly over {spec.placement.nodes} nodes"))
     if limits.max_steps is not None and wl.steps > limits.max_steps:
         problems.append(SpecProblem(("workload", "steps"), f"steps {wl.steps} is above the limit of {limits.max_steps}"))
     if wl.model not in PRESETS:

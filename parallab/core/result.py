@@ -237,3 +237,20 @@ class RankRecord(RankResult):
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""
         return RankResult.model_validate(self.model_dump(include=set(RankResult.model_fields), exclude_none=True))
+
+
+class FailureRecord(BaseModel):
+    """Why a job's ranks stopped, written by the rank that saw it (`RunDir.failure`) and read by the
+    worker: the run's error comes from this record, never from scraping the log (issue 10)."""
+
+    model_config = _closed
+    kind: Literal["diverged"]
+    phase: str = Field(description="'train', 'warmup' or 'reference' (the `single` curve computed in the job).")
+    step: int = Field(ge=1, description="The optimizer step, counted from 1 with warm-up steps included.")
+    rank: int = Field(ge=0)
+    value: str = Field(description="The non-finite value seen: 'nan', 'inf' or '-inf'.")
+
+    @property
+    def message(self) -> str:
+        where = "" if self.phase in ("train", "warmup") else f" in the {self.phase} run"
+        return f"loss diverged at step {self.step}{where} ({self.value} on rank {self.rank})"

@@ -7,6 +7,7 @@ One place for every name, so the launcher, the ranks, the aggregation and the te
     progress.jsonl        live progress, one JSON line per step (one rank writes it)
     rank{r}.json          rank r's `RankRecord`, written atomically at the end
     trace_rank{r}.json.gz rank r's Chrome trace (traced runs, size-capped)
+    failure.json          why the ranks stopped, when a rank knows (`FailureRecord`: the loss diverged)
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class RunDir:
     @property
     def progress(self) -> Path:
         return self.path / "progress.jsonl"
+
+    @property
+    def failure(self) -> Path:
+        """A rank's `FailureRecord` (parallab.core.result), written once by the rank that saw the fault."""
+        return self.path / "failure.json"
 
     def rank_record(self, rank: int) -> Path:
         return self.path / f"rank{rank}.json"

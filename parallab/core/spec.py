@@ -157,6 +157,23 @@ class StrategySpec(BaseModel):
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
+POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+"""A pool's name: lower-case letters, digits, '-' and '_' (it is part of a queue name)."""
+
+
+class Placement(BaseModel):
+    """Where a job runs (issue 13): a pool of workers, and over how many of its hosts.
+
+    `strategy.world_size` is the total number of ranks; they are split evenly over the nodes, so
+    node r runs global ranks r·(world/nodes) … (r+1)·(world/nodes) − 1 (torchrun's layout)."""
+
+    model_config = STRICT
+
+    pool: str | None = Field(
+        None, pattern=POOL_PATTERN, description="A pool of workers (one hardware kind), e.g. `cpu` or `h100x8`; none: the default pool."
+    )
+    nodes: int = Field(1, ge=1, le=1024, description="Hosts the job spans (multi-node over torchrun's c10d rendezvous).")
+
 
 class JobSpec(BaseModel):
     """One job: the API's request body, `parallab bench --spec`'s file, and a result's origin."""
@@ -177,3 +194,4 @@ class JobSpec(BaseModel):
         ),
     )
     tags: list[Tag] = Field(default_factory=list, max_length=20)
+    placement: Placement | None = Field(None, description="Pool and node count (issue 13); none: one host of the default pool.")

@@ -67,6 +67,10 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/scaling"): "read",
     ("GET", "/series"): "read",
     ("GET", "/series/{series_id}"): "read",
+    # The fleet (issue #13); Prometheus scrapes /metrics with any user's token outside local mode.
+    ("GET", "/api/v1/workers"): "read",
+    ("GET", "/workers"): "read",
+    ("GET", "/metrics"): "read",
     # Running jobs: submit; cancel only one's own run (admins any).
     ("POST", "/api/v1/runs"): "submit",
     ("POST", "/runs/new"): "submit",

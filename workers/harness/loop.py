@@ -26,6 +26,7 @@ import torch.distributed as dist
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import StrategyOptions
+from workers.harness import divergence
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
 from workers.harness.measure import StepProfiler, device_peaks, reset_device_peaks
@@ -104,6 +105,8 @@ def train(
         if progress.path is None:
             return
         value = float(loss.item()) if strategy.loss_weight(ctx, options) > 0 else None
+        stage = phase if phase != "train" else ("warmup" if warmup else "train")
+        divergence.check_loss(value, phase=stage, step=step + 1, rank=ctx.rank)  # issue 10: stop a diverged run now
         if phase != "train":
             progress.write(phase, step, wl.warmup_steps + wl.steps, value)
         elif warmup:

@@ -38,8 +38,8 @@ from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from parallab.core.strategies.moe import MoEOptions
-from workers import strategies
-from workers.harness import loop, measure
+from workers import strategies, topology
+from workers.harness import divergence, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
@@ -112,17 +112,9 @@ def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, p
 # ---- what rank 0 adds ----
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware(ctx: RunContext) -> dict[str, Any]:
+    """The host rank 0 runs on, and the job's topology: nodes × devices per host and how the devices
+    of a host are wired (the worker adds every node's host name; `hardware_key` groups by this)."""
     cuda = ctx.device.type == "cuda"
     try:
         import psutil
@@ -132,11 +124,14 @@ def hardware(ctx: RunContext) -> dict[str, Any]:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {
         "device": ctx.device.type,
-        "device_name": torch.cuda.get_device_name(ctx.device) if cuda else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(ctx.device) if cuda else topology.cpu_name(),
         "device_count": torch.cuda.device_count() if cuda else 1,
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "memory_bytes": memory,
+        "nodes": max(1, ctx.world_size // max(1, ctx.local_world_size)),
+        "devices_per_host": ctx.local_world_size,
+        "interconnect": topology.interconnect() if cuda else "cpu",
     }
 
 
@@ -190,6 +185,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
 
     # After the measured steps (and the profiled window): the collectives of the bookkeeping, then the measurements.
     losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, options), ctx=ctx)
+    divergence.check_curve(losses, first_step=job.workload.warmup_steps + 1, rank=ctx.rank)
     profiled = profiler.results().record_fields() if profiler is not None else {}
     if result.peak_allocated_bytes is not None:  # CUDA: the allocator's own peak over the timed steps
         profiled.update(peak_allocated_bytes=result.peak_allocated_bytes, peak_reserved_bytes=result.peak_reserved_bytes)
@@ -227,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             run_sweep(job, ctx, run_dir)
         if dist.is_initialized() and ctx.world_size > 1:
             dist.barrier()  # nobody tears the group down while rank 0 still computes the reference
+    except divergence.Diverged as exc:  # a fault the worker reports as data, not as a traceback
+        divergence.write_failure(RunDir(args.run_dir), exc.record)
+        print(f"parallab: {exc}", file=sys.stderr, flush=True)
+        code = 1
     except BaseException:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()

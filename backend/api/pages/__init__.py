@@ -9,6 +9,7 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `scaling`      throughput against world size
 - `accounts`     log in and out, one's API tokens, users (admins)   (issue #11)
 - `series`       CI series and their history with alerts               (issue #11)
+- `workers`      the fleet: pools, hosts, what each runs, queue lengths
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.pages import accounts, assets, compare, leaderboard, runs, scaling, series
+from backend.api.pages import accounts, assets, compare, leaderboard, runs, scaling, series, workers
 
 ROUTERS: tuple[APIRouter, ...] = (
     assets.router,
@@ -27,5 +28,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     scaling.router,
     accounts.router,
     series.router,
+    workers.router,
 )
 """Every page router, for the app to include."""

@@ -76,7 +76,12 @@ def index(
 
 
 def form_page(
-    request: Request, settings: Settings, values: dict[str, Any], errors: dict[str, list[str]], status_code: int = 200
+    request: Request,
+    settings: Settings,
+    values: dict[str, Any],
+    errors: dict[str, list[str]],
+    status_code: int = 200,
+    pools: list[run_form.PoolChoice] | None = None,
 ) -> HTMLResponse:
     """The job form, with what the user typed and the errors beside their fields."""
     return render(
@@ -98,6 +103,7 @@ def form_page(
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
             "trace_help": run_form.TRACE_HELP,
+            "pools": pools or [],
         },
         status_code=status_code,
         settings=settings,
@@ -111,7 +117,7 @@ def new_run(
     values = run_form.default_values()
     if from_:
         values = run_form.spec_to_values(run_service.get_run(session=session, run_id=from_).spec)
-    return form_page(request, settings, values, {})
+    return form_page(request, settings, values, {}, pools=run_form.pool_choices(session=session, settings=settings))
 
 
 @router.post("/runs/new", response_class=HTMLResponse)
@@ -121,9 +127,10 @@ def submit_run(request: Request, form: FormDep, session: SessionDep, settings: S
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
-    check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings))
+    check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings), session=session)
     if not check.ok or check.spec is None:
-        return form_page(request, settings, values, check.errors, status_code=422)
+        pools = run_form.pool_choices(session=session, settings=settings)
+        return form_page(request, settings, values, check.errors, status_code=422, pools=pools)
     try:
         run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id)
     except QueueUnavailable as exc:
@@ -132,9 +139,9 @@ def submit_run(request: Request, form: FormDep, session: SessionDep, settings: S
 
 
 @router.get("/runs/new/plan.json")
-def plan_json(request: Request, settings: SettingsDep) -> dict[str, Any]:
-    """The form's live check: errors by field, the prediction, and whether it fits this host."""
-    check = run_form.check_form(form=request.query_params, settings=settings, host_memory_bytes=host_memory(settings))
+def plan_json(request: Request, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """The form's live check: errors by field, the prediction, and whether it fits this host and a live pool."""
+    check = run_form.check_form(form=request.query_params, settings=settings, host_memory_bytes=host_memory(settings), session=session)
     return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
 
 
@@ -186,5 +193,5 @@ def cancel(
         raise HTTPException(403, detail=str(exc)) from None
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
-        run_service.cancel_run(session=session, run_id=run_id)
+        run_service.cancel_run(session=session, run_id=run_id, settings=settings)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)

@@ -64,10 +64,10 @@ def read_run(run_id: str, session: SessionDep) -> RunRead:
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)
-def cancel_run(run_id: str, session: SessionDep, principal: CancellerDep) -> RunRead:
+def cancel_run(run_id: str, session: SessionDep, settings: SettingsDep, principal: CancellerDep) -> RunRead:
     """Cancel a run: a member only its own, an admin any."""
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
-    return run_read(run_service.cancel_run(session=session, run_id=run_id))
+    return run_read(run_service.cancel_run(session=session, run_id=run_id, settings=settings))
 
 
 @router.get("/{run_id}/trace", responses={200: {"content": {"application/gzip": {}}}})

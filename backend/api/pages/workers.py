@@ -1,0 +1,21 @@
+"""The /workers page: each pool, its hosts, which are alive, what each runs now, its queue length."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from backend.api.deps import SessionDep, SettingsDep
+from backend.api.pages.rendering import render
+from backend.queue import queue_lengths
+from backend.services import workers as fleet
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/workers", response_class=HTMLResponse)
+def workers_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    fleet.reconcile_lost_runs(session=session, settings=settings)
+    session.commit()
+    pools = fleet.fleet(session=session, settings=settings, queue_lengths=lambda names: queue_lengths(settings, names))
+    return render(request, "workers.html", {"pools": pools, "ttl_s": settings.worker_ttl_s}, settings=settings)
