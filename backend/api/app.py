@@ -6,8 +6,11 @@ from fastapi import APIRouter, FastAPI
 
 from backend.api import pages
 from backend.api.errors import install_error_handlers
+from backend.api.lifespan import lifespan
+from backend.api.openapi import install_openapi
 from backend.api.pages.assets import static_files
 from backend.api.routes import analysis, plan, results, runs
+from backend.api.security import SecurityMiddleware
 
 API_PREFIX = "/api/v1"
 
@@ -17,8 +20,12 @@ def create_app() -> FastAPI:
         title="parallab",
         version="0.1.0",
         description="A lab bench for distributed-training parallelism: run, measure, predict and compare strategies.",
+        lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_openapi(app)
+    docs = [p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    app.add_middleware(SecurityMiddleware, docs_paths=docs)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)
     api.include_router(results.router)

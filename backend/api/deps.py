@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, status
+from fastapi import Depends, Header, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
 from backend.config import Settings, get_settings
@@ -28,6 +28,15 @@ def get_session(settings: SettingsDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
+def local_mode(request: Request) -> bool:
+    """Whether this request is served in local mode, as the security middleware decided it from the
+    real bind (`backend.api.bind`); False when no middleware decided (fail closed)."""
+    return bool(getattr(request.state, "local_mode", False))
+
+
+LocalModeDep = Annotated[bool, Depends(local_mode)]
+
+
 def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
@@ -37,8 +46,8 @@ def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str |
 def require_scope(scope: str, *, local_mode_allows: bool = False) -> Callable[..., None]:
     """A dependency that demands a token with `scope` (waived in local mode where allowed)."""
 
-    def dependency(session: SessionDep, settings: SettingsDep, token: Annotated[str | None, Depends(bearer_token)]) -> None:
-        if local_mode_allows and settings.local_mode and token is None:
+    def dependency(session: SessionDep, local: LocalModeDep, token: Annotated[str | None, Depends(bearer_token)]) -> None:
+        if local_mode_allows and local and token is None:
             return
         try:
             check_token(session=session, token=token, scope=scope)

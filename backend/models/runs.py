@@ -52,6 +52,8 @@ class Run(Base):
     peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    # Issue #10: the hash of the document first uploaded with `idempotency_key` (a replay must match it).
+    idempotency_body_sha256: Mapped[str | None] = mapped_column(String(64))
 
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")

@@ -11,6 +11,7 @@ import json
 import statistics
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.models import Run
@@ -32,7 +33,7 @@ def hardware_key(hardware: dict[str, Any]) -> str:
     hardware are never ranked together."""
     device = str(hardware.get("device") or "unknown")
     name = hardware.get("device_name")
-    return f"{device}:{name}"[:200] if name else device
+    return (f"{device}:{name}" if name else device)[:200]  # the column holds 200
 
 
 def summary_columns(doc: ResultDocument) -> dict[str, Any]:
@@ -88,12 +89,38 @@ def attach_result(session: Session, *, run: Run, document: ResultDocument, trace
     store.set_status(session, run, "succeeded")
 
 
+class IdempotencyConflict(ValueError):
+    """An Idempotency-Key already stored a different document."""
+
+
+def document_sha256(document: ResultDocument) -> str:
+    """A hash of the document's content (key order and whitespace of the upload don't matter)."""
+    canonical = json.dumps(document.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(run: Run, key: str, body_sha256: str) -> tuple[Run, bool]:
+    """The run first stored under `key`, if this is the same document."""
+    if run.idempotency_body_sha256 not in (None, body_sha256):
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} was already used for a different result document (run {run.id}); use a new key for a new result"
+        )
+    return run, False
+
+
 def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key: str | None) -> tuple[Run, bool]:
-    """A CI upload becomes a finished run. Returns (run, created); a repeated key returns the first run."""
-    if idempotency_key:
+    """A CI upload becomes a finished run. Returns (run, created).
+
+    A repeated key returns the first run, or raises IdempotencyConflict for a different document.
+    Concurrent uploads with one key race to insert it: the unique index lets one win and the
+    others wait for it, fail on the key, roll back (the upload is the transaction's only write)
+    and return the winner's run.
+    """
+    body_sha256 = document_sha256(document) if idempotency_key else None
+    if idempotency_key and body_sha256:
         existing = store.get_run_by_idempotency_key(session, idempotency_key)
         if existing is not None:
-            return existing, False
+            return _replay(existing, idempotency_key, body_sha256)
     spec = {
         "name": document.name,
         "workload": document.workload,
@@ -101,18 +128,26 @@ def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key
         "trace": False,
         "tags": document.tags,
     }
-    run = store.add_run(
-        session,
-        Run(
-            name=document.name,
-            status="running",
-            source="ci",
-            spec=spec,
-            strategy=document.strategy.name,
-            world_size=document.strategy.world_size,
-            model=str(document.workload.get("model", "custom"))[:64],
-            idempotency_key=idempotency_key,
-        ),
-    )
+    try:
+        run = store.add_run(
+            session,
+            Run(
+                name=document.name,
+                status="running",
+                source="ci",
+                spec=spec,
+                strategy=document.strategy.name,
+                world_size=document.strategy.world_size,
+                model=str(document.workload.get("model", "custom"))[:64],
+                idempotency_key=idempotency_key,
+                idempotency_body_sha256=body_sha256,
+            ),
+        )
+    except IntegrityError:
+        session.rollback()
+        winner = store.get_run_by_idempotency_key(session, idempotency_key) if idempotency_key else None
+        if winner is None or body_sha256 is None or idempotency_key is None:
+            raise
+        return _replay(winner, idempotency_key, body_sha256)
     attach_result(session, run=run, document=document)
     return run, True

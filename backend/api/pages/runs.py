@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from backend.api import csrf
-from backend.api.deps import SessionDep, SettingsDep
+from backend.api.deps import LocalModeDep, SessionDep, SettingsDep, local_mode
 from backend.api.pages.rendering import render
 from backend.config import Settings
 from backend.figures import run as run_figs
@@ -36,15 +36,6 @@ async def read_form(request: Request) -> FormData:
 FormDep = Annotated[FormData, Depends(read_form)]
 
 
-def host_memory(settings: Settings) -> int | None:
-    """This host's memory, when the ranks run here (local mode)."""
-    if not settings.local_mode:
-        return None
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
 @router.get("/", response_class=HTMLResponse)
 def index(
     request: Request,
@@ -54,9 +45,12 @@ def index(
     strategy: str | None = None,
     cursor: str | None = None,
 ) -> HTMLResponse:
-    runs, next_cursor = run_service.list_runs(
-        session=session, limit=100, cursor=cursor, filters={"status": status or None, "strategy": strategy or None}
-    )
+    try:
+        runs, next_cursor = run_service.list_runs(
+            session=session, limit=100, cursor=cursor, filters={"status": status or None, "strategy": strategy or None}
+        )
+    except ValueError as exc:  # a cursor this server did not hand out
+        return render(request, "error.html", {"title": "Bad page link", "message": str(exc)}, status_code=422, settings=settings)
     return render(
         request,
         "index.html",
@@ -84,7 +78,7 @@ def form_page(
             "job_fields": run_form.JOB_FIELDS,
             "shape_fields": run_form.SHAPE_FIELDS,
             "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
-            "local_mode": settings.local_mode,
+            "local_mode": local_mode(request),
             "max_world_size": settings.max_world_size,
         },
         status_code=status_code,
@@ -103,13 +97,13 @@ def new_run(
 
 
 @router.post("/runs/new", response_class=HTMLResponse)
-def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> Response:
+def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, local: LocalModeDep) -> Response:
     values = run_form.form_values(form)
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
-    if not settings.local_mode:
+    if not local:
         return form_page(
             request,
             settings,
@@ -117,20 +111,20 @@ def submit_run(request: Request, form: FormDep, session: SessionDep, settings: S
             {"__all__": ["this server is not in local mode: submit through the API with a token"]},
             status_code=403,
         )
-    check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings))
+    check = run_form.check_form(form=form, settings=settings, local=local)
     if not check.ok or check.spec is None:
         return form_page(request, settings, values, check.errors, status_code=422)
     try:
-        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form")
+        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form", local=local)
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 
 @router.get("/runs/new/plan.json")
-def plan_json(request: Request, settings: SettingsDep) -> dict[str, Any]:
+def plan_json(request: Request, settings: SettingsDep, local: LocalModeDep) -> dict[str, Any]:
     """The form's live check: errors by field, the prediction, and whether it fits this host."""
-    check = run_form.check_form(form=request.query_params, settings=settings, host_memory_bytes=host_memory(settings))
+    check = run_form.check_form(form=request.query_params, settings=settings, local=local)
     return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
 
 
@@ -172,12 +166,14 @@ def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.post("/runs/{run_id}/cancel")
-def cancel(request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
+def cancel(
+    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, local: LocalModeDep
+) -> RedirectResponse:
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         raise HTTPException(403, detail=str(exc)) from None
-    if not settings.local_mode:
+    if not local:
         raise HTTPException(403, detail="this server is not in local mode: cancel through the API with a token")
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id)

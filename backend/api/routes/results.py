@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import CanUpload, SessionDep, SettingsDep
+from backend.api.ratelimit import UploadRateLimit
 from backend.api.routes.runs import run_read
 from backend.schemas.runs import RunRead
 from backend.services.ingest import ingest_upload
@@ -35,7 +37,7 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=RunRead,
-    dependencies=[CanUpload],
+    dependencies=[CanUpload, UploadRateLimit],
     openapi_extra={"requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ResultDocument"}}}}},
 )
 async def upload_result(
@@ -45,15 +47,14 @@ async def upload_result(
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> RunRead:
-    """Store a result document as a finished run. A repeated Idempotency-Key returns the first run (200)."""
+    """Store a result document as a finished run. A repeated Idempotency-Key returns the first run (200);
+    the same key with a different document is refused (409). Rate-limited per token (429)."""
     body = await read_limited_body(request, settings.max_upload_bytes)
     try:
         document = ResultDocument.model_validate_json(body)
-    except ValidationError as exc:
-        detail = [
-            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)
-        ]
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from None
+    except ValidationError as exc:  # the app's 422 handler caps what it echoes
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
+        raise RequestValidationError(errors) from None
 
     def _write() -> RunRead:  # database work off the event loop
         run, created = ingest_upload(session=session, document=document, idempotency_key=idempotency_key)
