@@ -26,21 +26,28 @@ MAX_ERRORS = 20
 """Most validation errors listed; the rest are counted."""
 
 
+def utf8(text: str) -> str:
+    """`text` as UTF-8 can carry it (a lone surrogate from the client's JSON becomes '?')."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
 def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` with what JSON can't hold turned into strings (NaN, Infinity, bytes, objects)."""
+    """`value` with what JSON can't hold turned into strings (NaN, Infinity, lone surrogates, bytes, objects)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return utf8(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     if depth > 8:
         return "…"
     if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in list(value.items())[:50]}
+        return {utf8(str(k)): json_safe(v, depth + 1) for k, v in list(value.items())[:50]}
     if isinstance(value, (list, tuple)):
         return [json_safe(v, depth + 1) for v in list(value)[:50]]
     if isinstance(value, bytes):
         return value[:MAX_ECHO_CHARS].decode("utf-8", "replace")
-    return str(value)
+    return utf8(str(value))
 
 
 def capped(value: Any) -> Any:
@@ -56,7 +63,7 @@ def _loc_part(part: Any) -> Any:
     """One step of an error's location (a key may be anything the client sent: cap it)."""
     if isinstance(part, int):
         return part
-    text = str(part)
+    text = utf8(str(part))
     return text if len(text) <= MAX_ECHO_CHARS else f"{text[:MAX_ECHO_CHARS]}…"
 
 
@@ -64,11 +71,11 @@ def validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """FastAPI's 422 items, each input capped, at most MAX_ERRORS of them (then a count)."""
     detail = []
     for err in errors[:MAX_ERRORS]:
-        item = {"type": err.get("type"), "loc": [_loc_part(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))[:1000]}
+        item = {"type": err.get("type"), "loc": [_loc_part(p) for p in err.get("loc", ())], "msg": utf8(str(err.get("msg", "")))[:1000]}
         if "input" in err:
             item["input"] = capped(err["input"])
         if err.get("ctx"):
-            item["ctx"] = {str(k): capped(v) for k, v in err["ctx"].items()}
+            item["ctx"] = {utf8(str(k)): capped(v) for k, v in err["ctx"].items()}
         detail.append(item)
     if len(errors) > MAX_ERRORS:
         detail.append({"type": "too_many_errors", "loc": [], "msg": f"and {len(errors) - MAX_ERRORS} more errors"})
@@ -82,7 +89,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [p.as_detail() for p in exc.problems]})
+        return JSONResponse(status_code=422, content={"detail": validation_detail([p.as_detail() for p in exc.problems])})
 
     @app.exception_handler(RunNotFound)
     async def _not_found(_: Request, exc: RunNotFound) -> JSONResponse:

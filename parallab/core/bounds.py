@@ -1,12 +1,13 @@
 """Types that keep every accepted value storable: no NUL bytes, finite numbers, integers that fit.
 
 A value the schemas accept must never fail later in the database. Postgres refuses a NUL byte
-in `text` and in `jsonb`, integers beyond its column types, and JSON has no NaN or Infinity (and
+in `text` and in `jsonb` (and a lone surrogate, which Python's JSON parser lets through, is not
+UTF-8 at all), integers beyond its column types, and JSON has no NaN or Infinity (and
 pydantic would silently write them as null). So every string the API takes is NUL-free (`SafeStr`,
 or a bounded alias of it), every integer a column holds is bounded to its column (`Count`,
 `Bytes`, ...), and every free-form JSON object
 (`JSONObject`: a result's `hardware`, `environment`, options, ...) is walked once: its keys and
-strings NUL-free, its numbers finite and within 64 bits, its nesting at most `MAX_JSON_DEPTH`.
+strings storable, its numbers finite and within 64 bits, its nesting at most `MAX_JSON_DEPTH`.
 """
 
 from __future__ import annotations
@@ -22,20 +23,33 @@ MAX_JSON_DEPTH = 32
 """Deepest nesting a free-form JSON object may have (lists and objects both count)."""
 
 
-def no_nul(value: str) -> str:
-    """`value`, unless it holds a NUL byte (Postgres stores none, in text or in jsonb)."""
+def text_problem(value: str) -> str | None:
+    """Why Postgres could not store `value` (a NUL byte; a lone surrogate, which is not UTF-8), or None."""
     if "\x00" in value:
-        raise ValueError("must not contain a NUL byte")
+        return "must not contain a NUL byte"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must be valid Unicode (no lone surrogate such as \\ud800)"
+    return None
+
+
+def storable(value: str) -> str:
+    """`value`, if Postgres can store it as text (see `text_problem`)."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
-SafeStr = Annotated[str, AfterValidator(no_nul)]
+SafeStr = Annotated[str, AfterValidator(storable)]
 """A NUL-free string; bound its length where it is used (`Field(max_length=...)`) or use one below."""
-ShortName = Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(no_nul)]
+ShortName = Annotated[str, StringConstraints(min_length=1, max_length=32), AfterValidator(storable)]
 """A strategy or op name (a `String(32)` column)."""
-Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(no_nul)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(storable)]
 """A tag or a model preset name."""
-Name = Annotated[str, StringConstraints(max_length=200), AfterValidator(no_nul)]
+Name = Annotated[str, StringConstraints(max_length=200), AfterValidator(storable)]
 """A run's name, a branch (a `String(200)` column)."""
 
 Int32 = Annotated[int, Field(ge=-(2**31), le=INT32_MAX)]
@@ -51,7 +65,8 @@ Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
 def json_problem(value: Any, depth: int = 0) -> tuple[tuple[str | int, ...], str] | None:
     """(path, why) of the first value in a parsed JSON value that could not be stored, or None."""
     if isinstance(value, str):
-        return ((), "must not contain a NUL byte") if "\x00" in value else None
+        problem = text_problem(value)
+        return None if problem is None else ((), problem)
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, float):
@@ -62,11 +77,12 @@ def json_problem(value: Any, depth: int = 0) -> tuple[tuple[str | int, ...], str
         return ((), f"nested deeper than {MAX_JSON_DEPTH} levels")
     if isinstance(value, dict):
         for key, item in value.items():
-            if "\x00" in str(key):
-                return ((str(key),), "key must not contain a NUL byte")
+            problem = text_problem(str(key))
+            if problem is not None:
+                return ((_printable(str(key)),), f"key {problem}")
             found = json_problem(item, depth + 1)
             if found is not None:
-                return ((str(key), *found[0]), found[1])
+                return ((_printable(str(key)), *found[0]), found[1])
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
@@ -75,6 +91,11 @@ def json_problem(value: Any, depth: int = 0) -> tuple[tuple[str | int, ...], str
                 return ((index, *found[0]), found[1])
         return None
     return ((), f"is not a JSON value ({type(value).__name__})")
+
+
+def _printable(key: str) -> str:
+    """A key as an error message may quote it (cut, and UTF-8 whatever it held)."""
+    return key[:100].encode("utf-8", "replace").decode("utf-8")
 
 
 def check_json(value: Any) -> Any:

@@ -91,6 +91,22 @@ def test_nul_in_a_free_form_key_is_422(client, settings) -> None:
     assert "key must not contain a NUL" in assert_refused(upload(client, settings, doc), ["body", "hardware"])
 
 
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ('{"name": "\\ud800", "strategy": {"name": "ddp", "world_size": 2}}', ["body", "name"]),
+        ('{"tags": ["ok\\udfff"], "strategy": {"name": "ddp", "world_size": 2}}', ["body", "tags", 0]),
+        ('{"\\ud800": 1, "strategy": {"name": "ddp", "world_size": 2}}', ["body"]),
+        ('{"strategy": {"name": "ddp", "world_size": 2, "options": {"\\ud800": 1}}}', ["body", "strategy", "options"]),
+    ],
+)
+def test_a_lone_surrogate_in_a_job_spec_is_422(client, settings, body, loc) -> None:
+    """Python's JSON parser turns "\\ud800" into a string that is not UTF-8: neither Postgres nor the
+    422 that echoes it could encode it."""
+    assert_refused(client.post("/api/v1/runs", content=body, headers=JSON), loc)
+    assert count(settings, Run) == 0
+
+
 # ---- integers beyond their columns, strings longer than theirs ----
 
 
