@@ -186,7 +186,8 @@ class SecurityMiddleware:
         refusal = self.refusal(scope, settings, local)
         if refusal is not None:
             status, body = refusal
-            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)

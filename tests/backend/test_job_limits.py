@@ -122,3 +122,20 @@ def test_every_ceiling_in_settings_reaches_the_limits(settings) -> None:
     bound = limits(settings)
     for name in Limits.__dataclass_fields__:
         assert getattr(bound, name) == getattr(settings, name), name
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc", "limit"),
+    [
+        ({"name": "n" * 201}, ["body", "name"], "200"),
+        ({"tags": ["t" * 65]}, ["body", "tags", 0], "64"),
+        ({"tags": [f"t{i}" for i in range(21)]}, ["body", "tags"], "20"),
+        ({"tags": [""]}, ["body", "tags", 0], "1"),
+    ],
+)
+def test_names_and_tags_are_bounded(client, settings, extra, loc, limit) -> None:
+    response = client.post("/api/v1/runs", json={**spec_with({}), **extra})
+    assert response.status_code == 422
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == loc and limit in detail["msg"]
+    assert count(settings, Run) == 0
