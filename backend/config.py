@@ -64,6 +64,28 @@ class Settings(BaseSettings):
     admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
     session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
 
+    # Issue #10: ceilings on everything a job may ask for (checked at resolution, 422 naming the
+    # field and the limit), the memory a rank may use, and the upload rate per token.
+    max_warmup_steps: int = Field(1000, ge=0)
+    max_seq_len: int = Field(32_768, ge=2)
+    max_global_batch_size: int = Field(4096, ge=1)
+    max_grad_accumulation_steps: int = Field(256, ge=1)
+    max_hidden_size: int = Field(16_384, ge=2)
+    max_ffn_hidden_size: int = Field(65_536, ge=1)
+    max_num_layers: int = Field(256, ge=1)
+    max_vocab_size: int = Field(262_144, ge=2)
+    max_num_experts: int = Field(256, ge=0)
+    max_tokens_per_step: int = Field(1 << 22, ge=1, description="global_batch_size × seq_len of one optimizer step.")
+    max_microbatches: int = Field(256, ge=1, description="Pipeline micro-batches per step (pp).")
+    max_memory_per_rank_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="Predicted memory one rank may use (e.g. a GPU's memory). Unset: in local mode the job's ranks "
+        "share this host's memory; elsewhere no memory check.",
+    )
+    upload_rate_per_minute: float = Field(120.0, ge=0, description="Uploads one token may make per minute, sustained (0: no limit).")
+    upload_burst: int = Field(120, ge=1, description="Uploads one token may make at once before the rate applies.")
+
     @property
     def resolved_home(self) -> Path:
         return self.home.expanduser().resolve()

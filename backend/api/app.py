@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 from fastapi import APIRouter, Depends, FastAPI
 
 from backend.api import pages
 from backend.api.deps import gate
 from backend.api.errors import install_error_handlers
+from backend.api.lifespan import lifespan
+from backend.api.openapi import install_openapi
 from backend.api.pages.assets import static_files
 from backend.api.routes import accounts, analysis, metrics, plan, results, runs, series, workers
-from backend.config import get_settings
+from backend.api.security import SecurityMiddleware
 
 API_PREFIX = "/api/v1"
-log = logging.getLogger(__name__)
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """At start-up: the env-seeded admin of a compose deployment (issue #11), read once."""
-    settings = app.dependency_overrides.get(get_settings, get_settings)()
-    if settings.admin_email and settings.admin_password:
-        from backend.db import session_scope
-        from backend.services.auth import seed_admin
-
-        with session_scope(settings.sqlalchemy_url) as session:
-            if seed_admin(session=session, email=settings.admin_email, password=settings.admin_password.get_secret_value()):
-                log.warning(
-                    "created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.admin_email
-                )
-    yield
 
 
 def create_app() -> FastAPI:
@@ -45,6 +26,9 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_openapi(app)
+    docs = [p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    app.add_middleware(SecurityMiddleware, docs_paths=docs)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)
     api.include_router(results.router)

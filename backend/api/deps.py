@@ -46,6 +46,15 @@ SessionDep = Annotated[Session, Depends(get_session)]
 BEARER = HTTPBearer(auto_error=False, description="An API token (`parallab token create`, or the Tokens page).")
 
 
+def local_mode(request: Request) -> bool:
+    """Whether this request is served in local mode, as the security middleware decided it from the
+    real bind (`backend.api.bind`) and the settings; False when no middleware decided (fail closed)."""
+    return bool(getattr(request.state, "local_mode", False))
+
+
+LocalModeDep = Annotated[bool, Depends(local_mode)]
+
+
 def bearer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> str | None:
     """The Bearer token, if the request sent one (a security scheme, so OpenAPI lists it once, not per route)."""
     return credentials.credentials.strip() if credentials else None
@@ -64,9 +73,10 @@ def is_api(request: Request) -> bool:
 
 
 def current_principal(
-    request: Request, session: SessionDep, settings: SettingsDep, token: Annotated[str | None, Depends(bearer_token)]
+    request: Request, session: SessionDep, local: LocalModeDep, token: Annotated[str | None, Depends(bearer_token)]
 ) -> Principal:
-    """Who this request acts as (a bad token is 401 at once, local mode or not)."""
+    """Who this request acts as (a bad token is 401 at once, local mode or not); the local user only
+    where the security middleware decided this request is served in local mode."""
     if token is not None:
         try:
             principal = token_principal(session=session, token=token)
@@ -74,7 +84,7 @@ def current_principal(
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
     elif (cookie := request.cookies.get(SESSION_COOKIE)) and (found := auth.session_principal(session=session, cookie=cookie)):
         principal = found
-    elif settings.local_mode:
+    elif local:
         principal = LOCAL
     else:
         principal = ANONYMOUS

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backend.api.deps import SessionDep
 from backend.services.auth import user_filter
 from backend.services.leaderboard import MAX_PAGE, LeaderboardQuery
+from parallab.core.result import MAX_RANKS
+
+MAX_OFFSET = 1_000_000
 
 
 class LeaderboardParams(BaseModel):
@@ -22,18 +25,18 @@ class LeaderboardParams(BaseModel):
 
     model_config = ConfigDict(protected_namespaces=())
 
-    model: str | None = Field(None, description="Model preset.")
-    hardware: str | None = Field(None, description="Hardware key, e.g. `cpu` or `cuda:NVIDIA H100 80GB HBM3`.")
-    strategy: str | None = None
-    world_size: int | None = Field(None, ge=1)
-    source: str | None = Field(None, description="form, api, cli or ci.")
-    branch: str | None = None
+    model: str | None = Field(None, max_length=64, description="Model preset.")
+    hardware: str | None = Field(None, max_length=200, description="Hardware key, e.g. `cpu` or `cuda:NVIDIA H100 80GB HBM3`.")
+    strategy: str | None = Field(None, max_length=32)
+    world_size: int | None = Field(None, ge=1, le=MAX_RANKS)
+    source: str | None = Field(None, max_length=16, description="form, api, cli or ci.")
+    branch: str | None = Field(None, max_length=200)
     user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
     runs: Literal["best", "all"] = Field("best", description="The best run per (strategy, world size), or every run.")
-    sort: str | None = Field(None, description="Column to sort by (default: rank within each group).")
+    sort: str | None = Field(None, max_length=64, description="Column to sort by (default: rank within each group).")
     dir: Literal["asc", "desc"] = "desc"
     limit: int = Field(50, ge=1, le=MAX_PAGE)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Rows to skip (use the filters to narrow a long board).")
 
     @model_validator(mode="before")
     @classmethod

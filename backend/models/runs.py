@@ -62,6 +62,8 @@ class Run(Base):
     ci_url: Mapped[str | None] = mapped_column(String(500))
     # issue #9: communication no compute overlaps / step time (summary.exposed_comm_fraction)
     exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
+    # Issue #10: the hash of the document first uploaded with `idempotency_key` (a replay must match it).
+    idempotency_body_sha256: Mapped[str | None] = mapped_column(String(64))
 
     # Issues 10 and 13: where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")

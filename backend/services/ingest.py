@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.metrics import INGEST_LATENCY
@@ -44,7 +45,7 @@ def hardware_key(hardware: dict[str, Any]) -> str:
     if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1:
         topology = f" [{nodes}x{per_host}]" if isinstance(per_host, int) and not isinstance(per_host, bool) else f" [{nodes} nodes]"
         return key[: 200 - len(topology)] + topology
-    return key[:200] if name else device
+    return key[:200]  # the column holds 200
 
 
 def summary_columns(doc: ResultDocument) -> dict[str, Any]:
@@ -129,14 +130,39 @@ def checked_upload(document: ResultDocument) -> ResultDocument:
     )
 
 
-def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key: str | None) -> tuple[Run, bool]:
-    """A CI upload becomes a finished run. Returns (run, created); a repeated key returns the first run.
+class IdempotencyConflict(ValueError):
+    """An Idempotency-Key already stored a different document."""
 
-    The document is checked first (`checked_upload`: raises `DocumentError` before anything is written)."""
-    if idempotency_key:
+
+def document_sha256(document: ResultDocument) -> str:
+    """A hash of the document's content (key order and whitespace of the upload don't matter)."""
+    canonical = json.dumps(document.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _replay(run: Run, key: str, body_sha256: str) -> tuple[Run, bool]:
+    """The run first stored under `key`, if this is the same document."""
+    if run.idempotency_body_sha256 not in (None, body_sha256):
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} was already used for a different result document (run {run.id}); use a new key for a new result"
+        )
+    return run, False
+
+
+def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key: str | None) -> tuple[Run, bool]:
+    """A CI upload becomes a finished run. Returns (run, created).
+
+    The document is checked first (`checked_upload`: raises `DocumentError` before anything is
+    written). A repeated key returns the first run, or raises IdempotencyConflict for a different
+    document. Concurrent uploads with one key race to insert it: the unique index lets one win and
+    the others wait for it, fail on the key, roll back to a savepoint taken just before the insert
+    (so a batch's earlier documents stay) and return the winner's run.
+    """
+    body_sha256 = document_sha256(document) if idempotency_key else None
+    if idempotency_key and body_sha256:
         existing = store.get_run_by_idempotency_key(session, idempotency_key)
         if existing is not None:
-            return existing, False
+            return _replay(existing, idempotency_key, body_sha256)
     document = checked_upload(document)
     spec = {
         "name": document.name,
@@ -145,18 +171,26 @@ def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key
         "trace": False,
         "tags": document.tags,
     }
-    run = store.add_run(
-        session,
-        Run(
-            name=document.name,
-            status="running",
-            source="ci",
-            spec=spec,
-            strategy=document.strategy.name,
-            world_size=document.strategy.world_size,
-            model=str(document.workload.get("model", "custom"))[:64],
-            idempotency_key=idempotency_key,
-        ),
-    )
+    try:
+        with session.begin_nested():
+            run = store.add_run(
+                session,
+                Run(
+                    name=document.name,
+                    status="running",
+                    source="ci",
+                    spec=spec,
+                    strategy=document.strategy.name,
+                    world_size=document.strategy.world_size,
+                    model=str(document.workload.get("model", "custom"))[:64],
+                    idempotency_key=idempotency_key,
+                    idempotency_body_sha256=body_sha256,
+                ),
+            )
+    except IntegrityError:
+        winner = store.get_run_by_idempotency_key(session, idempotency_key) if idempotency_key else None
+        if winner is None or body_sha256 is None or idempotency_key is None:
+            raise
+        return _replay(winner, idempotency_key, body_sha256)
     attach_result(session, run=run, document=document)
     return run, True

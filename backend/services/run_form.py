@@ -21,10 +21,8 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.services import workers as fleet
-from backend.services.runs import limits
-from parallab.core.jobs import resolve_job
+from backend.services.runs import check_spec
 from parallab.core.model import PRESETS, SHAPE_FIELDS
-from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.strategies import REGISTRY, STRATEGY_NAMES
@@ -227,9 +225,9 @@ class FormCheck:
         return not self.errors
 
 
-def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None = None, session: Session | None = None) -> FormCheck:
-    """Validate form data as the API would, predict the job, and refuse what cannot fit in memory
-    or what no live pool can run (with a session: the API's own placement check)."""
+def check_form(*, form: Any, settings: Settings, local: bool, session: Session | None = None) -> FormCheck:
+    """Validate form data as the API does (`check_spec`: the same rules, limits and memory fit) and,
+    with a session, refuse what no live pool can run (the API's own placement check)."""
     raw = form_to_spec(form)
     strategy = raw["strategy"]["name"]
     errors: dict[str, list[str]] = {}
@@ -242,45 +240,22 @@ def check_form(*, form: Any, settings: Settings, host_memory_bytes: int | None =
             errors.setdefault(field_for(tuple(err["loc"]), strategy), []).append(err["msg"])
         return FormCheck(None, errors)
     try:
-        job = resolve_job(spec, limits(settings))
+        checked = check_spec(spec=spec, settings=settings, local=local)
     except SpecError as exc:
         for problem in exc.problems:
             errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
         return FormCheck(spec, errors)
     if session is not None:
         try:
-            fleet.place(session=session, job=job, settings=settings)
+            fleet.place(session=session, job=checked.job, settings=settings)
         except SpecError as exc:
             for problem in exc.problems:
                 errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
             return FormCheck(spec, errors)
-    prediction = predict(job)
-    fit = memory_fit(prediction, world_size=job.world_size, host_memory_bytes=host_memory_bytes)
-    if fit and not fit["fits"]:
-        errors["model"] = [fit["message"]]
-    return FormCheck(spec, errors, prediction, fit)
-
-
-def memory_fit(prediction: dict[str, Any], *, world_size: int, host_memory_bytes: int | None) -> dict[str, Any] | None:
-    """Predicted memory of all ranks against this host's memory (local mode: the ranks share it)."""
-    state = prediction.get("model_state_bytes_per_rank") or {}
-    per_rank = sum(state.values()) + int(prediction.get("activation_bytes_per_rank") or 0)
-    if not per_rank or not host_memory_bytes:
-        return None
-    total = per_rank * world_size
-    fits = total <= host_memory_bytes
-    gib = 1024**3
-    message = (
-        f"predicted {total / gib:.1f} GiB for {world_size} rank(s) ({per_rank / gib:.2f} GiB each) "
-        f"is more than this host's {host_memory_bytes / gib:.1f} GiB"
-    )
-    return {
-        "per_rank_bytes": per_rank,
-        "total_bytes": total,
-        "host_memory_bytes": host_memory_bytes,
-        "fits": fits,
-        "message": "" if fits else message,
-    }
+    fit = checked.fit
+    for problem in fit.problems() if fit is not None else []:
+        errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
+    return FormCheck(spec, errors, checked.prediction, fit.as_json() if fit is not None else None)
 
 
 def form_values(form: Any) -> dict[str, Any]:

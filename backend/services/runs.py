@@ -8,6 +8,7 @@ resubmittable spec in `spec`.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +20,10 @@ from backend.queue import enqueue_run
 from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
 from backend.store import runs as store
+from parallab.core.fit import GIB, MemoryFit, memory_fit
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.prediction import predict
+from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -42,21 +46,74 @@ class QueueUnavailable(RuntimeError):
 
 
 def limits(settings: Settings) -> Limits:
-    """What one job may ask of this deployment's workers."""
-    return Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps)
+    """What one job may ask of this deployment's workers (every ceiling in Settings)."""
+    return Limits(
+        max_world_size=settings.max_world_size,
+        max_steps=settings.max_steps,
+        max_warmup_steps=settings.max_warmup_steps,
+        max_seq_len=settings.max_seq_len,
+        max_global_batch_size=settings.max_global_batch_size,
+        max_grad_accumulation_steps=settings.max_grad_accumulation_steps,
+        max_hidden_size=settings.max_hidden_size,
+        max_ffn_hidden_size=settings.max_ffn_hidden_size,
+        max_num_layers=settings.max_num_layers,
+        max_vocab_size=settings.max_vocab_size,
+        max_num_experts=settings.max_num_experts,
+        max_tokens_per_step=settings.max_tokens_per_step,
+        max_microbatches=settings.max_microbatches,
+    )
 
 
-def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
-    """Resolve and check a spec against this deployment's limits (raises SpecError)."""
-    return resolve_job(spec, limits(settings))
+def host_memory_bytes() -> int:
+    """This host's physical memory."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
 
 
-def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None) -> Run:
+def rank_memory_limit(settings: Settings, *, local: bool, world_size: int) -> tuple[int | None, str]:
+    """(bytes one rank may use, where that comes from): the setting if set; else, in local mode,
+    this host's memory shared by the job's ranks; else no limit."""
+    if settings.max_memory_per_rank_bytes:
+        return settings.max_memory_per_rank_bytes, "the setting PARALLAB_MAX_MEMORY_PER_RANK_BYTES"
+    if local:
+        total = host_memory_bytes()
+        return total // max(world_size, 1), f"this host's {total / GIB:.1f} GiB shared by {world_size} rank(s)"
+    return None, ""
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A resolved job, its prediction and its memory fit (None: nothing to hold it against)."""
+
+    job: ResolvedJob
+    prediction: dict[str, Any]
+    fit: MemoryFit | None
+
+
+def check_spec(*, spec: JobSpec, settings: Settings, local: bool) -> CheckedJob:
+    """Resolve a spec against this deployment's limits (raises SpecError) and predict its memory fit."""
+    job = resolve_job(spec, limits(settings))
+    prediction = predict(job)
+    limit, source = rank_memory_limit(settings, local=local, world_size=job.world_size)
+    return CheckedJob(job, prediction, memory_fit(job, prediction, limit_per_rank_bytes=limit, source=source))
+
+
+def validate_spec(*, spec: JobSpec, settings: Settings, local: bool = False) -> ResolvedJob:
+    """A job that may run here: every rule, every limit and the memory fit checked (raises SpecError)."""
+    checked = check_spec(spec=spec, settings=settings, local=local)
+    if checked.fit is not None and not checked.fit.fits:
+        raise SpecError(checked.fit.problems())
+    return checked.job
+
+
+def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
-    `user_id`: who submitted it (None in local mode). The run is placed on a pool that can run it
+    `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
+    where the ranks share this host's memory. The run is placed on a pool that can run it
     (SpecError, a 422 naming the pool and the limit, if none can)."""
-    job = validate_spec(spec=spec, settings=settings)
+    job = validate_spec(spec=spec, settings=settings, local=local)
     pool = fleet.place(session=session, job=job, settings=settings)
     return store.add_run(
         session,
@@ -75,13 +132,13 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     )
 
 
-def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None) -> Run:
+def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
     """Commit a queued run, then enqueue it (Celery's rule: enqueue only what is committed).
 
     If the broker is unreachable the run is marked failed rather than left queued forever, and
     QueueUnavailable says so.
     """
-    run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id)
+    run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)
     session.commit()
     try:
         enqueue_run(settings, run.id, pool=run.pool)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
-from parallab.core.problems import SpecError, SpecProblem, divides
+from parallab.core.problems import Loc, SpecError, SpecProblem, divides
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
@@ -27,10 +27,60 @@ from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, St
 
 @dataclass(frozen=True)
 class Limits:
-    """What this deployment lets one job ask for (None: no limit — `parallab plan` plans any cluster)."""
+    """What this deployment lets one job ask for (None: no limit — `parallab plan` plans any cluster).
+
+    Each is checked against the resolved job (a preset's default counts as asked for), and a job
+    above one is refused naming the field and the limit.
+    """
 
     max_world_size: int | None = None
     max_steps: int | None = None
+    # Issue #10: ceilings on everything else a job may ask for.
+    max_warmup_steps: int | None = None
+    max_seq_len: int | None = None
+    max_global_batch_size: int | None = None
+    max_grad_accumulation_steps: int | None = None
+    max_hidden_size: int | None = None
+    max_ffn_hidden_size: int | None = None
+    max_num_layers: int | None = None
+    max_vocab_size: int | None = None
+    max_num_experts: int | None = None
+    max_tokens_per_step: int | None = None
+    """global_batch_size × seq_len."""
+    max_microbatches: int | None = None
+    """Pipeline micro-batches per accumulation micro-step (pp)."""
+
+    def problems(self, job: ResolvedJob) -> list[SpecProblem]:
+        """One problem per ceiling the resolved job is above."""
+        wl = job.workload
+        asked: list[tuple[Loc, str, int, int | None]] = [
+            (("workload", "warmup_steps"), "warmup steps", wl.warmup_steps, self.max_warmup_steps),
+            (("workload", "seq_len"), "sequence length", wl.seq_len, self.max_seq_len),
+            (("workload", "global_batch_size"), "global batch size", job.global_batch_size, self.max_global_batch_size),
+            (("workload", "grad_accumulation_steps"), "gradient accumulation steps", job.accum_steps, self.max_grad_accumulation_steps),
+            (("workload", "hidden_size"), "hidden size", wl.hidden_size, self.max_hidden_size),
+            (("workload", "ffn_hidden_size"), "ffn hidden size", wl.ffn_hidden_size, self.max_ffn_hidden_size),
+            (("workload", "num_layers"), "layers", wl.num_layers, self.max_num_layers),
+            (("workload", "vocab_size"), "vocabulary size", wl.vocab_size, self.max_vocab_size),
+            (("workload", "num_experts"), "experts", wl.num_experts, self.max_num_experts),
+        ]
+        if job.trains:
+            asked.append(
+                (
+                    ("workload", "global_batch_size"),
+                    "tokens per step (global batch × seq_len)",
+                    job.tokens_per_step,
+                    self.max_tokens_per_step,
+                )
+            )
+        microbatches = getattr(job.options, "microbatches", None)
+        if isinstance(microbatches, int):
+            asked.append((("strategy", "options", "microbatches"), "micro-batches", microbatches, self.max_microbatches))
+        return [
+            SpecProblem(loc, f"{what} {value} is above this server's limit of {limit}")
+            for loc, what, value, limit in asked
+            if limit is not None and value > limit
+        ]
 
 
 class ResolvedJob(BaseModel):
@@ -228,4 +278,8 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
 
     workload = wl.model_copy(update={**model.model_dump(), "global_batch_size": gbs})
     strategy = st.model_copy(update={"options": options.model_dump(mode="json")})
-    return ResolvedJob(spec=spec.model_copy(update={"workload": workload, "strategy": strategy}))
+    job = ResolvedJob(spec=spec.model_copy(update={"workload": workload, "strategy": strategy}))
+    problems = limits.problems(job)
+    if problems:
+        raise SpecError(problems)
+    return job

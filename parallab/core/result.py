@@ -8,21 +8,42 @@ Top-level keys are contractual (shared/DESIGN.md). Published as JSON Schema at
 from __future__ import annotations
 
 import re
-from typing import Any, Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 
 SCHEMA_VERSION: Final = 1
 
 _open = ConfigDict(extra="allow", allow_inf_nan=False)
 _closed = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+MAX_RANKS = 1 << 16
+"""The most ranks a document may describe (the job spec's world-size bound)."""
+MAX_SERIES = 1_000_000
+"""The longest list of per-step values or events (the upload's byte limit binds first)."""
+Rank = Annotated[int, Field(ge=0, lt=MAX_RANKS)]
+Seconds = Annotated[float, Field(ge=0)]
+
+
+class OpenModel(BaseModel):
+    """A block that keeps keys it does not know (newer writers): each must still be storable JSON."""
+
+    model_config = _open
+
+    @model_validator(mode="after")
+    def _storable_extras(self) -> OpenModel:
+        for key, value in (self.model_extra or {}).items():
+            check_json({key: value})
+        return self
+
 
 class ModelStateBytes(BaseModel):
     model_config = _closed
-    params: int = Field(ge=0)
-    grads: int = Field(ge=0)
-    optimizer: int = Field(ge=0)
+    params: Bytes
+    grads: Bytes
+    optimizer: Bytes
 
     @property
     def total(self) -> int:
@@ -33,10 +54,10 @@ class CommOp(BaseModel):
     """One kind of collective or P2P op on one rank, over the profiled steps, per step."""
 
     model_config = _closed
-    op: str = Field(description="all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, recv, ...")
-    count: int = Field(ge=0, description="Calls per step.")
-    bytes: int = Field(ge=0, description="Bytes per step, nccl-tests' buffer convention.")
-    time_s: float = Field(ge=0, description="Seconds per step spent in this op.")
+    op: ShortName = Field(description="all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, recv, ...")
+    count: Count = Field(description="Calls per step.")
+    bytes: Bytes = Field(description="Bytes per step, nccl-tests' buffer convention.")
+    time_s: Seconds = Field(description="Seconds per step spent in this op.")
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
 
@@ -60,27 +81,26 @@ class GradientCheck(BaseModel):
     passed: bool
     tolerance: float = Field(ge=0, description="Relative tolerance per parameter (norm of the difference / norm of the reference).")
     max_rel_err: float = Field(ge=0)
-    worst_param: str | None = None
-    params_checked: int = Field(ge=0)
+    worst_param: SafeStr | None = Field(None, max_length=1000)
+    params_checked: Count
 
 
-class RankResult(BaseModel):
-    model_config = _open
-    rank: int = Field(ge=0)
+class RankResult(OpenModel):
+    rank: Rank
     model_state_bytes: ModelStateBytes
-    peak_allocated_bytes: int | None = Field(None, ge=0)
-    peak_reserved_bytes: int | None = Field(None, ge=0)
-    peak_rss_bytes: int | None = Field(None, ge=0)
-    step_times_s: list[float] = Field(default_factory=list)
-    comm: list[CommOp] = Field(default_factory=list)
+    peak_allocated_bytes: Bytes | None = None
+    peak_reserved_bytes: Bytes | None = None
+    peak_rss_bytes: Bytes | None = None
+    step_times_s: list[Seconds] = Field(default_factory=list, max_length=MAX_SERIES)
+    comm: list[CommOp] = Field(default_factory=list, max_length=256)
     comm_time_fraction: float | None = None
     bubble_fraction: float | None = None
-    memory_breakdown: dict[str, int] | None = Field(
+    memory_breakdown: dict[Annotated[SafeStr, Field(max_length=64)], Bytes] | None = Field(
         None, description="Peak split: params, grads, optimizer, activations, temporaries, other (bytes at the peak)."
     )
     exposed_comm_time_s: float | None = Field(None, ge=0, description="Communication time per step that no compute on this rank overlaps.")
     step_time_breakdown: StepBreakdown | None = Field(None, description="Where one step's time goes on this rank; sums to the step time.")
-    moe: dict[str, Any] | None = Field(None, description="tokens_per_expert, imbalance, dropped_tokens.")
+    moe: JSONObject | None = Field(None, description="tokens_per_expert, imbalance, dropped_tokens.")
 
 
 class StepTime(BaseModel):
@@ -89,50 +109,49 @@ class StepTime(BaseModel):
     p90: float = Field(ge=0)
 
 
-class Summary(BaseModel):
-    model_config = _open
+class Summary(OpenModel):
     tokens_per_s: float = Field(ge=0)
     samples_per_s: float | None = Field(None, ge=0)
     step_time_s: StepTime
     model_flops_per_token: float | None = None
     tflops_per_s: float | None = None
     mfu: float | None = None
-    peak_allocated_bytes_max: int | None = None
-    peak_rss_bytes_max: int | None = None
+    peak_allocated_bytes_max: Bytes | None = None
+    peak_rss_bytes_max: Bytes | None = None
     comm_time_fraction: float | None = None
-    comm_bytes_per_step: dict[str, int] = Field(default_factory=dict)
+    comm_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
     bubble_fraction: float | None = None
     loss_max_rel_diff_vs_reference: float | None = None
     final_loss: float | None = None
     exposed_comm_fraction: float | None = Field(None, description="Max over ranks of exposed communication time / step time.")
-    wire_bytes_per_step: dict[str, int] = Field(
-        default_factory=dict, description="Bytes a ring implementation sends per rank per step, by op (buffer bytes × busbw factor)."
+    wire_bytes_per_step: dict[ShortName, Bytes] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Bytes a ring implementation sends per rank per step, by op (buffer bytes × busbw factor).",
     )
     gradient_check: GradientCheck | None = None
 
 
 class LossCurve(BaseModel):
     model_config = _closed
-    values: list[float] = Field(default_factory=list, description="Global mean loss of each measured step.")
-    reference: list[float] | None = Field(None, description="The `single` run's loss on the same workload and seed.")
+    values: list[float] = Field(default_factory=list, max_length=MAX_SERIES, description="Global mean loss of each measured step.")
+    reference: list[float] | None = Field(None, max_length=MAX_SERIES, description="The `single` run's loss on the same workload and seed.")
 
 
-class Prediction(BaseModel):
+class Prediction(OpenModel):
     """What theory says before the run (ZeRO memory, comm volume, bubble); see `parallab plan`."""
 
-    model_config = _open
     model_state_bytes_per_rank: ModelStateBytes | None = None
-    comm_bytes_per_step: dict[str, int] = Field(default_factory=dict)
-    activation_bytes_per_rank: int | None = None
+    comm_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
+    activation_bytes_per_rank: Bytes | None = None
     bubble_fraction: float | None = None
-    wire_bytes_per_step: dict[str, int] = Field(default_factory=dict)
+    wire_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
 
 
-class Flag(BaseModel):
+class Flag(OpenModel):
     """A measured figure more than the tolerance away from its prediction."""
 
-    model_config = _open
-    metric: str
+    metric: SafeStr = Field(max_length=200)
     predicted: float
     measured: float
     rel_gap: float
@@ -140,18 +159,18 @@ class Flag(BaseModel):
 
 class TimelineEvent(BaseModel):
     model_config = _closed
-    rank: int
-    op: str
+    rank: Rank
+    op: SafeStr = Field(max_length=1000)
     start_us: float
     dur_us: float
-    bytes: int | None = None
+    bytes: Bytes | None = None
 
 
 class CollectivePoint(BaseModel):
     model_config = _closed
-    op: str
-    size_bytes: int
-    time_s: float
+    op: ShortName
+    size_bytes: Bytes
+    time_s: Seconds
     algbw_gbps: float
     busbw_gbps: float
 
@@ -173,18 +192,17 @@ def check_branch(name: str) -> str:
     return name
 
 
-class SourceInfo(BaseModel):
+class SourceInfo(OpenModel):
     """Where a CI upload came from (conbench/bencher style); absent for worker runs.
 
     Checked on upload (issue #11): each field's length and format, so a history page never
     shows a branch git could not have, and a CI link is always an http(s) URL."""
 
-    model_config = _open
-    repository: str | None = Field(None, max_length=500, pattern=REPOSITORY_PATTERN, description="`owner/name` or a clone URL.")
-    branch: str | None = Field(None, max_length=200, description="A git branch name.")
-    commit: str | None = Field(None, max_length=64, pattern=GIT_COMMIT_PATTERN, description="A git commit hash (4–64 hex digits).")
-    pr: int | None = Field(None, ge=1, le=2**31 - 1, description="Pull or merge request number.")
-    ci_url: str | None = Field(None, max_length=500, pattern=CI_URL_PATTERN, description="The CI job that produced the result.")
+    repository: SafeStr | None = Field(None, max_length=500, pattern=REPOSITORY_PATTERN, description="`owner/name` or a clone URL.")
+    branch: Name | None = Field(None, description="A git branch name.")
+    commit: SafeStr | None = Field(None, max_length=64, pattern=GIT_COMMIT_PATTERN, description="A git commit hash (4–64 hex digits).")
+    pr: int | None = Field(None, ge=1, le=INT32_MAX, description="Pull or merge request number.")
+    ci_url: SafeStr | None = Field(None, max_length=500, pattern=CI_URL_PATTERN, description="The CI job that produced the result.")
 
     @field_validator("branch")
     @classmethod
@@ -194,28 +212,30 @@ class SourceInfo(BaseModel):
 
 class StrategyBlock(BaseModel):
     model_config = _closed
-    name: str
-    world_size: int = Field(ge=1)
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: ShortName
+    world_size: int = Field(ge=1, le=MAX_RANKS)
+    options: JSONObject = Field(default_factory=dict)
 
 
-class ResultDocument(BaseModel):
-    model_config = _open
+class ResultDocument(OpenModel):
+    """Every value bounded to what the database stores (`parallab.core.bounds`): NUL-free strings,
+    finite numbers, integers that fit their columns, free-form blocks that are storable JSON."""
+
     schema_version: Literal[1] = SCHEMA_VERSION
-    name: str | None = Field(None, max_length=200)
-    workload: dict[str, Any]
+    name: Name | None = None
+    workload: JSONObject
     strategy: StrategyBlock
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    environment: dict[str, Any] = Field(default_factory=dict)
+    hardware: JSONObject = Field(default_factory=dict)
+    environment: JSONObject = Field(default_factory=dict)
     summary: Summary
-    ranks: list[RankResult]
+    ranks: list[RankResult] = Field(max_length=MAX_RANKS)
     loss: LossCurve = Field(default_factory=LossCurve)
     prediction: Prediction = Field(default_factory=Prediction)
-    flags: list[Flag] = Field(default_factory=list)
-    timeline: list[TimelineEvent] = Field(default_factory=list)
-    collectives: list[CollectivePoint] = Field(default_factory=list)
+    flags: list[Flag] = Field(default_factory=list, max_length=1000)
+    timeline: list[TimelineEvent] = Field(default_factory=list, max_length=MAX_SERIES)
+    collectives: list[CollectivePoint] = Field(default_factory=list, max_length=10_000)
     source: SourceInfo | None = None
-    tags: list[str] = Field(default_factory=list, max_length=20)
+    tags: list[Label] = Field(default_factory=list, max_length=20)
 
 
 class RankRecord(RankResult):
@@ -230,8 +250,8 @@ class RankRecord(RankResult):
     trace_note: str | None = None
     # lead rank only
     loss: LossCurve | None = None
-    hardware: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
+    hardware: JSONObject | None = None
+    environment: JSONObject | None = None
     collectives: list[CollectivePoint] | None = None
 
     def rank_result(self) -> RankResult:

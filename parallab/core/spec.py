@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 from pydantic.fields import FieldInfo
 
+from parallab.core.bounds import JSONObject, Label, SafeStr
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.strategies import REGISTRY
 
@@ -55,7 +56,7 @@ class Workload(ShapeOverrides):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
-    model: str = recipe_field("tiny", f"Model preset: {', '.join(PRESETS)}.", cli="--model", max_length=64)
+    model: SafeStr = recipe_field("tiny", f"Model preset: {', '.join(PRESETS)}.", cli="--model", max_length=64)
     steps: int = recipe_field(20, "Measured optimizer steps (after warm-up).", cli="--steps", ge=1, le=1_000_000)
     warmup_steps: int = recipe_field(2, "Steps run before measuring (not timed, not profiled).", cli="--warmup-steps", ge=0, le=10_000)
     global_batch_size: int | None = recipe_field(
@@ -150,12 +151,11 @@ class StrategySpec(BaseModel):
 
     name: StrategyName
     world_size: int = Field(1, ge=1, le=1 << 16)
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the strategy (see its descriptor); unknown keys are refused."
-    )
+    options: JSONObject = Field(default_factory=dict, description="Options of the strategy (see its descriptor); unknown keys are refused.")
 
 
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Tag = Label
+"""A tag: 1 to 64 characters, no NUL byte."""
 
 POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 """A pool's name: lower-case letters, digits, '-' and '_' (it is part of a queue name)."""
@@ -180,7 +180,7 @@ class JobSpec(BaseModel):
 
     model_config = STRICT
 
-    name: str | None = Field(None, max_length=200)
+    name: SafeStr | None = Field(None, max_length=200)
     workload: Workload = Field(default_factory=Workload)
     strategy: StrategySpec
     trace: bool = Field(

@@ -142,7 +142,7 @@ def test_trace_of_a_run_without_one_is_404(client) -> None:
 
 
 def test_outside_local_mode_submitting_needs_a_token(client, settings) -> None:
-    settings.host = "0.0.0.0"
+    settings.host, settings.secret_key = "0.0.0.0", "a-real-secret"
     assert client.post("/api/v1/runs", json=VALID).status_code == 401
     assert run_count(settings.sqlalchemy_url) == 0
 

@@ -34,7 +34,9 @@ def browser() -> Iterator:
 @pytest.fixture()
 def page(browser):
     """A fresh page that records console errors and uncaught exceptions; the test fails on any."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # bypass_csp: Playwright's wait_for_function polls a string predicate with eval, which the app's
+    # CSP forbids; the policy itself is checked in tests/security/test_csp_browser.py.
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=True)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
@@ -237,7 +239,7 @@ def test_end_to_end_submit_watch_compare_leaderboard(browser, tmp_path):
     app.dependency_overrides[get_settings] = lambda: settings
     try:
         with LiveServer(app) as server:
-            context = browser.new_context()
+            context = browser.new_context(bypass_csp=True)  # wait_for_function's eval (see `page`)
             page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
 from backend.api import csrf
-from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep
+from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep, local_mode
 from backend.api.pages.rendering import render
 from backend.config import Settings
 from backend.figures import run as run_figs
@@ -38,15 +38,6 @@ async def read_form(request: Request) -> FormData:
 FormDep = Annotated[FormData, Depends(read_form)]
 
 
-def host_memory(settings: Settings) -> int | None:
-    """This host's memory, when the ranks run here (local mode)."""
-    if not settings.local_mode:
-        return None
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
 @router.get("/", response_class=HTMLResponse)
 def index(
     request: Request,
@@ -58,7 +49,10 @@ def index(
     cursor: str | None = None,
 ) -> HTMLResponse:
     filters = {"status": status or None, "strategy": strategy or None, "user_id": auth_service.user_filter(session=session, email=user)}
-    runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor, filters=filters)
+    try:
+        runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor, filters=filters)
+    except ValueError as exc:  # a cursor this server did not hand out
+        return render(request, "error.html", {"title": "Bad page link", "message": str(exc)}, status_code=422, settings=settings)
     return render(
         request,
         "index.html",
@@ -99,7 +93,7 @@ def form_page(
             "job_fields": run_form.JOB_FIELDS,
             "shape_fields": run_form.SHAPE_FIELDS,
             "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
-            "local_mode": settings.local_mode,
+            "local_mode": local_mode(request),
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
             "trace_help": run_form.TRACE_HELP,
@@ -121,27 +115,31 @@ def new_run(
 
 
 @router.post("/runs/new", response_class=HTMLResponse)
-def submit_run(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
+def submit_run(
+    request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, local: LocalModeDep
+) -> Response:
     values = run_form.form_values(form)
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
-    check = run_form.check_form(form=form, settings=settings, host_memory_bytes=host_memory(settings), session=session)
+    check = run_form.check_form(form=form, settings=settings, local=local, session=session)
     if not check.ok or check.spec is None:
         pools = run_form.pool_choices(session=session, settings=settings)
         return form_page(request, settings, values, check.errors, status_code=422, pools=pools)
     try:
-        run = run_service.submit_run(session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id)
+        run = run_service.submit_run(
+            session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local
+        )
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 
 @router.get("/runs/new/plan.json")
-def plan_json(request: Request, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+def plan_json(request: Request, session: SessionDep, settings: SettingsDep, local: LocalModeDep) -> dict[str, Any]:
     """The form's live check: errors by field, the prediction, and whether it fits this host and a live pool."""
-    check = run_form.check_form(form=request.query_params, settings=settings, host_memory_bytes=host_memory(settings), session=session)
+    check = run_form.check_form(form=request.query_params, settings=settings, local=local, session=session)
     return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
 
 

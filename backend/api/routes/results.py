@@ -12,6 +12,7 @@ from fastapi import APIRouter, Header, HTTPException, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
+from backend.api.ratelimit import UploadRateLimit
 from backend.api.routes.runs import run_read
 from backend.schemas.runs import UploadBatchRead, UploadRead, Verdict
 from backend.services import series as series_service
@@ -47,6 +48,7 @@ def upload_read(uploaded: Uploaded) -> UploadRead:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=UploadRead | UploadBatchRead,
+    dependencies=[UploadRateLimit],
     openapi_extra={
         "requestBody": {
             "content": {
@@ -71,7 +73,8 @@ async def upload_result(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> UploadRead | UploadBatchRead:
     """Store a result document (or a batch, all or nothing) as finished runs, judged against their
-    CI series. A repeated Idempotency-Key returns the first upload (200).
+    CI series. A repeated Idempotency-Key returns the first upload (200); the same key with a
+    different document is refused (409). Rate-limited per token (429).
 
     Each document is checked against itself before anything is stored: its `summary` is recomputed
     from its own `ranks[]`, `loss`, workload and hardware (the worker's formulas), and a stated
