@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
     queue: str = Field("parallab", description="Celery queue this worker consumes (one per hardware kind in a lab).")
 
+    # Issue 14: the planner.
+    hardware_catalogue: Path | None = Field(
+        None, description="A lab's own hardware catalogue (JSON, the shape of parallab/core/hardware_catalogue.json); its entries win by key."
+    )
+    sweep_steps: int = Field(10, ge=1, le=10_000, description="Measured steps of each run a sweep queues (unless the request says).")
+
     @property
     def resolved_home(self) -> Path:
         return self.home.expanduser().resolve()

@@ -20,7 +20,7 @@ from backend.migrate import upgrade
 
 PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-TABLES = ("comm_metrics", "rank_metrics", "run_traces", "run_results", "runs", "api_tokens")
+TABLES = ("comm_metrics", "rank_metrics", "run_traces", "run_results", "hardware_profiles", "runs", "sweeps", "api_tokens")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from fastapi import APIRouter, FastAPI
 from backend.api import pages
 from backend.api.errors import install_error_handlers
 from backend.api.pages.assets import static_files
-from backend.api.routes import analysis, plan, results, runs
+from backend.api.routes import analysis, plan, results, runs, sweeps
 
 API_PREFIX = "/api/v1"
 
@@ -24,6 +24,7 @@ def create_app() -> FastAPI:
     api.include_router(results.router)
     api.include_router(plan.router)
     api.include_router(analysis.router)
+    api.include_router(sweeps.router)
     app.include_router(api)
 
     @app.get("/healthz", tags=["health"])

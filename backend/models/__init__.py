@@ -5,6 +5,7 @@ New areas add a module here and re-export their tables below.
 """
 
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
+from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.tokens import ApiToken
 
@@ -22,4 +23,7 @@ __all__ = [
     "RunResult",
     "RunTrace",
     "ApiToken",
+    "SWEEP_STATUSES",
+    "HardwareProfileRow",
+    "Sweep",
 ]

@@ -52,6 +52,13 @@ class Run(Base):
     peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    # Issue 14: the recipe dimensions, for the leaderboard's and compare page's filters, and the sweep a run belongs to.
+    precision: Mapped[str | None] = mapped_column(String(8))
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer, doc="Sequences per forward on a rank (pp: per pipeline micro-batch).")
+    sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
+    shape_key: Mapped[str | None] = mapped_column(String(64), doc="workload_key without the recipe: runs of every recipe of one workload.")
 
     result: Mapped[RunResult | None] = relationship(back_populates="run", cascade="all, delete-orphan", uselist=False)
     ranks: Mapped[list[RankMetric]] = relationship(back_populates="run", cascade="all, delete-orphan", order_by="RankMetric.rank")
@@ -59,6 +66,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_leaderboard", "workload_key", "hardware_key", "tokens_per_s"),
         Index("ix_runs_status_created", "status", "created_at"),
+        Index("ix_runs_shape_group", "shape_key", "hardware_key", "tokens_per_s"),
     )
 
 

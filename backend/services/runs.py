@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
+from backend.services.hardware import check_precision
+from backend.services.recipes import job_columns
 from backend.store import runs as store
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.spec import JobSpec
@@ -50,8 +52,12 @@ def validate_spec(*, spec: JobSpec, settings: Settings) -> ResolvedJob:
 
 
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str) -> Run:
-    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues)."""
+    """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
+
+    The pool's device, when a calibration recorded it, must be able to train in the job's
+    precision (`hardware.check_precision`, issue 14)."""
     job = validate_spec(spec=spec, settings=settings)
+    check_precision(session=session, settings=settings, job=job)
     return store.add_run(
         session,
         Run(
@@ -63,6 +69,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
             strategy=job.strategy,
             world_size=job.world_size,
             model=job.workload.model,
+            **job_columns(job),
         ),
     )
 

@@ -24,11 +24,14 @@ The descriptor says how its activations lie on a rank (`activation_layout`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parallab.core.costs import activation_dtype_bytes, state_bytes_per_param
 from parallab.core.jobs import ResolvedJob
 from parallab.core.model import model_flops_per_token, param_counts
+
+if TYPE_CHECKING:
+    from parallab.core.planner import Hardware
 
 GB = 1e9
 
@@ -69,8 +72,9 @@ def activation_bytes_per_rank(job: ResolvedJob) -> int:
     return int(blocks + head)
 
 
-def predict(job: ResolvedJob) -> dict[str, Any]:
-    """The `prediction` block of a result document ({} for job kinds that train nothing)."""
+def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any]:
+    """The `prediction` block of a result document ({} for job kinds that train nothing); with
+    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
@@ -90,4 +94,9 @@ def predict(job: ResolvedJob) -> dict[str, Any]:
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
+    if hardware is not None:
+        from parallab.core.planner import estimate_step_time  # the planner builds on this module
+
+        estimate = estimate_step_time(job, hardware)
+        out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
     return out

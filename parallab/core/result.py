@@ -11,6 +11,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from parallab.core.hardware import HardwareProfile
+
 SCHEMA_VERSION: Final = 1
 
 _open = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -125,6 +127,9 @@ class Prediction(BaseModel):
     activation_bytes_per_rank: int | None = None
     bubble_fraction: float | None = None
     wire_bytes_per_step: dict[str, int] = Field(default_factory=dict)
+    step_time_s: float | None = Field(
+        None, ge=0, description="Estimated step time on the run's hardware (parallab.core.planner; docs/planner.md). Issue 14."
+    )
 
 
 class Flag(BaseModel):
@@ -189,6 +194,7 @@ class ResultDocument(BaseModel):
     collectives: list[CollectivePoint] = Field(default_factory=list)
     source: SourceInfo | None = None
     tags: list[str] = Field(default_factory=list, max_length=20)
+    calibration: HardwareProfile | None = Field(None, description="What a `calibrate` job measured (the pool's hardware profile).")
 
 
 class RankRecord(RankResult):
@@ -206,6 +212,7 @@ class RankRecord(RankResult):
     hardware: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     collectives: list[CollectivePoint] | None = None
+    calibration: HardwareProfile | None = None
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

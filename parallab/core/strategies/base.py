@@ -70,6 +70,26 @@ class ActivationLayout:
     sequence_parallel: bool = False
 
 
+@dataclass(frozen=True)
+class CommItem:
+    """One kind of communication a rank does per step, as the step-time estimate needs it
+    (`parallab.core.planner`): its bytes (nccl-tests' buffer convention), in how many calls, on
+    a group of how many ranks (`stride`: the rank distance between group members — a group
+    crosses a node boundary when it spans more ranks than a node holds), and the share of its
+    time the strategy can hide under compute on a device that overlaps (issue 14)."""
+
+    op: str
+    bytes_per_step: int
+    calls: int
+    group_size: int
+    stride: int = 1
+    overlap: float = 0.0
+
+    @property
+    def bytes_per_call(self) -> int:
+        return self.bytes_per_step // max(self.calls, 1)
+
+
 class StrategyDescriptor(Generic[OptionsT]):
     """A strategy's facts and formulas. Subclasses set the class attributes and override what differs."""
 
@@ -146,3 +166,10 @@ class StrategyDescriptor(Generic[OptionsT]):
 
     def bubble_fraction(self, job: ResolvedJob) -> float | None:
         return None
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """The step's communication for the step-time estimate: by default each op of
+        `comm_bytes_per_step` as one call on the whole world, not overlapped."""
+        if job.world_size <= 1:
+            return []
+        return [CommItem(op, nbytes, 1, job.world_size) for op, nbytes in self.comm_bytes_per_step(job).items()]

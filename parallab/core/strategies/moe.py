@@ -13,7 +13,7 @@ from pydantic import Field
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
 from parallab.core.model import Preset, param_counts
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -57,6 +57,15 @@ class MoE(StrategyDescriptor[MoEOptions]):
         a2a = cfg.num_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
         experts = sum(numel(t.shape) for t in model_tensors(cfg) if t.expert)
         return {"all_to_all": a2a, "all_reduce": (param_counts(cfg).total - experts) * GRAD_BYTES}
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """Per MoE layer and micro-step: the counts, then rows out and back, forward and backward
+        (6 all-to-alls, each waited on before the experts or the combine); one gradient all-reduce."""
+        comm, n = self.comm_bytes_per_step(job), job.world_size
+        return [
+            CommItem("all_to_all", comm["all_to_all"], 6 * job.model.num_layers * job.accum_steps, n),
+            CommItem("all_reduce", comm["all_reduce"], 1, n),
+        ]
 
 
 DESCRIPTOR = MoE()
