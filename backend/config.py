@@ -38,7 +38,8 @@ class Settings(BaseSettings):
 
     # Issue 14: the planner.
     hardware_catalogue: Path | None = Field(
-        None, description="A lab's own hardware catalogue (JSON, the shape of parallab/core/hardware_catalogue.json); its entries win by key."
+        None,
+        description="A lab's own hardware catalogue (JSON, the shape of parallab/core/hardware_catalogue.json); its entries win by key.",
     )
     sweep_steps: int = Field(10, ge=1, le=10_000, description="Measured steps of each run a sweep queues (unless the request says).")
 

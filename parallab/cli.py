@@ -16,6 +16,7 @@ from rich.console import Console
 from backend.config import get_settings
 from parallab.commands.bench import bench
 from parallab.commands.plan import plan
+from parallab.commands.sweep import sweep
 
 app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
@@ -26,6 +27,7 @@ console = Console(stderr=True)
 
 app.command("plan")(plan)
 app.command("bench")(bench)
+app.command("sweep")(sweep)
 
 
 @db_app.command("upgrade")

@@ -18,8 +18,10 @@ from pydantic import ValidationError
 from backend.config import Settings
 from backend.db import session_scope
 from backend.models import Run
+from backend.services.hardware import latest_profile
 from backend.services.ingest import attach_result
 from backend.store import runs as store
+from parallab.core.hardware import HardwareProfile, load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.problems import SpecError
 from parallab.core.result import ResultDocument
@@ -57,8 +59,10 @@ def run_and_collect(
     settings: Settings,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    profile: HardwareProfile | None = None,
 ) -> Collected:
-    """Launch `job` in `run_dir` under the settings' limits and build its result document."""
+    """Launch `job` in `run_dir` under the settings' limits and build its result document; the
+    prediction's step time uses the pool's calibrated `profile` when there is one (issue 14)."""
     files = RunDir(run_dir)
     outcome = launch(
         job,
@@ -72,7 +76,8 @@ def run_and_collect(
     if not outcome.ok:
         return Collected(outcome, error=f"training process failed: {outcome.reason}\n--- log tail ---\n{outcome.log_tail}")
     try:
-        document = build_result(job, read_rank_records(files, job.world_size))
+        catalogue = load_catalogue(settings.hardware_catalogue)
+        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue)
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
@@ -90,8 +95,9 @@ def frozen_job(run: Run, settings: Settings) -> ResolvedJob:
     return job
 
 
-def _claim(settings: Settings, run_id: str) -> ResolvedJob | None:
-    """Move a queued run to running and return its job; None if it is not queued (the status guard)."""
+def _claim(settings: Settings, run_id: str) -> tuple[ResolvedJob, HardwareProfile | None] | None:
+    """Move a queued run to running and return its job and this pool's latest calibration; None
+    if it is not queued (the status guard)."""
     with session_scope(settings.sqlalchemy_url) as session:
         run = store.get_run_for_update(session, run_id)
         if run is None or run.status != "queued":
@@ -103,14 +109,15 @@ def _claim(settings: Settings, run_id: str) -> ResolvedJob | None:
             store.set_status(session, run, "failed", error=f"invalid spec: {exc}")
             return None
         store.set_status(session, run, "running")
-        return job
+        return job, latest_profile(session=session, pool=settings.queue)
 
 
 def execute_run(run_id: str, settings: Settings) -> str:
     """Run a queued run end to end; returns its final status. Never raises for a failed job."""
-    job = _claim(settings, run_id)
-    if job is None:
+    claimed = _claim(settings, run_id)
+    if claimed is None:
         return "skipped"
+    job, profile = claimed
     url = settings.sqlalchemy_url
 
     def on_progress(progress: dict[str, Any]) -> None:
@@ -123,7 +130,7 @@ def execute_run(run_id: str, settings: Settings) -> str:
 
     try:
         collected = run_and_collect(
-            job, settings.runs_dir / run_id, settings=settings, on_progress=on_progress, should_cancel=should_cancel
+            job, settings.runs_dir / run_id, settings=settings, on_progress=on_progress, should_cancel=should_cancel, profile=profile
         )
     except Exception as exc:  # the launcher itself broke: the run must still end
         log.exception("run %s could not be launched", run_id)
@@ -138,5 +145,5 @@ def execute_run(run_id: str, settings: Settings) -> str:
         elif collected.document is None:
             store.set_status(session, run, "failed", error=collected.error)
         else:
-            attach_result(session, run=run, document=collected.document, traces=collected.traces)
+            attach_result(session, run=run, document=collected.document, traces=collected.traces, pool=settings.queue)
         return run.status

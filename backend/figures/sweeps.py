@@ -38,7 +38,9 @@ def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: 
     lo, hi = min(values) * 0.9, max(values) * 1.1
     fig.add_scatter(name="ideal (measured = predicted)", x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "#64748b"})
     if note:
-        fig.add_annotation(text=note, showarrow=False, x=0, y=1.0, xref="paper", yref="paper", xanchor="left", yanchor="bottom", font={"size": 12})
+        fig.add_annotation(
+            text=note, showarrow=False, x=0, y=1.0, xref="paper", yref="paper", xanchor="left", yanchor="bottom", font={"size": 12}
+        )
     return fig
 
 

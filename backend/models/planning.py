@@ -44,7 +44,9 @@ class Sweep(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     model: Mapped[str] = mapped_column(String(64))
     world_size: Mapped[int] = mapped_column(Integer)
-    request: Mapped[dict[str, Any]] = mapped_column(JSONDoc, doc="The sweep as asked for (workload, world size, top, controls, search space).")
+    request: Mapped[dict[str, Any]] = mapped_column(
+        JSONDoc, doc="The sweep as asked for (workload, world size, top, controls, search space)."
+    )
     hardware: Mapped[dict[str, Any]] = mapped_column(JSONDoc, doc="What the plan ran on: label, catalogue key, the profile used (if any).")
     candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSONDoc, doc="Every queued candidate: spec, role, prediction, run id.")
     planned: Mapped[int] = mapped_column(Integer, doc="Candidates the planner ranked (fitting and rejected).")

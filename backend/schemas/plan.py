@@ -68,7 +68,9 @@ class _PlanBase(BaseModel):
 
     model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
 
-    mode: Literal["predict", "rank"] = Field("predict", description="predict: one job's prediction; rank: every configuration on a cluster.")
+    mode: Literal["predict", "rank"] = Field(
+        "predict", description="predict: one job's prediction; rank: every configuration on a cluster."
+    )
     device: str | None = Field(None, max_length=64, description="rank: a catalogue device (h100, a100, mi300x, cpu, ...).")
     nodes: int = Field(1, ge=1, le=4096, description="rank: nodes of `device`.")
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="rank: devices per node (default: the catalogue's).")

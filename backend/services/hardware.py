@@ -40,14 +40,12 @@ def latest_profile(*, session: Session, pool: str) -> HardwareProfile | None:
     return HardwareProfile.model_validate(row.profile) if row is not None else None
 
 
-def record_profile(*, session: Session, run: Run, document: ResultDocument, pool: str | None) -> HardwareProfileRow | None:
-    """Store a calibrate run's profile for its pool (the caller's transaction); None when it carries none."""
-    from backend.services.ingest import hardware_key  # ingest calls this module
-
+def record_profile(*, session: Session, run: Run, document: ResultDocument, pool: str | None, key: str) -> HardwareProfileRow | None:
+    """Store a calibrate run's profile for its pool (default: its hardware `key`), in the caller's
+    transaction; None when the result carries none."""
     profile = document.calibration
     if profile is None:
         return None
-    key = hardware_key(document.hardware)
     return store.add_profile(
         session,
         HardwareProfileRow(

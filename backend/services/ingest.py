@@ -14,10 +14,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
-from backend.store import runs as store
-from parallab.core.result import ResultDocument
+from backend.services.hardware import record_profile
 from backend.services.recipes import recipe_columns
+from backend.store import runs as store
 from parallab.core.recipes import RECIPE_DEFAULTS
+from parallab.core.result import ResultDocument
 from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 
@@ -88,20 +89,18 @@ def attach_result(
 ) -> None:
     """Store `document` as `run`'s result and mark the run succeeded (caller commits); a calibrate
     run's profile is kept for `pool` (issue 14)."""
-    from backend.services.hardware import record_profile
-
-
     rank_rows, comm_rows = _rank_rows(document)
+    columns = summary_columns(document)
     store.store_result(
         session,
         run,
         document=document.model_dump(mode="json"),
-        summary_columns=summary_columns(document),
+        summary_columns=columns,
         rank_rows=rank_rows,
         comm_rows=comm_rows,
         traces=traces or {},
     )
-    record_profile(session=session, run=run, document=document, pool=pool)
+    record_profile(session=session, run=run, document=document, pool=pool, key=columns["hardware_key"])
     store.set_status(session, run, "succeeded")
 
 

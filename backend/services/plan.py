@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.services import hardware
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Hardware, Ranking, plan_cluster
+from parallab.core.planner import Hardware
 from parallab.core.prediction import predict
+from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
 from parallab.core.spec import JobSpec
 
 

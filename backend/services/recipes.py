@@ -15,6 +15,7 @@ from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.recipes import DIMENSIONS, micro_batch_size, recipe_of
 from parallab.core.spec import JobSpec
+from parallab.core.strategies import TRAINING_STRATEGIES
 
 VARY_FIELDS: dict[str, str] = {
     "precision": "workload",
@@ -76,8 +77,6 @@ def vary(spec: dict[str, Any], field: str, value: str) -> dict[str, Any]:
 
 def dimension_choices() -> dict[str, list[str]]:
     """What the "vary one thing" form offers for each field."""
-    from parallab.core.strategies import TRAINING_STRATEGIES
-
     choices = {d.name: list(d.choices) for d in DIMENSIONS if d.workload_field}
     choices["microbatches"] = ["2", "4", "8", "16"]
     choices["strategy"] = list(TRAINING_STRATEGIES)

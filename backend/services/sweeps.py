@@ -25,8 +25,9 @@ from backend.services import hardware
 from backend.services.runs import cancel_run, create_run
 from backend.store import planning as store
 from backend.store import runs as run_store
-from parallab.core.planner import PlanRow, plan_cluster, spearman
+from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.ranking import PlanRow, plan_cluster
 from parallab.core.spec import JobSpec, Workload
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,14 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
 OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|bad_alloc|killed by signal 9|Cannot allocate memory", re.I)
 """How a run that ran out of memory ends: an allocator's error, or the kernel's OOM killer (SIGKILL)."""
+
+
+def _precisions() -> list[Precision]:
+    return ["fp32", "bf16"]
+
+
+def _checkpointing() -> list[Checkpointing]:
+    return ["none", "selective", "full"]
 
 
 class SweepNotFound(LookupError):
@@ -56,8 +65,8 @@ class SweepRequest(BaseModel):
     controls: int = Field(2, ge=0, le=16, description="Also queue this many predicted to be poor (the lowest predicted that fit).")
     steps: int | None = Field(None, ge=1, le=100_000, description="Measured steps of each run (default: Settings.sweep_steps).")
     strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
-    precisions: list[Precision] = Field(default_factory=lambda: ["fp32", "bf16"], min_length=1, max_length=4)
-    checkpointing: list[Checkpointing] = Field(default_factory=lambda: ["none", "selective", "full"], min_length=1, max_length=4)
+    precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=4)
+    checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
     accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
     pool: str | None = Field(None, max_length=100, description="The pool to run on (default: this deployment's queue).")
 
@@ -102,7 +111,9 @@ def create_sweep(*, session: Session, settings: Settings, request: SweepRequest,
     for recipe in ("precision", "activation_checkpointing", "grad_accumulation_steps", "steps"):
         workload.pop(recipe, None)
     if request.world_size > settings.max_world_size:
-        raise SpecError([SpecProblem(("world_size",), f"world size {request.world_size} is above this worker's limit of {settings.max_world_size}")])
+        raise SpecError(
+            [SpecProblem(("world_size",), f"world size {request.world_size} is above this worker's limit of {settings.max_world_size}")]
+        )
     hw = hardware.pool_hardware(session=session, settings=settings, pool=request.pool)
     ranking = plan_cluster(
         workload,
@@ -125,7 +136,12 @@ def create_sweep(*, session: Session, settings: Settings, request: SweepRequest,
             model=str(workload["model"]),
             world_size=request.world_size,
             request=request.model_dump(mode="json"),
-            hardware={"label": hw.label, "device": hw.spec.key, "calibrated": hw.calibrated, "pool": hardware.pool_of(settings, request.pool)},
+            hardware={
+                "label": hw.label,
+                "device": hw.spec.key,
+                "calibrated": hw.calibrated,
+                "pool": hardware.pool_of(settings, request.pool),
+            },
             candidates=[],
             planned=len(ranking.fits) + len(ranking.rejected),
         ),

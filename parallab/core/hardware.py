@@ -48,17 +48,19 @@ class DeviceDescription(BaseModel):
 def precision_problem(precision: str, device: DeviceDescription) -> str | None:
     """Why `device` cannot train in `precision`, in words taken from the device; None when it can."""
     what = device.name or device.kind
+    fp8_needs = f"fp8 training needs an NVIDIA GPU of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer (Hopper)"
     if precision == "fp8":
         if device.kind == "cpu":
-            return f"fp8 training needs an NVIDIA GPU of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer (Hopper); no CUDA device here ({what})"
+            return f"{fp8_needs}; no CUDA device here ({what})"
         if device.kind == "rocm":
-            return f"fp8 training is wired for NVIDIA GPUs of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer; {what} is a ROCm device"
+            return (
+                f"fp8 training is wired for NVIDIA GPUs of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer; {what} is a ROCm device"
+            )
         if device.capability is None or tuple(device.capability) < FP8_MIN_CAPABILITY:
             have = _cap(device.capability) if device.capability else "unknown"
-            return f"fp8 training needs compute capability {_cap(FP8_MIN_CAPABILITY)} or newer (Hopper); {what} has {have}"
-    if precision in ("bf16", "fp16") and device.kind == "cuda" and device.capability is not None:
-        if precision == "bf16" and tuple(device.capability) < BF16_MIN_CAPABILITY:
-            return f"bf16 needs compute capability {_cap(BF16_MIN_CAPABILITY)} or newer (Ampere); {what} has {_cap(device.capability)}"
+            return f"{fp8_needs}; {what} has compute capability {have}"
+    if precision == "bf16" and device.kind == "cuda" and device.capability is not None and tuple(device.capability) < BF16_MIN_CAPABILITY:
+        return f"bf16 needs compute capability {_cap(BF16_MIN_CAPABILITY)} or newer (Ampere); {what} has {_cap(device.capability)}"
     return None
 
 

@@ -24,14 +24,12 @@ The descriptor says how its activations lie on a rank (`activation_layout`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes, state_bytes_per_param
 from parallab.core.jobs import ResolvedJob
 from parallab.core.model import model_flops_per_token, param_counts
-
-if TYPE_CHECKING:
-    from parallab.core.planner import Hardware
+from parallab.core.planner import Hardware, estimate_step_time
 
 GB = 1e9
 
@@ -95,8 +93,6 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
     if hardware is not None:
-        from parallab.core.planner import estimate_step_time  # the planner builds on this module
-
         estimate = estimate_step_time(job, hardware)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
     return out

@@ -70,7 +70,9 @@ def convert_to_fp8(model: torch.nn.Module, *, fsdp_all_gather: bool) -> int:
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as exc:
-        raise PrecisionUnsupported(f"fp8 needs torchao's float8 training, which is not installed here ({exc}); pip install 'parallab[fp8]'") from None
+        raise PrecisionUnsupported(
+            f"fp8 needs torchao's float8 training, which is not installed here ({exc}); pip install 'parallab[fp8]'"
+        ) from None
 
     swapped = 0
 

@@ -14,6 +14,7 @@ each gets while the others work, which is what a training job on the same ranks 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -22,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from parallab.core.hardware import BusbwPoint, DeviceDescription, HardwareProfile, MatmulPoint, precision_problem
+from parallab.core.interconnect import CollectivesOptions
 from parallab.core.model import ModelConfig
 from parallab.core.result import CollectivePoint
 from parallab.core.strategies.calibrate import CalibrateOptions, gemm_shapes
-from parallab.core.strategies.collectives import CollectivesOptions
 from workers.harness import collectives
 from workers.harness.amp import DTYPES
 
@@ -80,7 +81,7 @@ def measure_matmuls(
             for m in options.token_counts:
                 a = torch.randn(m, k, device=device, dtype=dtype)
                 b = torch.randn(k, n, device=device, dtype=dtype)
-                seconds = timed(lambda a=a, b=b: a @ b, options.matmul_iters, device, world_size)
+                seconds = timed(functools.partial(torch.matmul, a, b), options.matmul_iters, device, world_size)
                 points.append(MatmulPoint(precision=precision, m=m, n=n, k=k, flops_per_s=2 * m * n * k / seconds))
     return points
 

@@ -7,6 +7,7 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `compare`      runs side by side, and the comparison's exports
 - `leaderboard`  the lab-wide leaderboard, and its exports
 - `scaling`      throughput against world size
+- `planning`     the ranking form, sweeps, and a run's "vary one thing" (issue 14)
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.pages import assets, compare, leaderboard, runs, scaling
+from backend.api.pages import assets, compare, leaderboard, planning, runs, scaling
 
-ROUTERS: tuple[APIRouter, ...] = (assets.router, runs.router, compare.router, leaderboard.router, scaling.router)
+ROUTERS: tuple[APIRouter, ...] = (assets.router, runs.router, compare.router, leaderboard.router, scaling.router, planning.router)
 """Every page router, for the app to include."""

@@ -21,6 +21,7 @@ from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
 from backend.services import run_form
 from backend.services import runs as run_service
+from backend.services.recipes import dimension_choices
 from backend.services.run_view import run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from parallab.core.strategies import STRATEGY_NAMES
@@ -153,6 +154,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "agreement": view.agreement,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
+            "vary_choices": dimension_choices() if settings.local_mode and view.run.job is not None else {},
         },
         settings=settings,
     )

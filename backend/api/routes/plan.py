@@ -11,7 +11,7 @@ from backend.api.deps import SessionDep, SettingsDep
 from backend.schemas.plan import WORKLOAD_PARAMS, PlanQuery
 from backend.services import plan as plan_service
 from backend.services.hardware import UnknownDevice
-from parallab.core.planner import rejected_by_reason
+from parallab.core.ranking import rejected_by_reason
 
 router = APIRouter(tags=["plan"])
 
@@ -40,7 +40,7 @@ def plan(query: Annotated[PlanQuery, Query()], session: SessionDep, settings: Se
     ranking = plan_service.rank(
         workload={name: given[name] for name in WORKLOAD_PARAMS if name in query.model_fields_set or name == "model"},
         hw=hw,
-        world_size=query.world_size if "world_size" in query.model_fields_set else None,
+        world_size=given["world_size"] if "world_size" in query.model_fields_set else None,
         precisions=given.get("precisions") if "precisions" in query.model_fields_set else None,
         checkpointing=query.checkpointing,
         accumulation=query.accumulation,

@@ -34,7 +34,14 @@ def list_sweeps(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] 
     items = sweep_service.list_sweeps(session=session, limit=limit)
     return {
         "items": [
-            {"id": s.id, "name": s.name, "status": s.status, "model": s.model, "world_size": s.world_size, "created_at": s.created_at.isoformat()}
+            {
+                "id": s.id,
+                "name": s.name,
+                "status": s.status,
+                "model": s.model,
+                "world_size": s.world_size,
+                "created_at": s.created_at.isoformat(),
+            }
             for s in items
         ],
         "limit": limit,

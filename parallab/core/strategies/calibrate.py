@@ -15,13 +15,19 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from parallab.core.interconnect import CollectiveOp, CollectivesOptions
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem
 from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor
-from parallab.core.strategies.collectives import CollectiveOp, CollectivesOptions
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 """The spec's precisions (parallab.core.spec.Precision; spec imports the registry, so not from there)."""
+
+
+def _default_precisions() -> list[Precision]:
+    return ["fp32", "bf16"]
+
+
 DEFAULT_OPS: list[CollectiveOp] = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 
 
@@ -30,7 +36,7 @@ class CalibrateOptions(CollectivesOptions):
 
     ops: list[CollectiveOp] = Field(default_factory=lambda: list(DEFAULT_OPS), max_length=6, description="Collectives to sweep.")
     precisions: list[Precision] = Field(
-        default_factory=lambda: ["fp32", "bf16"], min_length=1, max_length=4, description="Precisions to time the GEMMs in."
+        default_factory=_default_precisions, min_length=1, max_length=4, description="Precisions to time the GEMMs in."
     )
     token_counts: list[int] = Field(
         default_factory=lambda: [128, 512, 2048, 8192],

@@ -61,7 +61,11 @@ def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequen
     """`tp_comm`'s ops as calls (per accumulation micro-step, the counts its docstring gives):
     each sits between the matmuls that need it, so none hides under compute."""
     layers = cfg.num_layers
-    calls = {"all_reduce": 7 * layers + 2, "all_gather": 1} if not sequence_parallel else {"all_gather": 4 * layers + 3, "reduce_scatter": 4 * layers + 2}
+    calls = (
+        {"all_reduce": 7 * layers + 2, "all_gather": 1}
+        if not sequence_parallel
+        else {"all_gather": 4 * layers + 3, "reduce_scatter": 4 * layers + 2}
+    )
     return [CommItem(op, nbytes, calls[op] * micro_steps, n) for op, nbytes in comm.items()]
 
 
