@@ -177,6 +177,9 @@ class HardwareProfile(BaseModel):
     matmul: list[MatmulPoint] = Field(default_factory=list)
     memory_bandwidth: float | None = Field(None, gt=0, description="Bytes/s a rank streams (copy: read + write).")
     op_overhead_s: float | None = Field(None, ge=0, description="Host time of one small op, end to end.")
+    dtensor_op_overhead_s: float | None = Field(
+        None, ge=0, description="Extra host time of a linear on DTensors (tensor parallelism's dispatch) over the same plain linear."
+    )
     collectives: list[BusbwPoint] = Field(default_factory=list)
 
     def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float | None:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from parallab.core.costs import activation_dtype_bytes, model_tensors
+from parallab.core.costs import activation_dtype_bytes
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
@@ -53,6 +53,9 @@ ELEMENTWISE_ACCESSES = (30, 5)
 residuals, SwiGLU's activation and product, casts); backward twice that."""
 OPS_PER_LAYER = 40
 """aten ops one block's forward launches (backward twice that)."""
+DTENSOR_OPS_PER_LAYER = 7
+"""Linears of a block that run on DTensors under tensor parallelism (q, k, v, o, w1, w3, w2): each
+forward, and its two backward matmuls, pay DTensor's dispatch."""
 ADAMW_BYTES = 28
 """AdamW per fp32 parameter: reads param, grad, two moments (16 B), writes param and moments (12 B)."""
 P2P_OPS = {"send": "send_recv", "recv": "send_recv"}
@@ -114,6 +117,11 @@ class Hardware:
         if self.profile is not None and self.profile.op_overhead_s is not None:
             return self.profile.op_overhead_s
         return self.spec.op_overhead_s
+
+    @property
+    def dtensor_op_overhead_s(self) -> float:
+        """Calibrated only (GPUs hide host time behind their kernels; uncalibrated CPUs get none)."""
+        return (self.profile.dtensor_op_overhead_s or 0.0) if self.profile is not None else 0.0
 
     def crosses_nodes(self, group_size: int, stride: int) -> bool:
         return self.nodes > 1 and group_size * stride > self.per_node
@@ -250,6 +258,8 @@ def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None) -
     if mode == "selective":
         recompute = lay.layers * (attention + memory)
     ops = OPS_PER_LAYER * lay.layers * (3 + (1 if mode != "none" else 0)) * hw.op_overhead_s
+    if lay.tp > 1:
+        ops += DTENSOR_OPS_PER_LAYER * lay.layers * 3 * hw.dtensor_op_overhead_s
     casts = 0.0
     if precision != "fp32":  # autocast casts every weight it multiplies, in each forward (and recompute)
         casts = _local_params(job) * 6 * (2 if mode in ("full", "alternate") else 1) / hw.memory_bandwidth
@@ -257,14 +267,24 @@ def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None) -
     return lay.forwards * per_forward
 
 
+_LOCAL_PARAMS: dict[str, int] = {}
+"""Parameter elements on the busiest rank, by (strategy, world size, options, model): a ranking asks
+for the same split under every recipe."""
+
+
 def _local_params(job: ResolvedJob) -> int:
-    return max(job.descriptor.param_elements_per_rank(job))
+    key = f"{job.strategy}|{job.world_size}|{job.spec.strategy.options}|{job.model.model_dump_json()}"
+    if key not in _LOCAL_PARAMS:
+        if len(_LOCAL_PARAMS) > 4096:
+            _LOCAL_PARAMS.clear()
+        _LOCAL_PARAMS[key] = max(job.descriptor.param_elements_per_rank(job))
+    return _LOCAL_PARAMS[key]
 
 
 def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     """AdamW over the rank's parameters (and the accumulation adds into the grads)."""
     local = _local_params(job)
-    tensors = len(model_tensors(job.model))
+    tensors = 3 + job.model.num_layers * (10 if job.model.is_moe else 9)  # len(model_tensors(model)), without listing them
     accumulate = (job.accum_steps - 1) * local * 12
     return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
 

@@ -94,6 +94,8 @@ def tracked_activations(job, strategy, applied, optimizer, ctx: RunContext) -> i
     with tracker:
         optimizer.zero_grad(set_to_none=True)
         for micro in range(ctx.accum_steps):
+            if micro:
+                tracker.reset_mod_stats()  # per-module stats are per forward; the peak is kept
             batch = strategy.local_batch(inputs, labels, ctx, job.options, micro)
             with strategy.accumulate(applied, micro == ctx.accum_steps - 1):
                 strategy.forward_backward(applied, batch, ctx, job.options, amp)

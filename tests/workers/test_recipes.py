@@ -114,7 +114,7 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
     shapes = {(p.k, p.n) for p in profile.matmul}
     assert {(h, h), (h, f), (f, h), (h, v), (h, f // 2), (f // 2, h), (h // 2, h)} <= shapes
     assert all(p.flops_per_s > 0 for p in profile.matmul) and len(profile.matmul) == 2 * 2 * len(shapes)
-    assert profile.memory_bandwidth > 0 and profile.op_overhead_s > 0
+    assert profile.memory_bandwidth > 0 and profile.op_overhead_s > 0 and profile.dtensor_op_overhead_s is not None
     assert {p.op for p in profile.collectives} == {"all_reduce", "send_recv"} and {p.op for p in doc.collectives} == {
         "all_reduce",
         "send_recv",

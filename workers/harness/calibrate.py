@@ -8,7 +8,9 @@ each gets while the others work, which is what a training job on the same ranks 
   each TP degree) and every token count m, in each precision the device supports (the others are
   skipped and said so on stderr); 2·m·n·k FLOPs per call.
 - memory bandwidth: a 64 MiB copy, read + write.
-- op overhead: the host time of a one-element add, end to end.
+- op overhead: the host time of a one-element add, end to end; and what a linear on DTensors
+  (a replicated input, a weight sharded over all ranks: tensor parallelism's dispatch) costs on
+  top of the same plain linear.
 - the collectives sweep of the `collectives` job (`workers.harness.collectives`), skipped on one rank.
 """
 
@@ -97,6 +99,20 @@ def op_overhead(device: torch.device, world_size: int) -> float:
     return timed(lambda: [one.add(one) for _ in range(OVERHEAD_CALLS)], 1, device, world_size) / OVERHEAD_CALLS
 
 
+def dtensor_overhead(device: torch.device, world_size: int) -> float:
+    """Seconds a small linear on DTensors takes beyond the same plain linear (sharding propagation, dispatch)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    x, w = torch.randn(8, 16, device=device), torch.randn(16 * world_size, 16, device=device)
+    dx, dw = distribute_tensor(x, mesh, [Replicate()]), distribute_tensor(w, mesh, [Shard(0)])
+    local = dw.to_local()
+    plain = timed(lambda: [torch.nn.functional.linear(x, local) for _ in range(OVERHEAD_CALLS // 10)], 1, device, world_size)
+    sharded = timed(lambda: [torch.nn.functional.linear(dx, dw) for _ in range(OVERHEAD_CALLS // 10)], 1, device, world_size)
+    return max(sharded - plain, 0.0) / (OVERHEAD_CALLS // 10)
+
+
 def busbw_points(points: list[CollectivePoint]) -> list[BusbwPoint]:
     return [BusbwPoint(op=p.op, size_bytes=p.size_bytes, busbw_gbps=p.busbw_gbps, time_s=p.time_s) for p in points]
 
@@ -108,6 +124,7 @@ def run_calibration(
     matmul = measure_matmuls(model, options, device, world_size, describe)
     bandwidth = memory_bandwidth(device, world_size)
     overhead = op_overhead(device, world_size)
+    dtensor = dtensor_overhead(device, world_size) if dist.is_initialized() else None
     sweep: list[CollectivePoint] = []
     if world_size > 1 and options.ops:
         fields = CollectivesOptions.model_fields
@@ -118,6 +135,7 @@ def run_calibration(
         matmul=matmul,
         memory_bandwidth=bandwidth,
         op_overhead_s=overhead,
+        dtensor_op_overhead_s=dtensor,
         collectives=busbw_points(sweep),
     )
     return profile, sweep
