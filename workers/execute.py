@@ -95,9 +95,8 @@ def frozen_job(run: Run, settings: Settings) -> ResolvedJob:
     return job
 
 
-def _claim(settings: Settings, run_id: str) -> tuple[ResolvedJob, HardwareProfile | None] | None:
-    """Move a queued run to running and return its job and this pool's latest calibration; None
-    if it is not queued (the status guard)."""
+def _claim(settings: Settings, run_id: str) -> ResolvedJob | None:
+    """Move a queued run to running and return its job; None if it is not queued (the status guard)."""
     with session_scope(settings.sqlalchemy_url) as session:
         run = store.get_run_for_update(session, run_id)
         if run is None or run.status != "queued":
@@ -109,16 +108,17 @@ def _claim(settings: Settings, run_id: str) -> tuple[ResolvedJob, HardwareProfil
             store.set_status(session, run, "failed", error=f"invalid spec: {exc}")
             return None
         store.set_status(session, run, "running")
-        return job, latest_profile(session=session, pool=settings.queue)
+        return job
 
 
 def execute_run(run_id: str, settings: Settings) -> str:
     """Run a queued run end to end; returns its final status. Never raises for a failed job."""
-    claimed = _claim(settings, run_id)
-    if claimed is None:
+    job = _claim(settings, run_id)
+    if job is None:
         return "skipped"
-    job, profile = claimed
     url = settings.sqlalchemy_url
+    with session_scope(url) as session:  # this pool's latest calibration, for the step-time estimate
+        profile = latest_profile(session=session, pool=settings.queue)
 
     def on_progress(progress: dict[str, Any]) -> None:
         with session_scope(url) as session:

@@ -69,22 +69,21 @@ def plan_page(
     workload: dict[str, Any] = {"model": model}
     if global_batch_size.strip():
         workload["global_batch_size"] = global_batch_size.strip()
-    try:
-        if model not in PRESETS:
-            raise SpecError([])
-        hw = plan_service.ranking_hardware(
-            session=session,
-            settings=settings,
-            device=None if device == "pool" else device,
-            pool=None,
-            nodes=max(nodes, 1),
-            gpus_per_node=max(gpus_per_node, 1),
-        )
-        ranking = plan_service.rank(workload=workload, hw=hw)
-    except UnknownDevice as exc:
-        error = str(exc)
-    except (SpecError, ValidationError, ValueError) as exc:
-        error = f"model: unknown preset {model!r}" if model not in PRESETS else str(exc)
+    if model not in PRESETS:
+        error = f"model: unknown preset {model!r}; known: {', '.join(PRESETS)}"
+    else:
+        try:
+            hw = plan_service.ranking_hardware(
+                session=session,
+                settings=settings,
+                device=None if device == "pool" else device,
+                pool=None,
+                nodes=max(nodes, 1),
+                gpus_per_node=max(gpus_per_node, 1),
+            )
+            ranking = plan_service.rank(workload=workload, hw=hw)
+        except UnknownDevice as exc:
+            error = f"device: {exc}"
     devices = [d.key for d in catalogue(settings).devices] + ["pool"]
     return render(
         request,
