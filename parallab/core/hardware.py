@@ -43,6 +43,7 @@ class DeviceDescription(BaseModel):
     name: str | None = Field(None, max_length=200, description="e.g. 'NVIDIA H100 80GB HBM3', or the CPU's model name.")
     capability: tuple[int, int] | None = Field(None, description="CUDA compute capability (major, minor); None off CUDA.")
     memory_bytes: int | None = Field(None, ge=0, description="Memory of one device (host memory for CPU ranks).")
+    cores: int | None = Field(None, ge=1, description="CPU ranks: the host's cores, which its ranks share.")
 
 
 def precision_problem(precision: str, device: DeviceDescription) -> str | None:
@@ -179,6 +180,9 @@ class HardwareProfile(BaseModel):
     op_overhead_s: float | None = Field(None, ge=0, description="Host time of one small op, end to end.")
     dtensor_op_overhead_s: float | None = Field(
         None, ge=0, description="Extra host time of a linear on DTensors (tensor parallelism's dispatch) over the same plain linear."
+    )
+    selective_op_overhead_s: float | None = Field(
+        None, ge=0, description="Extra host time per op of a region under selective recomputation's policy (forward, recompute)."
     )
     collectives: list[BusbwPoint] = Field(default_factory=list)
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from parallab.core.strategies.base import StrategyOptions
+from parallab.core.options import StrategyOptions
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
 ALL_OPS: tuple[CollectiveOp, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")

@@ -51,8 +51,10 @@ USABLE_MEMORY = 0.9
 ELEMENTWISE_ACCESSES = (30, 5)
 """(a, b): a forward block reads and writes ≈ a·h + b·f/tp elements per token (norms, rotary,
 residuals, SwiGLU's activation and product, casts); backward twice that."""
-OPS_PER_LAYER = 40
-"""aten ops one block's forward launches (backward twice that)."""
+OPS_PER_LAYER = 90
+"""aten ops one block's forward launches (counted: tiny's forward launches 373 for its 4 blocks and
+head); backward launches `BACKWARD_OPS` times as many (614)."""
+BACKWARD_OPS = 1.65
 DTENSOR_OPS_PER_LAYER = 7
 """Linears of a block that run on DTensors under tensor parallelism (q, k, v, o, w1, w3, w2): each
 forward, and its two backward matmuls, pay DTensor's dispatch."""
@@ -122,6 +124,19 @@ class Hardware:
     def dtensor_op_overhead_s(self) -> float:
         """Calibrated only (GPUs hide host time behind their kernels; uncalibrated CPUs get none)."""
         return (self.profile.dtensor_op_overhead_s or 0.0) if self.profile is not None else 0.0
+
+    @property
+    def selective_op_overhead_s(self) -> float:
+        """Calibrated only, as `dtensor_op_overhead_s`."""
+        return (self.profile.selective_op_overhead_s or 0.0) if self.profile is not None else 0.0
+
+    @property
+    def ranks_per_core(self) -> float:
+        """CPU ranks time-share the host's cores: how many ranks each core serves (1 on GPUs, or unknown cores)."""
+        cores = self.device.cores
+        if self.device.kind != "cpu" or not cores:
+            return 1.0
+        return max(1.0, self.per_node / cores)
 
     def crosses_nodes(self, group_size: int, stride: int) -> bool:
         return self.nodes > 1 and group_size * stride > self.per_node
@@ -257,7 +272,9 @@ def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None) -
     recompute = _recomputed_blocks(mode, lay.layers) * block
     if mode == "selective":
         recompute = lay.layers * (attention + memory)
-    ops = OPS_PER_LAYER * lay.layers * (3 + (1 if mode != "none" else 0)) * hw.op_overhead_s
+    ops = OPS_PER_LAYER * lay.layers * (1 + BACKWARD_OPS + (1 if mode != "none" else 0)) * hw.op_overhead_s
+    if mode == "selective":  # the policy's caching mode sees every op of the block
+        ops += OPS_PER_LAYER * lay.layers * hw.selective_op_overhead_s
     if lay.tp > 1:
         ops += DTENSOR_OPS_PER_LAYER * lay.layers * 3 * hw.dtensor_op_overhead_s
     casts = 0.0
@@ -305,7 +322,12 @@ def estimate_step_time(job: ResolvedJob, hw: Hardware) -> StepTimeEstimate:
     exposed += max(0.0, hidden_want - compute)
     bubble_fraction = job.descriptor.bubble_fraction(job) or 0.0
     busy = compute + exposed
-    bubble = busy * bubble_fraction / (1 - bubble_fraction) if bubble_fraction < 1 else 0.0
+    # The critical path — (m+p−1) micro-batch slots of a stage — at the stage's own speed. CPU ranks
+    # that outnumber the cores run at the calibrated, time-shared rate only while all are busy: an
+    # idle stage hands its core to the others, so the pipeline is bound by the larger of the
+    # shared work and the critical path at the unshared speed (1/ranks_per_core of the shared time).
+    critical = busy / hw.ranks_per_core / (1 - bubble_fraction) if bubble_fraction < 1 else busy
+    bubble = max(0.0, critical - busy)
     optimizer = optimizer_seconds(job, hw)
     step = busy + bubble + optimizer
     return StepTimeEstimate(

@@ -10,7 +10,8 @@ each gets while the others work, which is what a training job on the same ranks 
 - memory bandwidth: a 64 MiB copy, read + write.
 - op overhead: the host time of a one-element add, end to end; and what a linear on DTensors
   (a replicated input, a weight sharded over all ranks: tensor parallelism's dispatch) costs on
-  top of the same plain linear.
+  top of the same plain linear; and what an op costs inside a region under selective
+  recomputation's policy (its caching mode sees every op in forward and again in the recompute).
 - the collectives sweep of the `collectives` job (`workers.harness.collectives`), skipped on one rank.
 """
 
@@ -113,6 +114,42 @@ def dtensor_overhead(device: torch.device, world_size: int) -> float:
     return max(sharded - plain, 0.0) / (OVERHEAD_CALLS // 10)
 
 
+SELECTIVE_OPS = 20
+
+
+def selective_overhead(device: torch.device, world_size: int) -> float:
+    """Seconds per op that selective recomputation's policy adds to a region's forward and backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    from workers.harness.model import selective_contexts
+
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def region(t: torch.Tensor) -> torch.Tensor:
+        for _ in range(SELECTIVE_OPS):
+            t = t * 1.0001
+        return t
+
+    def plain() -> None:
+        region(x).sum().backward()
+
+    def selective() -> None:
+        checkpoint(region, x, use_reentrant=False, context_fn=selective_contexts).sum().backward()
+
+    calls = OVERHEAD_CALLS // SELECTIVE_OPS
+
+    def repeat(step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(calls):
+                step()
+
+        return run
+
+    base = timed(repeat(plain), 1, device, world_size)
+    under = timed(repeat(selective), 1, device, world_size)
+    return max(under - base, 0.0) / (calls * SELECTIVE_OPS)
+
+
 def busbw_points(points: list[CollectivePoint]) -> list[BusbwPoint]:
     return [BusbwPoint(op=p.op, size_bytes=p.size_bytes, busbw_gbps=p.busbw_gbps, time_s=p.time_s) for p in points]
 
@@ -125,6 +162,7 @@ def run_calibration(
     bandwidth = memory_bandwidth(device, world_size)
     overhead = op_overhead(device, world_size)
     dtensor = dtensor_overhead(device, world_size) if dist.is_initialized() else None
+    selective = selective_overhead(device, world_size)
     sweep: list[CollectivePoint] = []
     if world_size > 1 and options.ops:
         fields = CollectivesOptions.model_fields
@@ -136,6 +174,7 @@ def run_calibration(
         memory_bandwidth=bandwidth,
         op_overhead_s=overhead,
         dtensor_op_overhead_s=dtensor,
+        selective_op_overhead_s=selective,
         collectives=busbw_points(sweep),
     )
     return profile, sweep

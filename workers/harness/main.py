@@ -183,7 +183,9 @@ def describe_device(ctx: RunContext) -> DeviceDescription:
     described = amp.describe_device(ctx.device)
     if ctx.device.type != "cuda":
         info = hardware(ctx)
-        described = described.model_copy(update={"name": info["device_name"], "memory_bytes": info["memory_bytes"]})
+        described = described.model_copy(
+            update={"name": info["device_name"], "memory_bytes": info["memory_bytes"], "cores": info["cpu_count"]}
+        )
     return described
 
 

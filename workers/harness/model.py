@@ -216,7 +216,7 @@ class Block(nn.Module):
         if self.recompute == "none" or not torch.is_grad_enabled():
             return self._forward(x, cos, sin)
         if self.recompute == "selective":
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, context_fn=_selective_contexts)
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, context_fn=selective_contexts)
         return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
 
 
@@ -306,7 +306,8 @@ def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPol
     return CheckpointPolicy.MUST_SAVE if _is_kept(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_selective_contexts = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
+selective_contexts = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
+"""The `context_fn` of selective recomputation (the calibrate job times its overhead)."""
 
 
 def apply_activation_checkpointing(model: Transformer, mode: str) -> None:

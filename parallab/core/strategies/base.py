@@ -14,25 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
 from parallab.core.costs import model_tensors, numel
 from parallab.core.model import ModelConfig, Preset
+from parallab.core.options import NoOptions, StrategyOptions
 from parallab.core.problems import SpecProblem
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
 
 
-class StrategyOptions(BaseModel):
-    """Base of every options model: unknown keys are refused, so a typo never silently does nothing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class NoOptions(StrategyOptions):
-    """A strategy without options."""
-
+__all__ = [
+    "ActivationLayout",
+    "CommItem",
+    "Draft",
+    "MeshDim",
+    "NoOptions",
+    "StrategyDescriptor",
+    "StrategyOptions",
+]
 
 OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 
