@@ -148,3 +148,16 @@ def test_spearman(xs, ys, rho):
 def test_spearman_needs_three_pairs_and_some_spread():
     assert spearman([1, 2], [1, 2]) is None
     assert spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_cpu_ranks_that_outnumber_the_cores_hand_the_bubble_to_busy_stages():
+    def hw(cores: int) -> Hardware:
+        cpu = DeviceDescription(kind="cpu", name="cpu", memory_bytes=8 << 30, cores=cores)
+        points = [MatmulPoint(precision="fp32", m=64, n=64, k=64, flops_per_s=1e9)]
+        return hardware_for(CATALOGUE.get("cpu"), profile=HardwareProfile(device=cpu, world_size=4, matmul=points, memory_bandwidth=1e9))
+
+    pipeline = job("pp", 4, {"microbatches": 4}, model="small")
+    shared = estimate_step_time(pipeline, hw(cores=2))  # 2 ranks per core: κ(1 − b) = 2 · 4/7 ≥ 1
+    assert hw(cores=2).ranks_per_core == 2 and shared.bubble_s == 0
+    own = estimate_step_time(pipeline, hw(cores=4))  # a core each: the bubble is idle time
+    assert own.bubble_s == pytest.approx((own.compute_s + own.exposed_comm_s) * 3 / 4)
