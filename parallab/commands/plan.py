@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
@@ -190,7 +191,7 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
         opts = ", ".join(f"{k}={v}" for k, v in row.options.items() if k != "microbatches")
         table.add_row(
             str(i),
-            row.strategy + (f" [{opts}]" if opts else ""),
+            escape(row.strategy + (f" [{opts}]" if opts else "")),
             "×".join(str(row.mesh[d]) for d in ("dp", "tp", "pp", "cp", "ep")),
             row.precision,
             row.activation_checkpointing,
@@ -209,10 +210,10 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
     console.print(f"\n[bold]{len(ranking.rejected)} do not fit[/bold]:")
     if show_all:
         for row in ranking.rejected:
-            console.print(f"  {row.label} {row.precision} {row.activation_checkpointing} accum {row.grad_accumulation_steps}:")
+            console.print(escape(f"  {row.label} {row.precision} {row.activation_checkpointing} accum {row.grad_accumulation_steps}:"))
             for reason in row.reasons:
-                console.print(f"    - {reason}")
+                console.print(escape(f"    - {reason}"))
         return
     for group in rejected_by_reason(ranking.rejected):
-        console.print(f"  {group['count']:>5} × {group['reason']}  [dim](e.g. {group['example']})[/dim]")
+        console.print(f"  {group['count']:>5} × {escape(group['reason'])}  [dim](e.g. {escape(group['example'])})[/dim]")
     console.print("  (--all lists every one with all its reasons)")

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from parallab.commands.jobspec import fail
@@ -92,7 +93,7 @@ def print_sweep(view: dict[str, Any]) -> None:
         table.add_row(
             str(p["predicted_rank"]),
             p["role"],
-            p["label"],
+            escape(p["label"]),
             recipe,
             status,
             f"{p['predicted']['tokens_per_s']:,.0f}",
@@ -106,7 +107,7 @@ def print_sweep(view: dict[str, Any]) -> None:
     if view.get("best"):
         best = view["best"]
         out.print(
-            f"best found: {best['label']} ({best['precision']}, {best['activation_checkpointing']}) — "
+            f"best found: {escape(best['label'])} ({best['precision']}, {best['activation_checkpointing']}) — "
             f"{best['measured']['tokens_per_s']:,.0f} tokens/s"
         )
 
