@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     upload_rate_per_minute: float = Field(120.0, ge=0, description="Uploads one token may make per minute, sustained (0: no limit).")
     upload_burst: int = Field(120, ge=1, description="Uploads one token may make at once before the rate applies.")
 
+    # Issue 14: the planner.
+    hardware_catalogue: Path | None = Field(
+        None,
+        description="A lab's own hardware catalogue (JSON, the shape of parallab/core/hardware_catalogue.json); its entries win by key.",
+    )
+    sweep_steps: int = Field(10, ge=1, le=10_000, description="Measured steps of each run a sweep queues (unless the request says).")
+
     @property
     def resolved_home(self) -> Path:
         return self.home.expanduser().resolve()

@@ -14,6 +14,7 @@ from rich.console import Console
 from backend.config import get_settings
 from parallab.commands.bench import bench
 from parallab.commands.plan import plan
+from parallab.commands.sweep import sweep
 from parallab.commands.token import token_app
 from parallab.commands.upload import upload
 from parallab.commands.user import user_app
@@ -30,6 +31,7 @@ app.command("plan")(plan)
 app.command("bench")(bench)
 app.command("upload")(upload)
 app.command("worker")(worker)
+app.command("sweep")(sweep)
 
 
 @db_app.command("upgrade")

@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parallab.core.flags import prediction_flags
+from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import summarize
 from parallab.core.model import model_flops_per_token
+from parallab.core.planner import Hardware, hardware_for
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
@@ -60,9 +62,27 @@ def merge_nodes(per_node: Sequence[Sequence[RankRecord]], world_size: int) -> li
     return [by_rank[r] for r in range(world_size)]
 
 
-def build_result(job: ResolvedJob, records: list[RankRecord], *, hosts: Sequence[str] | None = None) -> ResultDocument:
+def run_hardware(hardware: dict[str, Any], profile: HardwareProfile | None, catalogue: Catalogue | None = None) -> Hardware | None:
+    """What the step-time estimate runs on: the catalogue entry of the device the ranks reported,
+    with the pool's calibrated profile when there is one; None for a device the catalogue lacks."""
+    catalogue = catalogue or load_catalogue()
+    spec = catalogue.for_device(hardware.get("device_name"), hardware.get("device"))
+    if spec is None:
+        return None
+    return hardware_for(spec, profile=profile, devices_per_node=hardware.get("device_count") if profile is None else None)
+
+
+def build_result(
+    job: ResolvedJob,
+    records: list[RankRecord],
+    *,
+    hosts: Sequence[str] | None = None,
+    profile: HardwareProfile | None = None,
+    catalogue: Catalogue | None = None,
+) -> ResultDocument:
     """The result document of a finished job from its ranks' records (rank order); `hosts`: the
-    job's hosts by node, when a worker ran it (added to `hardware`)."""
+    job's hosts by node, when a worker ran it (added to `hardware`); the prediction carries the
+    step-time estimate on the run's hardware (`profile`: the pool's calibration)."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
@@ -79,7 +99,7 @@ def build_result(job: ResolvedJob, records: list[RankRecord], *, hosts: Sequence
         world_size=job.world_size,
         loss=loss.model_dump(),
     )
-    prediction = predict(job)
+    prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
     )
@@ -98,6 +118,7 @@ def build_result(job: ResolvedJob, records: list[RankRecord], *, hosts: Sequence
             "flags": flags,
             "timeline": [event for record in records for event in record.timeline],
             "collectives": lead.collectives or [],
+            "calibration": lead.calibration,
             "tags": job.spec.tags,
         }
     )

@@ -33,10 +33,12 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.queue import enqueue_run, send_node
 from backend.services import workers as fleet
+from backend.services.hardware import latest_profile
 from backend.services.ingest import attach_result
 from backend.services.workers import NotReserved, WorkerInfo
 from backend.store import runs as store
 from backend.store import workers as worker_store
+from parallab.core.hardware import HardwareProfile, load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.problems import SpecError
 from parallab.core.result import FailureRecord, RankRecord, ResultDocument
@@ -92,8 +94,10 @@ def run_and_collect(
     settings: Settings,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    profile: HardwareProfile | None = None,
 ) -> Collected:
-    """Launch `job` on this host in `run_dir` under the settings' limits and build its result document."""
+    """Launch `job` in `run_dir` under the settings' limits and build its result document; the
+    prediction's step time uses the pool's calibrated `profile` when there is one (issue 14)."""
     files = RunDir(run_dir)
     outcome = launch(
         job,
@@ -107,7 +111,8 @@ def run_and_collect(
     if not outcome.ok:
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
-        document = build_result(job, read_rank_records(files, job.world_size))
+        catalogue = load_catalogue(settings.hardware_catalogue)
+        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue)
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
@@ -311,7 +316,7 @@ def _finish_run(
                 if status == "cancelled":
                     store.set_status(session, run, "cancelled", error=error)
                 elif document is not None:
-                    attach_result(session, run=run, document=document, traces=traces)
+                    attach_result(session, run=run, document=document, traces=traces, pool=run.pool)
                 else:
                     store.set_status(session, run, "failed", error=error)
                     worker_store.delete_traces(session, run_id)  # other nodes' traces: nothing half-kept
@@ -388,7 +393,9 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
     try:
         with session_scope(settings.sqlalchemy_url) as session:
             hosts = [n.host for n in worker_store.get_nodes(session, run_id)]
-        document = build_result(job, merge_nodes(per_node, job.world_size), hosts=hosts)
+            profile = latest_profile(session=session, pool=claim.pool)  # the pool's calibration, for the step-time estimate
+        catalogue = load_catalogue(settings.hardware_catalogue)
+        document = build_result(job, merge_nodes(per_node, job.world_size), hosts=hosts, profile=profile, catalogue=catalogue)
     except Exception as exc:
         log.exception("could not build the result of run %s", run_id)
         error = f"could not build the result document: {exc}\n--- log tail ---\n{part.outcome.log_tail}"

@@ -10,7 +10,7 @@ from backend.api.errors import install_error_handlers
 from backend.api.lifespan import lifespan
 from backend.api.openapi import install_openapi
 from backend.api.pages.assets import static_files
-from backend.api.routes import accounts, analysis, metrics, plan, results, runs, series, workers
+from backend.api.routes import accounts, analysis, metrics, plan, results, runs, series, sweeps, workers
 from backend.api.security import SecurityMiddleware
 
 API_PREFIX = "/api/v1"
@@ -37,6 +37,7 @@ def create_app() -> FastAPI:
     api.include_router(series.router)
     api.include_router(accounts.router)
     api.include_router(workers.router)
+    api.include_router(sweeps.router)
     app.include_router(api)
     app.include_router(metrics.router)
 

@@ -32,6 +32,15 @@ class LeaderboardParams(BaseModel):
     source: str | None = Field(None, max_length=16, description="form, api, cli or ci.")
     branch: str | None = Field(None, max_length=200)
     user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
+    precision: str | None = Field(None, max_length=8, description="Recipe: fp32, bf16, fp16 or fp8.")
+    activation_checkpointing: str | None = Field(None, max_length=16, description="Recipe: none, selective, alternate or full.")
+    grad_accumulation_steps: int | None = Field(None, ge=1, le=1 << 20, description="Recipe: accumulation micro-steps.")
+    micro_batch_size: int | None = Field(None, ge=1, le=1 << 20, description="Recipe: sequences per forward on a rank.")
+    group: Literal["workload", "shape", "precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size"] = Field(
+        "workload",
+        description="Rank within the same workload (recipe included), the same shape (every recipe competing), "
+        "or one group per value of a recipe dimension.",
+    )
     runs: Literal["best", "all"] = Field("best", description="The best run per (strategy, world size), or every run.")
     sort: str | None = Field(None, max_length=64, description="Column to sort by (default: rank within each group).")
     dir: Literal["asc", "desc"] = "desc"
@@ -56,6 +65,11 @@ def leaderboard_query(params: Annotated[LeaderboardParams, Query()], session: Se
         world_size=params.world_size,
         source=params.source,
         branch=params.branch,
+        precision=params.precision,
+        activation_checkpointing=params.activation_checkpointing,
+        grad_accumulation_steps=params.grad_accumulation_steps,
+        micro_batch_size=params.micro_batch_size,
+        group=params.group,
         best_only=params.runs == "best",
         sort=params.sort,
         descending=params.dir == "desc",

@@ -64,6 +64,13 @@ class Run(Base):
     exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
     # Issue #10: the hash of the document first uploaded with `idempotency_key` (a replay must match it).
     idempotency_body_sha256: Mapped[str | None] = mapped_column(String(64))
+    # Issue 14: the recipe dimensions, for the leaderboard's and compare page's filters, and the sweep a run belongs to.
+    precision: Mapped[str | None] = mapped_column(String(8))
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer, doc="Sequences per forward on a rank (pp: per pipeline micro-batch).")
+    sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
+    shape_key: Mapped[str | None] = mapped_column(String(64), doc="workload_key without the recipe: runs of every recipe of one workload.")
 
     # Issues 10 and 13: where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")
@@ -79,6 +86,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_leaderboard", "workload_key", "hardware_key", "tokens_per_s"),
         Index("ix_runs_status_created", "status", "created_at"),
+        Index("ix_runs_shape_group", "shape_key", "hardware_key", "tokens_per_s"),
     )
 
 

@@ -4,19 +4,29 @@ One parameter per workload field (`parallab.core.spec.workload_fields`, with the
 defaults as the job spec) and one per strategy option (every descriptor's `options_model`; an
 option several strategies share, such as `reshard_after_forward`, is one parameter). A field
 added to the core is a `/plan` parameter without touching this file.
+
+`mode=rank` (issue 14) ranks every configuration of the workload on a cluster instead of
+predicting one: `device` (a catalogue device) on `nodes` × `gpus_per_node`, or a calibrated
+`pool`; `precisions` (shared with the calibrate job's option), `checkpointing` and
+`accumulation` narrow the search; `top` bounds the list of those that fit.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
-from parallab.core.spec import JobSpec, StrategyName, StrategySpec, workload_fields
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.spec import Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
 from parallab.core.strategies import REGISTRY
+
+RANK_PARAMS: tuple[str, ...] = ("mode", "device", "nodes", "gpus_per_node", "pool", "top", "checkpointing", "accumulation")
+"""The ranking mode's own parameters (issue 14)."""
+
 
 WORKLOAD_PARAMS: tuple[str, ...] = tuple(f.name for f in workload_fields())
 """Workload fields, by the names the job spec gives them."""
@@ -38,7 +48,7 @@ def _option_params() -> dict[str, tuple[Any, FieldInfo]]:
     owners: dict[str, str] = {}
     for strategy, descriptor in REGISTRY.items():
         for name, info in descriptor.options_model.model_fields.items():
-            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size"):
+            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size", *RANK_PARAMS):
                 raise TypeError(f"option {strategy}.{name} would shadow a /plan parameter of the same name")
             if name in params:
                 if params[name][1].annotation != _unset_by_default(info)[1].annotation:
@@ -58,9 +68,22 @@ class _PlanBase(BaseModel):
 
     model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
 
+    mode: Literal["predict", "rank"] = Field(
+        "predict", description="predict: one job's prediction; rank: every configuration on a cluster."
+    )
+    device: str | None = Field(None, max_length=64, description="rank: a catalogue device (h100, a100, mi300x, cpu, ...).")
+    nodes: int = Field(1, ge=1, le=4096, description="rank: nodes of `device`.")
+    gpus_per_node: int | None = Field(None, ge=1, le=64, description="rank: devices per node (default: the catalogue's).")
+    pool: str | None = Field(None, max_length=100, description="rank: plan on this pool's calibrated hardware instead of a device.")
+    top: int = Field(20, ge=1, le=10_000, description="rank: how many of the fitting configurations to list.")
+    checkpointing: list[Checkpointing] | None = Field(None, description="rank: recomputation modes to plan (default: all).")
+    accumulation: list[int] | None = Field(None, description="rank: accumulation steps to plan (default: 1, 2, 4).")
+
     def to_spec(self) -> JobSpec:
         """The job spec these parameters describe (options only as given: unknown ones are refused)."""
         given = {name: value for name, value in self.model_dump(mode="json").items() if value is not None}
+        if "strategy" not in given:
+            raise SpecError([SpecProblem(("strategy", "name"), "name a strategy (or ask for mode=rank)")])
         return JobSpec.model_validate(
             {
                 "workload": {name: given[name] for name in WORKLOAD_PARAMS if name in given},
@@ -75,7 +98,8 @@ class _PlanBase(BaseModel):
 
 def _plan_query() -> type[_PlanBase]:
     spec = StrategySpec.model_fields
-    fields: dict[str, Any] = {"strategy": (StrategyName, spec["name"]), "world_size": (int, spec["world_size"])}
+    name = FieldInfo.merge_field_infos(spec["name"], default=None)
+    fields: dict[str, Any] = {"strategy": (StrategyName | None, name), "world_size": (int, spec["world_size"])}
     fields.update({f.name: (f.info.annotation, f.info) for f in workload_fields()})
     fields.update(_OPTIONS)
     return create_model("PlanQuery", __base__=_PlanBase, __doc__="What to plan: a job spec, flattened.", **fields)

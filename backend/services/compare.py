@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -45,6 +45,10 @@ class MetricRow:
     differs: bool
 
 
+RECIPE_DIMENSIONS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
+"""What the compare page filters and groups runs by (issue 14): the runs' recipe columns."""
+
+
 @dataclass
 class Comparison:
     runs: list[ComparedRun]
@@ -52,6 +56,15 @@ class Comparison:
     """Index into `runs` of the baseline run."""
     rows: list[MetricRow]
     missing: list[str]
+    group_by: str | None = None
+    filtered_out: list[str] = field(default_factory=list)
+    """Runs asked for that the recipe filters left out."""
+    dimension_values: dict[str, list[str]] = field(default_factory=dict)
+    """Each recipe dimension's values among the runs asked for (the filters' choices)."""
+
+    def group_of(self, index: int) -> str | None:
+        """The group value of run `index` when grouping."""
+        return _dim(self.runs[index].run, self.group_by) if self.group_by else None
 
     @property
     def documents(self) -> list[dict[str, Any] | None]:
@@ -129,6 +142,9 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("seq_len", "Sequence length", "tokens", None, _workload("seq_len")),
     ("global_batch_size", "Global batch", "sequences", None, _workload("global_batch_size")),
     ("precision", "Precision", "text", None, _workload("precision")),
+    ("activation_checkpointing", "Recomputation", "text", None, _workload("activation_checkpointing")),
+    ("grad_accumulation_steps", "Accumulation steps", "count", None, _workload("grad_accumulation_steps")),
+    ("micro_batch_size", "Micro-batch (sequences per forward)", "sequences", None, _column("micro_batch_size")),
     ("hardware_key", "Hardware", "text", None, _column("hardware_key")),
     ("source", "Source", "text", None, _column("source")),
     ("branch", "Branch", "text", None, _column("branch")),
@@ -182,10 +198,34 @@ def parse_ids(values: Sequence[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
-def compare(*, session: Session, run_ids: Sequence[str], baseline_id: str | None = None) -> Comparison:
-    """The runs asked for (in that order, at most MAX_COMPARE), their documents and the metric table."""
+def _dim(run: Run, name: str | None) -> str:
+    value = getattr(run, name) if name else None
+    return "—" if value is None else str(value)
+
+
+def compare(
+    *,
+    session: Session,
+    run_ids: Sequence[str],
+    baseline_id: str | None = None,
+    group_by: str | None = None,
+    where: dict[str, str] | None = None,
+) -> Comparison:
+    """The runs asked for (in that order, at most MAX_COMPARE), their documents and the metric table.
+
+    `where` keeps only the runs whose recipe dimensions have those values; `group_by` orders the
+    runs by one recipe dimension (stable: within a group, in the order asked for).
+    """
     ids = list(dict.fromkeys(i for i in run_ids if i))[:MAX_COMPARE]
     runs = store.get_runs(session, ids)
+    dimension_values = {d: sorted({_dim(r, d) for r in runs}) for d in RECIPE_DIMENSIONS}
+    where = {k: v for k, v in (where or {}).items() if k in RECIPE_DIMENSIONS and v}
+    kept = [r for r in runs if all(_dim(r, k) == v for k, v in where.items())]
+    filtered_out = [r.id for r in runs if r not in kept]
+    group_by = group_by if group_by in RECIPE_DIMENSIONS else None
+    if group_by:
+        kept.sort(key=lambda r: _dim(r, group_by))
+    runs = kept
     docs = store.get_documents(session, [r.id for r in runs if r.status == "succeeded"])
     compared = [ComparedRun(run=r, document=docs.get(r.id)) for r in runs]
     found = {r.id for r in runs}
@@ -196,7 +236,16 @@ def compare(*, session: Session, run_ids: Sequence[str], baseline_id: str | None
     for op in ops:
         values = [(((r.document or {}).get("summary") or {}).get("comm_bytes_per_step") or {}).get(op) for r in compared]
         rows.append(_row(f"comm_bytes.{op}", f"  {op} per step", "bytes", "lower", values, baseline))
-    return Comparison(runs=compared, baseline=baseline, rows=rows, missing=[i for i in ids if i not in found])
+    missing = [i for i in ids if i not in found and i not in filtered_out]
+    return Comparison(
+        runs=compared,
+        baseline=baseline,
+        rows=rows,
+        missing=missing,
+        group_by=group_by,
+        filtered_out=filtered_out,
+        dimension_values=dimension_values,
+    )
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:

@@ -18,9 +18,12 @@ from sqlalchemy.orm import Session
 
 from backend.metrics import INGEST_LATENCY
 from backend.models import Run
+from backend.services.hardware import record_profile
+from backend.services.recipes import recipe_columns
 from backend.store import runs as store
 from parallab.core.checks import DocumentError, check_summary
 from parallab.core.flags import prediction_flags
+from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
 from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
@@ -30,6 +33,12 @@ def workload_key(workload: dict[str, Any]) -> str:
     each field in the core): steps, seed, name and tags don't change what is being measured.
     Stored keys must stay valid, so the hashing never changes."""
     picked = {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def shape_key(workload: dict[str, Any]) -> str:
+    """The workload key without the recipe dimensions: runs of every recipe of one workload (issue 14)."""
+    picked = {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS if k not in RECIPE_DEFAULTS}
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -52,6 +61,7 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
     s = doc.summary
     return {
         "workload_key": workload_key(doc.workload),
+        "shape_key": shape_key(doc.workload),
         "hardware_key": hardware_key(doc.hardware),
         "tokens_per_s": s.tokens_per_s,
         "step_time_median_s": s.step_time_s.median,
@@ -62,6 +72,7 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
         "loss_max_rel_diff": s.loss_max_rel_diff_vs_reference,
         "branch": doc.source.branch if doc.source else None,
         "commit": doc.source.commit if doc.source else None,
+        **recipe_columns(doc.workload, doc.strategy.model_dump()),
     }
 
 
@@ -87,19 +98,24 @@ def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str
     return ranks, comms
 
 
-def attach_result(session: Session, *, run: Run, document: ResultDocument, traces: dict[int, bytes] | None = None) -> None:
-    """Store `document` as `run`'s result and mark the run succeeded (caller commits)."""
+def attach_result(
+    session: Session, *, run: Run, document: ResultDocument, traces: dict[int, bytes] | None = None, pool: str | None = None
+) -> None:
+    """Store `document` as `run`'s result and mark the run succeeded (caller commits); a calibrate
+    run's profile is kept for `pool` (issue 14)."""
     start = time.perf_counter()
     rank_rows, comm_rows = _rank_rows(document)
+    columns = summary_columns(document)
     store.store_result(
         session,
         run,
         document=document.model_dump(mode="json"),
-        summary_columns=summary_columns(document),
+        summary_columns=columns,
         rank_rows=rank_rows,
         comm_rows=comm_rows,
         traces=traces or {},
     )
+    record_profile(session=session, run=run, document=document, pool=pool, key=columns["hardware_key"])
     store.set_status(session, run, "succeeded")
     INGEST_LATENCY.observe(time.perf_counter() - start, source=run.source)
 

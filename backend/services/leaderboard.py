@@ -31,6 +31,12 @@ class LeaderboardQuery:
     branch: str | None = None
     user_id: int | None = None
     """Who submitted or uploaded the runs (issue #11); -1 matches nobody (an unknown email)."""
+    precision: str | None = None
+    activation_checkpointing: str | None = None
+    grad_accumulation_steps: int | None = None
+    micro_batch_size: int | None = None
+    group: str = "workload"
+    """How runs are grouped for ranking (`backend.store.leaderboard.GROUPINGS`)."""
     best_only: bool = True
     sort: str | None = None
     descending: bool = True
@@ -46,8 +52,8 @@ class Leaderboard:
     rows: list[dict[str, Any]]
     total: int
     query: LeaderboardQuery
-    groups: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(workload_key, hardware_key) → a readable label."""
+    groups: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    """A group's partition values (`store.partition(query.group)`) → a readable label."""
 
 
 EXPORT_FIELDS = (
@@ -66,6 +72,10 @@ EXPORT_FIELDS = (
     "comm_time_fraction",
     "exposed_comm_fraction",
     "loss_max_rel_diff",
+    "precision",
+    "activation_checkpointing",
+    "grad_accumulation_steps",
+    "micro_batch_size",
     "config_runs",
     "source",
     "branch",
@@ -82,9 +92,10 @@ def export_rows(board: Leaderboard) -> list[dict[str, Any]]:
     return [{k: row.get(k) for k in EXPORT_FIELDS} for row in board.rows]
 
 
-def workload_label(spec: dict[str, Any] | None, model: str) -> str:
+def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = True) -> str:
     """A readable name for a workload: preset (`custom (from tiny)` when a shape field differs from
-    it), shape, sequence length, global batch, precision."""
+    it), shape, sequence length, global batch, and the recipe (precision, recomputation,
+    accumulation) unless the group spans recipes."""
     wl = (spec or {}).get("workload") or {}
     strategy = ((spec or {}).get("strategy") or {}).get("name")
     preset = str(wl.get("model") or model)
@@ -100,8 +111,12 @@ def workload_label(spec: dict[str, Any] | None, model: str) -> str:
         parts.append(f"seq {wl['seq_len']}")
     if wl.get("global_batch_size"):
         parts.append(f"batch {wl['global_batch_size']}")
-    if wl.get("precision"):
+    if recipe and wl.get("precision"):
         parts.append(str(wl["precision"]))
+    if recipe and wl.get("activation_checkpointing") not in (None, "none"):
+        parts.append(f"recompute {wl['activation_checkpointing']}")
+    if recipe and (wl.get("grad_accumulation_steps") or 1) > 1:
+        parts.append(f"accumulate ×{wl['grad_accumulation_steps']}")
     return " · ".join(parts)
 
 
@@ -116,18 +131,24 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         descending=query.descending,
         limit=limit,
         offset=max(0, query.offset),
+        group=query.group,
     )
     # One spec per group on this page names the group; specs are small JSON, not result documents.
-    sample: dict[tuple[str, str], dict[str, Any]] = {}
+    columns = store.partition(query.group)
+    sample: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
-        sample.setdefault((row["workload_key"], row["hardware_key"]), row)
+        row["group_key"] = tuple(row[c] for c in columns)
+        sample.setdefault(row["group_key"], row)
     specs = store.specs(session, [r["id"] for r in sample.values()])
-    groups = {key: workload_label(specs.get(r["id"]), r["model"]) for key, r in sample.items()}
+    strict = query.group == "workload"
+    groups = {key: workload_label(specs.get(r["id"]), r["model"], recipe=strict) for key, r in sample.items()}
+    if query.group not in ("workload", "shape"):
+        groups = {key: f"{label} · {query.group.replace('_', ' ')} = {key[-1]}" for key, label in groups.items()}
     emails = accounts_store.user_emails(session, [r["user_id"] for r in rows if r["user_id"] is not None])
     for row in rows:
         row["user"] = emails.get(row["user_id"]) if row["user_id"] is not None else None
         row["best"] = row["rank"] == 1
-        row["group_label"] = groups[(row["workload_key"], row["hardware_key"])]
+        row["group_label"] = groups[row["group_key"]]
         row.pop("total", None)
     return Leaderboard(rows=rows, total=total, query=query, groups=groups)
 

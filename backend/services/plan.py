@@ -1,11 +1,19 @@
-"""The prediction for a job spec before anything runs (`GET /api/v1/plan`, what `parallab plan` prints)."""
+"""The prediction for a job spec before anything runs (`GET /api/v1/plan`, what `parallab plan`
+prints), and the ranking of every configuration of a workload on a cluster (`mode=rank`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy.orm import Session
+
+from backend.config import Settings
+from backend.services import hardware
 from parallab.core.jobs import resolve_job
+from parallab.core.planner import Hardware
 from parallab.core.prediction import predict
+from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
 from parallab.core.spec import JobSpec
 
 
@@ -16,3 +24,32 @@ def plan(*, spec: JobSpec) -> dict[str, Any]:
     """
     job = resolve_job(spec)
     return {"workload": job.workload_document(), "strategy": job.strategy_document(), "prediction": predict(job)}
+
+
+def ranking_hardware(
+    *, session: Session, settings: Settings, device: str | None, pool: str | None, nodes: int, gpus_per_node: int | None
+) -> Hardware:
+    """A catalogue device on nodes × gpus_per_node, or a pool's calibrated hardware (the default pool without either)."""
+    if device:
+        return hardware.device_hardware(settings=settings, device=device, nodes=nodes, gpus_per_node=gpus_per_node)
+    return hardware.pool_hardware(session=session, settings=settings, pool=pool)
+
+
+def rank(
+    *,
+    workload: dict[str, Any],
+    hw: Hardware,
+    world_size: int | None = None,
+    precisions: Iterable[str] | None = None,
+    checkpointing: Iterable[str] | None = None,
+    accumulation: Iterable[int] | None = None,
+) -> Ranking:
+    """Every configuration of `workload` on `hw` (see `parallab.core.planner.plan_cluster`)."""
+    return plan_cluster(
+        {k: v for k, v in workload.items() if v is not None},
+        hw,
+        world_size=world_size,
+        precisions=precisions or DEFAULT_PRECISIONS,
+        checkpointing=checkpointing or DEFAULT_CHECKPOINTING,
+        accumulation=accumulation or DEFAULT_ACCUMULATION,
+    )

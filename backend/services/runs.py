@@ -19,6 +19,8 @@ from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
 from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
+from backend.services.hardware import check_precision
+from backend.services.recipes import job_columns
 from backend.store import runs as store
 from parallab.core.fit import GIB, MemoryFit, memory_fit
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
@@ -112,9 +114,11 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
 
     `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
     where the ranks share this host's memory. The run is placed on a pool that can run it
-    (SpecError, a 422 naming the pool and the limit, if none can)."""
+    (SpecError, a 422 naming the pool and the limit, if none can), and the pool's device, when a
+    calibration recorded it, must be able to train in the job's precision (issue 14)."""
     job = validate_spec(spec=spec, settings=settings, local=local)
     pool = fleet.place(session=session, job=job, settings=settings)
+    check_precision(session=session, settings=settings, job=job, pool=pool)
     return store.add_run(
         session,
         Run(
@@ -128,6 +132,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
             model=job.workload.model,
             user_id=user_id,
             pool=pool,
+            **job_columns(job),
         ),
     )
 

@@ -35,12 +35,32 @@ ROW_COLUMNS = (
     "commit",
     "created_at",
     "user_id",
+    # issue 14: the recipe dimensions
+    "shape_key",
+    "precision",
+    "activation_checkpointing",
+    "grad_accumulation_steps",
+    "micro_batch_size",
 )
 SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
-FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch", "user_id")
-
+RECIPE_FILTERS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
+FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch", "user_id", *RECIPE_FILTERS)
+GROUPINGS = ("workload", "shape", *RECIPE_FILTERS)
+"""How runs are grouped for ranking: `workload` — the same workload key (recipe included: only
+identical workloads compete); `shape` — the same model shape and batch, every recipe competing;
+a recipe dimension — within a shape, one group per value of that dimension (issue 14)."""
 
 CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
+RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
+
+
+def partition(group: str) -> tuple[str, ...]:
+    """The columns that make one ranking group under `group` (see GROUPINGS)."""
+    if group == "workload":
+        return ("workload_key", "hardware_key")
+    if group == "shape":
+        return ("shape_key", "hardware_key")
+    return ("shape_key", "hardware_key", group)
 
 
 def _conditions(filters: dict[str, Any]) -> list[ColumnElement[bool]]:
@@ -54,7 +74,15 @@ def _conditions(filters: dict[str, Any]) -> list[ColumnElement[bool]]:
 
 
 def leaderboard_rows(
-    session: Session, *, filters: dict[str, Any], best_only: bool, sort: str | None, descending: bool, limit: int, offset: int
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    best_only: bool,
+    sort: str | None,
+    descending: bool,
+    limit: int,
+    offset: int,
+    group: str = "workload",
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of leaderboard rows (each ranked within its workload × hardware group) and the total.
 
@@ -63,14 +91,18 @@ def leaderboard_rows(
     runs are joined back to it, and only then ranked within their group.
     """
     conds = _conditions(filters)
-    config_cols = [getattr(Run, c) for c in CONFIG]
+    config = CONFIG if group == "workload" else RECIPE_CONFIG
+    if group != "workload":
+        conds.append(Run.shape_key.is_not(None))
+    config_cols = [getattr(Run, c) for c in config]
     configs = (
         select(*config_cols, func.max(Run.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
         .where(*conds)
         .group_by(*config_cols)
         .subquery("configs")
     )
-    on = [getattr(Run, c) == configs.c[c] for c in CONFIG]
+    # micro_batch_size may be null (CI uploads that no longer resolve): match nulls with nulls there
+    on = [getattr(Run, c) == configs.c[c] if c in CONFIG else getattr(Run, c).is_not_distinct_from(configs.c[c]) for c in config]
     if best_only:
         on.append(Run.tokens_per_s == configs.c.best_tps)
     joined = (
@@ -83,12 +115,12 @@ def leaderboard_rows(
         .join(configs, and_(*on))
         .where(*conds)
     ).subquery("joined")
-    group = (joined.c.workload_key, joined.c.hardware_key)
+    parts = [joined.c[c] for c in partition(group)]
     scored = (
         select(
             joined,
-            func.rank().over(partition_by=group, order_by=joined.c.tokens_per_s.desc()).label("rank"),
-            func.count().over(partition_by=group).label("group_size"),
+            func.rank().over(partition_by=parts, order_by=joined.c.tokens_per_s.desc()).label("rank"),
+            func.count().over(partition_by=parts).label("group_size"),
         )
         .where(joined.c.tie == 1)
         .subquery("scored")
@@ -97,7 +129,7 @@ def leaderboard_rows(
     if sort in SORTABLE and sort is not None:
         column = scored.c[sort]
         order.append((column.desc() if descending else column.asc()).nulls_last())
-    order += [scored.c.model, scored.c.workload_key, scored.c.hardware_key, scored.c.rank, scored.c.id]
+    order += [scored.c.model, *(scored.c[c] for c in partition(group)), scored.c.rank, scored.c.id]
     page = select(scored, func.count().over().label("total")).order_by(*order).limit(limit).offset(offset)
     rows = [dict(r._mapping) for r in session.execute(page)]
     for row in rows:

@@ -1,16 +1,25 @@
-"""`parallab plan`: the prediction for a job — memory per rank, communication per step, bubble.
+"""`parallab plan`: the prediction for a job — memory per rank, communication per step, bubble —
+or, without `--strategy`, the ranking of every configuration of the workload on a cluster:
 
-Pure arithmetic over the config (`parallab.core.prediction`); nothing runs, no torch, no server.
-Planning is for any cluster, so neither the world size nor the steps have a limit here.
+    parallab plan --model llama-8b --device h100 --nodes 2 --gpus-per-node 8
+
+lists every strategy and degree (dp × tp × pp × cp × ep), micro-batching, recomputation and
+precision that fits, fastest predicted first, with its memory per rank, step time and tokens/s,
+and says why each of the others does not fit (`parallab.core.planner`; docs/planner.md).
+
+Pure arithmetic over the config; nothing runs, no torch. Planning is for any cluster, so neither
+the world size nor the steps have a limit here. `--pool` plans on a pool's calibrated hardware
+(read from this deployment's database).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
@@ -20,6 +29,10 @@ from parallab.core.model import FFN_MULTIPLE
 from parallab.core.prediction import predict
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
+
+if TYPE_CHECKING:
+    from parallab.core.planner import Hardware
+    from parallab.core.ranking import Ranking
 
 PLAN_FIELDS = tuple(f for f in workload_fields() if f.workload_key or f.name == "model")
 """The preset and the fields of the workload key: all the prediction reads. Steps, seed, learning
@@ -38,14 +51,34 @@ def human_bytes(n: float | None) -> str:
 
 @with_workload_flags(PLAN_FIELDS)
 def plan(
-    strategy: Annotated[str, typer.Option("--strategy", "-s", help=f"{', '.join(TRAINING_STRATEGIES)}.")],
-    world_size: Annotated[int, typer.Option("--world-size", "-n", help="Ranks.")] = 1,
+    strategy: Annotated[
+        str | None, typer.Option("--strategy", "-s", help=f"{', '.join(TRAINING_STRATEGIES)}. Without it: rank every configuration.")
+    ] = None,
+    world_size: Annotated[int | None, typer.Option("--world-size", "-n", help="Ranks (default 1; ranking: every device).")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Ranking: a catalogue device (h100, a100, h200, b200, mi300x, cpu, ...).")
+    ] = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="Ranking: nodes of --device.", min=1)] = 1,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Ranking: devices per node (default: the catalogue's).", min=1)
+    ] = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Ranking: plan on this pool's calibrated hardware (this deployment's database).")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Ranking: list this many of the configurations that fit.", min=1)] = 20,
+    show_all: Annotated[bool, typer.Option("--all", help="Ranking: list every rejected configuration, not a summary.")] = False,
     *,
     workload: dict[str, Any],
 ) -> None:
-    """Predict model state per rank, communication per step and the pipeline bubble, before running."""
+    """Predict one job (--strategy), or rank every configuration of the workload on a cluster (--device / --pool)."""
+    if strategy is None:
+        _rank(workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size)(
+            top=top, json_out=json_out, show_all=show_all
+        )
+        return
+    world_size = world_size or 1
     try:
         options = parse_options(option or [])
     except ValueError as exc:
@@ -116,3 +149,106 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper, {zero})", human_bytes(value))
     Console().print(table)
+
+
+# ---- ranking ----
+
+
+def _hardware(device: str | None, nodes: int, gpus_per_node: int | None, pool: str | None) -> Hardware:
+    from backend.config import get_settings
+    from backend.services import hardware
+
+    settings = get_settings()
+    if device:
+        try:
+            return hardware.device_hardware(settings=settings, device=device, nodes=nodes, gpus_per_node=gpus_per_node)
+        except hardware.UnknownDevice as exc:
+            fail(f"--device: {exc}")
+    from backend.db import session_scope
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        return hardware.pool_hardware(session=session, settings=settings, pool=pool)
+
+
+def _rank(
+    workload: dict[str, Any], *, device: str | None, nodes: int, gpus_per_node: int | None, pool: str | None, world_size: int | None
+) -> Any:
+    from parallab.core.ranking import plan_cluster
+
+    if "model" not in workload:
+        workload = {**workload, "model": "tiny"}
+    hw = _hardware(device, nodes, gpus_per_node, pool)
+    recipe = {k: workload.pop(k) for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if k in workload}
+    ranking = plan_cluster(
+        workload,
+        hw,
+        world_size=world_size,
+        **({"precisions": [recipe["precision"]]} if "precision" in recipe else {}),
+        **({"checkpointing": [recipe["activation_checkpointing"]]} if "activation_checkpointing" in recipe else {}),
+        **({"accumulation": [recipe["grad_accumulation_steps"]]} if "grad_accumulation_steps" in recipe else {}),
+    )
+
+    def show(*, top: int, json_out: bool, show_all: bool) -> None:
+        if json_out:
+            typer.echo(json.dumps(ranking.as_dict(top=top), indent=2, default=str))
+        else:
+            print_ranking(ranking, top=top, show_all=show_all)
+
+    return show
+
+
+def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
+    """The configurations that fit, fastest predicted first, then why the others don't."""
+    from parallab.core.ranking import rejected_by_reason
+
+    console = Console(width=max(Console().width, 150))
+    wl = ranking.workload
+    title = (
+        f"{wl.get('model')} on {ranking.hardware}: {len(ranking.fits)} of {len(ranking.fits) + len(ranking.rejected)} "
+        f"configurations fit (global batch {wl.get('global_batch_size')}, {ranking.world_size} ranks)"
+    )
+    table = Table(title=title, show_header=True)
+    for column, justify in (
+        ("#", "right"),
+        ("strategy", "left"),
+        ("dp×tp×pp×cp×ep", "left"),
+        ("precision", "left"),
+        ("recompute", "left"),
+        ("accum", "right"),
+        ("micro-batches", "right"),
+        ("micro-batch", "right"),
+        ("memory/rank", "right"),
+        ("step", "right"),
+        ("tokens/s", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for i, row in enumerate(ranking.fits[:top], 1):
+        opts = ", ".join(f"{k}={v}" for k, v in row.options.items() if k != "microbatches")
+        table.add_row(
+            str(i),
+            escape(row.strategy + (f" [{opts}]" if opts else "")),
+            "×".join(str(row.mesh[d]) for d in ("dp", "tp", "pp", "cp", "ep")),
+            row.precision,
+            row.activation_checkpointing,
+            str(row.grad_accumulation_steps),
+            str(row.microbatches or "—"),
+            str(row.micro_batch_size or "—"),
+            human_bytes(row.memory_per_rank_bytes),
+            f"{(row.step_time_s or 0) * 1e3:,.1f} ms",
+            f"{row.tokens_per_s or 0:,.0f}",
+        )
+    console.print(table)
+    if len(ranking.fits) > top:
+        console.print(f"… and {len(ranking.fits) - top} more that fit (--top N to list them)")
+    if not ranking.rejected:
+        return
+    console.print(f"\n[bold]{len(ranking.rejected)} do not fit[/bold]:")
+    if show_all:
+        for row in ranking.rejected:
+            console.print(escape(f"  {row.label} {row.precision} {row.activation_checkpointing} accum {row.grad_accumulation_steps}:"))
+            for reason in row.reasons:
+                console.print(escape(f"    - {reason}"))
+        return
+    for group in rejected_by_reason(ranking.rejected):
+        console.print(f"  {group['count']:>5} × {escape(group['reason'])}  [dim](e.g. {escape(group['example'])})[/dim]")
+    console.print("  (--all lists every one with all its reasons)")

@@ -65,8 +65,9 @@ def activation_dtype_bytes(precision: str) -> int:
 
 
 def gathered_param_bytes(precision: str) -> int:
-    """Bytes per element of FSDP's parameter all-gather (its param_dtype)."""
-    return 2 if precision in ("bf16", "fp16") else 4
+    """Bytes per element of FSDP's parameter all-gather (its param_dtype; fp8: torchao's float8
+    all-gather of the Float8Linear weights, which are nearly all of them)."""
+    return {"bf16": 2, "fp16": 2, "fp8": 1}.get(precision, 4)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
+from parallab.core.recipes import recipe_problems
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
@@ -271,8 +272,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         problems.append(
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
-    if wl.precision == "fp8" and descriptor.trains:
-        problems.append(SpecProblem(("workload", "precision"), "fp8 training is not supported yet; use fp32, bf16 or fp16"))
+    problems += recipe_problems(descriptor, wl.precision)
     if problems:
         raise SpecError(problems)
 

@@ -38,6 +38,7 @@ from parallab.core.activations import (
 from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
 from parallab.core.jobs import ResolvedJob
 from parallab.core.model import model_flops_per_token, param_counts
+from parallab.core.planner import Hardware, estimate_step_time
 from parallab.core.strategies.base import ActivationLayout
 
 GB = 1e9
@@ -113,8 +114,9 @@ def activation_prediction(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
-def predict(job: ResolvedJob) -> dict[str, Any]:
-    """The `prediction` block of a result document ({} for job kinds that train nothing)."""
+def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any]:
+    """The `prediction` block of a result document ({} for job kinds that train nothing); with
+    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
@@ -140,4 +142,7 @@ def predict(job: ResolvedJob) -> dict[str, Any]:
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
+    if hardware is not None:
+        estimate = estimate_step_time(job, hardware)
+        out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
     return out

@@ -13,6 +13,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
+from parallab.core.hardware import HardwareProfile
 
 SCHEMA_VERSION: Final = 1
 
@@ -146,6 +147,9 @@ class Prediction(OpenModel):
     activation_bytes_per_rank: Bytes | None = None
     bubble_fraction: float | None = None
     wire_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
+    step_time_s: float | None = Field(
+        None, ge=0, description="Estimated step time on the run's hardware (parallab.core.planner; docs/planner.md). Issue 14."
+    )
 
 
 class Flag(OpenModel):
@@ -236,6 +240,7 @@ class ResultDocument(OpenModel):
     collectives: list[CollectivePoint] = Field(default_factory=list, max_length=10_000)
     source: SourceInfo | None = None
     tags: list[Label] = Field(default_factory=list, max_length=20)
+    calibration: HardwareProfile | None = Field(None, description="What a `calibrate` job measured (the pool's hardware profile).")
 
 
 class RankRecord(RankResult):
@@ -253,6 +258,7 @@ class RankRecord(RankResult):
     hardware: JSONObject | None = None
     environment: JSONObject | None = None
     collectives: list[CollectivePoint] | None = None
+    calibration: HardwareProfile | None = None
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

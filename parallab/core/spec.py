@@ -21,7 +21,8 @@ from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.strategies import REGISTRY
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
-Checkpointing = Literal["none", "selective", "full"]
+Checkpointing = Literal["none", "selective", "alternate", "full"]
+"""Activation recomputation (parallab.core.recipes says what each mode keeps and recomputes)."""
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -72,7 +73,9 @@ class Workload(ShapeOverrides):
     )
     activation_checkpointing: Checkpointing = recipe_field(
         "none",
-        "Recompute activations in backward: none, selective (every other block) or full.",
+        "Recompute activations in backward: none; selective (keep the matmul outputs, recompute the rest — "
+        "the attention's softmax/dropout region included: Korthikanti et al. 2022); alternate (every other block whole); "
+        "full (every block).",
         cli="--activation-checkpointing",
         key=True,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from backend.schemas.plan import RANK_PARAMS
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import REGISTRY
 
@@ -38,7 +39,7 @@ def test_every_workload_field_and_strategy_option_is_a_parameter(client) -> None
     names = {p["name"] for p in client.get("/openapi.json").json()["paths"]["/api/v1/plan"]["get"]["parameters"]}
     assert names >= LEGACY, "the parameter names scripts already use keep working"
     options = {name for d in REGISTRY.values() for name in d.options_model.model_fields}
-    assert names == {"strategy", "world_size"} | {f.name for f in workload_fields()} | options
+    assert names == {"strategy", "world_size"} | {f.name for f in workload_fields()} | options | set(RANK_PARAMS)
 
 
 def test_shape_and_recipe_parameters_reach_the_plan(client) -> None:

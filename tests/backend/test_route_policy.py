@@ -24,6 +24,7 @@ from backend.api.deps import CSRF_HEADER, SESSION_COOKIE
 from backend.config import Settings, get_settings
 from backend.db import get_sessionmaker, session_scope
 from backend.migrate import upgrade
+from backend.models import Sweep
 from backend.services import auth, tokens
 from backend.services import runs as run_service
 from backend.services.uploads import upload_results
@@ -71,6 +72,19 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/workers"): "read",
     ("GET", "/workers"): "read",
     ("GET", "/metrics"): "read",
+    # Planning and sweeps (issue #14): reading is reading; a sweep or a varied run is a submission,
+    # and cancelling a sweep cancels runs, so it follows the rule for one run.
+    ("GET", "/plan"): "read",
+    ("GET", "/api/v1/sweeps"): "read",
+    ("GET", "/api/v1/sweeps/{sweep_id}"): "read",
+    ("GET", "/sweeps"): "read",
+    ("GET", "/sweeps/new"): "read",
+    ("GET", "/sweeps/{sweep_id}"): "read",
+    ("POST", "/api/v1/sweeps"): "submit",
+    ("POST", "/sweeps/new"): "submit",
+    ("POST", "/runs/{run_id}/vary"): "submit",
+    ("POST", "/api/v1/sweeps/{sweep_id}/cancel"): "cancel own run",
+    ("POST", "/sweeps/{sweep_id}/cancel"): "cancel own run",
     # Running jobs: submit; cancel only one's own run (admins any).
     ("POST", "/api/v1/runs"): "submit",
     ("POST", "/runs/new"): "submit",
@@ -156,7 +170,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ids["token_id"] = str(max(t.id for t in tokens.list_tokens(session=session, user_id=member.id)))
         ids["user_id"] = str(users["target"].id)
         spec = JobSpec.model_validate({"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}})
-        ids["run_id"] = run_service.create_run(session=session, spec=spec, settings=settings, source="api", user_id=member.id).id
+        run = run_service.create_run(session=session, spec=spec, settings=settings, source="api", user_id=member.id)
+        ids["run_id"] = run.id
+        sweep = Sweep(name="policy sweep", status="running", model="tiny", world_size=2, request={}, hardware={}, candidates=[], planned=1)
+        session.add(sweep)
+        session.flush()
+        run.sweep_id = ids["sweep_id"] = sweep.id  # the member's sweep: its one run is the member's
         principal = auth.Principal(via="token", role="member", user_id=member.id, email=member.email, scopes=frozenset({"upload"}))
         base = document(tokens_per_s=1000.0)
         docs = [ResultDocument.model_validate(d) for d in (base, slowed(base, 1.01), slowed(base, 0.99), slowed(base, 1.5))]

@@ -121,7 +121,7 @@ def test_the_registry_the_specs_enum_and_the_names_agree():
     assert enum == list(REGISTRY) == list(STRATEGY_NAMES)
     assert all(descriptor.name == name for name, descriptor in REGISTRY.items())
     assert set(CONTRACTUAL) <= set(STRATEGY_NAMES)
-    assert [n for n in STRATEGY_NAMES if n not in TRAINING_STRATEGIES] == ["collectives"]
+    assert [n for n in STRATEGY_NAMES if n not in TRAINING_STRATEGIES] == ["collectives", "calibrate"]
 
 
 @pytest.mark.parametrize("strategy", list(REGISTRY))

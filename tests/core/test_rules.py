@@ -60,7 +60,8 @@ CASES = [
          spec("hybrid", 16, {"tp": 4})),
     case("collectives min > max", spec("collectives", 2, {"min_bytes": 4096, "max_bytes": 1024}), f"{OPT}.min_bytes",
          "min_bytes is above max_bytes", spec("collectives", 2, {"min_bytes": 1024, "max_bytes": 4096})),
-    case("fp8", spec("ddp", 2, precision="fp8"), f"{W}.precision", "fp8 training is not supported", spec("ddp", 2, precision="bf16")),
+    case("fp8/tp", spec("tp", 2, precision="fp8"), f"{W}.precision", "fp8 with tp needs torchao's Float8 tensor-parallel styles",
+         spec("tp", 2, precision="bf16")),
     case("world above the limit", spec("ddp", 8), "strategy.world_size", "above this worker's limit of 4", spec("ddp", 4),
          Limits(max_world_size=4)),
     case("steps above the limit", spec("ddp", 2, steps=50), f"{W}.steps", "above the limit of 10", spec("ddp", 2, steps=10),
@@ -104,8 +105,12 @@ def test_dense_only_covers_the_strategies_that_cannot_route_experts():
     resolve_job(JobSpec.model_validate(spec("moe", 2, num_experts=4)))  # the one that can
 
 
-def test_fp8_is_refused_only_for_training():
-    resolve_job(JobSpec.model_validate(spec("collectives", 2, precision="fp8")))
+def test_fp8_is_a_spec_the_device_decides_except_under_tensor_parallelism():
+    """fp8 resolves for the strategies torchao's float8 training wraps plainly; whether the device
+    can run it is the device's rule (`hardware.precision_problem`), checked where it is known."""
+    for strategy, world in (("collectives", 2), ("ddp", 2), ("fsdp", 2), ("pp", 2), ("single", 1)):
+        resolve_job(JobSpec.model_validate(spec(strategy, world, precision="fp8")))
+    assert [p.loc for p in problems_of(spec("hybrid", 4, {"tp": 2}, precision="fp8"))] == [("workload", "precision")]
 
 
 def test_every_problem_is_reported_at_once_and_reads_field_first():

@@ -6,9 +6,13 @@ wrote (resolved once, at submission — never again here), set up the rank (runt
 seeded model on CPU, let the strategy shard it, train with the shared loop (a traced job adds
 the StepProfiler's window after the timed steps; an untraced one runs no profiler at all),
 combine the losses once, then — on rank 0, with the trained model freed — obtain
-the `single` reference curve (computed here, or read from the cache) and write the rank's
+the fp32 reference curve (computed here, or read from the cache) and write the rank's
 `RankRecord` (`RunDir.rank_record`, which `workers.aggregate` merges). Job kinds that train
-nothing (`job.trains` false: the collectives sweep) run their own sweep instead.
+nothing (`job.trains` false: the collectives sweep, the calibration) run their own sweep instead.
+
+The reference is the `single` run of the same workload and seed in fp32 with no recomputation
+and no accumulation (`parallab.core.recipes`): every recipe is held against it, each within the
+tolerance of its format. A rank first checks that its device can train in the job's precision.
 Any exception exits non-zero with its traceback on stderr; the process group is always destroyed.
 """
 
@@ -32,14 +36,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parallab.core.hardware import DeviceDescription
 from parallab.core.jobs import ResolvedJob
+from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import LossCurve, ModelStateBytes, RankRecord
 from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import NoOptions
+from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from parallab.core.strategies.moe import MoEOptions
 from workers import strategies, topology
-from workers.harness import divergence, loop, measure
+from workers.harness import amp, divergence, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
@@ -65,36 +72,53 @@ def aux_loss_coef(job: ResolvedJob) -> float:
 
 
 def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
+    """The seeded model with the job's recipe applied: recomputation, and fp8's Float8Linear layers."""
     model = build_model(job.model, seed=job.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
     apply_activation_checkpointing(model, job.workload.activation_checkpointing)
+    if job.workload.precision == "fp8":
+        amp.convert_to_fp8(model, fsdp_all_gather=job.strategy == "fsdp")
     return model
 
 
-# ---- the reference: the `single` curve of the same workload ----
+# ---- the reference: the fp32 `single` curve of the same workload ----
+
+
+def reference_job(job: ResolvedJob) -> ResolvedJob:
+    """`job` with the recipe at the reference's: fp32, no recomputation, no accumulation."""
+    workload = job.spec.workload.model_copy(update=RECIPE_DEFAULTS)
+    return ResolvedJob(spec=job.spec.model_copy(update={"workload": workload}))
+
+
+def is_reference(job: ResolvedJob) -> bool:
+    """A `single` run with the reference recipe is its own reference."""
+    return job.strategy == "single" and all(getattr(job.workload, k) == v for k, v in RECIPE_DEFAULTS.items())
 
 
 def reference_key(job: ResolvedJob) -> str:
-    """sha256 of the workload block; MoE adds its routing groups and aux weight (they shape the loss)."""
-    block: dict[str, Any] = job.workload_document()
+    """sha256 of the reference's workload block; MoE adds its routing groups and aux weight (they shape the loss)."""
+    block: dict[str, Any] = reference_job(job).workload_document()
     if job.model.is_moe:
         block = {"workload": block, "route_groups": job.dp_degree, "aux_loss_coef": aux_loss_coef(job)}
     return hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest()
 
 
 def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress) -> list[float]:
-    """Train the plain model on one device (no collectives), routing MoE in dp groups (expert_parallel.py)."""
+    """Train the plain fp32 model on one device (no collectives), routing MoE in dp groups (expert_parallel.py)."""
     single = strategies.get("single")
-    solo = dataclasses.replace(ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None)
+    ref = reference_job(job)
+    solo = dataclasses.replace(
+        ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None, accum_steps=1, precision="fp32"
+    )
     options = NoOptions()
-    applied = single.apply(new_model(job, route_groups=job.dp_degree if job.model.is_moe else 1), solo, options)
-    result = loop.train(applied=applied, strategy=single, options=options, ctx=solo, job=job, progress=progress, phase="reference")
+    applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, options)
+    result = loop.train(applied=applied, strategy=single, options=options, ctx=solo, job=ref, progress=progress, phase="reference")
     return [float(x) for x in torch.stack(result.losses).cpu()]
 
 
 def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, progress: loop.Progress, own: list[float]) -> list[float]:
-    """`single` is its own reference (and fills the cache); the others read the cache or compute it."""
+    """A reference-recipe `single` is its own reference (and fills the cache); the others read the cache or compute it."""
     path = cache_dir / f"{reference_key(job)}.json" if cache_dir is not None else None
-    if job.strategy == "single":
+    if is_reference(job):
         curve = own
     elif path is not None and path.exists():
         cached: list[float] = json.loads(path.read_text())["loss"]
@@ -104,7 +128,7 @@ def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, p
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"workload": job.workload_document(), "loss": curve}))
+        tmp.write_text(json.dumps({"workload": reference_job(job).workload_document(), "loss": curve}))
         tmp.replace(path)
     return curve
 
@@ -150,13 +174,30 @@ def write_record(run_dir: RunDir, record: RankRecord) -> None:
 # ---- the two kinds of job ----
 
 
+def describe_device(ctx: RunContext) -> DeviceDescription:
+    """This rank's device as the core describes it (a CPU by its model name and the host's memory)."""
+    described = amp.describe_device(ctx.device)
+    if ctx.device.type != "cuda":
+        info = hardware(ctx)
+        described = described.model_copy(
+            update={"name": info["device_name"], "memory_bytes": info["memory_bytes"], "cores": info["cpu_count"]}
+        )
+    return described
+
+
 def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
-    """A job that trains nothing: the collectives sweep, timed as one step."""
-    from workers.harness import collectives  # only this job kind needs it
+    """A job that trains nothing — the collectives sweep or the calibration — timed as one step."""
+    from workers.harness import calibrate, collectives  # only these job kinds need them
 
     assert isinstance(job.options, CollectivesOptions), f"{job.strategy} is not a sweep"
     start = time.perf_counter()
-    points = collectives.run_collectives(ctx.rank, ctx.world_size, ctx.device, job.options)
+    profile = None
+    if isinstance(job.options, CalibrateOptions):
+        profile, points = calibrate.run_calibration(
+            model=job.model, options=job.options, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, describe=describe_device(ctx)
+        )
+    else:
+        points = collectives.run_collectives(ctx.rank, ctx.world_size, ctx.device, job.options)
     record = RankRecord(
         rank=ctx.rank,
         model_state_bytes=ModelStateBytes(params=0, grads=0, optimizer=0),
@@ -165,12 +206,19 @@ def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
     )
     if ctx.is_lead:
         record = record.model_copy(
-            update={"collectives": points, "loss": LossCurve(), "hardware": hardware(ctx), "environment": environment(ctx)}
+            update={
+                "collectives": points,
+                "calibration": profile,
+                "loss": LossCurve(),
+                "hardware": hardware(ctx),
+                "environment": environment(ctx),
+            }
         )
     write_record(run_dir, record)
 
 
 def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: Path | None, trace_cap_bytes: int) -> None:
+    amp.require_precision(job.workload.precision, ctx.device)
     strategy, options = strategies.get(job.strategy), job.options
     progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, options))
     applied = strategy.apply(new_model(job), ctx, options)

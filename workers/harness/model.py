@@ -8,18 +8,31 @@ h→E and E SwiGLU experts stored stacked); final RMSNorm; an untied LM head. Ro
 Names are chosen for the strategies: blocks live in a `ModuleDict` keyed "0".."L-1" so pipeline
 stages can drop blocks without renaming the others (torchtitan's layout), and the three hooks a
 strategy may set are plain attributes — `Attention.attn_fn` (ring attention swaps it),
-`MoE.dispatch` (expert parallel swaps it) and `Block.checkpoint` (activation checkpointing).
+`MoE.dispatch` (expert parallel swaps it) and `Block.recompute` (activation checkpointing).
+
+Activation checkpointing (`apply_activation_checkpointing`, the workload's recipe) sets each
+block's `recompute` to "none", "full" (the whole block recomputed in backward) or "selective":
+op-level selective recomputation through torch's policy API
+(`torch.utils.checkpoint.create_selective_checkpoint_contexts`) that keeps every matmul's output
+and recomputes the rest — norms, rotary, SwiGLU's activation and the attention's softmax/dropout
+region (the fused SDPA op). Korthikanti et al. 2022 recompute only the attention core because in
+their kernel its s² softmax and dropout tensors dominate; a fused SDPA kernel never stores those,
+so recomputing SDPA alone would save nothing. The same trade-off in this model — recompute what
+costs memory but few FLOPs, keep what costs FLOPs — keeps the matmul outputs (and the outputs of
+functional collectives, so recomputation adds no communication).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from parallab.core.model import ModelConfig
 
@@ -192,17 +205,19 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.feed_forward: nn.Module = MoE(cfg) if cfg.is_moe else FeedForward(cfg)
-        self.checkpoint = False
-        """Recompute this block in backward (set by `apply_activation_checkpointing`)."""
+        self.recompute = "none"
+        """"none", "selective" or "full": what this block recomputes in backward (`apply_activation_checkpointing`)."""
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.checkpoint and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+        if self.recompute == "none" or not torch.is_grad_enabled():
+            return self._forward(x, cos, sin)
+        if self.recompute == "selective":
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, context_fn=selective_contexts)
+        return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
 
 
 class Transformer(nn.Module):
@@ -276,7 +291,32 @@ def build_model(cfg: ModelConfig, *, seed: int, aux_loss_coef: float = 0.0, rout
     return model
 
 
+def _is_kept(op: Any) -> bool:
+    """Ops whose outputs selective recomputation keeps: matmuls and functional collectives."""
+    return op in _MATMULS or getattr(op, "namespace", "") == "_c10d_functional"
+
+
+_MATMULS = frozenset(
+    {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default, torch.ops.aten._scaled_mm.default}
+)
+
+
+def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The selective policy: keep matmul (and collective) outputs, recompute everything else."""
+    return CheckpointPolicy.MUST_SAVE if _is_kept(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+selective_contexts = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
+"""The `context_fn` of selective recomputation (the calibrate job times its overhead)."""
+
+
 def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
-    """none; full = recompute every block; selective = every other block (torchtitan's layer SAC)."""
+    """Set each block's recomputation: none; selective (op level, see the module docstring) on every
+    block; alternate = every other block recomputed whole (torchtitan's layer SAC); full = every block."""
+    if mode not in ("none", "selective", "alternate", "full"):
+        raise ValueError(f"unknown activation checkpointing mode {mode!r}")
     for i, block in enumerate(model.blocks()):
-        block.checkpoint = mode == "full" or (mode == "selective" and i % 2 == 0)
+        if mode == "alternate":
+            block.recompute = "full" if i % 2 == 0 else "none"
+        else:
+            block.recompute = mode

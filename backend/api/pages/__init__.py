@@ -10,6 +10,7 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `accounts`     log in and out, one's API tokens, users (admins)   (issue #11)
 - `series`       CI series and their history with alerts               (issue #11)
 - `workers`      the fleet: pools, hosts, what each runs, queue lengths
+- `planning`     the ranking form, sweeps, and a run's "vary one thing" (issue 14)
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.pages import accounts, assets, compare, leaderboard, runs, scaling, series, workers
+from backend.api.pages import accounts, assets, compare, leaderboard, planning, runs, scaling, series, workers
 
 ROUTERS: tuple[APIRouter, ...] = (
     assets.router,
@@ -29,5 +30,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     accounts.router,
     series.router,
     workers.router,
+    planning.router,
 )
 """Every page router, for the app to include."""

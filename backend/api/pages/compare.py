@@ -24,12 +24,21 @@ def compare_page(
     settings: SettingsDep,
     ids: IdsParam = [],  # noqa: B006
     baseline: str | None = None,
+    group: str | None = None,
 ) -> HTMLResponse:
-    comparison = compare_service.compare(session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline)
+    where = {d: request.query_params.get(d, "") for d in compare_service.RECIPE_DIMENSIONS}
+    comparison = compare_service.compare(
+        session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline, group_by=group, where=where
+    )
     labelled = [(r.label, r.document) for r in comparison.runs if r.document]
     figures = compare_figs.compare_figures(labelled) if labelled else {}
     query = "&".join(f"ids={r.id}" for r in comparison.runs)
-    return render(request, "compare.html", {"cmp": comparison, "figures": figures, "ids_query": query}, settings=settings)
+    return render(
+        request,
+        "compare.html",
+        {"cmp": comparison, "figures": figures, "ids_query": query, "where": where, "dimensions": compare_service.RECIPE_DIMENSIONS},
+        settings=settings,
+    )
 
 
 @router.get("/compare.json")

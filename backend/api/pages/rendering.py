@@ -20,6 +20,7 @@ from markupsafe import Markup
 
 import frontend
 from backend.api import csrf, formatting
+from backend.api.deps import local_mode
 from backend.config import Settings, get_settings
 from backend.services.auth import ANONYMOUS
 from parallab.core.flags import FLAG_TOLERANCE
@@ -57,7 +58,7 @@ def render(request: Request, name: str, context: dict[str, Any], *, settings: Se
     response = templates.TemplateResponse(
         request,
         name,
-        {"csrf_token": token, "page": name.removesuffix(".html"), "principal": principal, "local_mode": settings.local_mode, **context},
+        {"csrf_token": token, "page": name.removesuffix(".html"), "principal": principal, "local_mode": local_mode(request), **context},
         status_code=status_code,
     )
     if nonce and request.cookies.get(csrf.COOKIE) != nonce:

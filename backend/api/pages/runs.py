@@ -23,6 +23,7 @@ from backend.services import auth as auth_service
 from backend.services import run_form
 from backend.services import runs as run_service
 from backend.services.auth import ANONYMOUS
+from backend.services.recipes import dimension_choices
 from backend.services.run_view import run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from parallab.core.strategies import STRATEGY_NAMES
@@ -163,6 +164,9 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "volume": view.volume,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
+            "vary_choices": dimension_choices()
+            if getattr(request.state, "principal", ANONYMOUS).may("submit") and view.run.job is not None
+            else {},
         },
         settings=settings,
     )

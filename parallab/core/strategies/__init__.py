@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallab.core.strategies import collectives, ddp, fsdp, hybrid, moe, pp, ring, single, tp
+from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hybrid, moe, pp, ring, single, tp
 from parallab.core.strategies.base import StrategyDescriptor
 
 REGISTRY: dict[str, StrategyDescriptor[Any]] = {
@@ -24,6 +24,7 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
         moe.DESCRIPTOR,
         hybrid.DESCRIPTOR,
         collectives.DESCRIPTOR,
+        calibrate.DESCRIPTOR,
     )
 }
 """Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""

@@ -14,26 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
 from parallab.core.costs import model_tensors, numel
 from parallab.core.metrics import wire_bytes
 from parallab.core.model import ModelConfig, Preset
+from parallab.core.options import NoOptions, StrategyOptions
 from parallab.core.problems import SpecProblem
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
 
 
-class StrategyOptions(BaseModel):
-    """Base of every options model: unknown keys are refused, so a typo never silently does nothing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class NoOptions(StrategyOptions):
-    """A strategy without options."""
-
+__all__ = [
+    "ActivationLayout",
+    "CommItem",
+    "Draft",
+    "MeshDim",
+    "NoOptions",
+    "StrategyDescriptor",
+    "StrategyOptions",
+]
 
 OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 
@@ -82,6 +81,26 @@ class ActivationLayout:
     @property
     def micro(self) -> int:
         return self.tokens if self.micro_tokens is None else self.micro_tokens
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """One kind of communication a rank does per step, as the step-time estimate needs it
+    (`parallab.core.planner`): its bytes (nccl-tests' buffer convention), in how many calls, on
+    a group of how many ranks (`stride`: the rank distance between group members — a group
+    crosses a node boundary when it spans more ranks than a node holds), and the share of its
+    time the strategy can hide under compute on a device that overlaps (issue 14)."""
+
+    op: str
+    bytes_per_step: int
+    calls: int
+    group_size: int
+    stride: int = 1
+    overlap: float = 0.0
+
+    @property
+    def bytes_per_call(self) -> int:
+        return self.bytes_per_step // max(self.calls, 1)
 
 
 class StrategyDescriptor(Generic[OptionsT]):
@@ -179,3 +198,10 @@ class StrategyDescriptor(Generic[OptionsT]):
 
     def bubble_fraction(self, job: ResolvedJob) -> float | None:
         return None
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """The step's communication for the step-time estimate: by default each op of
+        `comm_bytes_per_step` as one call on the whole world, not overlapped."""
+        if job.world_size <= 1:
+            return []
+        return [CommItem(op, nbytes, 1, job.world_size) for op, nbytes in self.comm_bytes_per_step(job).items()]

@@ -6,23 +6,13 @@ spec, the API, the form and the worker treat it like any other job (`trains` is 
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import Field
-
+from parallab.core.interconnect import ALL_OPS, CollectiveOp, CollectivesOptions
 from parallab.core.problems import SpecProblem
-from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor
 
-CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
-ALL_OPS: tuple[CollectiveOp, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
-
-
-class CollectivesOptions(StrategyOptions):
-    ops: list[CollectiveOp] = Field(default_factory=lambda: list(ALL_OPS), max_length=len(ALL_OPS), description="Ops to sweep.")
-    min_bytes: int = Field(1024, ge=8, le=8 * 1024**3, description="Smallest message (doubling up to max_bytes).")
-    max_bytes: int = Field(64 * 1024 * 1024, ge=8, le=8 * 1024**3, description="Largest message.")
-    iters: int = Field(5, ge=1, le=1000, description="Timed calls per size.")
-    warmup_iters: int = Field(2, ge=0, le=100, description="Untimed calls per size first.")
+__all__ = ["ALL_OPS", "DESCRIPTOR", "CollectiveOp", "Collectives", "CollectivesOptions"]
 
 
 class Collectives(StrategyDescriptor[CollectivesOptions]):

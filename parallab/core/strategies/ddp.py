@@ -8,7 +8,7 @@ from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES
 from parallab.core.model import param_counts
-from parallab.core.strategies.base import StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import CommItem, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -26,6 +26,12 @@ class DDP(StrategyDescriptor[DDPOptions]):
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         """One all-reduce of every (fp32) gradient: Ψ·4 bytes, however it is bucketed."""
         return {"all_reduce": param_counts(job.model).total * GRAD_BYTES}
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """One all-reduce per gradient bucket; every bucket but the last overlaps the rest of backward."""
+        nbytes = self.comm_bytes_per_step(job)["all_reduce"]
+        buckets = max(1, -(-nbytes // int(self.opts(job).bucket_cap_mb * 1024 * 1024)))
+        return [CommItem("all_reduce", nbytes, buckets, job.world_size, overlap=(buckets - 1) / buckets)]
 
 
 DESCRIPTOR = DDP()

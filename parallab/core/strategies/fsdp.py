@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES, Tensor, chunk, fsdp_padded, gathered_param_bytes, model_tensors, numel
-from parallab.core.strategies.base import ActivationLayout, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, CommItem, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -42,6 +42,18 @@ def fsdp_comm(
     return {"all_gather": total * param_bytes * (2 if reshard_after_forward else 1), "reduce_scatter": total * GRAD_BYTES}
 
 
+def fsdp_items(comm: dict[str, int], *, groups: int, reshard_after_forward: bool, n: int, stride: int = 1) -> list[CommItem]:
+    """FSDP2's calls: one all-gather per group (blocks and root) forward, again in backward when
+    resharding, one reduce-scatter per group; each group's is prefetched or issued while another
+    group computes, so all but one group's hide under compute."""
+    hidden = (groups - 1) / groups
+    gathers = groups * (2 if reshard_after_forward else 1)
+    return [
+        CommItem("all_gather", comm["all_gather"], gathers, n, stride, overlap=hidden),
+        CommItem("reduce_scatter", comm["reduce_scatter"], groups, n, stride, overlap=hidden),
+    ]
+
+
 class FSDP(StrategyDescriptor[FSDPOptions]):
     name = "fsdp"
     title = "ZeRO-3 style sharding with FSDP2"
@@ -62,6 +74,11 @@ class FSDP(StrategyDescriptor[FSDPOptions]):
         """The default layout, without autocast's weight copies: FSDP gathers 16-bit weights (its param_dtype)."""
         tokens = job.micro_batch_size * job.model.seq_len
         return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, weight_copies=False)
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        reshard = self.opts(job).reshard_after_forward
+        comm = self.comm_bytes_per_step(job)
+        return fsdp_items(comm, groups=job.model.num_layers + 1, reshard_after_forward=reshard, n=job.world_size)
 
 
 DESCRIPTOR = FSDP()

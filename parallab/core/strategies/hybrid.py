@@ -12,9 +12,9 @@ from pydantic import Field
 
 from parallab.core.costs import activation_dtype_bytes, chunk, gathered_param_bytes, model_tensors, numel, tp_local
 from parallab.core.problems import SpecProblem
-from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
-from parallab.core.strategies.fsdp import fsdp_comm
-from parallab.core.strategies.tp import tp_comm, tp_rules
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.fsdp import fsdp_comm, fsdp_items
+from parallab.core.strategies.tp import tp_comm, tp_items, tp_rules
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -72,6 +72,23 @@ class Hybrid(StrategyDescriptor[HybridOptions]):
             for op, nbytes in by_op.items():
                 out[op] = out.get(op, 0) + nbytes
         return dict(sorted(out.items()))
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """TP's calls on the tp group (adjacent ranks), FSDP's on the dp group (ranks tp apart)."""
+        opts = self.opts(job)
+        tp, dp, precision = opts.tp, job.world_size // opts.tp, job.workload.precision
+        sp = opts.sequence_parallel
+        tp_bytes = tp_comm(job.model, job.tokens_per_replica, activation_dtype_bytes(precision), sequence_parallel=sp)
+        fsdp_bytes = fsdp_comm(
+            model_tensors(job.model),
+            dp,
+            reshard_after_forward=opts.reshard_after_forward,
+            param_bytes=gathered_param_bytes(precision),
+            local=lambda t: tp_local(t, tp),
+        )
+        return tp_items(tp_bytes, job.model, micro_steps=job.accum_steps, sequence_parallel=sp, n=tp) + fsdp_items(
+            fsdp_bytes, groups=job.model.num_layers + 1, reshard_after_forward=opts.reshard_after_forward, n=dp, stride=tp
+        )
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
         opts = self.opts(job)

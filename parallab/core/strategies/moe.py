@@ -13,7 +13,7 @@ from pydantic import Field
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
 from parallab.core.model import Preset, param_counts
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -63,6 +63,15 @@ class MoE(StrategyDescriptor[MoEOptions]):
         tokens = job.micro_batch_size * job.model.seq_len
         experts = job.model.num_experts // job.world_size
         return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, experts_local=experts)
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """Per MoE layer and micro-step: the counts, then rows out and back, forward and backward
+        (6 all-to-alls, each waited on before the experts or the combine); one gradient all-reduce."""
+        comm, n = self.comm_bytes_per_step(job), job.world_size
+        return [
+            CommItem("all_to_all", comm["all_to_all"], 6 * job.model.num_layers * job.accum_steps, n),
+            CommItem("all_reduce", comm["all_reduce"], 1, n),
+        ]
 
 
 DESCRIPTOR = MoE()

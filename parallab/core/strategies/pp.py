@@ -14,7 +14,7 @@ from pydantic import Field
 from parallab.core.costs import Tensor, model_tensors, numel
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -115,6 +115,14 @@ class PP(StrategyDescriptor[PPOptions]):
         """(p−1)/(m+p−1) for p stages and m micro-batches (GPipe and 1F1B alike)."""
         p, m = job.world_size, self.opts(job).n_microbatches
         return (p - 1) / (m + p - 1)
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """A middle stage sends each micro-batch's activations on and its gradient back (receives
+        the same): one call per micro-batch per direction; the schedule's sends are asynchronous,
+        so they hide under the next micro-batch's compute (the waits are the bubble's)."""
+        comm = self.comm_bytes_per_step(job)
+        calls = self.opts(job).n_microbatches * job.accum_steps * (2 if job.world_size > 2 else 1)
+        return [CommItem(op, nbytes, calls, 2, overlap=1.0) for op, nbytes in comm.items()]
 
 
 DESCRIPTOR = PP()

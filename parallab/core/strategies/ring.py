@@ -13,7 +13,7 @@ from pydantic import Field
 from parallab.core.costs import GRAD_BYTES
 from parallab.core.model import param_counts
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -44,6 +44,17 @@ class Ring(StrategyDescriptor[RingOptions]):
         block = job.global_batch_size * (cfg.seq_len // n) * cfg.hidden_size * 4
         p2p = cfg.num_layers * block * (2 * (n - 1) + 4 * (n - 1) + 2)
         return {"send": p2p, "recv": p2p, "all_reduce": param_counts(cfg).total * GRAD_BYTES}
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        """K/V hops (the next block's transfer starts before this block's attention: overlapped),
+        per layer and micro-step; then one flat gradient all-reduce after backward (exposed)."""
+        comm, n = self.comm_bytes_per_step(job), job.world_size
+        hops = job.model.num_layers * job.accum_steps * (2 * (n - 1) + 1)
+        return [
+            CommItem("send", comm["send"], hops, 2, overlap=1.0),
+            CommItem("recv", comm["recv"], hops, 2, overlap=1.0),
+            CommItem("all_reduce", comm["all_reduce"], 1, n),
+        ]
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
         tokens = job.micro_batch_size * job.model.seq_len // job.world_size

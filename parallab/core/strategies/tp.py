@@ -14,7 +14,7 @@ from pydantic import Field
 from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import ActivationLayout, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -57,6 +57,18 @@ def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool)
     return {"all_gather": (4 * layers + 2) * bsh + logits, "reduce_scatter": (4 * layers + 2) * bsh}
 
 
+def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequence_parallel: bool, n: int) -> list[CommItem]:
+    """`tp_comm`'s ops as calls (per accumulation micro-step, the counts its docstring gives):
+    each sits between the matmuls that need it, so none hides under compute."""
+    layers = cfg.num_layers
+    calls = (
+        {"all_reduce": 7 * layers + 2, "all_gather": 1}
+        if not sequence_parallel
+        else {"all_gather": 4 * layers + 3, "reduce_scatter": 4 * layers + 2}
+    )
+    return [CommItem(op, nbytes, calls[op] * micro_steps, n) for op, nbytes in comm.items()]
+
+
 class TP(StrategyDescriptor[TPOptions]):
     name = "tp"
     title = "Megatron column/row tensor parallel"
@@ -75,6 +87,10 @@ class TP(StrategyDescriptor[TPOptions]):
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         act = activation_dtype_bytes(job.workload.precision)
         return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=self.opts(job).sequence_parallel)
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        sp = self.opts(job).sequence_parallel
+        return tp_items(self.comm_bytes_per_step(job), job.model, micro_steps=job.accum_steps, sequence_parallel=sp, n=job.world_size)
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
         tokens = job.micro_batch_size * job.model.seq_len

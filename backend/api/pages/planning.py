@@ -1,0 +1,255 @@
+"""Pages of the planner (issue 14): the ranking form (`/plan`), sweeps (`/sweeps`, `/sweeps/new`,
+`/sweeps/{id}`, cancel) and a run page's "vary one thing" (`POST /runs/{id}/vary`).
+
+Routes stay thin: parse, call one service, render or redirect; forms are the API's, so a form
+refuses exactly what the API refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from backend.api import csrf
+from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep, local_mode
+from backend.api.pages.rendering import render
+from backend.api.pages.runs import FormDep
+from backend.config import Settings
+from backend.figures import sweeps as sweep_figs
+from backend.services import plan as plan_service
+from backend.services import sweeps as sweep_service
+from backend.services import vary as vary_service
+from backend.services.auth import ANONYMOUS
+from backend.services.hardware import UnknownDevice, catalogue
+from backend.services.runs import QueueUnavailable, RunNotFound
+from backend.services.sweeps import SweepNotFound, SweepRequest
+from parallab.core.model import PRESETS
+from parallab.core.problems import SpecError
+from parallab.core.ranking import rejected_by_reason
+
+router = APIRouter(include_in_schema=False)
+
+
+def _form_post(request: Request, form: Any, settings: Settings) -> None:
+    """A page's POST carries a valid CSRF token (who may post is the route's role check)."""
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+
+
+# ---- /plan: the ranking ----
+
+
+@router.get("/plan", response_class=HTMLResponse)
+def plan_page(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    model: str = "llama-8b",
+    device: str = "h100",
+    nodes: int = 2,
+    gpus_per_node: int = 8,
+    global_batch_size: str = "",
+    top: int = 25,
+) -> HTMLResponse:
+    values = {
+        "model": model,
+        "device": device,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "global_batch_size": global_batch_size,
+        "top": top,
+    }
+    error, ranking = None, None
+    workload: dict[str, Any] = {"model": model}
+    if global_batch_size.strip():
+        workload["global_batch_size"] = global_batch_size.strip()
+    if model not in PRESETS:
+        error = f"model: unknown preset {model!r}; known: {', '.join(PRESETS)}"
+    else:
+        try:
+            hw = plan_service.ranking_hardware(
+                session=session,
+                settings=settings,
+                device=None if device == "pool" else device,
+                pool=None,
+                nodes=max(nodes, 1),
+                gpus_per_node=max(gpus_per_node, 1),
+            )
+            ranking = plan_service.rank(workload=workload, hw=hw)
+        except UnknownDevice as exc:
+            error = f"device: {exc}"
+    devices = [d.key for d in catalogue(settings).devices] + ["pool"]
+    return render(
+        request,
+        "plan.html",
+        {
+            "values": values,
+            "error": error,
+            "ranking": ranking,
+            "rejected": rejected_by_reason(ranking.rejected) if ranking else [],
+            "presets": list(PRESETS),
+            "devices": devices,
+            "top": max(1, min(top, 500)),
+        },
+        settings=settings,
+    )
+
+
+# ---- sweeps ----
+
+
+@router.get("/sweeps", response_class=HTMLResponse)
+def sweeps_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    return render(request, "sweeps.html", {"sweeps": sweep_service.list_sweeps(session=session)}, settings=settings)
+
+
+def _sweep_form(request: Request, settings: Settings, values: dict[str, Any], errors: list[str], status_code: int = 200) -> HTMLResponse:
+    return render(
+        request,
+        "sweep_new.html",
+        {
+            "values": values,
+            "errors": errors,
+            "presets": list(PRESETS),
+            "max_world_size": settings.max_world_size,
+            "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
+        },
+        settings=settings,
+        status_code=status_code,
+    )
+
+
+SWEEP_DEFAULTS: dict[str, Any] = {
+    "model": "small",
+    "world_size": "4",
+    "top": "8",
+    "controls": "2",
+    "steps": "",
+    "precisions": ["fp32", "bf16"],
+    "checkpointing": ["none", "selective", "full"],
+    "accumulation": ["1", "2"],
+}
+
+
+@router.get("/sweeps/new", response_class=HTMLResponse)
+def new_sweep(request: Request, settings: SettingsDep) -> HTMLResponse:
+    return _sweep_form(request, settings, dict(SWEEP_DEFAULTS), [])
+
+
+def sweep_request(form: Any) -> dict[str, Any]:
+    """The sweep form as a `SweepRequest` body (empty fields: the defaults)."""
+
+    def get(name: str) -> str:
+        value = form.get(name)
+        return value.strip() if isinstance(value, str) else ""
+
+    body: dict[str, Any] = {
+        "workload": {"model": get("model") or "small"},
+        "world_size": get("world_size") or "4",
+        "top": get("top") or "8",
+        "controls": get("controls") or "0",
+        "precisions": form.getlist("precisions"),
+        "checkpointing": form.getlist("checkpointing"),
+        "accumulation": form.getlist("accumulation"),
+    }
+    for name in ("steps", "name"):
+        if get(name):
+            body[name] = get(name)
+    if get("global_batch_size"):
+        body["workload"]["global_batch_size"] = get("global_batch_size")
+    return body
+
+
+@router.post("/sweeps/new", response_class=HTMLResponse)
+def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
+    values = {
+        k: (form.getlist(k) if k in ("precisions", "checkpointing", "accumulation") else form.get(k)) for k in form if k != csrf.FIELD
+    }
+    try:
+        _form_post(request, form, settings)
+    except HTTPException as exc:
+        return _sweep_form(request, settings, values, [str(exc.detail)], status_code=exc.status_code)
+    try:
+        body = SweepRequest.model_validate(sweep_request(form))
+        sweep = sweep_service.create_sweep(
+            session=session, settings=settings, request=body, source="form", user_id=principal.user_id, local=local_mode(request)
+        )
+    except ValidationError as exc:
+        return _sweep_form(request, settings, values, [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 422)
+    except SpecError as exc:
+        return _sweep_form(request, settings, values, [str(p) for p in exc.problems], 422)
+    return RedirectResponse(f"/sweeps/{sweep.id}", status_code=303)
+
+
+@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
+def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    try:
+        view = sweep_service.sweep_view(session=session, sweep_id=sweep_id)
+    except SweepNotFound:
+        return render(
+            request,
+            "error.html",
+            {"title": "No such sweep", "message": f"There is no sweep {sweep_id!r}."},
+            status_code=404,
+            settings=settings,
+        )
+    points = [
+        {
+            "label": p.candidate["label"],
+            "role": p.candidate["role"],
+            "status": p.status,
+            "predicted_tokens_per_s": p.predicted_tokens_per_s,
+            "measured_tokens_per_s": p.measured_tokens_per_s,
+            "predicted_memory_bytes": p.predicted_memory_bytes,
+            "measured_memory_bytes": p.measured_memory_bytes,
+        }
+        for p in view.points
+    ]
+    figures = sweep_figs.sweep_figures(points, spearman=view.spearman)
+    ids = [p.run.id for p in view.points if p.run is not None and p.run.status == "succeeded"]
+    return render(request, "sweep.html", {"view": view, "figures": figures, "compare_ids": ",".join(ids)}, settings=settings)
+
+
+@router.post("/sweeps/{sweep_id}/cancel")
+def cancel_sweep(
+    request: Request, sweep_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+) -> RedirectResponse:
+    _form_post(request, form, settings)
+    try:
+        sweep_service.cancel_sweep(session=session, sweep_id=sweep_id, principal=principal)
+    except SweepNotFound:
+        raise HTTPException(404, detail=f"no sweep {sweep_id!r}") from None
+    return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
+
+
+# ---- a run's "vary one thing" ----
+
+
+@router.post("/runs/{run_id}/vary")
+def vary_run(request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
+    """Submit the run's job with one dimension changed, then open the comparison of the two."""
+    _form_post(request, form, settings)
+    field, value = str(form.get("field") or ""), str(form.get("value") or "")
+    try:
+        run = vary_service.vary_run(
+            session=session,
+            settings=settings,
+            run_id=run_id,
+            field=field,
+            value=value,
+            user_id=principal.user_id,
+            local=local_mode(request),
+        )
+    except RunNotFound:
+        raise HTTPException(404, detail=f"no run {run_id!r}") from None
+    except (SpecError, ValidationError) as exc:
+        message = "; ".join(str(p) for p in exc.problems) if isinstance(exc, SpecError) else str(exc)
+        return render(request, "error.html", {"title": "Cannot vary that", "message": message}, status_code=422, settings=settings)
+    except QueueUnavailable as exc:
+        return render(request, "error.html", {"title": "Queue unavailable", "message": str(exc)}, status_code=503, settings=settings)
+    return RedirectResponse(f"/compare?ids={run_id},{run.id}&baseline={run_id}", status_code=303)

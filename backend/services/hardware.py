@@ -1,0 +1,96 @@
+"""Hardware as the server knows it (issue 14): the catalogue (built-in + the lab's file), each
+pool's calibrated profile, and the precision check at submission.
+
+A `calibrate` run's result carries the profile; ingest stores it for the pool the run ran on.
+The latest profile of a pool is what the planner estimates with, and its device is the one
+`parallab.core.hardware.precision_problem` is asked about when a job is submitted to that pool —
+so fp8 sent to a CPU pool is refused with a 422 that names the device.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from backend.config import Settings
+from backend.models import HardwareProfileRow, Run
+from backend.store import planning as store
+from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
+from parallab.core.jobs import ResolvedJob
+from parallab.core.planner import Hardware, hardware_for
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.result import ResultDocument
+
+
+class UnknownDevice(LookupError):
+    """A device name neither the catalogue nor a pool's calibration knows."""
+
+
+def catalogue(settings: Settings) -> Catalogue:
+    """The built-in catalogue with the lab's own file (`Settings.hardware_catalogue`) laid over it."""
+    return load_catalogue(settings.hardware_catalogue)
+
+
+def pool_of(settings: Settings, pool: str | None = None) -> str:
+    """The pool meant: the one named, else this deployment's default pool, else this worker's, else `cpu`."""
+    return pool or settings.default_pool or settings.pool or "cpu"
+
+
+def latest_profile(*, session: Session, pool: str) -> HardwareProfile | None:
+    row = store.latest_profile(session, pool)
+    return HardwareProfile.model_validate(row.profile) if row is not None else None
+
+
+def record_profile(*, session: Session, run: Run, document: ResultDocument, pool: str | None, key: str) -> HardwareProfileRow | None:
+    """Store a calibrate run's profile for its pool (default: its hardware `key`), in the caller's
+    transaction; None when the result carries none."""
+    profile = document.calibration
+    if profile is None:
+        return None
+    return store.add_profile(
+        session,
+        HardwareProfileRow(
+            pool=(pool or key)[:100],
+            hardware_key=key,
+            device_kind=profile.device.kind,
+            device_name=profile.device.name,
+            world_size=profile.world_size,
+            profile=profile.model_dump(mode="json"),
+            run_id=run.id,
+        ),
+    )
+
+
+def pool_device(*, session: Session, pool: str) -> DeviceDescription | None:
+    """The device a pool's latest calibration recorded (None: not known yet)."""
+    profile = latest_profile(session=session, pool=pool)
+    return profile.device if profile is not None else None
+
+
+def check_precision(*, session: Session, settings: Settings, job: ResolvedJob, pool: str | None = None) -> None:
+    """Refuse (SpecError on workload.precision) a job whose pool's device cannot train in its precision."""
+    if not job.trains:
+        return
+    device = pool_device(session=session, pool=pool_of(settings, pool))
+    problem = precision_problem(job.workload.precision, device) if device is not None else None
+    if problem:
+        raise SpecError([SpecProblem(("workload", "precision"), f"pool {pool_of(settings, pool)!r}: {problem}")])
+
+
+def pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
+    """What a pool plans on: its latest calibration (with the catalogue entry its device matches),
+    else the catalogue's generic CPU entry — uncalibrated, and said so in the label."""
+    cat = catalogue(settings)
+    profile = latest_profile(session=session, pool=pool_of(settings, pool))
+    if profile is not None:
+        spec = cat.for_device(profile.device.name, profile.device.kind) or cat.get("cpu")
+        return hardware_for(spec, profile=profile)
+    return hardware_for(cat.get("cpu"), devices_per_node=settings.max_world_size)
+
+
+def device_hardware(*, settings: Settings, device: str, nodes: int = 1, gpus_per_node: int | None = None) -> Hardware:
+    """A catalogue device (by key or alias) on `nodes` × `gpus_per_node` (UnknownDevice otherwise)."""
+    try:
+        spec = catalogue(settings).get(device)
+    except KeyError as exc:
+        raise UnknownDevice(str(exc.args[0])) from None
+    return hardware_for(spec, nodes=nodes, devices_per_node=gpus_per_node)

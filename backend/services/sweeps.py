@@ -1,0 +1,314 @@
+"""Sweeps (issue 14): plan every configuration of a workload, queue the best predicted and a few
+predicted to be poor (controls), and hold what they measure against what was predicted.
+
+The plan runs on the pool's hardware (`hardware.pool_hardware`: its latest calibration, else the
+catalogue's CPU entry, said so). Each queued candidate keeps the prediction that chose it, so the
+page shows predicted against measured tokens/s with the Spearman rank correlation, the best
+configuration found, and memory per rank predicted against measured. A run that ran out of
+memory marks the prediction that let it through. A sweep is cancelled as a whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from backend.config import Settings
+from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
+from backend.queue import enqueue_run
+from backend.services import hardware
+from backend.services.auth import Principal
+from backend.services.runs import cancel_run, check_owner, create_run
+from backend.store import planning as store
+from backend.store import runs as run_store
+from parallab.core.planner import spearman
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.ranking import PlanRow, plan_cluster
+from parallab.core.spec import JobSpec, Workload
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+Checkpointing = Literal["none", "selective", "alternate", "full"]
+OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|bad_alloc|killed by signal 9|Cannot allocate memory", re.I)
+"""How a run that ran out of memory ends: an allocator's error, or the kernel's OOM killer (SIGKILL)."""
+
+
+def _precisions() -> list[Precision]:
+    return ["fp32", "bf16"]
+
+
+def _checkpointing() -> list[Checkpointing]:
+    return ["none", "selective", "full"]
+
+
+class SweepNotFound(LookupError):
+    pass
+
+
+class SweepRequest(BaseModel):
+    """`POST /api/v1/sweeps`: what to sweep and how many runs to spend on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200)
+    workload: dict[str, Any] = Field(
+        default_factory=lambda: {"model": "small"},
+        description="The workload (a job spec's, minus the recipe the sweep varies): model, shape overrides, global_batch_size, seed.",
+    )
+    world_size: int = Field(4, ge=1, le=1 << 16)
+    top: int = Field(8, ge=1, le=64, description="Queue the K configurations with the highest predicted tokens/s.")
+    controls: int = Field(2, ge=0, le=16, description="Also queue this many predicted to be poor (the lowest predicted that fit).")
+    steps: int | None = Field(None, ge=1, le=100_000, description="Measured steps of each run (default: Settings.sweep_steps).")
+    strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
+    precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=4)
+    checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
+    accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
+    pool: str | None = Field(None, max_length=100, description="The pool to run on (default: this deployment's queue).")
+
+
+def choose(fits: list[PlanRow], *, top: int, controls: int) -> list[tuple[str, int, PlanRow]]:
+    """(role, predicted rank, row): the `top` best predicted, then `controls` from the bottom."""
+    chosen = [("top", i + 1, row) for i, row in enumerate(fits[:top])]
+    rest = list(enumerate(fits))[top:]
+    chosen += [("control", i + 1, row) for i, row in rest[-controls:]] if controls else []
+    return chosen
+
+
+def _candidate(role: str, rank: int, row: PlanRow, run_id: str | None, error: str | None = None) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "role": role,
+        "predicted_rank": rank,
+        "label": row.label,
+        "strategy": row.strategy,
+        "options": row.options,
+        "mesh": row.mesh,
+        "precision": row.precision,
+        "activation_checkpointing": row.activation_checkpointing,
+        "grad_accumulation_steps": row.grad_accumulation_steps,
+        "microbatches": row.microbatches,
+        "micro_batch_size": row.micro_batch_size,
+        "predicted": {
+            "tokens_per_s": row.tokens_per_s,
+            "step_time_s": row.step_time_s,
+            "memory_per_rank_bytes": row.memory_per_rank_bytes,
+            "model_state_bytes": row.model_state_bytes,
+            "activation_bytes": row.activation_bytes,
+            "estimate": row.estimate,
+        },
+        "error": error,
+    }
+
+
+def create_sweep(
+    *, session: Session, settings: Settings, request: SweepRequest, source: str, user_id: int | None = None, local: bool = False
+) -> Sweep:
+    """Plan, store the sweep and its runs in one transaction, commit, then enqueue each run (each
+    run recorded as `user_id`'s, checked as its own submission would be)."""
+    workload = Workload.model_validate({**request.workload}).model_dump(exclude_none=True)
+    for recipe in ("precision", "activation_checkpointing", "grad_accumulation_steps", "steps"):
+        workload.pop(recipe, None)
+    if request.world_size > settings.max_world_size:
+        raise SpecError(
+            [SpecProblem(("world_size",), f"world size {request.world_size} is above this worker's limit of {settings.max_world_size}")]
+        )
+    hw = hardware.pool_hardware(session=session, settings=settings, pool=request.pool)
+    ranking = plan_cluster(
+        workload,
+        hw,
+        world_size=request.world_size,
+        strategies=request.strategies,
+        precisions=request.precisions,
+        checkpointing=request.checkpointing,
+        accumulation=request.accumulation,
+    )
+    if not ranking.fits:
+        reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in ranking.as_dict()["rejected_by_reason"][:3])
+        raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons}")])
+    steps = request.steps or settings.sweep_steps
+    sweep = store.add_sweep(
+        session,
+        Sweep(
+            name=request.name,
+            status="running",
+            model=str(workload["model"]),
+            world_size=request.world_size,
+            request=request.model_dump(mode="json"),
+            hardware={
+                "label": hw.label,
+                "device": hw.spec.key,
+                "calibrated": hw.calibrated,
+                "pool": hardware.pool_of(settings, request.pool),
+            },
+            candidates=[],
+            planned=len(ranking.fits) + len(ranking.rejected),
+        ),
+    )
+    candidates, runs = [], []
+    for role, rank, row in choose(ranking.fits, top=request.top, controls=request.controls):
+        spec = {**row.spec, "workload": {**row.spec["workload"], "steps": steps}, "name": f"sweep {sweep.id[:6]} #{rank}: {row.label}"}
+        spec["tags"] = ["sweep", role]
+        try:
+            run = create_run(
+                session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, user_id=user_id, local=local
+            )
+        except SpecError as exc:  # the deployment's limits refuse what the plan allowed: keep it, say why
+            candidates.append(_candidate(role, rank, row, None, error=str(exc)))
+            continue
+        run.sweep_id = sweep.id
+        runs.append(run)
+        candidates.append(_candidate(role, rank, row, run.id))
+    sweep.candidates = candidates
+    session.commit()
+    for run in runs:
+        try:
+            enqueue_run(settings, run.id)
+        except Exception as exc:  # the queue is down: the run must not look queued
+            log.exception("could not enqueue sweep run %s", run.id)
+            run_store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
+    session.commit()
+    return sweep
+
+
+def get_sweep(*, session: Session, sweep_id: str) -> Sweep:
+    sweep = store.get_sweep(session, sweep_id)
+    if sweep is None:
+        raise SweepNotFound(sweep_id)
+    return sweep
+
+
+def cancel_sweep(*, session: Session, sweep_id: str, principal: Principal | None = None) -> Sweep:
+    """Cancel every run of the sweep not yet finished, and the sweep with them (commits). With a
+    `principal`, the sweep must be theirs — every one of its runs theirs to cancel, the rule for one
+    run (Forbidden otherwise)."""
+    sweep = store.get_sweep_for_update(session, sweep_id)
+    if sweep is None:
+        raise SweepNotFound(sweep_id)
+    runs = store.sweep_runs(session, sweep_id)
+    if principal is not None:
+        for run in runs:
+            check_owner(principal=principal, run=run)
+    for run in runs:
+        if run.status not in FINISHED_STATUSES:
+            cancel_run(session=session, run_id=run.id)
+    sweep.status = "cancelled"
+    sweep.finished_at = utcnow()
+    session.commit()
+    return sweep
+
+
+# ---- the sweep's page and API view ----
+
+
+@dataclass
+class SweepPoint:
+    """One queued candidate with its run's outcome."""
+
+    candidate: dict[str, Any]
+    run: Run | None
+    measured_tokens_per_s: float | None = None
+    measured_memory_bytes: int | None = None
+    out_of_memory: bool = False
+
+    @property
+    def predicted_tokens_per_s(self) -> float | None:
+        value = self.candidate["predicted"].get("tokens_per_s")
+        return float(value) if value is not None else None
+
+    @property
+    def predicted_memory_bytes(self) -> int | None:
+        value = self.candidate["predicted"].get("memory_per_rank_bytes")
+        return int(value) if value is not None else None
+
+    @property
+    def status(self) -> str:
+        return self.run.status if self.run is not None else "not queued"
+
+
+@dataclass
+class SweepView:
+    sweep: Sweep
+    points: list[SweepPoint]
+    spearman: float | None
+    best: SweepPoint | None
+    best_predicted: SweepPoint | None
+    oom: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[SweepPoint]:
+        return [p for p in self.points if p.measured_tokens_per_s is not None]
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.sweep
+        return {
+            "id": s.id,
+            "name": s.name,
+            "status": s.status,
+            "model": s.model,
+            "world_size": s.world_size,
+            "hardware": s.hardware,
+            "request": s.request,
+            "planned": s.planned,
+            "created_at": s.created_at.isoformat() if s.created_at else None,
+            "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+            "spearman": self.spearman,
+            "best": _point_json(self.best) if self.best else None,
+            "points": [_point_json(p) for p in self.points],
+        }
+
+
+def _point_json(p: SweepPoint) -> dict[str, Any]:
+    return {
+        **p.candidate,
+        "status": p.status,
+        "measured": {"tokens_per_s": p.measured_tokens_per_s, "peak_allocated_bytes_max": p.measured_memory_bytes},
+        "out_of_memory": p.out_of_memory,
+        "run_error": (p.run.error or "")[-2000:] if p.run is not None and p.run.status == "failed" else None,
+    }
+
+
+def _refresh_status(session: Session, sweep: Sweep, runs: list[Run]) -> None:
+    """A running sweep whose runs have all finished is finished."""
+    if sweep.status == "running" and all(r.status in FINISHED_STATUSES for r in runs):
+        sweep.status = "finished"
+        sweep.finished_at = max((r.finished_at for r in runs if r.finished_at), default=utcnow())
+        session.commit()
+
+
+def sweep_view(*, session: Session, sweep_id: str) -> SweepView:
+    """The sweep, each candidate beside its run's measurement, and how well the prediction ranked them."""
+    sweep = get_sweep(session=session, sweep_id=sweep_id)
+    runs = {r.id: r for r in store.sweep_runs(session, sweep.id)}
+    _refresh_status(session, sweep, list(runs.values()))
+    points = []
+    for candidate in sweep.candidates:
+        run = runs.get(candidate.get("run_id") or "")
+        point = SweepPoint(candidate=candidate, run=run)
+        if run is not None and run.status == "succeeded":
+            point.measured_tokens_per_s = run.tokens_per_s
+            point.measured_memory_bytes = run.peak_allocated_bytes_max
+        if run is not None and run.status == "failed" and OOM_PATTERNS.search(run.error or ""):
+            point.out_of_memory = True
+        points.append(point)
+    measured = [p for p in points if p.measured_tokens_per_s is not None and p.predicted_tokens_per_s is not None]
+    rho = spearman([p.predicted_tokens_per_s or 0.0 for p in measured], [p.measured_tokens_per_s or 0.0 for p in measured])
+    best = max(measured, key=lambda p: p.measured_tokens_per_s or 0.0, default=None)
+    best_predicted = max(points, key=lambda p: p.predicted_tokens_per_s or 0.0, default=None)
+    return SweepView(
+        sweep=sweep,
+        points=points,
+        spearman=rho,
+        best=best,
+        best_predicted=best_predicted,
+        oom=[p for p in points if p.out_of_memory],
+    )
+
+
+def list_sweeps(*, session: Session, limit: int = 50) -> list[Sweep]:
+    return store.list_sweeps(session, limit)

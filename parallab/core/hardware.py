@@ -1,0 +1,214 @@
+"""Devices: what a device is (`DeviceDescription`), what each precision needs of it, the hardware
+catalogue (`DeviceSpec`, data in `hardware_catalogue.json`, extendable by a lab's own file) and a
+pool's calibrated profile (`HardwareProfile`, measured by the `calibrate` job).
+
+`precision_problem` is the one rule for "can this device train in this precision": the ranks call
+it on the device they hold (a failed run that says why), the API on the device a pool's
+calibration recorded (a 422 at submission), `parallab plan` on a catalogue entry.
+
+The catalogue's numbers are vendor datasheet figures — dense (no sparsity) FLOP/s per precision,
+HBM bandwidth, the link bandwidth per device one way within a node and across nodes — each with
+its source in the file. A lab adds or overrides entries with a JSON file of the same shape
+(`Settings.hardware_catalogue`, `PARALLAB_HARDWARE_CATALOGUE`); entries are matched by `key`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CATALOGUE_FILE = Path(__file__).with_name("hardware_catalogue.json")
+DeviceKind = Literal["cpu", "cuda", "rocm"]
+FP8_MIN_CAPABILITY = (9, 0)
+"""fp8 training (torchao float8) is offered on Hopper (compute capability 9.0) or newer."""
+BF16_MIN_CAPABILITY = (8, 0)
+"""bf16 tensor cores start with Ampere (8.0)."""
+
+_frozen = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class DeviceDescription(BaseModel):
+    """What is known of one device: enough to decide which precisions it can train in."""
+
+    model_config = _frozen
+
+    kind: DeviceKind
+    name: str | None = Field(None, max_length=200, description="e.g. 'NVIDIA H100 80GB HBM3', or the CPU's model name.")
+    capability: tuple[int, int] | None = Field(None, description="CUDA compute capability (major, minor); None off CUDA.")
+    memory_bytes: int | None = Field(None, ge=0, description="Memory of one device (host memory for CPU ranks).")
+    cores: int | None = Field(None, ge=1, description="CPU ranks: the host's cores, which its ranks share.")
+
+
+def precision_problem(precision: str, device: DeviceDescription) -> str | None:
+    """Why `device` cannot train in `precision`, in words taken from the device; None when it can."""
+    what = device.name or device.kind
+    fp8_needs = f"fp8 training needs an NVIDIA GPU of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer (Hopper)"
+    if precision == "fp8":
+        if device.kind == "cpu":
+            return f"{fp8_needs}; no CUDA device here ({what})"
+        if device.kind == "rocm":
+            return (
+                f"fp8 training is wired for NVIDIA GPUs of compute capability {_cap(FP8_MIN_CAPABILITY)} or newer; {what} is a ROCm device"
+            )
+        if device.capability is None or tuple(device.capability) < FP8_MIN_CAPABILITY:
+            have = _cap(device.capability) if device.capability else "unknown"
+            return f"{fp8_needs}; {what} has compute capability {have}"
+    if precision == "bf16" and device.kind == "cuda" and device.capability is not None and tuple(device.capability) < BF16_MIN_CAPABILITY:
+        return f"bf16 needs compute capability {_cap(BF16_MIN_CAPABILITY)} or newer (Ampere); {what} has {_cap(device.capability)}"
+    return None
+
+
+def _cap(capability: Sequence[int]) -> str:
+    return ".".join(str(c) for c in capability)
+
+
+# ---- the catalogue ----
+
+
+class DeviceSpec(BaseModel):
+    """One catalogue entry: a device's datasheet figures (per device)."""
+
+    model_config = _frozen
+
+    key: str = Field(max_length=64, description="Stable id, e.g. 'h100-sxm'.")
+    name: str = Field(max_length=200)
+    kind: DeviceKind
+    aliases: list[str] = Field(default_factory=list, description="Names `--device` accepts, e.g. 'h100'.")
+    match: list[str] = Field(default_factory=list, description="Substrings of the name torch reports that identify this device.")
+    capability: tuple[int, int] | None = None
+    memory_bytes: int = Field(gt=0)
+    flops: dict[str, float] = Field(description="Dense FLOP/s per precision (fp32 without TF32, bf16, fp16, fp8); absent: unsupported.")
+    memory_bandwidth: float = Field(gt=0, description="Bytes/s of device memory (HBM).")
+    intra_node_bandwidth: float = Field(gt=0, description="Bytes/s one device sends to its node's peers, one direction.")
+    inter_node_bandwidth: float = Field(gt=0, description="Bytes/s one device sends off its node (its share of the NICs), one direction.")
+    devices_per_node: int = Field(8, ge=1)
+    comm_overlap: float = Field(
+        1.0, ge=0, le=1, description="Share of overlappable communication the device can hide (GPU: 1; CPU ranks share cores with gloo: 0)."
+    )
+    op_overhead_s: float = Field(0.0, ge=0, description="Host time per launched op that the device does not hide.")
+    sources: dict[str, str] = Field(default_factory=dict, description="Where each figure comes from (field → citation).")
+
+    def description(self) -> DeviceDescription:
+        return DeviceDescription(kind=self.kind, name=self.name, capability=self.capability, memory_bytes=self.memory_bytes)
+
+
+class Catalogue(BaseModel):
+    model_config = _frozen
+    devices: list[DeviceSpec]
+
+    def get(self, name: str) -> DeviceSpec:
+        """The entry whose key or alias is `name` (case-insensitive); KeyError naming the known ones."""
+        wanted = name.strip().lower()
+        for spec in self.devices:
+            if wanted == spec.key.lower() or wanted in (a.lower() for a in spec.aliases):
+                return spec
+        raise KeyError(f"unknown device {name!r}; known: {', '.join(s.key for s in self.devices)}")
+
+    def for_device(self, device_name: str | None, kind: str | None = None) -> DeviceSpec | None:
+        """The entry a device reported by torch matches (the longest matching pattern wins);
+        a CPU with no entry of its own gets the generic `cpu` entry."""
+        if device_name:
+            hits = [(len(p), s) for s in self.devices for p in s.match if p.lower() in device_name.lower()]
+            if hits:
+                return max(hits, key=lambda h: h[0])[1]
+        if kind == "cpu":
+            return next((s for s in self.devices if s.kind == "cpu"), None)
+        return None
+
+    def merged(self, extra: Iterable[DeviceSpec]) -> Catalogue:
+        """This catalogue with `extra` entries added, replacing those of the same key."""
+        out = {s.key: s for s in self.devices}
+        out.update({s.key: s for s in extra})
+        return Catalogue(devices=list(out.values()))
+
+
+def read_catalogue_file(path: Path) -> Catalogue:
+    """A catalogue file: {"devices": [...]} (ValueError naming the file when it is not one)."""
+    try:
+        return Catalogue.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"hardware catalogue {path}: {exc}") from None
+
+
+@lru_cache(maxsize=8)
+def load_catalogue(extra: Path | None = None) -> Catalogue:
+    """The built-in catalogue, plus a lab's own file when given (its entries win by key)."""
+    base = read_catalogue_file(CATALOGUE_FILE)
+    return base.merged(read_catalogue_file(extra).devices) if extra is not None else base
+
+
+# ---- a pool's calibrated profile ----
+
+
+class MatmulPoint(BaseModel):
+    """One GEMM measured on every rank at once: (m×k) @ (k×n) in `precision`, FLOP/s per rank."""
+
+    model_config = _frozen
+    precision: str
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    flops_per_s: float = Field(gt=0)
+
+
+class BusbwPoint(BaseModel):
+    """One collective at one size (nccl-tests' buffer convention) and its bus bandwidth."""
+
+    model_config = _frozen
+    op: str
+    size_bytes: int = Field(ge=1)
+    busbw_gbps: float = Field(ge=0)
+    time_s: float = Field(ge=0)
+
+
+class HardwareProfile(BaseModel):
+    """What the `calibrate` job measured on one pool, with all its ranks running at once."""
+
+    model_config = _frozen
+
+    device: DeviceDescription
+    world_size: int = Field(ge=1, description="Ranks that ran concurrently (CPU ranks share cores: calibrate at the size you plan).")
+    matmul: list[MatmulPoint] = Field(default_factory=list)
+    memory_bandwidth: float | None = Field(None, gt=0, description="Bytes/s a rank streams (copy: read + write).")
+    op_overhead_s: float | None = Field(None, ge=0, description="Host time of one small op, end to end.")
+    dtensor_op_overhead_s: float | None = Field(
+        None, ge=0, description="Extra host time of a linear on DTensors (tensor parallelism's dispatch) over the same plain linear."
+    )
+    selective_op_overhead_s: float | None = Field(
+        None, ge=0, description="Extra host time per op of a region under selective recomputation's policy (forward, recompute)."
+    )
+    collectives: list[BusbwPoint] = Field(default_factory=list)
+
+    def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float | None:
+        """FLOP/s of an (m, n, k) GEMM: interpolated in log(m·n·k) over the points measured in that
+        precision (the nearest end beyond them); None when the precision was not measured."""
+        points = sorted((math.log(p.m * p.n * p.k), p.flops_per_s) for p in self.matmul if p.precision == precision)
+        if not points:
+            return None
+        return _interp(points, math.log(max(m * n * k, 1)))
+
+    def busbw(self, op: str, size_bytes: int) -> float | None:
+        """Bus bandwidth (bytes/s) of `op` at `size_bytes`, interpolated in log(size); None when unmeasured."""
+        points = sorted((math.log(p.size_bytes), p.busbw_gbps * 1e9) for p in self.collectives if p.op == op and p.busbw_gbps > 0)
+        if not points:
+            return None
+        return _interp(points, math.log(max(size_bytes, 1)))
+
+
+def _interp(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear y(x) through sorted points, flat beyond the ends."""
+    xs = [p[0] for p in points]
+    i = bisect.bisect_left(xs, x)
+    if i <= 0:
+        return points[0][1]
+    if i >= len(points):
+        return points[-1][1]
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)

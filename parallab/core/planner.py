@@ -1,0 +1,373 @@
+"""The planner's step-time estimate for any job on any hardware (stored as `prediction.step_time_s`;
+the ranking of configurations built on it is `parallab.core.ranking`), and Spearman's rank
+correlation that sweeps judge it by. The model is stated in docs/planner.md; in short, per rank
+and optimizer step:
+
+    step = (compute + exposed communication) / (1 − bubble) + optimizer
+
+- compute: every GEMM of the rank's share of the forward (the model's weights at the rank's
+  token count and tensor-parallel split, the attention core at half its square for the causal
+  mask, the LM head where it lives) timed at the FLOP/s the pool's calibration measured for that
+  shape and precision (interpolated in GEMM volume) — or the datasheet's dense peak ×
+  `MATMUL_EFFICIENCY` uncalibrated; backward is twice the forward; recomputation adds the forward
+  it recomputes. Memory-bound work — the elementwise ops (≈ `ELEMENTWISE_ACCESSES` per token and
+  layer), autocast's weight casts, the loss — at the measured (or datasheet ×
+  `MEMORY_EFFICIENCY`) memory bandwidth; plus the host time of every op launched.
+- communication: each `CommItem` of the strategy's descriptor — bytes per call × nccl-tests' bus
+  factor / the bus bandwidth at that message size (calibrated busbw by op and size; uncalibrated,
+  or across nodes, the link bandwidth × `LINK_EFFICIENCY` plus a latency per call). The share the
+  strategy can overlap (DDP's buckets but the last, FSDP's prefetched groups, the ring's and the
+  pipeline's asynchronous P2P) hides under compute as far as compute lasts, scaled by what the
+  device can overlap (GPUs 1; CPU ranks share their cores with gloo: 0).
+- bubble: the descriptor's bubble fraction, (p−1)/(m+p−1) for a pipeline.
+- optimizer: AdamW reads and writes 28 bytes per local parameter (fp32 master, grads, 2 moments).
+
+Tokens/s = global tokens per step / step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from parallab.core.costs import activation_dtype_bytes
+from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
+from parallab.core.jobs import ResolvedJob
+from parallab.core.metrics import busbw_factor
+
+MATMUL_EFFICIENCY = 0.7
+"""Share of the datasheet's dense peak a large GEMM reaches (uncalibrated devices)."""
+MEMORY_EFFICIENCY = 0.8
+"""Share of the datasheet's memory bandwidth a streaming kernel reaches (uncalibrated)."""
+LINK_EFFICIENCY = 0.8
+"""Share of the datasheet's link bandwidth a large collective's busbw reaches (uncalibrated)."""
+LATENCY_S = {"intra": 10e-6, "inter": 20e-6}
+"""Per-call latency of a collective without a calibrated curve (within a node, across nodes)."""
+USABLE_MEMORY = 0.9
+"""Share of a device's memory a job may plan to use (allocator fragmentation, the context)."""
+ELEMENTWISE_ACCESSES = (30, 5)
+"""(a, b): a forward block reads and writes ≈ a·h + b·f/tp elements per token (norms, rotary,
+residuals, SwiGLU's activation and product, casts); backward twice that."""
+OPS_PER_LAYER = 90
+"""aten ops one block's forward launches (counted: tiny's forward launches 373 for its 4 blocks and
+head); backward launches `BACKWARD_OPS` times as many (614)."""
+BACKWARD_OPS = 1.65
+DTENSOR_OPS_PER_LAYER = 7
+"""Linears of a block that run on DTensors under tensor parallelism (q, k, v, o, w1, w3, w2): each
+forward, and its two backward matmuls, pay DTensor's dispatch."""
+ADAMW_BYTES = 28
+"""AdamW per fp32 parameter: reads param, grad, two moments (16 B), writes param and moments (12 B)."""
+P2P_OPS = {"send": "send_recv", "recv": "send_recv"}
+"""The calibrated curve a descriptor's op is timed on."""
+
+
+# ---- hardware ----
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a plan runs on: a catalogue entry, optionally a pool's calibrated profile, and the cluster's shape."""
+
+    spec: DeviceSpec
+    profile: HardwareProfile | None = None
+    nodes: int = 1
+    devices_per_node: int | None = None
+
+    @property
+    def per_node(self) -> int:
+        return self.devices_per_node or self.spec.devices_per_node
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def calibrated(self) -> bool:
+        return self.profile is not None
+
+    @property
+    def device(self) -> DeviceDescription:
+        return self.profile.device if self.profile is not None else self.spec.description()
+
+    @property
+    def label(self) -> str:
+        source = f"calibrated on {self.profile.world_size} rank(s)" if self.profile is not None else "datasheet"
+        return f"{self.nodes} × {self.per_node} {self.spec.name} ({source})"
+
+    def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float:
+        """FLOP/s of an (m, n, k) GEMM: measured when calibrated in this precision, else the datasheet."""
+        if self.profile is not None:
+            measured = self.profile.matmul_flops(precision, m, n, k) or (
+                self.profile.matmul_flops("bf16", m, n, k) if precision == "fp8" else None
+            )
+            if measured:
+                return measured
+        peak = self.spec.flops.get(precision) or self.spec.flops.get("bf16") or self.spec.flops["fp32"]
+        return peak * MATMUL_EFFICIENCY
+
+    @property
+    def memory_bandwidth(self) -> float:
+        if self.profile is not None and self.profile.memory_bandwidth:
+            return self.profile.memory_bandwidth
+        return self.spec.memory_bandwidth * MEMORY_EFFICIENCY
+
+    @property
+    def op_overhead_s(self) -> float:
+        if self.profile is not None and self.profile.op_overhead_s is not None:
+            return self.profile.op_overhead_s
+        return self.spec.op_overhead_s
+
+    @property
+    def dtensor_op_overhead_s(self) -> float:
+        """Calibrated only (GPUs hide host time behind their kernels; uncalibrated CPUs get none)."""
+        return (self.profile.dtensor_op_overhead_s or 0.0) if self.profile is not None else 0.0
+
+    @property
+    def selective_op_overhead_s(self) -> float:
+        """Calibrated only, as `dtensor_op_overhead_s`."""
+        return (self.profile.selective_op_overhead_s or 0.0) if self.profile is not None else 0.0
+
+    @property
+    def ranks_per_core(self) -> float:
+        """CPU ranks time-share the host's cores: how many ranks each core serves (1 on GPUs, or unknown cores)."""
+        cores = self.device.cores
+        if self.device.kind != "cpu" or not cores:
+            return 1.0
+        return max(1.0, self.per_node / cores)
+
+    def crosses_nodes(self, group_size: int, stride: int) -> bool:
+        return self.nodes > 1 and group_size * stride > self.per_node
+
+    def comm_seconds(self, op: str, bytes_per_call: int, calls: int, group_size: int, stride: int = 1) -> float:
+        """Time of `calls` calls of `op` on a group of `group_size` ranks `stride` apart."""
+        if calls <= 0 or bytes_per_call <= 0 or group_size <= 1:
+            return 0.0
+        factor = busbw_factor(op, group_size)
+        inter = self.crosses_nodes(group_size, stride)
+        if self.profile is not None and not inter:
+            busbw = self.profile.busbw(P2P_OPS.get(op, op), bytes_per_call)
+            if busbw:
+                return calls * bytes_per_call * factor / busbw
+        link = self.spec.inter_node_bandwidth if inter else self.spec.intra_node_bandwidth
+        latency = LATENCY_S["inter" if inter else "intra"]
+        return calls * (latency + bytes_per_call * factor / (link * LINK_EFFICIENCY))
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes one rank may plan to use: the device's, or on CPU the host's split over its ranks."""
+        memory = self.device.memory_bytes or self.spec.memory_bytes
+        if self.device.kind == "cpu":
+            memory //= max(self.per_node, 1)
+        return int(memory * USABLE_MEMORY)
+
+
+def hardware_for(
+    catalogue_spec: DeviceSpec, *, profile: HardwareProfile | None = None, nodes: int = 1, devices_per_node: int | None = None
+) -> Hardware:
+    """A `Hardware`; a CPU profile's ranks are the node (they share one host)."""
+    if profile is not None and profile.device.kind == "cpu" and devices_per_node is None:
+        devices_per_node = profile.world_size
+    return Hardware(spec=catalogue_spec, profile=profile, nodes=nodes, devices_per_node=devices_per_node)
+
+
+# ---- the step-time estimate ----
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The rank's share of one step, for the compute estimate (the busiest rank: a pipeline's last stage)."""
+
+    tokens: int
+    """Tokens through one forward on this rank."""
+    forwards: int
+    """Forwards per optimizer step (accumulation micro-steps × pipeline micro-batches)."""
+    layers: int
+    context: int
+    """Keys each query attends to (the whole sequence, under ring attention too)."""
+    tp: int
+    ep: int
+    head: bool
+
+
+def layout(job: ResolvedJob) -> Layout:
+    """From the descriptor's mesh: tokens per forward, forwards per step, blocks and splits of the busiest rank."""
+    dims = {d.name: d.size for d in job.mesh}
+    pp, cp = dims.get("pp", 1), dims.get("cp", 1)
+    microbatches = getattr(job.options, "microbatches", None) if pp > 1 else None
+    m = microbatches if isinstance(microbatches, int) and microbatches > 0 else 1
+    sequences = max(job.micro_batch_size // m, 1)
+    return Layout(
+        tokens=sequences * job.model.seq_len // cp,
+        forwards=job.accum_steps * m,
+        layers=job.model.num_layers // pp,
+        context=job.model.seq_len,
+        tp=dims.get("tp", 1),
+        ep=dims.get("ep", 1),
+        head=True,
+    )
+
+
+@dataclass(frozen=True)
+class StepTimeEstimate:
+    """One rank's step, by part (seconds); `step_s` is what tokens/s divides."""
+
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    optimizer_s: float
+    step_s: float
+    tokens_per_s: float
+    calibrated: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _gemm(hw: Hardware, precision: str, m: int, k: int, n: int) -> float:
+    """Forward seconds of (m×k)@(k×n)."""
+    return 2 * m * n * k / hw.matmul_flops(precision, m, n, k) if m and n and k else 0.0
+
+
+def _block_parts(job: ResolvedJob, hw: Hardware, lay: Layout) -> tuple[float, float, float]:
+    """One block's forward on this rank: (weight GEMMs, attention core, memory-bound) seconds."""
+    cfg, precision, t, tp = job.model, job.workload.precision, lay.tokens, lay.tp
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    gemms = 3 * _gemm(hw, precision, t, h, h // tp) + _gemm(hw, precision, t, h // tp, h)
+    if cfg.is_moe:
+        local_experts = max(cfg.num_experts // lay.ep, 1)
+        rows = max(t * cfg.top_k // local_experts, 1)
+        gemms += _gemm(hw, precision, t, h, cfg.num_experts)
+        gemms += local_experts * (2 * _gemm(hw, precision, rows, h, f) + _gemm(hw, precision, rows, f, h))
+        width = f * cfg.top_k
+    else:
+        gemms += 2 * _gemm(hw, precision, t, h, f // tp) + _gemm(hw, precision, t, f // tp, h)
+        width = f // tp
+    heads = max(cfg.num_heads // tp, 1)
+    attention = 0.5 * heads * 2 * _gemm(hw, precision, t, cfg.head_dim, lay.context)  # QKᵀ and PV, causal half
+    a, b = ELEMENTWISE_ACCESSES
+    memory = t * (a * h + b * width) * activation_dtype_bytes(precision) / hw.memory_bandwidth
+    return gemms, attention, memory
+
+
+def _recomputed_blocks(mode: str, layers: int) -> float:
+    return {"full": layers, "alternate": math.ceil(layers / 2)}.get(mode, 0)
+
+
+def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None) -> float:
+    """Forward, backward and recomputation of one optimizer step on the busiest rank."""
+    lay = lay or layout(job)
+    cfg, wl = job.model, job.workload
+    precision, mode = wl.precision, wl.activation_checkpointing
+    gemms, attention, memory = _block_parts(job, hw, lay)
+    block = gemms + attention + memory
+    forward = lay.layers * block
+    if lay.head:
+        vocab = cfg.vocab_size // lay.tp
+        forward += _gemm(hw, precision, lay.tokens, cfg.hidden_size, vocab)
+        forward += lay.tokens * vocab * 4 * 3 / hw.memory_bandwidth  # fp32 logits: softmax, loss
+    recompute = _recomputed_blocks(mode, lay.layers) * block
+    if mode == "selective":
+        recompute = lay.layers * (attention + memory)
+    ops = OPS_PER_LAYER * lay.layers * (1 + BACKWARD_OPS + (1 if mode != "none" else 0)) * hw.op_overhead_s
+    if mode == "selective":  # the policy's caching mode sees every op of the block
+        ops += OPS_PER_LAYER * lay.layers * hw.selective_op_overhead_s
+    if lay.tp > 1:
+        ops += DTENSOR_OPS_PER_LAYER * lay.layers * 3 * hw.dtensor_op_overhead_s
+    casts = 0.0
+    if precision != "fp32":  # autocast casts every weight it multiplies, in each forward (and recompute)
+        casts = _local_params(job) * 6 * (2 if mode in ("full", "alternate") else 1) / hw.memory_bandwidth
+    per_forward = 3 * forward + recompute + ops + casts
+    return lay.forwards * per_forward
+
+
+_LOCAL_PARAMS: dict[str, int] = {}
+"""Parameter elements on the busiest rank, by (strategy, world size, options, model): a ranking asks
+for the same split under every recipe."""
+
+
+def _local_params(job: ResolvedJob) -> int:
+    key = f"{job.strategy}|{job.world_size}|{job.spec.strategy.options}|{job.model.model_dump_json()}"
+    if key not in _LOCAL_PARAMS:
+        if len(_LOCAL_PARAMS) > 4096:
+            _LOCAL_PARAMS.clear()
+        _LOCAL_PARAMS[key] = max(job.descriptor.param_elements_per_rank(job))
+    return _LOCAL_PARAMS[key]
+
+
+def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
+    """AdamW over the rank's parameters (and the accumulation adds into the grads)."""
+    local = _local_params(job)
+    tensors = 3 + job.model.num_layers * (10 if job.model.is_moe else 9)  # len(model_tensors(model)), without listing them
+    accumulate = (job.accum_steps - 1) * local * 12
+    return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
+
+
+def estimate_step_time(job: ResolvedJob, hw: Hardware) -> StepTimeEstimate:
+    """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md)."""
+    compute = compute_seconds(job, hw)
+    comm = exposed = hidden_want = 0.0
+    overlap_ok = hw.spec.comm_overlap
+    for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:
+        seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, item.stride)
+        if item.op == "recv":
+            continue  # a P2P transfer is timed once, on its send
+        comm += seconds
+        share = item.overlap * overlap_ok
+        exposed += seconds * (1 - share)
+        hidden_want += seconds * share
+    exposed += max(0.0, hidden_want - compute)
+    bubble_fraction = job.descriptor.bubble_fraction(job) or 0.0
+    busy = compute + exposed
+    # The critical path — (m+p−1) micro-batch slots of a stage — at the stage's own speed. CPU ranks
+    # that outnumber the cores run at the calibrated, time-shared rate only while all are busy: an
+    # idle stage hands its core to the others, so the pipeline is bound by the larger of the
+    # shared work and the critical path at the unshared speed (1/ranks_per_core of the shared time).
+    critical = busy / hw.ranks_per_core / (1 - bubble_fraction) if bubble_fraction < 1 else busy
+    bubble = max(0.0, critical - busy)
+    optimizer = optimizer_seconds(job, hw)
+    step = busy + bubble + optimizer
+    return StepTimeEstimate(
+        compute_s=compute,
+        comm_s=comm,
+        exposed_comm_s=exposed,
+        bubble_s=bubble,
+        optimizer_s=optimizer,
+        step_s=step,
+        tokens_per_s=job.tokens_per_step / step if step > 0 else 0.0,
+        calibrated=hw.calibrated,
+    )
+
+
+# ---- how well a prediction ranked what was measured ----
+
+
+def ranks_of(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on the ranks, ties averaged); None under 3 pairs or with no spread."""
+    if len(xs) != len(ys) or len(xs) < 3:
+        return None
+    rx, ry = ranks_of(xs), ranks_of(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sx = math.sqrt(sum((r - mx) ** 2 for r in rx))
+    sy = math.sqrt(sum((r - my) ** 2 for r in ry))
+    if sx == 0 or sy == 0:
+        return None
+    return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)

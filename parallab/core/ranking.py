@@ -1,0 +1,257 @@
+"""The ranking of every configuration of a workload on a cluster (`parallab plan --device`,
+`GET /api/v1/plan?mode=rank`, `/plan`, sweeps; docs/planner.md).
+
+Every strategy with its options (`STRATEGY_GRID`) × precision × recomputation × accumulation is
+resolved with `resolve_job` (its SpecErrors are a rejection's reasons), its memory per rank
+predicted (`prediction.predict`: model state + activations) against the device's usable memory,
+the device asked whether it can train in the precision (`hardware.precision_problem`), and its
+step time estimated (`planner.estimate_step_time`). Those that fit are listed fastest predicted
+first; the others with every reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import product
+from typing import Any
+
+from pydantic import ValidationError
+
+from parallab.core.hardware import precision_problem
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.model import PRESETS
+from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time
+from parallab.core.prediction import predict
+from parallab.core.problems import SpecError
+from parallab.core.recipes import micro_batch_size
+from parallab.core.spec import JobSpec
+
+STRATEGY_GRID: dict[str, list[dict[str, Any]]] = {
+    "ddp": [{}],
+    "fsdp": [{"reshard_after_forward": True}, {"reshard_after_forward": False}],
+    "tp": [{"sequence_parallel": False}, {"sequence_parallel": True}],
+    "pp": [{"schedule": s, "microbatches": k} for s in ("1f1b", "gpipe") for k in (1, 2, 4)],
+    "ring": [{"zigzag": False}, {"zigzag": True}],
+    "moe": [{}],
+    "hybrid": [{"tp": t, "sequence_parallel": sp} for t in (2, 4, 8, 16) for sp in (False, True)],
+}
+"""The options each strategy is planned with (pp's `microbatches` and hybrid's `tp` as multiples
+of the stages / as degrees; candidates that break a rule are rejected with the rule's reason)."""
+DEFAULT_PRECISIONS = ("fp32", "bf16", "fp8")
+"""fp16 runs at bf16's speed on every device the catalogue knows: ask for it by name (`--precision fp16`)."""
+DEFAULT_CHECKPOINTING = ("none", "selective", "alternate", "full")
+DEFAULT_ACCUMULATION = (1, 2, 4)
+
+
+@dataclass
+class PlanRow:
+    """One configuration of the workload on the cluster: its dimensions, prediction and verdict."""
+
+    spec: dict[str, Any]
+    strategy: str
+    options: dict[str, Any]
+    mesh: dict[str, int]
+    precision: str
+    activation_checkpointing: str
+    grad_accumulation_steps: int
+    microbatches: int | None
+    micro_batch_size: int | None
+    memory_per_rank_bytes: int | None = None
+    model_state_bytes: int | None = None
+    activation_bytes: int | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    estimate: dict[str, Any] | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    @property
+    def label(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if k != "microbatches")
+        world = self.spec.get("strategy", {}).get("world_size", 1)
+        dims = " × ".join(f"{k}{v}" for k, v in self.mesh.items() if v > 1) or f"×{world}"
+        return f"{self.strategy}[{opts}] {dims}" if opts else f"{self.strategy} {dims}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fits": self.fits, "label": self.label}
+
+
+@dataclass
+class Ranking:
+    hardware: str
+    world_size: int
+    workload: dict[str, Any]
+    fits: list[PlanRow]
+    rejected: list[PlanRow]
+
+    def as_dict(self, *, top: int | None = None) -> dict[str, Any]:
+        return {
+            "hardware": self.hardware,
+            "world_size": self.world_size,
+            "workload": self.workload,
+            "fits": [r.as_dict() for r in self.fits[:top]],
+            "fitting": len(self.fits),
+            "rejected": [r.as_dict() for r in self.rejected],
+            "rejected_by_reason": rejected_by_reason(self.rejected),
+        }
+
+
+MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
+
+
+def candidate_specs(
+    workload: dict[str, Any],
+    world_size: int,
+    *,
+    strategies: Iterable[str] | None = None,
+    precisions: Iterable[str] = DEFAULT_PRECISIONS,
+    checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
+    accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
+) -> list[dict[str, Any]]:
+    """Every (strategy, options, precision, recomputation, accumulation) of `workload` on `world_size` ranks, as raw specs.
+
+    `single` only on one rank; `moe` only for a model with experts (on a dense preset it would
+    train another model); a pipeline's micro-batch counts are multiples of its stages.
+    """
+    preset = PRESETS.get(str(workload.get("model")))
+    is_moe = bool(workload.get("num_experts") or (preset is not None and preset.config.num_experts))
+    names = list(strategies) if strategies is not None else list(STRATEGY_GRID)
+    out = []
+    if world_size == 1:
+        names = ["single"]
+    for name in names:
+        if name == "moe" and not is_moe:
+            continue
+        grid = [{}] if name == "single" else STRATEGY_GRID.get(name, [{}])
+        for options in grid:
+            opts = dict(options)
+            if name == "pp":
+                opts["microbatches"] = opts["microbatches"] * world_size
+            for precision, mode, accum in product(precisions, checkpointing, accumulation):
+                out.append(
+                    {
+                        "workload": {
+                            **workload,
+                            "precision": precision,
+                            "activation_checkpointing": mode,
+                            "grad_accumulation_steps": accum,
+                        },
+                        "strategy": {"name": name, "world_size": world_size, "options": opts},
+                    }
+                )
+    return out
+
+
+def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
+    wl, st = raw["workload"], raw["strategy"]
+    mesh = {d: 1 for d in MESH_DIMS}
+    micro = None
+    if job is not None:
+        mesh.update({d.name: d.size for d in job.mesh})
+        micro = micro_batch_size(job)
+    return PlanRow(
+        spec=raw,
+        strategy=st["name"],
+        options=dict(st.get("options") or {}),
+        mesh=mesh,
+        precision=str(wl.get("precision", "fp32")),
+        activation_checkpointing=str(wl.get("activation_checkpointing", "none")),
+        grad_accumulation_steps=int(wl.get("grad_accumulation_steps", 1)),
+        microbatches=(st.get("options") or {}).get("microbatches"),
+        micro_batch_size=micro,
+    )
+
+
+def evaluate(raw: dict[str, Any], hw: Hardware) -> PlanRow:
+    """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time."""
+    try:
+        job = resolve_job(JobSpec.model_validate(raw), Limits())
+    except SpecError as exc:
+        row = _row(raw, None)
+        row.reasons = [str(p) for p in exc.problems]
+        return row
+    except ValidationError as exc:
+        row = _row(raw, None)
+        row.reasons = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        return row
+    row = _row(raw, job)
+    row.spec = job.spec.model_dump(mode="json", exclude_none=True)
+    if job.world_size > hw.devices:
+        row.reasons.append(f"strategy.world_size: {job.world_size} ranks but the cluster has {hw.devices} devices")
+    problem = precision_problem(job.workload.precision, hw.device)
+    if problem:
+        row.reasons.append(f"workload.precision: {problem}")
+    prediction = predict(job)
+    state = sum(prediction["model_state_bytes_per_rank"].values())
+    activations = int(prediction.get("activation_bytes_per_rank") or 0)
+    row.model_state_bytes, row.activation_bytes, row.memory_per_rank_bytes = state, activations, state + activations
+    budget = hw.memory_budget
+    if state + activations > budget:
+        row.reasons.append(
+            f"memory: needs {gib(state + activations)} per rank (model state {gib(state)}, activations {gib(activations)}); "
+            f"{hw.spec.name} gives a rank {gib(budget)} ({USABLE_MEMORY:.0%} of its memory)"
+        )
+    estimate = estimate_step_time(job, hw)
+    row.step_time_s, row.tokens_per_s, row.estimate = estimate.step_s, estimate.tokens_per_s, estimate.as_dict()
+    return row
+
+
+def rank(specs: Sequence[dict[str, Any]], hw: Hardware, *, workload: dict[str, Any] | None = None, world_size: int = 0) -> Ranking:
+    """Evaluate every candidate; those that fit, fastest first, and those that don't, with why."""
+    rows = [evaluate(raw, hw) for raw in specs]
+    fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
+    rejected = [r for r in rows if not r.fits]
+    return Ranking(hardware=hw.label, world_size=world_size, workload=workload or {}, fits=fits, rejected=rejected)
+
+
+def plan_cluster(
+    workload: dict[str, Any],
+    hw: Hardware,
+    *,
+    world_size: int | None = None,
+    strategies: Iterable[str] | None = None,
+    precisions: Iterable[str] = DEFAULT_PRECISIONS,
+    checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
+    accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
+) -> Ranking:
+    """Rank every configuration of `workload` on all of `hw`'s devices (or `world_size` of them).
+
+    Without a global batch in the workload, the preset's is rounded up to a multiple of the world
+    size, so every data-parallel degree can split it (the same batch for every candidate).
+    """
+    world = world_size or hw.devices
+    wl = dict(workload)
+    if not wl.get("global_batch_size") and wl.get("model") in PRESETS:
+        preset = PRESETS[str(wl["model"])].global_batch_size
+        wl["global_batch_size"] = -(-preset // world) * world
+    specs = candidate_specs(wl, world, strategies=strategies, precisions=precisions, checkpointing=checkpointing, accumulation=accumulation)
+    return rank(specs, hw, workload=wl, world_size=world)
+
+
+def rejected_by_reason(rows: Iterable[PlanRow]) -> list[dict[str, Any]]:
+    """The rejections grouped by the kind of reason (the field it names), most common first."""
+    groups: dict[str, list[PlanRow]] = {}
+    for row in rows:
+        for reason in row.reasons:
+            key = reason.split(":", 1)[0]
+            groups.setdefault(key, []).append(row)
+    out = []
+    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        example = members[0]
+        out.append(
+            {
+                "field": key,
+                "count": len(members),
+                "example": example.label,
+                "reason": next(r for r in example.reasons if r.startswith(key)),
+            }
+        )
+    return out
+
+
+def gib(n: float) -> str:
+    return f"{n / 1024**3:.1f} GiB"

@@ -1,0 +1,101 @@
+"""The recipe dimensions every strategy takes — precision, activation recomputation, gradient
+accumulation, micro-batch size — and what each is checked against.
+
+Every run's loss is held against the fp32 reference: the `single` run of the same workload and
+seed in fp32, without recomputation or accumulation (`reference_workload`). The tolerance of
+that check depends on the format (`LOSS_TOLERANCE`, stated in docs/recipes.md):
+
+- fp32: a strategy, recomputation or accumulation changes only the order of floating-point sums.
+  Recomputation re-runs the same kernels on the same inputs, so it is bitwise equal to none;
+  accumulation sums the micro-steps' gradients where the reference takes one mean of the whole
+  batch — the same numbers added in another order, about 1e-7 relative (fp32's epsilon is
+  1.2e-7) — and data parallelism likewise (its all-reduce sums in another order).
+- bf16/fp16 autocast: matmuls round their inputs to 8 (bf16) or 11 (fp16) significant bits;
+  after a few AdamW steps the loss drifts from fp32 by a few 1e-3 (measured, docs/recipes.md).
+- fp8: tensorwise-scaled e4m3/e5m2 matmuls (torchao) drift further; its bound is torchao's
+  reported loss parity with bf16 and is untested here (no Hopper GPU on this machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from parallab.core.problems import SpecProblem
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+    from parallab.core.strategies.base import StrategyDescriptor
+
+LOSS_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 1e-2, "fp8": 1e-1}
+"""Max relative loss difference from the fp32 reference, per precision (see the module docstring)."""
+ACCUMULATION_TOLERANCE = 1e-6
+"""fp32 accumulation against none: the same sums in another order (a few ulps of fp32)."""
+RECIPE_DEFAULTS: dict[str, Any] = {"precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1}
+"""The recipe of the reference run."""
+FP8_STRATEGIES_REFUSED = ("tp", "hybrid")
+"""fp8 with tensor parallelism needs torchao's Float8 TP styles in the TP plan; not wired yet."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One recipe dimension as the leaderboard filters, the compare page groups and "vary one thing" offers it."""
+
+    name: str
+    label: str
+    choices: tuple[str, ...]
+    """The values offered ("" for a free number)."""
+    workload_field: bool
+    """True: a workload field of the spec; False: derived (micro-batch size)."""
+
+
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("precision", "Precision", ("fp32", "bf16", "fp16", "fp8"), True),
+    Dimension("activation_checkpointing", "Recomputation", ("none", "selective", "alternate", "full"), True),
+    Dimension("grad_accumulation_steps", "Accumulation", ("1", "2", "4", "8"), True),
+    Dimension("micro_batch_size", "Micro-batch", (), False),
+)
+DIMENSION_NAMES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS)
+
+
+def loss_tolerance(precision: str) -> float:
+    """The relative loss tolerance against the fp32 reference for `precision`."""
+    return LOSS_TOLERANCE.get(precision, LOSS_TOLERANCE["fp8"])
+
+
+def reference_workload(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload of the fp32 reference: the same, with the recipe at its defaults."""
+    return {**workload, **RECIPE_DEFAULTS}
+
+
+def micro_batch_size(job: ResolvedJob) -> int:
+    """Sequences one rank runs through one forward: the accumulation micro-step's share of its
+    replica, cut again into the pipeline's micro-batches under pp."""
+    pipeline = getattr(job.options, "microbatches", None)
+    per_step = job.micro_batch_size
+    return max(per_step // pipeline, 1) if isinstance(pipeline, int) and pipeline > 0 else per_step
+
+
+def recipe_of(job: ResolvedJob) -> dict[str, Any]:
+    """Every recipe dimension of a resolved job (what the run row stores for filtering)."""
+    wl = job.workload
+    return {
+        "precision": wl.precision,
+        "activation_checkpointing": wl.activation_checkpointing,
+        "grad_accumulation_steps": int(wl.grad_accumulation_steps),
+        "micro_batch_size": micro_batch_size(job) if job.trains else None,
+    }
+
+
+def recipe_problems(descriptor: StrategyDescriptor[Any], precision: str) -> list[SpecProblem]:
+    """Recipe rules that depend on the strategy, not on the device (the device's are `hardware.precision_problem`)."""
+    if precision == "fp8" and descriptor.trains and descriptor.name in FP8_STRATEGIES_REFUSED:
+        return [
+            SpecProblem(
+                ("workload", "precision"),
+                f"fp8 with {descriptor.name} needs torchao's Float8 tensor-parallel styles, which are not wired yet; "
+                "use bf16, or fp8 with single, ddp, fsdp, pp, ring or moe",
+            )
+        ]
+    return []

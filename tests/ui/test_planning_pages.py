@@ -1,0 +1,111 @@
+"""Issue 14's pages: the ranking form, sweeps (form, page, cancel), "vary one thing" on a run page,
+and the leaderboard's and compare page's recipe filters and grouping."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from backend.models import Run
+from backend.services.ingest import attach_result
+from parallab.core.result import ResultDocument
+from tests.ui.factories import make_document, store_run
+from tests.ui.test_pages import csrf_token
+
+
+def test_the_plan_page_ranks_what_fits_and_lists_why_the_rest_dont(client):
+    page = client.get("/plan", params={"model": "llama-8b", "device": "h100", "nodes": 2, "gpus_per_node": 8, "top": 10})
+    assert page.status_code == 200
+    rows = re.findall(r'<tr data-strategy="(\w+)">', page.text)
+    assert len(rows) == 10
+    assert 'id="rejected-table"' in page.text and "memory: needs" in page.text
+    bad = client.get("/plan", params={"device": "h900"})
+    assert bad.status_code == 200 and "unknown device &#39;h900&#39;" in bad.text
+
+
+def test_a_sweep_from_the_form_has_a_page_with_the_comparison_and_can_be_cancelled(client, session_factory):
+    token = csrf_token(client)
+    assert client.get("/sweeps/new").status_code == 200
+    form = {
+        "csrf_token": token,
+        "model": "tiny",
+        "world_size": "2",
+        "top": "3",
+        "controls": "1",
+        "steps": "2",
+        "precisions": "fp32",
+        "checkpointing": ["none", "full"],
+        "accumulation": "1",
+    }
+    created = client.post("/sweeps/new", data=form, follow_redirects=False)
+    assert created.status_code == 303, created.text
+    url = created.headers["location"]
+    sweep_id = url.rsplit("/", 1)[-1]
+    with session_factory() as session:
+        runs = session.query(Run).filter(Run.sweep_id == sweep_id).order_by(Run.created_at).all()
+        assert len(runs) == 4
+        for run, tps in zip(runs[:3], (9000.0, 8000.0, 7000.0), strict=True):
+            attach_result(session, run=run, document=make_document(strategy=run.strategy, world_size=2, tokens_per_s=tps))
+        session.commit()
+    page = client.get(url)
+    assert page.status_code == 200
+    assert 'id="spearman"' in page.text and 'id="sweep-table"' in page.text and 'id="cancel-sweep"' in page.text
+    figure = json.loads(re.search(r'<script type="application/json" id="fig-throughput">(.*?)</script>', page.text, re.S).group(1))
+    names = [trace.get("name") for trace in figure["data"]]
+    assert "ideal (measured = predicted)" in names and "top predicted" in names
+    assert "Spearman ρ" in json.dumps(figure["layout"]["annotations"], ensure_ascii=False)
+    cancelled = client.post(f"/sweeps/{sweep_id}/cancel", data={"csrf_token": token}, follow_redirects=False)
+    assert cancelled.status_code == 303
+    with session_factory() as session:
+        assert session.query(Run).filter(Run.sweep_id == sweep_id, Run.status == "cancelled").count() == 1
+    assert client.get("/sweeps").status_code == 200 and sweep_id in client.get("/sweeps").text
+    refused = client.post("/sweeps/new", data={**form, "world_size": "64"})
+    assert refused.status_code == 422 and "above this worker&#39;s limit" in refused.text
+
+
+def test_vary_one_thing_submits_the_same_job_with_one_change_and_opens_the_comparison(client, session_factory):
+    token = csrf_token(client)
+    created = client.post(
+        "/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "3"}, follow_redirects=False
+    )
+    run_id = created.headers["location"].rsplit("/", 1)[-1]
+    page = client.get(f"/runs/{run_id}")
+    assert 'id="vary-form"' in page.text
+    varied = client.post(f"/runs/{run_id}/vary", data={"csrf_token": token, "field": "precision", "value": "bf16"}, follow_redirects=False)
+    assert varied.status_code == 303
+    location = varied.headers["location"]
+    assert location.startswith(f"/compare?ids={run_id},") and location.endswith(f"&baseline={run_id}")
+    new_id = location.split(",")[1].split("&")[0]
+    with session_factory() as session:
+        old, new = session.get(Run, run_id), session.get(Run, new_id)
+        assert new.precision == "bf16" and old.precision == "fp32"
+        assert {k: v for k, v in new.spec["workload"].items() if k != "precision"} == {
+            k: v for k, v in old.spec["workload"].items() if k != "precision"
+        }
+        assert new.spec["strategy"] == old.spec["strategy"]
+    bad = client.post(f"/runs/{run_id}/vary", data={"csrf_token": token, "field": "grad_accumulation_steps", "value": "3"})
+    assert bad.status_code == 422 and "not divisible" in bad.text
+    assert client.post(f"/runs/{run_id}/vary", data={"csrf_token": token + "x", "field": "precision", "value": "bf16"}).status_code == 403
+
+
+def test_leaderboard_and_compare_filter_and_group_by_recipe(client, session_factory):
+    with session_factory() as session:
+        docs = {}
+        for precision, tps in (("fp32", 5000.0), ("bf16", 7000.0)):
+            doc = make_document(strategy="ddp", world_size=2, model="small", tokens_per_s=tps, name=f"small {precision}").model_dump(
+                mode="json"
+            )
+            doc["workload"]["precision"] = precision
+            docs[precision] = store_run(session, ResultDocument.model_validate(doc)).id
+    strict = client.get("/leaderboard.json", params={"model": "small", "runs": "all"}).json()["items"]
+    assert {r["rank"] for r in strict} == {1}, "by default a recipe is its own group"
+    shape = client.get("/leaderboard.json", params={"model": "small", "runs": "all", "group": "shape"}).json()["items"]
+    assert [(r["precision"], r["rank"]) for r in shape] == [("bf16", 1), ("fp32", 2)], "across recipes: bf16 and fp32 compete"
+    only = client.get("/leaderboard.json", params={"model": "small", "precision": "bf16"}).json()["items"]
+    assert [r["id"] for r in only] == [docs["bf16"]]
+    page = client.get("/leaderboard", params={"group": "precision", "model": "small"})
+    assert page.status_code == 200 and "precision = bf16" in page.text
+    compare = client.get("/compare", params={"ids": f"{docs['fp32']},{docs['bf16']}", "group": "precision"})
+    assert compare.status_code == 200 and compare.text.index(docs["bf16"][:6]) < compare.text.index(docs["fp32"][:6])
+    filtered = client.get("/compare", params={"ids": f"{docs['fp32']},{docs['bf16']}", "precision": "fp32"})
+    assert 'id="filtered-out"' in filtered.text and f"/runs/{docs['bf16']}" not in filtered.text
