@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from backend.db import get_sessionmaker
 from backend.services import auth
 from backend.services.auth import ANONYMOUS, LOCAL, Forbidden, Principal
 from backend.services.tokens import TokenError, token_principal
+from parallab.core.bounds import INT32_MAX
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SESSION_COOKIE = "parallab_session"
@@ -41,6 +42,8 @@ def get_session(settings: SettingsDep) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+RowId = Annotated[int, Path(ge=1, le=INT32_MAX, description="A row's integer id (32-bit).")]
+"""An integer id in a URL path: bounded to its column, so 2**80 is a 422, never a database error."""
 
 
 BEARER = HTTPBearer(auto_error=False, description="An API token (`parallab token create`, or the Tokens page).")

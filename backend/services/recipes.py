@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from parallab.core.bounds import INT32_MAX
 from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.recipes import DIMENSIONS, micro_batch_size, recipe_of
@@ -35,7 +36,7 @@ def recipe_columns(workload: dict[str, Any], strategy: dict[str, Any]) -> dict[s
     columns: dict[str, Any] = {
         "precision": str(workload.get("precision") or "fp32")[:8],
         "activation_checkpointing": str(workload.get("activation_checkpointing") or "none")[:16],
-        "grad_accumulation_steps": int(workload.get("grad_accumulation_steps") or 1),
+        "grad_accumulation_steps": _column_int(workload.get("grad_accumulation_steps", 1)),
         "micro_batch_size": None,
     }
     try:
@@ -45,6 +46,14 @@ def recipe_columns(workload: dict[str, Any], strategy: dict[str, Any]) -> dict[s
     if job.trains:
         columns["micro_batch_size"] = micro_batch_size(job)
     return columns
+
+
+def _column_int(value: Any) -> int | None:
+    """An uploaded workload's integer as its INTEGER column holds it; anything else (a string, a
+    float, beyond 32 bits) is left out of the column, the document keeps what was stated."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX:
+        return value
+    return None
 
 
 def job_columns(job: ResolvedJob) -> dict[str, Any]:

@@ -57,8 +57,8 @@ class SweepRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, max_length=200)
-    workload: dict[str, Any] = Field(
-        default_factory=lambda: {"model": "small"},
+    workload: Workload = Field(
+        default_factory=lambda: Workload(model="small"),
         description="The workload (a job spec's, minus the recipe the sweep varies): model, shape overrides, global_batch_size, seed.",
     )
     world_size: int = Field(4, ge=1, le=1 << 16)
@@ -111,7 +111,7 @@ def create_sweep(
 ) -> Sweep:
     """Plan, store the sweep and its runs in one transaction, commit, then enqueue each run (each
     run recorded as `user_id`'s, checked as its own submission would be)."""
-    workload = Workload.model_validate({**request.workload}).model_dump(exclude_none=True)
+    workload = request.workload.model_dump(exclude_none=True)
     for recipe in ("precision", "activation_checkpointing", "grad_accumulation_steps", "steps"):
         workload.pop(recipe, None)
     if request.world_size > settings.max_world_size:

@@ -101,6 +101,10 @@ def summary_inputs(document: ResultDocument) -> SummaryInputs:
     )
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _tolerance(field: str) -> Tolerance:
     return SUMMARY_TOLERANCES.get(field, BYTES if "bytes" in field else FLOAT)
 
@@ -151,7 +155,7 @@ def check_summary(document: ResultDocument) -> CheckedSummary:
             tokens_per_step=inputs.tokens_per_step or 0,
             samples_per_step=inputs.samples_per_step or 0,
             flops_per_token=inputs.flops_per_token,
-            device_name=document.hardware.get("device_name"),
+            device_name=_text(document.hardware.get("device_name")),  # free-form block: may hold anything
             world_size=document.strategy.world_size,
             loss=document.loss.model_dump(mode="json"),
         )

@@ -18,6 +18,8 @@ from sqlalchemy import func, select
 
 from backend.db import session_scope
 from backend.models import CommMetric, RankMetric, Run
+from parallab.core.checks import check_summary
+from parallab.core.result import ResultDocument
 from tests.backend.test_api_results import token
 from tests.ui.factories import make_document
 
@@ -41,14 +43,17 @@ def full_document() -> dict[str, Any]:
     doc["strategy"]["options"] = {"aux_loss_coef": 0.01}
     doc["flags"] = [{"metric": "comm_bytes_per_step.all_to_all", "predicted": 10.0, "measured": 20.0, "rel_gap": 1.0}]
     doc["collectives"] = [{"op": "all_reduce", "size_bytes": 1024, "time_s": 0.001, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]
-    doc["summary"].update(wire_bytes_per_step={"all_to_all": 10}, exposed_comm_fraction=0.1, extra_metric=1.0)
-    doc["summary"]["gradient_check"] = {"passed": True, "tolerance": 1e-3, "max_rel_err": 1e-5, "worst_param": "w", "params_checked": 3}
     doc["prediction"].update(activation_bytes_per_rank=100, bubble_fraction=0.0, extra_prediction=1)
     rank = doc["ranks"][0]
     rank.update(memory_breakdown={"params": 1, "activations": 2}, exposed_comm_time_s=0.01, extra_rank_field="x")
     rank["step_time_breakdown"] = {"compute_s": 0.3, "exposed_comm_s": 0.01, "overlapped_comm_s": 0.02, "idle_s": 0.0, "step_s": 0.31}
+    # The summary as the server recomputes it from these ranks (a stated one that disagrees is refused),
+    # plus fields no rank speaks of, which are kept as stated.
+    doc["summary"] = check_summary(ResultDocument.model_validate(doc)).summary
+    doc["summary"].update(extra_metric=1.0)
+    doc["summary"]["gradient_check"] = {"passed": True, "tolerance": 1e-3, "max_rel_err": 1e-5, "worst_param": "w", "params_checked": 3}
     doc["extra_top_level"] = {"nested": [1, 2.5, "s"]}
-    return doc
+    return json.loads(json.dumps({k: v for k, v in doc.items()}, allow_nan=False))
 
 
 def leaves(node: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:

@@ -76,7 +76,8 @@ def test_a_network_bind_is_not_local_mode_even_through_loopback(tmp_path) -> Non
     try:
         wait_until_serving(proc, base)
         assert httpx.post(f"{base}/api/v1/runs", json=SPEC).status_code == 401
-        assert "not in local mode" in httpx.post(f"{base}/runs/new", data={"strategy": "ddp"}).text
+        form = httpx.post(f"{base}/runs/new", data={"strategy": "ddp"})  # no session: sent to log in, nothing submitted
+        assert form.status_code == 303 and form.headers["location"].startswith("/login"), (form.status_code, form.headers)
         assert httpx.get(f"{base}/api/v1/runs", headers={"host": "parallab.lab.example"}).status_code == 200
     finally:
         stop(proc)

@@ -68,7 +68,7 @@ def run_case(strategy_name: str, recipe: dict[str, Any], rank: int, world: int, 
     ctx = context(job, rank, world)
     strategy = strategies.get(job.strategy)
     applied = strategy.apply(main.new_model(job), ctx, job.options)
-    profiler = measure.StepProfiler(enabled=True, trace=False, rank=rank, world_size=world, out_dir=out_dir, device=ctx.device)
+    profiler = measure.StepProfiler(rank=rank, world_size=world, out_dir=out_dir, device=ctx.device)
     result = loop.train(
         applied=applied, strategy=strategy, options=job.options, ctx=ctx, job=job, progress=loop.Progress(None, False), profiler=profiler
     )

@@ -5,11 +5,8 @@ calibrate job kind; fp8 refused by the device.
 
 The recipe grid runs in ONE 2-rank launch (recipes_driver.py) to keep the suite fast.
 
-Memory: until the measurement issue's `memory_breakdown` lands, the result document's
-`peak_allocated_bytes` (the profiler's "Total Allocated" on CPU) is asserted for direction only,
-and the activation ratios are read from the driver's own MemTracker step — the measurement that
-`memory_breakdown.activations` will carry. At merge the ratio test switches to reading it from the
-documents, and selective/alternate join bf16/full once the prediction counts them per mode.
+Memory: the activation ratios are read from the driver's own MemTracker step, the same
+measurement a run's `memory_breakdown.activations` carries.
 """
 
 from __future__ import annotations
@@ -75,9 +72,10 @@ def test_accumulation_matches_no_accumulation_to_fp32_rounding(recipes, strategy
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bf16_and_full_recomputation_shrink_activations_as_predicted(recipes, strategy):
     fp32, bf16, full = (recipes["cases"][f"{strategy}/{r}"] for r in ("fp32", "bf16", "full"))
-    # the document's peak: the direction
-    assert bf16["peak_allocated_bytes"] < fp32["peak_allocated_bytes"]
-    assert full["peak_allocated_bytes"] < fp32["peak_allocated_bytes"]
+    # Not the document's total peak: it now holds parameters, gradients and optimizer state too, and
+    # autocast's bf16 copies of the weights; on `tiny` those outweigh the activations saved (ddp
+    # measured 20.8 MB bf16 against 19.7 MB fp32). The activations are what the recipe changes.
+    assert all(case["peak_allocated_bytes"] > case["activation_bytes"] for case in (fp32, bf16, full))
     # activations: smaller in bf16, smaller still with full recomputation, by about the predicted ratio
     assert full["activation_bytes"] < bf16["activation_bytes"] < fp32["activation_bytes"]
     for recipe in (bf16, full):

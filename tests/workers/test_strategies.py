@@ -112,7 +112,9 @@ def test_throughput_comes_from_unprofiled_steps_only(harness_job):
     long, _ = harness_job("ddp", 2, {}, {"steps": 10})
     assert len(short.loss.values) == 4 and len(long.loss.values) == 10, "the profiled steps are not the run's"
     ratio = short.summary.tokens_per_s / long.summary.tokens_per_s
-    assert 0.6 < ratio < 1.6, (short.summary.tokens_per_s, long.summary.tokens_per_s)
+    # Loose on purpose: on 2 shared cores a 4-step run's few timed steps swing (0.57-0.94 seen);
+    # profiled steps counted in would put it near 0.17.
+    assert 0.35 < ratio < 1.6, (short.summary.tokens_per_s, long.summary.tokens_per_s)
 
 
 def test_an_untraced_run_measures_without_any_profiler(harness_job):

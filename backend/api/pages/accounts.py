@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from backend.api import csrf
-from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, SessionDep, SettingsDep, TokenHolderDep
+from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, RowId, SessionDep, SettingsDep, TokenHolderDep
 from backend.api.pages.rendering import render
 from backend.api.pages.runs import FormDep
 from backend.config import Settings
@@ -147,7 +147,7 @@ def create_token(request: Request, form: FormDep, session: SessionDep, settings:
 
 @router.post("/tokens/{token_id}/revoke")
 def revoke_token(
-    request: Request, token_id: int, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep
+    request: Request, token_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep
 ) -> RedirectResponse:
     check_csrf(request, form.get(csrf.FIELD), settings)
     try:
@@ -196,7 +196,7 @@ def create_user(request: Request, form: FormDep, session: SessionDep, settings: 
 
 @router.post("/users/{user_id}/disable")
 def disable_user(
-    request: Request, user_id: int, form: FormDep, session: SessionDep, settings: SettingsDep, principal: AdminDep
+    request: Request, user_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, principal: AdminDep
 ) -> RedirectResponse:
     """Disable (or, with enable=1, enable again) a user; an admin cannot disable itself."""
     check_csrf(request, form.get(csrf.FIELD), settings)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from backend.api import csrf
-from backend.api.deps import SeriesEditorDep, SessionDep, SettingsDep
+from backend.api.deps import RowId, SeriesEditorDep, SessionDep, SettingsDep
 from backend.api.pages.rendering import render
 from backend.api.pages.runs import FormDep
 from backend.figures import series as series_figs
@@ -69,7 +69,13 @@ def series_page(request: Request, series_id: str, session: SessionDep, settings:
 
 @router.post("/series/{series_id}/alerts/{verdict_id}/dismiss")
 def dismiss(
-    request: Request, series_id: str, verdict_id: int, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SeriesEditorDep
+    request: Request,
+    series_id: str,
+    verdict_id: RowId,
+    form: FormDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: SeriesEditorDep,
 ) -> RedirectResponse:
     """Mark an alert a false positive from the history page."""
     try:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.api.deps import SeriesEditorDep, SessionDep
+from backend.api.deps import RowId, SeriesEditorDep, SessionDep
 from backend.services import series as series_service
 
 router = APIRouter(prefix="/series", tags=["series"])
@@ -54,7 +54,7 @@ def configure_series(series_id: str, update: SeriesConfigUpdate, session: Sessio
 
 
 @router.post("/{series_id}/alerts/{verdict_id}/dismiss")
-def dismiss_alert(series_id: str, verdict_id: int, body: Dismissal, session: SessionDep, principal: SeriesEditorDep) -> dict[str, Any]:
+def dismiss_alert(series_id: str, verdict_id: RowId, body: Dismissal, session: SessionDep, principal: SeriesEditorDep) -> dict[str, Any]:
     """Mark an alert a false positive; the dismissal is kept (and the alert no longer fails `--fail-on-regression` replays)."""
     verdict = series_service.dismiss_alert(session=session, series_id=series_id, verdict_id=verdict_id, principal=principal, note=body.note)
     session.commit()
