@@ -33,4 +33,4 @@ def add_curve(
     }
     insert = sqlite_insert if session.get_bind().dialect.name == "sqlite" else pg_insert
     statement = insert(ReferenceCurve).values(**values).on_conflict_do_nothing(index_elements=["key", "device"])
-    return bool(session.execute(statement).rowcount)  # type: ignore[attr-defined]
+    return session.execute(statement.returning(ReferenceCurve.key)).scalar_one_or_none() is not None
