@@ -10,6 +10,10 @@ part of a multi-node run), which add the database around it:
   puts the job back on its queue;
 - the watch (`workers.watch`): live progress, the lease renewed with this worker's heartbeat,
   cancel, and any other node's fault, which stops every node;
+- the reference (issue 12): before launching, node 0 copies the lab's fp32 reference curve of the
+  job from the database into this host's cache when the host has none; after a successful run it
+  stores the curve the ranks used when the database lacks it (computed, or the host's own), so each
+  workload pays for its reference once per lab, not once per host (`parallab.core.reference`);
 - the end: node 0 merges every node's rank records (the other hosts hand theirs on through the
   database) and stores the result, or the one reason the run failed, in one transaction — fenced:
   a run that meanwhile ended elsewhere (reconciled as lost) is not overwritten.
@@ -36,11 +40,13 @@ from backend.services import workers as fleet
 from backend.services.hardware import latest_profile
 from backend.services.ingest import attach_result
 from backend.services.workers import NotReserved, WorkerInfo
+from backend.store import references as reference_store
 from backend.store import runs as store
 from backend.store import workers as worker_store
 from parallab.core.hardware import HardwareProfile, load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.problems import SpecError
+from parallab.core.reference import cache_path, is_reference, read_cached, reference_job, reference_key, write_cached
 from parallab.core.result import FailureRecord, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
@@ -87,6 +93,62 @@ def failure_reason(run_dir: RunDir, outcome: LaunchOutcome) -> str:
     return f"training process failed: {outcome.reason}{tail}"
 
 
+def reference_cache_dir(settings: Settings) -> Path:
+    """This host's cache of reference curves (the ranks' `--cache-dir`)."""
+    return settings.resolved_home / "cache" / "reference"
+
+
+def prefetch_reference(settings: Settings, job: ResolvedJob, device: str) -> bool:
+    """Before the launch: copy the lab database's reference curve of `job` (computed on `device`)
+    into this host's cache when the host has none. True if it did (the ranks then read it from
+    there). Best effort: without it the ranks compute the curve, as before."""
+    if not job.trains or is_reference(job):
+        return False
+    path = cache_path(reference_cache_dir(settings), job)
+    if read_cached(path) is not None:
+        return False
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            row = reference_store.get_curve(session, reference_key(job), device)
+            curve = [float(x) for x in row.loss] if row is not None else None
+        if curve is None:
+            return False
+        write_cached(path, job, curve)
+    except Exception:
+        log.warning("could not fetch the reference curve of %s from the lab database", reference_key(job), exc_info=True)
+        return False
+    return True
+
+
+def share_reference(
+    settings: Settings, job: ResolvedJob, document: ResultDocument, *, device: str, run_id: str, fetched: bool
+) -> ResultDocument:
+    """After a successful run: name the lab database as the reference's source when `prefetch_reference`
+    put it in the cache; else store the curve the ranks used (computed, the run's own, or the host's
+    cache) unless the database has one already — one transaction, INSERT … ON CONFLICT DO NOTHING.
+    Best effort: the run's result never depends on it."""
+    loss = document.loss
+    if fetched and loss.reference_source == "host cache":
+        return document.model_copy(update={"loss": loss.model_copy(update={"reference_source": "lab database"})})
+    if not job.trains or not loss.reference or loss.reference_source not in ("computed", "own", "host cache"):
+        return document
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            reference_store.add_curve(
+                session,
+                key=reference_key(job),
+                device=device,
+                model=job.workload.model,
+                seed=job.workload.seed,
+                workload=reference_job(job).workload_document(),
+                loss=list(loss.reference),
+                run_id=run_id,
+            )
+    except Exception:
+        log.warning("could not store the reference curve of run %s in the lab database", run_id, exc_info=True)
+    return document
+
+
 def run_and_collect(
     job: ResolvedJob,
     run_dir: Path,
@@ -104,7 +166,7 @@ def run_and_collect(
         files,
         timeout_s=settings.max_job_seconds,
         trace_cap_bytes=settings.max_trace_bytes,
-        cache_dir=settings.resolved_home / "cache" / "reference",
+        cache_dir=reference_cache_dir(settings),
         on_progress=on_progress,
         should_cancel=should_cancel,
     )
@@ -223,7 +285,7 @@ def _run_part(settings: Settings, job: ResolvedJob, run_id: str, node: NodeLaunc
             files,
             timeout_s=settings.max_job_seconds,
             trace_cap_bytes=settings.max_trace_bytes,
-            cache_dir=settings.resolved_home / "cache" / "reference",
+            cache_dir=reference_cache_dir(settings),
             on_progress=watcher.progress,
             should_stop=watcher.should_stop,
             on_start=watcher.started,
@@ -371,6 +433,7 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
                     settings, run_id, me, status="failed", error=f"could not reach node {rank}'s worker: {exc}", document=None, traces={}
                 )
 
+    fetched = prefetch_reference(settings, job, me.device)
     watcher = Watcher(settings, run_id=run_id, node_rank=0, me=me)
     part = _run_part(settings, job, run_id, node, watcher)
     if part.reason is not None:
@@ -400,6 +463,7 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
         log.exception("could not build the result of run %s", run_id)
         error = f"could not build the result document: {exc}\n--- log tail ---\n{part.outcome.log_tail}"
         return _finish_run(settings, run_id, me, status="failed", error=error, document=None, traces={})
+    document = share_reference(settings, job, document, device=me.device, run_id=run_id, fetched=fetched)
     return _finish_run(settings, run_id, me, status="succeeded", error=None, document=document, traces=part.traces)
 
 

@@ -7,6 +7,7 @@ New areas add a module here and re-export their tables below.
 from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
+from backend.models.references import ReferenceCurve
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.series import VERDICTS, Series, SeriesVerdict
 from backend.models.tokens import ApiToken
@@ -39,4 +40,5 @@ __all__ = [
     "SWEEP_STATUSES",
     "HardwareProfileRow",
     "Sweep",
+    "ReferenceCurve",
 ]

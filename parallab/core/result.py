@@ -137,6 +137,11 @@ class LossCurve(BaseModel):
     model_config = _closed
     values: list[float] = Field(default_factory=list, max_length=MAX_SERIES, description="Global mean loss of each measured step.")
     reference: list[float] | None = Field(None, max_length=MAX_SERIES, description="The `single` run's loss on the same workload and seed.")
+    reference_source: Literal["computed", "own", "host cache", "lab database"] | None = Field(
+        None,
+        description="Where the reference came from (issue 12): computed in the job, the job's own curve (an fp32 `single`), "
+        "this host's cache, or the lab database (parallab.core.reference).",
+    )
 
 
 class Prediction(OpenModel):

@@ -90,12 +90,14 @@ def test_single_is_its_own_reference(harness_job):
     doc, _ = harness_job("single", 1)
     assert doc.loss.values == doc.loss.reference
     assert doc.summary.loss_max_rel_diff_vs_reference == 0
+    assert doc.loss.reference_source == "own"
 
 
 def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
     doc, _ = harness_job("fsdp", 2, {}, {"precision": "bf16", "activation_checkpointing": "full", "grad_accumulation_steps": 2})
     assert all(math.isfinite(v) and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
     assert doc.workload["precision"] == "bf16"
+    assert doc.loss.reference_source in ("computed", "host cache")  # never its own: not the reference recipe
 
 
 def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import hashlib
 import importlib.metadata
-import json
 import os
 import platform
 import socket
@@ -38,13 +36,12 @@ import torch.distributed as dist
 
 from parallab.core.hardware import DeviceDescription
 from parallab.core.jobs import ResolvedJob
-from parallab.core.recipes import RECIPE_DEFAULTS
+from parallab.core.reference import ReferenceSource, aux_loss_coef, cache_path, is_reference, read_cached, reference_job, write_cached
 from parallab.core.result import LossCurve, ModelStateBytes, RankRecord
 from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
-from parallab.core.strategies.moe import MoEOptions
 from workers import strategies, topology
 from workers.harness import amp, divergence, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
@@ -65,12 +62,6 @@ def load_job(path: Path) -> ResolvedJob:
     return ResolvedJob.model_validate_json(path.read_text())
 
 
-def aux_loss_coef(job: ResolvedJob) -> float:
-    """The MoE load-balancing weight: the moe strategy's option, else its default (dense-MoE under ddp/fsdp)."""
-    options = job.options
-    return options.aux_loss_coef if isinstance(options, MoEOptions) else MoEOptions().aux_loss_coef
-
-
 def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
     """The seeded model with the job's recipe applied: recomputation, and fp8's Float8Linear layers."""
     model = build_model(job.model, seed=job.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
@@ -81,25 +72,6 @@ def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
 
 
 # ---- the reference: the fp32 `single` curve of the same workload ----
-
-
-def reference_job(job: ResolvedJob) -> ResolvedJob:
-    """`job` with the recipe at the reference's: fp32, no recomputation, no accumulation."""
-    workload = job.spec.workload.model_copy(update=RECIPE_DEFAULTS)
-    return ResolvedJob(spec=job.spec.model_copy(update={"workload": workload}))
-
-
-def is_reference(job: ResolvedJob) -> bool:
-    """A `single` run with the reference recipe is its own reference."""
-    return job.strategy == "single" and all(getattr(job.workload, k) == v for k, v in RECIPE_DEFAULTS.items())
-
-
-def reference_key(job: ResolvedJob) -> str:
-    """sha256 of the reference's workload block; MoE adds its routing groups and aux weight (they shape the loss)."""
-    block: dict[str, Any] = reference_job(job).workload_document()
-    if job.model.is_moe:
-        block = {"workload": block, "route_groups": job.dp_degree, "aux_loss_coef": aux_loss_coef(job)}
-    return hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest()
 
 
 def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress) -> list[float]:
@@ -115,22 +87,23 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
     return [float(x) for x in torch.stack(result.losses).cpu()]
 
 
-def reference_curve(job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, progress: loop.Progress, own: list[float]) -> list[float]:
-    """A reference-recipe `single` is its own reference (and fills the cache); the others read the cache or compute it."""
-    path = cache_dir / f"{reference_key(job)}.json" if cache_dir is not None else None
+def reference_curve(
+    job: ResolvedJob, ctx: RunContext, cache_dir: Path | None, progress: loop.Progress, own: list[float]
+) -> tuple[list[float], ReferenceSource]:
+    """The reference curve and where it came from: a reference-recipe `single` is its own reference
+    (and fills the cache); the others read the cache (which the worker may have filled from the lab
+    database) or compute it (and fill the cache)."""
+    path = cache_path(cache_dir, job) if cache_dir is not None else None
+    source: ReferenceSource
     if is_reference(job):
-        curve = own
-    elif path is not None and path.exists():
-        cached: list[float] = json.loads(path.read_text())["loss"]
-        return cached
+        curve, source = own, "own"
+    elif path is not None and (cached := read_cached(path)) is not None:
+        return cached, "host cache"
     else:
-        curve = compute_reference(job, ctx, progress)
+        curve, source = compute_reference(job, ctx, progress), "computed"
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"workload": reference_job(job).workload_document(), "loss": curve}))
-        tmp.replace(path)
-    return curve
+        write_cached(path, job, curve)
+    return curve, source
 
 
 # ---- what rank 0 adds ----
@@ -251,10 +224,9 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     if ctx.is_lead:
-        reference = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
-        record = record.model_copy(
-            update={"loss": LossCurve(values=losses, reference=reference), "hardware": hardware(ctx), "environment": environment(ctx)}
-        )
+        reference, source = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
+        loss = LossCurve(values=losses, reference=reference, reference_source=source)
+        record = record.model_copy(update={"loss": loss, "hardware": hardware(ctx), "environment": environment(ctx)})
     write_record(run_dir, record)
 
 
