@@ -258,7 +258,8 @@ def test_compose_commands_run_a_lab_two_pools_each_running_its_job(lab: tuple[La
     started = time.monotonic()
     runs = {}
     for pool in ("a", "b"):
-        spec = {"name": f"compose {pool}", "workload": WORKLOAD, "strategy": {"name": "single", "world_size": 1}, "placement": {"pool": pool}}
+        spec = {"name": f"compose {pool}", "workload": WORKLOAD, "strategy": {"name": "single", "world_size": 1}}
+        spec["placement"] = {"pool": pool}
         response = api.post("/api/v1/runs", json=spec)
         assert response.status_code == 202, response.text
         runs[pool] = response.json()["id"]
