@@ -9,6 +9,7 @@ test_compose_e2e.py runs the same commands outside Docker.
 from __future__ import annotations
 
 import re
+import subprocess
 from graphlib import TopologicalSorter
 from typing import Any
 
@@ -200,3 +201,28 @@ def test_the_dockerfile_builds_three_non_root_targets_from_one_file() -> None:
     assert "${TORCH_CPU_INDEX}" in torch_install("api") and torch_install("api") == torch_install("worker-cpu")
     assert "${TORCH_CUDA_INDEX}" in torch_install("worker-gpu")
     assert re.search(r"ARG TORCH_CUDA_INDEX=https://download\.pytorch\.org/whl/cu\d+", text)
+
+
+def test_flower_asks_for_a_login_exactly_when_one_is_set() -> None:
+    for auth, expected in (("", "celery flower --port=5555"), ("lab:pw", "celery flower --port=5555 --basic-auth=lab:pw")):
+        flower = interpolate(SERVICES["flower"], {**{s: "x" for s in SECRETS}, "FLOWER_BASIC_AUTH": auth})
+        shell, flag, script = flower["entrypoint"]
+        assert (shell, flag) == ("sh", "-c") and script.startswith("exec celery flower ")
+        echoed = subprocess.run(
+            [shell, flag, script.replace("exec ", "exec echo ", 1)], env=environment(flower), capture_output=True, text=True
+        )
+        assert echoed.stdout.strip() == expected
+        assert not any(k.startswith("FLOWER_") for k in environment(flower)), "Flower reads FLOWER_* itself; an empty one breaks it"
+
+
+def test_the_images_copy_every_package_the_wheel_ships_and_dockerignore_keeps_them() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((COMPOSE.parent / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = set(re.findall(r"^COPY (\S+) \./", (COMPOSE.parent / "Dockerfile").read_text(), flags=re.MULTILINE))
+    assert packages <= copied and {"pyproject.toml", project["project"]["readme"]} <= set(
+        " ".join(re.findall(r"^COPY (.+) \./$", (COMPOSE.parent / "Dockerfile").read_text(), flags=re.MULTILINE)).split()
+    )
+    ignored = {line.strip() for line in (COMPOSE.parent / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")}
+    assert not ignored & (packages | {"pyproject.toml", "README.md"}) and {".env", ".git"} <= ignored
