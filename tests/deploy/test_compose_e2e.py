@@ -2,6 +2,7 @@
 read from the file and interpolated as compose would, against this machine's Postgres and a Redis
 of the test's own started with the redis service's command (AOF, a password):
 
+0. the postgres and redis healthchecks pass (their commands, pointed at this machine's servers);
 1. `parallab db upgrade` (service migrate) on a scratch database, then exit 0;
 2. `uvicorn backend.api.app:app … --workers 2` (service api): two processes race to seed the
    admin from PARALLAB_ADMIN_EMAIL, both must come up; the api's healthcheck command passes;
@@ -31,7 +32,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from tests.conftest import PG_ADMIN_URL
 from tests.deploy.compose import COMPOSE, environment, interpolate, load
@@ -112,6 +113,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, str]]:
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{db_name}"'))
     db_url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{db_name}"
+    pg_check = lab.service("postgres")["healthcheck"]["test"]
+    assert pg_check[0] == "CMD-SHELL" and pg_check[1].startswith("pg_isready ")
+    server = make_url(PG_ADMIN_URL)
+    pg_ready = subprocess.run(["sh", "-c", f"{pg_check[1]} -h {server.host} -p {server.port or 5432}"], capture_output=True, text=True)
+    assert pg_ready.returncode == 0, f"the postgres healthcheck: {pg_ready.stdout}{pg_ready.stderr}"
 
     # redis: the service's own command (AOF, requirepass), on a free loopback port.
     redis_port = free_port()
