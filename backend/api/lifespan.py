@@ -52,12 +52,20 @@ def seed_admin(settings: Settings) -> None:
     """The admin named by PARALLAB_ADMIN_EMAIL / PARALLAB_ADMIN_PASSWORD, created once (read at start-up)."""
     if not (settings.admin_email and settings.admin_password):
         return
+    from sqlalchemy.exc import IntegrityError
+
     from backend.db import session_scope
     from backend.services import auth
 
-    with session_scope(settings.sqlalchemy_url) as session:
-        if auth.seed_admin(session=session, email=settings.admin_email, password=settings.admin_password.get_secret_value()):
-            log.warning("created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.admin_email)
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            created = auth.seed_admin(session=session, email=settings.admin_email, password=settings.admin_password.get_secret_value())
+    except IntegrityError:
+        # `uvicorn --workers N` starts N processes at once: another one created the admin between
+        # this one's look-up and its insert (the email is unique). Nothing is left to do.
+        return
+    if created:
+        log.warning("created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.admin_email)
 
 
 @contextlib.asynccontextmanager

@@ -5,15 +5,17 @@ answer says where the caller stands, as W&B's API does: `RateLimit-Limit` (the b
 `RateLimit-Remaining` (uploads left now) and `RateLimit-Reset` (seconds until the bucket is full
 again); a refusal is 429 with `Retry-After` (seconds until the next upload is allowed).
 
-The buckets live in this API process. That is exact for one process (compose runs one uvicorn);
-with several API processes each keeps its own buckets, so a token gets up to N times its rate.
-Such a deployment needs the buckets in Redis (one `EVAL` of a GCRA script per request, keyed by
-the token's hash) — the broker's Redis would do.
+Where the buckets live: with a Redis broker (a lab: compose runs `uvicorn --workers N`), in that
+Redis, shared by every API process — one `EVAL` of the same token-bucket arithmetic per upload,
+keyed by the token's hash, timed by Redis's clock. Otherwise (the embedded default, one process)
+in this process. If Redis cannot answer, each process falls back to its own buckets (a token then
+gets up to N times its rate) rather than refusing uploads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
 import time
@@ -21,9 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
+import redis
 from fastapi import Depends, HTTPException, Request, Response, status
 
 from backend.api.deps import SettingsDep, bearer_token
+from backend.config import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,17 @@ class Decision:
         if not self.allowed:
             out["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         return out
+
+
+def decision(allowed: bool, tokens: float, *, burst: int, rate_per_s: float) -> Decision:
+    """Where a caller stands with `tokens` left in a bucket of `burst` refilled at `rate_per_s`."""
+    return Decision(
+        allowed=allowed,
+        limit=burst,
+        remaining=int(tokens),
+        reset_s=(burst - tokens) / rate_per_s if rate_per_s else 0.0,
+        retry_after_s=0.0 if allowed else (1.0 - tokens) / rate_per_s if rate_per_s else math.inf,
+    )
 
 
 class TokenBuckets:
@@ -69,14 +86,7 @@ class TokenBuckets:
             self._buckets[key] = (tokens, now)
             if len(self._buckets) > 10_000:
                 self._forget_full(now)
-        missing = self.burst - tokens
-        return Decision(
-            allowed=allowed,
-            limit=self.burst,
-            remaining=int(tokens),
-            reset_s=missing / self.rate_per_s if self.rate_per_s else 0.0,
-            retry_after_s=0.0 if allowed else (1.0 - tokens) / self.rate_per_s if self.rate_per_s else math.inf,
-        )
+        return decision(allowed, tokens, burst=self.burst, rate_per_s=self.rate_per_s)
 
     def _forget_full(self, now: float) -> None:
         """Drop buckets that have refilled (they behave as new ones); called under the lock."""
@@ -85,18 +95,64 @@ class TokenBuckets:
                 del self._buckets[key]
 
 
+# TokenBuckets.take in Redis, atomically: the bucket is a hash {tokens, at}; Redis's own clock
+# (TIME) serves every API process alike. A full bucket expires (it behaves as a new one).
+_TAKE = """
+local burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local allowed = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil((burst - tokens) / rate) + 1)
+return {allowed, tostring(tokens)}
+"""
+
+
+class RedisTokenBuckets:
+    """The same buckets in Redis, shared by every API process; `fallback` while Redis is away."""
+
+    def __init__(self, client: redis.Redis, *, name: str, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.prefix = f"parallab:ratelimit:{name}:{rate_per_s:g}:{burst}:"
+        self._take = client.register_script(_TAKE)
+        self.fallback = TokenBuckets(rate_per_s=rate_per_s, burst=burst)
+
+    def take(self, key: str) -> Decision:
+        try:
+            allowed, tokens = self._take(keys=[self.prefix + key], args=[self.burst, self.rate_per_s])
+        except redis.RedisError as exc:
+            log.warning("rate limit: Redis did not answer (%s); this process's own buckets apply", exc)
+            return self.fallback.take(key)
+        return decision(bool(int(allowed)), float(tokens), burst=self.burst, rate_per_s=self.rate_per_s)
+
+
 _CREATE = threading.Lock()
 
 
-def _buckets(request: Request, name: str, rate_per_min: float, burst: int) -> TokenBuckets:
-    """The app's buckets for `name` at this rate (a settings change starts new ones)."""
+def _buckets(request: Request, settings: Settings, name: str, rate_per_min: float, burst: int) -> TokenBuckets | RedisTokenBuckets:
+    """The app's buckets for `name` at this rate (a settings change starts new ones): in the broker's
+    Redis when there is one, else in this process."""
+    url = settings.celery_broker_url
+    shared = url.startswith(("redis://", "rediss://"))
     with _CREATE:
-        store: dict[tuple[str, float, int], TokenBuckets] | None = getattr(request.app.state, "rate_limits", None)
+        store: dict[tuple[str, float, int, str], TokenBuckets | RedisTokenBuckets] | None = getattr(request.app.state, "rate_limits", None)
         if store is None:
             store = request.app.state.rate_limits = {}
-        key = (name, rate_per_min, burst)
+        key = (name, rate_per_min, burst, url if shared else "")
         if key not in store:
-            store[key] = TokenBuckets(rate_per_s=rate_per_min / 60.0, burst=burst)
+            if shared:
+                client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+                store[key] = RedisTokenBuckets(client, name=name, rate_per_s=rate_per_min / 60.0, burst=burst)
+            else:
+                store[key] = TokenBuckets(rate_per_s=rate_per_min / 60.0, burst=burst)
         return store[key]
 
 
@@ -107,15 +163,15 @@ def upload_rate_limit(
     if not token or settings.upload_rate_per_minute <= 0:
         return
     key = hashlib.sha256(token.encode()).hexdigest()
-    decision = _buckets(request, "upload", settings.upload_rate_per_minute, settings.upload_burst).take(key)
-    if not decision.allowed:
+    answer = _buckets(request, settings, "upload", settings.upload_rate_per_minute, settings.upload_burst).take(key)
+    if not answer.allowed:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
             detail=f"this token may upload {settings.upload_burst} results at once and {settings.upload_rate_per_minute:g} per minute; "
-            f"retry in {decision.headers()['Retry-After']} s",
-            headers=decision.headers(),
+            f"retry in {answer.headers()['Retry-After']} s",
+            headers=answer.headers(),
         )
-    response.headers.update(decision.headers())
+    response.headers.update(answer.headers())
 
 
 UploadRateLimit = Depends(upload_rate_limit)
