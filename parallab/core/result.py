@@ -86,7 +86,9 @@ class GradientCheck(BaseModel):
     params_checked: Count
     method: SafeStr | None = Field(None, max_length=1000, description="What was compared, and how (workers/harness/gradcheck.py).")
     per_param: dict[Annotated[SafeStr, Field(max_length=1000)], Annotated[float, Field(ge=0)]] | None = Field(
-        None, max_length=100_000, description="Each parameter's relative error; when given, the fields above are recomputed from it on upload."
+        None,
+        max_length=100_000,
+        description="Each parameter's relative error; when given, the fields above are recomputed from it on upload.",
     )
 
     @model_validator(mode="after")

@@ -49,7 +49,8 @@ GRADIENT_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2
 METHOD = "first step (before warm-up, optimizer not stepped): full per-parameter gradients vs fp32 single, ||g - g_ref|| / ||g_ref||"
 ERROR_CAP = 1e30
 """A non-finite or unbounded error is stored as this (the document holds finite numbers only)."""
-WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+WRAPPERS = frozenset({"module", "_orig_mod", "_checkpoint_wrapped_module"})
+"""Name components wrappers add (DDP, torch.compile, checkpoint_wrapper); the plain model has none."""
 
 Gradients = dict[str, torch.Tensor]
 
@@ -59,10 +60,8 @@ def tolerance(precision: str) -> float:
 
 
 def canonical(name: str) -> str:
-    """The parameter's name in the plain `Transformer` (wrappers' prefixes dropped)."""
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    """The parameter's name in the plain `Transformer` (wrappers' components dropped)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPERS)
 
 
 def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options: Any, ctx: RunContext, job: ResolvedJob) -> Amp:
@@ -82,7 +81,10 @@ def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options:
 def _expert_slices(model: nn.Module) -> dict[int, MoE]:
     """id(parameter) → its MoE layer, for expert weights sliced over ranks (expert parallelism)."""
     return {
-        id(getattr(m, n)): m for m in model.modules() if isinstance(m, MoE) and m.num_local_experts < m.num_experts for n in ("w1", "w2", "w3")
+        id(getattr(m, n)): m
+        for m in model.modules()
+        if isinstance(m, MoE) and m.num_local_experts < m.num_experts
+        for n in ("w1", "w2", "w3")
     }
 
 

@@ -50,7 +50,6 @@ from workers.harness import amp, divergence, gradcheck, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
-
 GRADIENTS_FILE = "gradients.rank0.pt"
 """Rank 0's whole step-0 gradients between the check's step and the comparison (then deleted)."""
 
