@@ -19,7 +19,9 @@ parameter, ‖g − g_ref‖ / ‖g_ref‖ in float64. A parameter one side lack
 Tolerance (`GRADIENT_TOLERANCE`): fp32 1e-5 — only the order of sums differs (measured: a few
 1e-7 on the tiny preset). Autocast formats compare the rounded gradients with fp32's: 5e-2 for
 bf16/fp16 (bf16 has 8 significant bits, ~4e-3 per rounding, compounded through the layers;
-measured on tiny fsdp×2: bf16 1.0e-2, fp16 1.3e-3), 0.25 for fp8 (untested: no Hopper GPU). Each still fails a missing 1/N (error N−1 ≥ 1) or a dropped half of a 2-way shard (≈0.7).
+measured on tiny fsdp×2: bf16 1.0e-2, fp16 1.3e-3), 0.25 for fp8 (untested: no Hopper GPU).
+Each still fails a missing 1/N (error N−1 ≥ 1) or a dropped half of a 2-way shard (≈0.7); a
+dropped shard of 1/N at large N (error ≈ 1/√N..1/N) can pass the autocast tolerances.
 Memory: rank 0 holds one fp32 copy of the model's gradients while gathering (before warm-up) and
 while comparing (after training), as the reference run already holds a whole model there.
 """
