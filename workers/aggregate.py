@@ -99,6 +99,8 @@ def build_result(
         world_size=job.world_size,
         loss=loss.model_dump(),
     )
+    if lead.gradient_check is not None:
+        summary["gradient_check"] = lead.gradient_check.model_dump(mode="json")
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []

@@ -5,7 +5,9 @@ is recomputed with the same formulas the worker uses (`metrics.summarize`, from 
 document's `loss`, its workload and its hardware) and every measured field the document states
 must agree with the recomputation within the tolerance below, or the upload is refused (422,
 naming each field: `summary.tokens_per_s: stated 1234.5, ranks[] give 1264.2 ...`). Fields no
-rank speaks of (a gradient check, anything `summarize` does not produce) are kept as stated.
+rank speaks of (anything `summarize` does not produce) are kept as stated — except a gradient
+check that states its per-parameter errors: its worst error, worst parameter and count must be
+those errors' (`gradient_check_problems`).
 
 Tolerances, per field (`SUMMARY_TOLERANCES`): rates, times, fractions and losses agree to a
 relative 1e-6 (float noise of another implementation of the same median, percentile and
@@ -174,4 +176,25 @@ def check_summary(document: ResultDocument) -> CheckedSummary:
             continue
         problems += _disagreements(field, stated.get(field), value)
         merged[field] = value
+    problems += gradient_check_problems(stated.get("gradient_check"))
     return CheckedSummary(merged, problems)
+
+
+def gradient_check_problems(check: Mapping[str, Any] | None) -> list[SpecProblem]:
+    """A stated gradient check against its own per-parameter errors, where it states them: the worst
+    error, its parameter and the count are recomputed (the verdict against the tolerance is held by
+    the schema itself, `GradientCheck`). The gradients are not in the document: the errors are taken
+    as measured, like the ranks' step times."""
+    errors = (check or {}).get("per_param")
+    if not check or not errors:
+        return []
+    loc = ("summary", "gradient_check")
+    worst = max(errors, key=lambda name: errors[name])
+    problems = []
+    if not FLOAT.agrees(float(check["max_rel_err"]), float(errors[worst])):
+        problems.append(SpecProblem((*loc, "max_rel_err"), f"stated {check['max_rel_err']!r}, but per_param's worst is {errors[worst]!r}"))
+    if check.get("worst_param") is not None and errors.get(check["worst_param"]) != errors[worst]:
+        problems.append(SpecProblem((*loc, "worst_param"), f"stated {check['worst_param']!r}, but per_param's worst is {worst!r}"))
+    if check.get("params_checked") != len(errors):
+        problems.append(SpecProblem((*loc, "params_checked"), f"stated {check.get('params_checked')!r}, but per_param has {len(errors)}"))
+    return problems

@@ -10,7 +10,8 @@ autocast as in fp32); communication bytes per step by op, in the buffer conventi
 summary's max over ranks; an op nobody predicted is flagged only above 1% of the predicted
 total, so a stray scalar all-reduce is not); the bytes on the wire by op, where the measurement
 has them (`summary.wire_bytes_per_step`; same rule); activations per rank at the peak, where the
-ranks have a `memory_breakdown` (the max over ranks); and the pipeline bubble.
+ranks have a `memory_breakdown` (the max over ranks); and the pipeline bubble. A failed gradient
+check (`summary.gradient_check`: the worst error against its tolerance) is flagged too.
 """
 
 from __future__ import annotations
@@ -129,6 +130,19 @@ def agreement(
                 prediction["bubble_fraction"],
                 summary["bubble_fraction"],
                 tolerance=tolerance,
+            )
+        )
+    check = summary.get("gradient_check")
+    if check:
+        # Not a prediction gap: the check's own verdict (passed ⇔ worst error ≤ its tolerance).
+        rows.append(
+            Agreement(
+                "gradient_check.max_rel_err",
+                f"gradient vs single: worst relative error ({check.get('worst_param') or 'no parameter'}), against its tolerance",
+                "ratio",
+                float(check.get("tolerance") or 0.0),
+                float(check.get("max_rel_err") or 0.0),
+                flagged=not check.get("passed", True),
             )
         )
     return rows

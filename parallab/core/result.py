@@ -81,9 +81,21 @@ class GradientCheck(BaseModel):
     model_config = _closed
     passed: bool
     tolerance: float = Field(ge=0, description="Relative tolerance per parameter (norm of the difference / norm of the reference).")
-    max_rel_err: float = Field(ge=0)
-    worst_param: SafeStr | None = Field(None, max_length=1000)
+    max_rel_err: float = Field(ge=0, description="The worst parameter's relative error.")
+    worst_param: SafeStr | None = Field(None, max_length=1000, description="Its full, unsharded name (as in the plain model).")
     params_checked: Count
+    method: SafeStr | None = Field(None, max_length=1000, description="What was compared, and how (workers/harness/gradcheck.py).")
+    per_param: dict[Annotated[SafeStr, Field(max_length=1000)], Annotated[float, Field(ge=0)]] | None = Field(
+        None,
+        max_length=100_000,
+        description="Each parameter's relative error; when given, the fields above are recomputed from it on upload.",
+    )
+
+    @model_validator(mode="after")
+    def _verdict(self) -> GradientCheck:
+        if self.passed != (self.max_rel_err <= self.tolerance):
+            raise ValueError(f"passed is {self.passed} but max_rel_err {self.max_rel_err:g} vs tolerance {self.tolerance:g} says otherwise")
+        return self
 
 
 class RankResult(OpenModel):
@@ -264,6 +276,8 @@ class RankRecord(RankResult):
     environment: JSONObject | None = None
     collectives: list[CollectivePoint] | None = None
     calibration: HardwareProfile | None = None
+    gradient_check: GradientCheck | None = None
+    """Step 0's gradients against the reference (`workers.harness.gradcheck`); the summary's."""
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

@@ -4,6 +4,7 @@ ranks, each stated field within its tolerance or named as a problem."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from parallab.core.checks import BYTES, FLOAT, check_summary, summary_inputs
 from parallab.core.result import ResultDocument
@@ -61,3 +62,28 @@ def test_inputs_come_from_the_resolved_workload():
     inputs = summary_inputs(doc())
     assert (inputs.tokens_per_step, inputs.samples_per_step) == (8 * 64, 8)
     assert inputs.flops_per_token == pytest.approx(doc().summary.model_flops_per_token)
+
+
+GRADIENTS = {
+    "passed": True,
+    "tolerance": 1e-5,
+    "max_rel_err": 3e-7,
+    "worst_param": "b",
+    "params_checked": 2,
+    "per_param": {"a": 1e-7, "b": 3e-7},
+}
+
+
+def test_a_gradient_check_is_held_against_its_own_per_parameter_errors():
+    assert problems(doc(gradient_check=GRADIENTS)) == []
+    lied = {**GRADIENTS, "max_rel_err": 1e-7, "worst_param": "a", "params_checked": 3}
+    assert problems(doc(gradient_check=lied)) == [
+        "summary.gradient_check.max_rel_err",
+        "summary.gradient_check.worst_param",
+        "summary.gradient_check.params_checked",
+    ]
+
+
+def test_a_gradient_check_whose_verdict_contradicts_its_error_is_refused():
+    with pytest.raises(ValidationError, match="passed is True but max_rel_err 1 vs tolerance 1e-05"):
+        doc(gradient_check={**GRADIENTS, "max_rel_err": 1.0, "per_param": {"a": 1e-7, "b": 1.0}})

@@ -103,3 +103,13 @@ def test_activations_are_held_against_the_measured_split():
     assert (row.metric, row.measured, row.flagged) == ("activation_bytes_per_rank", 1050, False)  # the max over ranks
     assert flagged(prediction=prediction, summary={}, ranks=[{"memory_breakdown": {"activations": 1200}}]) == ["activation_bytes_per_rank"]
     assert agreement(prediction=prediction, summary={}, ranks=[{"rank": 0}]) == []  # no split measured: no row
+
+
+def test_a_failed_gradient_check_is_flagged_and_a_passed_one_is_not():
+    check = {"passed": False, "tolerance": 1e-5, "max_rel_err": 1.0, "worst_param": "layers.0.attention.wq.weight", "params_checked": 39}
+    (flag,) = prediction_flags(prediction={}, summary={"gradient_check": check}, ranks=[])
+    assert flag == {"metric": "gradient_check.max_rel_err", "predicted": 1e-5, "measured": 1.0, "rel_gap": pytest.approx(99999.0)}
+    assert Flag.model_validate(flag)
+    passed = {**check, "passed": True, "max_rel_err": 2e-7}
+    assert flagged(prediction={}, summary={"gradient_check": passed}, ranks=[]) == []
+    assert [r.metric for r in agreement(prediction={}, summary={"gradient_check": passed}, ranks=[])] == ["gradient_check.max_rel_err"]

@@ -424,3 +424,21 @@ def test_a_custom_shape_is_labelled_custom_in_the_leaderboard_group(session_fact
     labels = {r["group_label"] for r in board.rows}
     assert any(label.startswith("custom (from tiny) · L4·h128·ffn512") for label in labels)
     assert any(label.startswith("tiny · L4·h64") for label in labels)  # the presets stay named as they are
+
+
+def test_the_run_page_states_how_the_gradients_were_compared_and_flags_a_failure(client, session_factory):
+    doc = make_document(strategy="ddp", world_size=2, tokens_per_s=9_000.0).model_dump(mode="json")
+    doc["summary"]["gradient_check"] = {
+        "passed": False,
+        "tolerance": 1e-5,
+        "max_rel_err": 1.0,
+        "worst_param": "layers.1.feed_forward.w2.weight",
+        "params_checked": 39,
+        "method": "first step: full per-parameter gradients vs fp32 single",
+    }
+    doc["flags"] = [{"metric": "gradient_check.max_rel_err", "predicted": 1e-5, "measured": 1.0, "rel_gap": 99999.0}]
+    with session_factory() as s:
+        run = store_run(s, ResultDocument.model_validate(doc))
+    text = client.get(f"/runs/{run.id}").text
+    assert 'id="gradient-method"' in text and "full per-parameter gradients vs fp32 single" in text
+    assert 'data-metric="gradient_check.max_rel_err"' in text and "layers.1.feed_forward.w2.weight" in text

@@ -28,6 +28,8 @@ def test_ep_with_drops_equals_one_rank_routing_in_n_groups(ring_moe_results, n):
 def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
     doc, run_dir = harness_job("moe", 2)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    check = doc.summary.gradient_check  # experts gathered whole, routed like the reference
+    assert check.passed and {f"layers.0.feed_forward.{w}" for w in ("w1", "w2", "w3")} <= set(check.per_param), check
     # No other job shares this reference (MoE routes in dp groups): rank 0 computed it in-job.
     phases = [json.loads(line)["phase"] for line in RunDir(run_dir).progress.read_text().splitlines()]
     total = doc.workload["warmup_steps"] + doc.workload["steps"]

@@ -21,3 +21,4 @@ def test_ring_job_agrees_with_single(harness_job):
         doc, _ = harness_job("ring", 2, options)
         assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, (options, doc.loss)
         assert doc.summary.comm_bytes_per_step, "K/V blocks travel around the ring"
+        assert doc.summary.gradient_check.passed, (options, doc.summary.gradient_check)

@@ -47,6 +47,9 @@ def test_loss_agrees_with_single(harness_job, case):
     assert doc.summary.tokens_per_s > 0
     assert len(doc.loss.values) == doc.workload["steps"] == len(doc.loss.reference)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    check = doc.summary.gradient_check  # step 0's gradients, whole, against single (test_gradcheck.py breaks them)
+    assert check is not None and check.passed and check.tolerance == 1e-5, check
+    assert check.params_checked == len(check.per_param) >= 39 and not any(f.metric.startswith("gradient") for f in doc.flags)
     assert all(len(r.step_times_s) == doc.workload["steps"] for r in doc.ranks)
     assert doc.hardware["device"] == "cpu" and doc.environment["backend"] == "gloo"
     lines = [json.loads(line) for line in RunDir(run_dir).progress.read_text().splitlines()]
@@ -91,6 +94,7 @@ def test_single_is_its_own_reference(harness_job):
     assert doc.loss.values == doc.loss.reference
     assert doc.summary.loss_max_rel_diff_vs_reference == 0
     assert doc.loss.reference_source == "own"
+    assert doc.summary.gradient_check.passed and doc.summary.gradient_check.max_rel_err == 0, "the same step, the same numbers"
 
 
 def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
@@ -98,6 +102,8 @@ def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
     assert all(math.isfinite(v) and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
     assert doc.workload["precision"] == "bf16"
     assert doc.loss.reference_source in ("computed", "host cache")  # never its own: not the reference recipe
+    check = doc.summary.gradient_check  # bf16 gradients against fp32's, at bf16's tolerance
+    assert check.tolerance == 5e-2 and check.passed and check.max_rel_err > 1e-5, check
 
 
 def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):

@@ -43,9 +43,12 @@ from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import strategies, topology
-from workers.harness import amp, divergence, loop, measure
+from workers.harness import amp, divergence, gradcheck, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
+
+GRADIENTS_FILE = "gradients.rank0.pt"
+"""Rank 0's whole step-0 gradients between the check's step and the comparison (then deleted)."""
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,6 +88,19 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
     applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, options)
     result = loop.train(applied=applied, strategy=single, options=options, ctx=solo, job=ref, progress=progress, phase="reference")
     return [float(x) for x in torch.stack(result.losses).cpu()]
+
+
+def reference_gradients(job: ResolvedJob, ctx: RunContext) -> gradcheck.Gradients:
+    """Step 0's gradients of the reference model (plain fp32 `single`, MoE routed in dp groups), whole."""
+    single = strategies.get("single")
+    ref = reference_job(job)
+    solo = dataclasses.replace(
+        ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None, accum_steps=1, precision="fp32"
+    )
+    applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, NoOptions())
+    grads = gradcheck.strategy_gradients(applied, single, NoOptions(), solo, ref)
+    assert grads is not None, "a one-process context is its own rank 0"
+    return grads
 
 
 def reference_curve(
@@ -195,6 +211,13 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     strategy, options = strategies.get(job.strategy), job.options
     progress = loop.Progress(run_dir, ctx.rank == strategy.progress_rank(ctx, options))
     applied = strategy.apply(new_model(job), ctx, options)
+    # The gradient check's step (before warm-up, untimed, no optimizer step): rank 0 keeps the
+    # whole gradients on disk, not in memory, while the run trains.
+    grads_file = run_dir.path / GRADIENTS_FILE
+    grads = gradcheck.strategy_gradients(applied, strategy, options, ctx, job)
+    if grads is not None:
+        gradcheck.save(grads, grads_file)
+    del grads
     profiler = (
         measure.StepProfiler(
             rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir.path, device=ctx.device, trace_cap_bytes=trace_cap_bytes
@@ -225,8 +248,18 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         torch.cuda.empty_cache()
     if ctx.is_lead:
         reference, source = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
-        loss = LossCurve(values=losses, reference=reference, reference_source=source)
-        record = record.model_copy(update={"loss": loss, "hardware": hardware(ctx), "environment": environment(ctx)})
+        check = gradcheck.compare(
+            gradcheck.load(grads_file), reference_gradients(job, ctx), tol=gradcheck.tolerance(job.workload.precision)
+        )
+        grads_file.unlink()
+        record = record.model_copy(
+            update={
+                "loss": LossCurve(values=losses, reference=reference, reference_source=source),
+                "hardware": hardware(ctx),
+                "environment": environment(ctx),
+                "gradient_check": check,
+            }
+        )
     write_record(run_dir, record)
 
 

@@ -1,0 +1,181 @@
+"""The gradient check: the first step's gradients of a strategy against the `single` reference.
+
+The loss curve cannot catch a constant-factor gradient error: AdamW divides each gradient element
+by its own running RMS, so a strategy that sums gradients where it should average them (a missing
+1/N) trains the same curve to about 1e-7. The gradients themselves show it at once.
+
+How (`METHOD`): before warm-up every rank runs one extra forward, backward and `sync_grads` on
+step 0's global batch — exactly the loop's step (`loop.train`), accumulation and the recipe
+included — but never steps the optimizer, so training is unchanged; this step is neither timed
+nor profiled. Each parameter's gradient is then made whole under its full, unsharded name (a
+DTensor's — FSDP, TP, hybrid — by `full_tensor()`, an expert-parallel MoE layer's expert slices
+by an all-gather over the "ep" dim, a pipeline stage's by sending to rank 0 what rank 0 lacks;
+DDP's `module.` prefix dropped). Rank 0 keeps the whole set on disk in the run directory while the
+run trains (no copy held during the measured steps), then — with the trained model freed, where
+the reference loss curve is computed — runs the same step on the fp32 `single` model of the
+reference workload (`main.reference_job`, MoE routed in the same dp groups) and compares, per
+parameter, ‖g − g_ref‖ / ‖g_ref‖ in float64. A parameter one side lacks counts as error 1.
+
+Tolerance (`GRADIENT_TOLERANCE`): fp32 1e-5 — only the order of sums differs (measured: a few
+1e-7 on the tiny preset). Autocast formats compare the rounded gradients with fp32's: 5e-2 for
+bf16/fp16 (bf16 has 8 significant bits, ~4e-3 per rounding, compounded through the layers;
+measured on tiny fsdp×2: bf16 1.0e-2, fp16 1.3e-3), 0.25 for fp8 (untested: no Hopper GPU).
+Each still fails a missing 1/N (error N−1 ≥ 1) or a dropped half of a 2-way shard (≈0.7); a
+dropped shard of 1/N at large N (error ≈ 1/√N..1/N) can pass the autocast tolerances.
+Memory: rank 0 holds one fp32 copy of the model's gradients while gathering (before warm-up) and
+while comparing (after training), as the reference run already holds a whole model there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from parallab.core.jobs import ResolvedJob
+from parallab.core.result import GradientCheck
+from workers.harness.amp import Amp
+from workers.harness.data import global_batch
+from workers.harness.model import MoE
+from workers.harness.runtime import RunContext
+from workers.strategies.base import Applied, Strategy
+
+GRADIENT_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 5e-2, "fp8": 0.25}
+"""Max ‖g − g_ref‖/‖g_ref‖ per parameter against the fp32 reference, by precision (module docstring)."""
+METHOD = "first step (before warm-up, optimizer not stepped): full per-parameter gradients vs fp32 single, ||g - g_ref|| / ||g_ref||"
+ERROR_CAP = 1e30
+"""A non-finite or unbounded error is stored as this (the document holds finite numbers only)."""
+WRAPPERS = frozenset({"module", "_orig_mod", "_checkpoint_wrapped_module"})
+"""Name components wrappers add (DDP, torch.compile, checkpoint_wrapper); the plain model has none."""
+
+Gradients = dict[str, torch.Tensor]
+
+
+def tolerance(precision: str) -> float:
+    return GRADIENT_TOLERANCE.get(precision, GRADIENT_TOLERANCE["fp8"])
+
+
+def canonical(name: str) -> str:
+    """The parameter's name in the plain `Transformer` (wrappers' components dropped)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPERS)
+
+
+def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options: Any, ctx: RunContext, job: ResolvedJob) -> Amp:
+    """Step 0's forward, backward and gradient sync as the loop runs them, without the optimizer step;
+    returns the `Amp` used (its loss scale divides the gradients back)."""
+    amp = Amp(job.workload.precision, ctx.device.type)
+    inputs, labels = global_batch(job.model, global_batch_size=job.global_batch_size, seed=job.workload.seed, step=0)
+    applied.model.zero_grad(set_to_none=True)
+    for micro in range(ctx.accum_steps):
+        batch = strategy.local_batch(inputs, labels, ctx, options, micro).to(ctx.device)
+        with strategy.accumulate(applied, micro == ctx.accum_steps - 1):
+            strategy.forward_backward(applied, batch, ctx, options, amp)
+    strategy.sync_grads(applied, ctx, options)
+    return amp
+
+
+def _expert_slices(model: nn.Module) -> dict[int, MoE]:
+    """id(parameter) → its MoE layer, for expert weights sliced over ranks (expert parallelism)."""
+    return {
+        id(getattr(m, n)): m
+        for m in model.modules()
+        if isinstance(m, MoE) and m.num_local_experts < m.num_experts
+        for n in ("w1", "w2", "w3")
+    }
+
+
+def _ep_group(ctx: RunContext) -> dist.ProcessGroup:
+    return ctx.mesh_dim("ep").get_group()
+
+
+def gather_gradients(model: nn.Module, ctx: RunContext, *, scale: float = 1.0) -> Gradients | None:
+    """Every parameter's whole gradient (fp32, CPU) by canonical name on rank 0; None on the others.
+
+    Collective: every rank calls it, in the same parameter order (a strategy's ranks hold the same
+    parameter list, except pipeline stages, which hold plain tensors and need no collective here)."""
+    experts = _expert_slices(model)
+    mine: Gradients = {}
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if isinstance(p, DTensor) or isinstance(grad, DTensor):
+            full = grad.full_tensor() if isinstance(grad, DTensor) else torch.zeros(p.shape)
+        elif id(p) in experts:
+            group = _ep_group(ctx)
+            local = grad if grad is not None else torch.zeros_like(p)
+            parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, local.contiguous(), group=group)
+            full = torch.cat(parts, dim=0)
+        else:
+            full = grad if grad is not None else torch.zeros(p.shape)
+        mine[canonical(name)] = full.detach().float().cpu() / scale
+    if not (dist.is_initialized() and ctx.world_size > 1):
+        return mine
+    # Names rank 0 lacks (pipeline stages): the lowest rank holding each sends it.
+    names: list[list[str] | None] = [None] * ctx.world_size
+    dist.all_gather_object(names, sorted(mine))
+    held = set(names[0] or [])
+    owner: dict[str, int] = {}
+    for r, rank_names in enumerate(names):
+        for n in rank_names or []:
+            if n not in held:
+                owner.setdefault(n, r)
+    if owner:
+        send = {n: t for n, t in mine.items() if owner.get(n) == ctx.rank}
+        received: list[Gradients | None] = [None] * ctx.world_size
+        dist.gather_object(send, received if ctx.rank == 0 else None, dst=0)
+        if ctx.rank == 0:
+            for part in received:
+                mine.update(part or {})
+    return mine if ctx.rank == 0 else None
+
+
+def strategy_gradients(applied: Applied, strategy: Strategy[Any, Any], options: Any, ctx: RunContext, job: ResolvedJob) -> Gradients | None:
+    """The strategy's step-0 gradients, whole, on rank 0 (None elsewhere); the model's grads are cleared after."""
+    amp = first_step_backward(applied, strategy, options, ctx, job)
+    grads = gather_gradients(applied.model, ctx, scale=amp.scale)
+    applied.model.zero_grad(set_to_none=True)
+    return grads
+
+
+def relative_error(grad: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """‖g − g_ref‖ / ‖g_ref‖ in float64 (1 for a parameter one side lacks or shapes that differ)."""
+    if grad is None or ref is None or grad.shape != ref.shape:
+        return 1.0
+    diff = float((grad.double() - ref.double()).norm())
+    norm = float(ref.double().norm())
+    if not math.isfinite(diff):
+        return ERROR_CAP
+    if norm == 0.0:
+        return 0.0 if diff == 0.0 else 1.0
+    return min(diff / norm, ERROR_CAP)
+
+
+def compare(grads: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], *, tol: float) -> GradientCheck:
+    """Per-parameter errors of `grads` against `reference`, the worst one, and the verdict."""
+    errors = {name: relative_error(grads.get(name), reference.get(name)) for name in sorted(set(grads) | set(reference))}
+    worst = max(errors, key=lambda n: errors[n]) if errors else None
+    worst_err = errors[worst] if worst is not None else 0.0
+    return GradientCheck(
+        passed=worst_err <= tol,
+        tolerance=tol,
+        max_rel_err=worst_err,
+        worst_param=worst,
+        params_checked=len(errors),
+        method=METHOD,
+        per_param=errors,
+    )
+
+
+def save(grads: Gradients, path: Path) -> None:
+    torch.save(grads, path)
+
+
+def load(path: Path) -> Gradients:
+    grads: Gradients = torch.load(path, weights_only=True)
+    return grads
