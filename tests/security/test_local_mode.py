@@ -62,6 +62,13 @@ def test_outside_local_mode_any_host_is_served(local, settings) -> None:
     assert answer.status_code == 401, "served (no 421 for the name): accounts decide, and anonymous readers must log in"
 
 
+@pytest.mark.parametrize(("host", "secure"), [("127.0.0.1", False), ("0.0.0.0", True)])
+def test_the_csrf_cookie_is_secure_off_loopback_like_the_session_cookie(local, settings, host, secure) -> None:
+    settings.host, settings.secret_key = host, "a-real-secret"
+    cookie = local.get("/login").headers.get("set-cookie", "")
+    assert "csrf" in cookie.lower() and ("secure" in cookie.lower()) == secure, cookie
+
+
 # ---- cross-site requests ----
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from backend.api import csrf
 from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, RowId, SessionDep, SettingsDep, TokenHolderDep
-from backend.api.pages.rendering import render
+from backend.api.pages.rendering import render, secure_cookies
 from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.models import ROLES
@@ -34,11 +34,6 @@ def check_csrf(request: Request, form_value: object, settings: Settings) -> None
         csrf.verify(request, form_value if isinstance(form_value, str) else None, settings.secret_key)
     except csrf.CSRFError as exc:
         raise HTTPException(403, detail=str(exc)) from None
-
-
-def secure_cookies(request: Request, settings: Settings) -> bool:
-    """Secure off loopback (and always over https)."""
-    return request.url.scheme == "https" or not settings.loopback
 
 
 # ---- login, logout ----

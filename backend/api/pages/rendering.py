@@ -51,6 +51,11 @@ def _environment() -> Environment:
 templates = Jinja2Templates(env=_environment())
 
 
+def secure_cookies(request: Request, settings: Settings) -> bool:
+    """Every cookie parallab sets (session and CSRF) is Secure off loopback, and always over https."""
+    return request.url.scheme == "https" or not settings.loopback
+
+
 def render(request: Request, name: str, context: dict[str, Any], *, settings: Settings, status_code: int = 200) -> HTMLResponse:
     """Render a page with a CSRF token for its forms, setting this browser's CSRF cookie if it has none."""
     nonce, token = csrf.issue(request, settings.secret_key) if settings.secret_key else ("", "")
@@ -62,7 +67,7 @@ def render(request: Request, name: str, context: dict[str, Any], *, settings: Se
         status_code=status_code,
     )
     if nonce and request.cookies.get(csrf.COOKIE) != nonce:
-        csrf.set_cookie(response, nonce, secure=request.url.scheme == "https")
+        csrf.set_cookie(response, nonce, secure=secure_cookies(request, settings))
     return response
 
 
