@@ -29,10 +29,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from parallab.core.jobs import ResolvedJob
+from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
 from workers import strategies
 from workers.harness import gradcheck
-from workers.harness.main import new_model, reference_gradients, reference_key
+from workers.harness.main import new_model, reference_gradients
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy, flat_all_reduce_
 from workers.strategies.expert_parallel import _is_expert
