@@ -47,7 +47,7 @@ def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
         prediction.get("wire_bytes_per_step") or {},
     ]
     ops = sorted({op for column in columns for op in column})
-    return [VolumeRow(op, *(column.get(op) for column in columns), group_size=op_group_size(doc, op)) for op in ops]
+    return [VolumeRow(op, *(column.get(op) for column in columns), op_group_size(doc, op)) for op in ops]
 
 
 def op_group_size(doc: dict[str, Any], op: str) -> int | None:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -87,7 +87,7 @@ def group_size(args: Mapping[str, object]) -> int | None:
         return named
     name = args.get("group_name")
     if isinstance(name, str):
-        return int(_resolve_process_group(name).size())
+        return int(_resolve_process_group(GroupName(name)).size())
     group = args.get("process_group")
     if isinstance(group, torch.ScriptObject):  # what the dispatcher passes for a c10d op's group
         return int(dist.ProcessGroup.unbox(group).size())
