@@ -47,7 +47,11 @@ def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
         prediction.get("wire_bytes_per_step") or {},
     ]
     ops = sorted({op for column in columns for op in column})
-    return [VolumeRow(op, *(column.get(op) for column in columns), op_group_size(doc, op)) for op in ops]
+    measured, predicted, wire_measured, wire_predicted = columns
+    return [
+        VolumeRow(op, measured.get(op), predicted.get(op), wire_measured.get(op), wire_predicted.get(op), op_group_size(doc, op))
+        for op in ops
+    ]
 
 
 def op_group_size(doc: dict[str, Any], op: str) -> int | None:
