@@ -41,7 +41,7 @@ def full_document() -> dict[str, Any]:
     doc["strategy"]["options"] = {"aux_loss_coef": 0.01}
     doc["flags"] = [{"metric": "comm_bytes_per_step.all_to_all", "predicted": 10.0, "measured": 20.0, "rel_gap": 1.0}]
     doc["collectives"] = [{"op": "all_reduce", "size_bytes": 1024, "time_s": 0.001, "algbw_gbps": 1.0, "busbw_gbps": 1.0}]
-    doc["summary"].update(wire_bytes_per_step={"all_to_all": 10}, exposed_comm_fraction=0.1, extra_metric=1.0)
+    doc["summary"].update(exposed_comm_fraction=0.1, extra_metric=1.0)  # wire_bytes_per_step: the ranks' own (make_document)
     doc["summary"]["gradient_check"] = {"passed": True, "tolerance": 1e-3, "max_rel_err": 1e-5, "worst_param": "w", "params_checked": 3}
     doc["prediction"].update(activation_bytes_per_rank=100, bubble_fraction=0.0, extra_prediction=1)
     rank = doc["ranks"][0]
