@@ -2,8 +2,9 @@
 
 Per block: wq/wk/wv column-parallel (each rank holds heads/tp whole heads — `Attention` infers its
 local head count from the projection's width), wo row-parallel; w1/w3 column-parallel, w2
-row-parallel. So each block costs one all-reduce of (b, s, h) after attention and one after the
-MLP. The embedding is row-parallel over the vocabulary, the LM head column-parallel with its
+row-parallel, and each attention and MLP block's input is prepared once (PrepareModuleInput). So
+a block costs Megatron's 4 all-reduces of (b, s, h): one after the attention and one after the
+MLP forward, one at each block's input backward. The embedding is row-parallel over the vocabulary, the LM head column-parallel with its
 logits gathered (replicated) so the loss is the plain cross-entropy on every rank.
 
 `sequence_parallel`: the residual stream and the norms are sharded over the sequence
