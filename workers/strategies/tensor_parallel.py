@@ -4,8 +4,9 @@ Per block: wq/wk/wv column-parallel (each rank holds heads/tp whole heads — `A
 local head count from the projection's width), wo row-parallel; w1/w3 column-parallel, w2
 row-parallel, and each attention and MLP block's input is prepared once (PrepareModuleInput). So
 a block costs Megatron's 4 all-reduces of (b, s, h): one after the attention and one after the
-MLP forward, one at each block's input backward. The embedding is row-parallel over the vocabulary, the LM head column-parallel with its
-logits gathered (replicated) so the loss is the plain cross-entropy on every rank.
+MLP forward, one at each block's input backward. The embedding is row-parallel over the
+vocabulary, the LM head column-parallel with its logits gathered (replicated) so the loss is the
+plain cross-entropy on every rank.
 
 `sequence_parallel`: the residual stream and the norms are sharded over the sequence
 (SequenceParallel on norms); each all-reduce becomes a reduce-scatter (row-parallel output
