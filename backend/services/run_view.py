@@ -24,6 +24,8 @@ class VolumeRow:
     buffer_predicted: int | None
     wire_measured: int | None
     wire_predicted: int | None
+    group_size: int | None = None
+    """Ranks in the process group the op ran on, when every rank's calls of it share one size."""
 
 
 @dataclass
@@ -45,7 +47,17 @@ def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
         prediction.get("wire_bytes_per_step") or {},
     ]
     ops = sorted({op for column in columns for op in column})
-    return [VolumeRow(op, *(column.get(op) for column in columns)) for op in ops]
+    measured, predicted, wire_measured, wire_predicted = columns
+    return [
+        VolumeRow(op, measured.get(op), predicted.get(op), wire_measured.get(op), wire_predicted.get(op), op_group_size(doc, op))
+        for op in ops
+    ]
+
+
+def op_group_size(doc: dict[str, Any], op: str) -> int | None:
+    """The process-group size every rank recorded for `op`; None when unrecorded or when they differ."""
+    sizes = {c.get("group_size") for r in doc.get("ranks") or [] for c in r.get("comm") or [] if c.get("op") == op}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def agreement_rows(doc: dict[str, Any]) -> list[Agreement]:

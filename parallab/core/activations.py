@@ -117,20 +117,26 @@ class Term:
     """Kept by the core attention itself: what Korthikanti's selective recomputation drops."""
 
 
-def layer_terms(cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False) -> list[Term]:
-    """What one block of our model keeps per token on one rank (see the module docstring)."""
+def layer_terms(
+    cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False, params_16bit: bool = False
+) -> list[Term]:
+    """What one block of our model keeps per token on one rank (see the module docstring);
+    `params_16bit`: the block computes with 16-bit parameters (FSDP's param_dtype), so its
+    residual stream is 16-bit and its projections share their inputs."""
     a = activation_dtype_bytes(precision)
     autocast = a != RESIDUAL_BYTES
+    shared = params_16bit and autocast
     h, f, heads = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_heads
     norm_split = tp if sequence_parallel else 1
-    attention_inputs = 3 * a * h if autocast else RESIDUAL_BYTES * h
+    attention_inputs = (a * h if shared else 3 * a * h) if autocast else RESIDUAL_BYTES * h
+    normalised = a * h if shared else RESIDUAL_BYTES * h
     terms = [
-        Term("norms: inputs and normalised values (fp32), rsqrt", 2 * (2 * RESIDUAL_BYTES * h + RESIDUAL_BYTES) / norm_split),
+        Term("norms: fp32 inputs, normalised values, rsqrt", 2 * (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split),
         Term("attention: q, k (after rotary), v, output", 4 * a * h / tp),
         Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
     ]
     if not cfg.is_moe:
-        mlp_inputs = 2 * a * h if autocast else RESIDUAL_BYTES * h
+        mlp_inputs = (a * h if shared else 2 * a * h) if autocast else RESIDUAL_BYTES * h
         terms += [
             Term("projection inputs (wq, wk, wv, w1, w3)", attention_inputs + mlp_inputs),
             Term("SwiGLU: w1 out, silu out, w3 out, product", 4 * a * f / tp),
@@ -138,7 +144,7 @@ def layer_terms(cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_paral
         return terms
     k, e = cfg.top_k, cfg.num_experts
     router_input = a * h if autocast else RESIDUAL_BYTES * h
-    expert_input = 2 * a * h if autocast else RESIDUAL_BYTES * h
+    expert_input = (a * h if shared else 2 * a * h) if autocast else RESIDUAL_BYTES * h
     terms += [
         Term("projection inputs (wq, wk, wv, router)", attention_inputs + router_input),
         Term("router: probabilities (fp32), top-k indices", RESIDUAL_BYTES * e + 8 * k),
@@ -159,17 +165,22 @@ def weight_copy_bytes(cfg: ModelConfig, precision: str, *, tp: int = 1, experts_
     return a * (4 * h * h + 3 * h * f) // tp
 
 
-def checkpoint_input_bytes(cfg: ModelConfig, *, tp: int = 1, sequence_parallel: bool = False) -> float:
-    """Per token, what full recomputation keeps of a block: its input, the fp32 residual stream."""
-    return RESIDUAL_BYTES * cfg.hidden_size / (tp if sequence_parallel else 1)
+def checkpoint_input_bytes(
+    cfg: ModelConfig, *, tp: int = 1, sequence_parallel: bool = False, precision: str = "fp32", params_16bit: bool = False
+) -> float:
+    """Per token, what full recomputation keeps of a block: its input, the residual stream (fp32;
+    16-bit when the block computes with 16-bit parameters)."""
+    stream = activation_dtype_bytes(precision) if params_16bit else RESIDUAL_BYTES
+    return min(stream, RESIDUAL_BYTES) * cfg.hidden_size / (tp if sequence_parallel else 1)
 
 
-def head_bytes_per_token(cfg: ModelConfig, precision: str) -> tuple[float, float]:
+def head_bytes_per_token(cfg: ModelConfig, precision: str, *, params_16bit: bool = False) -> tuple[float, float]:
     """(kept per token through the step, the logits' gradient per token of the micro-batch in backward)."""
     a = activation_dtype_bytes(precision)
     h, v = cfg.hidden_size, cfg.vocab_size
     head_input = RESIDUAL_BYTES * h if a == RESIDUAL_BYTES else a * h
-    kept = 2 * RESIDUAL_BYTES * h + RESIDUAL_BYTES + head_input + RESIDUAL_BYTES * v
+    normalised = a * h if (params_16bit and a != RESIDUAL_BYTES) else RESIDUAL_BYTES * h
+    kept = RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES + head_input + RESIDUAL_BYTES * v
     return kept, RESIDUAL_BYTES * v
 
 

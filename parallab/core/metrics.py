@@ -104,7 +104,9 @@ def summarize(
 
     A step ends when its slowest rank ends, so the step time is, per step, the max over ranks,
     and the run's step time is the median of those. `comm_time_fraction` (every comm span over
-    the step) and `exposed_comm_fraction` (what no compute overlaps) are each the max over ranks.
+    the step) and `exposed_comm_fraction` (what no compute overlaps) are each the max over ranks;
+    `comm_bytes_per_step` and `wire_bytes_per_step` (each op's bytes on the wire from its calls'
+    group sizes, only when the ranks recorded them) are the largest over ranks, by op.
     """
     per_rank = [r["step_times_s"] for r in ranks if r.get("step_times_s")]
     if not per_rank:
@@ -118,15 +120,20 @@ def summarize(
     mfu = (tokens_per_s * flops_per_token / (peak * world_size)) if (peak and flops_per_token) else None
 
     comm_bytes: dict[str, int] = {}
+    wire: dict[str, int] = {}
     for r in ranks:
         for op in r.get("comm") or []:
             comm_bytes[op["op"]] = max(comm_bytes.get(op["op"], 0), int(op["bytes"]))
+            if op.get("wire_bytes") is not None:
+                wire[op["op"]] = max(wire.get(op["op"], 0), int(op["wire_bytes"]))
     comm_fracs, bubbles = _present(ranks, "comm_time_fraction"), _present(ranks, "bubble_fraction")
     exposed = [f for f in (exposed_comm_fraction(r) for r in ranks) if f is not None]
     peaks, rss = _present(ranks, "peak_allocated_bytes"), _present(ranks, "peak_rss_bytes")
 
     values = list((loss or {}).get("values") or [])
     reference = (loss or {}).get("reference")
+    # Only where the ranks recorded wire bytes: an older document's stated figure is kept as stated.
+    measured_wire = {"wire_bytes_per_step": wire} if wire else {}
     return {
         "tokens_per_s": tokens_per_s,
         "samples_per_s": samples_per_step / median if median > 0 else 0.0,
@@ -142,4 +149,5 @@ def summarize(
         "bubble_fraction": max(bubbles) if bubbles else None,
         "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,
         "final_loss": values[-1] if values else None,
+        **measured_wire,
     }

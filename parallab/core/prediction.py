@@ -67,16 +67,19 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
     """The activation bytes of one kind of rank, by part (see `parallab.core.activations`)."""
     cfg, wl = job.model, job.workload
     mode = wl.activation_checkpointing
-    terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel)
+    p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
+    terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     per_token = per_token_bytes(terms, mode)
     if mode == "full":
-        kept = layout.tokens * checkpoint_input_bytes(cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel)
+        kept = layout.tokens * checkpoint_input_bytes(
+            cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel, precision=wl.precision, params_16bit=p16
+        )
         blocks = layout.layers * kept + layout.micro * per_token
     else:
         blocks = layout.layers * layout.tokens * per_token
     copies = layout.layers * weight_copy_bytes(cfg, wl.precision, tp=layout.tp, experts_local=layout.experts_local)
     copies = copies if layout.weight_copies else 0
-    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision)
+    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
     head = layout.head_tokens * kept_head + (layout.micro * head_grad if layout.head_tokens else 0)
     return {
         "rank": layout.name,

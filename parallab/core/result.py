@@ -61,6 +61,10 @@ class CommOp(BaseModel):
     time_s: Seconds = Field(description="Seconds per step spent in this op.")
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
+    group_size: Count | None = Field(None, description="Ranks in the process group its calls ran on (None: groups of different sizes).")
+    wire_bytes: Bytes | None = Field(
+        None, description="Bytes a ring implementation sends per step: each call's buffer × the busbw factor of its own group."
+    )
 
 
 class StepBreakdown(BaseModel):

@@ -49,8 +49,8 @@ def test_tp_state_and_megatron_all_reduces():
     # matrices and vocab tables halved, 9 norm weights of 64 replicated
     local = (PSI - 9 * 64) // 2 + 9 * 64
     assert p["model_state_bytes_per_rank"]["params"] == 4 * local
-    # 2 forward + 5 backward all-reduces per block, + embedding fwd + head bwd; gathered logits
-    assert p["comm_bytes_per_step"] == {"all_reduce": (7 * 4 + 2) * BSH, "all_gather": 8 * 64 * 256 * 4}
+    # Megatron: 2 forward + 2 backward all-reduces of b·s·h per block, + embedding fwd + head bwd; gathered logits
+    assert p["comm_bytes_per_step"] == {"all_reduce": (4 * 4 + 2) * BSH, "all_gather": 8 * 64 * 256 * 4}
     sp = predict(job("tp", 2, sequence_parallel=True))
     assert sp["comm_bytes_per_step"] == {"all_gather": 18 * BSH + 8 * 64 * 256 * 4, "reduce_scatter": 18 * BSH}
 
@@ -88,7 +88,7 @@ def test_hybrid_is_tp_inside_fsdp_over_dp():
     tp_local = (PSI - 9 * 64) // 2 + 9 * 64
     assert p["model_state_bytes_per_rank"]["params"] == 4 * tp_local // 2
     assert p["comm_bytes_per_step"]["reduce_scatter"] == 4 * tp_local
-    assert p["comm_bytes_per_step"]["all_reduce"] == 30 * BSH // 2  # each dp group sees half the batch
+    assert p["comm_bytes_per_step"]["all_reduce"] == (4 * 4 + 2) * BSH // 2  # each dp group sees half the batch
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -117,16 +117,19 @@ def test_fsdp_gathers_16_bit_weights_so_autocast_copies_none():
 # ---- against what autograd saves (torch, one forward, no distributed) ----
 
 
-def autograd_saved_bytes(j: ResolvedJob) -> tuple[int, int]:
+def autograd_saved_bytes(j: ResolvedJob, *, params_16bit: bool = False) -> tuple[int, int]:
     """(predicted bytes kept through the step, what autograd saves in one forward of `j`'s model on
     one process): parameters excluded, each storage once; the logits' gradient, which exists only
     in backward, is left out of the prediction. Also prints docs/theory.md's table
-    (docs/activation_check.py)."""
+    (docs/activation_check.py). `params_16bit`: the model computes with bf16 parameters, as
+    under FSDP's param_dtype."""
     import torch
 
     from workers.harness.model import build_model
 
     model = build_model(j.model, seed=0)
+    if params_16bit:
+        model = model.to(torch.bfloat16)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -152,3 +155,15 @@ def test_the_count_is_what_autograd_saves_within_one_percent(workload):
     pytest.importorskip("torch")
     predicted, saved = autograd_saved_bytes(job("single", 1, **workload))
     assert saved == pytest.approx(predicted, rel=0.01)
+
+
+@pytest.mark.parametrize("workload", [{}, {"num_experts": 4}], ids=["tiny", "moe"])
+def test_fsdp_16_bit_params_keep_a_16_bit_stream_and_shared_projection_inputs_within_one_percent(workload):
+    """FSDP's bf16 param_dtype (on every device): the residual stream is bf16, the projections read
+    one input per norm, the norms keep their fp32 upcast and a bf16 normalised value."""
+    pytest.importorskip("torch")
+    j = job("fsdp", 2, precision="bf16", **workload)
+    predicted, saved = autograd_saved_bytes(j, params_16bit=True)
+    assert saved == pytest.approx(predicted, rel=0.01)
+    # 2·(4h + 2h + 4) norms + 2·2h shared inputs + 4·2h q k v o + 4A + 4·2f, against autocast's 34h + 8f + 4A + 8
+    assert per_token_bytes(layer_terms(TINY, "bf16", params_16bit=True), "none") == 24 * 64 + 8 * 256 + 4 * 4 + 8

@@ -74,6 +74,20 @@ def test_summary_takes_each_steps_slowest_rank_and_the_largest_comm_per_op():
     assert s["loss_max_rel_diff_vs_reference"] == pytest.approx(0.5)
     Summary.model_validate(s)
     assert s["exposed_comm_fraction"] is None  # no rank measured its exposed communication
+    assert "wire_bytes_per_step" not in s  # no rank recorded wire bytes: an upload's stated figure stands
+
+
+def test_wire_bytes_per_step_are_the_largest_over_ranks_by_op():
+    ranks = [
+        {
+            "step_times_s": [0.1],
+            "comm": [{"op": "all_reduce", "bytes": 400, "wire_bytes": 600}, {"op": "send", "bytes": 8, "wire_bytes": 8}],
+        },
+        {"step_times_s": [0.1], "comm": [{"op": "all_reduce", "bytes": 400, "wire_bytes": 700}]},
+    ]
+    s = summarize(ranks=ranks, tokens_per_step=1, samples_per_step=1, flops_per_token=None, device_name=None, world_size=2)
+    assert s["wire_bytes_per_step"] == {"all_reduce": 700, "send": 8}
+    Summary.model_validate(s)
 
 
 def test_exposed_comm_fraction_is_the_worst_ranks_share_of_its_own_step():

@@ -113,6 +113,8 @@ def make_document(
                     "time_s": t,
                     "algbw_gbps": algbw,
                     "busbw_gbps": algbw * BUSBW.get(op, lambda n: 1.0)(n),
+                    "group_size": n,
+                    "wire_bytes": wire_bytes(op, nbytes, n),
                 }
             )
         rank_step = statistics.median(times)
@@ -181,9 +183,8 @@ def make_document(
         world_size=n,
         loss=doc["loss"],
     )
-    # what the ranks carry but today's summarize does not fold in yet (issue #9's other halves)
+    # what the ranks carry but today's summarize does not fold in yet (issue #9's other half)
     summary.setdefault("exposed_comm_fraction", max(r["exposed_comm_time_s"] / r["step_time_breakdown"]["step_s"] for r in ranks))
-    summary.setdefault("wire_bytes_per_step", {op: wire_bytes(op, b, n) for op, b in summary["comm_bytes_per_step"].items()})
     if strategy != "single":
         summary.setdefault(
             "gradient_check",
@@ -199,7 +200,7 @@ def make_document(
     doc["prediction"] = {
         "model_state_bytes_per_rank": state,
         "comm_bytes_per_step": {k: int(v * 0.97) for k, v in summary["comm_bytes_per_step"].items()},
-        "wire_bytes_per_step": {k: int(v * 0.97) for k, v in summary["wire_bytes_per_step"].items()},
+        "wire_bytes_per_step": {k: int(v * 0.97) for k, v in summary.get("wire_bytes_per_step", {}).items()},
         "activation_bytes_per_rank": activations,
         "bubble_fraction": bubble if strategy == "pp" else None,
     }

@@ -369,6 +369,7 @@ def test_run_page_shows_the_gradient_check_exposed_comm_and_the_volume_per_op(cl
     wire = doc["summary"]["wire_bytes_per_step"]["all_reduce"]
     for value in (measured, predicted, wire):
         assert fmt_bytes(value) in row[: row.index("</tr>")]
+    assert row[: row.index("</tr>")].endswith('<td class="num">4</td>')  # the group the ranks recorded: 4 ranks
     rows = agreement_table_rows(text)  # wire bytes and activations are held against their prediction too
     assert {"wire_bytes_per_step.all_reduce", "activation_bytes_per_rank", "model_state_bytes_per_rank.grads"} <= set(rows)
 

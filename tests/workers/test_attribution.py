@@ -347,3 +347,31 @@ def test_the_timeline_shows_a_stages_actions():
     events = [STEP, action("forward", 0, 5, 10), action("backward", 0, 55, 15)]
     timeline = attribution.timeline(events, [], span=STEP, busy=[(5.0, 15.0)], rank=0, max_events=10)
     assert [(e.op, e.start_us, e.dur_us) for e in timeline] == [("forward", 5.0, 10.0), ("compute", 5.0, 10.0), ("backward", 55.0, 15.0)]
+
+
+def test_each_call_is_on_the_wire_by_its_own_groups_size():
+    # hybrid on 8 ranks: TP's all-gather over 2 ranks, FSDP's over 4; a call of unknown group counts as the world
+    requests = [
+        CommRequest("all_gather", 1000, 0, group_size=2),
+        CommRequest("all_gather", 4000, 0, group_size=4),
+        CommRequest("all_reduce", 800, 0, group_size=4),
+        CommRequest("all_reduce", 800, 0),
+        CommRequest("send", 64, 0, group_size=8),
+    ]
+    comm = {op.op: op for op in summarize_comm(requests, steps=1, world_size=8)}
+    assert (comm["all_gather"].wire_bytes, comm["all_gather"].group_size) == (1000 // 2 + 4000 * 3 // 4, None)
+    assert (comm["all_reduce"].wire_bytes, comm["all_reduce"].group_size) == (800 * 2 * 3 // 4 + 800 * 2 * 7 // 8, None)
+    assert (comm["send"].wire_bytes, comm["send"].group_size) == (64, 8)
+
+
+def test_a_uniform_group_gives_the_op_its_size_and_its_busbw_factor():
+    requests = [CommRequest("reduce_scatter", 600, step, time_us=1.0, group_size=2) for step in (0, 1)]
+    (op,) = summarize_comm(requests, steps=2, world_size=8)  # a 2-rank sub-group of 8 ranks
+    assert (op.group_size, op.wire_bytes) == (2, 300)
+    assert op.busbw_gbps == pytest.approx(op.algbw_gbps / 2)  # (n−1)/n of the group, not of the world
+
+
+def test_record_carries_the_group_size_it_was_given():
+    (req,) = record("c10d::allreduce_", {"tensors": [40]}, nbytes, step=0, group_size=2)
+    assert (req.kind, req.nbytes, req.group_size) == ("all_reduce", 40, 2)
+    assert attribution.group_size_arg({"group_size": 4}) == 4 and attribution.group_size_arg({"group_name": "0"}) is None

@@ -34,12 +34,12 @@ def run(tmp_path_factory):
     """Launch (once per strategy and world size) and return the result document."""
     cache = {}
 
-    def launch(strategy: str, n: int, options: dict | None = None):
-        key = (strategy, n, json.dumps(options or {}, sort_keys=True))
+    def launch(strategy: str, n: int, options: dict | None = None, workload: dict | None = None):
+        key = (strategy, n, json.dumps(options or {}, sort_keys=True), json.dumps(workload or {}, sort_keys=True))
         if key not in cache:
             spec = JobSpec.model_validate(
                 {
-                    "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1},
+                    "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1, **(workload or {})},
                     "strategy": {"name": strategy, "world_size": n, "options": options or {}},
                 }
             )
@@ -62,6 +62,38 @@ def test_comm_bytes_match_prediction_within_10_percent(run, strategy, n, options
     assert all(measured[op] <= 0.01 * total for op in set(measured) - set(predicted)), (measured, predicted)
     assert not [f for f in doc.flags if f.metric.startswith("comm_bytes_per_step")]
     assert all(r.comm and all(op.time_s > 0 for op in r.comm) for r in doc.ranks)
+    # bytes on the wire, measured from each call's own group size, against the prediction's
+    wire = doc.summary.wire_bytes_per_step
+    for op, nbytes in doc.prediction.wire_bytes_per_step.items():
+        assert wire.get(op, 0) == pytest.approx(nbytes, rel=0.10), (op, wire, doc.prediction.wire_bytes_per_step)
+    assert not [f for f in doc.flags if f.metric.startswith("wire_bytes_per_step")]
+
+
+def test_tp_all_reduces_are_megatrons_four_per_layer_exactly(run):
+    """Per layer 2 forward + 2 backward all-reduces of b·s·h, + the embedding's (forward) and the
+    head's input gradient (backward); the logits' all-gather — measured equal to the formula."""
+    doc = run("tp", 2)
+    cfg = doc.workload
+    layers, bsh = cfg["num_layers"], cfg["global_batch_size"] * cfg["seq_len"] * cfg["hidden_size"] * 4  # fp32, whole batch per rank
+    for rank in doc.ranks:
+        ops = {op.op: op for op in rank.comm}
+        assert ops["all_reduce"].count == 4 * layers + 2
+        assert ops["all_reduce"].bytes == (4 * layers + 2) * bsh == doc.prediction.comm_bytes_per_step["all_reduce"]
+        assert ops["all_gather"].bytes == doc.prediction.comm_bytes_per_step["all_gather"]
+        assert (ops["all_reduce"].group_size, ops["all_reduce"].wire_bytes) == (2, (4 * layers + 2) * bsh)  # 2(n−1)/n = 1
+    assert doc.summary.wire_bytes_per_step == doc.prediction.wire_bytes_per_step
+
+
+def test_fsdp_mixed_precision_all_gathers_16_bit_params_on_cpu_as_predicted(run):
+    """bf16: FSDP2's param_dtype is bf16 on CPU too, so the all-gathers carry half of fp32's bytes,
+    exactly as predicted; gradients are reduce-scattered in fp32 (reduce_dtype)."""
+    fp32, bf16 = run("fsdp", 2), run("fsdp", 2, {}, {"precision": "bf16"})
+    measured, predicted = bf16.summary.comm_bytes_per_step, bf16.prediction.comm_bytes_per_step
+    assert measured == predicted
+    assert 2 * measured["all_gather"] == fp32.summary.comm_bytes_per_step["all_gather"]
+    assert measured["reduce_scatter"] == fp32.summary.comm_bytes_per_step["reduce_scatter"]
+    assert bf16.summary.wire_bytes_per_step == bf16.prediction.wire_bytes_per_step
+    assert not bf16.flags, bf16.flags  # activations too: the 16-bit stream is predicted
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from dataclasses import astuple, dataclass
 from typing import Any
 
-from parallab.core.metrics import bandwidths_gbps
+from parallab.core.metrics import bandwidths_gbps, wire_bytes
 from parallab.core.result import CommOp, TimelineEvent
 
 TraceEvent = Mapping[str, Any]
@@ -137,6 +137,8 @@ class CommRequest:
     """A pipeline's P2P (requested under `pipeline_comm`)."""
     time_us: float = 0.0
     start_us: float | None = None
+    group_size: int | None = None
+    """Ranks in the process group the op ran on (None: not known, taken as the world)."""
 
 
 def is_comm_op(name: str) -> bool:
@@ -172,10 +174,21 @@ def _as_list(value: object) -> list[object]:
     return list(value)
 
 
-def record(name: str, args: Mapping[str, object], nbytes: Callable[[object], int], *, step: int) -> list[CommRequest]:
-    """The requests of one op call, P2P tagged as the pipeline's when made under `pipeline_comm`."""
+def record(
+    name: str, args: Mapping[str, object], nbytes: Callable[[object], int], *, step: int, group_size: int | None = None
+) -> list[CommRequest]:
+    """The requests of one op call, P2P tagged as the pipeline's when made under `pipeline_comm`;
+    `group_size`: the size of the op's process group, when the caller could tell."""
     pipeline = in_pipeline()
-    return [CommRequest(kind, size, step, pipeline and kind in P2P) for kind, size in requests_of(name, args, nbytes)]
+    return [
+        CommRequest(kind, size, step, pipeline and kind in P2P, group_size=group_size) for kind, size in requests_of(name, args, nbytes)
+    ]
+
+
+def group_size_arg(args: Mapping[str, object]) -> int | None:
+    """The group size an op names itself (the functional all-gather's and reduce-scatter's `group_size`)."""
+    value = args.get("group_size")
+    return value if isinstance(value, int) else None
 
 
 # ---- the backend's side: when each op really ran ----
@@ -228,7 +241,10 @@ def attribute(requests: list[CommRequest], trace_events: Sequence[TraceEvent]) -
 
 
 def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> list[CommOp]:
-    """Per-step CommOps by kind (count, bytes, time, algbw, busbw), kinds in name order."""
+    """Per-step CommOps by kind (count, bytes, time, algbw, busbw, group size, bytes on the wire),
+    kinds in name order. Each request's wire bytes use its own group's size (the world when not
+    known); an op's `group_size` is that size when all its calls share one, else None — and its
+    busbw then uses the world's factor."""
     by_kind: dict[str, list[CommRequest]] = {}
     for req in requests:
         by_kind.setdefault(req.kind, []).append(req)
@@ -236,9 +252,23 @@ def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> 
     for kind in sorted(by_kind):
         reqs = by_kind[kind]
         nbytes = sum(r.nbytes for r in reqs) / steps
+        wire = sum(wire_bytes(kind, r.nbytes, r.group_size or world_size) for r in reqs) / steps
+        sizes = {r.group_size or world_size for r in reqs}
+        group = sizes.pop() if len(sizes) == 1 else None
         seconds = sum(r.time_us for r in reqs) / 1e6 / steps
-        algbw, busbw = bandwidths_gbps(kind, nbytes, seconds, world_size)
-        out.append(CommOp(op=kind, count=round(len(reqs) / steps), bytes=round(nbytes), time_s=seconds, algbw_gbps=algbw, busbw_gbps=busbw))
+        algbw, busbw = bandwidths_gbps(kind, nbytes, seconds, group or world_size)
+        out.append(
+            CommOp(
+                op=kind,
+                count=round(len(reqs) / steps),
+                bytes=round(nbytes),
+                time_s=seconds,
+                algbw_gbps=algbw,
+                busbw_gbps=busbw,
+                group_size=group,
+                wire_bytes=round(wire),
+            )
+        )
     return out
 
 

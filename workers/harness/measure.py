@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -76,6 +78,24 @@ def device_peaks(device: torch.device) -> tuple[int | None, int | None]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
+def group_size(args: Mapping[str, object]) -> int | None:
+    """The size of the process group a c10d op runs on: its `group_size` argument (functional
+    all-gather / reduce-scatter), its `group_name` (functional ops: resolved to the group), or its
+    `process_group` (c10d ops); None when none of them tells."""
+    named = attribution.group_size_arg(args)
+    if named is not None:
+        return named
+    name = args.get("group_name")
+    if isinstance(name, str):
+        return int(_resolve_process_group(GroupName(name)).size())
+    group = args.get("process_group")
+    if isinstance(group, torch.ScriptObject):  # what the dispatcher passes for a c10d op's group
+        return int(dist.ProcessGroup.unbox(group).size())
+    if isinstance(group, dist.ProcessGroup):
+        return int(group.size())
+    return None
+
+
 class _CommRecorder(TorchDispatchMode):
     """Sees every top-level c10d op while active and records what it asked for.
 
@@ -101,7 +121,7 @@ class _CommRecorder(TorchDispatchMode):
         if comm:
             named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
             named.update(kwargs)
-            self.requests += attribution.record(func._schema.name, named, local_nbytes, step=self.step)
+            self.requests += attribution.record(func._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named))
         return func(*args, **kwargs)
 
 

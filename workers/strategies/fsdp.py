@@ -3,8 +3,11 @@
 Blocks are the units of all-gather/reduce-scatter so that only one block's full parameters are
 live at a time; the root group holds the rest. `reshard_after_forward=True` frees each block's
 gathered parameters after its forward (ZeRO-3), False keeps them for backward (≈ ZeRO-2).
-Mixed precision (bf16 params in compute, fp32 reduction) only on CUDA — on CPU autocast in the
-loop does the casting and FSDP keeps fp32.
+Mixed precision on every device (CPU/gloo included): under bf16 and fp16 FSDP all-gathers 16-bit
+parameters for compute (`param_dtype`) and reduce-scatters gradients in fp32 (`reduce_dtype`),
+while the sharded parameters, their gradients and AdamW's state stay fp32 — what the prediction
+counts (`parallab.core.costs.gathered_param_bytes`: 2-byte gathers, 4-byte reduce-scatters).
+fp8 gathers bf16 too, except torchao's Float8Linear weights, which it all-gathers in fp8.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy
 
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+"""FSDP's compute (all-gather) dtype of each precision; fp32 keeps the parameters' own dtype."""
 
-def mixed_precision(ctx: RunContext) -> MixedPrecisionPolicy:
-    if ctx.device.type == "cuda" and ctx.precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """16-bit gathered parameters and fp32 gradient reduction for the 16-bit precisions, on any device."""
+    dtype = PARAM_DTYPES.get(precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 def shard(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy) -> Transformer:
@@ -39,7 +47,7 @@ class FSDP(Strategy[FSDPOptions, Applied]):
     def apply(self, model: Transformer, ctx: RunContext, options: FSDPOptions) -> Applied:
         model = model.to(ctx.device)
         return Applied(
-            shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx))
+            shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx.precision))
         )
 
 

@@ -21,7 +21,7 @@ class Hybrid(Strategy[HybridOptions, Applied]):
         model = model.to(ctx.device)
         tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=options.sequence_parallel)
         sharded = fsdp.shard(
-            model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx)
+            model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx.precision)
         )
         return Applied(sharded)
 

@@ -2,9 +2,11 @@
 
 Per block: wq/wk/wv column-parallel (each rank holds heads/tp whole heads — `Attention` infers its
 local head count from the projection's width), wo row-parallel; w1/w3 column-parallel, w2
-row-parallel. So each block costs one all-reduce of (b, s, h) after attention and one after the
-MLP. The embedding is row-parallel over the vocabulary, the LM head column-parallel with its
-logits gathered (replicated) so the loss is the plain cross-entropy on every rank.
+row-parallel, and each attention and MLP block's input is prepared once (PrepareModuleInput). So
+a block costs Megatron's 4 all-reduces of (b, s, h): one after the attention and one after the
+MLP forward, one at each block's input backward. The embedding is row-parallel over the
+vocabulary, the LM head column-parallel with its logits gathered (replicated) so the loss is the
+plain cross-entropy on every rank.
 
 `sequence_parallel`: the residual stream and the norms are sharded over the sequence
 (SequenceParallel on norms); each all-reduce becomes a reduce-scatter (row-parallel output
@@ -43,22 +45,27 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool
         root_plan["norm"] = SequenceParallel()
     parallelize_module(model, mesh, root_plan)
     for block in model.layers.values():
+        # One input preparation per attention block and one per MLP block (torchtitan's Llama plan):
+        # the block's input becomes a replicated DTensor once, and wq/wk/wv (w1/w3) all read that
+        # same DTensor, so their input gradients add up as one Partial DTensor and are all-reduced
+        # once, in this preparation's backward. Without it each column-parallel linear would wrap
+        # the plain input on its own and all-reduce its own input gradient (3 + 2 per block).
+        # With SP the preparation also all-gathers the sequence (its backward reduce-scatters).
         plan: dict[str, ParallelStyle] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+            "attention": PrepareModuleInput(input_layouts=(residual, None, None), desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(use_local_output=True),
+            "attention.wk": ColwiseParallel(use_local_output=True),
+            "attention.wv": ColwiseParallel(use_local_output=True),
             "attention.wo": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(use_local_output=True),
+            "feed_forward.w3": ColwiseParallel(use_local_output=True),
             "feed_forward.w2": RowwiseParallel(output_layouts=residual),
         }
         if sp:
-            # Norms run on the sequence shard; gather the sequence just before each column-parallel
-            # input (the attention's rotary tables and masks are plain, full-sequence tensors).
+            # Norms run on the sequence shard (the attention's rotary tables are plain, full-sequence tensors).
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None))
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh, plan)
     return model
 
