@@ -56,8 +56,7 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
         try:
             return [ResultDocument.model_validate_json(body)], False
         except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False)
-            if not any(e["type"] == "json_invalid" for e in errors):
+            if not any(e["type"] == "json_invalid" for e in exc.errors(include_url=False, include_input=False)):
                 raise UploadInvalid(_errors(exc, ["body"])) from None
             # not JSON: the same message as a batch's (and as before), from the standard parser
     try:
@@ -70,7 +69,8 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
         raise UploadInvalid(
             [{"loc": ["body"], "msg": f"a batch holds 1 to {MAX_BATCH} result documents; got {len(items)}", "type": "value_error"}]
         )
-    documents, errors = [], []
+    documents: list[ResultDocument] = []
+    errors: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         prefix: list[Any] = ["body", i] if batch else ["body"]
         try:
