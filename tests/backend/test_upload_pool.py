@@ -1,0 +1,27 @@
+"""Uploads are parsed, checked and stored in the bounded upload pool, never on the event loop (issue #12)."""
+
+from __future__ import annotations
+
+import threading
+
+from backend.api.routes import results
+from tests.backend.test_api_results import DOCUMENT, token
+
+
+def test_an_upload_is_parsed_and_stored_in_the_upload_pool(client, settings, monkeypatch) -> None:
+    seen: list[str] = []
+    parse = results.parse_documents
+
+    def spy(body: bytes):
+        seen.append(threading.current_thread().name)
+        return parse(body)
+
+    monkeypatch.setattr(results, "parse_documents", spy)
+    settings.upload_concurrency = 3
+    response = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
+    assert response.status_code == 201, response.text
+    assert seen and seen[0].startswith("parallab-upload"), seen
+    assert results.upload_executor(3)._max_workers == 3
+    again = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
+    assert again.status_code == 200 and again.json()["id"] == response.json()["id"], "a replay still answers 200 with the first run"
+    assert "ratelimit-remaining" in response.headers, "the rate limiter's headers survive the answer built in the pool"
