@@ -34,6 +34,7 @@ prints one line: {"clients": N, "cases": {"wide": {"parallab": {...}, "mlflow": 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -290,21 +291,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             m_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
             logs = Path(args.logs) if args.logs else home
             logs.mkdir(parents=True, exist_ok=True)
-            with (
-                process([*p_args, "--log-level", "warning"], env, logs / "uvicorn.log"),
-                process(m_args, m_env, logs / "mlflow.log"),
-            ):
+            with contextlib.ExitStack() as servers:
+                servers.enter_context(process([*p_args, "--log-level", "warning"], env, logs / "uvicorn.log"))
+                if not args.parallab_only:
+                    servers.enter_context(process(m_args, m_env, logs / "mlflow.log"))
                 p_base, m_base = f"http://127.0.0.1:{p_port}", f"http://127.0.0.1:{m_port}"
                 wait_until(lambda: httpx.get(f"{p_base}/healthz", timeout=2).status_code == 200, 120, "parallab")
-                wait_until(lambda: httpx.get(f"{m_base}/health", timeout=2).status_code == 200, 300, "the MLflow server")
+                if not args.parallab_only:
+                    wait_until(lambda: httpx.get(f"{m_base}/health", timeout=2).status_code == 200, 300, "the MLflow server")
                 with session_scope(url) as session:
                     tokens = [create_token(session=session, name=f"ingest-{i}", scopes=["upload"]) for i in range(args.clients)]
                 p_headers = [{"Authorization": f"Bearer {t}", "Content-Type": "application/json"} for t in tokens]
-                experiment = httpx.post(f"{m_base}/api/2.0/mlflow/experiments/create", json={"name": f"ingest-{uuid.uuid4().hex[:8]}"})
-                experiment.raise_for_status()
-                experiment_id = experiment.json()["experiment_id"]
+                experiment_id = ""
+                if not args.parallab_only:
+                    experiment = httpx.post(f"{m_base}/api/2.0/mlflow/experiments/create", json={"name": f"ingest-{uuid.uuid4().hex[:8]}"})
+                    experiment.raise_for_status()
+                    experiment_id = experiment.json()["experiment_id"]
                 for r in range(args.rounds):
-                    for kind in KINDS:
+                    for kind in args.kinds:
 
                         def p_upload(client: httpx.Client, i: int, j: int, kind: str = kind, r: int = r) -> int:
                             key = f"{kind}-{r}-{i}-{j}"
@@ -319,14 +323,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         common = {"clients": args.clients, "seconds": args.seconds}
                         p = phase(base=p_base, health="/healthz", upload=p_upload, headers=p_headers, **common)
                         rounds[kind]["parallab"].append(p)
+                        if args.parallab_only:
+                            print(f"round {r + 1} {kind}: parallab {p}", file=sys.stderr)
+                            continue
                         m = phase(base=m_base, health="/health", upload=m_upload, headers=[{}] * args.clients, **common)
                         rounds[kind]["mlflow"].append(m)
                         print(f"round {r + 1} {kind}: parallab {p}\n{'':>10}mlflow {m}", file=sys.stderr)
         finally:
             drop_mlflow()
-    cases = {}
-    for kind in KINDS:
-        p, m = median_of(rounds[kind]["parallab"]), median_of(rounds[kind]["mlflow"])
+    cases: dict[str, Any] = {}
+    for kind in args.kinds:
+        p = median_of(rounds[kind]["parallab"])
+        if args.parallab_only:
+            cases[kind] = {"parallab": p}
+            continue
+        m = median_of(rounds[kind]["mlflow"])
         cases[kind] = {
             "parallab": p,
             "mlflow": m,
@@ -375,6 +386,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mlflow-python", default=sys.executable, help="A python with mlflow (and psycopg2) installed.")
     parser.add_argument("--upload-concurrency", type=int, default=None, help="PARALLAB_UPLOAD_CONCURRENCY for the server.")
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="Which documents.")
+    parser.add_argument("--parallab-only", action="store_true", help="Skip MLflow's turns (to tune parallab alone; writes nothing).")
     parser.add_argument("--logs", default=None, help="Keep the two servers' logs in this directory.")
     parser.add_argument("--json", action="store_true", help="Print one JSON line.")
     parser.add_argument("--no-write", action="store_true", help="Leave BENCHMARKS.md alone.")
@@ -383,11 +396,11 @@ def main() -> None:
         raise SystemExit(f"{args.mlflow_python} has no mlflow: pip install -e '.[bench]' (or pass --mlflow-python)")
     result = run(args)
     command = f"python benchmarks/ingest.py --clients {args.clients} --seconds {args.seconds:g} --rounds {args.rounds}"
-    if args.json:
+    if args.json or args.parallab_only:
         print(json.dumps(result))
     else:
         print(report(result, command))
-    if not args.no_write:
+    if not args.no_write and not args.parallab_only:
         write_section(HEADING, report(result, command))
 
 
