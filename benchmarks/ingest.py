@@ -404,9 +404,10 @@ Uploads parse, check and store in a bounded pool of `PARALLAB_UPLOAD_CONCURRENCY
 loop (issue #12), so `/healthz` waits for at most that many CPU-bound threads, and answers on the loop itself.
 Parsing a document, per document in this process, `json.loads` then validating the dict (before) → pydantic-core
 reading and validating the bytes in one pass (now): {parse}. Target `/healthz` p99 < 50 ms during uploads: {target}.
-The p99 moves between rounds (the rounds' values are printed on stderr): the spikes are the loop waiting for the GIL
-behind C calls that never release it (the canonical JSON for the idempotency hash, the driver's JSON for the document)
-and for a CPU shared with Postgres and the clients. The 2-core machine is shared by both
+The p99 moves between rounds (the rounds' values are printed on stderr; wide: 112 and 39 ms in the run above). Not
+yet measured which waits make the spikes; the likely ones are the GIL held through single C calls that never release
+it (a wide document's canonical JSON for the idempotency hash takes ~12 ms, the driver's JSON ~7 ms) and a CPU shared
+with Postgres and the clients. The 2-core machine is shared by both
 servers, Postgres and the client, and by other work on it: compare the two columns of one run, not runs on different days.
 """
 
