@@ -90,12 +90,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"events": len(document.timeline), "cases": cases}
 
 
-def report(result: dict[str, Any], command: str) -> str:
+def report(result: dict[str, Any], command: str, before: dict[str, Any] | None = None) -> str:
     rows = "\n".join(
         f"| {name} | {c['bytes']:,} | {c['p50_ms']:.0f} ms |" if c["status"] == 200 else f"| {name} | (answered {c['status']}) | |"
         for name, c in result["cases"].items()
     )
     cpu = platform.processor() or platform.machine()
+    if before:
+        was = "; ".join(
+            f"{name}: {c['bytes']:,} bytes, {c['p50_ms']:.0f} ms" for name, c in before["cases"].items() if c.get("status") == 200
+        )
+        before_text = (
+            f"Before (this script with `--repeat 3` on commit f39484e, which had no timeline endpoints; same machine, same day): {was}.\n"
+        )
+    else:
+        before_text = ""
+    before = before_text
     return f"""
 Measured by `{command}` on this machine ({os.cpu_count()} CPU cores, {cpu}, Python {platform.python_version()}),
 in-process on Postgres: one traced run whose document holds {result["events"]:,} timeline events (8 ranks).
@@ -108,9 +118,7 @@ The page leaves the timeline out (the database removes it from the document befo
 fetches `/runs/{{id}}/timeline.json` after the page: per rank × op lane, events closer than one pixel's worth of
 the step (span / 1,000) merge into one bar that keeps its count, busy time and bytes; where that still leaves more
 than 5,000 bars, the narrowest gaps close first. Full detail: the rank's Perfetto trace.
-Before this change (commit f39484e, same document, same command): the page was 4,637,376 bytes and took
-6.6 s, and `GET /api/v1/runs/{{id}}` 7,856,856 bytes (SQLite, this machine under load).
-"""
+{before}"""
 
 
 def main() -> None:
@@ -118,14 +126,16 @@ def main() -> None:
     parser.add_argument("--url", default=os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--events-per-rank", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--before", default=None, help="The --json output of this script run on an older commit, to quote.")
     parser.add_argument("--json", action="store_true", help="Print one JSON line.")
     parser.add_argument("--no-write", action="store_true", help="Leave BENCHMARKS.md alone.")
     args = parser.parse_args()
     result = measure(args)
     command = f"python benchmarks/run_page.py --events-per-rank {args.events_per_rank} --repeat {args.repeat}"
-    print(json.dumps(result) if args.json else report(result, command))
+    before = json.loads(Path(args.before).read_text()) if args.before else None
+    print(json.dumps(result) if args.json else report(result, command, before))
     if not args.no_write:
-        write_section(HEADING, report(result, command))
+        write_section(HEADING, report(result, command, before))
 
 
 if __name__ == "__main__":
