@@ -426,7 +426,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON line.")
     parser.add_argument("--no-write", action="store_true", help="Leave BENCHMARKS.md alone.")
     args = parser.parse_args()
-    if subprocess.run([args.mlflow_python, "-c", "import mlflow"], capture_output=True).returncode:
+    if not args.parallab_only and subprocess.run([args.mlflow_python, "-c", "import mlflow"], capture_output=True).returncode:
         raise SystemExit(f"{args.mlflow_python} has no mlflow: pip install -e '.[bench]' (or pass --mlflow-python)")
     result = run(args)
     command = f"python benchmarks/ingest.py --clients {args.clients} --seconds {args.seconds:g} --rounds {args.rounds}"
