@@ -35,6 +35,13 @@ class Settings(BaseSettings):
     max_steps: int = Field(10_000, ge=1)
     max_job_seconds: int = Field(1800, ge=10, description="Wall-clock limit of one torchrun job.")
     max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest result document CI may upload.")
+    upload_concurrency: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Uploads parsed, checked and stored at once, in a thread pool of this size beside the event loop: "
+        "each is CPU-bound under one GIL, so more of them only slow the event loop's turn (/healthz) without more throughput.",
+    )
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
     queue: str = Field("parallab", description="Prefix of the Celery queues: pool P is consumed from queue '<queue>.<P>'.")
 

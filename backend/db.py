@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
+import pydantic_core
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
+def json_dumps(value: Any) -> str:
+    """JSON for the JSON columns, by pydantic-core: a wide result document in about a millisecond,
+    where `json.dumps` takes several and holds the GIL throughout, stalling the event loop (issue
+    #12). NaN and infinities are written as `json.dumps` writes them."""
+    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
-    kwargs: dict = {"pool_pre_ping": True}
+    kwargs: dict = {"pool_pre_ping": True, "json_serializer": json_dumps}
     if url.startswith("sqlite"):
         # The API serves from a thread pool; the worker writes from another process.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}

@@ -225,12 +225,17 @@ def comm_by_op(doc: dict[str, Any]) -> go.Figure:
 
 
 def timeline(doc: dict[str, Any]) -> go.Figure:
-    """One profiled step: communication ops on a lane per rank, over time."""
+    """One profiled step: communication ops on a lane per rank, over time. Events may be bars of a
+    downsampled timeline (`count` events merged, `busy_us` of them busy; `services.timeline`)."""
     events = doc.get("timeline") or []
     if not events:
         return empty("Timeline of one step", "no timeline (submit with tracing on)")
     ranks = sorted({e["rank"] for e in events})
-    fig = figure("Timeline of one profiled step", x="time [ms]", y="rank", height=max(220, 90 + 45 * len(ranks)))
+    title = "Timeline of one profiled step"
+    total = doc.get("timeline_total")
+    if total and total > len(events):
+        title += f" ({total:,} events shown as {len(events):,} bars; full detail in the Perfetto trace)"
+    fig = figure(title, x="time [ms]", y="rank", height=max(220, 90 + 45 * len(ranks)))
     ops = sorted({e["op"] for e in events})
     t0 = min(e["start_us"] for e in events)
     for i, op in enumerate(ops):
@@ -242,12 +247,32 @@ def timeline(doc: dict[str, Any]) -> go.Figure:
             x=[e["dur_us"] / 1e3 for e in sel],
             base=[(e["start_us"] - t0) / 1e3 for e in sel],
             marker_color=PALETTE[i % len(PALETTE)],
-            customdata=[[(e.get("bytes") or 0) / MIB] for e in sel],
-            hovertemplate=op + ": start %{base:.3f} ms, %{x:.3f} ms, %{customdata[0]:.3f} MiB<extra>%{y}</extra>",
+            customdata=[[(e.get("bytes") or 0) / MIB, e.get("count", 1), e.get("busy_us", e["dur_us"]) / 1e3] for e in sel],
+            hovertemplate=op
+            + ": start %{base:.3f} ms, %{x:.3f} ms, %{customdata[0]:.3f} MiB"
+            + " (%{customdata[1]} events, %{customdata[2]:.3f} ms busy)<extra>%{y}</extra>",
         )
     fig.update_layout(barmode="overlay")
     fig.update_yaxes(categoryorder="array", categoryarray=[f"rank {r}" for r in ranks], autorange="reversed")
     return fig
+
+
+MAX_CURVE_POINTS = 2000
+"""A curve with more points is drawn from each bucket's first, lowest, highest and last point."""
+
+
+def thin(values: list[float], limit: int = MAX_CURVE_POINTS) -> tuple[list[int], list[float]]:
+    """(1-based steps, values) of a curve, at most about `limit` points: all of them when few, else
+    per bucket its first, lowest, highest and last point (M4: the drawn line keeps every extreme)."""
+    if len(values) <= limit:
+        return list(range(1, len(values) + 1)), list(values)
+    size = -(-len(values) * 4 // limit)
+    keep: list[int] = []
+    for lo in range(0, len(values), size):
+        bucket = range(lo, min(lo + size, len(values)))
+        picks = {bucket[0], bucket[-1], min(bucket, key=values.__getitem__), max(bucket, key=values.__getitem__)}
+        keep += sorted(picks)
+    return [i + 1 for i in keep], [values[i] for i in keep]
 
 
 def loss_curve(doc: dict[str, Any]) -> go.Figure:
@@ -257,12 +282,14 @@ def loss_curve(doc: dict[str, Any]) -> go.Figure:
     if not values:
         return empty("Loss", "no loss recorded")
     fig = figure("Loss against the reference", x="measured step", y="loss")
-    fig.add_scatter(name=doc.get("strategy", {}).get("name", "run"), x=list(range(1, len(values) + 1)), y=values, mode="lines+markers")
+    steps, shown = thin(values)
+    fig.add_scatter(name=doc.get("strategy", {}).get("name", "run"), x=steps, y=shown, mode="lines+markers")
     if reference:
+        ref_steps, ref_shown = thin(reference)
         fig.add_scatter(
             name="reference (single)",
-            x=list(range(1, len(reference) + 1)),
-            y=reference,
+            x=ref_steps,
+            y=ref_shown,
             mode="lines",
             line={"dash": "dash", "color": "#111827"},
         )
@@ -300,13 +327,14 @@ def pipeline_bubble(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def run_figures(doc: dict[str, Any]) -> dict[str, go.Figure]:
-    """Every figure that applies to this run, by id, in page order."""
-    figures = {
+def run_figures(doc: dict[str, Any]) -> dict[str, go.Figure | None]:
+    """Every figure that applies to this run, by id, in page order. The timeline is None when the
+    document comes without its `timeline` key (the page loads it lazily, downsampled)."""
+    figures: dict[str, go.Figure | None] = {
         "memory": memory_per_rank(doc),
         "steps": step_breakdown(doc),
         "comm": comm_by_op(doc),
-        "timeline": timeline(doc),
+        "timeline": timeline(doc) if "timeline" in doc else None,
         "loss": loss_curve(doc),
     }
     for key, builder in (("volume", comm_volume), ("moe", moe_load), ("bubble", pipeline_bubble)):

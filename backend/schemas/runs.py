@@ -52,6 +52,29 @@ class RunRead(RunSummary):
     error: str | None
     cancel_requested: bool
     result: dict[str, Any] | None = None
+    result_omitted: list[str] = Field(
+        default_factory=list, description="Keys of `result` left out (heavy parts; ask with `?include=`, e.g. `timeline`)."
+    )
+
+
+class TimelineBar(BaseModel):
+    """One bar of a downsampled timeline: `count` events of one op on one rank merged, `busy_us` of
+    the bar's `dur_us` spent in them, `bytes` summed."""
+
+    rank: int
+    op: str
+    start_us: float
+    dur_us: float
+    bytes: int | None = None
+    count: int = 1
+    busy_us: float
+
+
+class TimelineRead(BaseModel):
+    events: list[TimelineBar]
+    total: int = Field(description="Events in the stored document.")
+    downsampled: bool
+    bucket_us: float = Field(description="Events of one (rank, op) lane closer than this were merged (0: none were).")
 
 
 class RunList(BaseModel):

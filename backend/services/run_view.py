@@ -33,6 +33,8 @@ class RunView:
     run: Run
     document: dict[str, Any] | None
     trace_ranks: list[int]
+    timeline_events: int = 0
+    """Events in the document's timeline (left out of `document`; the page loads it downsampled)."""
     agreement: list[Agreement] = field(default_factory=list)
     volume: list[VolumeRow] = field(default_factory=list)
 
@@ -82,13 +84,16 @@ def agreement_rows(doc: dict[str, Any]) -> list[Agreement]:
 
 
 def run_view(*, session: Session, run_id: str) -> RunView:
-    """A run, its result document (once finished), which ranks have traces, and theory vs measurement."""
+    """A run, its result document (once finished) without its timeline — whose events are only
+    counted, in the database — which ranks have traces, and theory vs measurement."""
     run = get_run(session=session, run_id=run_id)
-    doc = run.result.document if run.result is not None else None
+    found = store.get_document(session, run.id, omit=["timeline"])
+    doc, lengths = found if found is not None else (None, {})
     return RunView(
         run=run,
         document=doc,
         trace_ranks=store.trace_ranks(session, run.id) if doc else [],
+        timeline_events=lengths.get("timeline", 0),
         agreement=agreement_rows(doc) if doc else [],
         volume=volume_rows(doc) if doc else [],
     )

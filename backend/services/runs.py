@@ -8,6 +8,7 @@ resubmittable spec in `spec`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -160,6 +161,12 @@ def get_run(*, session: Session, run_id: str) -> Run:
     if run is None:
         raise RunNotFound(run_id)
     return run
+
+
+def result_document(*, session: Session, run_id: str, omit: Sequence[str] = ()) -> dict[str, Any] | None:
+    """A run's result document without the top-level keys in `omit` (left out in the database)."""
+    found = store.get_document(session, run_id, omit=omit)
+    return found[0] if found is not None else None
 
 
 def list_runs(*, session: Session, limit: int, cursor: str | None, filters: dict[str, Any]) -> tuple[list[Run], str | None]:

@@ -43,8 +43,22 @@ class Uploaded:
         return any(v.verdict == "regressed" and not v.dismissed for v in self.verdicts)
 
 
+def _errors(exc: ValidationError, prefix: list[Any]) -> list[dict[str, Any]]:
+    return [{"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False, include_input=False)]
+
+
 def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
-    """(documents, whether the body was a batch): one JSON object, or a list of 1–MAX_BATCH of them."""
+    """(documents, whether the body was a batch): one JSON object, or a list of 1–MAX_BATCH of them.
+
+    One document is parsed and validated in one pass by pydantic-core (no Python dict in between,
+    issue #12); a batch is read with `json.loads` first, to count and index its documents."""
+    if not body.lstrip().startswith(b"["):
+        try:
+            return [ResultDocument.model_validate_json(body)], False
+        except ValidationError as exc:
+            if not any(e["type"] == "json_invalid" for e in exc.errors(include_url=False, include_input=False)):
+                raise UploadInvalid(_errors(exc, ["body"])) from None
+            # not JSON: the same message as a batch's (and as before), from the standard parser
     try:
         data = json.loads(body)
     except ValueError as exc:
@@ -55,16 +69,14 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
         raise UploadInvalid(
             [{"loc": ["body"], "msg": f"a batch holds 1 to {MAX_BATCH} result documents; got {len(items)}", "type": "value_error"}]
         )
-    documents, errors = [], []
+    documents: list[ResultDocument] = []
+    errors: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         prefix: list[Any] = ["body", i] if batch else ["body"]
         try:
             documents.append(ResultDocument.model_validate(item))
         except ValidationError as exc:
-            errors += [
-                {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                for e in exc.errors(include_url=False, include_input=False)
-            ]
+            errors += _errors(exc, prefix)
     if errors:
         raise UploadInvalid(errors)
     return documents, batch

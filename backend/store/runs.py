@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import JSON, ColumnElement, delete, func, insert, literal, select, type_coerce, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
@@ -65,6 +66,48 @@ def get_runs(session: Session, run_ids: Sequence[str]) -> list[Run]:
 def get_documents(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     rows = session.execute(select(RunResult.run_id, RunResult.document).where(RunResult.run_id.in_(list(run_ids))))
     return {run_id: doc for run_id, doc in rows}
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _without(session: Session, keys: Sequence[str]) -> ColumnElement[Any]:
+    """The document with top-level `keys` removed in the database (their bytes never leave it)."""
+    doc: ColumnElement[Any] = RunResult.document.expression
+    if not keys:
+        return doc
+    if _postgres(session):
+        for key in keys:
+            doc = doc.op("-")(literal(key))
+        return type_coerce(doc, JSONB)
+    return type_coerce(func.json_remove(RunResult.document, *(f"$.{key}" for key in keys)), JSON)
+
+
+def _array_length(session: Session, key: str) -> ColumnElement[Any]:
+    """How many items the document's top-level array `key` holds (NULL when it has none)."""
+    if _postgres(session):
+        return func.jsonb_array_length(RunResult.document.op("->")(literal(key)))
+    return func.json_array_length(RunResult.document, f"$.{key}")
+
+
+def get_document(session: Session, run_id: str, *, omit: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, int]] | None:
+    """A run's result document without the top-level keys in `omit`, and how many items each omitted
+    array held; None when the run has no result."""
+    lengths = [_array_length(session, key) for key in omit]
+    row = session.execute(select(_without(session, omit), *lengths).where(RunResult.run_id == run_id)).one_or_none()
+    if row is None:
+        return None
+    return row[0], {key: int(n or 0) for key, n in zip(omit, row[1:], strict=True)}
+
+
+def get_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """Only the `timeline` array of a run's result document (empty without one)."""
+    if _postgres(session):
+        column = type_coerce(RunResult.document.op("->")(literal("timeline")), JSONB)
+    else:
+        column = type_coerce(func.json_extract(RunResult.document, "$.timeline"), JSON)
+    return session.execute(select(column).where(RunResult.run_id == run_id)).scalar_one_or_none() or []
 
 
 def set_status(session: Session, run: Run, status: str, *, error: str | None = None) -> None:

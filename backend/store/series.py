@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.models import Run, Series, SeriesVerdict
@@ -17,8 +18,18 @@ def get_series(session: Session, series_id: str) -> Series | None:
 
 
 def add_series(session: Session, series: Series) -> Series:
-    session.add(series)
-    session.flush()
+    """Insert a new series; when a concurrent upload inserted the same one first, that row (the
+    insert waits for it on the primary key, fails, and rolls back to a savepoint taken just before)."""
+    try:
+        with session.begin_nested():
+            session.add(series)
+            session.flush()
+    except IntegrityError:
+        query = select(Series).where(Series.id == series.id).execution_options(populate_existing=True)
+        winner = session.execute(query).scalar_one_or_none()
+        if winner is None:
+            raise
+        return winner
     return series
 
 

@@ -251,7 +251,7 @@ def test_every_strategy_submitted_through_the_api_succeeds_and_its_result_resubm
     names = {event.get("name", "") for event in trace["traceEvents"]}
     assert any(name.startswith("gloo:") for name in names), sorted(names)[:20]
     assert client.get(f"/api/v1/runs/{ids['fsdp']}/trace", params={"rank": 2}).status_code == 404
-    assert client.get(f"/api/v1/runs/{ids['fsdp']}").json()["result"]["timeline"], "the traced run keeps its timeline"
+    assert client.get(f"/api/v1/runs/{ids['fsdp']}?include=timeline").json()["result"]["timeline"], "the traced run keeps its timeline"
 
     # result → spec → resubmit: the same frozen job, every strategy. Only hybrid (the one that
     # composes two strategies) runs again; the others are cancelled while still queued.

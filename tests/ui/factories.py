@@ -207,6 +207,22 @@ def make_document(
     return ResultDocument.model_validate(doc)
 
 
+def with_timeline(document: ResultDocument, *, events_per_rank: int = 10_000, seed: int = 0) -> ResultDocument:
+    """`document` with a traced run's long timeline: on every rank, `events_per_rank` events
+    alternating compute and the strategy's collectives (8 ranks × 10,000 = 80,000, issue #12)."""
+    rng = random.Random(seed)
+    ops = ["forward", "backward", *(OPS.get(document.strategy.name) or ["all_reduce"])]
+    timeline = []
+    for r in range(document.strategy.world_size):
+        t = 0.0
+        for i in range(events_per_rank):
+            op = ops[i % len(ops)]
+            dur = 5 + 50 * rng.random()
+            timeline.append({"rank": r, "op": op, "start_us": t, "dur_us": dur, "bytes": None if i % len(ops) < 2 else 65_536})
+            t += dur * (1.05 + rng.random())
+    return ResultDocument.model_validate({**document.model_dump(mode="json"), "timeline": timeline})
+
+
 def store_run(session: Session, document: ResultDocument, *, source: str = "ci") -> Run:
     """Store a finished run through the ingest path (a CI upload, or a form/API run given its result)."""
     if source == "ci":

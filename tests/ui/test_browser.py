@@ -179,6 +179,11 @@ def test_run_page_draws_the_step_and_memory_splits_and_the_gradient_check(page, 
     # drawn, with the hatched patterns, as SVG paths in every figure
     for chart in ("steps", "memory", "volume", "bubble"):
         assert page.locator(f"#chart-{chart} .main-svg .bars path").count() > 0, chart
+    # the timeline is fetched after the page (issue #12) and drawn like the others
+    page.wait_for_selector("#chart-timeline .main-svg")
+    lanes = page.evaluate("() => document.getElementById('chart-timeline').data.map(t => t.name).sort()")
+    assert lanes == ["recv", "send"]
+    assert page.locator("#chart-timeline .main-svg .bars path").count() > 0
     assert page.locator("#gradient-check .badge").inner_text() == "passed"
     assert page.locator("#volume-table tbody tr").count() == 2  # send, recv
 

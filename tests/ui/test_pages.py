@@ -72,8 +72,11 @@ def test_run_name_is_escaped_everywhere(client, lab, xss_run):
 
 def test_run_page_shows_results_and_figures(client, lab):
     text = client.get(f"/runs/{lab['pp4'].id}").text
-    for fig in ("fig-memory", "fig-steps", "fig-comm", "fig-timeline", "fig-loss", "fig-bubble"):
+    for fig in ("fig-memory", "fig-steps", "fig-comm", "fig-loss", "fig-bubble"):
         assert f'id="{fig}"' in text
+    assert f'data-figure="fig-timeline" data-src="/runs/{lab["pp4"].id}/timeline.json"' in text, "loaded after the page"
+    timeline = client.get(f"/runs/{lab['pp4'].id}/timeline.json").json()
+    assert {t["name"] for t in timeline["data"]} == {"send", "recv"}
     assert "tokens/s" in text and "15,000" in text
     moe = client.get(f"/runs/{lab['moe2'].id}").text
     assert 'id="fig-moe"' in moe

@@ -22,6 +22,7 @@ from backend.models import FINISHED_STATUSES
 from backend.services import auth as auth_service
 from backend.services import run_form
 from backend.services import runs as run_service
+from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
 from backend.services.recipes import dimension_choices
 from backend.services.run_view import run_view
@@ -153,6 +154,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."}, status_code=404, settings=settings
         )
     figures = run_figs.run_figures(view.document) if view.document else {}
+    if "timeline" in figures and not view.timeline_events:  # nothing to load: say so inline
+        figures["timeline"] = run_figs.timeline({})
     return render(
         request,
         "run.html",
@@ -164,12 +167,24 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "volume": view.volume,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
+            "timeline_events": view.timeline_events,
             "vary_choices": dimension_choices()
             if getattr(request.state, "principal", ANONYMOUS).may("submit") and view.run.job is not None
             else {},
         },
         settings=settings,
     )
+
+
+@router.get("/runs/{run_id}/timeline.json")
+def run_timeline_figure(
+    run_id: str, session: SessionDep, buckets: Annotated[int, Query(ge=100, le=10_000)] = timeline_service.DEFAULT_BUCKETS
+) -> Response:
+    """The run page's timeline figure (Plotly JSON), loaded after the page: downsampled to about
+    `buckets` bars per lane (the chart's width), so the page stays small whatever the document holds."""
+    timeline = timeline_service.run_timeline(session=session, run_id=run_id, buckets=buckets)
+    fig = run_figs.timeline({"timeline": timeline.events, "timeline_total": timeline.total})
+    return Response(content=fig.to_json(), media_type="application/json")
 
 
 @router.get("/runs/{run_id}/status.json")

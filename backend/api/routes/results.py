@@ -6,10 +6,14 @@ answer carries each result's verdicts on its CI series (issue #11).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response, status
-from starlette.concurrency import run_in_threadpool
 
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.ratelimit import UploadRateLimit
@@ -20,6 +24,7 @@ from backend.services.uploads import Uploaded, parse_documents, upload_results
 from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
+T = TypeVar("T")
 
 
 async def read_limited_body(request: Request, limit: int) -> bytes:
@@ -42,6 +47,24 @@ def upload_read(uploaded: Uploaded) -> UploadRead:
         verdicts=[Verdict.model_validate(series_service.verdict_dict(v)) for v in uploaded.verdicts],
         regressed=uploaded.regressed,
     )
+
+
+_EXECUTORS: dict[int, ThreadPoolExecutor] = {}
+_EXECUTORS_LOCK = threading.Lock()
+
+
+def upload_executor(size: int) -> ThreadPoolExecutor:
+    """This process's pool of `size` upload threads (settings.upload_concurrency)."""
+    with _EXECUTORS_LOCK:
+        if size not in _EXECUTORS:
+            _EXECUTORS[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="parallab-upload")
+        return _EXECUTORS[size]
+
+
+async def off_the_loop(size: int, work: Callable[[], T]) -> T:
+    """`work()` in the bounded upload pool: at most `size` uploads hold the GIL against the event loop."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(upload_executor(size), context.run, work)
 
 
 @router.post(
@@ -71,7 +94,7 @@ async def upload_result(
     settings: SettingsDep,
     principal: UploaderDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> UploadRead | UploadBatchRead:
+) -> Response:
     """Store a result document (or a batch, all or nothing) as finished runs, judged against their
     CI series. A repeated Idempotency-Key returns the first upload (200); the same key with a
     different document is refused (409). Rate-limited per token (429).
@@ -87,16 +110,25 @@ async def upload_result(
     """
     body = await read_limited_body(request, settings.max_upload_bytes)
 
-    def _write() -> UploadRead | UploadBatchRead:  # validation and database work off the event loop
+    def _write() -> Response:
+        # Parsing, checks, database work and the answer's JSON all happen here, in the bounded pool:
+        # the event loop only moves bytes (an async route's returned model would be validated and
+        # serialised on the loop itself).
         documents, batch = parse_documents(body)
         uploaded = upload_results(session=session, documents=documents, batch=batch, idempotency_key=idempotency_key, principal=principal)
         session.commit()
-        if not any(u.created for u in uploaded):
-            response.status_code = status.HTTP_200_OK
         items = [upload_read(u) for u in uploaded]
-        return UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
+        answer = UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
+        created = any(u.created for u in uploaded)
+        out = Response(
+            content=answer.model_dump_json(),
+            status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            media_type="application/json",
+        )
+        out.headers.update({k: v for k, v in response.headers.items() if k.lower() != "content-length"})  # rate-limit headers
+        return out
 
-    return await run_in_threadpool(_write)
+    return await off_the_loop(settings.upload_concurrency, _write)
 
 
 @router.get("/schema")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep
 from backend.models import Run
-from backend.schemas.runs import RunList, RunRead, RunSummary
+from backend.schemas.runs import RunList, RunRead, RunSummary, TimelineRead
 from backend.services import auth as auth_service
 from backend.services import runs as run_service
+from backend.services import timeline as timeline_service
 from backend.store import runs as store
 from parallab.core.result import MAX_RANKS
 from parallab.core.spec import JobSpec
@@ -20,14 +22,28 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 RunId = Annotated[str, Path(max_length=64, description="A run's id (32 hex digits).")]
 
 
-def run_read(run: Run) -> RunRead:
-    """The API view of a run, with its result document once it has one."""
+Heavy = Literal["timeline"]
+HEAVY_PARTS: tuple[Heavy, ...] = ("timeline",)
+"""Result keys left out of a run's API view unless asked for with `?include=` (issue #12): a traced
+run's timeline can hold 80,000 events (megabytes). The run page loads it downsampled from
+`GET /runs/{id}/timeline`; the full detail is in the Perfetto trace."""
+
+
+def run_read(run: Run, *, include: Sequence[str] = (), document: dict[str, Any] | None = None) -> RunRead:
+    """The API view of a run, with its result document once it has one, less the heavy parts not in
+    `include` (named in `result_omitted`). `document`: the stored one when the caller already has it."""
+    if document is None and run.result is not None:
+        document = run.result.document
+    omitted = [key for key in HEAVY_PARTS if key not in include] if document is not None else []
+    if document is not None and omitted:
+        document = {k: v for k, v in document.items() if k not in omitted}
     return RunRead(
         **RunSummary.model_validate(run).model_dump(),
         spec=run.spec,
         error=run.error,
         cancel_requested=run.cancel_requested,
-        result=run.result.document if run.result is not None else None,
+        result=document,
+        result_omitted=omitted,
     )
 
 
@@ -67,8 +83,35 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunRead)
-def read_run(run_id: RunId, session: SessionDep) -> RunRead:
-    return run_read(run_service.get_run(session=session, run_id=run_id))
+def read_run(
+    run_id: RunId,
+    session: SessionDep,
+    include: Annotated[
+        list[Heavy] | None, Query(description="Heavy result parts to include (left out by default): `timeline`.", max_length=4)
+    ] = None,
+) -> RunRead:
+    """A run and, once finished, its result document — without its timeline unless `?include=timeline`
+    (`result_omitted` names what was left out; `GET /runs/{id}/timeline` gives it downsampled)."""
+    run = run_service.get_run(session=session, run_id=run_id)
+    wanted = set(include or ())
+    stored = run_service.result_document(session=session, run_id=run.id, omit=[k for k in HEAVY_PARTS if k not in wanted])
+    return run_read(run, include=list(wanted), document=stored)
+
+
+@router.get("/{run_id}/timeline", response_model=TimelineRead)
+def read_timeline(
+    run_id: RunId,
+    session: SessionDep,
+    max_events: Annotated[int, Query(ge=1, le=timeline_service.MAX_EVENTS_LIMIT)] = timeline_service.DEFAULT_MAX_EVENTS,
+    buckets: Annotated[int, Query(ge=1, le=100_000, description="The chart's width in buckets (about its pixels).")] = (
+        timeline_service.DEFAULT_BUCKETS
+    ),
+) -> TimelineRead:
+    """A run's timeline, downsampled to at most `max_events` bars: on each (rank, op) lane, events
+    closer than the step's span / `buckets` merge into one bar (`count` events, `busy_us` of them
+    busy, `bytes` summed). The full detail is in the Perfetto trace (`/runs/{id}/trace?rank=N`)."""
+    timeline = timeline_service.run_timeline(session=session, run_id=run_id, buckets=buckets, max_events=max_events)
+    return TimelineRead(events=timeline.events, total=timeline.total, downsampled=timeline.downsampled, bucket_us=timeline.bucket_us)
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)
