@@ -167,6 +167,11 @@ def test_login_sets_an_httponly_samesite_cookie_secure_off_loopback_and_logout_e
     settings.allow_local_mode, settings.host, settings.secret_key = False, host, "series-test-secret"
     member(settings, "ada@lab.org")
     assert client.get("/", follow_redirects=False).headers["location"] == "/login?next=%2F"
+    if secure:  # off loopback the CSRF cookie is Secure too; httpx sends Secure cookies over https only,
+        # so let the jar's copy travel on this plain-http test client, as a browser over TLS would send it
+        assert "secure" in client.get("/login").headers["set-cookie"].lower()
+        for cookie in client.cookies.jar:
+            cookie.secure = False
     token = form_token(client)
     wrong = client.post("/login", data={"csrf_token": token, "email": "ada@lab.org", "password": "nope"}, follow_redirects=False)
     assert wrong.status_code == 401 and "wrong email or password" in wrong.text
