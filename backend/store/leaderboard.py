@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, distinct, func, literal, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, delete, distinct, func, insert, select, text
+from sqlalchemy.orm import Session, aliased
 
+from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
 
 # Columns a leaderboard row carries, in display order.
@@ -51,6 +52,10 @@ identical workloads compete); `shape` — the same model shape and batch, every 
 a recipe dimension — within a shape, one group per value of that dimension (issue 14)."""
 
 CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
+KEYED = frozenset(CONFIG) | {"shape_key"}
+"""Columns compared with `=` (never null on a ranked run, and indexed); the others null-safely."""
+ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.columns)
+SORT_WORK_MEM = "64MB"
 RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
 
 
@@ -63,14 +68,45 @@ def partition(group: str) -> tuple[str, ...]:
     return ("shape_key", "hardware_key", group)
 
 
-def _conditions(filters: dict[str, Any]) -> list[ColumnElement[bool]]:
-    """Finished runs with a throughput and a workload key, the filters applied."""
-    conds: list[ColumnElement[bool]] = [Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)]
+def eligible(run: Run) -> bool:
+    """Whether a run is ranked: it succeeded with a throughput and a workload key."""
+    return run.status == "succeeded" and run.tokens_per_s is not None and run.workload_key is not None
+
+
+def sync_entry(session: Session, run: Run) -> None:
+    """Make the run's leaderboard row agree with the run (written, rewritten or removed), in the
+    caller's transaction — called wherever a run's status changes (`store.runs.set_status`)."""
+    session.flush()  # the run row exists (the entry's key refers to it) and holds its summary columns
+    session.execute(delete(Entry).where(Entry.id == run.id))
+    if eligible(run):
+        session.execute(insert(Entry).values({c: getattr(run, c) for c in ENTRY_COLUMNS}))
+
+
+def rebuild(session: Session) -> int:
+    """Refill the whole table from `runs` (what migration 0010 backfills; for bulk loads that bypass
+    ingest). Returns the rows written."""
+    session.execute(delete(Entry))
+    ranked = select(*(getattr(Run, c) for c in ENTRY_COLUMNS)).where(
+        Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)
+    )
+    session.execute(insert(Entry).from_select(list(ENTRY_COLUMNS), ranked))
+    return session.execute(select(func.count()).select_from(Entry)).scalar_one()
+
+
+def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnElement[bool]]:
+    """The filters applied to ranked runs (the table holds only those)."""
+    conds: list[ColumnElement[bool]] = []
     for name in FILTERS:
         value = filters.get(name)
         if value is not None and value != "":
-            conds.append(getattr(Run, name) == value)
+            conds.append(getattr(table, name) == value)
     return conds
+
+
+def _match(a: Any, b: Any, columns: Sequence[str]) -> list[ColumnElement[bool]]:
+    """Equality on `columns` between two tables; recipe dimensions may be null (CI uploads that no
+    longer resolve): null matches null there (not indexable, so only on columns after the keys)."""
+    return [getattr(a, c) == getattr(b, c) if c in KEYED else getattr(a, c).is_not_distinct_from(getattr(b, c)) for c in columns]
 
 
 def leaderboard_rows(
@@ -84,33 +120,40 @@ def leaderboard_rows(
     offset: int,
     group: str = "workload",
 ) -> tuple[list[dict[str, Any]], int]:
-    """A page of leaderboard rows (each ranked within its workload × hardware group) and the total.
-
-    Each (workload, hardware, strategy, world size) is aggregated once (its best throughput and
-    how many runs it has — a hash aggregate over the summary columns, no sort of every run); the
-    runs are joined back to it, and only then ranked within their group.
-    """
+    """A page of leaderboard rows (each ranked within its group, see GROUPINGS) and the total."""
     conds = _conditions(filters)
-    config = CONFIG if group == "workload" else RECIPE_CONFIG
     if group != "workload":
-        conds.append(Run.shape_key.is_not(None))
-    config_cols = [getattr(Run, c) for c in config]
+        conds.append(Entry.shape_key.is_not(None))
+    if best_only:
+        return _best_rows(session, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
+    return _every_run(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
+
+
+def _best_rows(
+    session: Session, *, conds: list[ColumnElement[bool]], sort: str | None, descending: bool, limit: int, offset: int, group: str
+) -> tuple[list[dict[str, Any]], int]:
+    """The best run of each (strategy, world size[, recipe]) config, ranked within its group.
+
+    Each config is aggregated once (its best throughput and how many runs it has — a hash
+    aggregate over the narrow table); its best run is joined back, and only those few rows are
+    ranked and sorted.
+    """
+    config = CONFIG if group == "workload" else RECIPE_CONFIG
+    config_cols = [getattr(Entry, c) for c in config]
     configs = (
-        select(*config_cols, func.max(Run.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
+        select(*config_cols, func.max(Entry.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
         .where(*conds)
         .group_by(*config_cols)
         .subquery("configs")
     )
-    # micro_batch_size may be null (CI uploads that no longer resolve): match nulls with nulls there
-    on = [getattr(Run, c) == configs.c[c] if c in CONFIG else getattr(Run, c).is_not_distinct_from(configs.c[c]) for c in config]
-    if best_only:
-        on.append(Run.tokens_per_s == configs.c.best_tps)
+    on = [getattr(Entry, c) == configs.c[c] if c in KEYED else getattr(Entry, c).is_not_distinct_from(configs.c[c]) for c in config]
+    on.append(Entry.tokens_per_s == configs.c.best_tps)
     joined = (
         select(
-            *(getattr(Run, c) for c in ROW_COLUMNS),
+            *(getattr(Entry, c) for c in ROW_COLUMNS),
             configs.c.config_runs,
             # two runs of one config with exactly the same throughput: keep one
-            func.row_number().over(partition_by=config_cols, order_by=Run.id).label("tie") if best_only else literal(1).label("tie"),
+            func.row_number().over(partition_by=config_cols, order_by=Entry.id).label("tie"),
         )
         .join(configs, and_(*on))
         .where(*conds)
@@ -135,7 +178,92 @@ def leaderboard_rows(
     for row in rows:
         row.pop("tie", None)
     total = rows[0]["total"] if rows else session.execute(select(func.count()).select_from(scored)).scalar_one()
+    for row in rows:
+        row.pop("total", None)
     return rows, total
+
+
+def _every_run(
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    conds: list[ColumnElement[bool]],
+    sort: str | None,
+    descending: bool,
+    limit: int,
+    offset: int,
+    group: str,
+) -> tuple[list[dict[str, Any]], int]:
+    """Every ranked run, a page at a time, without ranking them all.
+
+    Within one group, rank order is throughput order, so "sort, model, group, rank, id" is the
+    same order as "sort, model, group, tokens/s descending, id": the page's ids come from one
+    sort of the narrow table's columns (no window over every run), and only the page's rows get
+    their rank (one plus the faster runs of their group, an index range count) and their config's
+    run count. Sorting by rank or by runs per config ranks or counts every run: a window over the
+    group index, or a join with the per-config counts.
+    """
+    group_cols = partition(group)
+    config = CONFIG if group == "workload" else RECIPE_CONFIG
+    sort = sort if sort in SORTABLE else None
+    tail = [Entry.model, *(getattr(Entry, c) for c in group_cols)]
+
+    def keyed(column: Any) -> ColumnElement:
+        return (column.desc() if descending else column.asc()).nulls_last()
+
+    if sort == "rank":
+        ranks = select(
+            Entry.id,
+            Entry.model,
+            *(getattr(Entry, c) for c in group_cols),
+            func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
+        ).where(*conds).subquery("ranks")
+        ids_query = select(ranks.c.id).order_by(
+            keyed(ranks.c.rank), ranks.c.model, *(ranks.c[c] for c in group_cols), ranks.c.rank, ranks.c.id
+        )
+    elif sort == "config_runs":
+        counts = (
+            select(*(getattr(Entry, c) for c in config), func.count().label("config_runs")).where(*conds).group_by(*(getattr(Entry, c) for c in config))
+        ).subquery("counts")
+        ids_query = (
+            select(Entry.id)
+            .join(counts, and_(*_match(Entry, counts.c, config)))
+            .where(*conds)
+            .order_by(keyed(counts.c.config_runs), *tail, Entry.tokens_per_s.desc(), Entry.id)
+        )
+    else:
+        first = [keyed(getattr(Entry, sort))] if sort is not None else []
+        ids_query = select(Entry.id).where(*conds).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
+    with_work_mem(session)
+    page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
+    total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
+    if not page_ids:
+        return [], total
+    other = aliased(Entry, name="other")
+    other_conds = _conditions(filters, other)
+    if group != "workload":
+        other_conds.append(other.shape_key.is_not(None))
+    rank = (
+        select(func.count())
+        .where(*other_conds, *_match(other, Entry, group_cols), other.tokens_per_s > Entry.tokens_per_s)
+        .scalar_subquery()
+    )
+    config_runs = select(func.count()).where(*other_conds, *_match(other, Entry, config)).scalar_subquery()
+    group_size = select(func.count()).where(*other_conds, *_match(other, Entry, group_cols)).scalar_subquery()
+    query = select(
+        *(getattr(Entry, c) for c in ROW_COLUMNS),
+        config_runs.label("config_runs"),
+        (rank + 1).label("rank"),
+        group_size.label("group_size"),
+    ).where(Entry.id.in_(page_ids))
+    by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
+    return [by_id[i] for i in page_ids if i in by_id], total
+
+
+def with_work_mem(session: Session) -> None:
+    """Give this transaction's sorts of the narrow table room in memory (Postgres; a no-op on SQLite)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"SET LOCAL work_mem = '{SORT_WORK_MEM}'"))
 
 
 def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -147,35 +275,50 @@ def specs(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]
 
 def filter_values(session: Session) -> dict[str, list[Any]]:
     """Distinct values of each filter over ranked runs, for the filter menus (one scan, not one per filter)."""
-    columns = [getattr(Run, name) for name in FILTERS]
-    combos = session.execute(select(*columns).distinct().where(Run.status == "succeeded", Run.tokens_per_s.is_not(None))).all()
+    columns = [getattr(Entry, name) for name in FILTERS]
+    combos = session.execute(select(*columns).distinct()).all()
     return {name: sorted({row[i] for row in combos if row[i] is not None}) for i, name in enumerate(FILTERS)}
 
 
 def workload_groups(session: Session) -> list[dict[str, Any]]:
-    """Every (workload, hardware) group: its size, how many world sizes, and one run to label it."""
+    """Every (workload, hardware) group: its size, how many world sizes, and one run to label it.
+
+    Counted per (group, world size) first — a hash aggregate of the narrow table — so the distinct
+    world sizes are a count of a few hundred rows, not a sort of every run.
+    """
+    sizes = (
+        select(
+            Entry.workload_key,
+            Entry.hardware_key,
+            Entry.world_size,
+            func.min(Entry.model).label("model"),
+            func.count().label("runs"),
+            func.min(Entry.id).label("sample_id"),
+        )
+        .group_by(Entry.workload_key, Entry.hardware_key, Entry.world_size)
+        .subquery("sizes")
+    )
     query = (
         select(
-            Run.workload_key,
-            Run.hardware_key,
-            func.min(Run.model).label("model"),
-            func.count().label("runs"),
-            func.count(distinct(Run.world_size)).label("world_sizes"),
-            func.min(Run.id).label("sample_id"),
+            sizes.c.workload_key,
+            sizes.c.hardware_key,
+            func.min(sizes.c.model).label("model"),
+            func.sum(sizes.c.runs).label("runs"),
+            func.count().label("world_sizes"),
+            func.min(sizes.c.sample_id).label("sample_id"),
         )
-        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None))
-        .group_by(Run.workload_key, Run.hardware_key)
-        .order_by(func.count(distinct(Run.world_size)).desc(), func.count().desc(), Run.workload_key)
+        .group_by(sizes.c.workload_key, sizes.c.hardware_key)
+        .order_by(func.count().desc(), func.sum(sizes.c.runs).desc(), sizes.c.workload_key)
     )
-    return [dict(r._mapping) for r in session.execute(query)]
+    return [{**r._mapping, "runs": int(r.runs)} for r in session.execute(query)]
 
 
 def scaling_points(session: Session, *, workload_key: str, hardware_key: str) -> list[dict[str, Any]]:
     """Best tokens/s per (strategy, world size) within one group."""
     query = (
-        select(Run.strategy, Run.world_size, func.max(Run.tokens_per_s).label("tokens_per_s"), func.count().label("runs"))
-        .where(Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key == workload_key, Run.hardware_key == hardware_key)
-        .group_by(Run.strategy, Run.world_size)
-        .order_by(Run.strategy, Run.world_size)
+        select(Entry.strategy, Entry.world_size, func.max(Entry.tokens_per_s).label("tokens_per_s"), func.count().label("runs"))
+        .where(Entry.workload_key == workload_key, Entry.hardware_key == hardware_key)
+        .group_by(Entry.strategy, Entry.world_size)
+        .order_by(Entry.strategy, Entry.world_size)
     )
     return [dict(r._mapping) for r in session.execute(query)]

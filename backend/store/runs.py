@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
+from backend.models import CommMetric, LeaderboardEntry, RankMetric, Run, RunResult, RunTrace, utcnow
+from backend.store import leaderboard
 
 
 def add_run(session: Session, run: Run) -> Run:
@@ -76,6 +77,7 @@ def set_status(session: Session, run: Run, status: str, *, error: str | None = N
         run.finished_at = now
     if error is not None:
         run.error = error
+    leaderboard.sync_entry(session, run)  # the leaderboard's row, in this same transaction (issue 12)
 
 
 def set_progress(session: Session, run_id: str, progress: dict[str, Any]) -> None:
@@ -122,4 +124,5 @@ def count_runs(session: Session) -> int:
 
 
 def delete_run(session: Session, run_id: str) -> None:
+    session.execute(delete(LeaderboardEntry).where(LeaderboardEntry.id == run_id))  # also by cascade, where foreign keys are on
     session.execute(delete(Run).where(Run.id == run_id))
