@@ -21,6 +21,7 @@ from backend.migrate import upgrade
 PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TABLES = (
+    "leaderboard_cells",
     "leaderboard_entries",
     "run_nodes",
     "workers",

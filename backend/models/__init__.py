@@ -6,7 +6,7 @@ New areas add a module here and re-export their tables below.
 
 from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
-from backend.models.leaderboard import LeaderboardEntry
+from backend.models.leaderboard import LeaderboardCell, LeaderboardEntry
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.series import VERDICTS, Series, SeriesVerdict
@@ -27,6 +27,7 @@ __all__ = [
     "RunResult",
     "RunTrace",
     "LeaderboardEntry",
+    "LeaderboardCell",
     "ApiToken",
     "ROLES",
     "LoginSession",

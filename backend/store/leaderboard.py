@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, distinct, func, insert, select, text
+from sqlalchemy import ColumnElement, Integer, and_, cast, delete, func, insert, select, text
 from sqlalchemy.orm import Session, aliased
 
+from backend.models import LeaderboardCell as Cell
 from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
 
@@ -55,6 +56,10 @@ CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
 KEYED = frozenset(CONFIG) | {"shape_key"}
 """Columns compared with `=` (never null on a ranked run, and indexed); the others null-safely."""
 ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.columns)
+CELL_ATTRIBUTES = ("model", "shape_key", *RECIPE_FILTERS)
+"""What a config's cell carries besides its key and counts (the same for each of its runs)."""
+CELL_FILTERS = frozenset({"model", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS})
+"""Filters the cells can answer; the others (source, branch, user) aggregate the filtered runs."""
 SORT_WORK_MEM = "64MB"
 RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
 
@@ -74,29 +79,75 @@ def eligible(run: Run) -> bool:
 
 
 def sync_entry(session: Session, run: Run) -> None:
-    """Make the run's leaderboard row agree with the run (written, rewritten or removed), in the
-    caller's transaction — called wherever a run's status changes (`store.runs.set_status`)."""
+    """Make the run's leaderboard row and its config's cell agree with the run (written, rewritten
+    or removed), in the caller's transaction — called wherever a run's status changes
+    (`store.runs.set_status`)."""
     session.flush()  # the run row exists (the entry's key refers to it) and holds its summary columns
-    session.execute(delete(Entry).where(Entry.id == run.id))
+    keys = _remove(session, run.id)
     if eligible(run):
         session.execute(insert(Entry).values({c: getattr(run, c) for c in ENTRY_COLUMNS}))
+        keys.add(tuple(getattr(run, c) for c in CONFIG))
+    for key in keys:
+        _refresh_cell(session, key)
+
+
+def remove_entry(session: Session, run_id: str) -> None:
+    """Take a run off the leaderboard (it is being deleted), its config's cell recomputed."""
+    for key in _remove(session, run_id):
+        _refresh_cell(session, key)
+
+
+def _remove(session: Session, run_id: str) -> set[tuple[Any, ...]]:
+    """Delete the run's entry; the config it counted in, if it had one."""
+    old = session.execute(delete(Entry).where(Entry.id == run_id).returning(*(getattr(Entry, c) for c in CONFIG))).first()
+    return {tuple(old)} if old is not None else set()
+
+
+def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
+    """Recompute one config's cell from its entries (an index range), under a lock on that config
+    on Postgres so that two ingests of one config never both miss the other's run."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": "cell:" + "|".join(map(str, key))})
+    match = [getattr(Entry, c) == v if v is not None else getattr(Entry, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
+    agg = session.execute(
+        select(
+            func.count().label("runs"),
+            func.max(Entry.tokens_per_s).label("best_tokens_per_s"),
+            *(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES),
+        ).where(*match)
+    ).one()
+    cell_match = [getattr(Cell, c) == v if v is not None else getattr(Cell, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
+    session.execute(delete(Cell).where(*cell_match))
+    if agg.runs:
+        session.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping))
 
 
 def rebuild(session: Session) -> int:
-    """Refill the whole table from `runs` (what migration 0010 backfills; for bulk loads that bypass
-    ingest). Returns the rows written."""
+    """Refill both tables from `runs` (what migration 0010 backfills; for bulk loads that bypass
+    ingest). Returns the entries written."""
+    session.execute(delete(Cell))
     session.execute(delete(Entry))
     ranked = select(*(getattr(Run, c) for c in ENTRY_COLUMNS)).where(
         Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)
     )
     session.execute(insert(Entry).from_select(list(ENTRY_COLUMNS), ranked))
+    config = [getattr(Entry, c) for c in CONFIG]
+    cells = select(
+        *config,
+        *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES),
+        func.count(),
+        func.max(Entry.tokens_per_s),
+    ).group_by(*config)
+    session.execute(insert(Cell).from_select([*CONFIG, *CELL_ATTRIBUTES, "runs", "best_tokens_per_s"], cells))
     return session.execute(select(func.count()).select_from(Entry)).scalar_one()
 
 
 def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnElement[bool]]:
-    """The filters applied to ranked runs (the table holds only those)."""
+    """The filters applied to ranked runs (the table holds only those) or to cells."""
     conds: list[ColumnElement[bool]] = []
     for name in FILTERS:
+        if name not in filters:
+            continue
         value = filters.get(name)
         if value is not None and value != "":
             conds.append(getattr(table, name) == value)
@@ -125,12 +176,20 @@ def leaderboard_rows(
     if group != "workload":
         conds.append(Entry.shape_key.is_not(None))
     if best_only:
-        return _best_rows(session, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
+        return _best_rows(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
     return _every_run(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
 
 
 def _best_rows(
-    session: Session, *, conds: list[ColumnElement[bool]], sort: str | None, descending: bool, limit: int, offset: int, group: str
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    conds: list[ColumnElement[bool]],
+    sort: str | None,
+    descending: bool,
+    limit: int,
+    offset: int,
+    group: str,
 ) -> tuple[list[dict[str, Any]], int]:
     """The best run of each (strategy, world size[, recipe]) config, ranked within its group.
 
@@ -140,12 +199,23 @@ def _best_rows(
     """
     config = CONFIG if group == "workload" else RECIPE_CONFIG
     config_cols = [getattr(Entry, c) for c in config]
-    configs = (
-        select(*config_cols, func.max(Entry.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
-        .where(*conds)
-        .group_by(*config_cols)
-        .subquery("configs")
-    )
+    if {name for name, value in filters.items() if value is not None and value != ""} <= CELL_FILTERS:
+        # the maintained cells: a few hundred rows, not every run
+        cell_cols = [getattr(Cell, c) for c in config]
+        configs = (
+            select(*cell_cols, func.max(Cell.best_tokens_per_s).label("best_tps"), cast(func.sum(Cell.runs), Integer).label("config_runs"))
+            .where(*_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell))
+            .where(*([] if group == "workload" else [Cell.shape_key.is_not(None)]))
+            .group_by(*cell_cols)
+            .subquery("configs")
+        )
+    else:
+        configs = (
+            select(*config_cols, func.max(Entry.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
+            .where(*conds)
+            .group_by(*config_cols)
+            .subquery("configs")
+        )
     on = [getattr(Entry, c) == configs.c[c] if c in KEYED else getattr(Entry, c).is_not_distinct_from(configs.c[c]) for c in config]
     on.append(Entry.tokens_per_s == configs.c.best_tps)
     joined = (

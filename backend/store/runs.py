@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from backend.models import CommMetric, LeaderboardEntry, RankMetric, Run, RunResult, RunTrace, utcnow
+from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
 from backend.store import leaderboard
 
 
@@ -124,5 +124,5 @@ def count_runs(session: Session) -> int:
 
 
 def delete_run(session: Session, run_id: str) -> None:
-    session.execute(delete(LeaderboardEntry).where(LeaderboardEntry.id == run_id))  # also by cascade, where foreign keys are on
+    leaderboard.remove_entry(session, run_id)  # its entry and its config's cell, in this transaction
     session.execute(delete(Run).where(Run.id == run_id))
