@@ -10,6 +10,7 @@ reads a few MB, not the runs' specs and jobs.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -52,6 +53,8 @@ class LeaderboardEntry(Base):
         # runs per config (strategy × world size within a group)
         Index("ix_leaderboard_entries_config", "workload_key", "hardware_key", "strategy", "world_size"),
         Index("ix_leaderboard_entries_user", "user_id"),
+        # the every-run board's default order (model, group, rank, id)
+        Index("ix_leaderboard_entries_default", "model", "workload_key", "hardware_key", tokens_per_s.desc(), "id"),
     )
 
 
@@ -71,7 +74,7 @@ however deep, is an index-only scan, never a sort of every run. Other sorts sort
 
 for _name in SORTED_COLUMNS:
     _column = getattr(LeaderboardEntry, _name)
-    _tail = (
+    _tail: tuple[Any, ...] = (
         LeaderboardEntry.model,
         LeaderboardEntry.workload_key,
         LeaderboardEntry.hardware_key,

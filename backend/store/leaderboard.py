@@ -282,18 +282,24 @@ def _every_run(
         return (column.desc() if descending else column.asc()).nulls_last()
 
     if sort == "rank":
-        ranks = select(
-            Entry.id,
-            Entry.model,
-            *(getattr(Entry, c) for c in group_cols),
-            func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
-        ).where(*conds).subquery("ranks")
+        ranks = (
+            select(
+                Entry.id,
+                Entry.model,
+                *(getattr(Entry, c) for c in group_cols),
+                func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
+            )
+            .where(*conds)
+            .subquery("ranks")
+        )
         ids_query = select(ranks.c.id).order_by(
             keyed(ranks.c.rank), ranks.c.model, *(ranks.c[c] for c in group_cols), ranks.c.rank, ranks.c.id
         )
     elif sort == "config_runs":
         counts = (
-            select(*(getattr(Entry, c) for c in config), func.count().label("config_runs")).where(*conds).group_by(*(getattr(Entry, c) for c in config))
+            select(*(getattr(Entry, c) for c in config), func.count().label("config_runs"))
+            .where(*conds)
+            .group_by(*(getattr(Entry, c) for c in config))
         ).subquery("counts")
         ids_query = (
             select(Entry.id)

@@ -98,6 +98,11 @@ def upgrade() -> None:
     op.create_index("ix_leaderboard_entries_shape", "leaderboard_entries", ["shape_key", "hardware_key", "tokens_per_s"])
     op.create_index("ix_leaderboard_entries_config", "leaderboard_entries", ["workload_key", "hardware_key", "strategy", "world_size"])
     op.create_index("ix_leaderboard_entries_user", "leaderboard_entries", ["user_id"])
+    op.create_index(
+        "ix_leaderboard_entries_default",
+        "leaderboard_entries",
+        ["model", "workload_key", "hardware_key", sa.text("tokens_per_s DESC"), "id"],
+    )
     tail = ["model", "workload_key", "hardware_key", sa.text("tokens_per_s DESC"), "id"]
     # SQLite has no NULLS LAST in an index: there the index serves the order up to the nulls
     nulls = " NULLS LAST" if op.get_bind().dialect.name == "postgresql" else ""
