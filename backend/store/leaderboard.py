@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, cast, delete, func, insert, select, text
+from sqlalchemy import ColumnElement, Integer, and_, cast, delete, func, insert, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
@@ -281,6 +281,12 @@ def _every_run(
     def keyed(column: Any) -> ColumnElement:
         return (column.desc() if descending else column.asc()).nulls_last()
 
+    cellable = group == "workload" and {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
+    planned: list[str] | None = None
+    if cellable and sort == "config_runs":
+        planned = _by_config_runs(session, filters=filters, descending=descending, limit=limit, offset=offset)
+    elif cellable and sort == "rank" and not descending:
+        planned = _by_rank(session, filters=filters, limit=limit, offset=offset)
     if sort == "rank":
         ranks = (
             select(
@@ -311,7 +317,7 @@ def _every_run(
         first = [keyed(getattr(Entry, sort))] if sort is not None else []
         ids_query = select(Entry.id).where(*conds).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
     with_work_mem(session)
-    page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
+    page_ids = planned if planned is not None else list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
     total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
     if not page_ids:
         return [], total
@@ -334,6 +340,131 @@ def _every_run(
     ).where(Entry.id.in_(page_ids))
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     return [by_id[i] for i in page_ids if i in by_id], total
+
+
+def _by_config_runs(session: Session, *, filters: dict[str, Any], descending: bool, limit: int, offset: int) -> list[str]:
+    """A page of every run sorted by runs per config, planned from the cells: rows of one
+    (runs, model, group) block are that block's configs' runs by throughput, and blocks come in
+    the cells' order, so only the blocks the page overlaps are read."""
+    runs = Cell.runs.desc() if descending else Cell.runs.asc()
+    cells = session.execute(
+        select(Cell.runs, Cell.model, *(getattr(Cell, c) for c in CONFIG))
+        .where(*_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell))
+        .order_by(runs, Cell.model, Cell.workload_key, Cell.hardware_key)
+    ).all()
+    blocks: list[tuple[int, list[tuple[Any, ...]]]] = []
+    for cell in cells:
+        if blocks and blocks[-1][1][0][:4] == tuple(cell)[:4]:  # same (runs, model, workload, hardware)
+            blocks[-1] = (blocks[-1][0] + cell.runs, [*blocks[-1][1], tuple(cell)])
+        else:
+            blocks.append((cell.runs, [tuple(cell)]))
+    ids: list[str] = []
+    start = 0
+    for size, members in blocks:
+        end = start + size
+        if end > offset and start < offset + limit:
+            lo = max(0, offset - start)
+            which = [and_(*(getattr(Entry, c) == m[2 + i] for i, c in enumerate(CONFIG))) for m in members]
+            ids += session.execute(
+                select(Entry.id)
+                .where(or_(*which))
+                .order_by(Entry.tokens_per_s.desc(), Entry.id)
+                .offset(lo)
+                .limit(offset + limit - start - lo)
+            ).scalars()
+        if end >= offset + limit:
+            break
+        start = end
+    return ids
+
+
+def _by_rank(session: Session, *, filters: dict[str, Any], limit: int, offset: int) -> list[str]:
+    """A page of every run sorted by rank (best first), planned from the group sizes in the cells.
+
+    Rows of rank <= R number at least the sum over groups of min(R, group size), so the page lies
+    in a band of ranks [ra, rb] a little wider than the page; each group's band is a throughput
+    range found by an index look-up, and only the band's rows are ranked and sorted.
+    """
+    cell_filters = _conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell)
+    sizes = {
+        (wk, hk): int(n)
+        for wk, hk, n in session.execute(
+            select(Cell.workload_key, Cell.hardware_key, func.sum(Cell.runs))
+            .where(*cell_filters)
+            .group_by(Cell.workload_key, Cell.hardware_key)
+        )
+    }
+    if not sizes:
+        return []
+    conds = _conditions(filters)
+
+    def nth(group: tuple[Any, ...], k: int) -> float:
+        """The k-th best throughput of a group (1-based)."""
+        wk, hk = group
+        return session.execute(
+            select(Entry.tokens_per_s)
+            .where(*conds, Entry.workload_key == wk, Entry.hardware_key == hk)
+            .order_by(Entry.tokens_per_s.desc())
+            .offset(k - 1)
+            .limit(1)
+        ).scalar_one()
+
+    def ranked_at_most(group: tuple[Any, ...], k: int) -> int:
+        """How many of a group's runs have rank <= k (ties included)."""
+        if k <= 0:
+            return 0
+        if k >= sizes[group]:
+            return sizes[group]
+        wk, hk = group
+        return session.execute(
+            select(func.count()).where(*conds, Entry.workload_key == wk, Entry.hardware_key == hk, Entry.tokens_per_s >= nth(group, k))
+        ).scalar_one()
+
+    def at_least(r: int) -> int:
+        return sum(min(r, n) for n in sizes.values())
+
+    biggest = max(sizes.values())
+    rb = next((r for r in range(1, biggest + 1) if at_least(r) >= offset + limit), biggest)
+    ra = max(1, next((r for r in range(rb, 0, -1) if at_least(r - 1) <= offset), 1))
+    before = sum(ranked_at_most(g, ra - 1) for g in sizes)
+    while before > offset and ra > 1:  # ties put more runs above the band than the sizes promise
+        ra -= 1
+        before = sum(ranked_at_most(g, ra - 1) for g in sizes)
+    bands = []
+    for group, n in sizes.items():
+        if ra - 1 >= n:
+            continue
+        band = [Entry.workload_key == group[0], Entry.hardware_key == group[1]]
+        if ra > 1:
+            band.append(Entry.tokens_per_s < nth(group, ra - 1))
+        if rb < n:
+            band.append(Entry.tokens_per_s >= nth(group, rb))
+        bands.append(and_(*band))
+    if not bands:
+        return []
+    other = aliased(Entry, name="other")
+    rank = (
+        select(func.count())
+        .where(
+            *_conditions(filters, other),
+            other.workload_key == Entry.workload_key,
+            other.hardware_key == Entry.hardware_key,
+            other.tokens_per_s > Entry.tokens_per_s,
+        )
+        .scalar_subquery()
+    )
+    band_rows = (
+        select(Entry.id, Entry.model, Entry.workload_key, Entry.hardware_key, (rank + 1).label("rank"))
+        .where(*conds, or_(*bands))
+        .subquery("band")
+    )
+    page = (
+        select(band_rows.c.id)
+        .order_by(band_rows.c.rank, band_rows.c.model, band_rows.c.workload_key, band_rows.c.hardware_key, band_rows.c.id)
+        .offset(offset - before)
+        .limit(limit)
+    )
+    return list(session.execute(page).scalars())
 
 
 def with_work_mem(session: Session) -> None:

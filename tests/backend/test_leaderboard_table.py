@@ -170,6 +170,10 @@ def test_every_run_pages_rank_and_order_as_a_recompute(settings, lab, sort, desc
             for r in board(session, best_only=False, sort=sort, descending=descending, limit=2, offset=offset).rows
         ]
         assert paged == [r["id"] for r in whole.rows]
+        sign = -1 if descending else 1
+        if sort in ("rank", "config_runs"):  # planned from the cells: the board's whole order, ties included
+            order = sorted(whole.rows, key=lambda r: (sign * r[sort], r["model"], r["workload_key"], r["hardware_key"], r["rank"], r["id"]))
+            assert [r["id"] for r in order] == [r["id"] for r in whole.rows]
         if sort in ("mfu", "tokens_per_s", "step_time_median_s", "created_at", "rank", "config_runs"):
             values = [r[sort] for r in whole.rows if r[sort] is not None]
             assert values == sorted(values, reverse=descending)
