@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, cast, delete, func, insert, or_, select, text
+from sqlalchemy import ColumnElement, Integer, and_, case, cast, delete, func, insert, literal, null, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
@@ -283,10 +283,12 @@ def _every_run(
 
     cellable = group == "workload" and {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
     planned: list[str] | None = None
+    planned_ranks: dict[str, int] = {}
     if cellable and sort == "config_runs":
         planned = _by_config_runs(session, filters=filters, descending=descending, limit=limit, offset=offset)
     elif cellable and sort == "rank" and not descending:
-        planned = _by_rank(session, filters=filters, limit=limit, offset=offset)
+        planned_ranks = _by_rank(session, filters=filters, limit=limit, offset=offset)
+        planned = list(planned_ranks)
     if sort == "rank":
         ranks = (
             select(
@@ -318,7 +320,11 @@ def _every_run(
         ids_query = select(Entry.id).where(*conds).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
     with_work_mem(session)
     page_ids = planned if planned is not None else list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
-    total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
+    if cellable:  # the cells' counts, not a count of every run
+        total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_conditions(filters, Cell))).scalar_one()
+    else:
+        total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
+    total = int(total)
     if not page_ids:
         return [], total
     other = aliased(Entry, name="other")
@@ -330,16 +336,38 @@ def _every_run(
         .where(*other_conds, *_match(other, Entry, group_cols), other.tokens_per_s > Entry.tokens_per_s)
         .scalar_subquery()
     )
-    config_runs = select(func.count()).where(*other_conds, *_match(other, Entry, config)).scalar_subquery()
-    group_size = select(func.count()).where(*other_conds, *_match(other, Entry, group_cols)).scalar_subquery()
-    query = select(
-        *(getattr(Entry, c) for c in ROW_COLUMNS),
-        config_runs.label("config_runs"),
-        (rank + 1).label("rank"),
-        group_size.label("group_size"),
-    ).where(Entry.id.in_(page_ids))
+    known = planned_ranks if sort == "rank" and planned is not None else None
+    query = select(*(getattr(Entry, c) for c in ROW_COLUMNS), *([] if known is not None else [(rank + 1).label("rank")])).where(
+        Entry.id.in_(page_ids)
+    )
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
-    return [by_id[i] for i in page_ids if i in by_id], total
+    rows = [by_id[i] for i in page_ids if i in by_id]
+    if known is not None:
+        for row in rows:
+            row["rank"] = known[row["id"]]
+    # runs per config and per group: from the cells where they answer the filters, else one grouped
+    # count per distinct config or group on the page (not one per row)
+    for label, columns in (("config_runs", config), ("group_size", group_cols)):
+        keys = {tuple(row[c] for c in columns) for row in rows}
+        source: Any = Cell if cellable else Entry
+        which = [
+            and_(
+                *(
+                    getattr(source, c) == v if c in KEYED else getattr(source, c).is_not_distinct_from(v)
+                    for c, v in zip(columns, key, strict=True)
+                )
+            )
+            for key in keys
+        ]
+        cols = [getattr(source, c) for c in columns]
+        if cellable:
+            tally = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_conditions(filters, Cell), or_(*which))
+        else:
+            tally = select(*cols, func.count()).where(*conds, or_(*which))
+        tallies = {tuple(r[:-1]): r[-1] for r in session.execute(tally.group_by(*cols))}
+        for row in rows:
+            row[label] = tallies.get(tuple(row[c] for c in columns), 0)
+    return rows, total
 
 
 def _by_config_runs(session: Session, *, filters: dict[str, Any], descending: bool, limit: int, offset: int) -> list[str]:
@@ -378,47 +406,54 @@ def _by_config_runs(session: Session, *, filters: dict[str, Any], descending: bo
     return ids
 
 
-def _by_rank(session: Session, *, filters: dict[str, Any], limit: int, offset: int) -> list[str]:
+def _by_rank(session: Session, *, filters: dict[str, Any], limit: int, offset: int) -> dict[str, int]:
     """A page of every run sorted by rank (best first), planned from the group sizes in the cells.
 
     Rows of rank <= R number at least the sum over groups of min(R, group size), so the page lies
     in a band of ranks [ra, rb] a little wider than the page; each group's band is a throughput
-    range found by an index look-up, and only the band's rows are ranked and sorted.
+    range found by an index look-up, and only the band's rows are ranked and sorted. A handful
+    of statements, whatever the number of groups.
     """
     cell_filters = _conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell)
-    sizes = {
-        (wk, hk): int(n)
-        for wk, hk, n in session.execute(
-            select(Cell.workload_key, Cell.hardware_key, func.sum(Cell.runs))
-            .where(*cell_filters)
-            .group_by(Cell.workload_key, Cell.hardware_key)
-        )
-    }
+    groups = (
+        select(Cell.workload_key.label("wk"), Cell.hardware_key.label("hk"), cast(func.sum(Cell.runs), Integer).label("n"))
+        .where(*cell_filters)
+        .group_by(Cell.workload_key, Cell.hardware_key)
+        .subquery("groups")
+    )
+    sizes = {(wk, hk): n for wk, hk, n in session.execute(select(groups))}
     if not sizes:
-        return []
+        return {}
     conds = _conditions(filters)
 
-    def nth(group: tuple[Any, ...], k: int) -> float:
-        """The k-th best throughput of a group (1-based)."""
-        wk, hk = group
-        return session.execute(
-            select(Entry.tokens_per_s)
-            .where(*conds, Entry.workload_key == wk, Entry.hardware_key == hk)
-            .order_by(Entry.tokens_per_s.desc())
+    def nth(k: int) -> Any:
+        """Each group's k-th best throughput (1-based; null past its end), correlated to `groups`."""
+        e = aliased(Entry, name=f"nth{k}")
+        return (
+            select(e.tokens_per_s)
+            .where(*_conditions(filters, e), e.workload_key == groups.c.wk, e.hardware_key == groups.c.hk)
+            .order_by(e.tokens_per_s.desc())
             .offset(k - 1)
             .limit(1)
-        ).scalar_one()
+            .correlate(groups)  # also from inside another subquery (ranked_at_most)
+            .scalar_subquery()
+        )
 
-    def ranked_at_most(group: tuple[Any, ...], k: int) -> int:
-        """How many of a group's runs have rank <= k (ties included)."""
-        if k <= 0:
-            return 0
-        if k >= sizes[group]:
-            return sizes[group]
-        wk, hk = group
-        return session.execute(
-            select(func.count()).where(*conds, Entry.workload_key == wk, Entry.hardware_key == hk, Entry.tokens_per_s >= nth(group, k))
-        ).scalar_one()
+    def band_edges(ra: int, rb: int) -> dict[tuple[Any, ...], tuple[Any, Any, int]]:
+        """Per group: the throughput of its (ra-1)-th and rb-th best runs, and how many of its runs
+        rank above ra (ties included) — one statement over every group."""
+        e = aliased(Entry, name="above")
+        upper = nth(ra - 1) if ra > 1 else null()
+        above = (
+            select(func.count())
+            .where(*_conditions(filters, e), e.workload_key == groups.c.wk, e.hardware_key == groups.c.hk, e.tokens_per_s >= nth(ra - 1))
+            .correlate(groups)
+            .scalar_subquery()
+            if ra > 1
+            else literal(0)
+        )
+        rows = session.execute(select(groups.c.wk, groups.c.hk, upper, nth(rb), above))
+        return {(wk, hk): (hi, lo, sizes[(wk, hk)] if ra - 1 >= sizes[(wk, hk)] else n) for wk, hk, hi, lo, n in rows}
 
     def at_least(r: int) -> int:
         return sum(min(r, n) for n in sizes.values())
@@ -426,45 +461,40 @@ def _by_rank(session: Session, *, filters: dict[str, Any], limit: int, offset: i
     biggest = max(sizes.values())
     rb = next((r for r in range(1, biggest + 1) if at_least(r) >= offset + limit), biggest)
     ra = max(1, next((r for r in range(rb, 0, -1) if at_least(r - 1) <= offset), 1))
-    before = sum(ranked_at_most(g, ra - 1) for g in sizes)
-    while before > offset and ra > 1:  # ties put more runs above the band than the sizes promise
+    edges = band_edges(ra, rb)
+    while sum(e[2] for e in edges.values()) > offset and ra > 1:  # ties put more runs above the band than the sizes promise
         ra -= 1
-        before = sum(ranked_at_most(g, ra - 1) for g in sizes)
-    bands = []
+        edges = band_edges(ra, rb)
+    before = sum(e[2] for e in edges.values())
+    bands, above_band = [], []
     for group, n in sizes.items():
         if ra - 1 >= n:
             continue
-        band = [Entry.workload_key == group[0], Entry.hardware_key == group[1]]
+        upper, lower, above = edges[group]
+        here = and_(Entry.workload_key == group[0], Entry.hardware_key == group[1])
+        band = [here]
         if ra > 1:
-            band.append(Entry.tokens_per_s < nth(group, ra - 1))
+            band.append(Entry.tokens_per_s < upper)
         if rb < n:
-            band.append(Entry.tokens_per_s >= nth(group, rb))
+            band.append(Entry.tokens_per_s >= lower)
         bands.append(and_(*band))
+        above_band.append((here, above))
     if not bands:
-        return []
-    other = aliased(Entry, name="other")
-    rank = (
-        select(func.count())
-        .where(
-            *_conditions(filters, other),
-            other.workload_key == Entry.workload_key,
-            other.hardware_key == Entry.hardware_key,
-            other.tokens_per_s > Entry.tokens_per_s,
-        )
-        .scalar_subquery()
-    )
+        return {}
+    # a band row's rank: its group's runs above the band, plus its rank within the band
+    in_band = func.rank().over(partition_by=[Entry.workload_key, Entry.hardware_key], order_by=Entry.tokens_per_s.desc())
     band_rows = (
-        select(Entry.id, Entry.model, Entry.workload_key, Entry.hardware_key, (rank + 1).label("rank"))
+        select(Entry.id, Entry.model, Entry.workload_key, Entry.hardware_key, (case(*above_band, else_=0) + in_band).label("rank"))
         .where(*conds, or_(*bands))
         .subquery("band")
     )
     page = (
-        select(band_rows.c.id)
+        select(band_rows.c.id, band_rows.c.rank)
         .order_by(band_rows.c.rank, band_rows.c.model, band_rows.c.workload_key, band_rows.c.hardware_key, band_rows.c.id)
         .offset(offset - before)
         .limit(limit)
     )
-    return list(session.execute(page).scalars())
+    return {run_id: int(rank) for run_id, rank in session.execute(page)}  # in page order
 
 
 def with_work_mem(session: Session) -> None:
