@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, case, cast, delete, func, insert, literal, null, or_, select, text
+from sqlalchemy import ColumnElement, Integer, and_, case, cast, delete, event, func, insert, inspect, literal, null, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
@@ -78,11 +78,32 @@ def eligible(run: Run) -> bool:
     return run.status == "succeeded" and run.tokens_per_s is not None and run.workload_key is not None
 
 
+WATCHED = frozenset(ENTRY_COLUMNS) | {"status"}
+"""The run attributes its leaderboard row depends on."""
+
+
+@event.listens_for(Session, "after_flush")
+def _follow_runs(session: Session, flush_context: Any) -> None:
+    """Every flush that adds, changes or deletes runs through the ORM brings their leaderboard rows
+    and cells along, in the same transaction: status changes, ingest, the uploader recorded after
+    ingest, a deleted run. (Bulk Core statements bypass this: `delete_run` removes the row itself,
+    and bulk loads call `rebuild`.)"""
+    for obj in session.deleted:
+        if isinstance(obj, Run):
+            remove_entry(session, obj.id)
+    for obj in session.new | session.dirty:
+        if isinstance(obj, Run) and (obj in session.new or _touched(obj)):
+            sync_entry(session, obj)
+
+
+def _touched(run: Run) -> bool:
+    state = inspect(run)
+    return any(state.attrs[name].history.has_changes() for name in WATCHED)
+
+
 def sync_entry(session: Session, run: Run) -> None:
     """Make the run's leaderboard row and its config's cell agree with the run (written, rewritten
-    or removed), in the caller's transaction — called wherever a run's status changes
-    (`store.runs.set_status`)."""
-    session.flush()  # the run row exists (the entry's key refers to it) and holds its summary columns
+    or removed), in the caller's transaction (the run row is already written)."""
     keys = _remove(session, run.id)
     if eligible(run):
         session.execute(insert(Entry).values({c: getattr(run, c) for c in ENTRY_COLUMNS}))

@@ -77,7 +77,6 @@ def set_status(session: Session, run: Run, status: str, *, error: str | None = N
         run.finished_at = now
     if error is not None:
         run.error = error
-    leaderboard.sync_entry(session, run)  # the leaderboard's row, in this same transaction (issue 12)
 
 
 def set_progress(session: Session, run_id: str, progress: dict[str, Any]) -> None:

@@ -133,6 +133,11 @@ def test_the_tables_follow_ingest_status_changes_and_delete(settings, lab) -> No
         run_store.set_status(session, cancelled, "cancelled", error="cancelled before it started")
         session.commit()
         assert_consistent(session)
+        # the uploader recorded after ingest (as uploads do) reaches the row, and its filter
+        session.get(Run, lab["tp2"]).user_id = lab["ada"]
+        session.commit()
+        assert_consistent(session)
+        assert lab["tp2"] in {r["id"] for r in board(session, best_only=False, user_id=lab["ada"]).rows}
         # delete: the entry and the cell go (the config's only run) or shrink
         run_store.delete_run(session, lab["tp2"])
         run_store.delete_run(session, lab["ddp2a"])
