@@ -53,6 +53,9 @@ class LeaderboardEntry(Base):
         # runs per config (strategy × world size within a group)
         Index("ix_leaderboard_entries_config", "workload_key", "hardware_key", "strategy", "world_size"),
         Index("ix_leaderboard_entries_user", "user_id"),
+        # the filter menus' distinct values (a skip scan each)
+        Index("ix_leaderboard_entries_source", "source"),
+        Index("ix_leaderboard_entries_branch", "branch"),
         # the every-run board's default order (model, group, rank, id)
         Index("ix_leaderboard_entries_default", "model", "workload_key", "hardware_key", tokens_per_s.desc(), "id"),
     )

@@ -98,6 +98,8 @@ def upgrade() -> None:
     op.create_index("ix_leaderboard_entries_shape", "leaderboard_entries", ["shape_key", "hardware_key", "tokens_per_s"])
     op.create_index("ix_leaderboard_entries_config", "leaderboard_entries", ["workload_key", "hardware_key", "strategy", "world_size"])
     op.create_index("ix_leaderboard_entries_user", "leaderboard_entries", ["user_id"])
+    op.create_index("ix_leaderboard_entries_source", "leaderboard_entries", ["source"])
+    op.create_index("ix_leaderboard_entries_branch", "leaderboard_entries", ["branch"])
     op.create_index(
         "ix_leaderboard_entries_default",
         "leaderboard_entries",

@@ -211,3 +211,12 @@ def test_filters_and_the_user_rank_within_what_they_keep(settings, lab) -> None:
         ]
         by_branch = board(session, branch="main")
         assert [(r["id"], r["rank"], r["config_runs"]) for r in by_branch.rows] == [(lab["gpu"], 1, 1)]
+
+
+def test_filter_menus_list_what_the_ranked_runs_hold(settings, lab) -> None:
+    with session_scope(settings.sqlalchemy_url) as session:
+        runs = ranked_runs(session)
+        values = leaderboard_store.filter_values(session)
+        for name in leaderboard_store.FILTERS:
+            assert values[name] == sorted({getattr(r, name) for r in runs if getattr(r, name) is not None}), name
+        assert values["user_id"] == [lab["ada"]] and values["branch"] == ["main"]
