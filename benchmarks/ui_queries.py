@@ -35,7 +35,9 @@ from backend.migrate import upgrade  # noqa: E402
 from backend.models import Run, RunResult  # noqa: E402
 from backend.services import compare as compare_service  # noqa: E402
 from backend.services import leaderboard as leaderboard_service  # noqa: E402
-from backend.services.ingest import hardware_key, workload_key  # noqa: E402
+from backend.services.ingest import hardware_key, shape_key, workload_key  # noqa: E402
+from backend.services.recipes import recipe_columns  # noqa: E402
+from backend.store import leaderboard as leaderboard_store  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
 from tests.ui.factories import make_document  # noqa: E402
 
@@ -58,18 +60,18 @@ HARDWARE = [
 ]
 
 
-def scratch(url: str) -> tuple[str, str]:
-    """(admin URL, scratch URL) for a scratch database beside `url`."""
+def scratch(url: str, name: str = SCRATCH_DB) -> tuple[str, str]:
+    """(admin URL, scratch URL) for a scratch database `name` beside `url`."""
     admin = make_url(url)
-    return admin.render_as_string(hide_password=False), admin.set(database=SCRATCH_DB).render_as_string(hide_password=False)
+    return admin.render_as_string(hide_password=False), admin.set(database=name).render_as_string(hide_password=False)
 
 
-def recreate(admin_url: str, drop_only: bool = False) -> None:
+def recreate(admin_url: str, drop_only: bool = False, name: str = SCRATCH_DB) -> None:
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {SCRATCH_DB} WITH (FORCE)"))
+        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         if not drop_only:
-            conn.execute(text(f"CREATE DATABASE {SCRATCH_DB}"))
+            conn.execute(text(f"CREATE DATABASE {name}"))
     engine.dispose()
 
 
@@ -82,6 +84,8 @@ def populate(url: str, n: int) -> list[str]:
             doc = make_document(strategy=strategy, world_size=size, tokens_per_s=1.0, steps=10).model_dump(mode="json")
             templates[(strategy, size)] = doc
     models = [("tiny", None), ("tiny", 128), ("small", None), ("small", 256), ("small", 512)]
+    precisions = ["fp32", "fp32", "bf16"]
+    recipes: dict[tuple[str, int, str, int | None, str], dict] = {}
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     runs, results = [], []
     for i in range(n):
@@ -93,6 +97,11 @@ def populate(url: str, n: int) -> list[str]:
         workload = {**doc["workload"], "model": model}
         if seq:
             workload["seq_len"] = seq
+        precision = rng.choice(precisions)
+        workload["precision"] = precision
+        recipe_key = (strategy, size, model, seq, precision)
+        if recipe_key not in recipes:
+            recipes[recipe_key] = recipe_columns(workload, doc["strategy"])
         tps = rng.uniform(5e3, 5e5) * size**0.85
         run_id = uuid.uuid4().hex
         runs.append(
@@ -109,6 +118,8 @@ def populate(url: str, n: int) -> list[str]:
                 "world_size": size,
                 "model": model,
                 "workload_key": workload_key(workload),
+                "shape_key": shape_key(workload),
+                **recipes[recipe_key],
                 "hardware_key": hardware_key(hw),
                 "branch": rng.choice(["main", "main", "perf/overlap", None]),
                 "commit": f"{rng.getrandbits(40):010x}",
@@ -117,6 +128,7 @@ def populate(url: str, n: int) -> list[str]:
                 "mfu": rng.uniform(0.2, 0.5) if hw["device"] == "cuda" else None,
                 "peak_allocated_bytes_max": rng.randint(1 << 26, 1 << 34),
                 "comm_time_fraction": rng.uniform(0, 0.4),
+                "exposed_comm_fraction": rng.uniform(0, 0.2) if size > 1 else None,
                 "loss_max_rel_diff": rng.uniform(0, 1e-3),
             }
         )
@@ -126,6 +138,8 @@ def populate(url: str, n: int) -> list[str]:
         for lo in range(0, n, 2000):
             s.execute(insert(Run), runs[lo : lo + 2000])
             s.execute(insert(RunResult), results[lo : lo + 2000])
+        # raw inserts bypass ingest: fill the leaderboard's maintained table the way the migration backfills it
+        leaderboard_store.rebuild(s)
         s.commit()
         s.execute(text("ANALYZE"))
         s.commit()

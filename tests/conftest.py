@@ -22,6 +22,8 @@ PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg:
 REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TABLES = (
     "reference_curves",
+    "leaderboard_cells",
+    "leaderboard_entries",
     "run_nodes",
     "workers",
     "series_verdicts",

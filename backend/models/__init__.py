@@ -6,6 +6,7 @@ New areas add a module here and re-export their tables below.
 
 from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
+from backend.models.leaderboard import LeaderboardCell, LeaderboardEntry
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
 from backend.models.references import ReferenceCurve
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
@@ -26,6 +27,8 @@ __all__ = [
     "Run",
     "RunResult",
     "RunTrace",
+    "LeaderboardEntry",
+    "LeaderboardCell",
     "ApiToken",
     "ROLES",
     "LoginSession",

@@ -15,6 +15,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
+from backend.store import leaderboard
 
 
 def add_run(session: Session, run: Run) -> Run:
@@ -165,4 +166,5 @@ def count_runs(session: Session) -> int:
 
 
 def delete_run(session: Session, run_id: str) -> None:
+    leaderboard.remove_entry(session, run_id)  # its entry and its config's cell, in this transaction
     session.execute(delete(Run).where(Run.id == run_id))

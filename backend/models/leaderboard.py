@@ -1,0 +1,113 @@
+"""The leaderboard's maintained table: one narrow row per ranked run (issue 12).
+
+A run is ranked when it succeeded with a throughput and a workload key. Its row copies the
+columns the leaderboard shows, filters and sorts on from `runs` — written in the same
+transaction as the run's status (`backend.store.leaderboard.sync_entry`), removed with the run.
+The leaderboard and the scaling page read only this table: a sort of 100,000 of these rows
+reads a few MB, not the runs' specs and jobs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.models.base import Base
+
+
+class LeaderboardEntry(Base):
+    __tablename__ = "leaderboard_entries"
+
+    id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, doc="The run's id.")
+    name: Mapped[str | None] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(64))
+    strategy: Mapped[str] = mapped_column(String(32))
+    world_size: Mapped[int] = mapped_column(Integer)
+    workload_key: Mapped[str] = mapped_column(String(64))
+    hardware_key: Mapped[str | None] = mapped_column(String(200))
+    shape_key: Mapped[str | None] = mapped_column(String(64))
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
+    step_time_median_s: Mapped[float | None] = mapped_column(Float)
+    comm_time_fraction: Mapped[float | None] = mapped_column(Float)
+    exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
+    loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16))
+    branch: Mapped[str | None] = mapped_column(String(200))
+    commit: Mapped[str | None] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    precision: Mapped[str | None] = mapped_column(String(8))
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (
+        # rank within a group (a count of the faster runs), best per config, the scaling page
+        Index("ix_leaderboard_entries_workload", "workload_key", "hardware_key", "tokens_per_s"),
+        Index("ix_leaderboard_entries_shape", "shape_key", "hardware_key", "tokens_per_s"),
+        # runs per config (strategy × world size within a group)
+        Index("ix_leaderboard_entries_config", "workload_key", "hardware_key", "strategy", "world_size"),
+        Index("ix_leaderboard_entries_user", "user_id"),
+        # the filter menus' distinct values (a skip scan each)
+        Index("ix_leaderboard_entries_source", "source"),
+        Index("ix_leaderboard_entries_branch", "branch"),
+        # the every-run board's default order (model, group, rank, id)
+        Index("ix_leaderboard_entries_default", "model", "workload_key", "hardware_key", tokens_per_s.desc(), "id"),
+    )
+
+
+SORTED_COLUMNS = (
+    "tokens_per_s",
+    "mfu",
+    "step_time_median_s",
+    "peak_allocated_bytes_max",
+    "comm_time_fraction",
+    "exposed_comm_fraction",
+    "loss_max_rel_diff",
+    "created_at",
+)
+"""The every-run board's sorts that have an index in each direction, in the board's whole order
+(the column, nulls last; then model, workload, hardware, throughput descending, id): a page,
+however deep, is an index-only scan, never a sort of every run. Other sorts sort the narrow rows."""
+
+for _name in SORTED_COLUMNS:
+    _column = getattr(LeaderboardEntry, _name)
+    _tail: tuple[Any, ...] = (
+        LeaderboardEntry.model,
+        LeaderboardEntry.workload_key,
+        LeaderboardEntry.hardware_key,
+        *([LeaderboardEntry.tokens_per_s.desc()] if _name != "tokens_per_s" else []),  # tied on it already
+        LeaderboardEntry.id,
+    )
+    # (SQLite has no NULLS LAST in an index: migration 0010 leaves it out there; embedded labs are small)
+    Index(f"ix_leaderboard_entries_{_name}_desc", _column.desc().nulls_last(), *_tail)
+    Index(f"ix_leaderboard_entries_{_name}_asc", _column.asc().nulls_last(), *_tail)
+
+
+class LeaderboardCell(Base):
+    """One (workload, hardware, strategy, world size) config: how many ranked runs it has and its
+    best throughput — recomputed from `leaderboard_entries` whenever one of its runs changes, in
+    the same transaction, so the best-per-config board never aggregates every run."""
+
+    __tablename__ = "leaderboard_cells"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_key: Mapped[str] = mapped_column(String(64))
+    hardware_key: Mapped[str | None] = mapped_column(String(200))
+    strategy: Mapped[str] = mapped_column(String(32))
+    world_size: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(64))
+    shape_key: Mapped[str | None] = mapped_column(String(64))
+    precision: Mapped[str | None] = mapped_column(String(8))
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+    runs: Mapped[int] = mapped_column(Integer)
+    best_tokens_per_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size"),)
