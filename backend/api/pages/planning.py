@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from backend.api import csrf
 from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep, local_mode
-from backend.api.pages.rendering import render
+from backend.api.pages.rendering import render, render_error
 from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.figures import sweeps as sweep_figs
@@ -191,13 +191,7 @@ def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: S
     try:
         view = sweep_service.sweep_view(session=session, sweep_id=sweep_id)
     except SweepNotFound:
-        return render(
-            request,
-            "error.html",
-            {"title": "No such sweep", "message": f"There is no sweep {sweep_id!r}."},
-            status_code=404,
-            settings=settings,
-        )
+        return render_error(request, 404, "No such sweep", f"There is no sweep {sweep_id!r}.", settings=settings)
     points = [
         {
             "label": p.candidate["label"],
@@ -249,7 +243,7 @@ def vary_run(request: Request, run_id: str, form: FormDep, session: SessionDep, 
         raise HTTPException(404, detail=f"no run {run_id!r}") from None
     except (SpecError, ValidationError) as exc:
         message = "; ".join(str(p) for p in exc.problems) if isinstance(exc, SpecError) else str(exc)
-        return render(request, "error.html", {"title": "Cannot vary that", "message": message}, status_code=422, settings=settings)
+        return render_error(request, 422, "Cannot vary that", message, settings=settings)
     except QueueUnavailable as exc:
-        return render(request, "error.html", {"title": "Queue unavailable", "message": str(exc)}, status_code=503, settings=settings)
+        return render_error(request, 503, "Queue unavailable", str(exc), settings=settings)
     return RedirectResponse(f"/compare?ids={run_id},{run.id}&baseline={run_id}", status_code=303)

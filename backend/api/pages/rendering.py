@@ -71,9 +71,10 @@ def render(request: Request, name: str, context: dict[str, Any], *, settings: Se
     return response
 
 
-def render_error(request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
-    """The error page, from an exception handler (which gets no dependencies: settings are looked up)."""
-    settings: Settings = request.app.dependency_overrides.get(get_settings, get_settings)()
+def render_error(request: Request, status_code: int, title: str, message: str, *, settings: Settings | None = None) -> HTMLResponse:
+    """The error page. From an exception handler (which gets no dependencies) the settings are looked up."""
+    if settings is None:
+        settings = request.app.dependency_overrides.get(get_settings, get_settings)()
     return render(request, "error.html", {"title": title, "message": message}, settings=settings, status_code=status_code)
 
 

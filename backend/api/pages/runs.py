@@ -15,7 +15,7 @@ from starlette.datastructures import FormData
 
 from backend.api import csrf
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep, local_mode
-from backend.api.pages.rendering import render
+from backend.api.pages.rendering import render, render_error
 from backend.config import Settings
 from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
@@ -54,7 +54,7 @@ def index(
     try:
         runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor, filters=filters)
     except ValueError as exc:  # a cursor this server did not hand out
-        return render(request, "error.html", {"title": "Bad page link", "message": str(exc)}, status_code=422, settings=settings)
+        return render_error(request, 422, "Bad page link", str(exc), settings=settings)
     return render(
         request,
         "index.html",
@@ -150,9 +150,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
     try:
         view = run_view(session=session, run_id=run_id)
     except RunNotFound:
-        return render(
-            request, "error.html", {"title": "No such run", "message": f"There is no run {run_id!r}."}, status_code=404, settings=settings
-        )
+        return render_error(request, 404, "No such run", f"There is no run {run_id!r}.", settings=settings)
     figures = run_figs.run_figures(view.document) if view.document else {}
     if "timeline" in figures and not view.timeline_events:  # nothing to load: say so inline
         figures["timeline"] = run_figs.timeline({})

@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from backend.api import csrf
 from backend.api.deps import RowId, SeriesEditorDep, SessionDep, SettingsDep
-from backend.api.pages.rendering import render
+from backend.api.pages.rendering import render, render_error
 from backend.api.pages.runs import FormDep
 from backend.figures import series as series_figs
 from backend.services import regression
@@ -52,13 +52,7 @@ def series_page(request: Request, series_id: str, session: SessionDep, settings:
     try:
         view = series_service.series_view(session=session, series_id=series_id)
     except SeriesNotFound:
-        return render(
-            request,
-            "error.html",
-            {"title": "No such series", "message": f"There is no series {series_id!r}."},
-            status_code=404,
-            settings=settings,
-        )
+        return render_error(request, 404, "No such series", f"There is no series {series_id!r}.", settings=settings)
     figures = {
         m.name: series_figs.history(figure_points(view, m.name), title=m.label, unit=m.unit, higher_is_better=m.higher_is_better)
         for m in regression.METRICS
