@@ -292,6 +292,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 env["PARALLAB_UPLOAD_CONCURRENCY"] = str(args.upload_concurrency)
             if args.switch_interval_ms:
                 env["PARALLAB_GIL_SWITCH_INTERVAL_MS"] = str(args.switch_interval_ms)
+            if args.no_gc_freeze:
+                env["PARALLAB_GC_FREEZE"] = "false"
             p_args = [sys.executable, "-m", "uvicorn", "backend.api.app:app", "--host", "127.0.0.1", "--port", str(p_port)]
             p_args += ["--workers", str(args.workers)]
             m_args = [
@@ -375,6 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "upload_concurrency": args.upload_concurrency,
         "switch_interval_ms": args.switch_interval_ms,
+        "gc_freeze": not args.no_gc_freeze,
         "cases": cases,
     }
 
@@ -435,6 +438,7 @@ def main() -> None:
     parser.add_argument("--upload-concurrency", type=int, default=None, help="PARALLAB_UPLOAD_CONCURRENCY for the server.")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn --workers for parallab (compose deploys 2).")
     parser.add_argument("--switch-interval-ms", type=float, default=None, help="PARALLAB_GIL_SWITCH_INTERVAL_MS for the server.")
+    parser.add_argument("--no-gc-freeze", action="store_true", help="PARALLAB_GC_FREEZE=false for the server.")
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="Which documents.")
     parser.add_argument("--parallab-only", action="store_true", help="Skip MLflow's turns (to tune parallab alone; writes nothing).")
     parser.add_argument("--logs", default=None, help="Keep the two servers' logs in this directory.")
@@ -450,6 +454,8 @@ def main() -> None:
         command += f" --upload-concurrency {args.upload_concurrency}"
     if args.switch_interval_ms:
         command += f" --switch-interval-ms {args.switch_interval_ms:g}"
+    if args.no_gc_freeze:
+        command += " --no-gc-freeze"
     if args.json or args.parallab_only:
         print(json.dumps(result))
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -85,10 +86,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # answer between their bytecodes instead of waiting 5 ms at each socket call.
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    # Everything made so far lives as long as the process: frozen, the collector's gen-2 passes
+    # (one C call holding the GIL) walk only what requests made since.
+    if settings.gc_freeze:
+        gc.freeze()
     try:
         yield
     finally:
         sys.setswitchinterval(switch_interval)
+        if settings.gc_freeze:
+            gc.unfreeze()
         if watch is not None:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, SystemExit):

@@ -67,3 +67,22 @@ def test_the_api_process_hands_the_gil_over_in_short_slices(settings) -> None:
     with TestClient(app):
         assert sys.getswitchinterval() == 0.00025
     assert sys.getswitchinterval() == before
+
+
+def test_the_api_process_freezes_what_start_up_made(settings) -> None:
+    """Objects alive at start-up leave the collector's generations while the app runs (issue #12)."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.config import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    settings.gc_freeze = False
+    with TestClient(app):
+        assert gc.get_freeze_count() == 0
