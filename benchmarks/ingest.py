@@ -420,7 +420,7 @@ Uploads parse, check and store in a bounded pool of `PARALLAB_UPLOAD_CONCURRENCY
 CPU-bound threads, and answers on the loop itself. The API process hands the GIL over every
 {result["switch_interval_ms"] or 0.5:g} ms (`PARALLAB_GIL_SWITCH_INTERVAL_MS`; Python's default is 5) and
 {"freezes" if result["gc_freeze"] else "does not freeze"} its start-up objects (`PARALLAB_GC_FREEZE`): unfrozen, each
-full collection walks them in one GIL hold (106 ms in a process with the app loaded), the spikes behind the old p99.
+full collection walks them in one GIL hold (over 100 ms with the app loaded: `benchmarks/ingest_stalls.py`), the spikes behind the old p99.
 Parsing a document, per document in this process, `json.loads` then validating the dict (before) → pydantic-core
 reading and validating the bytes in one pass (now): {parse}. Target `/healthz` p99 < 50 ms during uploads: {target}.
 The p99 moves between rounds (the rounds' values are printed on stderr).
