@@ -42,6 +42,18 @@ class Settings(BaseSettings):
         description="Uploads parsed, checked and stored at once, in a thread pool of this size beside the event loop: "
         "each is CPU-bound under one GIL, so more of them only slow the event loop's turn (/healthz) without more throughput.",
     )
+    gil_switch_interval_ms: float = Field(
+        0.5,
+        gt=0,
+        le=100,
+        description="sys.setswitchinterval of the API process, in ms (Python's default: 5): how long a CPU-bound upload thread "
+        "keeps the GIL before the event loop's thread may take it. Each socket read or write of a request waits for it once.",
+    )
+    gc_freeze: bool = Field(
+        True,
+        description="gc.freeze() once the API process has started: the collector's full passes no longer walk the modules, app and "
+        "ORM objects made at start-up (a full pass over them held the GIL ~100 ms, stalling every request).",
+    )
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
     queue: str = Field("parallab", description="Prefix of the Celery queues: pool P is consumed from queue '<queue>.<P>'.")
 

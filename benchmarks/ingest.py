@@ -3,8 +3,8 @@
     pip install -e '.[bench]'   # mlflow (its server; or point --mlflow-python at another env's python)
     flock /tmp/parallab-heavy.lock python benchmarks/ingest.py [--json] [--clients 10] [--seconds 8] [--rounds 2]
 
-Two servers on 127.0.0.1, each one process (compose deploys parallab as one uvicorn worker; MLflow
-runs with `--workers 1`), each on its own scratch Postgres database:
+Two servers on 127.0.0.1: parallab as `--workers` uvicorn processes (default 1; compose deploys 2),
+MLflow with `--workers 1`, each on its own scratch Postgres database:
 
 - parallab: `POST /api/v1/results`, one result document per request (Bearer token per client,
   a fresh Idempotency-Key each time, the per-token rate limit off). The server validates it,
@@ -290,7 +290,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.upload_concurrency:
                 env["PARALLAB_UPLOAD_CONCURRENCY"] = str(args.upload_concurrency)
+            if args.switch_interval_ms:
+                env["PARALLAB_GIL_SWITCH_INTERVAL_MS"] = str(args.switch_interval_ms)
+            if args.no_gc_freeze:
+                env["PARALLAB_GC_FREEZE"] = "false"
             p_args = [sys.executable, "-m", "uvicorn", "backend.api.app:app", "--host", "127.0.0.1", "--port", str(p_port)]
+            p_args += ["--workers", str(args.workers)]
             m_args = [
                 args.mlflow_python,
                 "-m",
@@ -365,7 +370,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mlflow_requests_per_doc": mlflow_docs[kind][0].requests,
             "bytes_per_doc": len(bodies[kind][0]),
         }
-    return {"clients": args.clients, "seconds": args.seconds, "rounds": args.rounds, "cases": cases}
+    return {
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "workers": args.workers,
+        "upload_concurrency": args.upload_concurrency,
+        "switch_interval_ms": args.switch_interval_ms,
+        "gc_freeze": not args.no_gc_freeze,
+        "cases": cases,
+    }
 
 
 def report(result: dict[str, Any], command: str) -> str:
@@ -392,7 +406,8 @@ def report(result: dict[str, Any], command: str) -> str:
     return f"""
 Measured by `{command}` on this machine ({os.cpu_count()} CPU cores, {cpu}, Python {platform.python_version()}),
 {result["clients"]} concurrent clients, {result["seconds"]:.0f} s phases taking turns (parallab, MLflow, per kind), median of
-{result["rounds"]} rounds. Both servers are one process on 127.0.0.1 with their own Postgres database on 127.0.0.1;
+{result["rounds"]} rounds. parallab runs {result["workers"]} uvicorn process(es), MLflow one, on 127.0.0.1,
+each with its own Postgres database on 127.0.0.1;
 MLflow gets each document as `runs/create`, `runs/log-batch` (≤ 1,000 metrics each) and `runs/update`.
 Health latency is polled every 10 ms by a separate process while the uploads run.
 
@@ -400,14 +415,16 @@ Health latency is polled every 10 ms by a separate process while the uploads run
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Uploads parse, check and store in a bounded pool of `PARALLAB_UPLOAD_CONCURRENCY` threads (2 here) beside the event
-loop (issue #12), so `/healthz` waits for at most that many CPU-bound threads, and answers on the loop itself.
+Uploads parse, check and store in a bounded pool of `PARALLAB_UPLOAD_CONCURRENCY` threads
+({result["upload_concurrency"] or 2} here) beside the event loop (issue #12), so `/healthz` waits for at most that many
+CPU-bound threads, and answers on the loop itself. The API process hands the GIL over every
+{result["switch_interval_ms"] or 0.5:g} ms (`PARALLAB_GIL_SWITCH_INTERVAL_MS`; Python's default is 5) and
+{"freezes" if result["gc_freeze"] else "does not freeze"} its start-up objects (`PARALLAB_GC_FREEZE`): unfrozen, each
+full collection walks them in one GIL hold (over 100 ms with the app loaded: `benchmarks/ingest_stalls.py`), the spikes behind the old p99.
 Parsing a document, per document in this process, `json.loads` then validating the dict (before) → pydantic-core
 reading and validating the bytes in one pass (now): {parse}. Target `/healthz` p99 < 50 ms during uploads: {target}.
-The p99 moves between rounds (the rounds' values are printed on stderr; wide: 112 and 39 ms in the run above). Not
-yet measured which waits make the spikes; the likely ones are the GIL held through single C calls that never release
-it (a wide document's canonical JSON for the idempotency hash takes ~12 ms, the driver's JSON ~7 ms) and a CPU shared
-with Postgres and the clients. The 2-core machine is shared by both
+The p99 moves between rounds (the rounds' values are printed on stderr).
+The 2-core machine is shared by both
 servers, Postgres and the client, and by other work on it: compare the two columns of one run, not runs on different days.
 """
 
@@ -420,6 +437,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mlflow-python", default=sys.executable, help="A python with mlflow (and psycopg2) installed.")
     parser.add_argument("--upload-concurrency", type=int, default=None, help="PARALLAB_UPLOAD_CONCURRENCY for the server.")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn --workers for parallab (compose deploys 2).")
+    parser.add_argument("--switch-interval-ms", type=float, default=None, help="PARALLAB_GIL_SWITCH_INTERVAL_MS for the server.")
+    parser.add_argument("--no-gc-freeze", action="store_true", help="PARALLAB_GC_FREEZE=false for the server.")
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="Which documents.")
     parser.add_argument("--parallab-only", action="store_true", help="Skip MLflow's turns (to tune parallab alone; writes nothing).")
     parser.add_argument("--logs", default=None, help="Keep the two servers' logs in this directory.")
@@ -430,6 +450,13 @@ def main() -> None:
         raise SystemExit(f"{args.mlflow_python} has no mlflow: pip install -e '.[bench]' (or pass --mlflow-python)")
     result = run(args)
     command = f"python benchmarks/ingest.py --clients {args.clients} --seconds {args.seconds:g} --rounds {args.rounds}"
+    command += f" --workers {args.workers}"
+    if args.upload_concurrency:
+        command += f" --upload-concurrency {args.upload_concurrency}"
+    if args.switch_interval_ms:
+        command += f" --switch-interval-ms {args.switch_interval_ms:g}"
+    if args.no_gc_freeze:
+        command += " --no-gc-freeze"
     if args.json or args.parallab_only:
         print(json.dumps(result))
     else:

@@ -49,3 +49,40 @@ def test_json_columns_are_written_by_pydantic_core_as_json_dumps_reads_them() ->
     text = json_dumps(value)
     back = json.loads(text)
     assert back["b"] == value["b"] and back["a"]["nested"] != back["a"]["nested"]  # NaN written as json.dumps writes it
+
+
+def test_the_api_process_hands_the_gil_over_in_short_slices(settings) -> None:
+    """While the app runs, sys.setswitchinterval is the setting's (issue #12); afterwards, as before."""
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.config import get_settings
+
+    before = sys.getswitchinterval()
+    settings.gil_switch_interval_ms = 0.25
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app):
+        assert sys.getswitchinterval() == 0.00025
+    assert sys.getswitchinterval() == before
+
+
+def test_the_api_process_freezes_what_start_up_made(settings) -> None:
+    """Objects alive at start-up leave the collector's generations while the app runs (issue #12)."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.config import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    settings.gc_freeze = False
+    with TestClient(app):
+        assert gc.get_freeze_count() == 0
