@@ -58,6 +58,10 @@ SORTS = {
     "loss_max_rel_diff": "asc",
     "config_runs": "desc",
     "created_at": "desc",
+    "strategy": "asc",
+    "precision": "asc",
+    "source": "asc",
+    "branch": "asc",
 }
 # The figures (p95 at 100,000 runs, measured on main before this work).
 BEFORE_MS = {
@@ -82,6 +86,30 @@ def cases(ids: list[str]) -> list[tuple[str, str]]:
                 (
                     f"leaderboard API: every run by {sort}, {label}",
                     f"/api/v1/leaderboard?runs=all&sort={sort}&dir={direction}&limit=50&offset={offset}",
+                )
+            )
+    for label, offset in (("page 20", 950), (f"offset {DEEP_OFFSET:,}", DEEP_OFFSET)):
+        out.append(
+            (
+                f"leaderboard API: every run by rank worst-first, {label}",
+                f"/api/v1/leaderboard?runs=all&sort=rank&dir=desc&limit=50&offset={offset}",
+            )
+        )
+        for group in ("shape", "precision"):
+            out.append(
+                (
+                    f"leaderboard API: every run, group={group}, by mfu, {label}",
+                    f"/api/v1/leaderboard?runs=all&group={group}&sort=mfu&dir=desc&limit=50&offset={offset}",
+                )
+            )
+    for group in ("shape", "precision"):
+        out.append((f"leaderboard API: best per config, group={group}, by mfu", f"/api/v1/leaderboard?group={group}&sort=mfu&dir=desc"))
+    for name, value in (("source", "source=ci"), ("branch", "branch=main")):
+        for sort, direction in (("rank", "asc"), ("config_runs", "desc")):
+            out.append(
+                (
+                    f"leaderboard API: every run, {name} filter, by {sort}, page 20",
+                    f"/api/v1/leaderboard?runs=all&{value}&sort={sort}&dir={direction}&limit=50&offset=950",
                 )
             )
     out += [

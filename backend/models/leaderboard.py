@@ -70,6 +70,11 @@ SORTED_COLUMNS = (
     "exposed_comm_fraction",
     "loss_max_rel_diff",
     "created_at",
+    # migration 0012: the label columns the board also sorts by
+    "strategy",
+    "precision",
+    "source",
+    "branch",
 )
 """The every-run board's sorts that have an index in each direction, in the board's whole order
 (the column, nulls last; then model, workload, hardware, throughput descending, id): a page,
