@@ -62,7 +62,9 @@ def test_loss_agrees_with_single(harness_job, case):
 def check_profiled_window(doc) -> None:
     """A traced job's window: the step split adds up, exposed ≤ all comm, memory split at the peak."""
     assert doc.summary.exposed_comm_fraction is not None and doc.summary.comm_time_fraction is not None
-    assert doc.summary.exposed_comm_fraction <= doc.summary.comm_time_fraction + 1e-9
+    # ≤ up to float noise: fully exposed comm (ddp on 4 ranks of 2 cores) comes out equal by two
+    # summation paths, 0.50858123587 against 0.50858123482 once (2e-9 relative)
+    assert doc.summary.exposed_comm_fraction <= doc.summary.comm_time_fraction * (1 + 1e-6)
     sharded = doc.strategy.name in ("fsdp", "hybrid")  # all-gathered params at the peak count too
     for rank in doc.ranks:
         split = rank.step_time_breakdown
