@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
+from tests.workers.driver_context import gloo_context
 from workers import strategies
 from workers.harness import gradcheck
 from workers.harness.main import new_model, reference_gradients
@@ -39,15 +39,6 @@ from workers.strategies.base import Applied, Strategy, flat_all_reduce_
 from workers.strategies.expert_parallel import _is_expert
 
 Mutant = Callable[[Applied, RunContext, Strategy[Any, Any]], Strategy[Any, Any]]
-
-
-def context(job: ResolvedJob) -> RunContext:
-    world, rank = dist.get_world_size(), dist.get_rank()
-    shape = tuple(dim.size for dim in job.mesh)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(dim.name for dim in job.mesh))
-    return RunContext(
-        rank=rank, world_size=world, local_rank=rank, local_world_size=world, device=torch.device("cpu"), backend="gloo", mesh=mesh
-    )
 
 
 def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -160,7 +151,7 @@ def main() -> None:
     references: dict[str, gradcheck.Gradients] = {}
     for name, mutant in MUTANTS.items():
         job = make_job(name, 2, trace=False)
-        ctx = context(job)
+        ctx = gloo_context(job)
         key = reference_key(job)
         if ctx.rank == 0 and key not in references:
             references[key] = reference_gradients(job, ctx)

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.device_mesh import init_device_mesh
 
 from parallab.core.prediction import predict
 from tests.workers.conftest import make_job
+from tests.workers.driver_context import gloo_context
 from workers import strategies
 from workers.harness import loop, main, measure
 from workers.harness.amp import Amp
@@ -47,25 +47,9 @@ WORKLOAD = {"global_batch_size": 16}
 """Twice the preset's batch: activations dominate the peak, so the recipes' memory shows."""
 
 
-def context(job, rank: int, world: int) -> RunContext:
-    shape = tuple(d.size for d in job.mesh)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(d.name for d in job.mesh))
-    return RunContext(
-        rank=rank,
-        world_size=world,
-        local_rank=rank,
-        local_world_size=world,
-        device=torch.device("cpu"),
-        backend="gloo",
-        accum_steps=job.accum_steps,
-        precision=job.workload.precision,
-        mesh=mesh,
-    )
-
-
 def run_case(strategy_name: str, recipe: dict[str, Any], rank: int, world: int, out_dir: Path) -> dict[str, Any]:
     job = make_job(strategy_name, world, workload={**WORKLOAD, **recipe})
-    ctx = context(job, rank, world)
+    ctx = gloo_context(job)
     strategy = strategies.get(job.strategy)
     applied = strategy.apply(main.new_model(job), ctx, job.options)
     profiler = measure.StepProfiler(rank=rank, world_size=world, out_dir=out_dir, device=ctx.device)

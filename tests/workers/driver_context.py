@@ -1,0 +1,28 @@
+"""The rank context a test driver (launched by torchrun, gloo on CPU) builds for one job: the
+same fields `workers.harness.runtime.init_runtime` fills, without initialising the process group
+again (a driver runs many jobs in one group)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from parallab.core.jobs import ResolvedJob
+from workers.harness.runtime import RunContext
+
+
+def gloo_context(job: ResolvedJob) -> RunContext:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", tuple(d.size for d in job.mesh), mesh_dim_names=tuple(d.name for d in job.mesh))
+    return RunContext(
+        rank=rank,
+        world_size=world,
+        local_rank=rank,
+        local_world_size=world,
+        device=torch.device("cpu"),
+        backend="gloo",
+        accum_steps=job.accum_steps,
+        precision=job.workload.precision,
+        mesh=mesh,
+    )
