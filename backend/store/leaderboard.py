@@ -9,7 +9,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, case, cast, delete, event, func, insert, inspect, literal, null, or_, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    and_,
+    case,
+    cast,
+    delete,
+    event,
+    func,
+    insert,
+    inspect,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
@@ -193,9 +210,7 @@ def leaderboard_rows(
     group: str = "workload",
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of leaderboard rows (each ranked within its group, see GROUPINGS) and the total."""
-    conds = _conditions(filters)
-    if group != "workload":
-        conds.append(Entry.shape_key.is_not(None))
+    conds = _entry_conditions(filters, group)
     if best_only:
         return _best_rows(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
     return _every_run(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
@@ -225,8 +240,7 @@ def _best_rows(
         cell_cols = [getattr(Cell, c) for c in config]
         configs = (
             select(*cell_cols, func.max(Cell.best_tokens_per_s).label("best_tps"), cast(func.sum(Cell.runs), Integer).label("config_runs"))
-            .where(*_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell))
-            .where(*([] if group == "workload" else [Cell.shape_key.is_not(None)]))
+            .where(*_cell_conditions(filters, group))
             .group_by(*cell_cols)
             .subquery("configs")
         )
@@ -289,134 +303,161 @@ def _every_run(
 
     Within one group, rank order is throughput order, so "sort, model, group, rank, id" is the
     same order as "sort, model, group, tokens/s descending, id": the page's ids come from one
-    sort of the narrow table's columns (no window over every run), and only the page's rows get
-    their rank (one plus the faster runs of their group, an index range count) and their config's
-    run count. Sorting by rank or by runs per config ranks or counts every run: a window over the
-    group index, or a join with the per-config counts.
+    index-ordered read of the narrow table (no window over every run), and only the page's rows
+    get their rank (one plus the faster runs of their group, an index range count) and their
+    config's run count. The two sorts no index holds are planned from the group and config sizes:
+    by rank (`_by_rank`, either direction) and by runs per config (`_by_config_runs`).
     """
     group_cols = partition(group)
     config = CONFIG if group == "workload" else RECIPE_CONFIG
     sort = sort if sort in SORTABLE else None
-    tail = [Entry.model, *(getattr(Entry, c) for c in group_cols)]
-
-    def keyed(column: Any) -> ColumnElement:
-        return (column.desc() if descending else column.asc()).nulls_last()
-
-    cellable = group == "workload" and {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
-    planned: list[str] | None = None
-    planned_ranks: dict[str, int] = {}
-    if cellable and sort == "config_runs":
-        planned = _by_config_runs(session, filters=filters, descending=descending, limit=limit, offset=offset)
-    elif cellable and sort == "rank" and not descending:
-        planned_ranks = _by_rank(session, filters=filters, limit=limit, offset=offset)
-        planned = list(planned_ranks)
+    cellable = {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
+    with_work_mem(session)
+    known_ranks: dict[str, int] | None = None
     if sort == "rank":
-        ranks = (
-            select(
-                Entry.id,
-                Entry.model,
-                *(getattr(Entry, c) for c in group_cols),
-                func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
-            )
-            .where(*conds)
-            .subquery("ranks")
+        known_ranks = _by_rank(
+            session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
         )
-        ids_query = select(ranks.c.id).order_by(
-            keyed(ranks.c.rank), ranks.c.model, *(ranks.c[c] for c in group_cols), ranks.c.rank, ranks.c.id
-        )
+        page_ids = list(known_ranks)
     elif sort == "config_runs":
-        counts = (
-            select(*(getattr(Entry, c) for c in config), func.count().label("config_runs"))
-            .where(*conds)
-            .group_by(*(getattr(Entry, c) for c in config))
-        ).subquery("counts")
-        ids_query = (
-            select(Entry.id)
-            .join(counts, and_(*_match(Entry, counts.c, config)))
-            .where(*conds)
-            .order_by(keyed(counts.c.config_runs), *tail, Entry.tokens_per_s.desc(), Entry.id)
+        page_ids = _by_config_runs(
+            session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
         )
     else:
-        first = [keyed(getattr(Entry, sort))] if sort is not None else []
+        tail = [Entry.model, *(getattr(Entry, c).asc().nulls_last() for c in group_cols)]
+        first = [_direction(getattr(Entry, sort), descending)] if sort is not None else []
         ids_query = select(Entry.id).where(*conds).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
-    with_work_mem(session)
-    page_ids = planned if planned is not None else list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
+        page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
     if cellable:  # the cells' counts, not a count of every run
-        total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_conditions(filters, Cell))).scalar_one()
+        total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_cell_conditions(filters, group))).scalar_one()
     else:
         total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
     total = int(total)
     if not page_ids:
         return [], total
     other = aliased(Entry, name="other")
-    other_conds = _conditions(filters, other)
-    if group != "workload":
-        other_conds.append(other.shape_key.is_not(None))
     rank = (
         select(func.count())
-        .where(*other_conds, *_match(other, Entry, group_cols), other.tokens_per_s > Entry.tokens_per_s)
+        .where(*_entry_conditions(filters, group, other), *_match(other, Entry, group_cols), other.tokens_per_s > Entry.tokens_per_s)
         .scalar_subquery()
     )
-    known = planned_ranks if sort == "rank" and planned is not None else None
-    query = select(*(getattr(Entry, c) for c in ROW_COLUMNS), *([] if known is not None else [(rank + 1).label("rank")])).where(
+    query = select(*(getattr(Entry, c) for c in ROW_COLUMNS), *([] if known_ranks is not None else [(rank + 1).label("rank")])).where(
         Entry.id.in_(page_ids)
     )
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     rows = [by_id[i] for i in page_ids if i in by_id]
-    if known is not None:
+    if known_ranks is not None:
         for row in rows:
-            row["rank"] = known[row["id"]]
-    # runs per config and per group: from the cells where they answer the filters, else one grouped
-    # count per distinct config or group on the page (not one per row)
+            row["rank"] = known_ranks[row["id"]]
     for label, columns in (("config_runs", config), ("group_size", group_cols)):
-        keys = {tuple(row[c] for c in columns) for row in rows}
-        source: Any = Cell if cellable else Entry
-        which = [
-            and_(
-                *(
-                    getattr(source, c) == v if c in KEYED else getattr(source, c).is_not_distinct_from(v)
-                    for c, v in zip(columns, key, strict=True)
-                )
-            )
-            for key in keys
-        ]
-        cols = [getattr(source, c) for c in columns]
-        if cellable:
-            tally = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_conditions(filters, Cell), or_(*which))
-        else:
-            tally = select(*cols, func.count()).where(*conds, or_(*which))
-        tallies = {tuple(r[:-1]): r[-1] for r in session.execute(tally.group_by(*cols))}
+        tallies = _sizes(
+            session,
+            filters=filters,
+            conds=conds,
+            group=group,
+            cellable=cellable,
+            columns=columns,
+            only={tuple(row[c] for c in columns) for row in rows},
+        )
         for row in rows:
             row[label] = tallies.get(tuple(row[c] for c in columns), 0)
     return rows, total
 
 
-def _by_config_runs(session: Session, *, filters: dict[str, Any], descending: bool, limit: int, offset: int) -> list[str]:
-    """A page of every run sorted by runs per config, planned from the cells: rows of one
+def _direction(column: Any, descending: bool) -> ColumnElement:
+    """A sort column's order: nulls last either way, on every database (group columns sort
+    ascending, nulls last too: SQLite would put them first, Postgres' index order is the same)."""
+    return (column.desc() if descending else column.asc()).nulls_last()
+
+
+def _entry_conditions(filters: dict[str, Any], group: str, table: Any = Entry) -> list[ColumnElement[bool]]:
+    """The runs that compete under `filters` and `group` (a shape-based group needs a shape)."""
+    return [*_conditions(filters, table), *([] if group == "workload" else [table.shape_key.is_not(None)])]
+
+
+def _cell_conditions(filters: dict[str, Any], group: str) -> list[ColumnElement[bool]]:
+    """The cells that hold the runs `_entry_conditions` keeps, when every filter is a cell's (CELL_FILTERS)."""
+    return _entry_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, group, Cell)
+
+
+def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[ColumnElement[bool]]:
+    """Equality with given values on `columns`, null-safe off the keyed columns (as `_match`)."""
+    return [
+        getattr(table, c) == v if c in KEYED else getattr(table, c).is_not_distinct_from(v) for c, v in zip(columns, values, strict=True)
+    ]
+
+
+def _sizes(
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    conds: list[ColumnElement[bool]],
+    group: str,
+    cellable: bool,
+    columns: Sequence[str],
+    only: set[tuple[Any, ...]] | None = None,
+) -> dict[tuple[Any, ...], int]:
+    """How many competing runs each value of `columns` (a group or a config) has: summed from the
+    cells where they answer the filters (a few hundred rows), else counted over the filtered runs;
+    `only` restricts it to a few values (a page's)."""
+    source: Any = Cell if cellable else Entry
+    cols = [getattr(source, c) for c in columns]
+    which = [] if only is None else [or_(*(and_(*_equals(source, columns, key)) for key in only))]
+    if cellable:
+        query = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_cell_conditions(filters, group), *which)
+    else:
+        query = select(*cols, func.count()).where(*conds, *which)
+    return {tuple(r[:-1]): int(r[-1]) for r in session.execute(query.group_by(*cols))}
+
+
+def _by_config_runs(
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    conds: list[ColumnElement[bool]],
+    group: str,
+    cellable: bool,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> list[str]:
+    """A page of every run sorted by runs per config, planned from the config sizes: rows of one
     (runs, model, group) block are that block's configs' runs by throughput, and blocks come in
-    the cells' order, so only the blocks the page overlaps are read."""
-    runs = Cell.runs.desc() if descending else Cell.runs.asc()
-    cells = session.execute(
-        select(Cell.runs, Cell.model, *(getattr(Cell, c) for c in CONFIG))
-        .where(*_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell))
-        .order_by(runs, Cell.model, Cell.workload_key, Cell.hardware_key)
-    ).all()
-    blocks: list[tuple[int, list[tuple[Any, ...]]]] = []
-    for cell in cells:
-        if blocks and blocks[-1][1][0][:4] == tuple(cell)[:4]:  # same (runs, model, workload, hardware)
-            blocks[-1] = (blocks[-1][0] + cell.runs, [*blocks[-1][1], tuple(cell)])
+    the configs' order, so only the blocks the page overlaps are read."""
+    config = CONFIG if group == "workload" else RECIPE_CONFIG
+    group_cols = partition(group)
+    source: Any = Cell if cellable else Entry
+    cols = [getattr(source, c) for c in config]
+    if cellable:
+        sized = select(cast(func.sum(Cell.runs), Integer).label("runs"), func.min(Cell.model).label("model"), *cols).where(
+            *_cell_conditions(filters, group)
+        )
+    else:
+        sized = select(func.count().label("runs"), func.min(Entry.model).label("model"), *cols).where(*conds)
+    configs = sized.group_by(*cols).subquery("configs")
+    ordered = select(configs).order_by(
+        configs.c.runs.desc() if descending else configs.c.runs.asc(),
+        configs.c.model,
+        *(configs.c[c].asc().nulls_last() for c in group_cols),
+    )
+    blocks: list[tuple[int, tuple[Any, ...], list[tuple[Any, ...]]]] = []  # (runs, its sort key, member configs)
+    for row in session.execute(ordered):
+        head = (row.runs, row.model, *(getattr(row, c) for c in group_cols))
+        member = tuple(getattr(row, c) for c in config)
+        if blocks and blocks[-1][1] == head:
+            blocks[-1] = (blocks[-1][0] + row.runs, head, [*blocks[-1][2], member])
         else:
-            blocks.append((cell.runs, [tuple(cell)]))
+            blocks.append((row.runs, head, [member]))
     ids: list[str] = []
     start = 0
-    for size, members in blocks:
+    for size, _, members in blocks:
         end = start + size
         if end > offset and start < offset + limit:
             lo = max(0, offset - start)
-            which = [and_(*(getattr(Entry, c) == m[2 + i] for i, c in enumerate(CONFIG))) for m in members]
+            which = [and_(*_equals(Entry, config, m)) for m in members]
             ids += session.execute(
                 select(Entry.id)
-                .where(or_(*which))
+                .where(*conds, or_(*which))
                 .order_by(Entry.tokens_per_s.desc(), Entry.id)
                 .offset(lo)
                 .limit(offset + limit - start - lo)
@@ -427,95 +468,142 @@ def _by_config_runs(session: Session, *, filters: dict[str, Any], descending: bo
     return ids
 
 
-def _by_rank(session: Session, *, filters: dict[str, Any], limit: int, offset: int) -> dict[str, int]:
-    """A page of every run sorted by rank (best first), planned from the group sizes in the cells.
+def _by_rank(
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    conds: list[ColumnElement[bool]],
+    group: str,
+    cellable: bool,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> dict[str, int]:
+    """A page of every run sorted by rank (either direction), planned from the group sizes.
 
-    Rows of rank <= R number at least the sum over groups of min(R, group size), so the page lies
-    in a band of ranks [ra, rb] a little wider than the page; each group's band is a throughput
-    range found by an index look-up, and only the band's rows are ranked and sorted. A handful
-    of statements, whatever the number of groups.
+    In a group of n runs, at least min(R, n) rank at most R (ties only add to them), so the page
+    lies in a band of ranks [ra, rb] a little wider than the page: each group's band is a
+    throughput range found by index look-ups (`_kth`), the count of its runs above the band makes
+    the band's ranks whole, and only the band's rows are ranked and sorted. A handful of
+    statements, whatever the number of runs or groups. Returns {run id: rank} in page order.
     """
-    cell_filters = _conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, Cell)
-    groups = (
-        select(Cell.workload_key.label("wk"), Cell.hardware_key.label("hk"), cast(func.sum(Cell.runs), Integer).label("n"))
-        .where(*cell_filters)
-        .group_by(Cell.workload_key, Cell.hardware_key)
-        .subquery("groups")
-    )
-    sizes = {(wk, hk): n for wk, hk, n in session.execute(select(groups))}
-    if not sizes:
+    group_cols = partition(group)
+    sizes = _sizes(session, filters=filters, conds=conds, group=group, cellable=cellable, columns=group_cols)
+    total = sum(sizes.values())
+    end = min(offset + limit, total)
+    if offset >= end:
         return {}
-    conds = _conditions(filters)
-
-    def nth(k: int) -> Any:
-        """Each group's k-th best throughput (1-based; null past its end), correlated to `groups`."""
-        e = aliased(Entry, name=f"nth{k}")
-        return (
-            select(e.tokens_per_s)
-            .where(*_conditions(filters, e), e.workload_key == groups.c.wk, e.hardware_key == groups.c.hk)
-            .order_by(e.tokens_per_s.desc())
-            .offset(k - 1)
-            .limit(1)
-            .correlate(groups)  # also from inside another subquery (ranked_at_most)
-            .scalar_subquery()
-        )
-
-    def band_edges(ra: int, rb: int) -> dict[tuple[Any, ...], tuple[Any, Any, int]]:
-        """Per group: the throughput of its (ra-1)-th and rb-th best runs, and how many of its runs
-        rank above ra (ties included) — one statement over every group."""
-        e = aliased(Entry, name="above")
-        upper = nth(ra - 1) if ra > 1 else null()
-        above = (
-            select(func.count())
-            .where(*_conditions(filters, e), e.workload_key == groups.c.wk, e.hardware_key == groups.c.hk, e.tokens_per_s >= nth(ra - 1))
-            .correlate(groups)
-            .scalar_subquery()
-            if ra > 1
-            else literal(0)
-        )
-        rows = session.execute(select(groups.c.wk, groups.c.hk, upper, nth(rb), above))
-        return {(wk, hk): (hi, lo, sizes[(wk, hk)] if ra - 1 >= sizes[(wk, hk)] else n) for wk, hk, hi, lo, n in rows}
+    biggest = max(sizes.values())
 
     def at_least(r: int) -> int:
+        """A lower bound on the runs of rank <= r (exact without ties)."""
         return sum(min(r, n) for n in sizes.values())
 
-    biggest = max(sizes.values())
-    rb = next((r for r in range(1, biggest + 1) if at_least(r) >= offset + limit), biggest)
-    ra = max(1, next((r for r in range(rb, 0, -1) if at_least(r - 1) <= offset), 1))
-    edges = band_edges(ra, rb)
-    while sum(e[2] for e in edges.values()) > offset and ra > 1:  # ties put more runs above the band than the sizes promise
-        ra -= 1
-        edges = band_edges(ra, rb)
-    before = sum(e[2] for e in edges.values())
+    def kth(k: int, count: bool) -> dict[tuple[Any, ...], tuple[Any, int]]:
+        """Per group: its k-th best throughput and (count) how many of its runs rank <= k."""
+        wanted = {g: k for g, n in sizes.items() if 0 < k < n}
+        found = _kth(session, filters=filters, group=group, sizes=sizes, wanted=wanted, count=count)
+        return {g: found.get(g, (None, n if k >= n else 0)) for g, n in sizes.items()}
+
+    def widen(ra: int, enough: Any) -> tuple[int, dict[tuple[Any, ...], tuple[Any, int]]]:
+        """Lower ra until `enough(upper edges)` holds: ties can rank more runs above the band than
+        the sizes promise (steps double, so a tie-heavy board still takes a few statements)."""
+        step = 1
+        upper = kth(ra - 1, count=True)
+        while ra > 1 and not enough(upper):
+            ra = max(1, ra - step)
+            step *= 2
+            upper = kth(ra - 1, count=True)
+        return ra, upper
+
+    if not descending:
+        rb = next(r for r in range(1, biggest + 1) if at_least(r) >= end)
+        ra = max(r for r in range(1, rb + 1) if at_least(r - 1) <= offset)
+        ra, upper = widen(ra, lambda up: sum(n for _, n in up.values()) <= offset)
+        lower = kth(rb, count=False)
+        before = sum(n for _, n in upper.values())  # the runs ranked above the band
+    else:
+        # at most n - min(r, n) runs of a group rank below r (ties only take from them)
+        rb = next(r for r in range(1, biggest + 1) if total - at_least(r) <= offset)
+        ra = max(r for r in range(1, rb + 1) if total - at_least(r - 1) >= end)
+        ra, upper = widen(ra, lambda up: total - sum(n for _, n in up.values()) >= end)
+        lower = kth(rb, count=True)
+        before = total - sum(n for _, n in lower.values())  # the runs ranked below the band
     bands, above_band = [], []
-    for group, n in sizes.items():
-        if ra - 1 >= n:
-            continue
-        upper, lower, above = edges[group]
-        here = and_(Entry.workload_key == group[0], Entry.hardware_key == group[1])
+    for key, n in sizes.items():
+        here = and_(*_equals(Entry, group_cols, key))
         band = [here]
         if ra > 1:
-            band.append(Entry.tokens_per_s < upper)
+            if upper[key][0] is None:  # no run of this group ranks as low as ra
+                continue
+            band.append(Entry.tokens_per_s < upper[key][0])
         if rb < n:
-            band.append(Entry.tokens_per_s >= lower)
+            band.append(Entry.tokens_per_s >= lower[key][0])
         bands.append(and_(*band))
-        above_band.append((here, above))
+        above_band.append((here, upper[key][1]))
     if not bands:
         return {}
     # a band row's rank: its group's runs above the band, plus its rank within the band
-    in_band = func.rank().over(partition_by=[Entry.workload_key, Entry.hardware_key], order_by=Entry.tokens_per_s.desc())
+    in_band = func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc())
     band_rows = (
-        select(Entry.id, Entry.model, Entry.workload_key, Entry.hardware_key, (case(*above_band, else_=0) + in_band).label("rank"))
+        select(Entry.id, Entry.model, *(getattr(Entry, c) for c in group_cols), (case(*above_band, else_=0) + in_band).label("rank"))
         .where(*conds, or_(*bands))
         .subquery("band")
     )
     page = (
         select(band_rows.c.id, band_rows.c.rank)
-        .order_by(band_rows.c.rank, band_rows.c.model, band_rows.c.workload_key, band_rows.c.hardware_key, band_rows.c.id)
+        .order_by(
+            _direction(band_rows.c.rank, descending),
+            band_rows.c.model,
+            *(band_rows.c[c].asc().nulls_last() for c in group_cols),
+            band_rows.c.id,
+        )
         .offset(offset - before)
         .limit(limit)
     )
     return {run_id: int(rank) for run_id, rank in session.execute(page)}  # in page order
+
+
+def _kth(
+    session: Session,
+    *,
+    filters: dict[str, Any],
+    group: str,
+    sizes: dict[tuple[Any, ...], int],
+    wanted: dict[tuple[Any, ...], int],
+    count: bool,
+) -> dict[tuple[Any, ...], tuple[Any, int]]:
+    """For each group in `wanted` (1 <= k < its size): its k-th best throughput and, with `count`,
+    how many of its runs are at least that fast (rank <= k) — one statement for every group.
+    Each is an index range read from whichever end of the group is nearer."""
+    if not wanted:
+        return {}
+    group_cols = partition(group)
+    keys = list(wanted)
+    parts = []
+    for i, key in enumerate(keys):
+        k, n = wanted[key], sizes[key]
+        from_top = k <= n - k
+        e = aliased(Entry, name=f"k{i}")
+        nth = (
+            select(e.tokens_per_s.label("v"))
+            .where(*_entry_conditions(filters, group, e), *_equals(e, group_cols, key))
+            .order_by(e.tokens_per_s.desc() if from_top else e.tokens_per_s.asc())
+            .offset(k - 1 if from_top else n - k)
+            .limit(1)
+            .subquery(f"nth{i}")
+        )
+        at_least: Any = null()
+        if count:
+            c = aliased(Entry, name=f"c{i}")
+            side = c.tokens_per_s >= nth.c.v if from_top else c.tokens_per_s < nth.c.v
+            counted = (
+                select(func.count()).where(*_entry_conditions(filters, group, c), *_equals(c, group_cols, key), side).scalar_subquery()
+            )
+            at_least = counted if from_top else literal(n) - counted
+        parts.append(select(literal(i).label("i"), nth.c.v, at_least.label("n")).select_from(nth))
+    rows = session.execute(union_all(*parts)) if len(parts) > 1 else session.execute(parts[0])
+    return {keys[i]: (v, int(n) if n is not None else 0) for i, v, n in rows}
 
 
 def with_work_mem(session: Session) -> None:
