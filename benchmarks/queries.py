@@ -74,6 +74,11 @@ BEFORE_MS = {
 }
 
 
+def planned(sort: str, direction: str) -> str:
+    """A planned sort's name in a case: rank best-first by default, worst-first said."""
+    return f"{sort} worst-first" if sort == "rank" and direction == "desc" else sort
+
+
 def cases(ids: list[str]) -> list[tuple[str, str]]:
     """(name, path) of every timed request."""
     rng = random.Random(1)
@@ -104,11 +109,19 @@ def cases(ids: list[str]) -> list[tuple[str, str]]:
             )
     for group in ("shape", "precision"):
         out.append((f"leaderboard API: best per config, group={group}, by mfu", f"/api/v1/leaderboard?group={group}&sort=mfu&dir=desc"))
-    for name, value in (("source", "source=ci"), ("branch", "branch=main")):
-        for sort, direction in (("rank", "asc"), ("config_runs", "desc")):
+    for group in ("shape", "precision"):  # the planned sorts under the recipe groupings
+        for sort, direction in (("rank", "asc"), ("rank", "desc"), ("config_runs", "desc")):
             out.append(
                 (
-                    f"leaderboard API: every run, {name} filter, by {sort}, page 20",
+                    f"leaderboard API: every run, group={group}, by {planned(sort, direction)}, page 20",
+                    f"/api/v1/leaderboard?runs=all&group={group}&sort={sort}&dir={direction}&limit=50&offset=950",
+                )
+            )
+    for name, value in (("source", "source=ci"), ("branch", "branch=main")):
+        for sort, direction in (("rank", "asc"), ("rank", "desc"), ("config_runs", "desc")):
+            out.append(
+                (
+                    f"leaderboard API: every run, {name} filter, by {planned(sort, direction)}, page 20",
                     f"/api/v1/leaderboard?runs=all&{value}&sort={sort}&dir={direction}&limit=50&offset=950",
                 )
             )

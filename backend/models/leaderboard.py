@@ -31,6 +31,10 @@ FILTERED = [
     "micro_batch_size",
 ]
 """What a group's index carries besides its key: the columns the board filters and reads by."""
+GROUPED = ["shape_key", "precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size"]
+"""What a sort index carries besides its order: the columns of the shape and recipe groupings,
+which the board's order puts after the model (migration 0013), so that a page of every run
+grouped by shape is still an index-only read."""
 
 
 class LeaderboardEntry(Base):
@@ -113,8 +117,9 @@ for _name in SORTED_COLUMNS:
         LeaderboardEntry.id,
     )
     # (SQLite has no NULLS LAST in an index: migration 0010 leaves it out there; embedded labs are small)
-    Index(f"ix_leaderboard_entries_{_name}_desc", _column.desc().nulls_last(), *_tail)
-    Index(f"ix_leaderboard_entries_{_name}_asc", _column.asc().nulls_last(), *_tail)
+    _covered = [c for c in GROUPED if c != _name]
+    Index(f"ix_leaderboard_entries_{_name}_desc", _column.desc().nulls_last(), *_tail, postgresql_include=_covered)
+    Index(f"ix_leaderboard_entries_{_name}_asc", _column.asc().nulls_last(), *_tail, postgresql_include=_covered)
 
 
 class LeaderboardCell(Base):

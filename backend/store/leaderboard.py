@@ -6,6 +6,7 @@ denormalised columns (MLflow's `latest_metrics` lesson), plus a look-up of the f
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import (
     cast,
     delete,
     event,
+    exists,
     func,
     insert,
     inspect,
@@ -314,19 +316,23 @@ def _every_run(
     cellable = {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
     with_work_mem(session)
     known_ranks: dict[str, int] | None = None
+    known_sizes: dict[str, dict[tuple[Any, ...], int]] = {}  # a planner's whole group or config sizes
     if sort == "rank":
-        known_ranks = _by_rank(
+        known_ranks, known_sizes["group_size"] = _by_rank(
             session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
         )
         page_ids = list(known_ranks)
     elif sort == "config_runs":
-        page_ids = _by_config_runs(
+        page_ids, known_sizes["config_runs"] = _by_config_runs(
             session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
         )
     else:
         tail = [Entry.model, *(getattr(Entry, c).asc().nulls_last() for c in group_cols)]
         first = [_direction(getattr(Entry, sort), descending)] if sort is not None else []
-        ids_query = select(Entry.id).where(*conds).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
+        # a shape grouping keeps only runs with a shape; when every run has one (the usual case, one
+        # index look-up to know), leaving the test out keeps the sort index's read index-only
+        shaped = conds if group == "workload" or _any_shapeless(session, filters) else _conditions(filters)
+        ids_query = select(Entry.id).where(*shaped).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
         page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
     if cellable:  # the cells' counts, not a count of every run
         total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_cell_conditions(filters, group))).scalar_one()
@@ -350,7 +356,7 @@ def _every_run(
         for row in rows:
             row["rank"] = known_ranks[row["id"]]
     for label, columns in (("config_runs", config), ("group_size", group_cols)):
-        tallies = _sizes(
+        tallies = known_sizes.get(label) or _sizes(
             session,
             filters=filters,
             conds=conds,
@@ -362,6 +368,11 @@ def _every_run(
         for row in rows:
             row[label] = tallies.get(tuple(row[c] for c in columns), 0)
     return rows, total
+
+
+def _any_shapeless(session: Session, filters: dict[str, Any]) -> bool:
+    """Whether a run the filters keep has no shape key (a CI upload whose workload no longer resolves)."""
+    return bool(session.execute(select(exists().where(Entry.shape_key.is_(None), *_conditions(filters)))).scalar())
 
 
 def _direction(column: Any, descending: bool) -> ColumnElement:
@@ -420,10 +431,11 @@ def _by_config_runs(
     descending: bool,
     limit: int,
     offset: int,
-) -> list[str]:
+) -> tuple[list[str], dict[tuple[Any, ...], int]]:
     """A page of every run sorted by runs per config, planned from the config sizes: rows of one
     (runs, model, group) block are that block's configs' runs by throughput, and blocks come in
-    the configs' order, so only the blocks the page overlaps are read."""
+    the configs' order, so only the blocks the page overlaps are read. Returns the page's ids and
+    every config's size."""
     config = CONFIG if group == "workload" else RECIPE_CONFIG
     group_cols = partition(group)
     source: Any = Cell if cellable else Entry
@@ -441,9 +453,11 @@ def _by_config_runs(
         *(configs.c[c].asc().nulls_last() for c in group_cols),
     )
     blocks: list[tuple[int, tuple[Any, ...], list[tuple[Any, ...]]]] = []  # (runs, its sort key, member configs)
+    sizes: dict[tuple[Any, ...], int] = {}
     for row in session.execute(ordered):
         head = (row.runs, row.model, *(getattr(row, c) for c in group_cols))
         member = tuple(getattr(row, c) for c in config)
+        sizes[member] = row.runs
         if blocks and blocks[-1][1] == head:
             blocks[-1] = (blocks[-1][0] + row.runs, head, [*blocks[-1][2], member])
         else:
@@ -465,7 +479,7 @@ def _by_config_runs(
         if end >= offset + limit:
             break
         start = end
-    return ids
+    return ids, sizes
 
 
 def _by_rank(
@@ -478,21 +492,22 @@ def _by_rank(
     descending: bool,
     limit: int,
     offset: int,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[tuple[Any, ...], int]]:
     """A page of every run sorted by rank (either direction), planned from the group sizes.
 
     In a group of n runs, at least min(R, n) rank at most R (ties only add to them), so the page
     lies in a band of ranks [ra, rb] a little wider than the page: each group's band is a
     throughput range found by index look-ups (`_kth`), the count of its runs above the band makes
     the band's ranks whole, and only the band's rows are ranked and sorted. A handful of
-    statements, whatever the number of runs or groups. Returns {run id: rank} in page order.
+    statements, whatever the number of runs or groups. Returns {run id: rank} in page order, and
+    the group sizes.
     """
     group_cols = partition(group)
     sizes = _sizes(session, filters=filters, conds=conds, group=group, cellable=cellable, columns=group_cols)
     total = sum(sizes.values())
     end = min(offset + limit, total)
     if offset >= end:
-        return {}
+        return {}, sizes
     biggest = max(sizes.values())
 
     def at_least(r: int) -> int:
@@ -516,16 +531,26 @@ def _by_rank(
             upper = kth(ra - 1, count=True)
         return ra, upper
 
+    ranks = range(biggest + 1)  # at_least grows with r: bisect it (groups x ranks is millions at lab scale)
+
+    def first_reaching(target: int) -> int:
+        """The smallest rank r with at_least(r) >= target."""
+        return bisect_left(ranks, target, key=at_least)
+
+    def last_within(target: int) -> int:
+        """The largest rank r with at_least(r) <= target."""
+        return bisect_right(ranks, target, key=at_least) - 1
+
     if not descending:
-        rb = next(r for r in range(1, biggest + 1) if at_least(r) >= end)
-        ra = max(r for r in range(1, rb + 1) if at_least(r - 1) <= offset)
+        rb = first_reaching(end)
+        ra = last_within(offset) + 1  # runs ranked above ra: at most offset (without ties)
         ra, upper = widen(ra, lambda up: sum(n for _, n in up.values()) <= offset)
         lower = kth(rb, count=False)
         before = sum(n for _, n in upper.values())  # the runs ranked above the band
     else:
         # at most n - min(r, n) runs of a group rank below r (ties only take from them)
-        rb = next(r for r in range(1, biggest + 1) if total - at_least(r) <= offset)
-        ra = max(r for r in range(1, rb + 1) if total - at_least(r - 1) >= end)
+        rb = first_reaching(total - offset)
+        ra = last_within(total - end) + 1
         ra, upper = widen(ra, lambda up: total - sum(n for _, n in up.values()) >= end)
         lower = kth(rb, count=True)
         before = total - sum(n for _, n in lower.values())  # the runs ranked below the band
@@ -542,7 +567,7 @@ def _by_rank(
         bands.append(and_(*band))
         above_band.append((here, upper[key][1]))
     if not bands:
-        return {}
+        return {}, sizes
     # a band row's rank: its group's runs above the band, plus its rank within the band
     in_band = func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc())
     band_rows = (
@@ -561,7 +586,7 @@ def _by_rank(
         .offset(offset - before)
         .limit(limit)
     )
-    return {run_id: int(rank) for run_id, rank in session.execute(page)}  # in page order
+    return {run_id: int(rank) for run_id, rank in session.execute(page)}, sizes  # in page order
 
 
 def _kth(
@@ -580,25 +605,26 @@ def _kth(
         return {}
     group_cols = partition(group)
     keys = list(wanted)
+    # Core aliases, one for every part (each part is its own scope): the ORM's per-part aliases
+    # cost more to build than the statement takes to run
+    e, c = Entry.__table__.alias("k"), Entry.__table__.alias("c")
     parts = []
     for i, key in enumerate(keys):
         k, n = wanted[key], sizes[key]
         from_top = k <= n - k
-        e = aliased(Entry, name=f"k{i}")
         nth = (
-            select(e.tokens_per_s.label("v"))
-            .where(*_entry_conditions(filters, group, e), *_equals(e, group_cols, key))
-            .order_by(e.tokens_per_s.desc() if from_top else e.tokens_per_s.asc())
+            select(e.c.tokens_per_s.label("v"))
+            .where(*_entry_conditions(filters, group, e.c), *_equals(e.c, group_cols, key))
+            .order_by(e.c.tokens_per_s.desc() if from_top else e.c.tokens_per_s.asc())
             .offset(k - 1 if from_top else n - k)
             .limit(1)
-            .subquery(f"nth{i}")
+            .subquery("nth")
         )
         at_least: Any = null()
         if count:
-            c = aliased(Entry, name=f"c{i}")
-            side = c.tokens_per_s >= nth.c.v if from_top else c.tokens_per_s < nth.c.v
+            side = c.c.tokens_per_s >= nth.c.v if from_top else c.c.tokens_per_s < nth.c.v
             counted = (
-                select(func.count()).where(*_entry_conditions(filters, group, c), *_equals(c, group_cols, key), side).scalar_subquery()
+                select(func.count()).where(*_entry_conditions(filters, group, c.c), *_equals(c.c, group_cols, key), side).scalar_subquery()
             )
             at_least = counted if from_top else literal(n) - counted
         parts.append(select(literal(i).label("i"), nth.c.v, at_least.label("n")).select_from(nth))
