@@ -222,22 +222,23 @@ def main() -> None:
         settings = Settings(database_url=url, home=REPO / ".parallab-bench", secret_key="bench")
         app = create_app()
         app.dependency_overrides[get_settings] = lambda: settings
-        client = TestClient(app)
-        todo = [(name, path) for name, path in cases(ids) if args.only in name]
-        for name, path in todo:  # warm-up: plans cached, pool connected; and every case answers 200
-            r = client.get(path)
-            assert r.status_code == 200, (name, r.status_code, r.text[:300])
-        samples: dict[str, list[float]] = {name: [] for name, _ in todo}
-        for _ in range(args.repeat):
-            for name, path in todo:
-                t0 = time.perf_counter()
-                client.get(path)
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-        load = os.getloadavg()[0]
-        if args.explain:
-            for name, path in todo:
-                if "leaderboard" in name or "scaling" in name:
-                    explain(client, url, name, path)
+        # started as uvicorn starts it (its lifespan: the GIL slice, start-up objects frozen for the collector)
+        with TestClient(app) as client:
+            todo = [(name, path) for name, path in cases(ids) if args.only in name]
+            for name, path in todo:  # warm-up: plans cached, pool connected; and every case answers 200
+                r = client.get(path)
+                assert r.status_code == 200, (name, r.status_code, r.text[:300])
+            samples: dict[str, list[float]] = {name: [] for name, _ in todo}
+            for _ in range(args.repeat):
+                for name, path in todo:
+                    t0 = time.perf_counter()
+                    client.get(path)
+                    samples[name].append((time.perf_counter() - t0) * 1e3)
+            load = os.getloadavg()[0]
+            if args.explain:
+                for name, path in todo:
+                    if "leaderboard" in name or "scaling" in name:
+                        explain(client, url, name, path)
     finally:
         get_engine(url).dispose()
         if not args.keep:

@@ -14,20 +14,19 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     and_,
-    case,
     cast,
+    column,
     delete,
     event,
     exists,
     func,
     insert,
     inspect,
-    literal,
-    null,
     or_,
     select,
     text,
-    union_all,
+    true,
+    values,
 )
 from sqlalchemy.orm import Session, aliased
 
@@ -334,7 +333,9 @@ def _every_run(
         shaped = conds if group == "workload" or _any_shapeless(session, filters) else _conditions(filters)
         ids_query = select(Entry.id).where(*shaped).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
         page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
-    if cellable:  # the cells' counts, not a count of every run
+    if known_sizes:  # a planner's sizes cover every competing run
+        total = sum(next(iter(known_sizes.values())).values())
+    elif cellable:  # the cells' counts, not a count of every run
         total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_cell_conditions(filters, group))).scalar_one()
     else:
         total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
@@ -493,143 +494,122 @@ def _by_rank(
     limit: int,
     offset: int,
 ) -> tuple[dict[str, int], dict[tuple[Any, ...], int]]:
-    """A page of every run sorted by rank (either direction), planned from the group sizes.
+    """A page of every run sorted by rank (either direction). Returns {run id: rank} in page
+    order, and the group sizes it was planned from.
 
-    In a group of n runs, at least min(R, n) rank at most R (ties only add to them), so the page
-    lies in a band of ranks [ra, rb] a little wider than the page: each group's band is a
-    throughput range found by index look-ups (`_kth`), the count of its runs above the band makes
-    the band's ranks whole, and only the band's rows are ranked and sorted. A handful of
-    statements, whatever the number of runs or groups. Returns {run id: rank} in page order, and
-    the group sizes.
+    On Postgres only the band of ranks the page lies in is sorted, from the end of each group that
+    reaches it (`_rank_band_rows`); elsewhere (SQLite: an embedded lab's few runs) one window
+    ranks them all.
     """
     group_cols = partition(group)
     sizes = _sizes(session, filters=filters, conds=conds, group=group, cellable=cellable, columns=group_cols)
     total = sum(sizes.values())
-    end = min(offset + limit, total)
-    if offset >= end:
+    if offset >= total:
         return {}, sizes
-    biggest = max(sizes.values())
+    if session.get_bind().dialect.name != "postgresql":
+        ranks = (
+            select(
+                Entry.id,
+                Entry.model,
+                *(getattr(Entry, c) for c in group_cols),
+                func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
+            )
+            .where(*conds)
+            .subquery("ranks")
+        )
+        page = _rank_order(select(ranks.c.id, ranks.c.rank), ranks, group_cols, descending).offset(offset).limit(limit)
+        return {run_id: int(rank) for run_id, rank in session.execute(page)}, sizes
+    end = min(offset + limit, total)
+    ra, rb = rank_band(sizes, offset=offset, end=end, descending=descending)
+    step = 1
+    while True:
+        band, before = _rank_band_rows(session, filters=filters, group=group, sizes=sizes, band=(ra, rb), descending=descending)
+        # ties rank more runs better than the sizes promise: best first, more may rank above the
+        # band than the page skips; worst first, fewer may rank in or below it than the page needs
+        short = before > offset if not descending else before + len(band) < end
+        if not short or ra <= 1:
+            start = offset - before
+            return {run_id: rank for run_id, rank in band[start : start + limit]}, sizes
+        ra, step = max(1, ra - step), step * 2
+
+
+def rank_band(sizes: dict[tuple[Any, ...], int], *, offset: int, end: int, descending: bool) -> tuple[int, int]:
+    """The band of ranks [ra, rb] that rows offset..end of the board lie in, from the group sizes.
+
+    In a group of n runs at least min(r, n) rank r or better (exactly that many without ties;
+    ties rank more of them better), and that grows with r, so each edge is a bisection. Best
+    first: at least `end` runs rank rb or better, at most `offset` (without ties) better than ra.
+    Worst first: at most `offset` runs rank worse than rb, at least `end` (without ties) ra or
+    worse.
+    """
+    ranks = range(max(sizes.values()) + 1)
+    total = sum(sizes.values())
 
     def at_least(r: int) -> int:
-        """A lower bound on the runs of rank <= r (exact without ties)."""
         return sum(min(r, n) for n in sizes.values())
 
-    def kth(k: int, count: bool) -> dict[tuple[Any, ...], tuple[Any, int]]:
-        """Per group: its k-th best throughput and (count) how many of its runs rank <= k."""
-        wanted = {g: k for g, n in sizes.items() if 0 < k < n}
-        found = _kth(session, filters=filters, group=group, sizes=sizes, wanted=wanted, count=count)
-        return {g: found.get(g, (None, n if k >= n else 0)) for g, n in sizes.items()}
-
-    def widen(ra: int, enough: Any) -> tuple[int, dict[tuple[Any, ...], tuple[Any, int]]]:
-        """Lower ra until `enough(upper edges)` holds: ties can rank more runs above the band than
-        the sizes promise (steps double, so a tie-heavy board still takes a few statements)."""
-        step = 1
-        upper = kth(ra - 1, count=True)
-        while ra > 1 and not enough(upper):
-            ra = max(1, ra - step)
-            step *= 2
-            upper = kth(ra - 1, count=True)
-        return ra, upper
-
-    ranks = range(biggest + 1)  # at_least grows with r: bisect it (groups x ranks is millions at lab scale)
-
     def first_reaching(target: int) -> int:
-        """The smallest rank r with at_least(r) >= target."""
         return bisect_left(ranks, target, key=at_least)
 
     def last_within(target: int) -> int:
-        """The largest rank r with at_least(r) <= target."""
         return bisect_right(ranks, target, key=at_least) - 1
 
     if not descending:
-        rb = first_reaching(end)
-        ra = last_within(offset) + 1  # runs ranked above ra: at most offset (without ties)
-        ra, upper = widen(ra, lambda up: sum(n for _, n in up.values()) <= offset)
-        lower = kth(rb, count=False)
-        before = sum(n for _, n in upper.values())  # the runs ranked above the band
-    else:
-        # at most n - min(r, n) runs of a group rank below r (ties only take from them)
-        rb = first_reaching(total - offset)
-        ra = last_within(total - end) + 1
-        ra, upper = widen(ra, lambda up: total - sum(n for _, n in up.values()) >= end)
-        lower = kth(rb, count=True)
-        before = total - sum(n for _, n in lower.values())  # the runs ranked below the band
-    bands, above_band = [], []
-    for key, n in sizes.items():
-        here = and_(*_equals(Entry, group_cols, key))
-        band = [here]
-        if ra > 1:
-            if upper[key][0] is None:  # no run of this group ranks as low as ra
-                continue
-            band.append(Entry.tokens_per_s < upper[key][0])
-        if rb < n:
-            band.append(Entry.tokens_per_s >= lower[key][0])
-        bands.append(and_(*band))
-        above_band.append((here, upper[key][1]))
-    if not bands:
-        return {}, sizes
-    # a band row's rank: its group's runs above the band, plus its rank within the band
-    in_band = func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc())
-    band_rows = (
-        select(Entry.id, Entry.model, *(getattr(Entry, c) for c in group_cols), (case(*above_band, else_=0) + in_band).label("rank"))
-        .where(*conds, or_(*bands))
-        .subquery("band")
-    )
-    page = (
-        select(band_rows.c.id, band_rows.c.rank)
-        .order_by(
-            _direction(band_rows.c.rank, descending),
-            band_rows.c.model,
-            *(band_rows.c[c].asc().nulls_last() for c in group_cols),
-            band_rows.c.id,
-        )
-        .offset(offset - before)
-        .limit(limit)
-    )
-    return {run_id: int(rank) for run_id, rank in session.execute(page)}, sizes  # in page order
+        return last_within(offset) + 1, first_reaching(end)
+    return last_within(total - end) + 1, first_reaching(total - offset)
 
 
-def _kth(
+def _rank_band_rows(
     session: Session,
     *,
     filters: dict[str, Any],
     group: str,
     sizes: dict[tuple[Any, ...], int],
-    wanted: dict[tuple[Any, ...], int],
-    count: bool,
-) -> dict[tuple[Any, ...], tuple[Any, int]]:
-    """For each group in `wanted` (1 <= k < its size): its k-th best throughput and, with `count`,
-    how many of its runs are at least that fast (rank <= k) — one statement for every group.
-    Each is an index range read from whichever end of the group is nearer."""
-    if not wanted:
-        return {}
+    band: tuple[int, int],
+    descending: bool,
+) -> tuple[list[tuple[str, int]], int]:
+    """One statement: the runs ranked in [ra, rb], in the board's order, and how many runs come
+    before the band (best first, rank < ra; worst first, rank > rb).
+
+    Each group is read from one end in index order, only as far as the band reaches, and ranked
+    as it streams (no sort of the group): best first, its rb fastest runs (ties at the cut
+    included: FETCH ... WITH TIES) hold every run of rank <= rb, each ranked by the runs read
+    before it; worst first, its n - ra + 1 slowest runs (ties included) hold every run of rank
+    >= ra, each ranked 1 + n minus the runs at most as fast. Only the band's rows are sorted.
+    """
+    ra, rb = band
     group_cols = partition(group)
-    keys = list(wanted)
-    # Core aliases, one for every part (each part is its own scope): the ORM's per-part aliases
-    # cost more to build than the statement takes to run
-    e, c = Entry.__table__.alias("k"), Entry.__table__.alias("c")
-    parts = []
-    for i, key in enumerate(keys):
-        k, n = wanted[key], sizes[key]
-        from_top = k <= n - k
-        nth = (
-            select(e.c.tokens_per_s.label("v"))
-            .where(*_entry_conditions(filters, group, e.c), *_equals(e.c, group_cols, key))
-            .order_by(e.c.tokens_per_s.desc() if from_top else e.c.tokens_per_s.asc())
-            .offset(k - 1 if from_top else n - k)
-            .limit(1)
-            .subquery("nth")
-        )
-        at_least: Any = null()
-        if count:
-            side = c.c.tokens_per_s >= nth.c.v if from_top else c.c.tokens_per_s < nth.c.v
-            counted = (
-                select(func.count()).where(*_entry_conditions(filters, group, c.c), *_equals(c.c, group_cols, key), side).scalar_subquery()
-            )
-            at_least = counted if from_top else literal(n) - counted
-        parts.append(select(literal(i).label("i"), nth.c.v, at_least.label("n")).select_from(nth))
-    rows = session.execute(union_all(*parts)) if len(parts) > 1 else session.execute(parts[0])
-    return {keys[i]: (v, int(n) if n is not None else 0) for i, v, n in rows}
+    table = Entry.__table__
+    groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
+        [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
+    )
+    e = table.alias("e")
+    if descending:
+        rank = 1 + groups.c.n - func.count().over(order_by=e.c.tokens_per_s.asc())  # peers included
+    else:
+        rank = func.rank().over(order_by=e.c.tokens_per_s.desc())
+    reached = (
+        select(e.c.id, e.c.model, *(e.c[c] for c in group_cols), rank.label("rank"))
+        .where(*_entry_conditions(filters, group, e.c), *_match(e.c, groups.c, group_cols))
+        .order_by(e.c.tokens_per_s.asc() if descending else e.c.tokens_per_s.desc())
+        .fetch(groups.c.take, with_ties=True)
+        .lateral("reached")
+    )
+    rows = select(reached).select_from(groups.join(reached, true())).cte("rows")
+    before = select(func.count()).select_from(rows).where(rows.c.rank > rb if descending else rows.c.rank < ra).scalar_subquery()
+    query = _rank_order(select(rows.c.id, rows.c.rank, before.label("before")), rows, group_cols, descending).where(
+        rows.c.rank.between(ra, rb)
+    )
+    found = session.execute(query).all()
+    counted = found[0].before if found else session.execute(select(before)).scalar_one()
+    return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
+
+
+def _rank_order(query: Any, ranked: Any, group_cols: Sequence[str], descending: bool) -> Any:
+    """The board's order when sorted by rank: rank, model, group, id."""
+    return query.order_by(
+        _direction(ranked.c.rank, descending), ranked.c.model, *(ranked.c[c].asc().nulls_last() for c in group_cols), ranked.c.id
+    )
 
 
 def with_work_mem(session: Session) -> None:

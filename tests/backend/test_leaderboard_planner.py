@@ -2,10 +2,11 @@
 
 Sorting every run by rank or by runs per config has no index: `_by_rank` and `_by_config_runs`
 plan each page from the group and config sizes (from the cells, or counted over the filtered
-runs when a filter is not a cell's). On a lab with ties, null recipe fields, several groups per
+runs when a filter is not a cell's); on Postgres a rank page reads only the group ends it can
+reach. On a lab with ties, null recipe fields, several groups per
 grouping and both sources, every grouping × sort × direction × filter is checked whole and page
 by page against a recompute from the rows themselves: ranks, runs per config, group sizes, the
-order and the total. A planner given a wrong count of the runs above a band is caught.
+order and the total. A planner that reads one rank too few is caught.
 """
 
 from __future__ import annotations
@@ -121,19 +122,36 @@ def test_planned_sorts_match_a_recompute_whole_and_paged(settings, group: str) -
                     assert as_expected(paged) == expected, case
 
 
-def test_the_check_catches_a_planner_that_miscounts_the_runs_above_its_band(settings, monkeypatch) -> None:
-    """Break `_kth` on purpose (one run too few above each band edge): pages past the first band
-    then rank wrongly or start in the wrong place, and the recompute says so."""
-    real = store._kth
+def whole_board_by_pages(session, *, descending: bool) -> list[tuple[str, int, int, int]]:
+    return [
+        row
+        for offset in range(0, 200, PAGE)
+        for row in as_expected(
+            read(session, filters={}, group="workload", sort="rank", descending=descending, limit=PAGE, offset=offset)[0]
+        )
+    ]
 
-    def off_by_one(*args: Any, **kwargs: Any) -> dict[tuple[Any, ...], tuple[Any, int]]:
-        return {key: (value, max(0, n - 1)) for key, (value, n) in real(*args, **kwargs).items()}
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # SQLite ranks every run in one window: nothing to plan
+def test_the_check_catches_a_planner_that_reads_one_rank_too_few(settings, monkeypatch) -> None:
+    """Break the plan on purpose. Best first, a band one rank too narrow misses runs on the deep
+    pages, and the recompute says so. Worst first, the statement counts what it read and widens a
+    band that fell short (a too-narrow band heals); told it never falls short, it is caught too."""
+    real_band, real_rows = store.rank_band, store._rank_band_rows
     with session_scope(settings.sqlalchemy_url) as session:
         lab_runs(session)
         session.commit()
-        expected = as_expected(recompute(session, filters={}, group="workload", sort="rank", descending=False))
-        deep = {"filters": {}, "group": "workload", "sort": "rank", "descending": False, "limit": PAGE, "offset": 4 * PAGE}
-        assert as_expected(read(session, **deep)[0]) == expected[4 * PAGE : 5 * PAGE]
-        monkeypatch.setattr(store, "_kth", off_by_one)
-        assert as_expected(read(session, **deep)[0]) != expected[4 * PAGE : 5 * PAGE]
+        best_first = as_expected(recompute(session, filters={}, group="workload", sort="rank", descending=False))
+        worst_first = as_expected(recompute(session, filters={}, group="workload", sort="rank", descending=True))
+        assert whole_board_by_pages(session, descending=False) == best_first
+        assert whole_board_by_pages(session, descending=True) == worst_first
+
+        def narrow(sizes: dict[Any, int], **kw: Any) -> tuple[int, int]:
+            ra, rb = real_band(sizes, **kw)
+            return (ra + 1, rb) if kw["descending"] else (ra, rb - 1)
+
+        monkeypatch.setattr(store, "rank_band", narrow)
+        assert whole_board_by_pages(session, descending=False) != best_first
+        assert whole_board_by_pages(session, descending=True) == worst_first  # widened until complete
+        monkeypatch.setattr(store, "_rank_band_rows", lambda *a, **kw: (real_rows(*a, **kw)[0], 10**9))  # "enough before it"
+        assert whole_board_by_pages(session, descending=True) != worst_first
