@@ -73,6 +73,21 @@ BEFORE_MS = {
     "page /compare (10 runs)": 234.0,
 }
 
+# The cases still over the target on main at 682eb42 (this script, 20 rounds, same machine; BENCHMARKS.md then).
+PREVIOUS_MS = {
+    "leaderboard API: every run by rank worst-first, page 20": 546.5,
+    f"leaderboard API: every run by rank worst-first, offset {DEEP_OFFSET:,}": 621.1,
+    "leaderboard API: every run, group=shape, by mfu, page 20": 378.9,
+    f"leaderboard API: every run, group=shape, by mfu, offset {DEEP_OFFSET:,}": 593.8,
+    "leaderboard API: every run, group=precision, by mfu, page 20": 571.5,
+    f"leaderboard API: every run, group=precision, by mfu, offset {DEEP_OFFSET:,}": 920.5,
+    "leaderboard API: every run, source filter, by rank, page 20": 426.5,
+    "leaderboard API: every run, source filter, by config_runs, page 20": 460.3,
+    "leaderboard API: every run, branch filter, by rank, page 20": 385.3,
+    "leaderboard API: every run, branch filter, by config_runs, page 20": 434.3,
+    "page /runs/{id}": 283.0,
+}
+
 
 def planned(sort: str, direction: str) -> str:
     """A planned sort's name in a case: rank best-first by default, worst-first said."""
@@ -258,11 +273,13 @@ def main() -> None:
         f"round-robin after a warm-up round; p95 is the nearest-rank 95th percentile. Target: every case under {TARGET_MS:.0f} ms p95. "
         "`--explain` writes each leaderboard and scaling query's `EXPLAIN (ANALYZE, BUFFERS)` to benchmarks/explain/.",
         "",
-        "| case | p50 | p95 | p95 before (issue 12) |",
-        "|---|---:|---:|---:|",
+        "| case | p50 | p95 | p95 before (issue 12) | p95 at 682eb42 |",
+        "|---|---:|---:|---:|---:|",
         *[
             f"| {name} | {r['p50_ms']:.1f} ms | {r['p95_ms']:.1f} ms | "
             + (f"{BEFORE_MS[name]:,.0f} ms" if name in BEFORE_MS else "")
+            + " | "
+            + (f"{PREVIOUS_MS[name]:,.1f} ms" if name in PREVIOUS_MS else "")
             + " |"
             for name, r in results.items()
         ],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -217,32 +218,51 @@ def leaderboard_rows(
     group: str = "workload",
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of leaderboard rows (each ranked within its group, see GROUPINGS) and the total."""
-    conds = _entry_conditions(filters, group)
-    if best_only:
-        return _best_rows(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
-    return _every_run(session, filters=filters, conds=conds, sort=sort, descending=descending, limit=limit, offset=offset, group=group)
+    board = Board(filters=filters, group=group, sort=sort if sort in SORTABLE else None, descending=descending, limit=limit, offset=offset)
+    return _best_rows(session, board) if best_only else _every_run(session, board)
 
 
-def _best_rows(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    conds: list[ColumnElement[bool]],
-    sort: str | None,
-    descending: bool,
-    limit: int,
-    offset: int,
-    group: str,
-) -> tuple[list[dict[str, Any]], int]:
+@dataclass(frozen=True)
+class Board:
+    """One request for leaderboard rows: what the planners, counts and orders share."""
+
+    filters: dict[str, Any]
+    group: str
+    sort: str | None
+    descending: bool
+    limit: int
+    offset: int
+
+    @property
+    def conds(self) -> list[ColumnElement[bool]]:
+        """The competing runs (see `_entry_conditions`)."""
+        return _entry_conditions(self.filters, self.group)
+
+    @property
+    def cellable(self) -> bool:
+        """Whether the cells answer every filter (CELL_FILTERS), so counts come from them."""
+        return {n for n, v in self.filters.items() if v is not None and v != ""} <= CELL_FILTERS
+
+    @property
+    def group_cols(self) -> tuple[str, ...]:
+        return partition(self.group)
+
+    @property
+    def config(self) -> tuple[str, ...]:
+        """The columns of one config: strategy and world size within a workload, or within a shape and recipe."""
+        return CONFIG if self.group == "workload" else RECIPE_CONFIG
+
+
+def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], int]:
     """The best run of each (strategy, world size[, recipe]) config, ranked within its group.
 
     Each config is aggregated once (its best throughput and how many runs it has — a hash
     aggregate over the narrow table); its best run is joined back, and only those few rows are
     ranked and sorted.
     """
-    config = CONFIG if group == "workload" else RECIPE_CONFIG
+    filters, group, sort, descending, conds, config = board.filters, board.group, board.sort, board.descending, board.conds, board.config
     config_cols = [getattr(Entry, c) for c in config]
-    if {name for name, value in filters.items() if value is not None and value != ""} <= CELL_FILTERS:
+    if board.cellable:
         # the maintained cells: a few hundred rows, not every run
         cell_cols = [getattr(Cell, c) for c in config]
         configs = (
@@ -281,11 +301,11 @@ def _best_rows(
         .subquery("scored")
     )
     order: list[ColumnElement] = []
-    if sort in SORTABLE and sort is not None:
+    if sort is not None:
         column = scored.c[sort]
         order.append((column.desc() if descending else column.asc()).nulls_last())
     order += [scored.c.model, *(scored.c[c] for c in partition(group)), scored.c.rank, scored.c.id]
-    page = select(scored, func.count().over().label("total")).order_by(*order).limit(limit).offset(offset)
+    page = select(scored, func.count().over().label("total")).order_by(*order).limit(board.limit).offset(board.offset)
     rows = [dict(r._mapping) for r in session.execute(page)]
     for row in rows:
         row.pop("tie", None)
@@ -295,17 +315,7 @@ def _best_rows(
     return rows, total
 
 
-def _every_run(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    conds: list[ColumnElement[bool]],
-    sort: str | None,
-    descending: bool,
-    limit: int,
-    offset: int,
-    group: str,
-) -> tuple[list[dict[str, Any]], int]:
+def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], int]:
     """Every ranked run, a page at a time, without ranking them all.
 
     Within one group, rank order is throughput order, so "sort, model, group, rank, id" is the
@@ -315,68 +325,53 @@ def _every_run(
     config's run count. The two sorts no index holds are planned from the group and config sizes:
     by rank (`_by_rank`, either direction) and by runs per config (`_by_config_runs`).
     """
-    group_cols = partition(group)
-    config = CONFIG if group == "workload" else RECIPE_CONFIG
-    sort = sort if sort in SORTABLE else None
-    cellable = {n for n, v in filters.items() if v is not None and v != ""} <= CELL_FILTERS
+    filters, group, sort, group_cols = board.filters, board.group, board.sort, board.group_cols
     with_work_mem(session)
     known_ranks: dict[str, int] | None = None
     known_sizes: dict[str, dict[tuple[Any, ...], int]] = {}  # a planner's whole group or config sizes
     if sort == "rank":
-        known_ranks, known_sizes["group_size"] = _by_rank(
-            session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
-        )
+        known_ranks, known_sizes["group_size"] = _by_rank(session, board)
         page_ids = list(known_ranks)
     elif sort == "config_runs":
-        page_ids, known_sizes["config_runs"] = _by_config_runs(
-            session, filters=filters, conds=conds, group=group, cellable=cellable, descending=descending, limit=limit, offset=offset
-        )
+        page_ids, known_sizes["config_runs"] = _by_config_runs(session, board)
     else:
         tail = [Entry.model, *(getattr(Entry, c).asc().nulls_last() for c in group_cols)]
-        first = [_direction(getattr(Entry, sort), descending)] if sort is not None else []
+        first = [_direction(getattr(Entry, sort), board.descending)] if sort is not None else []
         # a shape grouping keeps only runs with a shape; when every run has one (the usual case, one
         # index look-up to know), leaving the test out keeps the sort index's read index-only
-        shaped = conds if group == "workload" or _any_shapeless(session, filters) else _conditions(filters)
+        shaped = board.conds if group == "workload" or _any_shapeless(session, filters) else _conditions(filters)
         ids_query = select(Entry.id).where(*shaped).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
-        page_ids = list(session.execute(ids_query.limit(limit).offset(offset)).scalars())
+        page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
     if known_sizes:  # a planner's sizes cover every competing run
         total = sum(next(iter(known_sizes.values())).values())
-    elif cellable:  # the cells' counts, not a count of every run
+    elif board.cellable:  # the cells' counts, not a count of every run
         total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_cell_conditions(filters, group))).scalar_one()
     else:
-        total = session.execute(select(func.count()).select_from(Entry).where(*conds)).scalar_one()
+        total = session.execute(select(func.count()).select_from(Entry).where(*board.conds)).scalar_one()
     total = int(total)
     if not page_ids:
         return [], total
     query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(page_ids))
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     rows = [by_id[i] for i in page_ids if i in by_id]
-    ranks = known_ranks if known_ranks is not None else _page_ranks(session, page_ids, filters=filters, group=group)
+    ranks = known_ranks if known_ranks is not None else _page_ranks(session, board, page_ids)
     for row in rows:
         row["rank"] = ranks[row["id"]]
-    for label, columns in (("config_runs", config), ("group_size", group_cols)):
-        tallies = known_sizes.get(label) or _sizes(
-            session,
-            filters=filters,
-            conds=conds,
-            group=group,
-            cellable=cellable,
-            columns=columns,
-            only={tuple(row[c] for c in columns) for row in rows},
-        )
+    for label, columns in (("config_runs", board.config), ("group_size", group_cols)):
+        tallies = known_sizes.get(label) or _sizes(session, board, columns, only={tuple(row[c] for c in columns) for row in rows})
         for row in rows:
             row[label] = tallies.get(tuple(row[c] for c in columns), 0)
     return rows, total
 
 
-def _page_ranks(session: Session, page_ids: list[str], *, filters: dict[str, Any], group: str) -> dict[str, int]:
+def _page_ranks(session: Session, board: Board, page_ids: list[str]) -> dict[str, int]:
     """The rank of each run on a page: one plus the faster runs of its group.
 
     On Postgres each group on the page is read once from its fastest run down to the page's
     slowest run of it, ranked as it streams (a page of one config's runs reads its group once,
     not once per row); elsewhere each run's faster runs are counted.
     """
-    group_cols = partition(group)
+    filters, group, group_cols = board.filters, board.group, board.group_cols
     if session.get_bind().dialect.name != "postgresql":
         other = aliased(Entry, name="other")
         faster = (
@@ -430,57 +425,37 @@ def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[C
     ]
 
 
-def _sizes(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    conds: list[ColumnElement[bool]],
-    group: str,
-    cellable: bool,
-    columns: Sequence[str],
-    only: set[tuple[Any, ...]] | None = None,
-) -> dict[tuple[Any, ...], int]:
+def _sizes(session: Session, board: Board, columns: Sequence[str], only: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], int]:
     """How many competing runs each value of `columns` (a group or a config) has: summed from the
     cells where they answer the filters (a few hundred rows), else counted over the filtered runs;
     `only` restricts it to a few values (a page's)."""
-    source: Any = Cell if cellable else Entry
+    source: Any = Cell if board.cellable else Entry
     cols = [getattr(source, c) for c in columns]
     which = [] if only is None else [or_(*(and_(*_equals(source, columns, key)) for key in only))]
-    if cellable:
-        query = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_cell_conditions(filters, group), *which)
+    if board.cellable:
+        query = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_cell_conditions(board.filters, board.group), *which)
     else:
-        query = select(*cols, func.count()).where(*conds, *which)
+        query = select(*cols, func.count()).where(*board.conds, *which)
     return {tuple(r[:-1]): int(r[-1]) for r in session.execute(query.group_by(*cols))}
 
 
-def _by_config_runs(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    conds: list[ColumnElement[bool]],
-    group: str,
-    cellable: bool,
-    descending: bool,
-    limit: int,
-    offset: int,
-) -> tuple[list[str], dict[tuple[Any, ...], int]]:
+def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tuple[Any, ...], int]]:
     """A page of every run sorted by runs per config, planned from the config sizes: rows of one
     (runs, model, group) block are that block's configs' runs by throughput, and blocks come in
     the configs' order, so only the blocks the page overlaps are read. Returns the page's ids and
     every config's size."""
-    config = CONFIG if group == "workload" else RECIPE_CONFIG
-    group_cols = partition(group)
-    source: Any = Cell if cellable else Entry
+    config, group_cols, conds, offset, limit = board.config, board.group_cols, board.conds, board.offset, board.limit
+    source: Any = Cell if board.cellable else Entry
     cols = [getattr(source, c) for c in config]
-    if cellable:
+    if board.cellable:
         sized = select(cast(func.sum(Cell.runs), Integer).label("runs"), func.min(Cell.model).label("model"), *cols).where(
-            *_cell_conditions(filters, group)
+            *_cell_conditions(board.filters, board.group)
         )
     else:
         sized = select(func.count().label("runs"), func.min(Entry.model).label("model"), *cols).where(*conds)
     configs = sized.group_by(*cols).subquery("configs")
     ordered = select(configs).order_by(
-        configs.c.runs.desc() if descending else configs.c.runs.asc(),
+        configs.c.runs.desc() if board.descending else configs.c.runs.asc(),
         configs.c.model,
         *(configs.c[c].asc().nulls_last() for c in group_cols),
     )
@@ -514,17 +489,7 @@ def _by_config_runs(
     return ids, sizes
 
 
-def _by_rank(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    conds: list[ColumnElement[bool]],
-    group: str,
-    cellable: bool,
-    descending: bool,
-    limit: int,
-    offset: int,
-) -> tuple[dict[str, int], dict[tuple[Any, ...], int]]:
+def _by_rank(session: Session, board: Board) -> tuple[dict[str, int], dict[tuple[Any, ...], int]]:
     """A page of every run sorted by rank (either direction). Returns {run id: rank} in page
     order, and the group sizes it was planned from.
 
@@ -532,8 +497,8 @@ def _by_rank(
     reaches it (`_rank_band_rows`); elsewhere (SQLite: an embedded lab's few runs) one window
     ranks them all.
     """
-    group_cols = partition(group)
-    sizes = _sizes(session, filters=filters, conds=conds, group=group, cellable=cellable, columns=group_cols)
+    group_cols, descending, offset, limit = board.group_cols, board.descending, board.offset, board.limit
+    sizes = _sizes(session, board, group_cols)
     total = sum(sizes.values())
     if offset >= total:
         return {}, sizes
@@ -545,7 +510,7 @@ def _by_rank(
                 *(getattr(Entry, c) for c in group_cols),
                 func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
             )
-            .where(*conds)
+            .where(*board.conds)
             .subquery("ranks")
         )
         page = _rank_order(select(ranks.c.id, ranks.c.rank), ranks, group_cols, descending).offset(offset).limit(limit)
@@ -554,7 +519,7 @@ def _by_rank(
     ra, rb = rank_band(sizes, offset=offset, end=end, descending=descending)
     step = 1
     while True:
-        band, before = _rank_band_rows(session, filters=filters, group=group, sizes=sizes, band=(ra, rb), descending=descending)
+        band, before = _rank_band_rows(session, board, sizes=sizes, band=(ra, rb))
         # ties rank more runs better than the sizes promise: best first, more may rank above the
         # band than the page skips; worst first, fewer may rank in or below it than the page needs
         short = before > offset if not descending else before + len(band) < end
@@ -591,13 +556,7 @@ def rank_band(sizes: dict[tuple[Any, ...], int], *, offset: int, end: int, desce
 
 
 def _rank_band_rows(
-    session: Session,
-    *,
-    filters: dict[str, Any],
-    group: str,
-    sizes: dict[tuple[Any, ...], int],
-    band: tuple[int, int],
-    descending: bool,
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
 ) -> tuple[list[tuple[str, int]], int]:
     """One statement: the runs ranked in [ra, rb], in the board's order, and how many runs come
     before the band (best first, rank < ra; worst first, rank > rb).
@@ -609,7 +568,7 @@ def _rank_band_rows(
     >= ra, each ranked 1 + n minus the runs at most as fast. Only the band's rows are sorted.
     """
     ra, rb = band
-    group_cols = partition(group)
+    group_cols, descending = board.group_cols, board.descending
     table = Entry.__table__
     groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
         [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
@@ -621,7 +580,7 @@ def _rank_band_rows(
         rank = func.rank().over(order_by=e.c.tokens_per_s.desc())
     reached = (
         select(e.c.id, e.c.model, *(e.c[c] for c in group_cols), rank.label("rank"))
-        .where(*_entry_conditions(filters, group, e.c), *_match(e.c, groups.c, group_cols))
+        .where(*_entry_conditions(board.filters, board.group, e.c), *_match(e.c, groups.c, group_cols))
         .order_by(e.c.tokens_per_s.asc() if descending else e.c.tokens_per_s.desc())
         .fetch(groups.c.take, with_ties=True)
         .lateral("reached")
