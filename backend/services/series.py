@@ -142,15 +142,15 @@ def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocume
         assert series is not None
         config = config_of(series)
         base = baseline_series(session, series)
-        for metric in regression.METRICS:
+        judged = [m for m in regression.METRICS if any(m.name in values for _, values in members)]
+        baselines = (
+            store.latest_values(session, series_id=base.id, metrics=[m.name for m in judged], window=config.window, exclude_runs=batch_ids)
+            if base is not None and judged
+            else {}
+        )
+        for metric in judged:
             new = [values[metric.name] for _, values in members if metric.name in values]
-            if not new:
-                continue
-            baseline = (
-                store.baseline_values(session, series_id=base.id, metric=metric.name, window=config.window, exclude_runs=batch_ids)
-                if base is not None
-                else []
-            )
+            baseline = baselines.get(metric.name, [])
             judgement = regression.judge(baseline, new, config=config, higher_is_better=metric.higher_is_better)
             for run, values in members:
                 if metric.name not in values:

@@ -78,6 +78,45 @@ def baseline_values(session: Session, *, series_id: str, metric: str, window: in
     return list(reversed(session.execute(query).scalars().all()))
 
 
+def latest_values(
+    session: Session, *, series_id: str, metrics: Sequence[str], window: int, exclude_runs: Sequence[str]
+) -> dict[str, list[float]]:
+    """`baseline_values` of each of `metrics` (the same lists), without reading the whole series per
+    metric: the series' latest `window` runs first (one query), then their verdicts (one query).
+
+    The latest `window` results of a metric are among the latest `window` runs when those runs
+    hold `window` values of it (a verdict is stored on its run's series, and an older run's
+    verdict sorts after each of theirs). A metric with fewer values there while older runs exist,
+    or a tie on `created_at` at the window's edge, is read the full way (`baseline_values`)."""
+    runs = select(Run.id, Run.created_at).where(Run.series_id == series_id).order_by(Run.created_at.desc(), Run.id.desc()).limit(window + 1)
+    if exclude_runs:
+        runs = runs.where(Run.id.not_in(list(exclude_runs)))
+    latest = session.execute(runs).all()
+    more = len(latest) > window
+    tied = more and latest[window - 1].created_at == latest[window].created_at
+    found: dict[str, list[float]] = {}
+    if latest and not tied:
+        # by run id alone (its index: a few rows per run), whatever the planner guesses of the series' size
+        created = {r.id: r.created_at for r in latest[:window]}
+        rows = session.execute(
+            select(SeriesVerdict.run_id, SeriesVerdict.id, SeriesVerdict.series_id, SeriesVerdict.metric, SeriesVerdict.value).where(
+                SeriesVerdict.run_id.in_(list(created))
+            )
+        ).all()
+        wanted = set(metrics)
+        for row in sorted(rows, key=lambda r: (created[r.run_id], r.id), reverse=True):
+            if row.series_id == series_id and row.metric in wanted:
+                found.setdefault(row.metric, []).append(row.value)
+    out: dict[str, list[float]] = {}
+    for metric in metrics:
+        newest = found.get(metric, [])[:window]
+        if tied or (more and len(newest) < window):
+            out[metric] = baseline_values(session, series_id=series_id, metric=metric, window=window, exclude_runs=exclude_runs)
+        else:
+            out[metric] = list(reversed(newest))
+    return out
+
+
 def add_verdicts(session: Session, rows: list[dict[str, Any]]) -> None:
     """One batched insert of verdict rows."""
     if rows:
