@@ -130,6 +130,17 @@ def baseline_series(session: Session, series: Series) -> Series | None:
 
 def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]]) -> None:
     """Store the verdicts of newly uploaded runs (each already joined to its series; caller commits)."""
+    add_verdicts(session=session, rows=judgements(session=session, uploads=uploads))
+
+
+def add_verdicts(*, session: Session, rows: list[dict[str, Any]]) -> list[SeriesVerdict]:
+    """Store verdict rows (from `judgements`); the stored verdicts, in id order."""
+    return store.add_verdicts(session, rows, returning=True)
+
+
+def judgements(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]]) -> list[dict[str, Any]]:
+    """The verdict rows of newly uploaded runs (each already joined to its series), judged against
+    the results stored before them; reads only."""
     batch_ids = [run.id for run, _ in uploads]
     groups: dict[tuple[str, str | None], list[tuple[Run, dict[str, float]]]] = {}
     for run, document in uploads:
@@ -175,7 +186,7 @@ def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocume
                         "created_at": utcnow(),
                     }
                 )
-    store.add_verdicts(session, rows)
+    return rows
 
 
 def verdicts_for_runs(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[SeriesVerdict]]:

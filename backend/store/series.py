@@ -117,10 +117,16 @@ def latest_values(
     return out
 
 
-def add_verdicts(session: Session, rows: list[dict[str, Any]]) -> None:
-    """One batched insert of verdict rows."""
-    if rows:
+def add_verdicts(session: Session, rows: list[dict[str, Any]], *, returning: bool = False) -> list[SeriesVerdict]:
+    """One batched insert of verdict rows; with `returning`, the stored verdicts in id order (from
+    the insert itself, no second query)."""
+    if not rows:
+        return []
+    if not returning:
         session.execute(insert(SeriesVerdict), rows)
+        return []
+    added = session.scalars(insert(SeriesVerdict).returning(SeriesVerdict, sort_by_parameter_order=True), rows).all()
+    return sorted(added, key=lambda v: v.id)
 
 
 def verdicts_for_runs(session: Session, run_ids: Sequence[str]) -> list[SeriesVerdict]:
