@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from backend.api.bind import network_listeners
+from backend.api.bind import network_listeners, nodelay_listeners
 from backend.api.security import settings_for
 from backend.config import PLACEHOLDER_SECRET, Settings
 
@@ -82,6 +82,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             raise RuntimeError(placeholder_message(f"listening on {', '.join(exposed)}"))
         watch = asyncio.create_task(_watch_bind())
     seed_admin(settings)
+    # Answers leave at once, not after the client's delayed ACK (uvicorn --workers N: bind.nodelay_listeners).
+    nodelay_listeners()
     # Upload threads are CPU-bound (issue #12): a shorter GIL slice lets the event loop's thread
     # answer between their bytecodes instead of waiting 5 ms at each socket call.
     switch_interval = sys.getswitchinterval()

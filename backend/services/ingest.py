@@ -226,6 +226,8 @@ def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key
                     model=str(document.workload.get("model", "custom"))[:64],
                     idempotency_key=idempotency_key,
                     idempotency_body_sha256=body_sha256,
+                    # written with the row: attach_result sets the same values, so no UPDATE for them
+                    **summary_columns(document),
                 ),
             )
     except IntegrityError:

@@ -130,6 +130,17 @@ def baseline_series(session: Session, series: Series) -> Series | None:
 
 def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]]) -> None:
     """Store the verdicts of newly uploaded runs (each already joined to its series; caller commits)."""
+    add_verdicts(session=session, rows=judgements(session=session, uploads=uploads))
+
+
+def add_verdicts(*, session: Session, rows: list[dict[str, Any]]) -> list[SeriesVerdict]:
+    """Store verdict rows (from `judgements`); the stored verdicts, in id order."""
+    return store.add_verdicts(session, rows, returning=True)
+
+
+def judgements(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]]) -> list[dict[str, Any]]:
+    """The verdict rows of newly uploaded runs (each already joined to its series), judged against
+    the results stored before them; reads only."""
     batch_ids = [run.id for run, _ in uploads]
     groups: dict[tuple[str, str | None], list[tuple[Run, dict[str, float]]]] = {}
     for run, document in uploads:
@@ -142,15 +153,15 @@ def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocume
         assert series is not None
         config = config_of(series)
         base = baseline_series(session, series)
-        for metric in regression.METRICS:
+        judged = [m for m in regression.METRICS if any(m.name in values for _, values in members)]
+        baselines = (
+            store.latest_values(session, series_id=base.id, metrics=[m.name for m in judged], window=config.window, exclude_runs=batch_ids)
+            if base is not None and judged
+            else {}
+        )
+        for metric in judged:
             new = [values[metric.name] for _, values in members if metric.name in values]
-            if not new:
-                continue
-            baseline = (
-                store.baseline_values(session, series_id=base.id, metric=metric.name, window=config.window, exclude_runs=batch_ids)
-                if base is not None
-                else []
-            )
+            baseline = baselines.get(metric.name, [])
             judgement = regression.judge(baseline, new, config=config, higher_is_better=metric.higher_is_better)
             for run, values in members:
                 if metric.name not in values:
@@ -175,7 +186,7 @@ def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocume
                         "created_at": utcnow(),
                     }
                 )
-    store.add_verdicts(session, rows)
+    return rows
 
 
 def verdicts_for_runs(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[SeriesVerdict]]:

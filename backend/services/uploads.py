@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from backend.models import Run, SeriesVerdict
+from backend.models import Run, Series, SeriesVerdict
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.ingest import ingest_upload
@@ -92,18 +92,30 @@ def _key(idempotency_key: str | None, index: int, batch: bool) -> str | None:
 def upload_results(
     *, session: Session, documents: list[ResultDocument], batch: bool, idempotency_key: str | None, principal: Principal
 ) -> list[Uploaded]:
-    """Store the documents as finished runs, join them to their series and judge them (caller commits)."""
+    """Store the documents as finished runs, join them to their series and judge them (caller commits).
+
+    Nothing is flushed behind the caller's back while the runs are stored, joined and judged (the
+    judging reads only earlier results): the runs' status, uploader and series, the series' new
+    `updated_at` and so the locks that order uploads of one config or series (the leaderboard
+    cell, the series row) are written in one flush at the end, held only until the commit."""
     stored: list[tuple[Run, bool, ResultDocument]] = []
-    for i, document in enumerate(documents):
-        run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
-        if created:
-            record_uploader(run=run, document=document, principal=principal)
-            series_service.join_series(session=session, run=run, document=document)
-        stored.append((run, created, document))
+    joined: list[Series] = []  # held here, so judging finds them in the session (its map is weak)
+    with session.no_autoflush:
+        for i, document in enumerate(documents):
+            run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
+            if created:
+                record_uploader(run=run, document=document, principal=principal)
+                series = series_service.join_series(session=session, run=run, document=document)
+                if series is not None:
+                    joined.append(series)
+            stored.append((run, created, document))
+        rows = series_service.judgements(session=session, uploads=[(run, doc) for run, created, doc in stored if created])
     session.flush()
-    series_service.judge_uploads(session=session, uploads=[(run, doc) for run, created, doc in stored if created])
-    session.flush()
-    verdicts = series_service.verdicts_for_runs(session=session, run_ids=[run.id for run, _, _ in stored])
+    added = series_service.add_verdicts(session=session, rows=rows)
+    replayed = [run.id for run, created, _ in stored if not created]
+    verdicts = series_service.verdicts_for_runs(session=session, run_ids=replayed) if replayed else {}
+    for v in added:
+        verdicts.setdefault(v.run_id, []).append(v)
     return [Uploaded(run, created, verdicts.get(run.id, [])) for run, created, _ in stored]
 
 

@@ -128,34 +128,83 @@ def _touched(run: Run) -> bool:
 
 def sync_entry(session: Session, run: Run) -> None:
     """Make the run's leaderboard row and its config's cell agree with the run (written, rewritten
-    or removed), in the caller's transaction (the run row is already written)."""
-    keys = _remove(session, run.id)
-    if eligible(run):
-        session.execute(insert(Entry).values({c: getattr(run, c) for c in ENTRY_COLUMNS}))
-        keys.add(tuple(getattr(run, c) for c in CONFIG))
-    for key in keys:
-        _refresh_cell(session, key)
+    or removed), in the caller's transaction (the run row is already written).
+
+    A run being inserted has no row yet (nothing to delete). A run that joins a config without
+    leaving one (ingest) adds itself to that config's cell: runs + 1, best = max(best, its
+    throughput), one upsert; a run that leaves or changes its row has its old config's cell
+    recomputed from that config's rows.
+
+    The tables are written with Core statements on the session's connection (no ORM objects are
+    involved: the ORM's execute path cost more than the statements)."""
+    # Runs inserted in this transaction without a row (not yet eligible): no delete needed either.
+    transaction, unranked = session.info.get("leaderboard_unranked", (None, set()))
+    if transaction is not session.get_transaction():
+        transaction, unranked = session.get_transaction(), set()
+        session.info["leaderboard_unranked"] = (transaction, unranked)
+    old = None if run in session.new or run.id in unranked else _remove(session, run.id)
+    key = tuple(getattr(run, c) for c in CONFIG) if eligible(run) else None
+    if key is not None:
+        unranked.discard(run.id)
+        session.connection().execute(insert(Entry).values({c: getattr(run, c) for c in ENTRY_COLUMNS}))
+    elif run in session.new:
+        unranked.add(run.id)
+    if old is not None:
+        _refresh_cell(session, old)
+    if key is not None and key != old:
+        _refresh_cell(session, key, added=run)
 
 
 def remove_entry(session: Session, run_id: str) -> None:
     """Take a run off the leaderboard (it is being deleted), its config's cell recomputed."""
-    for key in _remove(session, run_id):
-        _refresh_cell(session, key)
+    old = _remove(session, run_id)
+    if old is not None:
+        _refresh_cell(session, old)
 
 
-def _remove(session: Session, run_id: str) -> set[tuple[Any, ...]]:
+def _remove(session: Session, run_id: str) -> tuple[Any, ...] | None:
     """Delete the run's entry; the config it counted in, if it had one."""
-    old = session.execute(delete(Entry).where(Entry.id == run_id).returning(*(getattr(Entry, c) for c in CONFIG))).first()
-    return {tuple(old)} if old is not None else set()
+    returning = delete(Entry).where(Entry.id == run_id).returning(*(getattr(Entry, c) for c in CONFIG))
+    old = session.connection().execute(returning).first()
+    return tuple(old) if old is not None else None
 
 
-def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
-    """Recompute one config's cell from its entries (an index range), under a lock on that config
-    on Postgres so that two ingests of one config never both miss the other's run."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": "cell:" + "|".join(map(str, key))})
+def _refresh_cell(session: Session, key: tuple[Any, ...], *, added: Run | None = None) -> None:
+    """Bring one config's cell up to date, under a lock on that config on Postgres so that two
+    ingests of one config never both miss the other's run (an incremental add takes it too: a
+    recompute running beside it would otherwise overwrite the add with a count that lacks it).
+
+    `added`: the only change is this run joining the config (its entry is written) — on Postgres
+    one upsert adds it (runs + 1, best and the attributes as the aggregate's max and min); else the
+    cell is recomputed from its entries (an index range over every run of the config)."""
+    conn = session.connection()
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": "cell:" + "|".join(map(str, key))})
+    if added is not None and postgres and all(v is not None for v in key):
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        # (a null in the key never conflicts with the unique constraint: those cells are recomputed)
+        upsert = pg_insert(Cell).values(
+            **dict(zip(CONFIG, key, strict=True)),
+            **{c: getattr(added, c) for c in CELL_ATTRIBUTES},
+            runs=1,
+            best_tokens_per_s=added.tokens_per_s,
+        )
+        conn.execute(
+            upsert.on_conflict_do_update(
+                index_elements=list(CONFIG),
+                set_={
+                    "runs": Cell.runs + 1,
+                    "best_tokens_per_s": func.greatest(Cell.best_tokens_per_s, upsert.excluded.best_tokens_per_s),
+                    # min() over the entries skips nulls, as least() does
+                    **{c: func.least(getattr(Cell, c), getattr(upsert.excluded, c)) for c in CELL_ATTRIBUTES},
+                },
+            )
+        )
+        return
     match = [getattr(Entry, c) == v if v is not None else getattr(Entry, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
-    agg = session.execute(
+    agg = conn.execute(
         select(
             func.count().label("runs"),
             func.max(Entry.tokens_per_s).label("best_tokens_per_s"),
@@ -163,9 +212,9 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
         ).where(*match)
     ).one()
     cell_match = [getattr(Cell, c) == v if v is not None else getattr(Cell, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
-    session.execute(delete(Cell).where(*cell_match))
+    conn.execute(delete(Cell).where(*cell_match))
     if agg.runs:
-        session.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping))
+        conn.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping))
 
 
 def rebuild(session: Session) -> int:

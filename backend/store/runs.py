@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import JSON, ColumnElement, delete, func, insert, literal, select, type_coerce, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
 from backend.store import leaderboard
@@ -143,8 +144,10 @@ def store_result(
     """The result document and its rows — one batched insert per table, caller's transaction."""
     for key, value in summary_columns.items():
         setattr(run, key, value)
-    session.add(RunResult(run_id=run.id, schema_version=document["schema_version"], document=document))
+    result = RunResult(run_id=run.id, schema_version=document["schema_version"], document=document)
+    session.add(result)
     session.flush()
+    set_committed_value(run, "result", result)  # `run.result` without reading the document back
     if rank_rows:
         session.execute(insert(RankMetric), [{"run_id": run.id, **row} for row in rank_rows])
     if comm_rows:

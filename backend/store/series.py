@@ -78,10 +78,62 @@ def baseline_values(session: Session, *, series_id: str, metric: str, window: in
     return list(reversed(session.execute(query).scalars().all()))
 
 
-def add_verdicts(session: Session, rows: list[dict[str, Any]]) -> None:
-    """One batched insert of verdict rows."""
-    if rows:
+def latest_values(
+    session: Session, *, series_id: str, metrics: Sequence[str], window: int, exclude_runs: Sequence[str]
+) -> dict[str, list[float]]:
+    """`baseline_values` of each of `metrics` (the same lists), without reading the whole series per
+    metric: the series' latest `window` + 1 runs and their verdicts, in one query.
+
+    The latest `window` results of a metric are among the latest `window` runs when those runs
+    hold `window` values of it (a verdict is stored on its run's series, and an older run's
+    verdict sorts after each of theirs). A metric with fewer values there while older runs exist,
+    or a tie on `created_at` at the window's edge, is read the full way (`baseline_values`)."""
+    runs = select(Run.id, Run.created_at).where(Run.series_id == series_id).order_by(Run.created_at.desc(), Run.id.desc()).limit(window + 1)
+    if exclude_runs:
+        runs = runs.where(Run.id.not_in(list(exclude_runs)))
+    latest_runs = runs.subquery()
+    # one query: the latest runs (at most window + 1, so the planner joins their verdicts by run id)
+    rows = session.execute(
+        select(
+            latest_runs.c.id, latest_runs.c.created_at, SeriesVerdict.id, SeriesVerdict.series_id, SeriesVerdict.metric, SeriesVerdict.value
+        )
+        .select_from(latest_runs)
+        .outerjoin(SeriesVerdict, SeriesVerdict.run_id == latest_runs.c.id)
+        .order_by(latest_runs.c.created_at.desc(), latest_runs.c.id.desc(), SeriesVerdict.id.desc())
+    ).all()
+    latest: list[tuple[str, Any]] = []
+    for row in rows:
+        if not latest or latest[-1][0] != row[0]:
+            latest.append((row[0], row[1]))
+    more = len(latest) > window
+    tied = more and latest[window - 1][1] == latest[window][1]
+    found: dict[str, list[tuple[Any, int, float]]] = {}
+    if latest and not tied:
+        kept = {run_id for run_id, _ in latest[:window]}
+        wanted = set(metrics)
+        for run_id, created_at, verdict_id, verdict_series, metric, value in rows:
+            if run_id in kept and verdict_id is not None and verdict_series == series_id and metric in wanted:
+                found.setdefault(metric, []).append((created_at, verdict_id, value))
+    out: dict[str, list[float]] = {}
+    for metric in metrics:
+        newest = [value for _, _, value in sorted(found.get(metric, []), reverse=True)[:window]]
+        if tied or (more and len(newest) < window):
+            out[metric] = baseline_values(session, series_id=series_id, metric=metric, window=window, exclude_runs=exclude_runs)
+        else:
+            out[metric] = list(reversed(newest))
+    return out
+
+
+def add_verdicts(session: Session, rows: list[dict[str, Any]], *, returning: bool = False) -> list[SeriesVerdict]:
+    """One batched insert of verdict rows; with `returning`, the stored verdicts in id order (from
+    the insert itself, no second query)."""
+    if not rows:
+        return []
+    if not returning:
         session.execute(insert(SeriesVerdict), rows)
+        return []
+    added = session.scalars(insert(SeriesVerdict).returning(SeriesVerdict, sort_by_parameter_order=True), rows).all()
+    return sorted(added, key=lambda v: v.id)
 
 
 def verdicts_for_runs(session: Session, run_ids: Sequence[str]) -> list[SeriesVerdict]:

@@ -220,3 +220,55 @@ def test_filter_menus_list_what_the_ranked_runs_hold(settings, lab) -> None:
         for name in leaderboard_store.FILTERS:
             assert values[name] == sorted({getattr(r, name) for r in runs if getattr(r, name) is not None}), name
         assert values["user_id"] == [lab["ada"]] and values["branch"] == ["main"]
+
+
+def cell_rows(session) -> dict[tuple[Any, ...], dict[str, Any]]:
+    columns = [c.name for c in LeaderboardCell.__table__.columns if c.name != "id"]
+    cells = session.execute(select(LeaderboardCell)).scalars()
+    return {tuple(getattr(c, k) for k in CONFIG): {k: getattr(c, k) for k in columns} for c in cells}
+
+
+def test_cells_added_to_on_ingest_equal_a_recompute(settings, lab) -> None:
+    """Ingest adds a run to its config's cell (runs + 1, best = max) instead of recomputing it; every
+    column of every cell — the attributes too — is what a rebuild from the entries gives."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        for tps in (15_500.0, 30_000.0, 1_000.0):  # below, above and far below the config's best
+            store_run(session, make_document(strategy="ddp", world_size=2, tokens_per_s=tps, branch="main"))
+        assert_consistent(session)
+        maintained = cell_rows(session)
+        leaderboard_store.rebuild(session)
+        session.flush()
+        assert cell_rows(session) == maintained
+
+
+def test_concurrent_ingests_of_one_config_all_count(settings, lab) -> None:
+    """Uploads of one config committing at once: the cell counts each of them (the config's lock
+    orders the adds and a recompute that would miss one)."""
+    import threading
+
+    from backend.db import get_sessionmaker
+
+    if not settings.sqlalchemy_url.startswith("postgresql"):
+        pytest.skip("SQLite serialises writers")
+    docs = [make_document(strategy="ddp", world_size=2, tokens_per_s=20_000.0 + i, seed=i, branch="main") for i in range(8)]
+    barrier = threading.Barrier(len(docs) + 1)
+
+    def upload(i: int) -> None:
+        session = get_sessionmaker(settings.sqlalchemy_url)()
+        try:
+            barrier.wait()
+            if i == 0:  # a delete of the config's run beside the adds: a recompute under the same lock
+                run_store.delete_run(session, lab["ddp2a"])
+                session.commit()
+            store_run(session, docs[i])
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(len(docs))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    with session_scope(settings.sqlalchemy_url) as session:
+        assert_consistent(session)

@@ -235,3 +235,46 @@ def test_csrf_guards_api_writes_made_with_a_login_session(client, settings) -> N
     assert client.post("/api/v1/runs", json=spec, headers={"X-CSRF-Token": token}).status_code == 202
     assert client.get("/api/v1/runs?user=ada@lab.org").json()["items"][0]["user"] == "ada@lab.org"
     assert csrf.COOKIE in client.cookies
+
+
+def test_latest_values_read_what_the_per_metric_query_reads(settings) -> None:
+    """The baseline of every metric in two queries (the latest runs, then their verdicts) equals the
+    per-metric query over the whole series: runs without a metric, ties on created_at at the
+    window's edge, excluded runs and windows longer than the series included."""
+    from datetime import UTC, datetime, timedelta
+
+    from backend.models import Series
+    from backend.store import series as series_store
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    with session_scope(settings.sqlalchemy_url) as session:
+        session.add(
+            Series(id="s" * 32, family="f" * 32, branch="main", workload_key="w", hardware_key="cpu", strategy="ddp", world_size=2,
+                   options={}, model="tiny", label="tiny", test="t_test", window=10, baseline_branch="main", alpha=0.01, mad_k=4.0,
+                   min_change=0.02)
+        )  # fmt: skip
+        session.flush()
+        runs = []
+        for i in range(14):
+            at = t0 + timedelta(minutes=i if i not in (9, 10) else 9)  # runs 9 and 10 tie
+            run = Run(name=f"r{i}", status="succeeded", source="ci", spec={}, strategy="ddp", world_size=2, model="tiny",
+                      series_id="s" * 32, created_at=at)  # fmt: skip
+            session.add(run)
+            runs.append(run)
+        session.flush()
+        rows = []
+        for i, run in enumerate(runs):
+            metrics = ["tokens_per_s"] + (["peak_memory_per_rank"] if i % 3 else []) + (["exposed_comm_fraction"] if i < 4 else [])
+            for metric in metrics:
+                rows.append({"series_id": "s" * 32, "run_id": run.id, "metric": metric, "value": float(i),
+                             "verdict": "unchanged", "baseline_n": 0, "baseline_branch": "main", "test": "t_test",
+                             "threshold": 0.01, "dismissed": False})  # fmt: skip
+        series_store.add_verdicts(session, rows)
+        session.flush()
+        metrics = ["tokens_per_s", "peak_memory_per_rank", "exposed_comm_fraction", "step_time_p50"]
+        for window in (1, 2, 3, 4, 5, 10, 20):
+            for exclude in ([], [runs[13].id], [runs[12].id, runs[11].id], [r.id for r in runs]):
+                got = series_store.latest_values(session, series_id="s" * 32, metrics=metrics, window=window, exclude_runs=exclude)
+                for metric in metrics:
+                    want = series_store.baseline_values(session, series_id="s" * 32, metric=metric, window=window, exclude_runs=exclude)
+                    assert got[metric] == want, (window, len(exclude), metric)

@@ -68,3 +68,27 @@ def test_with_redis_away_each_process_keeps_its_own_budget(settings: Settings) -
     assert first.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code == 201
     assert first.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code == 429
     assert second.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code == 201, "a process's own bucket, not a refusal"
+
+
+def test_connections_accepted_by_a_worker_of_several_send_without_delay() -> None:
+    """`uvicorn --workers N` binds with `socket.socket(family)` (proto 0), so asyncio leaves Nagle on
+    for the connections its workers accept, and each answer's body waited 40 ms for the client's
+    delayed ACK of its head. The lifespan's `nodelay_listeners` sets TCP_NODELAY on the listening
+    socket, which the connections accepted from it inherit."""
+    import socket
+
+    from backend.api.bind import nodelay_listeners
+
+    with socket.socket(socket.AF_INET) as listener:  # as uvicorn's Config.bind_socket makes it
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert listener.proto == 0
+        with socket.create_connection(listener.getsockname()) as _client:
+            before, _ = listener.accept()
+        with before:
+            assert before.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0, "Nagle on: what the workers accepted"
+        assert nodelay_listeners() >= 1
+        with socket.create_connection(listener.getsockname()) as _client:
+            after, _ = listener.accept()
+        with after:
+            assert after.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
