@@ -56,7 +56,7 @@ class Run(Base):
     # Accounts and CI series (issue #11): who submitted or uploaded the run, the CI series it
     # belongs to, and the rest of the CI metadata of an upload (branch and commit are above).
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
-    series_id: Mapped[str | None] = mapped_column(ForeignKey("series.id", ondelete="SET NULL"), index=True)
+    series_id: Mapped[str | None] = mapped_column(ForeignKey("series.id", ondelete="SET NULL"))
     repository: Mapped[str | None] = mapped_column(String(500))
     pr: Mapped[int | None] = mapped_column(Integer)
     ci_url: Mapped[str | None] = mapped_column(String(500))
@@ -87,6 +87,8 @@ class Run(Base):
         Index("ix_runs_leaderboard", "workload_key", "hardware_key", "tokens_per_s"),
         Index("ix_runs_status_created", "status", "created_at"),
         Index("ix_runs_shape_group", "shape_key", "hardware_key", "tokens_per_s"),
+        # a series' latest runs, newest first (CI judging; migration 0014)
+        Index("ix_runs_series_created", "series_id", "created_at", "id"),
     )
 
 

@@ -128,11 +128,6 @@ def baseline_series(session: Session, series: Series) -> Series | None:
     return store.family_series(session, series.family, series.baseline_branch)
 
 
-def judge_uploads(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]]) -> None:
-    """Store the verdicts of newly uploaded runs (each already joined to its series; caller commits)."""
-    add_verdicts(session=session, rows=judgements(session=session, uploads=uploads))
-
-
 def add_verdicts(*, session: Session, rows: list[dict[str, Any]]) -> list[SeriesVerdict]:
     """Store verdict rows (from `judgements`); the stored verdicts, in id order."""
     return store.add_verdicts(session, rows, returning=True)
