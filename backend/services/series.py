@@ -72,10 +72,8 @@ def config_of(series: Series) -> regression.Config:
     )
 
 
-def join_series(*, session: Session, run: Run, document: ResultDocument) -> Series | None:
-    """The series an uploaded run belongs to (created on its first result); None without a branch.
-
-    A new series takes its family's baseline-branch series' settings, else the defaults."""
+def _family_and_branch(run: Run, document: ResultDocument) -> tuple[str, str] | None:
+    """The series family and branch of an uploaded run; None without a branch (no series)."""
     source = document.source
     if source is None or not source.branch or run.workload_key is None or run.hardware_key is None:
         return None
@@ -87,7 +85,26 @@ def join_series(*, session: Session, run: Run, document: ResultDocument) -> Seri
         world_size=document.strategy.world_size,
         options=document.strategy.options,
     )
-    sid = series_id(family, source.branch)
+    return family, source.branch
+
+
+def series_id_of(run: Run, document: ResultDocument) -> str | None:
+    """The id of the series an uploaded run belongs to (whether it exists yet or not)."""
+    found = _family_and_branch(run, document)
+    return series_id(*found) if found is not None else None
+
+
+def join_series(*, session: Session, run: Run, document: ResultDocument) -> Series | None:
+    """The series an uploaded run belongs to (created on its first result); None without a branch.
+
+    A new series takes its family's baseline-branch series' settings, else the defaults."""
+    found = _family_and_branch(run, document)
+    if found is None:
+        return None
+    family, branch = found
+    source = document.source
+    assert source is not None
+    sid = series_id(family, branch)
     series = store.get_series(session, sid)
     if series is None:
         config = regression.DEFAULTS

@@ -18,6 +18,7 @@ from backend.models import Run, Series, SeriesVerdict
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.ingest import ingest_upload
+from backend.store import leaderboard as leaderboard_store
 from parallab.core.result import ResultDocument
 
 MAX_BATCH = 100
@@ -105,11 +106,15 @@ def upload_results(
             run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
             if created:
                 record_uploader(run=run, document=document, principal=principal)
-                series = series_service.join_series(session=session, run=run, document=document)
-                if series is not None:
-                    joined.append(series)
             stored.append((run, created, document))
-        rows = series_service.judgements(session=session, uploads=[(run, doc) for run, created, doc in stored if created])
+        new = [(run, doc) for run, created, doc in stored if created]
+        # one lock order for every upload: the configs' cells (sorted), then the series (sorted)
+        leaderboard_store.lock_cells(session, [run for run, _ in new])
+        for run, document in sorted(new, key=lambda upload: series_service.series_id_of(upload[0], upload[1]) or ""):
+            series = series_service.join_series(session=session, run=run, document=document)
+            if series is not None:
+                joined.append(series)
+        rows = series_service.judgements(session=session, uploads=new)
     session.flush()
     added = series_service.add_verdicts(session=session, rows=rows)
     replayed = [run.id for run, created, _ in stored if not created]

@@ -169,6 +169,24 @@ def _remove(session: Session, run_id: str) -> tuple[Any, ...] | None:
     return tuple(old) if old is not None else None
 
 
+def lock_cells(session: Session, runs: Sequence[Run]) -> None:
+    """Take the cell locks of these runs' configs now, in one order (Postgres; a no-op elsewhere).
+
+    An upload writes its config's cell (this lock, taken again in the flush: it is re-entrant)
+    and its CI series' row. Taken here first, in key order, before the upload writes the series,
+    every upload takes them in the same order (cells, then series), so two uploads never wait
+    for each other (a deadlock, answered 503)."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        return
+    for key in sorted({_cell_lock_key(tuple(getattr(run, c) for c in CONFIG)) for run in runs if eligible(run)}):
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": key})
+
+
+def _cell_lock_key(key: tuple[Any, ...]) -> str:
+    return "cell:" + "|".join(map(str, key))
+
+
 def _refresh_cell(session: Session, key: tuple[Any, ...], *, added: Run | None = None) -> None:
     """Bring one config's cell up to date, under a lock on that config on Postgres so that two
     ingests of one config never both miss the other's run (an incremental add takes it too: a
@@ -180,7 +198,7 @@ def _refresh_cell(session: Session, key: tuple[Any, ...], *, added: Run | None =
     conn = session.connection()
     postgres = conn.dialect.name == "postgresql"
     if postgres:
-        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": "cell:" + "|".join(map(str, key))})
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _cell_lock_key(key)})
     if added is not None and postgres and all(v is not None for v in key):
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 

@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.models import Run, Series, SeriesVerdict
@@ -18,19 +17,22 @@ def get_series(session: Session, series_id: str) -> Series | None:
 
 
 def add_series(session: Session, series: Series) -> Series:
-    """Insert a new series; when a concurrent upload inserted the same one first, that row (the
-    insert waits for it on the primary key, fails, and rolls back to a savepoint taken just before)."""
-    try:
-        with session.begin_nested():
-            session.add(series)
-            session.flush()
-    except IntegrityError:
-        query = select(Series).where(Series.id == series.id).execution_options(populate_existing=True)
-        winner = session.execute(query).scalar_one_or_none()
-        if winner is None:
-            raise
-        return winner
-    return series
+    """Insert a new series, or take the one a concurrent upload inserted first (the insert waits
+    for it on the primary key, then does nothing), and return the stored row.
+
+    One Core statement on the session's connection: no flush of what else is pending (an
+    upload's own run stays unwritten until its one flush), no savepoint whose rollback would
+    take that run's changes with it."""
+    table = Series.__table__
+    conn = session.connection()
+    values = {c.key: getattr(series, c.key) for c in table.columns if getattr(series, c.key) is not None}
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    conn.execute(dialect_insert(table).values(values).on_conflict_do_nothing(index_elements=["id"]))
+    query = select(Series).where(Series.id == series.id).execution_options(populate_existing=True)
+    return session.execute(query).scalar_one()
 
 
 def family_series(session: Session, family: str, branch: str) -> Series | None:
