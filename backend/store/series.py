@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from backend.models import Run, Series, SeriesVerdict
@@ -23,14 +24,10 @@ def add_series(session: Session, series: Series) -> Series:
     One Core statement on the session's connection: no flush of what else is pending (an
     upload's own run stays unwritten until its one flush), no savepoint whose rollback would
     take that run's changes with it."""
-    table = Series.__table__
     conn = session.connection()
-    values = {c.key: getattr(series, c.key) for c in table.columns if getattr(series, c.key) is not None}
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    conn.execute(dialect_insert(table).values(values).on_conflict_do_nothing(index_elements=["id"]))
+    values = {c.key: getattr(series, c.key) for c in Series.__table__.columns if getattr(series, c.key) is not None}
+    statement = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(Series)
+    conn.execute(statement.values(values).on_conflict_do_nothing(index_elements=["id"]))
     query = select(Series).where(Series.id == series.id).execution_options(populate_existing=True)
     return session.execute(query).scalar_one()
 
