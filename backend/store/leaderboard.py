@@ -270,7 +270,7 @@ def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnEleme
 def _match(a: Any, b: Any, columns: Sequence[str]) -> list[ColumnElement[bool]]:
     """Equality on `columns` between two tables; recipe dimensions may be null (CI uploads that no
     longer resolve): null matches null there (not indexable, so only on columns after the keys)."""
-    return [getattr(a, c) == getattr(b, c) if c in KEYED else getattr(a, c).is_not_distinct_from(getattr(b, c)) for c in columns]
+    return _equals(a, columns, [getattr(b, c) for c in columns])
 
 
 def leaderboard_rows(
@@ -345,8 +345,7 @@ def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
             .group_by(*config_cols)
             .subquery("configs")
         )
-    on = [getattr(Entry, c) == configs.c[c] if c in KEYED else getattr(Entry, c).is_not_distinct_from(configs.c[c]) for c in config]
-    on.append(Entry.tokens_per_s == configs.c.best_tps)
+    on = [*_match(Entry, configs.c, config), Entry.tokens_per_s == configs.c.best_tps]
     joined = (
         select(
             *(getattr(Entry, c) for c in ROW_COLUMNS),
@@ -402,7 +401,7 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     elif sort == "config_runs":
         page_ids, known_sizes["config_runs"] = _by_config_runs(session, board)
     else:
-        tail = [Entry.model, *(getattr(Entry, c).asc().nulls_last() for c in group_cols)]
+        tail = _group_order(Entry, group_cols)
         first = [_direction(getattr(Entry, sort), board.descending)] if sort is not None else []
         # a shape grouping keeps only runs with a shape; when every run has one (the usual case, one
         # index look-up to know), leaving the test out keeps the sort index's read index-only
@@ -469,6 +468,11 @@ def _any_shapeless(session: Session, filters: dict[str, Any]) -> bool:
     return bool(session.execute(select(exists().where(Entry.shape_key.is_(None), *_conditions(filters)))).scalar())
 
 
+def _group_order(rows: Any, group_cols: Sequence[str]) -> list[ColumnElement]:
+    """The board's order after its sort column: model, then the group (nulls last on every database)."""
+    return [rows.model, *(getattr(rows, c).asc().nulls_last() for c in group_cols)]
+
+
 def _direction(column: Any, descending: bool) -> ColumnElement:
     """A sort column's order: nulls last either way, on every database (group columns sort
     ascending, nulls last too: SQLite would put them first, Postgres' index order is the same)."""
@@ -523,8 +527,7 @@ def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tup
     configs = sized.group_by(*cols).subquery("configs")
     ordered = select(configs).order_by(
         configs.c.runs.desc() if board.descending else configs.c.runs.asc(),
-        configs.c.model,
-        *(configs.c[c].asc().nulls_last() for c in group_cols),
+        *_group_order(configs.c, group_cols),
     )
     blocks: list[tuple[int, tuple[Any, ...], list[tuple[Any, ...]]]] = []  # (runs, its sort key, member configs)
     sizes: dict[tuple[Any, ...], int] = {}
@@ -664,9 +667,7 @@ def _rank_band_rows(
 
 def _rank_order(query: Any, ranked: Any, group_cols: Sequence[str], descending: bool) -> Any:
     """The board's order when sorted by rank: rank, model, group, id."""
-    return query.order_by(
-        _direction(ranked.c.rank, descending), ranked.c.model, *(ranked.c[c].asc().nulls_last() for c in group_cols), ranked.c.id
-    )
+    return query.order_by(_direction(ranked.c.rank, descending), *_group_order(ranked.c, group_cols), ranked.c.id)
 
 
 def with_work_mem(session: Session) -> None:

@@ -56,15 +56,19 @@ def ddp_mutant(applied: Applied, ctx: RunContext, strategy: Strategy[Any, Any]) 
     return strategy
 
 
-class ShardSum:
-    """Wraps a strategy: after its sync, every sharded gradient is N times its mean — a reduce-scatter
-    that sums (FSDP2's own divide factor needs ReduceOp.PREMUL_SUM, which gloo lacks)."""
+class Wrapped:
+    """A strategy that delegates everything to `inner` but what a subclass overrides (a mutant's sync)."""
 
     def __init__(self, inner: Strategy[Any, Any]):
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class ShardSum(Wrapped):
+    """Wraps a strategy: after its sync, every sharded gradient is N times its mean — a reduce-scatter
+    that sums (FSDP2's own divide factor needs ReduceOp.PREMUL_SUM, which gloo lacks)."""
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         self.inner.sync_grads(applied, ctx, options)
@@ -73,14 +77,12 @@ class ShardSum:
                 p.grad.to_local().mul_(ctx.world_size)
 
 
-class DropShard:
+class DropShard(Wrapped):
     """Wraps a strategy: after its sync, rank 1 loses its shard of `param`'s gradient."""
 
     def __init__(self, inner: Strategy[Any, Any], param: str):
-        self.inner, self.param = inner, param
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.param = param
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         self.inner.sync_grads(applied, ctx, options)
@@ -90,28 +92,16 @@ class DropShard:
             grad.to_local().zero_()
 
 
-class RingSum:
+class RingSum(Wrapped):
     """Ring attention whose gradient all-reduce forgets the 1/ring scale."""
-
-    def __init__(self, inner: Strategy[Any, Any]):
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         grads = [p.grad for p in applied.model.parameters() if p.grad is not None]
         flat_all_reduce_(grads, ctx.mesh_dim("cp").get_group(), scale=1.0)
 
 
-class MoESum:
+class MoESum(Wrapped):
     """Expert parallelism that averages the replicated gradients but not the experts'."""
-
-    def __init__(self, inner: Strategy[Any, Any]):
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         ep = ctx.mesh_dim("ep")
