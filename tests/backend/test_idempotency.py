@@ -20,6 +20,7 @@ UPLOADERS = 20
 
 
 def test_twenty_parallel_uploads_with_one_key_store_one_run(client, settings) -> None:
+    settings.upload_queue = UPLOADERS  # room for all of them: none is turned away
     headers = {**token(settings, "upload"), "Idempotency-Key": "ci-build-race"}
     start = threading.Barrier(UPLOADERS)
 
@@ -33,6 +34,29 @@ def test_twenty_parallel_uploads_with_one_key_store_one_run(client, settings) ->
     codes = sorted(r.status_code for r in responses)
     assert codes == [200] * (UPLOADERS - 1) + [201], [r.text[:200] for r in responses if r.status_code >= 300]
     assert len({r.json()["id"] for r in responses}) == 1
+    assert count(settings, Run) == 1
+
+
+def test_twenty_parallel_uploads_with_one_key_over_a_short_queue_answer_the_run_or_a_clean_503(client, settings) -> None:
+    """Those turned away get 503 with Retry-After and nothing stored; their retries get the one run."""
+    settings.upload_concurrency, settings.upload_queue = 2, 3
+    headers = {**token(settings, "upload"), "Idempotency-Key": "ci-build-busy"}
+    start = threading.Barrier(UPLOADERS)
+
+    def upload(_: int):
+        start.wait()
+        return client.post("/api/v1/results", json=DOCUMENT, headers=headers)
+
+    with ThreadPoolExecutor(UPLOADERS) as pool:
+        responses = list(pool.map(upload, range(UPLOADERS)))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 201, 503} and codes.count(201) == 1, [r.text[:200] for r in responses]
+    busy = [r for r in responses if r.status_code == 503]
+    assert busy and all(int(r.headers["retry-after"]) >= 1 for r in busy)
+    run_id = next(r.json()["id"] for r in responses if r.status_code == 201)
+    assert {r.json()["id"] for r in responses if r.status_code < 300} == {run_id}
+    retries = [client.post("/api/v1/results", json=DOCUMENT, headers=headers) for _ in busy]
+    assert {(r.status_code, r.json()["id"]) for r in retries} == {(200, run_id)}
     assert count(settings, Run) == 1
 
 
