@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 
+from backend.api.body import read_limited_body
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.ratelimit import UploadRateLimit
 from backend.api.routes.runs import run_read
@@ -24,20 +25,6 @@ from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
 log = logging.getLogger(__name__)
-
-
-async def read_limited_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def upload_read(uploaded: Uploaded) -> UploadRead:
