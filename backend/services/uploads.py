@@ -113,7 +113,12 @@ def upload_results(
     joined: list[Series] = []  # held here, so judging finds them in the session (its map is weak)
     with session.no_autoflush:
         for i, document in enumerate(documents):
-            run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
+            run, created = ingest_upload(
+                session=session,
+                document=document,
+                idempotency_key=_key(idempotency_key, i, batch),
+                idempotency_owner=principal.user_id or 0,  # a token without a user: one shared owner
+            )
             if created:
                 record_uploader(run=run, document=document, principal=principal)
             stored.append((run, created, document))

@@ -91,3 +91,24 @@ def test_a_run_stored_before_body_hashes_replays_as_before(client, settings) -> 
     other["name"] = "renamed"
     again = client.post("/api/v1/results", json=other, headers=headers)
     assert again.status_code == 200 and again.json()["id"] == run_id
+
+
+def test_two_users_may_use_the_same_key_and_neither_gets_the_others_run(client, settings) -> None:
+    """Keys belong to the token's owner: a predictable key (a build number) taken by one team does not
+    turn another team's upload into a replay of the first team's run, nor into a 409."""
+    from tests.backend.test_series import member
+
+    alice, bob = member(settings, "alice@lab.example"), member(settings, "bob@lab.example")
+    key = {"Idempotency-Key": "build-42"}
+    first = client.post("/api/v1/results", json=DOCUMENT, headers={**alice, **key})
+    same_doc = client.post("/api/v1/results", json=DOCUMENT, headers={**bob, **key})
+    assert (first.status_code, same_doc.status_code) == (201, 201), same_doc.text
+    assert same_doc.json()["id"] != first.json()["id"]
+    other = copy.deepcopy(DOCUMENT)
+    other["name"] = "bob's other build"
+    assert client.post("/api/v1/results", json=other, headers={**member(settings, "carol@lab.example"), **key}).status_code == 201
+    # each owner's own retry still replays their own run, and a different document under it is still 409
+    assert client.post("/api/v1/results", json=DOCUMENT, headers={**alice, **key}).json()["id"] == first.json()["id"]
+    assert client.post("/api/v1/results", json=DOCUMENT, headers={**bob, **key}).json()["id"] == same_doc.json()["id"]
+    assert client.post("/api/v1/results", json=other, headers={**alice, **key}).status_code == 409
+    assert count(settings, Run) == 3
