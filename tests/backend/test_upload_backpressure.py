@@ -127,3 +127,17 @@ def test_an_upload_whose_answer_fails_after_its_commit_still_answers_its_run(cli
     assert count(settings, Run) == 1
     again = client.post("/api/v1/results", json=DOCUMENT, headers=ci)
     assert again.status_code == 200 and again.json()["id"] == calls[0]
+
+
+def test_an_upload_whose_answer_cannot_be_built_at_all_is_a_503_naming_its_run(client, settings, monkeypatch) -> None:
+    def broken(uploaded):
+        raise RuntimeError("no answer today")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "upload_read", broken)
+        ci = {**token(settings, "upload"), "Idempotency-Key": "never-answered"}
+        response = client.post("/api/v1/results", json=DOCUMENT, headers=ci)
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert count(settings, Run) == 1
+    again = client.post("/api/v1/results", json=DOCUMENT, headers=ci)
+    assert again.status_code == 200 and again.json()["id"] in response.json()["detail"]

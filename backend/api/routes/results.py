@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response, status
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from backend.api.body import read_limited_body
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
@@ -56,6 +57,22 @@ def upload_answer(uploaded: list[Uploaded], *, batch: bool, headers: dict[str, s
     )
     out.headers.update(headers)
     return out
+
+
+def answer_read_back(session: Session, stored: list[tuple[str, bool]], *, batch: bool, headers: dict[str, str]) -> Response:
+    """The answer of committed uploads whose first answer failed, built from a fresh read of their
+    runs; if even that fails, a 503 naming the runs (a retry under the same key answers them), never a 500."""
+    session.close()
+    try:
+        return upload_answer(stored_uploads(session=session, stored=stored), batch=batch, headers=headers)
+    except Exception:
+        ids = [run_id for run_id, _ in stored]
+        log.exception("upload of runs %s committed but no answer could be built", ids)
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"stored as run(s) {', '.join(ids)}, but the answer failed; retry with the same Idempotency-Key for it",
+            headers={"Retry-After": "1"},
+        ) from None
 
 
 @router.post(
@@ -125,8 +142,7 @@ async def upload_result(
         except Exception:
             # Stored and committed: the client must get its run, not a 500 it would retry blind.
             log.exception("upload of runs %s committed but its answer failed; answering from a fresh read", [i for i, _ in stored])
-            session.close()
-            return upload_answer(stored_uploads(session=session, stored=stored), batch=batch, headers=headers)
+        return answer_read_back(session, stored, batch=batch, headers=headers)
 
     pool = upload_pool(threads=settings.upload_concurrency, queue=settings.upload_queue)
     return await pool.run(_write, retry_after_s=settings.upload_retry_after_s)
