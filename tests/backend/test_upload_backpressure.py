@@ -15,6 +15,7 @@ import pytest
 
 from backend.api.routes import results
 from backend.api.upload_pool import UploadPool, UploadsBusy, upload_pool
+from backend.config import get_settings
 from backend.db import get_engine
 from backend.models import Run
 from tests.backend.test_api_results import DOCUMENT, count, token
@@ -141,3 +142,19 @@ def test_an_upload_whose_answer_cannot_be_built_at_all_is_a_503_naming_its_run(c
     assert count(settings, Run) == 1
     again = client.post("/api/v1/results", json=DOCUMENT, headers=ci)
     assert again.status_code == 200 and again.json()["id"] in response.json()["detail"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_request_that_finds_no_free_connection_is_503_after_the_pools_timeout_not_500(client, settings) -> None:
+    engine = get_engine(settings.sqlalchemy_url)
+    assert engine.pool.timeout() == get_settings().db_pool_timeout_s  # type: ignore[attr-defined]
+    ci = token(settings, "upload")
+    held = [engine.connect() for _ in range(get_settings().db_pool_size + get_settings().db_max_overflow)]
+    try:
+        response = client.post("/api/v1/results", json=DOCUMENT, headers={**ci, "Idempotency-Key": "no-connection"})
+    finally:
+        for conn in held:
+            conn.close()
+    assert response.status_code == 503 and response.headers["retry-after"] == "2", response.text
+    assert "no database connection was free" in response.json()["detail"]
+    assert client.post("/api/v1/results", json=DOCUMENT, headers={**ci, "Idempotency-Key": "no-connection"}).status_code == 201
