@@ -198,9 +198,10 @@ def ingest_upload(
     The document is checked first (`checked_upload`: raises `DocumentError` before anything is
     written). A repeated key returns the first run, or raises IdempotencyConflict for a different
     document. A key is its owner's (`idempotency_owner`: the uploader's user id, 0 for none): the
-    same key of another owner is another key. Concurrent uploads with one key race to insert it: the unique index lets one win and
-    the others wait for it, fail on the key, roll back to a savepoint taken just before the insert
-    (so a batch's earlier documents stay) and return the winner's run.
+    same key of another owner is another key. Concurrent uploads with one key race to insert it:
+    the unique index lets one win and the others wait for it, fail on the key, roll back to a
+    savepoint taken just before the insert (so a batch's earlier documents stay) and return the
+    winner's run.
     """
     body_sha256 = document_sha256(document) if idempotency_key else None
     if idempotency_key and body_sha256:
