@@ -42,6 +42,27 @@ class Settings(BaseSettings):
         description="Uploads parsed, checked and stored at once, in a thread pool of this size beside the event loop: "
         "each is CPU-bound under one GIL, so more of them only slow the event loop's turn (/healthz) without more throughput.",
     )
+    upload_queue: int = Field(
+        16,
+        ge=0,
+        le=10_000,
+        description="Uploads that may wait for a free upload thread in each API process; one more is answered 503 with "
+        "Retry-After at once (a client retries under the same Idempotency-Key) instead of waiting for a database connection.",
+    )
+    upload_retry_after_s: int = Field(2, ge=1, le=600, description="Retry-After of the 503 that answers an upload while the queue is full.")
+    max_request_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest body of any other request (specs, forms, settings); larger is 413 before it is parsed."
+    )
+    # The database connection pool of each process (API or worker). An API process holds a
+    # connection per upload thread while it stores, and one per other request only while it runs
+    # (the token check gives its connection back before an upload queues): pool_size should cover
+    # upload_concurrency plus the requests served at once; every process may open up to
+    # db_pool_size + db_max_overflow, which Postgres' max_connections must cover for all of them.
+    db_pool_size: int = Field(8, ge=1, le=1000, description="Connections each process keeps open (SQLAlchemy's pool_size).")
+    db_max_overflow: int = Field(8, ge=0, le=1000, description="Connections each process may open beyond db_pool_size under a burst.")
+    db_pool_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="How long a request waits for a pooled connection before it is answered 503 with Retry-After."
+    )
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,

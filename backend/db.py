@@ -8,8 +8,10 @@ from functools import lru_cache
 from typing import Any
 
 import pydantic_core
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from backend.config import get_settings
 
 
 def json_dumps(value: Any) -> str:
@@ -21,7 +23,14 @@ def json_dumps(value: Any) -> str:
 
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
+    """The engine for `url`, its connection pool sized by the settings (`db_pool_*`): a request that
+    cannot get a connection within `db_pool_timeout_s` fails fast (503, see `api.errors`) rather than
+    waiting out SQLAlchemy's default 30 s while the caller's client gives up."""
+    settings = get_settings()
     kwargs: dict = {"pool_pre_ping": True, "json_serializer": json_dumps}
+    parsed = make_url(url)
+    if not (parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")):  # one shared connection there
+        kwargs.update(pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow, pool_timeout=settings.db_pool_timeout_s)
     if url.startswith("sqlite"):
         # The API serves from a thread pool; the worker writes from another process.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}

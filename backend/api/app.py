@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Route
 
 from backend.api import pages
+from backend.api.body import BoundedBodies
 from backend.api.deps import gate
 from backend.api.errors import install_error_handlers
 from backend.api.lifespan import lifespan
@@ -35,6 +36,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     docs = [p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    app.add_middleware(BoundedBodies)  # inside the security middleware: its refusals carry the security headers too
     app.add_middleware(SecurityMiddleware, docs_paths=docs)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)

@@ -17,13 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from backend.api.deps import LoginRequired, is_api
+from backend.api.upload_pool import UploadsBusy
 from backend.services.auth import AccountError, Forbidden
 from backend.services.ingest import IdempotencyConflict
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from backend.services.series import SeriesConfigError, SeriesNotFound
-from backend.services.uploads import UploadInvalid
+from backend.services.uploads import UploadInvalid, UploadRaced
 from parallab.core.problems import SpecError
 
 MAX_ECHO_CHARS = 200
@@ -150,3 +152,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             status_code=503, content={"detail": "the database is unavailable; try again shortly"}, headers={"Retry-After": "5"}
         )
+
+    @app.exception_handler(PoolTimeout)
+    async def _no_connection(_: Request, exc: Exception) -> JSONResponse:
+        # Every pooled connection stayed busy for the pool's timeout (settings.db_pool_timeout_s):
+        # the server is saturated, not broken; the client may retry.
+        return JSONResponse(
+            status_code=503,
+            content={"detail": "the server is busy (no database connection was free); try again shortly"},
+            headers={"Retry-After": "2"},
+        )
+
+    @app.exception_handler(UploadsBusy)
+    async def _uploads_busy(_: Request, exc: UploadsBusy) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(UploadRaced)
+    async def _upload_raced(_: Request, exc: UploadRaced) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)}, headers={"Retry-After": "1"})

@@ -9,7 +9,8 @@ Where the buckets live: with a Redis broker (a lab: compose runs `uvicorn --work
 Redis, shared by every API process — one `EVAL` of the same token-bucket arithmetic per upload,
 keyed by the token's hash, timed by Redis's clock. Otherwise (the embedded default, one process)
 in this process. If Redis cannot answer, each process falls back to its own buckets (a token then
-gets up to N times its rate) rather than refusing uploads.
+gets up to N times its rate): the limit fails closed, never open, and uploads are not refused
+for Redis's sake either.
 """
 
 from __future__ import annotations
@@ -117,20 +118,41 @@ return {allowed, tostring(tokens)}
 
 
 class RedisTokenBuckets:
-    """The same buckets in Redis, shared by every API process; `fallback` while Redis is away."""
+    """The same buckets in Redis, shared by every API process; `fallback` while Redis is away.
 
-    def __init__(self, client: redis.Redis, *, name: str, rate_per_s: float, burst: int) -> None:
+    Fail closed: an upload is never let through because Redis did not answer; this process's own
+    buckets decide instead. After a failure Redis is left alone for `retry_s` (a Redis that drops
+    packets would otherwise add its connect timeout to every upload), and the outage is logged once.
+    """
+
+    retry_s = 5.0
+
+    def __init__(self, client: redis.Redis, *, name: str, rate_per_s: float, burst: int, clock: Callable[[], float] | None = None) -> None:
         self.rate_per_s, self.burst = rate_per_s, burst
         self.prefix = f"parallab:ratelimit:{name}:{rate_per_s:g}:{burst}:"
         self._take = client.register_script(_TAKE)
-        self.fallback = TokenBuckets(rate_per_s=rate_per_s, burst=burst)
+        self._clock = clock or time.monotonic
+        self.fallback = TokenBuckets(rate_per_s=rate_per_s, burst=burst, clock=self._clock)
+        self._down_until: float | None = None
+
+    @property
+    def down(self) -> bool:
+        """Whether Redis failed and the fallback decides (until it answers again)."""
+        return self._down_until is not None
 
     def take(self, key: str) -> Decision:
+        if self._down_until is not None and self._clock() < self._down_until:
+            return self.fallback.take(key)
         try:
             allowed, tokens = self._take(keys=[self.prefix + key], args=[self.burst, self.rate_per_s])
         except redis.RedisError as exc:
-            log.warning("rate limit: Redis did not answer (%s); this process's own buckets apply", exc)
+            if self._down_until is None:
+                log.warning("rate limit: Redis did not answer (%s); this process's own buckets apply until it does", exc)
+            self._down_until = self._clock() + self.retry_s
             return self.fallback.take(key)
+        if self._down_until is not None:
+            log.warning("rate limit: Redis answers again; the shared buckets apply")
+            self._down_until = None
         return decision(bool(int(allowed)), float(tokens), burst=self.burst, rate_per_s=self.rate_per_s)
 
 

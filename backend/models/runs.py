@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from backend.models.auth import User
@@ -37,7 +37,10 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    idempotency_owner: Mapped[int | None] = mapped_column(
+        Integer, doc="Whose Idempotency-Key this is: the uploading token's user (0: a token without one). Keys are unique per owner."
+    )
 
     # Denormalised from spec/result for list pages and the leaderboard.
     strategy: Mapped[str] = mapped_column(String(32), index=True)
@@ -89,6 +92,8 @@ class Run(Base):
         Index("ix_runs_shape_group", "shape_key", "hardware_key", "tokens_per_s"),
         # a series' latest runs, newest first (CI judging; migration 0014)
         Index("ix_runs_series_created", "series_id", "created_at", "id"),
+        # an Idempotency-Key is its owner's: two users may use the same key (migration 0015)
+        UniqueConstraint("idempotency_owner", "idempotency_key", name="uq_runs_idempotency_owner_key"),
     )
 
 

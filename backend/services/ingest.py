@@ -190,18 +190,22 @@ def _replay(run: Run, key: str, body_sha256: str) -> tuple[Run, bool]:
     return run, False
 
 
-def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key: str | None) -> tuple[Run, bool]:
+def ingest_upload(
+    session: Session, *, document: ResultDocument, idempotency_key: str | None, idempotency_owner: int = 0
+) -> tuple[Run, bool]:
     """A CI upload becomes a finished run. Returns (run, created).
 
     The document is checked first (`checked_upload`: raises `DocumentError` before anything is
     written). A repeated key returns the first run, or raises IdempotencyConflict for a different
-    document. Concurrent uploads with one key race to insert it: the unique index lets one win and
-    the others wait for it, fail on the key, roll back to a savepoint taken just before the insert
-    (so a batch's earlier documents stay) and return the winner's run.
+    document. A key is its owner's (`idempotency_owner`: the uploader's user id, 0 for none): the
+    same key of another owner is another key. Concurrent uploads with one key race to insert it:
+    the unique index lets one win and the others wait for it, fail on the key, roll back to a
+    savepoint taken just before the insert (so a batch's earlier documents stay) and return the
+    winner's run.
     """
     body_sha256 = document_sha256(document) if idempotency_key else None
     if idempotency_key and body_sha256:
-        existing = store.get_run_by_idempotency_key(session, idempotency_key)
+        existing = store.get_run_by_idempotency_key(session, idempotency_key, idempotency_owner)
         if existing is not None:
             return _replay(existing, idempotency_key, body_sha256)
     document = checked_upload(document)
@@ -225,13 +229,14 @@ def ingest_upload(session: Session, *, document: ResultDocument, idempotency_key
                     world_size=document.strategy.world_size,
                     model=str(document.workload.get("model", "custom"))[:64],
                     idempotency_key=idempotency_key,
+                    idempotency_owner=idempotency_owner if idempotency_key else None,
                     idempotency_body_sha256=body_sha256,
                     # written with the row: attach_result sets the same values, so no UPDATE for them
                     **summary_columns(document),
                 ),
             )
     except IntegrityError:
-        winner = store.get_run_by_idempotency_key(session, idempotency_key) if idempotency_key else None
+        winner = store.get_run_by_idempotency_key(session, idempotency_key, idempotency_owner) if idempotency_key else None
         if winner is None or body_sha256 is None or idempotency_key is None:
             raise
         return _replay(winner, idempotency_key, body_sha256)

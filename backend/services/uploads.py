@@ -7,7 +7,6 @@ the caller's one transaction, so a batch with one bad document stores nothing.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,9 @@ from backend.models import Run, Series, SeriesVerdict
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.ingest import ingest_upload
+from backend.services.json_body import parse_json
 from backend.store import leaderboard as leaderboard_store
+from backend.store import runs as runs_store
 from parallab.core.result import ResultDocument
 
 MAX_BATCH = 100
@@ -30,6 +31,13 @@ class UploadInvalid(ValueError):
     def __init__(self, detail: list[dict[str, Any]]):
         self.detail = detail
         super().__init__(detail[0]["msg"] if detail else "invalid upload")
+
+
+class UploadRaced(Exception):
+    """A concurrent upload took a row this one needed first (nothing of this one was stored): retry it."""
+
+    def __init__(self) -> None:
+        super().__init__("a concurrent upload conflicted with this one and nothing was stored; retry with the same Idempotency-Key")
 
 
 @dataclass
@@ -52,7 +60,9 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
     """(documents, whether the body was a batch): one JSON object, or a list of 1–MAX_BATCH of them.
 
     One document is parsed and validated in one pass by pydantic-core (no Python dict in between,
-    issue #12); a batch is read with `json.loads` first, to count and index its documents."""
+    issue #12), which refuses nesting deeper than its limit as not JSON; a batch (and a body that is
+    not JSON, for the standard parser's message) is read with the one bounded parse first
+    (`json_body.parse_json`), to count and index its documents."""
     if not body.lstrip().startswith(b"["):
         try:
             return [ResultDocument.model_validate_json(body)], False
@@ -61,7 +71,7 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
                 raise UploadInvalid(_errors(exc, ["body"])) from None
             # not JSON: the same message as a batch's (and as before), from the standard parser
     try:
-        data = json.loads(body)
+        data = parse_json(body)
     except ValueError as exc:
         raise UploadInvalid([{"loc": ["body"], "msg": f"not JSON: {exc}", "type": "json_invalid"}]) from None
     batch = isinstance(data, list)
@@ -103,7 +113,12 @@ def upload_results(
     joined: list[Series] = []  # held here, so judging finds them in the session (its map is weak)
     with session.no_autoflush:
         for i, document in enumerate(documents):
-            run, created = ingest_upload(session=session, document=document, idempotency_key=_key(idempotency_key, i, batch))
+            run, created = ingest_upload(
+                session=session,
+                document=document,
+                idempotency_key=_key(idempotency_key, i, batch),
+                idempotency_owner=principal.user_id or 0,  # a token without a user: one shared owner
+            )
             if created:
                 record_uploader(run=run, document=document, principal=principal)
             stored.append((run, created, document))
@@ -132,3 +147,17 @@ def record_uploader(*, run: Run, document: ResultDocument, principal: Principal)
         run.repository = source.repository
         run.pr = source.pr
         run.ci_url = source.ci_url
+
+
+def stored_uploads(*, session: Session, stored: list[tuple[str, bool]]) -> list[Uploaded]:
+    """The uploads already committed as `stored` ((run id, created) in the request's order), read
+    back with their verdicts: the answer of an upload whose first answer failed after its commit."""
+    runs = {run_id: runs_store.get_run(session, run_id) for run_id, _ in stored}
+    verdicts = series_service.verdicts_for_runs(session=session, run_ids=list(runs))
+    out = []
+    for run_id, created in stored:
+        run = runs[run_id]
+        if run is None:
+            raise LookupError(f"run {run_id} was committed but is not there")
+        out.append(Uploaded(run, created, verdicts.get(run_id, [])))
+    return out

@@ -34,8 +34,9 @@ def get_run_for_update(session: Session, run_id: str) -> Run | None:
     return session.execute(select(Run).where(Run.id == run_id).with_for_update()).scalar_one_or_none()
 
 
-def get_run_by_idempotency_key(session: Session, key: str) -> Run | None:
-    return session.execute(select(Run).where(Run.idempotency_key == key)).scalar_one_or_none()
+def get_run_by_idempotency_key(session: Session, key: str, owner: int) -> Run | None:
+    """The run `owner` stored under `key` (another owner's key of the same text is not theirs)."""
+    return session.execute(select(Run).where(Run.idempotency_owner == owner, Run.idempotency_key == key)).scalar_one_or_none()
 
 
 def list_runs(

@@ -3,11 +3,14 @@
 Several files go as one batch (stored all or nothing). CI metadata comes from the flags, else
 from the CI's environment (GitHub Actions' GITHUB_*, GitLab's CI_*), else from the document.
 Unless given one, the Idempotency-Key is a hash of what is sent, so a retried job never stores
-a result twice (and gets back the verdicts of the first upload).
+a result twice (and gets back the verdicts of the first upload). A busy server (503 with
+Retry-After, 502, 504, 429) and a lost connection are retried with backoff under that same key
+(`--retries`, default 6), with a status line saying what is awaited: a result the server stored
+before its answer was lost comes back as "already uploaded", not as a failure.
 
 Exit status: 0 uploaded (no regression, or not asked to fail on one); 1 a regression, with
 --fail-on-regression; 2 bad input (a file, a flag, or a document the server refused as invalid);
-3 the server could not be reached or refused the token.
+3 the server could not be reached, stayed busy through every retry, or refused the token.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from rich.table import Table
 
 from parallab.commands.ci_env import ci_metadata
 from parallab.commands.jobspec import fail
+from parallab.commands.retry import RETRY_STATUSES, Attempt, post_with_retries
 
 console = Console()
 err = Console(stderr=True)
@@ -100,6 +104,11 @@ def upload(
     idempotency_key: Annotated[
         str | None, typer.Option(help="Retries with the same key never store twice (default: a hash of the upload).")
     ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(min=0, max=20, help="Retries of a busy (503, 502, 504, 429) or unreachable server, with backoff, under the same key."),
+    ] = 6,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one try may take before it counts as unanswered.")] = 120.0,
 ) -> None:
     """Upload result documents (what CI runs), print each metric's verdict, and with --fail-on-regression exit 1 on a regression."""
     import httpx
@@ -116,16 +125,27 @@ def upload(
         "Idempotency-Key": idempotency_key or "sha256:" + hashlib.sha256(payload).hexdigest(),
     }
     url = f"{server.rstrip('/')}/api/v1/results"
+    key = headers["Idempotency-Key"]
+
+    def waiting(attempt: Attempt) -> None:
+        status.update(
+            f"[yellow]{attempt.reason}[/yellow]: retry {attempt.number}/{attempt.retries} in {attempt.delay_s:.1f} s "
+            f"(same Idempotency-Key {key[:20]}…)"
+        )
+        err.print(f"upload try {attempt.number}: {attempt.reason}; retrying in {attempt.delay_s:.1f} s under the same Idempotency-Key")
+
     try:
-        response = httpx.post(url, content=payload, headers=headers, timeout=120)
+        with err.status(f"uploading {len(documents)} result document(s) to {server}") as status, httpx.Client(timeout=timeout) as client:
+            response = post_with_retries(client, url, content=payload, headers=headers, retries=retries, on_retry=waiting)
     except httpx.HTTPError as exc:
-        err.print(f"[red]could not reach {server}: {exc}[/red]")
+        err.print(f"[red]could not reach {server} after {retries + 1} tries: {exc}[/red]")
         raise typer.Exit(EXIT_SERVER) from None
     if response.status_code in (400, 413, 422):
         err.print(f"[red]the server refused the upload as invalid ({response.status_code}): {response.text}[/red]")
         raise typer.Exit(2)
     if response.status_code not in (200, 201):
-        err.print(f"[red]upload refused ({response.status_code}): {response.text}[/red]")
+        gave_up = f" after {retries + 1} tries" if response.status_code in RETRY_STATUSES else ""
+        err.print(f"[red]upload refused ({response.status_code}){gave_up}: {response.text}[/red]")
         raise typer.Exit(EXIT_SERVER)
     answer = response.json()
     items = answer["items"] if len(documents) > 1 else [answer]

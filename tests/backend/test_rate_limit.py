@@ -57,3 +57,32 @@ def test_the_bucket_refills_at_the_rate() -> None:
     now[0] = 100.0  # never more than the burst
     assert buckets.take("t").remaining == 1
     assert buckets.take("other").remaining == 1
+
+
+@ON_SQLITE
+def test_while_redis_is_down_the_limit_holds_per_process(client, settings, caplog) -> None:
+    """Fail closed: with the broker's Redis unreachable, each API process keeps its own buckets
+    (a token gets at most its burst here), rather than letting every upload through."""
+    settings.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings.upload_burst, settings.upload_rate_per_minute = 2, 1.0
+    ci = token(settings, "upload")
+    codes = [client.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code for _ in range(4)]
+    assert codes == [201, 201, 429, 429]
+    assert count(settings, Run) == 2
+    assert sum("Redis did not answer" in r.getMessage() for r in caplog.records) == 1, "one warning per outage, not one per upload"
+
+
+def test_an_unreachable_redis_is_not_asked_again_until_it_may_be_back() -> None:
+    import redis
+
+    from backend.api.ratelimit import RedisTokenBuckets
+
+    now = [0.0]
+    buckets = RedisTokenBuckets(
+        redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1), name="t", rate_per_s=1.0, burst=1, clock=lambda: now[0]
+    )
+    assert buckets.take("k").allowed and buckets.down
+    assert not buckets.take("k").allowed  # the fallback's bucket, without another try at Redis
+    now[0] = buckets.retry_s + 1
+    assert buckets.take("k").allowed  # refilled; Redis tried again (still down)
+    assert buckets.down

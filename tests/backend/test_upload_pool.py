@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from backend.api.routes import results
+from backend.api.upload_pool import upload_pool
 from tests.backend.test_api_results import DOCUMENT, token
 
 
@@ -21,7 +22,7 @@ def test_an_upload_is_parsed_and_stored_in_the_upload_pool(client, settings, mon
     response = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
     assert response.status_code == 201, response.text
     assert seen and seen[0].startswith("parallab-upload"), seen
-    assert results.upload_executor(3)._max_workers == 3
+    assert upload_pool(threads=3, queue=settings.upload_queue).executor._max_workers == 3
     again = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
     assert again.status_code == 200 and again.json()["id"] == response.json()["id"], "a replay still answers 200 with the first run"
     assert "ratelimit-remaining" in response.headers, "the rate limiter's headers survive the answer built in the pool"

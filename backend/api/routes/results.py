@@ -6,39 +6,26 @@ answer carries each result's verdicts on its CI series (issue #11).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, TypeVar
+import logging
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response, status
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
+from backend.api.body import read_limited_body
 from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.ratelimit import UploadRateLimit
 from backend.api.routes.runs import run_read
+from backend.api.upload_pool import upload_pool
 from backend.schemas.runs import UploadBatchRead, UploadRead, Verdict
 from backend.services import series as series_service
-from backend.services.uploads import Uploaded, parse_documents, upload_results
+from backend.services.auth import Principal
+from backend.services.uploads import Uploaded, UploadRaced, parse_documents, stored_uploads, upload_results
 from parallab.core.result import ResultDocument
 
 router = APIRouter(prefix="/results", tags=["results"])
-T = TypeVar("T")
-
-
-async def read_limited_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, detail=f"result documents are limited to {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+log = logging.getLogger(__name__)
 
 
 def upload_read(uploaded: Uploaded) -> UploadRead:
@@ -49,22 +36,43 @@ def upload_read(uploaded: Uploaded) -> UploadRead:
     )
 
 
-_EXECUTORS: dict[int, ThreadPoolExecutor] = {}
-_EXECUTORS_LOCK = threading.Lock()
+def released_uploader(session: SessionDep, principal: UploaderDep) -> Principal:
+    """The uploader, once its token check's connection is back in the pool: an upload that waits for
+    a thread holds none (run in the thread pool, as closing the session rolls back)."""
+    session.close()
+    return principal
 
 
-def upload_executor(size: int) -> ThreadPoolExecutor:
-    """This process's pool of `size` upload threads (settings.upload_concurrency)."""
-    with _EXECUTORS_LOCK:
-        if size not in _EXECUTORS:
-            _EXECUTORS[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="parallab-upload")
-        return _EXECUTORS[size]
+ReleasedUploader = Annotated[Principal, Depends(released_uploader)]
 
 
-async def off_the_loop(size: int, work: Callable[[], T]) -> T:
-    """`work()` in the bounded upload pool: at most `size` uploads hold the GIL against the event loop."""
-    context = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(upload_executor(size), context.run, work)
+def upload_answer(uploaded: list[Uploaded], *, batch: bool, headers: dict[str, str]) -> Response:
+    """201 when any document was stored now, 200 when all were stored before (a replayed key)."""
+    items = [upload_read(u) for u in uploaded]
+    answer = UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
+    out = Response(
+        content=answer.model_dump_json(),
+        status_code=status.HTTP_201_CREATED if any(u.created for u in uploaded) else status.HTTP_200_OK,
+        media_type="application/json",
+    )
+    out.headers.update(headers)
+    return out
+
+
+def answer_read_back(session: Session, stored: list[tuple[str, bool]], *, batch: bool, headers: dict[str, str]) -> Response:
+    """The answer of committed uploads whose first answer failed, built from a fresh read of their
+    runs; if even that fails, a 503 naming the runs (a retry under the same key answers them), never a 500."""
+    session.close()
+    try:
+        return upload_answer(stored_uploads(session=session, stored=stored), batch=batch, headers=headers)
+    except Exception:
+        ids = [run_id for run_id, _ in stored]
+        log.exception("upload of runs %s committed but no answer could be built", ids)
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"stored as run(s) {', '.join(ids)}, but the answer failed; retry with the same Idempotency-Key for it",
+            headers={"Retry-After": "1"},
+        ) from None
 
 
 @router.post(
@@ -92,12 +100,14 @@ async def upload_result(
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
-    principal: UploaderDep,
+    principal: ReleasedUploader,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """Store a result document (or a batch, all or nothing) as finished runs, judged against their
     CI series. A repeated Idempotency-Key returns the first upload (200); the same key with a
-    different document is refused (409). Rate-limited per token (429).
+    different document is refused (409). Rate-limited per token (429). While this server's upload
+    threads and their queue are full, refused at once with 503 and Retry-After (nothing stored):
+    retry under the same Idempotency-Key, which never stores twice.
 
     Each document is checked against itself before anything is stored: its `summary` is recomputed
     from its own `ranks[]`, `loss`, workload and hardware (the worker's formulas), and a stated
@@ -109,26 +119,33 @@ async def upload_result(
     summary by the one 10% gap rule.
     """
     body = await read_limited_body(request, settings.max_upload_bytes)
+    headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}  # the rate limit's
 
     def _write() -> Response:
         # Parsing, checks, database work and the answer's JSON all happen here, in the bounded pool:
         # the event loop only moves bytes (an async route's returned model would be validated and
         # serialised on the loop itself).
         documents, batch = parse_documents(body)
-        uploaded = upload_results(session=session, documents=documents, batch=batch, idempotency_key=idempotency_key, principal=principal)
-        session.commit()
-        items = [upload_read(u) for u in uploaded]
-        answer = UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
-        created = any(u.created for u in uploaded)
-        out = Response(
-            content=answer.model_dump_json(),
-            status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-            media_type="application/json",
-        )
-        out.headers.update({k: v for k, v in response.headers.items() if k.lower() != "content-length"})  # rate-limit headers
-        return out
+        try:
+            uploaded = upload_results(
+                session=session, documents=documents, batch=batch, idempotency_key=idempotency_key, principal=principal
+            )
+            session.commit()
+        except IntegrityError:
+            # Another upload won a race this one's savepoints do not cover: nothing of this one is
+            # stored, and a retry under the same key finds the winner's run.
+            session.rollback()
+            raise UploadRaced() from None
+        stored = [(u.run.id, u.created) for u in uploaded]
+        try:
+            return upload_answer(uploaded, batch=batch, headers=headers)
+        except Exception:
+            # Stored and committed: the client must get its run, not a 500 it would retry blind.
+            log.exception("upload of runs %s committed but its answer failed; answering from a fresh read", [i for i, _ in stored])
+        return answer_read_back(session, stored, batch=batch, headers=headers)
 
-    return await off_the_loop(settings.upload_concurrency, _write)
+    pool = upload_pool(threads=settings.upload_concurrency, queue=settings.upload_queue)
+    return await pool.run(_write, retry_after_s=settings.upload_retry_after_s)
 
 
 @router.get("/schema")
