@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     )
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker heartbeats; its runs' leases live on it.")
     worker_ttl_s: float = Field(30.0, gt=0, le=3600, description="A worker silent this long is dead and its runs' leases have lapsed.")
+    lease_check_s: float | None = Field(
+        None,
+        ge=0,
+        le=3600,
+        description="How often each API process fails runs whose worker's lease lapsed (default: half worker_ttl_s; 0: never).",
+    )
     reservation_timeout_s: float = Field(
         120.0, gt=0, le=3600, description="A host reserved for a multi-node job that has not started its part by then fails the job."
     )
