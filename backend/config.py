@@ -89,6 +89,18 @@ class Settings(BaseSettings):
     admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
     session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
 
+    # Login protection (backend.services.login_guard): growing delays, then a temporary lockout.
+    login_free_failures: int = Field(3, ge=0, description="Failed logins an account or address may make before each next try waits.")
+    login_delay_s: float = Field(
+        1.0, ge=0, le=3600, description="The first wait after the free failures; it doubles with each further one."
+    )
+    login_max_delay_s: float = Field(60.0, ge=0, le=86_400, description="The longest wait between two tries (short of a lockout).")
+    login_account_lockout: int = Field(10, ge=1, description="Failed logins in a row that lock an account (or a known device).")
+    login_ip_lockout: int = Field(30, ge=1, description="Failed logins in a row that lock a client address (any accounts).")
+    login_lockout_s: int = Field(
+        900, ge=1, le=7 * 86_400, description="How long a lockout lasts, and how long failures are remembered after the last one."
+    )
+
     # Issue #10: ceilings on everything a job may ask for (checked at resolution, 422 naming the
     # field and the limit), the memory a rank may use, and the upload rate per token.
     max_warmup_steps: int = Field(1000, ge=0)

@@ -104,6 +104,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/users"): "admin",
     ("POST", "/users"): "admin",
     ("POST", "/users/{user_id}/disable"): "admin",
+    ("POST", "/users/{user_id}/unlock"): "admin",
 }
 
 READ = {"public", "read"}

@@ -27,7 +27,7 @@ def worker_pids(home: Path) -> set[int]:
     for proc in psutil.process_iter(["pid", "cmdline", "environ", "status"]):
         cmd = proc.info["cmdline"] or []
         mine = (proc.info["environ"] or {}).get("PARALLAB_HOME") == str(home)
-        if mine and proc.info["status"] != psutil.STATUS_ZOMBIE and cmd[-4:-2] == ["worker", "--loglevel"]:
+        if mine and proc.info["status"] != psutil.STATUS_ZOMBIE and cmd[-3:-1] == ["worker", "--loglevel"]:
             out.add(proc.info["pid"])
     return out
 
