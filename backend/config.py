@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
     session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
 
+    # Quotas (backend.services.quotas): queued work per user; admins are exempt.
+    max_active_runs_per_user: int = Field(40, ge=1, description="Runs one user may have queued or running at once.")
+    max_runs_per_sweep: int = Field(16, ge=1, description="Runs one sweep may queue.")
+    quota_exempt_emails: list[str] = Field(default_factory=list, description="Users (by email) exempt from the quotas, as admins are.")
+
     # Login protection (backend.services.login_guard): growing delays, then a temporary lockout.
     login_free_failures: int = Field(3, ge=0, description="Failed logins an account or address may make before each next try waits.")
     login_delay_s: float = Field(
