@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     )
     admin_email: str | None = Field(None, description="With admin_password: an admin created at start-up if no user has this email.")
     admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
+    docs_public: bool = Field(
+        False, description="Serve /docs, /redoc and /openapi.json to anyone; False: only to logged-in users (local mode: always open)."
+    )
     session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
 
     # Quotas (backend.services.quotas): queued work per user; admins are exempt.
