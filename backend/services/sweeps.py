@@ -28,7 +28,7 @@ from backend.store import planning as store
 from backend.store import runs as run_store
 from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.ranking import STRATEGY_GRID, PlanRow, plan_cluster
+from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, plan_cluster
 from parallab.core.spec import JobSpec, Workload
 
 log = logging.getLogger(__name__)
@@ -75,26 +75,21 @@ class SweepRequest(BaseModel):
     @classmethod
     def _training_strategies(cls, value: list[str] | None) -> list[str] | None:
         """Only strategies the planner ranks (the collectives sweep and the calibration train nothing)."""
-        known = ["single", *STRATEGY_GRID]
-        unknown = [name for name in value or () if name not in known]
+        unknown = [name for name in value or () if name not in RANKED_STRATEGIES]
         if unknown:
-            raise ValueError(f"{', '.join(map(repr, unknown))} cannot be swept; the strategies a sweep plans are: {', '.join(known)}")
+            raise ValueError(
+                f"{', '.join(map(repr, unknown))} cannot be swept; the strategies a sweep plans are: {', '.join(RANKED_STRATEGIES)}"
+            )
         return value
 
 
 def nothing_planned(request: SweepRequest) -> str:
     """Why the search space held no configuration at all (so a refusal never reads empty)."""
-    names = request.strategies if request.strategies is not None else ["single", *STRATEGY_GRID]
-    why = (
-        "moe needs a model with experts, and the others were not asked for"
-        if set(names) == {"moe"}
-        else "single runs on 1 rank only"
-        if set(names) == {"single"}
-        else "no strategy asked for applies"
-    )
+    names = request.strategies if request.strategies is not None else list(RANKED_STRATEGIES)
     return (
         f"the search space (strategies {', '.join(names) or 'none'}) holds no configuration of "
-        f"{request.workload.model} on {request.world_size} ranks: {why}"
+        f"{request.workload.model} on {request.world_size} ranks: none of them applies "
+        "(moe needs a model with experts; single runs on 1 rank only)"
     )
 
 
