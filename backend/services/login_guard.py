@@ -225,7 +225,7 @@ class LoginGuard:
 
 
 @lru_cache(maxsize=32)
-def _guard(broker_url: str, database_url: str) -> Counts:
+def _counts(broker_url: str, database_url: str) -> Counts:
     if broker_url.startswith(("redis://", "rediss://")):
         client = redis.Redis.from_url(broker_url, socket_connect_timeout=1, socket_timeout=1)
         return RedisCounts(client, prefix=f"parallab:login:{_digest(database_url)[:12]}:")
@@ -234,7 +234,7 @@ def _guard(broker_url: str, database_url: str) -> Counts:
 
 def login_guard(settings: Settings) -> LoginGuard:
     """This process's guard for the settings' database: in the broker's Redis when there is one."""
-    return LoginGuard(settings, _guard(settings.celery_broker_url, settings.sqlalchemy_url))
+    return LoginGuard(settings, _counts(settings.celery_broker_url, settings.sqlalchemy_url))
 
 
 # ---- the device cookie ----
