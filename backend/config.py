@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     )
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often a worker heartbeats; its runs' leases live on it.")
     worker_ttl_s: float = Field(30.0, gt=0, le=3600, description="A worker silent this long is dead and its runs' leases have lapsed.")
+    lease_check_s: float | None = Field(
+        None,
+        ge=0,
+        le=3600,
+        description="How often each API process fails runs whose worker's lease lapsed (default: half worker_ttl_s; 0: never).",
+    )
     reservation_timeout_s: float = Field(
         120.0, gt=0, le=3600, description="A host reserved for a multi-node job that has not started its part by then fails the job."
     )
@@ -102,7 +108,27 @@ class Settings(BaseSettings):
     )
     admin_email: str | None = Field(None, description="With admin_password: an admin created at start-up if no user has this email.")
     admin_password: SecretStr | None = Field(None, description="Read once at start-up (compose); change it after the first login.")
+    docs_public: bool = Field(
+        False, description="Serve /docs, /redoc and /openapi.json to anyone; False: only to logged-in users (local mode: always open)."
+    )
     session_max_age_s: int = Field(14 * 24 * 3600, ge=300, description="How long a login lasts.")
+
+    # Quotas (backend.services.quotas): queued work per user; admins are exempt.
+    max_active_runs_per_user: int = Field(40, ge=1, description="Runs one user may have queued or running at once.")
+    max_runs_per_sweep: int = Field(16, ge=1, description="Runs one sweep may queue.")
+    quota_exempt_emails: list[str] = Field(default_factory=list, description="Users (by email) exempt from the quotas, as admins are.")
+
+    # Login protection (backend.services.login_guard): growing delays, then a temporary lockout.
+    login_free_failures: int = Field(3, ge=0, description="Failed logins an account or address may make before each next try waits.")
+    login_delay_s: float = Field(
+        1.0, ge=0, le=3600, description="The first wait after the free failures; it doubles with each further one."
+    )
+    login_max_delay_s: float = Field(60.0, ge=0, le=86_400, description="The longest wait between two tries (short of a lockout).")
+    login_account_lockout: int = Field(10, ge=1, description="Failed logins in a row that lock an account (or a known device).")
+    login_ip_lockout: int = Field(30, ge=1, description="Failed logins in a row that lock a client address (any accounts).")
+    login_lockout_s: int = Field(
+        900, ge=1, le=7 * 86_400, description="How long a lockout lasts, and how long failures are remembered after the last one."
+    )
 
     # Issue #10: ceilings on everything a job may ask for (checked at resolution, 422 naming the
     # field and the limit), the memory a rank may use, and the upload rate per token.

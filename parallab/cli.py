@@ -58,7 +58,7 @@ def up(
     import uvicorn
 
     from backend.migrate import upgrade
-    from workers.launcher import stop_process_group
+    from parallab.commands.supervise import Supervisor
 
     settings = get_settings()
     host = host or settings.host
@@ -71,7 +71,13 @@ def up(
     settings.ensure_home()
     upgrade(settings.sqlalchemy_url)
     env = dict(os.environ, PARALLAB_HOST=host, PARALLAB_PORT=str(port))
-    worker_proc = subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], env=env, start_new_session=True)
+    worker = Supervisor(
+        lambda: subprocess.Popen([sys.executable, "-m", "parallab", "worker", "--loglevel", "WARNING"], env=env, start_new_session=True),
+        name="worker",
+        say=lambda line: console.print(f"[yellow]{line}[/yellow]"),
+    )
+    worker.start()  # restarts the worker when it dies, as compose's restart policy does
+    worker_proc = worker.proc
     console.print(
         f"[bold]parallab[/bold] on http://{host}:{port}  (database {settings.sqlalchemy_url.split('@')[-1]}, worker pid {worker_proc.pid})"
     )
@@ -83,7 +89,7 @@ def up(
     try:
         uvicorn.run("backend.api.app:app", host=host, port=port, log_level="info")
     finally:
-        stop_process_group(worker_proc, grace_s=20)
+        worker.stop(grace_s=20)
 
 
 def main() -> None:  # pragma: no cover

@@ -4,7 +4,8 @@ Shared by the Celery task and `parallab bench`: the same command, the same limit
 run directory (`parallab.core.rundir.RunDir`). The launcher writes the frozen `ResolvedJob` to
 `RunDir.job` and the ranks load it from there — they never resolve a spec themselves. The
 caller's process never imports torch or forks ranks itself; a crash, a timeout or a cancel takes
-the whole process group down and nothing else.
+the whole process group down and nothing else, and the death of the caller takes the agent and
+its ranks with it (`workers.lifeline`).
 
 A multi-node job runs one torchrun per host (`NodeLaunch`): `--nnodes N --node-rank r
 --rdzv-backend c10d --rdzv-endpoint <node 0>:<port>`, node 0 hosting the rendezvous store.
@@ -26,6 +27,7 @@ from typing import Any
 
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
+from workers import lifeline
 
 LOG_TAIL_LINES = 60
 
@@ -204,8 +206,10 @@ def launch(
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress)
     with run_dir.log.open("wb") as log:
+        # The agent dies with this process (lifeline): a killed worker leaves no training behind.
+        command = torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node)
         proc = subprocess.Popen(
-            torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node),
+            lifeline.wrap(command, parent=os.getpid()),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

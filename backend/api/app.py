@@ -13,7 +13,7 @@ from backend.api.errors import install_error_handlers
 from backend.api.lifespan import lifespan
 from backend.api.openapi import install_openapi
 from backend.api.pages.assets import static_files
-from backend.api.routes import accounts, analysis, metrics, plan, results, runs, series, sweeps, workers
+from backend.api.routes import accounts, analysis, docs, metrics, plan, results, runs, series, sweeps, workers
 from backend.api.security import SecurityMiddleware
 
 API_PREFIX = "/api/v1"
@@ -32,12 +32,15 @@ def create_app() -> FastAPI:
         # Every route: who is asking, and a login outside local mode (deps.PUBLIC_PATHS aside).
         dependencies=[Depends(gate)],
         lifespan=lifespan,
+        # Served by routes.docs instead, behind the gate like every route (docs_public opens them).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     install_openapi(app)
-    docs = [p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
     app.add_middleware(BoundedBodies)  # inside the security middleware: its refusals carry the security headers too
-    app.add_middleware(SecurityMiddleware, docs_paths=docs)
+    app.add_middleware(SecurityMiddleware, docs_paths=[docs.DOCS_URL, docs.REDOC_URL, docs.OAUTH2_REDIRECT_URL])
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)
     api.include_router(results.router)
@@ -49,6 +52,7 @@ def create_app() -> FastAPI:
     api.include_router(sweeps.router)
     app.include_router(api)
     app.include_router(metrics.router)
+    app.include_router(docs.router)
 
     # Not a FastAPI route: those all take the app's dependencies (a database session, the caller's
     # identity), each a hop through the thread pool. This one answers on the event loop itself, so

@@ -24,7 +24,7 @@ from backend.services.tokens import TokenError, token_principal
 from parallab.core.bounds import INT32_MAX
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SESSION_COOKIE = "parallab_session"
+SESSION_COOKIE = csrf.SESSION_COOKIE
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PUBLIC_PATHS = frozenset({"/login", "/logout", "/healthz", "/vendor/plotly.min.js", "/api/v1/results/schema"})
@@ -71,8 +71,15 @@ class LoginRequired(Exception):
         super().__init__(next_url)
 
 
+API_LIKE_PATHS = frozenset({"/metrics", "/openapi.json"})
+"""Outside /api/ but read by programs (Prometheus, API clients): refused with 401, never a redirect to /login."""
+
+DOCS_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""The API's documentation (routes.docs): open to anyone only where `docs_public` says so."""
+
+
 def is_api(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    return request.url.path.startswith("/api/") or request.url.path in API_LIKE_PATHS
 
 
 def current_principal(
@@ -109,17 +116,24 @@ def deny(request: Request, principal: Principal, reason: str) -> None:
     raise Forbidden(reason)
 
 
+def _settings(request: Request) -> Settings:
+    """The app's settings, honouring a test's override (gate runs before any route's SettingsDep)."""
+    settings: Settings = request.app.dependency_overrides.get(get_settings, get_settings)()
+    return settings
+
+
 def gate(request: Request, principal: CurrentUser) -> None:
     """Every route: reading needs a login outside local mode (public paths aside); an API write made
     with a login session, not a token, must carry the page's CSRF token in the X-CSRF-Token header."""
     if request.url.path in PUBLIC_PATHS:
         return
+    if request.url.path in DOCS_PATHS and _settings(request).docs_public:
+        return
     if not principal.may("read"):
         deny(request, principal, "this needs a login")
     if principal.via == "session" and is_api(request) and request.method not in SAFE_METHODS:
-        settings: Settings = request.app.dependency_overrides.get(get_settings, get_settings)()
         try:
-            csrf.verify(request, request.headers.get(CSRF_HEADER), settings.secret_key)
+            csrf.verify(request, request.headers.get(CSRF_HEADER), _settings(request).secret_key)
         except csrf.CSRFError as exc:
             raise Forbidden(f"{CSRF_HEADER}: {exc}") from None
 

@@ -23,6 +23,7 @@ from backend.api.deps import LoginRequired, is_api
 from backend.api.upload_pool import UploadsBusy
 from backend.services.auth import AccountError, Forbidden
 from backend.services.ingest import IdempotencyConflict
+from backend.services.quotas import QuotaExceeded
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from backend.services.series import SeriesConfigError, SeriesNotFound
 from backend.services.uploads import UploadInvalid, UploadRaced
@@ -127,6 +128,14 @@ def install_error_handlers(app: FastAPI) -> None:
         from backend.api.pages.rendering import render_error
 
         return render_error(request, 403, "Not allowed", str(exc))
+
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(request: Request, exc: QuotaExceeded) -> Response:
+        if is_api(request):
+            return JSONResponse(status_code=429, content={"detail": str(exc)})
+        from backend.api.pages.rendering import render_error
+
+        return render_error(request, 429, "Over the quota", str(exc))
 
     @app.exception_handler(UploadInvalid)
     async def _upload(_: Request, exc: UploadInvalid) -> JSONResponse:

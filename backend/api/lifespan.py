@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from backend.api.bind import network_listeners, nodelay_listeners
+from backend.api.leases import lease_keeper
 from backend.api.security import settings_for
 from backend.config import PLACEHOLDER_SECRET, Settings
 
@@ -93,7 +94,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.gc_freeze:
         gc.freeze()
     try:
-        yield
+        async with lease_keeper(settings):
+            yield
     finally:
         sys.setswitchinterval(switch_interval)
         if settings.gc_freeze:

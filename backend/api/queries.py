@@ -2,7 +2,9 @@
 
 The leaderboard page, its CSV/JSON exports and `GET /api/v1/leaderboard` all read their filters
 through `LeaderboardQueryDep`, so they accept the same names and refuse the same values (422,
-naming the parameter). HTML filter forms send an empty value for "any": empty means unset.
+naming the parameter). HTML filter forms send an empty value for "any": empty means unset. A
+misspelt filter or an unknown sort column is refused with the valid names, never ignored: a board
+that silently ignores `?stratgy=ddp` answers a question nobody asked.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Query
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backend.api.deps import SessionDep
 from backend.services.auth import user_filter
-from backend.services.leaderboard import MAX_PAGE, LeaderboardQuery
+from backend.services.leaderboard import MAX_PAGE, SORT_COLUMNS, LeaderboardQuery
 from parallab.core.result import MAX_RANKS
 
 MAX_OFFSET = 1_000_000
@@ -23,7 +25,7 @@ MAX_OFFSET = 1_000_000
 class LeaderboardParams(BaseModel):
     """The leaderboard's query parameters."""
 
-    model_config = ConfigDict(protected_namespaces=())
+    model_config = ConfigDict(protected_namespaces=(), extra="forbid")
 
     model: str | None = Field(None, max_length=64, description="Model preset.")
     hardware: str | None = Field(None, max_length=200, description="Hardware key, e.g. `cpu` or `cuda:NVIDIA H100 80GB HBM3`.")
@@ -51,8 +53,18 @@ class LeaderboardParams(BaseModel):
     @classmethod
     def _empty_is_unset(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            unknown = sorted(k for k in data if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))}; the leaderboard takes: {', '.join(cls.model_fields)}")
             return {k: v.strip() if isinstance(v, str) else v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
         return data
+
+    @field_validator("sort")
+    @classmethod
+    def _known_sort(cls, value: str | None) -> str | None:
+        if value is not None and value not in SORT_COLUMNS:
+            raise ValueError(f"{value!r} is not a column of the leaderboard; sort by one of: {', '.join(SORT_COLUMNS)}")
+        return value
 
 
 def leaderboard_query(params: Annotated[LeaderboardParams, Query()], session: SessionDep) -> LeaderboardQuery:

@@ -42,6 +42,9 @@ class Series(Base):
     alpha: Mapped[float] = mapped_column(Float, doc="t_test: one-sided significance level.")
     mad_k: Mapped[float] = mapped_column(Float, doc="mad: the band is median ± k·MAD (MAD scaled to σ for normal noise).")
     min_change: Mapped[float] = mapped_column(Float, doc="Relative changes smaller than this are never flagged, whatever the test says.")
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), doc="The owner: whose upload started it. Only the owner or an admin changes it."
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, doc="When its latest result came.")
 

@@ -17,6 +17,8 @@ from backend.store import leaderboard as store
 from parallab.core.jobs import model_label, workload_custom_fields
 
 MAX_PAGE = 500
+SORT_COLUMNS: tuple[str, ...] = tuple(sorted(store.SORTABLE))
+"""The columns a board may be sorted by (anything else is refused, never silently ignored)."""
 
 
 @dataclass

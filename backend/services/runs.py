@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
+from backend.services import quotas
 from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
 from backend.services.hardware import check_precision
@@ -116,8 +117,10 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
     where the ranks share this host's memory. The run is placed on a pool that can run it
     (SpecError, a 422 naming the pool and the limit, if none can), and the pool's device, when a
-    calibration recorded it, must be able to train in the job's precision (issue 14)."""
+    calibration recorded it, must be able to train in the job's precision (issue 14). QuotaExceeded
+    when the user already has as many runs queued or running as they may."""
     job = validate_spec(spec=spec, settings=settings, local=local)
+    quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)
     pool = fleet.place(session=session, job=job, settings=settings)
     check_precision(session=session, settings=settings, job=job, pool=pool)
     return store.add_run(

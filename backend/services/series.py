@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import Run, Series, SeriesVerdict, utcnow
 from backend.services import regression
-from backend.services.auth import Principal
+from backend.services.auth import Forbidden, Principal
 from backend.services.leaderboard import workload_label
 from backend.store import accounts as accounts_store
 from backend.store import series as store
@@ -131,6 +131,7 @@ def join_series(*, session: Session, run: Run, document: ResultDocument) -> Seri
                 alpha=config.alpha,
                 mad_k=config.mad_k,
                 min_change=config.min_change,
+                user_id=run.user_id,
             ),
         )
     series.updated_at = utcnow()
@@ -258,9 +259,18 @@ def list_series(*, session: Session, limit: int = SERIES_PAGE) -> list[dict[str,
     return store.list_series(session, limit=limit)
 
 
-def configure(*, session: Session, series_id: str, changes: dict[str, Any]) -> Series:
-    """Change how a series judges its next results (test, window, baseline branch, thresholds; caller commits)."""
+def check_owner(*, principal: Principal, series: Series) -> None:
+    """Forbidden unless `principal` owns the series or is an admin. A 403, not a 404: every reader
+    may list and read series, so refusing with "not found" would hide nothing."""
+    if not principal.owns(series.user_id):
+        raise Forbidden(f"only the owner of series {series.id} or an admin may change it; {principal.name} is neither")
+
+
+def configure(*, session: Session, series_id: str, changes: dict[str, Any], principal: Principal) -> Series:
+    """Change how a series judges its next results (test, window, baseline branch, thresholds; its
+    owner or an admin only; caller commits)."""
     series = get_series(session=session, series_id=series_id)
+    check_owner(principal=principal, series=series)
     checks = {
         "test": lambda v: v in regression.TESTS or f"must be one of {', '.join(regression.TESTS)}",
         "window": lambda v: (isinstance(v, int) and 2 <= v <= 1000) or "must be an integer from 2 to 1000",
@@ -292,10 +302,12 @@ def _branch_ok(value: Any) -> bool | str:
 
 
 def dismiss_alert(*, session: Session, series_id: str, verdict_id: int, principal: Principal, note: str | None = None) -> SeriesVerdict:
-    """Mark a regression alert as a false positive; the dismissal (who, when, why) is kept (caller commits)."""
+    """Mark a regression alert as a false positive (the series' owner or an admin only); the
+    dismissal (who, when, why) is kept (caller commits)."""
     verdict = store.get_verdict(session, verdict_id)
     if verdict is None or verdict.series_id != series_id:
         raise SeriesNotFound(f"{series_id}/alerts/{verdict_id}")
+    check_owner(principal=principal, series=get_series(session=session, series_id=series_id))
     if verdict.verdict != "regressed":
         raise SeriesConfigError("alert", f"verdict {verdict_id} is {verdict.verdict}, not an alert")
     store.dismiss(session, verdict, user_id=principal.user_id, note=(note or "").strip()[:500] or None, now=utcnow())
@@ -338,6 +350,7 @@ def series_dict(series: Series) -> dict[str, Any]:
         "options": series.options,
         "hardware_key": series.hardware_key,
         "workload_key": series.workload_key,
+        "owner_id": series.user_id,
         "config": {
             "test": series.test,
             "window": series.window,

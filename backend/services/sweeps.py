@@ -15,20 +15,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.queue import enqueue_run
-from backend.services import hardware
+from backend.services import hardware, quotas
 from backend.services.auth import Principal
 from backend.services.runs import cancel_run, check_owner, create_run
 from backend.store import planning as store
 from backend.store import runs as run_store
 from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.ranking import PlanRow, plan_cluster
+from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, plan_cluster
 from parallab.core.spec import JobSpec, Workload
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,27 @@ class SweepRequest(BaseModel):
     checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
     accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
     pool: str | None = Field(None, max_length=100, description="The pool to run on (default: this deployment's queue).")
+
+    @field_validator("strategies")
+    @classmethod
+    def _training_strategies(cls, value: list[str] | None) -> list[str] | None:
+        """Only strategies the planner ranks (the collectives sweep and the calibration train nothing)."""
+        unknown = [name for name in value or () if name not in RANKED_STRATEGIES]
+        if unknown:
+            raise ValueError(
+                f"{', '.join(map(repr, unknown))} cannot be swept; the strategies a sweep plans are: {', '.join(RANKED_STRATEGIES)}"
+            )
+        return value
+
+
+def nothing_planned(request: SweepRequest) -> str:
+    """Why the search space held no configuration at all (so a refusal never reads empty)."""
+    names = request.strategies if request.strategies is not None else list(RANKED_STRATEGIES)
+    return (
+        f"the search space (strategies {', '.join(names) or 'none'}) holds no configuration of "
+        f"{request.workload.model} on {request.world_size} ranks: none of them applies "
+        "(moe needs a model with experts; single runs on 1 rank only)"
+    )
 
 
 def choose(fits: list[PlanRow], *, top: int, controls: int) -> list[tuple[str, int, PlanRow]]:
@@ -130,7 +151,9 @@ def create_sweep(
     )
     if not ranking.fits:
         reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in ranking.as_dict()["rejected_by_reason"][:3])
-        raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons}")])
+        raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons or nothing_planned(request)}")])
+    chosen = choose(ranking.fits, top=request.top, controls=request.controls)
+    quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen), sweep=True)
     steps = request.steps or settings.sweep_steps
     sweep = store.add_sweep(
         session,
@@ -151,7 +174,7 @@ def create_sweep(
         ),
     )
     candidates, runs = [], []
-    for role, rank, row in choose(ranking.fits, top=request.top, controls=request.controls):
+    for role, rank, row in chosen:
         spec = {**row.spec, "workload": {**row.spec["workload"], "steps": steps}, "name": f"sweep {sweep.id[:6]} #{rank}: {row.label}"}
         spec["tags"] = ["sweep", role]
         try:

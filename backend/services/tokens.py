@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from backend.models import ApiToken, User, utcnow
-from backend.services.auth import ROLE_RANK, Forbidden, Principal
+from backend.services.auth import ROLE_RANK, Principal
 from backend.store import accounts as store
 
 SCOPES = ("upload", "submit", "admin")
@@ -128,12 +128,12 @@ def list_tokens(*, session: Session, user_id: int | None = None) -> list[TokenIn
 
 
 def revoke_token(*, session: Session, token_id: int, principal: Principal) -> TokenInfo:
-    """Revoke a token its owner (or an admin) names (caller commits)."""
+    """Revoke a token its owner (or an admin) names (caller commits). Another member's token is
+    "not found", as a missing one is: a member sees only their own tokens, so a refusal must not
+    tell which ids are someone else's."""
     row = store.get_token(session, token_id)
-    if row is None:
-        raise LookupError(f"no token {token_id}")
-    if not principal.owns(row.user_id):
-        raise Forbidden("only its owner or an admin can revoke a token")
+    if row is None or not principal.owns(row.user_id):
+        raise LookupError(f"no token {token_id} of yours")
     row.revoked = True
     owner = store.get_user(session, row.user_id) if row.user_id is not None else None
     return _info(row, owner)

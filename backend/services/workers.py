@@ -351,7 +351,7 @@ def lost_reason(session: Session, run: Run) -> str:
     since = f" since {utc(worker.heartbeat_at):%Y-%m-%d %H:%M:%S} UTC" if worker is not None and worker.heartbeat_at.year > 1970 else ""
     return (
         f"worker lost: the worker on host {run.host or '?'} stopped heartbeating{since}; "
-        "its ranks are killed by the next worker on that host"
+        "its ranks died with it (or are killed by the next worker on that host)"
     )
 
 

@@ -24,6 +24,11 @@ def get_user(session: Session, user_id: int) -> User | None:
     return session.get(User, user_id)
 
 
+def lock_user(session: Session, user_id: int) -> User | None:
+    """The user's row, locked until the transaction ends (one user's submissions, one at a time)."""
+    return session.execute(select(User).where(User.id == user_id).with_for_update()).scalar_one_or_none()
+
+
 def find_user(session: Session, email: str) -> User | None:
     return session.execute(select(User).where(User.email == email)).scalar_one_or_none()
 

@@ -165,6 +165,12 @@ def trace_ranks(session: Session, run_id: str) -> list[int]:
     return list(session.execute(select(RunTrace.rank).where(RunTrace.run_id == run_id).order_by(RunTrace.rank)).scalars())
 
 
+def count_active_runs(session: Session, user_id: int) -> int:
+    """Runs of `user_id` that are queued or running."""
+    query = select(func.count()).select_from(Run).where(Run.user_id == user_id, Run.status.in_(("queued", "running")))
+    return session.execute(query).scalar_one()
+
+
 def count_runs(session: Session) -> int:
     return session.execute(select(func.count()).select_from(Run)).scalar_one()
 

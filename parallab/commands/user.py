@@ -76,3 +76,25 @@ def disable(
     except AccountError as exc:
         fail(str(exc))
     typer.echo(summary)
+
+
+@user_app.command("unlock")
+def unlock(
+    email: Annotated[str, typer.Argument(help="Whose login lockout to lift.")],
+    ip: Annotated[str | None, typer.Option("--ip", help="Also lift the lockout of this client address.")] = None,
+) -> None:
+    """Lift a login lockout (after too many failed logins) now, for every API process sharing the
+    broker's Redis; without Redis, each API process keeps its own count (lift it on the Users page)."""
+    from backend.config import get_settings
+    from backend.db import session_scope
+    from backend.services.auth import AccountError, find_user
+    from backend.services.login_guard import login_guard
+
+    settings = get_settings()
+    try:
+        with session_scope(settings.sqlalchemy_url) as session:
+            user = find_user(session=session, email=email)
+            login_guard(settings).unlock(email=user.email, ip=ip)
+    except AccountError as exc:
+        fail(str(exc))
+    typer.echo(f"{user.email}: login unlocked" + (f" (and address {ip})" if ip else ""))

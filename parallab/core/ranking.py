@@ -38,6 +38,8 @@ STRATEGY_GRID: dict[str, list[dict[str, Any]]] = {
 }
 """The options each strategy is planned with (pp's `microbatches` and hybrid's `tp` as multiples
 of the stages / as degrees; candidates that break a rule are rejected with the rule's reason)."""
+RANKED_STRATEGIES: tuple[str, ...] = ("single", *STRATEGY_GRID)
+"""Every strategy the planner ranks (`single` on one rank only; the job kinds that train nothing, never)."""
 DEFAULT_PRECISIONS = ("fp32", "bf16", "fp8")
 """fp16 runs at bf16's speed on every device the catalogue knows: ask for it by name (`--precision fp16`)."""
 DEFAULT_CHECKPOINTING = ("none", "selective", "alternate", "full")

@@ -10,6 +10,7 @@ under test.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,11 @@ from parallab.core.spec import JobSpec
 from tests.backend.ci_documents import document, slowed
 
 POLICY: dict[tuple[str, str], str] = {
-    # FastAPI's own documentation: public.
-    ("GET", "/openapi.json"): "public",
-    ("GET", "/docs"): "public",
-    ("GET", "/docs/oauth2-redirect"): "public",
-    ("GET", "/redoc"): "public",
+    # The API's documentation: behind the login in a lab unless docs_public (test_docs_public_opens_them).
+    ("GET", "/openapi.json"): "read",
+    ("GET", "/docs"): "read",
+    ("GET", "/docs/oauth2-redirect"): "read",
+    ("GET", "/redoc"): "read",
     ("GET", "/healthz"): "public",
     ("GET", "/vendor/plotly.min.js"): "public",
     ("GET", "/login"): "public",
@@ -94,9 +95,9 @@ POLICY: dict[tuple[str, str], str] = {
     ("POST", "/runs/{run_id}/cancel"): "cancel own run",
     # CI: uploads with a token; series settings and alert dismissals.
     ("POST", "/api/v1/results"): "upload",
-    ("PATCH", "/api/v1/series/{series_id}"): "series",
-    ("POST", "/api/v1/series/{series_id}/alerts/{verdict_id}/dismiss"): "series",
-    ("POST", "/series/{series_id}/alerts/{verdict_id}/dismiss"): "series",
+    ("PATCH", "/api/v1/series/{series_id}"): "change own series",
+    ("POST", "/api/v1/series/{series_id}/alerts/{verdict_id}/dismiss"): "change own series",
+    ("POST", "/series/{series_id}/alerts/{verdict_id}/dismiss"): "change own series",
     # One's own tokens; users (admins).
     ("GET", "/tokens"): "tokens",
     ("POST", "/tokens"): "tokens",
@@ -104,19 +105,25 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/users"): "admin",
     ("POST", "/users"): "admin",
     ("POST", "/users/{user_id}/disable"): "admin",
+    ("POST", "/users/{user_id}/unlock"): "admin",
 }
 
 READ = {"public", "read"}
 ALLOWED: dict[str, set[str]] = {
     "anonymous": {"public"},
     "viewer": READ,
-    "member": READ | {"submit", "cancel own run", "series", "tokens", "revoke own token"},
-    "other member": READ | {"submit", "series", "tokens"},
-    "admin": READ | {"submit", "cancel own run", "series", "tokens", "revoke own token", "admin"},
-    "member's upload token": READ | {"upload", "series"},
+    "member": READ | {"submit", "cancel own run", "change own series", "tokens", "revoke own token"},
+    "other member": READ | {"submit", "tokens"},
+    "admin": READ | {"submit", "cancel own run", "change own series", "tokens", "revoke own token", "admin"},
+    "member's upload token": READ | {"upload", "change own series"},
     "member's submit token": READ | {"submit", "cancel own run"},
 }
-"""What each caller may do. The run, the token and the alert the routes act on are the member's."""
+"""What each caller may do. The run, the sweep, the series (and its alert) and the token the routes
+act on are the member's: "other member" is refused every write to them."""
+
+HIDDEN = {("other member", "revoke own token")}
+"""Refusals that answer 404, not 403: a member cannot list another's tokens, so revoking one must
+not tell that it exists. Runs, sweeps and series are readable by every reader: 403 hides nothing."""
 
 PASSWORD = "route-policy-password"
 SECRET = "route-policy-secret"
@@ -200,18 +207,25 @@ def test_every_route_has_a_decision(world: World) -> None:
     assert {d for d in POLICY.values()} <= set().union(*ALLOWED.values()), "every decision is some caller's to take"
 
 
-def client_for(world: World, caller: str) -> tuple[TestClient, str]:
-    """A fresh client acting as `caller`, with this browser's CSRF cookie; returns it and the form token."""
+def client_for(world: World, caller: str) -> TestClient:
+    """A fresh client acting as `caller`, with this browser's CSRF cookie (see `sign_forms`)."""
     client = TestClient(world.app, follow_redirects=False)
-    nonce = "nonce-" + "".join(c for c in caller if c.isalnum())
-    client.cookies.set(csrf.COOKIE, nonce)
+    client.cookies.set(csrf.COOKIE, "nonce-" + "".join(c for c in caller if c.isalnum()))
     if caller in world.cookies:
         client.cookies.set(SESSION_COOKIE, world.cookies[caller])
     if caller in world.bearer:
         client.headers["Authorization"] = f"Bearer {world.bearer[caller]}"
-    token = csrf._serializer(SECRET).dumps(nonce)
+    return client
+
+
+def sign_forms(client: TestClient) -> str:
+    """The CSRF token a page would give this browser now (its nonce, bound to its login session),
+    also sent as the X-CSRF-Token header; returns it for forms."""
+    session = client.cookies.get(SESSION_COOKIE)
+    binding = hashlib.sha256(session.encode()).hexdigest()[:32] if session else ""
+    token = csrf._serializer(SECRET).dumps({"n": client.cookies.get(csrf.COOKIE), "s": binding})
     client.headers[CSRF_HEADER] = token
-    return client, token
+    return token
 
 
 def call(client: TestClient, method: str, path: str, ids: dict[str, str], form_token: str):
@@ -239,22 +253,27 @@ def refused(response, path: str) -> str | None:
 @pytest.mark.parametrize(("method", "path"), sorted(POLICY))
 def test_route_against_caller(world: World, caller: str, method: str, path: str) -> None:
     decision = POLICY[(method, path)]
-    client, form_token = client_for(world, caller)
+    client = client_for(world, caller)
     if path in ("/login", "/logout") and caller in world.cookies:
         # logging in or out ends the session the request carries: use one of its own, not the one the other cases use
         with session_scope(world.settings.sqlalchemy_url) as session:
             user = auth.get_user(session=session, user_id=world.user_ids[caller])
             client.cookies.set(SESSION_COOKIE, auth.start_session(session=session, user=user, max_age_s=600))
+    form_token = sign_forms(client)
     with client:
         response = call(client, method, path, world.ids, form_token)
     how = refused(response, path)
+    if (caller, decision) in HIDDEN:
+        assert response.status_code == 404, f"{caller} must be told {method} {path} is not found; got {response.status_code}"
+        return
     if decision in ALLOWED[caller]:
         assert how is None, f"{caller} must get past {method} {path} ({decision}); got {response.status_code} {response.text[:200]}"
         assert response.status_code < 500, response.text[:500]
     else:
         assert how is not None, f"{caller} must be refused {method} {path} ({decision}); got {response.status_code}"
         if caller == "anonymous":
-            assert how == ("401" if path.startswith("/api/") else "login redirect"), "anonymous: 401 from the API, the login page for pages"
+            api = path.startswith("/api/") or path in ("/metrics", "/openapi.json")  # read by programs, not browsers
+            assert how == ("401" if api else "login redirect"), "anonymous: 401 from the API, the login page for pages"
         else:
             assert how == "403", f"{caller} is known: 403, not {how}"
 
@@ -267,3 +286,31 @@ def test_local_mode_needs_no_login_but_uploads_still_need_a_token(world: World) 
         assert client.get("/").status_code == 200 and client.get("/users").status_code == 200
         assert client.get("/api/v1/me").json() == {"via": "local", "email": None, "role": "admin", "scopes": []}
         assert client.post("/api/v1/results", json=document()).status_code == 401
+
+
+def test_docs_public_opens_the_api_documentation_to_anyone(world: World) -> None:
+    opened = world.settings.model_copy(update={"docs_public": True})
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: opened
+    with TestClient(app, follow_redirects=False) as client:
+        assert client.get("/openapi.json").json()["info"]["title"] == "parallab"
+        assert client.get("/docs").status_code == 200 and client.get("/redoc").status_code == 200
+        assert client.get("/api/v1/runs").status_code == 401, "only the documentation is opened"
+
+
+def test_a_csrf_token_from_one_login_session_is_refused_in_another(world: World) -> None:
+    """Both browsers carry the same CSRF cookie (say, one planted by a sibling subdomain): the
+    member's token still does not pass with the other member's session."""
+    member = client_for(world, "member")
+    token = sign_forms(member)
+    other = client_for(world, "other member")
+    other.cookies.set(csrf.COOKIE, member.cookies.get(csrf.COOKIE))
+    other.headers[CSRF_HEADER] = token
+    with other:
+        refused = other.post("/tokens", data={csrf.FIELD: token, "name": "x", "scope": ["upload"]})
+        assert refused.status_code == 403 and "another login session" in refused.text
+        api = other.patch(f"/api/v1/series/{world.ids['series_id']}", json={})
+        assert api.status_code == 403 and "another login session" in api.text
+    sign_forms(other)  # its own session's token passes
+    with other:
+        assert other.post("/tokens", data={csrf.FIELD: sign_forms(other), "name": "x", "scope": ["upload"]}).status_code == 200

@@ -156,6 +156,33 @@ def test_a_member_cannot_cancel_another_members_run_but_an_admin_can(client, set
     assert client.post(f"/api/v1/runs/{run_id}/cancel", headers=root).json()["status"] == "cancelled"
 
 
+def test_a_member_cannot_switch_off_another_members_regression_detection(client, settings) -> None:
+    """The request that changed another member's series: window 2, a baseline branch that does not
+    exist and min_change 0.99. Refused (403) with nothing changed; the owner and an admin may."""
+    settings.allow_local_mode, settings.secret_key = False, "series-test-secret"
+    ada = member(settings, "ada@lab.org")
+    bo = member(settings, "bo@lab.org")
+    root = member(settings, "root@lab.org", role="admin", scopes=("admin",))
+    for factor in (1.0, 1.01, 0.99):
+        upload(client, ada, slowed(document(), factor))
+    slow = upload(client, ada, slowed(document(commit="bad0001"), 1.5))
+    series_url = f"/api/v1/series/{slow['series_id']}"
+    before = client.get(series_url, headers=bo).json()
+    assert before["owner_id"] is not None
+    attack = {"window": 2, "baseline_branch": "no-such-branch", "min_change": 0.99}
+    refused = client.patch(series_url, json=attack, headers=bo)
+    assert refused.status_code == 403, refused.text
+    assert "owner" in refused.text
+    assert client.get(series_url, headers=bo).json()["config"] == before["config"], "nothing of a refused change is kept"
+    alert = verdict(slow)
+    dismiss = client.post(f"{series_url}/alerts/{alert['id']}/dismiss", json={"note": "not mine"}, headers=bo)
+    assert dismiss.status_code == 403, dismiss.text
+    assert client.get(series_url, headers=bo).json()["open_alerts"] == before["open_alerts"] > 0
+    assert client.patch(series_url, json={"window": 5}, headers=ada).json()["config"]["window"] == 5
+    assert client.patch(series_url, json={"min_change": 0.02}, headers=root).json()["config"]["min_change"] == 0.02
+    assert client.post(f"{series_url}/alerts/{alert['id']}/dismiss", json={}, headers=root).json()["dismissed"] is True
+
+
 def form_token(client, path: str = "/login") -> str:
     match = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).text)
     assert match

@@ -115,7 +115,7 @@ def wait_for_training(client: TestClient, run_id: str, timeout: float = 180) -> 
 
 
 def kill_worker(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the worker alone: its torchrun lives in a session of its own and runs on."""
+    """SIGKILL the worker alone (no cleanup runs): its torchrun, in a session of its own, dies by its parent-death signal."""
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
 

@@ -1,8 +1,9 @@
 """Faults against real processes (issue 10), on Postgres and a private Redis, one worker:
 
-- the worker SIGKILLed mid-run and restarted: the run ends `failed` ("worker lost"), its orphaned
-  ranks are killed, and the message delivered again never starts it twice;
-- cancel of an orphaned run: `cancelled` at once, its ranks killed by the next worker of the host;
+- the only worker SIGKILLed mid-run: its ranks die with it, the API's lease keeper ends the run
+  `failed` ("worker lost") within 2 × TTL with no worker left on the host, and the message
+  delivered again never starts it twice;
+- cancel of an orphaned run: `cancelled` at once;
 - a diverging run: `failed` with "loss diverged at step k", never on the leaderboard;
 - Redis stopped: the API answers 503 for what needs it and recovers without a restart; the worker
   survives the blip and runs the next job.
@@ -69,7 +70,9 @@ class Lab:
 def lab(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp_path_factory.mktemp("faults")
     with private_redis(root) as redis:
-        base = Settings(home=root / "api", database_url=postgres_url, broker_url=redis.url, **FAST_LEASES)
+        # The lab's API keeps no leases itself (lease_check_s 0), so that a test sees a lapsed lease
+        # before anything reconciles it; the first test starts an API that does.
+        base = Settings(home=root / "api", database_url=postgres_url, broker_url=redis.url, lease_check_s=0, **FAST_LEASES)
         settings = host_settings(base, root / "worker", HOST)
         lab = Lab(settings, api_client(settings), redis, root, start_worker(settings, root / "worker.log"))
         try:
@@ -86,16 +89,24 @@ def lease_lapsed(settings: Settings, run_id: str) -> bool:
         return run is not None and fleet.lease_lapsed(session=session, run=run, settings=settings)
 
 
-def test_a_worker_killed_mid_run_and_restarted_fails_its_run_as_worker_lost_and_kills_its_ranks(lab: Lab) -> None:
+def test_the_only_worker_sigkilled_mid_run_fails_its_run_within_two_ttls_and_leaves_no_rank(lab: Lab) -> None:
+    """No worker is left on the host: the API's own lease keeper ends the run, and the ranks died
+    with their worker (the parent-death signal), before anyone reads /workers or starts a worker."""
     run_id = lab.client.post("/api/v1/runs", json=LONG).json()["id"]
     wait_for_training(lab.client, run_id)
-    kill_worker(lab.worker)
-    time.sleep(1)
-    assert rank_processes(run_id), "the ranks live in their own session: they outlive the worker"
-    lab.restart_worker()  # at start-up it sees its dead twin, fails the run and kills the ranks
-    run = wait_for_run(lab.client, run_id, ENDED, timeout=60)
+    assert rank_processes(run_id), "the run trains in its own ranks"
+    keeper = api_client(lab.settings.model_copy(update={"lease_check_s": None}))  # the default: every TTL / 2
+    with keeper:
+        kill_worker(lab.worker)
+        killed_at = time.monotonic()
+        wait_until(lambda: not rank_processes(run_id), "the ranks to die with their worker", timeout=30)
+        run = wait_for_run(keeper, run_id, ENDED, timeout=2 * lab.settings.worker_ttl_s + 30)
+        ended_after = time.monotonic() - killed_at
     assert run["status"] == "failed" and run["error"].startswith("worker lost"), run["error"]
-    wait_until(lambda: not rank_processes(run_id), "the orphaned ranks to be killed", timeout=30)
+    # Measured from the kill, the test's own polling (0.5 s) and the client's round trips included.
+    assert ended_after <= 2 * lab.settings.worker_ttl_s + 2, f"ended {ended_after:.1f} s after the kill"
+    assert not rank_processes(run_id)
+    lab.restart_worker()
     # The message delivered again (Redis would, after the visibility timeout) never starts it twice.
     enqueue_run(lab.settings, run_id, pool=run["pool"])
     time.sleep(3)
@@ -104,17 +115,17 @@ def test_a_worker_killed_mid_run_and_restarted_fails_its_run_as_worker_lost_and_
     assert live_hosts(lab.client)[HOST]["run_id"] is None
 
 
-def test_cancel_of_an_orphaned_run_cancels_it_and_the_next_worker_kills_its_ranks(lab: Lab) -> None:
+def test_cancel_of_an_orphaned_run_cancels_it_at_once(lab: Lab) -> None:
     run_id = lab.client.post("/api/v1/runs", json=LONG).json()["id"]
     wait_for_training(lab.client, run_id)
     kill_worker(lab.worker)
-    wait_until(lambda: lease_lapsed(lab.settings, run_id), "the worker's lease to lapse", timeout=30)  # read, not reconciled
+    # lab.client keeps no leases (lease_check_s 0): the lease is read as lapsed, not reconciled.
+    wait_until(lambda: lease_lapsed(lab.settings, run_id), "the worker's lease to lapse", timeout=30)
     cancelled = lab.client.post(f"/api/v1/runs/{run_id}/cancel")
     assert cancelled.status_code == 200
     assert cancelled.json()["status"] == "cancelled" and "worker lost" in cancelled.json()["error"]
-    assert rank_processes(run_id), "no worker of that host is alive yet to kill them"
+    wait_until(lambda: not rank_processes(run_id), "the ranks to die with their worker", timeout=30)
     lab.restart_worker()
-    wait_until(lambda: not rank_processes(run_id), "the orphaned ranks to be killed", timeout=30)
     assert lab.client.get(f"/api/v1/runs/{run_id}").json()["status"] == "cancelled"
 
 

@@ -24,6 +24,7 @@ import gc
 import importlib.metadata
 import os
 import platform
+import signal
 import socket
 import sys
 import time
@@ -42,7 +43,7 @@ from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
-from workers import strategies, topology
+from workers import lifeline, strategies, topology
 from workers.harness import amp, divergence, gradcheck, loop, measure
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
@@ -290,4 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # torchrun starts each rank in a session of its own: without this, a killed agent would leave
+    # the rank training under PID 1 (see workers.lifeline).
+    lifeline.die_with_parent(signal.SIGKILL)
     sys.exit(main())

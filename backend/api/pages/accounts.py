@@ -6,6 +6,8 @@ elsewhere still arrives logged in; a cross-site POST never carries it) and Secur
 
 from __future__ import annotations
 
+import math
+
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
@@ -16,6 +18,7 @@ from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.models import ROLES
 from backend.services import auth as auth_service
+from backend.services import login_guard
 from backend.services import tokens as token_service
 from backend.services.auth import AccountError, Forbidden, LoginFailed, Principal
 
@@ -54,30 +57,56 @@ def login_form(request: Request, settings: SettingsDep, principal: CurrentUser, 
 
 @router.post("/login", response_class=HTMLResponse)
 def login(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> Response:
+    """Log in. Failed tries are slowed, then locked out for a while (429 with Retry-After, the
+    password not even looked at), per account, per address and per known device (login_guard)."""
     email, password = str(form.get("email") or ""), str(form.get("password") or "")
     next_url = safe_next(str(form.get("next") or "/"))
     try:
         csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=403)
+    guard = login_guard.login_guard(settings)
+    device = login_guard.device_of(settings.secret_key, request.cookies.get(login_guard.DEVICE_COOKIE), email)
+    attempt = login_guard.Attempt(email=email, ip=request.client.host if request.client else "?", device=device)
+    if (wait := guard.wait_s(attempt)) > 0:
+        return throttled(request, settings, next_url=next_url, email=email, wait_s=wait)
     try:
         user = auth_service.authenticate(session=session, email=email, password=password)
     except LoginFailed as exc:
+        guard.failed(attempt)
         return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=401)
+    guard.succeeded(attempt)
     if old := request.cookies.get(SESSION_COOKIE):  # a new login never keeps a session someone else may have set
         auth_service.end_session(session=session, cookie=old)
     cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.session_max_age_s)
     session.commit()
     response = RedirectResponse(next_url, status_code=303)
+    secure = secure_cookies(request, settings)
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=settings.session_max_age_s, httponly=True, samesite="lax", secure=secure, path="/")
     response.set_cookie(
-        SESSION_COOKIE,
-        cookie,
-        max_age=settings.session_max_age_s,
+        login_guard.DEVICE_COOKIE,
+        login_guard.issue_device(settings.secret_key, user.email, device),
+        max_age=login_guard.DEVICE_MAX_AGE_S,
         httponly=True,
         samesite="lax",
-        secure=secure_cookies(request, settings),
-        path="/",
+        secure=secure,
+        path="/login",
     )
+    return response
+
+
+def throttled(request: Request, settings: Settings, *, next_url: str, email: str, wait_s: float) -> HTMLResponse:
+    """429: too many failed logins for this account or address; try again in `wait_s`."""
+    seconds = max(1, math.ceil(wait_s))
+    response = login_page(
+        request,
+        settings,
+        next_url=next_url,
+        error=f"too many failed logins; try again in {seconds} s (an admin can lift a lockout)",
+        email=email,
+        status_code=429,
+    )
+    response.headers["Retry-After"] = str(seconds)
     return response
 
 
@@ -187,6 +216,19 @@ def create_user(request: Request, form: FormDep, session: SessionDep, settings: 
         return users_page(request, session, settings, error=str(exc))
     session.commit()
     return users_page(request, session, settings, created=user.email)
+
+
+@router.post("/users/{user_id}/unlock")
+def unlock_user(
+    request: Request, user_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, _: AdminDep
+) -> RedirectResponse:
+    """Lift a user's login lockout now (and forget its failed logins)."""
+    check_csrf(request, form.get(csrf.FIELD), settings)
+    user = auth_service.get_user(session=session, user_id=user_id)
+    if user is None:
+        raise HTTPException(404, detail=f"no user {user_id}")
+    login_guard.login_guard(settings).unlock(email=user.email)
+    return RedirectResponse("/users", status_code=303)
 
 
 @router.post("/users/{user_id}/disable")

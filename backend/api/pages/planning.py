@@ -24,6 +24,7 @@ from backend.services import sweeps as sweep_service
 from backend.services import vary as vary_service
 from backend.services.auth import ANONYMOUS
 from backend.services.hardware import UnknownDevice, catalogue
+from backend.services.quotas import QuotaExceeded
 from backend.services.runs import QueueUnavailable, RunNotFound
 from backend.services.sweeps import SweepNotFound, SweepRequest
 from parallab.core.model import PRESETS
@@ -183,6 +184,8 @@ def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings:
         return _sweep_form(request, settings, values, [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], 422)
     except SpecError as exc:
         return _sweep_form(request, settings, values, [str(p) for p in exc.problems], 422)
+    except QuotaExceeded as exc:
+        return _sweep_form(request, settings, values, [str(exc)], 429)
     return RedirectResponse(f"/sweeps/{sweep.id}", status_code=303)
 
 

@@ -24,6 +24,7 @@ from backend.services import run_form
 from backend.services import runs as run_service
 from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
+from backend.services.quotas import QuotaExceeded
 from backend.services.recipes import dimension_choices
 from backend.services.run_view import run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
@@ -135,6 +136,8 @@ def submit_run(
         )
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
+    except QuotaExceeded as exc:
+        return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=429)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 

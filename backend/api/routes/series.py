@@ -46,9 +46,12 @@ def read_series(series_id: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.patch("/{series_id}")
-def configure_series(series_id: str, update: SeriesConfigUpdate, session: SessionDep, _: SeriesEditorDep) -> dict[str, Any]:
-    """Change the test, the window K, the baseline branch or the thresholds for the series' next results."""
-    series = series_service.configure(session=session, series_id=series_id, changes=update.model_dump(exclude_none=True))
+def configure_series(series_id: str, update: SeriesConfigUpdate, session: SessionDep, principal: SeriesEditorDep) -> dict[str, Any]:
+    """Change the test, the window K, the baseline branch or the thresholds for the series' next
+    results (its owner, whose upload started it, or an admin: 403 for anyone else)."""
+    series = series_service.configure(
+        session=session, series_id=series_id, changes=update.model_dump(exclude_none=True), principal=principal
+    )
     session.commit()
     return series_service.series_dict(series)
 
