@@ -101,6 +101,8 @@ def build_result(
     )
     if lead.gradient_check is not None:
         summary["gradient_check"] = lead.gradient_check.model_dump(mode="json")
+    if lead.replica_check is not None:
+        summary["replica_check"] = lead.replica_check.model_dump(mode="json")
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []

@@ -67,8 +67,9 @@ SUMMARY_TOLERANCES: dict[str, Tolerance] = {
 }
 """Every measured summary field the check holds against the ranks; a field `summarize` produces
 that is not listed here is checked as FLOAT (or BYTES when its name says bytes)."""
-FORMULA_FIELDS = frozenset({"model_flops_per_token", "tflops_per_s", "mfu"})
-"""Computed from the config, not measured: recomputed and replaced, never a reason to refuse."""
+FORMULA_FIELDS = frozenset({"model_flops_per_token", "tflops_per_s", "mfu", "not_measured"})
+"""Computed from the config (or, `not_measured`, from what the ranks say they profiled), not
+measured: recomputed and replaced, never a reason to refuse."""
 
 
 class DocumentError(SpecError):

@@ -90,6 +90,18 @@ def exposed_comm_fraction(rank: Mapping[str, Any]) -> float | None:
     return min(float(exposed) / median, 1.0) if median > 0 else None
 
 
+UNTRACED_FIELDS = ("comm_bytes_per_step", "wire_bytes_per_step", "comm_time_fraction", "exposed_comm_fraction", "bubble_fraction")
+"""What only the profiled window measures: a run whose ranks profiled no step has none of it."""
+
+
+def not_measured(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The summary fields nobody measured: `UNTRACED_FIELDS` when every rank says it profiled no
+    step (`profiled_steps` 0: an untraced run), else none (a rank that does not say is taken as measured)."""
+    if ranks and all(r.get("profiled_steps") == 0 for r in ranks):
+        return list(UNTRACED_FIELDS)
+    return []
+
+
 def summarize(
     *,
     ranks: Sequence[Mapping[str, Any]],
@@ -149,5 +161,6 @@ def summarize(
         "bubble_fraction": max(bubbles) if bubbles else None,
         "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,
         "final_loss": values[-1] if values else None,
+        "not_measured": not_measured(ranks),
         **measured_wire,
     }

@@ -272,13 +272,6 @@ def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> 
     return out
 
 
-def comm_time_fraction(comm: list[CommOp], *, steps: int, window_s: float) -> float | None:
-    """Every op's span, added up, over the window's step time (overlapped or not; `exposed` splits it)."""
-    if steps <= 0 or window_s <= 0:
-        return None
-    return min(sum(op.time_s for op in comm) * steps / window_s, 1.0)
-
-
 # ---- intervals (µs, as the trace gives them) ----
 
 Interval = tuple[float, float]
@@ -425,6 +418,15 @@ def breakdown(busy: Sequence[Interval], comm: Sequence[Interval], span: TraceEve
     compute = length(busy_in)
     step = t1 - t0
     return Breakdown(compute=compute, exposed_comm=exposed, overlapped_comm=overlapped, idle=max(step - compute - exposed, 0.0), step=step)
+
+
+def comm_time_fraction(split: Breakdown) -> float | None:
+    """The rank's communication time over its step time: the union of its comm spans (exposed +
+    overlapped, from the same clipped intervals, so calls overlapping each other count once and
+    exposed ≤ total by construction; no cap needed — the union lies within the steps)."""
+    if split.step <= 0:
+        return None
+    return (split.exposed_comm + split.overlapped_comm) / split.step
 
 
 def busy(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str) -> list[Interval]:

@@ -226,10 +226,11 @@ class StepProfiler:
     start-up cost lands there, and they are not exported); the first of them runs under MemTracker,
     which splits that step's peak memory (`memory_breakdown`; on CPU `peak_allocated_bytes` is its
     total). The `window` steps after them are profiled with the comm recorder active; from them
-    :meth:`results` derives the per-step comm ops, ``comm_time_fraction`` (every comm span over
-    the step), the step-time split (`step_time_breakdown`, ``exposed_comm_time_s``), a pipeline
-    stage's ``bubble_fraction`` (idle between its first and last schedule action), the timeline of
-    the last profiled step and the Chrome trace. Times are those of the profiled steps (slower
+    :meth:`results` derives the per-step comm ops, ``comm_time_fraction`` (the union of the comm
+    spans over the step: calls that overlap each other count once), the step-time split
+    (`step_time_breakdown`, ``exposed_comm_time_s``), a pipeline stage's ``bubble_fraction`` (idle
+    between its first and last schedule action), the timeline of the last profiled step and the
+    Chrome trace. Times are those of the profiled steps (slower
     than the timed ones: the profiler's per-op cost); the fractions are what they are measured for.
 
     The CUDA path (kernel intervals per stream, NCCL kernel names) follows the same attribution
@@ -347,7 +348,6 @@ class StepProfiler:
             window_us = sum(float(s["dur"]) for s in spans)
             requests = attribution.attribute(self._recorder.requests, events)
             out.comm = attribution.summarize_comm(requests, steps, self.world_size)
-            out.comm_time_fraction = attribution.comm_time_fraction(out.comm, steps=steps, window_s=window_us / 1e6)
             split = attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)
             idle_between_actions = 0.0
             stage_acted = False
@@ -367,6 +367,9 @@ class StepProfiler:
                 step_s=per_step.step,
             )
             out.exposed_comm_time_s = per_step.exposed_comm
+            # The union of the comm spans on this rank's timeline (overlapping calls counted once),
+            # so exposed ≤ total by construction: both come from the same intervals.
+            out.comm_time_fraction = attribution.comm_time_fraction(split)
             if stage_acted:
                 out.bubble_fraction = idle_between_actions / window_us
             out.timeline = attribution.timeline(
