@@ -116,6 +116,15 @@ def _disagreements(field: str, stated: Any, recomputed: Any) -> list[SpecProblem
     """Where a stated value (a number, or a dict of them) differs from the recomputed one."""
     loc = ("summary", field)
     tolerance = _tolerance(field)
+    if isinstance(stated, list) or isinstance(recomputed, list):
+        stated_list, recomputed_list = list(stated or []), list(recomputed or [])
+        if len(stated_list) != len(recomputed_list):
+            return [SpecProblem(loc, _message(stated, recomputed, tolerance))] if stated is not None else []
+        return [
+            SpecProblem((*loc, i), _message(s, r, tolerance))
+            for i, (s, r) in enumerate(zip(stated_list, recomputed_list, strict=True))
+            if not tolerance.agrees(float(s), float(r))
+        ]
     if isinstance(stated, Mapping) or isinstance(recomputed, Mapping):
         stated_map, recomputed_map = dict(stated or {}), dict(recomputed or {})
         if not stated_map:

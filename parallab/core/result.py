@@ -151,6 +151,11 @@ class RankResult(OpenModel):
     exposed_comm_time_s: float | None = Field(None, ge=0, description="Communication time per step that no compute on this rank overlaps.")
     step_time_breakdown: StepBreakdown | None = Field(None, description="Where one step's time goes on this rank; sums to the step time.")
     moe: JSONObject | None = Field(None, description="tokens_per_expert, imbalance, dropped_tokens.")
+    pipeline_actions_us: list[Annotated[list[tuple[float, float]], Field(max_length=100_000)]] | None = Field(
+        None,
+        max_length=1000,
+        description="A pipeline stage's actions per profiled step: [start, end) µs on the host's wall clock, shared by every stage.",
+    )
     profiled_steps: Count | None = Field(
         None, description="Steps the profiler measured (0: an untraced run, whose comm bytes, times and bubble were not measured)."
     )
@@ -182,6 +187,10 @@ class Summary(OpenModel):
         max_length=64,
         description="Bytes a ring implementation sends per rank per step, by op (buffer bytes × busbw factor).",
     )
+    bubble_per_stage: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        None, max_length=MAX_RANKS, description="Each pipeline stage's idle time within the step's window over that window."
+    )
+    stage_imbalance: float | None = Field(None, ge=0, description="max / mean − 1 of the pipeline stages' busy time (not bubble).")
     gradient_check: GradientCheck | None = None
     replica_check: ReplicaCheck | None = None
     not_measured: list[ShortName] = Field(

@@ -330,8 +330,8 @@ def action(kind: str, mb: int | None, ts: float, dur: float, cat: str = "user_an
     return {"ph": "X", "cat": cat, "name": attribution.action_name(kind, mb), "tid": 1, "ts": ts, "dur": dur}
 
 
-def test_bubble_is_idle_between_the_first_and_last_action():
-    """GPipe's first stage with 2 micro-batches: F0 F1, a wait, B0 B1 — the wait is the bubble."""
+def test_a_stages_actions_are_those_that_start_in_the_step():
+    """GPipe's first stage with 2 micro-batches: F0 F1, a wait, B0 B1 (the bubble needs every stage's: core.metrics)."""
     events = [
         STEP,
         action("forward", 0, 5, 10),
@@ -343,8 +343,7 @@ def test_bubble_is_idle_between_the_first_and_last_action():
     ]
     acts = attribution.actions(events, STEP)
     assert [(a.kind, a.microbatch) for a in acts] == [("forward", 0), ("forward", 1), ("loss", None), ("backward", 0), ("backward", 1)]
-    assert attribution.action_idle(acts) == 30.0  # 25 → 55; before 5 and after 85 are not between actions
-    assert attribution.action_idle([]) == 0.0
+    assert [(a.start, a.end) for a in acts][-1] == (70.0, 85.0)
 
 
 def test_on_cuda_actions_are_the_device_time_of_their_kernels():

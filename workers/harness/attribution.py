@@ -20,8 +20,9 @@ a `TorchDispatchMode` saw and what the profiler exported. Verified on torch 2.13
 Where a step's time goes (`busy`, `comm_intervals`, `breakdown`) is HTA's comm/compute overlap: busy intervals (the
 main thread's operators on CPU, compute kernels on CUDA) against communication intervals (the
 backend events above); communication while busy is overlapped, the rest exposed, and what is
-neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`,
-`action_idle`), which the pipeline strategy marks with profiler ranges.
+neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`), which the
+pipeline strategy marks with profiler ranges; it needs every stage's, so the merge computes it
+(`parallab.core.metrics.pipeline_bubble`).
 """
 
 from __future__ import annotations
@@ -473,16 +474,6 @@ def actions(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str
             kind, _, mb = name[len(ACTION_PREFIX) :].partition(" ")
             out.append(Action(kind, int(mb) if mb else None, start, end))
     return sorted(out, key=lambda a: a.start)
-
-
-def action_idle(stage_actions: Sequence[Action]) -> float:
-    """The stage's idle time between its first and last action (µs): the span they cover minus
-    the time some action ran. Before the first and after the last is not counted."""
-    if not stage_actions:
-        return 0.0
-    spans = [(a.start, a.end) for a in stage_actions]
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    return (last - first) - length(spans)
 
 
 # ---- the timeline, from the profile ----
