@@ -116,11 +116,37 @@ def test_an_uploaded_checks_stated_is_never_trusted(upload) -> None:
     assert upload(doc).json()["result"]["summary"]["checks_stated"] == ["replica_check", "loss_reference"]
 
 
-def test_a_loss_drift_of_1e_3_in_one_upload_is_a_loss_flag(upload) -> None:
+def test_a_loss_drift_of_1e_3_in_one_upload_is_a_loss_flag_on_its_page_in_compare_and_on_the_leaderboard(upload, client) -> None:
+    clean = document()
+    clean["loss"]["values"] = list(clean["loss"]["reference"])
+    clean["summary"].update(loss_max_rel_diff_vs_reference=0.0, final_loss=clean["loss"]["values"][-1])
+    drifted = {**clean, "name": "drifted", "loss": {**clean["loss"], "values": list(clean["loss"]["values"])}}
+    drifted["loss"]["values"][3] *= 1 + 1e-3
+    drifted["summary"] = {
+        **clean["summary"],
+        "loss_max_rel_diff_vs_reference": abs(drifted["loss"]["values"][3] / clean["loss"]["values"][3] - 1),
+    }
+    ok, bad = upload(clean).json(), upload(drifted).json()
+    assert "loss_max_rel_diff_vs_reference" in [f["metric"] for f in bad["result"]["flags"]]
+    assert "loss_max_rel_diff_vs_reference" not in [f["metric"] for f in ok["result"]["flags"]]
+    assert 'id="stat-loss" data-flagged="true"' in client.get(f"/runs/{bad['id']}").text
+    assert 'id="stat-loss" data-flagged="false"' in client.get(f"/runs/{ok['id']}").text
+    compare = client.get(f"/compare?ids={ok['id']},{bad['id']}").text
+    assert "beyond the recipe&#39;s tolerance ⚑" in compare or "beyond the recipe's tolerance ⚑" in compare
+    board = client.get("/leaderboard?runs=all").text
+    assert board.count('data-loss-flagged="true"') == 1 and 'data-loss-flagged="false"' in board
+
+
+def test_an_untraced_run_has_no_byte_flag_and_its_page_says_what_was_not_measured(upload, client) -> None:
     doc = document()
-    doc["loss"]["values"] = list(doc["loss"]["reference"])
-    doc["loss"]["values"][3] *= 1 + 1e-3
-    doc["summary"]["loss_max_rel_diff_vs_reference"] = pytest.approx(1e-3).expected
-    doc["summary"]["final_loss"] = doc["loss"]["values"][-1]
-    flags = [f["metric"] for f in upload(doc).json()["result"]["flags"]]
-    assert "loss_max_rel_diff_vs_reference" in flags
+    for rank in doc["ranks"]:
+        rank.update(profiled_steps=0, comm=[], comm_time_fraction=None, exposed_comm_time_s=None, step_time_breakdown=None)
+    for field in ("comm_bytes_per_step", "wire_bytes_per_step"):
+        doc["summary"][field] = {}
+    doc["summary"].update(comm_time_fraction=None, exposed_comm_fraction=None)
+    assert doc["prediction"]["comm_bytes_per_step"], "a prediction of bytes nobody measured"
+    run = upload(doc).json()
+    assert not [f for f in run["result"]["flags"] if f["metric"].startswith(("comm_bytes", "wire_bytes"))]
+    assert "comm_bytes_per_step" in run["result"]["summary"]["not_measured"]
+    page = client.get(f"/runs/{run['id']}").text
+    assert 'id="not-measured"' in page and "comm_bytes_per_step" in page[page.index('id="not-measured"') :][:400]
