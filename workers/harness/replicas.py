@@ -8,11 +8,12 @@ This check compares the copies themselves, twice: step 0's gradients after the s
 
 Which ranks should agree, per parameter, follows from how each rank holds it: a parameter's copy
 is keyed by its plain-model name plus the coordinate of every mesh dim over which it is sharded —
-a DTensor's `Shard` dims (FSDP, TP, HSDP's shard dim), an expert-parallel MoE layer's expert slice
-(the "ep" coordinate). Ranks with the same key hold the same shard and must hold the same numbers:
-DDP and HSDP replicas, TP-replicated norms and biases, ring attention's and MoE's replicated
-weights and router, a pipeline's copies across its data-parallel groups. A key held by one rank
-only (a pipeline stage's own layers, an FSDP shard) has nothing to compare.
+a DTensor's dims that are not `Replicate` (FSDP, TP, HSDP's shard dim, FSDP-over-TP's strided
+shard), an expert-parallel MoE layer's expert slice (the "ep" coordinate). Ranks with the same
+key hold the same shard and must hold the same numbers: DDP and HSDP replicas, TP-replicated
+norms and biases, ring attention's and MoE's replicated weights and router, a pipeline's copies
+across its data-parallel groups. A key held by one rank only (a pipeline stage's own layers, an
+FSDP shard) has nothing to compare.
 
 How: each rank sends a float64 checksum of each copy (sum, sum of squares) to all ranks; where
 the copies of one key disagree, the copies themselves are exchanged and their max relative
@@ -76,7 +77,9 @@ def _copies(model: nn.Module, ctx: RunContext, *, grads: bool) -> dict[Key, torc
             mesh = value.device_mesh
             coordinate: list[int] = list(mesh.get_coordinate() or [])
             names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
-            shard = [f"{names[i]}={coordinate[i]}" for i, placement in enumerate(value.placements) if placement.is_shard()]
+            # Any placement but Replicate splits the tensor over that dim (FSDP over TP is a
+            # `_StridedShard`, which does not say `is_shard()`): its coordinate is part of the key.
+            shard = [f"{names[i]}={coordinate[i]}" for i, placement in enumerate(value.placements) if not placement.is_replicate()]
             value = value.to_local()
         elif id(p) in experts:
             shard = [f"ep={ctx.mesh_dim('ep').get_local_rank()}"]
