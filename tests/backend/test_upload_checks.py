@@ -150,3 +150,19 @@ def test_an_untraced_run_has_no_byte_flag_and_its_page_says_what_was_not_measure
     assert "comm_bytes_per_step" in run["result"]["summary"]["not_measured"]
     page = client.get(f"/runs/{run['id']}").text
     assert 'id="not-measured"' in page and "comm_bytes_per_step" in page[page.index('id="not-measured"') :][:400]
+
+
+def test_a_pipelines_bubble_is_recomputed_from_its_stages_actions_and_shown_with_its_imbalance(upload, client) -> None:
+    doc = make_document(strategy="pp", world_size=2, tokens_per_s=12_000.0).model_dump(mode="json")
+    # GPipe, m = 4, unit actions: each stage idles 1 of 5 slots within the step's window
+    stage0 = [(float(i), i + 1.0) for i in range(4)] + [(float(6 + i), 7.0 + i) for i in range(4)]
+    stage1 = [(float(1 + i), 2.0 + i) for i in range(4)] + [(float(5 + i), 6.0 + i) for i in range(4)]
+    for rank, actions in zip(doc["ranks"], (stage0, stage1), strict=True):
+        rank["pipeline_actions_us"] = [actions]
+    doc["summary"].update(bubble_fraction=0.3)  # stated as the worst stage, not what the stages give
+    assert "summary.bubble_fraction" in refused_at(upload(doc))
+    doc["summary"].update(bubble_fraction=0.2, bubble_per_stage=[0.2, 0.2], stage_imbalance=0.0)
+    run = upload(doc).json()
+    assert run["result"]["summary"]["bubble_per_stage"] == [0.2, 0.2]
+    page = client.get(f"/runs/{run['id']}").text
+    assert 'id="pipeline-bubble"' in page and "Stage imbalance" in page
