@@ -19,7 +19,7 @@ from typing import Any
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
 from parallab.core.jobs import ResolvedJob
-from parallab.core.metrics import summarize
+from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.model import model_flops_per_token
 from parallab.core.planner import Hardware, hardware_for
 from parallab.core.prediction import predict
@@ -99,8 +99,15 @@ def build_result(
         world_size=job.world_size,
         loss=loss.model_dump(),
     )
+    pipeline = rank_bubbles(rank_dicts)
+    if pipeline is not None:
+        # Each stage's own bubble, within the window every stage shares (the summary has their mean).
+        staged = iter(pipeline.per_stage)
+        ranks = [r.model_copy(update={"bubble_fraction": next(staged)}) if r.pipeline_actions_us else r for r in ranks]
     if lead.gradient_check is not None:
         summary["gradient_check"] = lead.gradient_check.model_dump(mode="json")
+    if lead.replica_check is not None:
+        summary["replica_check"] = lead.replica_check.model_dump(mode="json")
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []

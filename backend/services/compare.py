@@ -111,16 +111,34 @@ def _prediction(key: str) -> Callable[[ComparedRun], Any]:
     return lambda r: ((r.document or {}).get("prediction") or {}).get(key)
 
 
-def _gradient(key: str) -> Callable[[ComparedRun], Any]:
+def _check(summary_key: str, key: str) -> Callable[[ComparedRun], Any]:
+    """A field of a check in the summary (`gradient_check`, `replica_check`); its "verdict" is
+    passed / failed ⚑, marked when the uploader stated it and the lab could not recompute it."""
+
     def get(r: ComparedRun) -> Any:
-        check = ((r.document or {}).get("summary") or {}).get("gradient_check")
+        summary = (r.document or {}).get("summary") or {}
+        check = summary.get(summary_key)
         if not check:
             return None
         if key == "verdict":
-            return "passed" if check.get("passed") else "failed"
+            verdict = "passed" if check.get("passed") else "failed ⚑"
+            return f"{verdict} (stated by the uploader)" if summary_key in (summary.get("checks_stated") or []) else verdict
         return check.get(key)
 
     return get
+
+
+def _gradient(key: str) -> Callable[[ComparedRun], Any]:
+    return _check("gradient_check", key)
+
+
+def _loss_check(r: ComparedRun) -> str | None:
+    """The loss against the fp32 reference, as the stored flags decided it."""
+    doc = r.document or {}
+    if ((doc.get("summary") or {}).get("loss_max_rel_diff_vs_reference")) is None:
+        return None
+    flagged = any(f.get("metric") == "loss_max_rel_diff_vs_reference" for f in doc.get("flags") or [])
+    return "beyond the recipe's tolerance ⚑" if flagged else "within the recipe's tolerance"
 
 
 def _options(r: ComparedRun) -> str:
@@ -167,9 +185,11 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("bubble_fraction", "Pipeline bubble", "fraction", "lower", _summary("bubble_fraction")),
     ("final_loss", "Final loss", "loss", None, _summary("final_loss")),
     ("loss_max_rel_diff", "Loss vs reference (max rel. diff)", "fraction", "lower", _summary("loss_max_rel_diff_vs_reference")),
+    ("loss_check", "Loss check against the fp32 reference", "text", None, _loss_check),
     ("gradient_check", "Gradient check against single", "text", None, _gradient("verdict")),
     ("gradient_max_rel_err", "Gradient error (worst parameter)", "rel. error", "lower", _gradient("max_rel_err")),
     ("gradient_worst_param", "Gradient: worst parameter", "text", None, _gradient("worst_param")),
+    ("replica_check", "Replica check (copies across ranks)", "text", None, _check("replica_check", "verdict")),
     ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
 ]
 

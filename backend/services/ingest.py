@@ -21,8 +21,9 @@ from backend.metrics import INGEST_LATENCY
 from backend.models import Run
 from backend.services.hardware import record_profile
 from backend.services.recipes import recipe_columns
+from backend.store import references as references_store
 from backend.store import runs as store
-from parallab.core.checks import DocumentError, check_summary
+from parallab.core.checks import DocumentError, check_summary, reference_key_of
 from parallab.core.flags import prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
@@ -121,16 +122,33 @@ def attach_result(
     INGEST_LATENCY.observe(time.perf_counter() - start, source=run.source)
 
 
-def checked_upload(document: ResultDocument) -> ResultDocument:
+def with_lab_reference(session: Session, document: ResultDocument) -> tuple[ResultDocument, bool]:
+    """The upload with the lab's own fp32 reference curve of its workload (`reference_curves`, on
+    the document's device kind) in place of the one it states; (document, True) when the lab has
+    one, else the document as it is and False (its reference is then the uploader's word)."""
+    key = reference_key_of(document)
+    device = document.hardware.get("device")
+    row = references_store.get_curve(session, key, device) if key and isinstance(device, str) else None
+    if row is None:
+        return document, False
+    loss = document.loss.model_copy(update={"reference": [float(x) for x in row.loss], "reference_source": "lab database"})
+    return document.model_copy(update={"loss": loss}), True
+
+
+def checked_upload(document: ResultDocument, *, lab_reference: bool = False) -> ResultDocument:
     """An upload as it is stored: its summary recomputed from its own ranks and its flags from its
     prediction by the one gap rule (`parallab.core.checks`, `parallab.core.flags`).
 
     A stated summary that disagrees with the ranks beyond float noise is refused: `DocumentError`
     (a 422 naming each field), never stored. Stated flags are not read: they are recomputed.
+    What cannot be recomputed is labelled in `summary.checks_stated`: the gradient and replica
+    checks, and the loss reference unless it is the lab's own (`lab_reference`).
     """
     checked = check_summary(document)
     if checked.problems:
         raise DocumentError(checked.problems)
+    if document.loss.reference and not lab_reference:
+        checked.summary["checks_stated"] = [*checked.summary.get("checks_stated", []), "loss_reference"]
     prediction = document.prediction.model_dump(mode="json", exclude_defaults=True)
     flags = (
         prediction_flags(
@@ -208,7 +226,8 @@ def ingest_upload(
         existing = store.get_run_by_idempotency_key(session, idempotency_key, idempotency_owner)
         if existing is not None:
             return _replay(existing, idempotency_key, body_sha256)
-    document = checked_upload(document)
+    document, lab_reference = with_lab_reference(session, document)
+    document = checked_upload(document, lab_reference=lab_reference)
     spec = {
         "name": document.name,
         "workload": document.workload,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
 from parallab.core.jobs import model_label, workload_custom_fields
+from parallab.core.recipes import loss_tolerance
 
 MAX_PAGE = 500
 SORT_COLUMNS: tuple[str, ...] = tuple(sorted(store.SORTABLE))
@@ -151,8 +152,16 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         row["user"] = emails.get(row["user_id"]) if row["user_id"] is not None else None
         row["best"] = row["rank"] == 1
         row["group_label"] = groups[row["group_key"]]
+        row["loss_flagged"] = loss_flagged(row)
         row.pop("total", None)
     return Leaderboard(rows=rows, total=total, query=query, groups=groups)
+
+
+def loss_flagged(row: dict[str, Any]) -> bool:
+    """The run's loss beyond its recipe's tolerance against the fp32 reference — the stored loss flag's
+    rule (`parallab.core.flags`), from the row's own columns, so no document is read."""
+    diff = row.get("loss_max_rel_diff")
+    return diff is not None and float(diff) > loss_tolerance(str(row.get("precision") or "fp32"))
 
 
 def filter_options(*, session: Session) -> dict[str, list[Any]]:

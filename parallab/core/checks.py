@@ -28,9 +28,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from parallab.core.jobs import resolve_job
-from parallab.core.metrics import summarize
+from parallab.core.metrics import bandwidths_gbps, busbw_factor, summarize
 from parallab.core.model import model_flops_per_token
 from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.reference import reference_key
 from parallab.core.result import ResultDocument
 from parallab.core.spec import JobSpec
 
@@ -67,8 +68,9 @@ SUMMARY_TOLERANCES: dict[str, Tolerance] = {
 }
 """Every measured summary field the check holds against the ranks; a field `summarize` produces
 that is not listed here is checked as FLOAT (or BYTES when its name says bytes)."""
-FORMULA_FIELDS = frozenset({"model_flops_per_token", "tflops_per_s", "mfu"})
-"""Computed from the config, not measured: recomputed and replaced, never a reason to refuse."""
+FORMULA_FIELDS = frozenset({"model_flops_per_token", "tflops_per_s", "mfu", "not_measured"})
+"""Computed from the config (or, `not_measured`, from what the ranks say they profiled), not
+measured: recomputed and replaced, never a reason to refuse."""
 
 
 class DocumentError(SpecError):
@@ -103,6 +105,18 @@ def summary_inputs(document: ResultDocument) -> SummaryInputs:
     )
 
 
+def reference_key_of(document: ResultDocument) -> str | None:
+    """The key of the fp32 reference curve of the document's workload (`reference.reference_key`),
+    so the lab's own curve can replace the one the document states; None when the workload does
+    not resolve or trains nothing."""
+    workload = {k: v for k, v in document.workload.items() if k != "custom"}
+    try:
+        job = resolve_job(JobSpec.model_validate({"workload": workload, "strategy": document.strategy.model_dump()}))
+    except (SpecError, ValidationError):
+        return None
+    return reference_key(job) if job.trains else None
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -115,6 +129,15 @@ def _disagreements(field: str, stated: Any, recomputed: Any) -> list[SpecProblem
     """Where a stated value (a number, or a dict of them) differs from the recomputed one."""
     loc = ("summary", field)
     tolerance = _tolerance(field)
+    if isinstance(stated, list) or isinstance(recomputed, list):
+        stated_list, recomputed_list = list(stated or []), list(recomputed or [])
+        if len(stated_list) != len(recomputed_list):
+            return [SpecProblem(loc, _message(stated, recomputed, tolerance))] if stated is not None else []
+        return [
+            SpecProblem((*loc, i), _message(s, r, tolerance))
+            for i, (s, r) in enumerate(zip(stated_list, recomputed_list, strict=True))
+            if not tolerance.agrees(float(s), float(r))
+        ]
     if isinstance(stated, Mapping) or isinstance(recomputed, Mapping):
         stated_map, recomputed_map = dict(stated or {}), dict(recomputed or {})
         if not stated_map:
@@ -177,7 +200,61 @@ def check_summary(document: ResultDocument) -> CheckedSummary:
         problems += _disagreements(field, stated.get(field), value)
         merged[field] = value
     problems += gradient_check_problems(stated.get("gradient_check"))
+    problems += rank_problems(document)
+    # What no rank records cannot be recomputed: kept, and labelled as the uploader's word.
+    merged["checks_stated"] = [name for name in STATED_CHECKS if stated.get(name)]
     return CheckedSummary(merged, problems)
+
+
+STATED_CHECKS = ("gradient_check", "replica_check")
+"""Checks an upload can only state: their inputs (gradients, every rank's copies) are not in the document."""
+
+
+def _bandwidth_tolerance(nbytes: int) -> Tolerance:
+    """algbw is computed from the unrounded per-step bytes, the document holds them rounded: ±0.5 byte."""
+    return Tolerance(rel=max(FLOAT.rel, 1.0 / nbytes) if nbytes else 1.0, abs=1e-12)
+
+
+def rank_problems(document: ResultDocument) -> list[SpecProblem]:
+    """Each rank held against itself, where it records both sides of a formula: an op's algbw is
+    its bytes over its time (so a rank's bytes or time altered alone disagree), busbw is algbw ×
+    the op's bus factor over its group, its wire bytes its buffer × that factor (uniform group,
+    ±1 byte per call), and a rank's step split adds up to its step time. The max over ranks is
+    held by the summary's recomputation; these hold every rank, the smallest included."""
+    problems: list[SpecProblem] = []
+    for i, rank in enumerate(document.ranks):
+        for j, op in enumerate(rank.comm):
+            loc = ("ranks", i, "comm", j)
+            algbw, busbw = bandwidths_gbps(op.op, op.bytes, op.time_s, op.group_size or document.strategy.world_size)
+            if op.algbw_gbps is not None and (algbw is None or not _bandwidth_tolerance(op.bytes).agrees(op.algbw_gbps, algbw)):
+                problems.append(SpecProblem((*loc, "algbw_gbps"), f"stated {op.algbw_gbps!r}, but bytes / time_s give {algbw!r}"))
+            elif op.busbw_gbps is not None and op.algbw_gbps is not None and busbw is not None and op.group_size is not None:
+                factor = busbw / algbw if algbw else 1.0
+                if not FLOAT.agrees(op.busbw_gbps, op.algbw_gbps * factor):
+                    problems.append(
+                        SpecProblem(
+                            (*loc, "busbw_gbps"), f"stated {op.busbw_gbps!r}, but algbw × {factor:g} gives {op.algbw_gbps * factor!r}"
+                        )
+                    )
+            if op.wire_bytes is not None and op.group_size is not None:
+                expected = op.bytes * busbw_factor(op.op, op.group_size)
+                if abs(op.wire_bytes - expected) > op.count + 1:
+                    problems.append(
+                        SpecProblem((*loc, "wire_bytes"), f"stated {op.wire_bytes!r}, but bytes × the bus factor give {expected:.0f}")
+                    )
+        split = rank.step_time_breakdown
+        if split is not None and not FLOAT.agrees(split.compute_s + split.exposed_comm_s + split.idle_s, split.step_s):
+            total = split.compute_s + split.exposed_comm_s + split.idle_s
+            problems.append(
+                SpecProblem(("ranks", i, "step_time_breakdown"), f"compute + exposed comm + idle is {total!r}, not step_s {split.step_s!r}")
+            )
+        if split is not None and rank.comm_time_fraction is not None and split.step_s > 0:
+            exposed = split.exposed_comm_s / split.step_s
+            if rank.comm_time_fraction < exposed * (1 - FLOAT.rel) or rank.comm_time_fraction > 1 + FLOAT.rel:
+                problems.append(
+                    SpecProblem(("ranks", i, "comm_time_fraction"), f"stated {rank.comm_time_fraction!r}, outside [exposed {exposed!r}, 1]")
+                )
+    return problems
 
 
 def gradient_check_problems(check: Mapping[str, Any] | None) -> list[SpecProblem]:

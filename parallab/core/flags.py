@@ -10,8 +10,15 @@ autocast as in fp32); communication bytes per step by op, in the buffer conventi
 summary's max over ranks; an op nobody predicted is flagged only above 1% of the predicted
 total, so a stray scalar all-reduce is not); the bytes on the wire by op, where the measurement
 has them (`summary.wire_bytes_per_step`; same rule); activations per rank at the peak, where the
-ranks have a `memory_breakdown` (the max over ranks); and the pipeline bubble. A failed gradient
-check (`summary.gradient_check`: the worst error against its tolerance) is flagged too.
+ranks have a `memory_breakdown` (the max over ranks); and the pipeline bubble. A figure the run did
+not measure (`summary.not_measured`: an untraced run has no comm bytes and no bubble) is not
+compared at all — no flag without a measurement.
+
+Checks with a verdict of their own are rows too, flagged when they fail: the loss against the
+fp32 reference (`loss_max_rel_diff_vs_reference` against the recipe's `LOSS_TOLERANCE`, on every
+run that has a reference), the gradient check (`summary.gradient_check`: the worst error against
+its tolerance) and the replica check (`summary.replica_check`: the worst difference between two
+copies that should be identical, naming the parameter and the ranks).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from parallab.core.recipes import loss_tolerance
 
 FLAG_TOLERANCE = 0.10
 """A measured figure further than this (relative) from its prediction is flagged."""
@@ -117,11 +126,13 @@ def agreement(
             )
         )
 
-    rows += _per_op("comm_bytes_per_step", "per step", prediction, summary, tolerance=tolerance)
-    if summary.get("wire_bytes_per_step"):
+    unmeasured = set(summary.get("not_measured") or ())
+    if "comm_bytes_per_step" not in unmeasured:
+        rows += _per_op("comm_bytes_per_step", "per step", prediction, summary, tolerance=tolerance)
+    if summary.get("wire_bytes_per_step") and "wire_bytes_per_step" not in unmeasured:
         rows += _per_op("wire_bytes_per_step", "on the wire per step", prediction, summary, tolerance=tolerance)
 
-    if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None:
+    if prediction.get("bubble_fraction") is not None and summary.get("bubble_fraction") is not None and "bubble_fraction" not in unmeasured:
         rows.append(
             _row(
                 "bubble_fraction",
@@ -130,6 +141,27 @@ def agreement(
                 prediction["bubble_fraction"],
                 summary["bubble_fraction"],
                 tolerance=tolerance,
+            )
+        )
+    rows += _verdicts(summary, precision)
+    return rows
+
+
+def _verdicts(summary: Mapping[str, Any], precision: str) -> list[Agreement]:
+    """The checks with a verdict of their own (not prediction gaps): predicted = the tolerance,
+    measured = the worst error, flagged ⇔ the check failed."""
+    rows: list[Agreement] = []
+    loss_diff = summary.get("loss_max_rel_diff_vs_reference")
+    if loss_diff is not None:
+        limit = loss_tolerance(precision)
+        rows.append(
+            Agreement(
+                "loss_max_rel_diff_vs_reference",
+                f"loss vs the fp32 reference: worst relative difference over steps, against the {precision} tolerance",
+                "ratio",
+                limit,
+                float(loss_diff),
+                flagged=float(loss_diff) > limit,
             )
         )
     check = summary.get("gradient_check")
@@ -143,6 +175,20 @@ def agreement(
                 float(check.get("tolerance") or 0.0),
                 float(check.get("max_rel_err") or 0.0),
                 flagged=not check.get("passed", True),
+            )
+        )
+    replicas = summary.get("replica_check")
+    if replicas:
+        ranks = ", ".join(str(r) for r in replicas.get("worst_ranks") or [])
+        where = f"{replicas.get('worst_param')} on ranks {ranks}" if replicas.get("worst_param") else "no parameter"
+        rows.append(
+            Agreement(
+                "replica_check.max_rel_diff",
+                f"replicas: worst relative difference between copies that should be identical ({where}), against its tolerance",
+                "ratio",
+                float(replicas.get("tolerance") or 0.0),
+                float(replicas.get("max_rel_diff") or 0.0),
+                flagged=not replicas.get("passed", True),
             )
         )
     return rows

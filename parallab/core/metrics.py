@@ -6,8 +6,10 @@ check a summary) and by the ranks (bandwidths). No torch, no database.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 DEVICE_PEAK_FLOPS: dict[str, float] = {
@@ -90,6 +92,81 @@ def exposed_comm_fraction(rank: Mapping[str, Any]) -> float | None:
     return min(float(exposed) / median, 1.0) if median > 0 else None
 
 
+@dataclass(frozen=True)
+class PipelineBubble:
+    """The pipeline's bubble over the profiled steps, from every stage's actions on one clock."""
+
+    per_stage: list[float]
+    """Each stage's idle time within the step's window (the first action on any stage to the last
+    on any stage) over that window, in the order of the ranks given."""
+    mean: float
+    """Their mean: what (p−1)/(m+p−1) describes (every stage idles p−1 of m+p−1 slots)."""
+    imbalance: float
+    """max / mean − 1 of the stages' busy time: a slower stage (the last one's head and loss)
+    shows here, as a number of its own."""
+
+
+def _covered(intervals: Iterable[Sequence[float]]) -> float:
+    """Length covered by [start, end) intervals, overlaps counted once."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted((float(i[0]), float(i[1])) for i in intervals if i[1] > i[0]):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def pipeline_bubble(stages: Sequence[Sequence[Sequence[Sequence[float]]]]) -> PipelineBubble | None:
+    """The bubble from `stages[s][step]`: stage s's action intervals in that profiled step (µs on a
+    clock every stage shares). Per step, the window runs from the first action on any stage to the
+    last on any stage; a stage's idle is the window less the time some action of its ran. The
+    before-the-first and after-the-last idle — where the first and last stages' bubbles sit —
+    are counted. None without at least one step with actions on every stage."""
+    steps = min((len(stage) for stage in stages), default=0)
+    if not stages or steps == 0:
+        return None
+    window = [0.0] * len(stages)
+    idle, busy = [0.0] * len(stages), [0.0] * len(stages)
+    for i in range(steps):
+        acts = [stage[i] for stage in stages]
+        if not all(acts):
+            continue
+        start = min(a[0] for stage in acts for a in stage)
+        end = max(a[1] for stage in acts for a in stage)
+        for s, stage in enumerate(acts):
+            covered = _covered(stage)
+            window[s] += end - start
+            busy[s] += covered
+            idle[s] += max(end - start - covered, 0.0)
+    if not any(window):
+        return None
+    per_stage = [idle[s] / window[s] if window[s] > 0 else 0.0 for s in range(len(stages))]
+    mean_busy = sum(busy) / len(busy)
+    return PipelineBubble(
+        per_stage=per_stage,
+        mean=sum(per_stage) / len(per_stage),
+        imbalance=(max(busy) / mean_busy - 1.0) if mean_busy > 0 else 0.0,
+    )
+
+
+def rank_bubbles(ranks: Sequence[Mapping[str, Any]]) -> PipelineBubble | None:
+    """`pipeline_bubble` of the ranks that recorded pipeline actions (`pipeline_actions_us`)."""
+    stages = [r["pipeline_actions_us"] for r in ranks if r.get("pipeline_actions_us")]
+    return pipeline_bubble(stages) if stages else None
+
+
+UNTRACED_FIELDS = ("comm_bytes_per_step", "wire_bytes_per_step", "comm_time_fraction", "exposed_comm_fraction", "bubble_fraction")
+"""What only the profiled window measures: a run whose ranks profiled no step has none of it."""
+
+
+def not_measured(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The summary fields nobody measured: `UNTRACED_FIELDS` when every rank says it profiled no
+    step (`profiled_steps` 0: an untraced run), else none (a rank that does not say is taken as measured)."""
+    if ranks and all(r.get("profiled_steps") == 0 for r in ranks):
+        return list(UNTRACED_FIELDS)
+    return []
+
+
 def summarize(
     *,
     ranks: Sequence[Mapping[str, Any]],
@@ -127,6 +204,11 @@ def summarize(
             if op.get("wire_bytes") is not None:
                 wire[op["op"]] = max(wire.get(op["op"], 0), int(op["wire_bytes"]))
     comm_fracs, bubbles = _present(ranks, "comm_time_fraction"), _present(ranks, "bubble_fraction")
+    pipeline = rank_bubbles(ranks)
+    # Stages' actions on one clock give the bubble the formula describes (the mean over stages);
+    # a document without them keeps the older per-rank figure (its max).
+    bubble = pipeline.mean if pipeline else (max(bubbles) if bubbles else None)
+    stage_figures = {"bubble_per_stage": pipeline.per_stage, "stage_imbalance": pipeline.imbalance} if pipeline else {}
     exposed = [f for f in (exposed_comm_fraction(r) for r in ranks) if f is not None]
     peaks, rss = _present(ranks, "peak_allocated_bytes"), _present(ranks, "peak_rss_bytes")
 
@@ -146,8 +228,10 @@ def summarize(
         "comm_time_fraction": max(comm_fracs) if comm_fracs else None,
         "exposed_comm_fraction": max(exposed) if exposed else None,
         "comm_bytes_per_step": comm_bytes,
-        "bubble_fraction": max(bubbles) if bubbles else None,
+        "bubble_fraction": bubble,
         "loss_max_rel_diff_vs_reference": max_rel_diff(values, reference) if reference else None,
         "final_loss": values[-1] if values else None,
+        "not_measured": not_measured(ranks),
         **measured_wire,
+        **stage_figures,
     }

@@ -102,6 +102,39 @@ class GradientCheck(BaseModel):
         return self
 
 
+class ReplicaDivergence(BaseModel):
+    """One parameter whose copies differ across the ranks that should hold identical ones."""
+
+    model_config = _closed
+    param: SafeStr = Field(max_length=1000, description="Its full, unsharded name (with the shard it is, where sharded).")
+    ranks: list[Rank] = Field(max_length=MAX_RANKS, description="The ranks of the group whose copies differ.")
+    rel_diff: float = Field(ge=0, description="max |copy − rank's copy| / max |rank's copy| over the group.")
+    of: Literal["step-0 gradients", "final parameters"]
+
+
+class ReplicaCheck(BaseModel):
+    """Copies that should be identical (DDP/HSDP replicas, TP-replicated and stage/ring/MoE copies of
+    norms, router, embeddings) compared across their group: at step 0's gradients and after the last step."""
+
+    model_config = _closed
+    passed: bool
+    tolerance: float = Field(ge=0, description="Max relative difference between two copies of one parameter.")
+    max_rel_diff: float = Field(ge=0)
+    worst_param: SafeStr | None = Field(None, max_length=1000)
+    worst_ranks: list[Rank] = Field(default_factory=list, max_length=MAX_RANKS)
+    copies_compared: Count = Field(description="Parameters (or shards) held by more than one rank, times the two moments compared.")
+    divergent: list[ReplicaDivergence] = Field(default_factory=list, max_length=1000)
+    method: SafeStr | None = Field(None, max_length=1000)
+
+    @model_validator(mode="after")
+    def _verdict(self) -> ReplicaCheck:
+        if self.passed != (self.max_rel_diff <= self.tolerance):
+            raise ValueError(
+                f"passed is {self.passed} but max_rel_diff {self.max_rel_diff:g} vs tolerance {self.tolerance:g} says otherwise"
+            )
+        return self
+
+
 class RankResult(OpenModel):
     rank: Rank
     model_state_bytes: ModelStateBytes
@@ -118,6 +151,14 @@ class RankResult(OpenModel):
     exposed_comm_time_s: float | None = Field(None, ge=0, description="Communication time per step that no compute on this rank overlaps.")
     step_time_breakdown: StepBreakdown | None = Field(None, description="Where one step's time goes on this rank; sums to the step time.")
     moe: JSONObject | None = Field(None, description="tokens_per_expert, imbalance, dropped_tokens.")
+    pipeline_actions_us: list[Annotated[list[tuple[float, float]], Field(max_length=100_000)]] | None = Field(
+        None,
+        max_length=1000,
+        description="A pipeline stage's actions per profiled step: [start, end) µs on the host's wall clock, shared by every stage.",
+    )
+    profiled_steps: Count | None = Field(
+        None, description="Steps the profiler measured (0: an untraced run, whose comm bytes, times and bubble were not measured)."
+    )
 
 
 class StepTime(BaseModel):
@@ -146,7 +187,20 @@ class Summary(OpenModel):
         max_length=64,
         description="Bytes a ring implementation sends per rank per step, by op (buffer bytes × busbw factor).",
     )
+    bubble_per_stage: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        None, max_length=MAX_RANKS, description="Each pipeline stage's idle time within the step's window over that window."
+    )
+    stage_imbalance: float | None = Field(None, ge=0, description="max / mean − 1 of the pipeline stages' busy time (not bubble).")
     gradient_check: GradientCheck | None = None
+    replica_check: ReplicaCheck | None = None
+    not_measured: list[ShortName] = Field(
+        default_factory=list, max_length=64, description="Summary fields the run did not measure (an untraced run: no comm, no bubble)."
+    )
+    checks_stated: list[ShortName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Checks the server could not recompute and keeps as stated by the uploader (set on upload, never trusted from it).",
+    )
 
 
 class LossCurve(BaseModel):
@@ -270,7 +324,6 @@ class RankRecord(RankResult):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    profiled_steps: int = 0
     timeline: list[TimelineEvent] = Field(default_factory=list)
     trace_file: str | None = None
     trace_note: str | None = None
@@ -282,6 +335,8 @@ class RankRecord(RankResult):
     calibration: HardwareProfile | None = None
     gradient_check: GradientCheck | None = None
     """Step 0's gradients against the reference (`workers.harness.gradcheck`); the summary's."""
+    replica_check: ReplicaCheck | None = None
+    """Copies compared across their replica groups (`workers.harness.replicas`); the summary's."""
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

@@ -26,11 +26,11 @@ def test_the_tolerances():
     assert BYTES.agrees(1000, 1001) and not BYTES.agrees(1000, 1002)
 
 
-def test_a_worker_made_summary_passes_and_comes_back_unchanged():
+def test_a_worker_made_summary_passes_and_comes_back_unchanged_but_for_the_stated_checks_label():
     document = doc()
     checked = check_summary(document)
     assert checked.problems == []
-    assert checked.summary == document.summary.model_dump(mode="json")
+    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check"]}
 
 
 def test_every_disagreeing_field_is_named():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from parallab.core.flags import FLAG_TOLERANCE, agreement, prediction_flags
+from parallab.core.metrics import UNTRACED_FIELDS, summarize
+from parallab.core.recipes import LOSS_TOLERANCE
 from parallab.core.result import Flag
 
 STATE = {"params": 1000, "grads": 1000, "optimizer": 2000}
@@ -113,3 +115,67 @@ def test_a_failed_gradient_check_is_flagged_and_a_passed_one_is_not():
     passed = {**check, "passed": True, "max_rel_err": 2e-7}
     assert flagged(prediction={}, summary={"gradient_check": passed}, ranks=[]) == []
     assert [r.metric for r in agreement(prediction={}, summary={"gradient_check": passed}, ranks=[])] == ["gradient_check.max_rel_err"]
+
+
+# ---- checks with a verdict of their own: loss, replicas; and no flag without a measurement ----
+
+
+def loss_summary(drift: float, precision_steps: int = 5) -> dict:
+    """A worker's summary of a run whose loss left the reference by `drift` (relative) at one step."""
+    reference = [4.0 - 0.1 * i for i in range(precision_steps)]
+    values = list(reference)
+    values[2] *= 1 + drift
+    return summarize(
+        ranks=[{"rank": 0, "step_times_s": [0.1, 0.1]}],
+        tokens_per_step=512,
+        samples_per_step=4,
+        flops_per_token=None,
+        device_name=None,
+        world_size=1,
+        loss={"values": values, "reference": reference},
+    )
+
+
+def test_a_loss_drift_of_1e_3_injected_into_one_step_is_flagged_at_fp32():
+    (flag,) = prediction_flags(prediction={}, summary=loss_summary(1e-3), ranks=[], precision="fp32")
+    assert flag["metric"] == "loss_max_rel_diff_vs_reference"
+    assert flag["predicted"] == LOSS_TOLERANCE["fp32"] and flag["measured"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(("drift", "precision", "is_flagged"), [(1e-6, "fp32", False), (1e-3, "bf16", False), (3e-2, "bf16", True)])
+def test_the_loss_is_held_to_its_recipes_tolerance(drift, precision, is_flagged):
+    metrics = flagged(prediction={}, summary=loss_summary(drift), ranks=[], precision=precision)
+    assert metrics == (["loss_max_rel_diff_vs_reference"] if is_flagged else [])
+
+
+def test_every_run_with_a_reference_gets_a_loss_row_even_without_a_prediction():
+    rows = agreement(prediction={}, summary=loss_summary(0.0), ranks=[])
+    assert [r.metric for r in rows] == ["loss_max_rel_diff_vs_reference"] and not rows[0].flagged
+    assert agreement(prediction={}, summary={"loss_max_rel_diff_vs_reference": None}, ranks=[]) == []
+
+
+def test_an_untraced_run_gets_no_byte_or_bubble_flag():
+    prediction = {"comm_bytes_per_step": {"all_reduce": 1000}, "wire_bytes_per_step": {"all_reduce": 1000}, "bubble_fraction": 0.2}
+    ranks = [{"rank": r, "step_times_s": [0.1], "profiled_steps": 0} for r in range(2)]
+    summary = summarize(ranks=ranks, tokens_per_step=1, samples_per_step=1, flops_per_token=None, device_name=None, world_size=2)
+    assert summary["not_measured"] == list(UNTRACED_FIELDS) and summary["comm_bytes_per_step"] == {}
+    assert flagged(prediction=prediction, summary=summary, ranks=ranks) == []
+    # Traced, the same missing all-reduce is a real gap: flagged.
+    traced = [{**r, "profiled_steps": 3} for r in ranks]
+    summary = summarize(ranks=traced, tokens_per_step=1, samples_per_step=1, flops_per_token=None, device_name=None, world_size=2)
+    assert summary["not_measured"] == []
+    assert flagged(prediction=prediction, summary=summary, ranks=traced) == ["comm_bytes_per_step.all_reduce"]
+
+
+def test_a_failed_replica_check_is_a_flag_naming_the_parameter_and_the_ranks():
+    check = {
+        "passed": False,
+        "tolerance": 1e-5,
+        "max_rel_diff": 0.7,
+        "worst_param": "layers.0.feed_forward.w1.weight",
+        "worst_ranks": [0, 1],
+        "copies_compared": 78,
+    }
+    (row,) = [r for r in agreement(prediction={}, summary={"replica_check": check}, ranks=[]) if r.metric.startswith("replica")]
+    assert row.flagged and "layers.0.feed_forward.w1.weight on ranks 0, 1" in row.label
+    assert flagged(prediction={}, summary={"replica_check": {**check, "passed": True, "max_rel_diff": 0.0}}, ranks=[]) == []

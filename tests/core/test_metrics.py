@@ -11,6 +11,7 @@ from parallab.core.metrics import (
     max_rel_diff,
     peak_flops_for,
     percentile,
+    pipeline_bubble,
     summarize,
 )
 from parallab.core.result import Summary
@@ -111,3 +112,56 @@ def test_a_run_directory_names_every_file_once(tmp_path):
     run.write_atomic(run.rank_record(0), b"{}")
     assert run.rank_record(0).read_bytes() == b"{}"
     assert sorted(p.name for p in run.path.iterdir()) == ["rank0.json"]  # no temp file left behind
+
+
+# ---- the pipeline bubble: every stage's actions on one clock ----
+
+
+def gpipe(m: int, *, forward: float = 1.0, backward: float = 1.0, last_extra: float = 0.0) -> list[list[list[tuple[float, float]]]]:
+    """One GPipe step of 2 stages, `m` micro-batches: stage s's actions (start, end), ideal timing.
+    `last_extra`: the last stage's head and loss make each of its forwards that much longer."""
+    f1 = forward + last_extra
+    s0 = [(i * forward, (i + 1) * forward) for i in range(m)]
+    s1, t = [], forward
+    for i in range(m):
+        t = max(t, s0[i][1])
+        s1.append((t, t + f1))
+        t += f1
+    for _ in range(m):
+        s1.append((t, t + backward))
+        t += backward
+    t0 = s1[m][1]
+    for i in range(m):
+        start = max(t0, s1[m + i][1])
+        s0.append((start, start + backward))
+        t0 = start + backward
+    return [[s0], [s1]]
+
+
+@pytest.mark.parametrize("m", [4, 8])
+def test_an_ideal_gpipe_schedule_meets_its_theory_on_every_stage(m):
+    bubble = pipeline_bubble(gpipe(m))
+    theory = (2 - 1) / (m + 2 - 1)
+    assert bubble is not None
+    assert bubble.per_stage == pytest.approx([theory, theory]) and bubble.mean == pytest.approx(theory)
+    assert bubble.imbalance == pytest.approx(0.0)
+
+
+def test_idle_before_the_first_and_after_the_last_action_counts():
+    """What idle between a stage's own first and last action gives: the last stage of GPipe none at all."""
+    (s1,) = gpipe(4)[1]
+    own_window = max(b for _, b in s1) - min(a for a, _ in s1)
+    assert own_window - sum(b - a for a, b in s1) == 0.0
+    assert pipeline_bubble(gpipe(4)).per_stage[1] == pytest.approx(0.2)  # type: ignore[union-attr]
+
+
+def test_a_slower_last_stage_is_imbalance_a_number_of_its_own():
+    bubble = pipeline_bubble(gpipe(4, last_extra=0.5))
+    assert bubble is not None and bubble.imbalance == pytest.approx(10 / 9 - 1)  # busy 10 vs 8: mean 9
+
+
+def test_summarize_reports_the_mean_bubble_and_every_stage():
+    ranks = [{"rank": s, "step_times_s": [1.0], "pipeline_actions_us": stage} for s, stage in enumerate(gpipe(4))]
+    summary = summarize(ranks=ranks, tokens_per_step=1, samples_per_step=1, flops_per_token=None, device_name=None, world_size=2)
+    assert summary["bubble_fraction"] == pytest.approx(0.2) and summary["bubble_per_stage"] == pytest.approx([0.2, 0.2])
+    assert pipeline_bubble([]) is None and pipeline_bubble([[[]], [[]]]) is None

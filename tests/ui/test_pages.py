@@ -396,7 +396,8 @@ def test_compare_page_has_exposed_comm_and_the_gradient_check(client, session_fa
     with session_factory() as s:
         cmp = compare_service.compare(session=s, run_ids=ids)
     rows = {m.key: m for m in cmp.rows}
-    assert rows["gradient_check"].values == ["passed", "passed"]
+    # ddp2 ran on the lab's worker; pp2 was uploaded, and the lab could not recompute its gradient check
+    assert rows["gradient_check"].values == ["passed", "passed (stated by the uploader)"]
     docs = cmp.documents
     assert rows["exposed_comm_fraction"].values == [d["summary"]["exposed_comm_fraction"] for d in docs]
     assert rows["predicted_activation_bytes"].values == [d["prediction"]["activation_bytes_per_rank"] for d in docs]

@@ -150,12 +150,28 @@ def test_only_p2p_under_the_pipeline_tag_is_the_pipelines():
     assert not attribution.in_pipeline(), "the tag ends with its block, however it ends"
 
 
-def test_comm_time_fraction_adds_every_span_and_is_capped():
-    ring = [CommRequest("send", 8, 0, time_us=1e5), CommRequest("recv", 8, 0, time_us=3e5)]
-    comm = summarize_comm(ring, steps=1, world_size=2)
-    assert attribution.comm_time_fraction(comm, steps=1, window_s=1.0) == pytest.approx(0.4)
-    assert attribution.comm_time_fraction(comm, steps=1, window_s=0.1) == 1.0  # capped
-    assert attribution.comm_time_fraction(comm, steps=0, window_s=1.0) is None
+def test_comm_time_fraction_is_the_union_of_overlapping_spans():
+    """Three calls in flight at once ([10,50), [20,60), [55,65)) are 55 µs of communication, not the
+    90 µs their durations add to; exposed ≤ total however they lie."""
+    calls = [
+        CommRequest("all_reduce", 8, 0, start_us=10.0, time_us=40.0),
+        CommRequest("all_gather", 8, 0, start_us=20.0, time_us=40.0),
+        CommRequest("reduce_scatter", 8, 0, start_us=55.0, time_us=10.0),
+    ]
+    split = attribution.breakdown([(0.0, 30.0)], attribution.comm_intervals(calls, STEP), STEP)
+    assert attribution.comm_time_fraction(split) == pytest.approx(0.55)
+    assert sum(c.time_us for c in calls) / 100 == pytest.approx(0.9), "what adding the spans up gave"
+    assert split.exposed_comm == pytest.approx(35.0) and split.exposed_comm <= split.exposed_comm + split.overlapped_comm
+    assert attribution.comm_time_fraction(attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)) is None
+
+
+def test_comm_time_fraction_never_exceeds_one_without_a_cap():
+    rng = random.Random(3)
+    for _ in range(100):
+        calls = [CommRequest("all_reduce", 8, 0, start_us=rng.uniform(-20, 110), time_us=rng.uniform(0, 60)) for _ in range(6)]
+        split = attribution.breakdown([(0.0, rng.uniform(0, 100))], attribution.comm_intervals(calls, STEP), STEP)
+        fraction = attribution.comm_time_fraction(split)
+        assert fraction is not None and 0.0 <= split.exposed_comm / split.step <= fraction <= 1.0 + 1e-12
 
 
 def test_timeline_is_the_last_profiled_step_and_capped():
@@ -314,8 +330,8 @@ def action(kind: str, mb: int | None, ts: float, dur: float, cat: str = "user_an
     return {"ph": "X", "cat": cat, "name": attribution.action_name(kind, mb), "tid": 1, "ts": ts, "dur": dur}
 
 
-def test_bubble_is_idle_between_the_first_and_last_action():
-    """GPipe's first stage with 2 micro-batches: F0 F1, a wait, B0 B1 — the wait is the bubble."""
+def test_a_stages_actions_are_those_that_start_in_the_step():
+    """GPipe's first stage with 2 micro-batches: F0 F1, a wait, B0 B1 (the bubble needs every stage's: core.metrics)."""
     events = [
         STEP,
         action("forward", 0, 5, 10),
@@ -327,8 +343,7 @@ def test_bubble_is_idle_between_the_first_and_last_action():
     ]
     acts = attribution.actions(events, STEP)
     assert [(a.kind, a.microbatch) for a in acts] == [("forward", 0), ("forward", 1), ("loss", None), ("backward", 0), ("backward", 1)]
-    assert attribution.action_idle(acts) == 30.0  # 25 → 55; before 5 and after 85 are not between actions
-    assert attribution.action_idle([]) == 0.0
+    assert [(a.start, a.end) for a in acts][-1] == (70.0, 85.0)
 
 
 def test_on_cuda_actions_are_the_device_time_of_their_kernels():

@@ -1,8 +1,10 @@
 """The gradient check catches what the loss cannot: each strategy broken on purpose fails it.
 
 One 2-rank torchrun of gradcheck_driver.py (session fixture) runs ddp, fsdp, tp, ring, moe and pp
-as they are and, except pp, a mutant of each (driver docstring: a missing 1/N or a dropped
-shard), through the check's own code; the tests read its JSON.
+as they are and a mutant of each (driver docstring: a missing 1/N, a dropped shard, a dropped
+micro-batch), through the check's own code; the tests read its JSON. The same launch runs the
+faults only another rank's copy shows (an un-reduced DDP gradient on rank 1, a TP norm reduced on
+one rank only): the gradient check misses them, the replica check names them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.workers.conftest import torchrun
 pytestmark = pytest.mark.slow
 
 MUTATED = ("ddp", "fsdp", "tp", "ring", "moe")
+REPLICA_MUTANTS = {"ddp_unreduced": "layers.0.feed_forward.w1.weight", "tp_norm": "layers.0.ffn_norm.weight"}
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +32,34 @@ def gradcheck_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dic
     return results
 
 
-@pytest.mark.parametrize("name", [*MUTATED, "pp"])
+@pytest.mark.parametrize("name", [*MUTATED, "pp", *REPLICA_MUTANTS])
 def test_every_strategy_as_it_is_passes_at_fp32_tolerance(gradcheck_results, name):
     check = gradcheck_results[name]["unbroken"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
     assert check["params_checked"] >= 39, "every parameter of the plain model, by its full name"
+    copies = check["replicas"]
+    assert copies["passed"] and copies["divergent"] == [], copies
+
+
+@pytest.mark.parametrize(("name", "shared"), [("ddp", 39), ("ring", 39), ("moe", 1), ("tp_norm", 1)])
+def test_the_replica_check_compares_the_copies_each_strategy_replicates(gradcheck_results, name, shared):
+    """DDP and ring replicate every parameter; MoE at least its router and norms; TP its norms."""
+    assert gradcheck_results[name]["unbroken"]["replicas"]["copies_compared"] >= shared
+
+
+@pytest.mark.parametrize(("name", "param"), REPLICA_MUTANTS.items())
+def test_a_copy_left_behind_on_one_rank_passes_the_gradient_check_and_fails_the_replica_check(gradcheck_results, name, param):
+    broken = gradcheck_results[name]["broken"]
+    assert broken["passed"], "the gradient check reads one copy only: this is what it cannot see"
+    copies = broken["replicas"]
+    assert not copies["passed"] and copies["max_rel_diff"] > copies["tolerance"], copies
+    assert copies["worst_param"] == param and copies["worst_ranks"] == [0, 1], copies
+    assert [d["param"] for d in copies["divergent"]] == [param], "only the broken copy differs"
+
+
+def test_a_pipeline_that_drops_a_micro_batch_fails_the_gradient_check(gradcheck_results):
+    broken = gradcheck_results["pp"]["broken"]
+    assert not broken["passed"] and broken["max_rel_err"] > 0.1, broken
 
 
 @pytest.mark.parametrize("name", MUTATED)

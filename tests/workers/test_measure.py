@@ -61,7 +61,7 @@ def test_times_bandwidths_and_fraction(ranks):
             assert op["time_s"] > 0, op
             assert op["algbw_gbps"] > 0 and op["busbw_gbps"] > 0
         assert 0 < rank["comm_time_fraction"] <= 1
-        assert rank["bubble_fraction"] is None  # no pipeline actions, no bubble
+        assert rank["pipeline_actions_us"] is None  # no pipeline actions, nothing for the bubble
 
 
 @pytest.mark.slow

@@ -50,6 +50,9 @@ def test_loss_agrees_with_single(harness_job, case):
     check = doc.summary.gradient_check  # step 0's gradients, whole, against single (test_gradcheck.py breaks them)
     assert check is not None and check.passed and check.tolerance == 1e-5, check
     assert check.params_checked == len(check.per_param) >= 39 and not any(f.metric.startswith("gradient") for f in doc.flags)
+    copies = doc.summary.replica_check  # every copy that should be identical, at step 0 and at the end
+    assert copies is not None and copies.passed and copies.divergent == [], copies
+    assert not any(f.metric.startswith(("loss", "replica")) for f in doc.flags), doc.flags
     assert all(len(r.step_times_s) == doc.workload["steps"] for r in doc.ranks)
     assert doc.hardware["device"] == "cpu" and doc.environment["backend"] == "gloo"
     lines = [json.loads(line) for line in RunDir(run_dir).progress.read_text().splitlines()]
@@ -135,13 +138,17 @@ def test_an_untraced_run_measures_without_any_profiler(harness_job):
         assert not rank.comm and rank.comm_time_fraction is None and rank.step_time_breakdown is None
         assert rank.memory_breakdown is None and rank.peak_allocated_bytes is None  # no allocator stats on CPU
     assert doc.summary.exposed_comm_fraction is None and not doc.timeline
+    # Nothing measured, nothing flagged: the predicted all-reduce is not held against an absent measurement.
+    assert all(rank.profiled_steps == 0 for rank in doc.ranks) and "comm_bytes_per_step" in doc.summary.not_measured
+    assert doc.prediction.comm_bytes_per_step and not any(f.metric.startswith(("comm_bytes", "wire_bytes", "bubble")) for f in doc.flags)
     assert not any(RunDir(run_dir).trace(r).exists() for r in range(2))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pp"], ids=[_id(c) for c in CASES if c[0] == "pp"])
 def test_the_pipeline_bubble_comes_from_each_stages_actions(harness_job, case):
     """Every stage runs one forward and one backward per micro-batch (accumulation micro-steps
-    included) in the profiled step; its bubble is its idle time between them."""
+    included) in the profiled step; its bubble is its idle time within the step's window (first
+    action on any stage to the last on any), and the schedule's is their mean."""
     name, n, options, *workload = case
     doc, _ = harness_job(name, n, options, *workload)
     per_step = doc.strategy.options["microbatches"] * doc.workload["grad_accumulation_steps"]
@@ -150,7 +157,9 @@ def test_the_pipeline_bubble_comes_from_each_stages_actions(harness_job, case):
         assert ops.count("forward") == ops.count("backward") == per_step, ops
         assert 0 < rank.bubble_fraction < 1
         assert rank.exposed_comm_time_s == 0.0, "a stage's P2P wait is its bubble, not exposed comm"
-    assert doc.summary.bubble_fraction == max(r.bubble_fraction for r in doc.ranks)
+    assert doc.summary.bubble_per_stage == [r.bubble_fraction for r in doc.ranks]
+    assert doc.summary.bubble_fraction == pytest.approx(sum(r.bubble_fraction for r in doc.ranks) / n)
+    assert doc.summary.stage_imbalance is not None and doc.summary.stage_imbalance >= 0
 
 
 def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):

@@ -20,8 +20,9 @@ a `TorchDispatchMode` saw and what the profiler exported. Verified on torch 2.13
 Where a step's time goes (`busy`, `comm_intervals`, `breakdown`) is HTA's comm/compute overlap: busy intervals (the
 main thread's operators on CPU, compute kernels on CUDA) against communication intervals (the
 backend events above); communication while busy is overlapped, the rest exposed, and what is
-neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`,
-`action_idle`), which the pipeline strategy marks with profiler ranges.
+neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`), which the
+pipeline strategy marks with profiler ranges; it needs every stage's, so the merge computes it
+(`parallab.core.metrics.pipeline_bubble`).
 """
 
 from __future__ import annotations
@@ -272,13 +273,6 @@ def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> 
     return out
 
 
-def comm_time_fraction(comm: list[CommOp], *, steps: int, window_s: float) -> float | None:
-    """Every op's span, added up, over the window's step time (overlapped or not; `exposed` splits it)."""
-    if steps <= 0 or window_s <= 0:
-        return None
-    return min(sum(op.time_s for op in comm) * steps / window_s, 1.0)
-
-
 # ---- intervals (µs, as the trace gives them) ----
 
 Interval = tuple[float, float]
@@ -427,6 +421,15 @@ def breakdown(busy: Sequence[Interval], comm: Sequence[Interval], span: TraceEve
     return Breakdown(compute=compute, exposed_comm=exposed, overlapped_comm=overlapped, idle=max(step - compute - exposed, 0.0), step=step)
 
 
+def comm_time_fraction(split: Breakdown) -> float | None:
+    """The rank's communication time over its step time: the union of its comm spans (exposed +
+    overlapped, from the same clipped intervals, so calls overlapping each other count once and
+    exposed ≤ total by construction; no cap needed — the union lies within the steps)."""
+    if split.step <= 0:
+        return None
+    return (split.exposed_comm + split.overlapped_comm) / split.step
+
+
 def busy(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str) -> list[Interval]:
     """What counts as compute in the step `span`: the main thread's operators on CPU, kernels on CUDA."""
     return gpu_busy(trace_events, span) if device == "cuda" else cpu_busy(trace_events, span)
@@ -471,16 +474,6 @@ def actions(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str
             kind, _, mb = name[len(ACTION_PREFIX) :].partition(" ")
             out.append(Action(kind, int(mb) if mb else None, start, end))
     return sorted(out, key=lambda a: a.start)
-
-
-def action_idle(stage_actions: Sequence[Action]) -> float:
-    """The stage's idle time between its first and last action (µs): the span they cover minus
-    the time some action ran. Before the first and after the last is not counted."""
-    if not stage_actions:
-        return 0.0
-    spans = [(a.start, a.end) for a in stage_actions]
-    first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    return (last - first) - length(spans)
 
 
 # ---- the timeline, from the profile ----

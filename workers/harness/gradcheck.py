@@ -29,7 +29,7 @@ while comparing (after training), as the reference run already holds a whole mod
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options:
     return amp
 
 
-def _expert_slices(model: nn.Module) -> dict[int, MoE]:
+def expert_slices(model: nn.Module) -> dict[int, MoE]:
     """id(parameter) → its MoE layer, for expert weights sliced over ranks (expert parallelism)."""
     return {
         id(getattr(m, n)): m
@@ -99,7 +99,7 @@ def gather_gradients(model: nn.Module, ctx: RunContext, *, scale: float = 1.0) -
 
     Collective: every rank calls it, in the same parameter order (a strategy's ranks hold the same
     parameter list, except pipeline stages, which hold plain tensors and need no collective here)."""
-    experts = _expert_slices(model)
+    experts = expert_slices(model)
     mine: Gradients = {}
     for name, p in model.named_parameters():
         grad = p.grad
@@ -135,9 +135,22 @@ def gather_gradients(model: nn.Module, ctx: RunContext, *, scale: float = 1.0) -
     return mine if ctx.rank == 0 else None
 
 
-def strategy_gradients(applied: Applied, strategy: Strategy[Any, Any], options: Any, ctx: RunContext, job: ResolvedJob) -> Gradients | None:
-    """The strategy's step-0 gradients, whole, on rank 0 (None elsewhere); the model's grads are cleared after."""
+def strategy_gradients(
+    applied: Applied,
+    strategy: Strategy[Any, Any],
+    options: Any,
+    ctx: RunContext,
+    job: ResolvedJob,
+    *,
+    on_synced: Callable[[nn.Module], object] | None = None,
+) -> Gradients | None:
+    """The strategy's step-0 gradients, whole, on rank 0 (None elsewhere); the model's grads are cleared after.
+
+    `on_synced` sees the model with its synced gradients before they are gathered (the replica
+    check compares every rank's copies there: gathering reads one copy only)."""
     amp = first_step_backward(applied, strategy, options, ctx, job)
+    if on_synced is not None:
+        on_synced(applied.model)
     grads = gather_gradients(applied.model, ctx, scale=amp.scale)
     applied.model.zero_grad(set_to_none=True)
     return grads

@@ -44,7 +44,7 @@ from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
-from workers.harness import amp, divergence, gradcheck, loop, measure
+from workers.harness import amp, divergence, gradcheck, loop, measure, replicas
 from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
@@ -215,7 +215,16 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     # The gradient check's step (before warm-up, untimed, no optimizer step): rank 0 keeps the
     # whole gradients on disk, not in memory, while the run trains.
     grads_file = run_dir.path / GRADIENTS_FILE
-    grads = gradcheck.strategy_gradients(applied, strategy, options, ctx, job)
+    tol = gradcheck.tolerance(job.workload.precision)
+    scans: list[replicas.Scan] = []
+    grads = gradcheck.strategy_gradients(
+        applied,
+        strategy,
+        options,
+        ctx,
+        job,
+        on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
+    )
     if grads is not None:
         gradcheck.save(grads, grads_file)
     del grads
@@ -231,9 +240,12 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     # After the measured steps (and the profiled window): the collectives of the bookkeeping, then the measurements.
     losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, options), ctx=ctx)
     divergence.check_curve(losses, first_step=job.workload.warmup_steps + 1, rank=ctx.rank)
-    profiled = profiler.results().record_fields() if profiler is not None else {}
+    # An untraced run says so (no profiled step): its comm, bubble and breakdown were not measured.
+    profiled: dict[str, Any] = profiler.results().record_fields() if profiler is not None else {"profiled_steps": 0}
     if result.peak_allocated_bytes is not None:  # CUDA: the allocator's own peak over the timed steps
         profiled.update(peak_allocated_bytes=result.peak_allocated_bytes, peak_reserved_bytes=result.peak_reserved_bytes)
+    # Every copy that should be identical, after the last step (collective: before rank 0 goes on alone).
+    scans.append(replicas.scan(applied.model, ctx, of="final parameters", grads=False, tol=tol))
     record = RankRecord(
         rank=ctx.rank,
         model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
@@ -249,9 +261,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         torch.cuda.empty_cache()
     if ctx.is_lead:
         reference, source = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
-        check = gradcheck.compare(
-            gradcheck.load(grads_file), reference_gradients(job, ctx), tol=gradcheck.tolerance(job.workload.precision)
-        )
+        check = gradcheck.compare(gradcheck.load(grads_file), reference_gradients(job, ctx), tol=tol)
         grads_file.unlink()
         record = record.model_copy(
             update={
@@ -259,6 +269,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
                 "hardware": hardware(ctx),
                 "environment": environment(ctx),
                 "gradient_check": check,
+                "replica_check": replicas.verdict(scans, tol=tol),
             }
         )
     write_record(run_dir, record)

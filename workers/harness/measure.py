@@ -15,7 +15,9 @@ import gc
 import gzip
 import json
 import resource
+import statistics
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -137,6 +139,9 @@ MEMORY_CATEGORIES: dict[str, str] = {
     "Other": "other",
 }
 """MemTracker's reference types -> the result document's `memory_breakdown` keys."""
+CLOCK_ANCHOR = "parallab.clock"
+"""A profiler range opened right after reading the wall clock, once per profiled step: trace
+times are per process, and the pipeline's bubble compares every stage's actions on one clock."""
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "other")
 
 
@@ -205,7 +210,7 @@ class ProfileResult:
     comm_time_fraction: float | None = None
     exposed_comm_time_s: float | None = None
     step_time_breakdown: StepBreakdown | None = None
-    bubble_fraction: float | None = None
+    pipeline_actions_us: list[list[tuple[float, float]]] | None = None
     memory_breakdown: dict[str, int] | None = None
     peak_allocated_bytes: int | None = None
     timeline: list[TimelineEvent] = field(default_factory=list)
@@ -226,11 +231,13 @@ class StepProfiler:
     start-up cost lands there, and they are not exported); the first of them runs under MemTracker,
     which splits that step's peak memory (`memory_breakdown`; on CPU `peak_allocated_bytes` is its
     total). The `window` steps after them are profiled with the comm recorder active; from them
-    :meth:`results` derives the per-step comm ops, ``comm_time_fraction`` (every comm span over
-    the step), the step-time split (`step_time_breakdown`, ``exposed_comm_time_s``), a pipeline
-    stage's ``bubble_fraction`` (idle between its first and last schedule action), the timeline of
-    the last profiled step and the Chrome trace. Times are those of the profiled steps (slower
-    than the timed ones: the profiler's per-op cost); the fractions are what they are measured for.
+    :meth:`results` derives the per-step comm ops, ``comm_time_fraction`` (the union of the comm
+    spans over the step: calls that overlap each other count once), the step-time split
+    (`step_time_breakdown`, ``exposed_comm_time_s``), a pipeline stage's actions per step on the
+    host's wall clock (``pipeline_actions_us``: the bubble needs every stage's, so the merge
+    computes it, `parallab.core.metrics.pipeline_bubble`), the timeline of the last profiled step
+    and the Chrome trace. Times are those of the profiled steps (slower than the timed ones: the
+    profiler's per-op cost); the fractions are what they are measured for.
 
     The CUDA path (kernel intervals per stream, NCCL kernel names) follows the same attribution
     and is unit-tested on synthetic CUDA traces; it has not been run on a GPU yet.
@@ -264,6 +271,7 @@ class StepProfiler:
         self.trace_cap_bytes = trace_cap_bytes
         self.max_timeline_events = max_timeline_events
         self._recorder = _CommRecorder()
+        self._anchors: list[float] = []
         self._memory: tuple[dict[str, int], int] | None = None
         self._profiled = 0
         self._raw_trace: Path | None = None
@@ -303,6 +311,10 @@ class StepProfiler:
                     del tracker
                 elif i >= self.skip:
                     self._recorder.step = i - self.skip
+                    # The wall clock beside a profiler range: puts this rank's trace on the clock every rank shares.
+                    self._anchors.append(time.time_ns() / 1e3)
+                    with torch.profiler.record_function(CLOCK_ANCHOR):
+                        pass
                     with self._recorder:
                         step(i)
                         synchronize()
@@ -344,20 +356,15 @@ class StepProfiler:
         spans = self._window_spans(events)
         if spans:
             steps = len(spans)
-            window_us = sum(float(s["dur"]) for s in spans)
             requests = attribution.attribute(self._recorder.requests, events)
             out.comm = attribution.summarize_comm(requests, steps, self.world_size)
-            out.comm_time_fraction = attribution.comm_time_fraction(out.comm, steps=steps, window_s=window_us / 1e6)
             split = attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)
-            idle_between_actions = 0.0
-            stage_acted = False
+            stage_steps: list[list[tuple[float, float]]] = []
             busy: list[attribution.Interval] = []
             for span in spans:
                 busy = attribution.busy(events, span, device=self.device.type)
                 split += attribution.breakdown(busy, attribution.comm_intervals(requests, span), span)
-                acts = attribution.actions(events, span, device=self.device.type)
-                stage_acted = stage_acted or bool(acts)
-                idle_between_actions += attribution.action_idle(acts)
+                stage_steps.append([(a.start, a.end) for a in attribution.actions(events, span, device=self.device.type)])
             per_step = split.scaled(1e-6 / steps)  # µs over the window -> seconds per step
             out.step_time_breakdown = StepBreakdown(
                 compute_s=per_step.compute,
@@ -367,8 +374,12 @@ class StepProfiler:
                 step_s=per_step.step,
             )
             out.exposed_comm_time_s = per_step.exposed_comm
-            if stage_acted:
-                out.bubble_fraction = idle_between_actions / window_us
+            # The union of the comm spans on this rank's timeline (overlapping calls counted once),
+            # so exposed ≤ total by construction: both come from the same intervals.
+            out.comm_time_fraction = attribution.comm_time_fraction(split)
+            offset = self._clock_offset(events)
+            if offset is not None and any(stage_steps):
+                out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
             out.timeline = attribution.timeline(
                 events, requests, span=spans[-1], busy=busy, rank=self.rank, max_events=self.max_timeline_events, device=self.device.type
             )
@@ -377,6 +388,13 @@ class StepProfiler:
         if self._raw_trace is not None:
             self._raw_trace.unlink(missing_ok=True)
         return out
+
+    def _clock_offset(self, events: Sequence[attribution.TraceEvent]) -> float | None:
+        """Wall-clock µs minus trace µs, from the anchors (median over the profiled steps); None without them."""
+        marks = sorted(float(e["ts"]) for e in events if e.get("ph") == "X" and e.get("name") == CLOCK_ANCHOR)
+        if not marks or len(marks) != len(self._anchors):
+            return None
+        return statistics.median(wall - mark for wall, mark in zip(self._anchors, marks, strict=True))
 
     def _last_step_span(self, events: Sequence[attribution.TraceEvent]) -> attribution.TraceEvent | None:
         """The span of the last profiled step."""
