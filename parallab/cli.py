@@ -13,6 +13,7 @@ from rich.console import Console
 
 from backend.config import get_settings
 from parallab.commands.bench import bench
+from parallab.commands.export import export_app
 from parallab.commands.plan import plan
 from parallab.commands.slurm import pool_app, slurm_agent
 from parallab.commands.sweep import sweep
@@ -27,6 +28,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(user_app, name="user")
 app.add_typer(pool_app, name="pool")
+app.add_typer(export_app, name="export")
 console = Console(stderr=True)
 
 app.command("plan")(plan)
