@@ -34,6 +34,7 @@ from backend.services.sweeps import SweepRequest, cancel_sweep, create_sweep
 from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import SlurmPool
 from tests.conftest import worker_env
+from workers.engines.slurm import SlurmHandle
 from workers.execute import run_and_collect
 from workers.launcher import stop_process_group
 from workers.slurm_agent import SlurmAgent
@@ -43,7 +44,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 POOL, SHORT, NOPE = "cpu-slurm", "cpu-slurm-short", "cpu-slurm-nope"
 DDP = {"workload": {"model": "tiny", "steps": 4, "warmup_steps": 1, "lr": 1e-2, "seed": 0}, "strategy": {"name": "ddp", "world_size": 2}}
-LONG = {"workload": {"model": "tiny", "steps": 10_000}, "strategy": {"name": "ddp", "world_size": 2}, "trace": False}
+LONG = {"workload": {"model": "tiny", "steps": 200_000}, "strategy": {"name": "ddp", "world_size": 2}, "trace": False}
+"""Minutes of work: it ends by a cancel or a time limit, never by itself."""
 
 
 @dataclass
@@ -100,7 +102,7 @@ def squeue_state(job_id: str) -> str:
 def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     home = tmp_path_factory.mktemp("slurm-home")
     shared = tmp_path_factory.mktemp("slurm-shared")  # the cluster's shared filesystem: one node here
-    settings = Settings(home=home, database_url=postgres_url, max_world_size=4, slurm_poll_s=1, max_job_seconds=600)
+    settings = Settings(home=home, database_url=postgres_url, max_world_size=4, max_steps=200_000, slurm_poll_s=1, max_job_seconds=600)
     settings.ensure_home()
     with session_scope(settings.sqlalchemy_url) as session:
         for name, extra in ((POOL, {}), (SHORT, {"time_limit": "1"}), (NOPE, {"partition": "no-such-partition"})):
@@ -116,6 +118,11 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
             yield lab
         finally:
             stop_process_group(short_agent)
+            for name in (POOL, SHORT):  # nothing of ours left running on the cluster, whatever failed
+                engine = SlurmAgent(settings, name).engine
+                for job in engine.jobs().values():
+                    if job.state in ("PENDING", "RUNNING") and job.run_id:
+                        engine.cancel(SlurmHandle(job.run_id, job.job_id))
 
 
 def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(lab: Lab) -> None:
