@@ -179,6 +179,12 @@ def engine_job(*, session: Session, run_id: str) -> EngineJob | None:
     return store.get_engine_job(session, run_id)
 
 
+def describe(job: EngineJob) -> str:
+    """One line for the run page: the scheduler's job, its state with the scheduler's reason, and its nodes."""
+    text = job.reason or f"{job.engine.capitalize()} job {job.job_id} {job.state}"
+    return text + (f" on {job.nodes}" if job.nodes else "")
+
+
 def adopt(*, session: Session, run_id: str, engine: str, pool: str, job_id: str, output: str | None) -> bool:
     """A job found in the scheduler under a run's name that the ledger lacks (the agent died between
     `sbatch` and its commit): record it. False if the run is not a queued or running run of `pool`."""

@@ -3,6 +3,8 @@ queue (the pool's agent takes its runs from the database), refused with 422 beyo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from typer.testing import CliRunner
 
@@ -29,7 +31,7 @@ def spec(world_size: int = 8, nodes: int = 2) -> JobSpec:
     )
 
 
-def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(settings: Settings) -> None:
+def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(settings: Settings, client: Any) -> None:
     unreachable = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0", "max_world_size": 8})
     with session_scope(settings.sqlalchemy_url) as session:
         pools.declare_slurm_pool(session=session, name="a100-slurm", settings=GPU)
@@ -45,6 +47,11 @@ def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(setting
             session=session, run_id=run.id, state="PENDING", reason="Slurm job 77 PENDING (Priority)", nodes=None, running=False
         )
         assert seen is not None and seen.run_status == "queued" and not seen.cancel
+    fleet_page = client.get("/workers").text
+    assert 'id="slurm-pool-a100-slurm"' in fleet_page and "<code>/shared/runs</code>" in fleet_page
+    page = client.get(f"/runs/{run.id}").text  # the page says where the job stands, in Slurm's words
+    assert '<p class="muted" id="run-scheduler">Slurm job 77 PENDING (Priority)</p>' in page and "waiting for Slurm" in page
+    assert client.get(f"/runs/{run.id}/status.json").json()["scheduler"] == "Slurm job 77 PENDING (Priority)"
     with session_scope(settings.sqlalchemy_url) as session:
         runs.cancel_run(session=session, run_id=run.id, settings=settings)  # queued: cancelled at once …
     with session_scope(settings.sqlalchemy_url) as session:

@@ -167,7 +167,7 @@ def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(la
     assert collected["loss"] == result["loss"] and collected["summary"]["comm_bytes_per_step"] == result["summary"]["comm_bytes_per_step"]
 
     page = lab.client.get(f"/runs/{run_id}").text
-    assert f"Slurm job <code>{job_id}</code> · COMPLETED" in page
+    assert f'<p class="muted" id="run-scheduler">Slurm job {job_id} COMPLETED on {hardware["slurm_nodes"]}</p>' in page
 
 
 def test_cancelling_a_run_on_slurm_scancels_its_job(lab: Lab) -> None:
