@@ -10,12 +10,8 @@ where each run gets its run directory (every node of a job reads and writes the 
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-POOL_KINDS = ("celery", "slurm")
-PoolKind = Literal["celery", "slurm"]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"

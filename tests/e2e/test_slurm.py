@@ -24,16 +24,17 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from backend.api.app import create_app
 from backend.config import Settings, get_settings
-from backend.db import session_scope
+from backend.db import get_engine, session_scope
 from backend.models import Run
 from backend.services import pools
 from backend.services.sweeps import SweepRequest, cancel_sweep, create_sweep
 from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import SlurmPool
-from tests.conftest import worker_env
+from tests.conftest import TABLES, worker_env
 from workers.engines.slurm import SlurmHandle
 from workers.execute import run_and_collect
 from workers.launcher import stop_process_group
@@ -123,6 +124,9 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
                 for job in engine.jobs().values():
                     if job.state in ("PENDING", "RUNNING") and job.run_id:
                         engine.cancel(SlurmHandle(job.run_id, job.job_id))
+            with get_engine(settings.sqlalchemy_url).begin() as conn:  # the session's database as the next tests expect it
+                for table in TABLES:
+                    conn.execute(text(f"DELETE FROM {table}"))
 
 
 def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(lab: Lab) -> None:
