@@ -33,8 +33,14 @@ if ! munge -n --socket="$dir/munge/munge.socket" >/dev/null 2>&1; then
 fi
 
 # Daemons of an earlier start (another config, a stale state) are stopped first.
-for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid"; do
-  if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; fi
+# (only a pid that is still that daemon: after a reboot a stale pid file may name anything).
+for daemon in slurmd slurmctld; do
+  pidfile="$dir/$daemon.pid"
+  if [ -f "$pidfile" ]; then
+    pid=$(cat "$pidfile")
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$daemon" ]; then kill "$pid" 2>/dev/null || true; fi
+    rm -f "$pidfile"
+  fi
 done
 sleep 1
 slurmctld -i -f "$SLURM_CONF"
