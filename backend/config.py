@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     )
     sweep_steps: int = Field(10, ge=1, le=10_000, description="Measured steps of each run a sweep queues (unless the request says).")
 
+    # Slurm pools: how often `parallab slurm-agent` looks at its queued runs and at Slurm.
+    slurm_poll_s: float = Field(5.0, gt=0, le=600, description="How often the Slurm agent submits queued runs and reads squeue.")
+
     @property
     def resolved_home(self) -> Path:
         return self.home.expanduser().resolve()

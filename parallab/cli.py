@@ -13,7 +13,9 @@ from rich.console import Console
 
 from backend.config import get_settings
 from parallab.commands.bench import bench
+from parallab.commands.export import export_app
 from parallab.commands.plan import plan
+from parallab.commands.slurm import pool_app, slurm_agent
 from parallab.commands.sweep import sweep
 from parallab.commands.token import token_app
 from parallab.commands.upload import upload
@@ -25,6 +27,8 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(user_app, name="user")
+app.add_typer(pool_app, name="pool")
+app.add_typer(export_app, name="export")
 console = Console(stderr=True)
 
 app.command("plan")(plan)
@@ -32,6 +36,7 @@ app.command("bench")(bench)
 app.command("upload")(upload)
 app.command("worker")(worker)
 app.command("sweep")(sweep)
+app.command("slurm-agent")(slurm_agent)
 
 
 @db_app.command("upgrade")

@@ -8,6 +8,7 @@ at the end, so parallel sessions and the developer's data never collide.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,8 @@ from backend.migrate import upgrade
 PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TABLES = (
+    "engine_jobs",
+    "pools",
     "reference_curves",
     "leaderboard_cells",
     "leaderboard_entries",
@@ -110,3 +113,22 @@ def worker_env(settings: Settings) -> dict[str, str]:
         OMP_NUM_THREADS="1",
     )
     return env
+
+
+SLURM_START = Path(__file__).resolve().parent / "slurm" / "start.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_conf() -> str:
+    """A running single-node Slurm (tests/slurm/start.sh installs and starts it when it is down),
+    exported as SLURM_CONF for this process and its children. Fails — never skips — when Slurm
+    cannot come up: the Slurm tests must run wherever the suite runs."""
+    try:
+        done = subprocess.run(["bash", str(SLURM_START)], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"Slurm did not come up within 15 minutes: {exc}")
+    if done.returncode != 0:
+        pytest.fail(f"Slurm could not be started by {SLURM_START.name} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    conf = done.stdout.strip().splitlines()[-1]
+    os.environ["SLURM_CONF"] = conf
+    return conf

@@ -8,6 +8,8 @@ part of a multi-node run), which add the database around it:
   twice) and, in the same transaction, the reservation of every host the job needs
   (`backend.services.workers.reserve`); a worker that cannot take them all now holds nothing and
   puts the job back on its queue;
+- the launch, through the host engine (`workers.engines.host_torchrun`, one implementation of
+  `workers.engines.base.Engine`: launch, state, cancel, collect, reconcile);
 - the watch (`workers.watch`): live progress, the lease renewed with this worker's heartbeat,
   cancel, and any other node's fault, which stops every node;
 - the reference (issue 12): before launching, node 0 copies the lab's fp32 reference curve of the
@@ -47,11 +49,13 @@ from parallab.core.hardware import HardwareProfile, load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.problems import SpecError
 from parallab.core.reference import cache_path, is_reference, read_cached, reference_job, reference_key, write_cached
-from parallab.core.result import FailureRecord, RankRecord, ResultDocument
+from parallab.core.result import RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
 from workers import fleet as worker_fleet
-from workers.aggregate import build_result, merge_nodes, read_node_records, read_rank_records
+from workers.aggregate import build_result, merge_nodes, read_rank_records
+from workers.engines.host_torchrun import HostTorchrun, reference_cache_dir
+from workers.engines.outputs import failure_message, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch, launch
 from workers.watch import Watcher
 
@@ -71,31 +75,10 @@ class Collected:
     """Why it failed, with the log tail, when it did."""
 
 
-def read_traces(run_dir: RunDir, world_size: int, cap_bytes: int) -> dict[int, bytes]:
-    """Each rank's gzipped Chrome trace found here, skipping any over the cap."""
-    traces = {}
-    for rank in range(world_size):
-        path = run_dir.trace(rank)
-        if path.exists() and path.stat().st_size <= cap_bytes:
-            traces[rank] = path.read_bytes()
-    return traces
-
-
 def failure_reason(run_dir: RunDir, outcome: LaunchOutcome) -> str:
     """Why the ranks failed: a rank's failure record when one wrote it (the loss diverged), else the
     launcher's reason; with the log tail either way."""
-    tail = f"\n--- log tail ---\n{outcome.log_tail}"
-    if run_dir.failure.exists():
-        try:
-            return FailureRecord.model_validate_json(run_dir.failure.read_text()).message + tail
-        except (ValidationError, OSError):
-            log.exception("unreadable failure record in %s", run_dir.path)
-    return f"training process failed: {outcome.reason}{tail}"
-
-
-def reference_cache_dir(settings: Settings) -> Path:
-    """This host's cache of reference curves (the ranks' `--cache-dir`)."""
-    return settings.resolved_home / "cache" / "reference"
+    return failure_message(run_dir, outcome.reason or "", outcome.log_tail)
 
 
 def prefetch_reference(settings: Settings, job: ResolvedJob, device: str) -> bool:
@@ -277,36 +260,22 @@ class Part:
 
 
 def _run_part(settings: Settings, job: ResolvedJob, run_id: str, node: NodeLaunch | None, watcher: Watcher) -> Part:
-    """Launch this host's ranks, watched, and read back what they wrote."""
-    files = RunDir(settings.runs_dir / run_id)
+    """Launch this host's ranks through the host engine, watched, and read back what they wrote."""
+    engine = HostTorchrun(settings, watcher=watcher, node=node)
     try:
-        outcome = launch(
-            job,
-            files,
-            timeout_s=settings.max_job_seconds,
-            trace_cap_bytes=settings.max_trace_bytes,
-            cache_dir=reference_cache_dir(settings),
-            on_progress=watcher.progress,
-            should_stop=watcher.should_stop,
-            on_start=watcher.started,
-            node=node,
-        )
+        handle = engine.launch(job, run_id)
     except Exception as exc:  # the launcher itself broke: the run must still end
         log.exception("run %s could not be launched", run_id)
         return Part(LaunchOutcome(None, "launch failed", ""), None, {}, f"could not launch the job: {exc}", stopped=False)
-    stopped = outcome.reason is not None and outcome.reason == watcher.stop_reason
-    if not outcome.ok:
-        reason = outcome.reason if stopped else failure_reason(files, outcome)
-        return Part(outcome, None, {}, reason or "stopped", stopped=stopped)
+    outcome = handle.outcome or LaunchOutcome(None, "launch failed", "")
+    state = engine.state(handle)
+    if state.status != "succeeded":
+        return Part(outcome, None, {}, state.reason or "stopped", stopped=engine.stopped(handle))
     try:
-        records = read_node_records(files)
-    except Exception as exc:
-        return Part(outcome, None, {}, f"could not read the rank records: {exc}\n--- log tail ---\n{outcome.log_tail}", stopped=False)
-    if len(records) != job.ranks_per_node:
-        reason = f"{len(records)} of this host's {job.ranks_per_node} ranks wrote a record\n--- log tail ---\n{outcome.log_tail}"
-        return Part(outcome, None, {}, reason, stopped=False)
-    traces = read_traces(files, job.world_size, settings.max_trace_bytes) if job.spec.trace else {}
-    return Part(outcome, records, traces, None, stopped=False)
+        collected = engine.collect(handle, job)
+    except ValueError as exc:
+        return Part(outcome, None, {}, str(exc), stopped=False)
+    return Part(outcome, collected.records, collected.traces, None, stopped=False)
 
 
 def _wait_for_nodes(settings: Settings, run_id: str, watcher: Watcher, nodes: int) -> tuple[list[list[RankRecord]], str | None]:

@@ -87,23 +87,17 @@ def torchrun_command(
             "--rdzv-conf",
             f"is_host={str(node.is_host).lower()},join_timeout={node.join_timeout_s}",
         ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *where,
-        "-m",
-        "workers.harness.main",
-        "--job",
-        str(run_dir.job),
-        "--run-dir",
-        str(run_dir.path),
-        "--trace-cap-bytes",
-        str(trace_cap_bytes),
-    ]
+    harness = harness_args(run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
+    return [sys.executable, "-m", "torch.distributed.run", *where, *harness]
+
+
+def harness_args(run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | None) -> list[str]:
+    """What torchrun runs in each rank — the same on a worker's host and in a Slurm job."""
+    args = ["-m", "workers.harness.main", "--job", str(run_dir.job), "--run-dir", str(run_dir.path)]
+    args += ["--trace-cap-bytes", str(trace_cap_bytes)]
     if cache_dir is not None:
-        cmd += ["--cache-dir", str(cache_dir)]
-    return cmd
+        args += ["--cache-dir", str(cache_dir)]
+    return args
 
 
 def rank_environment(job: ResolvedJob) -> dict[str, str]:

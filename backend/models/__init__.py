@@ -8,6 +8,7 @@ from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
 from backend.models.leaderboard import LeaderboardCell, LeaderboardEntry
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
+from backend.models.pools import EngineJob, Pool
 from backend.models.references import ReferenceCurve
 from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunTrace
 from backend.models.series import VERDICTS, Series, SeriesVerdict
@@ -44,4 +45,6 @@ __all__ = [
     "HardwareProfileRow",
     "Sweep",
     "ReferenceCurve",
+    "Pool",
+    "EngineJob",
 ]

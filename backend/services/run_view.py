@@ -8,7 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from backend.models import Run
+from backend.models import EngineJob, Run
+from backend.services import pools
 from backend.services.runs import get_run
 from backend.store import runs as store
 from parallab.core.flags import Agreement, agreement
@@ -37,6 +38,8 @@ class RunView:
     """Events in the document's timeline (left out of `document`; the page loads it downsampled)."""
     agreement: list[Agreement] = field(default_factory=list)
     volume: list[VolumeRow] = field(default_factory=list)
+    scheduler: EngineJob | None = None
+    """The run's job in an outside scheduler (a Slurm pool's run): its id, state, reason and nodes."""
 
 
 def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
@@ -96,4 +99,5 @@ def run_view(*, session: Session, run_id: str) -> RunView:
         timeline_events=lengths.get("timeline", 0),
         agreement=agreement_rows(doc) if doc else [],
         volume=volume_rows(doc) if doc else [],
+        scheduler=pools.engine_job(session=session, run_id=run.id),
     )

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
 from backend.queue import enqueue_run
-from backend.services import quotas
+from backend.services import pools, quotas
 from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
 from backend.services.hardware import check_precision
@@ -115,13 +115,13 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
     `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
-    where the ranks share this host's memory. The run is placed on a pool that can run it
+    where the ranks share this host's memory. The run is placed on the Slurm pool it names, or on a pool that can run it
     (SpecError, a 422 naming the pool and the limit, if none can), and the pool's device, when a
     calibration recorded it, must be able to train in the job's precision (issue 14). QuotaExceeded
     when the user already has as many runs queued or running as they may."""
     job = validate_spec(spec=spec, settings=settings, local=local)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)
-    pool = fleet.place(session=session, job=job, settings=settings)
+    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
     check_precision(session=session, settings=settings, job=job, pool=pool)
     return store.add_run(
         session,
@@ -149,6 +149,8 @@ def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     """
     run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)
     session.commit()
+    if not pools.uses_queue(session=session, pool=run.pool):
+        return run  # its Slurm agent takes it from the database
     try:
         enqueue_run(settings, run.id, pool=run.pool)
     except Exception as exc:  # any failure to publish: the run must not look queued

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.queue import enqueue_run
-from backend.services import hardware, quotas
+from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
 from backend.services.runs import cancel_run, check_owner, create_run
 from backend.store import planning as store
@@ -174,9 +174,12 @@ def create_sweep(
         ),
     )
     candidates, runs = [], []
+    slurm = pools.slurm_pool(session=session, name=request.pool) is not None
     for role, rank, row in chosen:
         spec = {**row.spec, "workload": {**row.spec["workload"], "steps": steps}, "name": f"sweep {sweep.id[:6]} #{rank}: {row.label}"}
         spec["tags"] = ["sweep", role]
+        if slurm:  # a Slurm pool's runs must say so: placement is what sends them to its agent
+            spec["placement"] = {"pool": request.pool}
         try:
             run = create_run(
                 session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, user_id=user_id, local=local
@@ -190,6 +193,8 @@ def create_sweep(
     sweep.candidates = candidates
     session.commit()
     for run in runs:
+        if slurm:
+            continue  # one Slurm job per run, submitted by the pool's agent
         try:
             enqueue_run(settings, run.id)
         except Exception as exc:  # the queue is down: the run must not look queued

@@ -26,8 +26,10 @@
       progressEl.textContent = text;
       if (bar && p.steps) { bar.max = p.steps; bar.value = p.step || 0; }
     } else if (s.status === "queued") {
-      progressEl.textContent = "waiting for a worker…";
+      progressEl.textContent = s.scheduler ? "waiting for Slurm…" : "waiting for a worker…";
     }
+    var scheduler = document.getElementById("run-scheduler");
+    if (scheduler && s.scheduler) scheduler.textContent = s.scheduler;
     if (s.error) { errorEl.textContent = s.error; errorEl.hidden = false; }
   }
 

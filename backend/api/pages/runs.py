@@ -20,7 +20,7 @@ from backend.config import Settings
 from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
 from backend.services import auth as auth_service
-from backend.services import run_form
+from backend.services import pools, run_form
 from backend.services import runs as run_service
 from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
@@ -166,6 +166,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "figures": figures,
             "agreement": view.agreement,
             "volume": view.volume,
+            "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,
@@ -191,9 +192,11 @@ def run_timeline_figure(
 @router.get("/runs/{run_id}/status.json")
 def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
     run = run_service.get_run(session=session, run_id=run_id)
+    scheduled = pools.engine_job(session=session, run_id=run.id)
     return {
         "id": run.id,
         "status": run.status,
+        "scheduler": pools.describe(scheduled) if scheduled else None,
         "progress": run.progress,
         "error": run.error,
         "cancel_requested": run.cancel_requested,

@@ -1,4 +1,5 @@
-"""The /workers page: each pool, its hosts, which are alive, what each runs now, its queue length."""
+"""The /workers page: each pool, its hosts, which are alive, what each runs now, its queue length;
+and the Slurm pools, with what every `sbatch` of theirs carries."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fastapi.responses import HTMLResponse
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.pages.rendering import render
 from backend.queue import queue_lengths
+from backend.services import pools as declared
 from backend.services import workers as fleet
 
 router = APIRouter(include_in_schema=False)
@@ -18,4 +20,5 @@ def workers_page(request: Request, session: SessionDep, settings: SettingsDep) -
     fleet.reconcile_lost_runs(session=session, settings=settings)
     session.commit()
     pools = fleet.fleet(session=session, settings=settings, queue_lengths=lambda names: queue_lengths(settings, names))
-    return render(request, "workers.html", {"pools": pools, "ttl_s": settings.worker_ttl_s}, settings=settings)
+    slurm = declared.list_slurm_pools(session=session)
+    return render(request, "workers.html", {"pools": pools, "slurm_pools": slurm, "ttl_s": settings.worker_ttl_s}, settings=settings)

@@ -1,7 +1,7 @@
 """series: an owner — the user whose upload started the series (ownership on every write)
 
-Revision ID: 0019
-Revises: 0014
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-01
 
 Changing a series' test, window, baseline or thresholds, or dismissing one of its alerts, is for
@@ -13,8 +13,8 @@ an ownerless token) can be changed by admins only.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0019"
-down_revision = "0014"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,197 @@
+"""Declared pools (kind `slurm`) and the ledger of runs a Slurm agent holds.
+
+A Slurm pool's runs are not sent to a Celery queue: its `parallab slurm-agent` reads them from the
+database (`next_to_submit`), because the database is where a run's state already lives — taking
+a run, recording its Slurm job id and, later, its end are row-locked transactions that survive
+an agent restart, and nothing is lost or delivered twice by a broker the login node may not even
+reach. The agent's other writes are here too, one function per transaction: what Slurm said of a
+job (`observe`) and how its run ended (`finish`, fenced like a worker's end: a run that already
+ended — cancelled while pending — is not overwritten).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from backend.models import FINISHED_STATUSES, EngineJob, Run, utcnow
+from backend.services.ingest import attach_result
+from backend.store import pools as store
+from backend.store import runs as run_store
+from backend.store import workers as worker_store
+from parallab.core.jobs import ResolvedJob
+from parallab.core.pools import SlurmPool
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.result import ResultDocument
+
+
+class PoolError(ValueError):
+    """A pool cannot be declared as asked (the name is a live Celery pool's, a bad setting)."""
+
+
+def declare_slurm_pool(*, session: Session, name: str, settings: SlurmPool) -> None:
+    """Declare (or re-declare) `name` as a Slurm pool (caller commits). A name that Celery workers
+    serve stays theirs: one pool, one engine."""
+    if any(worker.pool == name for worker in worker_store.list_workers(session)):
+        raise PoolError(f"pool {name!r} is served by Celery workers; choose another name")
+    store.put_pool(session, name=name, kind="slurm", settings=settings.model_dump(mode="json"))
+
+
+def slurm_pool(*, session: Session, name: str | None) -> SlurmPool | None:
+    """The settings of Slurm pool `name`; None if no such pool is declared."""
+    pool = store.get_pool(session, name) if name else None
+    if pool is None or pool.kind != "slurm":
+        return None
+    return SlurmPool.model_validate(pool.settings)
+
+
+def list_slurm_pools(*, session: Session) -> dict[str, SlurmPool]:
+    return {p.name: SlurmPool.model_validate(p.settings) for p in store.list_pools(session) if p.kind == "slurm"}
+
+
+def uses_queue(*, session: Session, pool: str | None) -> bool:
+    """Whether a run of `pool` is sent to a Celery queue (False: its Slurm agent takes it from the database)."""
+    return slurm_pool(session=session, name=pool) is None
+
+
+def slurm_problems(pool: str, settings: SlurmPool, job: ResolvedJob) -> list[SpecProblem]:
+    """Why Slurm pool `pool` cannot run `job` (empty: it can)."""
+    out = []
+    if job.nodes > settings.max_nodes:
+        out.append(SpecProblem(("placement", "nodes"), f"pool {pool!r} allows {settings.max_nodes} node(s); this job asks for {job.nodes}"))
+    if settings.gpus_per_node and job.ranks_per_node > settings.gpus_per_node:
+        out.append(
+            SpecProblem(
+                ("strategy", "world_size"),
+                f"pool {pool!r} has {settings.gpus_per_node} GPU(s) per node; this job puts {job.ranks_per_node} rank(s) on each node",
+            )
+        )
+    return out
+
+
+def place_on_slurm(*, session: Session, job: ResolvedJob) -> str | None:
+    """The Slurm pool the job names, when it names one that can run it; None when it names none
+    (SpecError naming the limit when the pool cannot)."""
+    settings = slurm_pool(session=session, name=job.pool)
+    if settings is None or job.pool is None:
+        return None
+    problems = slurm_problems(job.pool, settings, job)
+    if problems:
+        raise SpecError(problems)
+    return job.pool
+
+
+# ---- the agent's ledger ----
+
+
+def next_to_submit(*, session: Session, pool: str) -> tuple[Run, ResolvedJob] | None:
+    """The pool's oldest queued run not yet submitted, locked until the caller commits; a run whose
+    frozen job cannot be read is failed here (and the next one looked at)."""
+    while (run := store.next_unsubmitted(session, pool)) is not None:
+        try:
+            return run, ResolvedJob.model_validate(run.job)
+        except ValidationError as exc:
+            run_store.set_status(session, run, "failed", error=f"invalid job: {exc}")
+    return None
+
+
+def record_submission(*, session: Session, run: Run, engine: str, pool: str, job_id: str, output: str | None) -> EngineJob:
+    """The run is in the scheduler now as `job_id` (it stays `queued` until the job starts)."""
+    now = utcnow()
+    return store.add_engine_job(
+        session,
+        EngineJob(run_id=run.id, engine=engine, pool=pool, job_id=job_id, state="PENDING", output=output, submitted_at=now, updated_at=now),
+    )
+
+
+def submission_failed(*, session: Session, run: Run, error: str) -> None:
+    """The scheduler refused the job (an unknown partition, a bad account): the run fails with its message."""
+    run_store.set_status(session, run, "failed", error=error)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the agent needs back after recording a job's state."""
+
+    run_status: str
+    cancel: bool
+    """The run was cancelled (or asked to be): the job must be cancelled in the scheduler."""
+    job: dict[str, Any] | None
+    """The run's frozen job (what its ranks ran)."""
+
+
+def observe(*, session: Session, run_id: str, state: str, reason: str | None, nodes: str | None, running: bool) -> Observed | None:
+    """Record the scheduler's view of a run's job; a run whose job started becomes `running`
+    (no lease: the scheduler, not a worker, holds it). None if the run is gone."""
+    job = store.get_engine_job_for_update(session, run_id)
+    run = run_store.get_run_for_update(session, run_id)
+    if job is None or run is None:
+        return None
+    job.state, job.reason, job.updated_at = state, reason, utcnow()
+    if nodes:
+        job.nodes = nodes
+    if running and run.status == "queued":
+        run_store.set_status(session, run, "running")
+        run.worker_id, run.host = None, (nodes or "").split(",")[0] or None
+    return Observed(run.status, run.status == "cancelled" or run.cancel_requested, run.job)
+
+
+def open_jobs(*, session: Session, pool: str) -> list[EngineJob]:
+    """The pool's submitted jobs whose runs the agent has not ended yet."""
+    return store.open_engine_jobs(session, pool)
+
+
+def progress(*, session: Session, run_id: str, line: dict[str, Any]) -> None:
+    run_store.set_progress(session, run_id, line)
+
+
+def finish(
+    *,
+    session: Session,
+    run_id: str,
+    status: str,
+    error: str | None,
+    document: ResultDocument | None = None,
+    traces: dict[int, bytes] | None = None,
+) -> str:
+    """One transaction: the run's end as its job ended, and the job no longer watched. A run that
+    already ended (cancelled before its job started) keeps its end. Returns the run's status."""
+    job = store.get_engine_job_for_update(session, run_id)
+    run = run_store.get_run_for_update(session, run_id)
+    if job is not None:
+        job.finished, job.updated_at = True, utcnow()
+    if run is None:
+        return "missing"
+    if run.status in FINISHED_STATUSES:
+        return run.status
+    if status == "succeeded" and document is not None:
+        attach_result(session, run=run, document=document, traces=traces or {}, pool=run.pool)
+    else:
+        run_store.set_status(session, run, status, error=error)
+    return run.status
+
+
+def engine_job(*, session: Session, run_id: str) -> EngineJob | None:
+    """A run's job in its scheduler, for the run page (None: a run of a Celery pool)."""
+    return store.get_engine_job(session, run_id)
+
+
+def describe(job: EngineJob) -> str:
+    """One line for the run page: the scheduler's job, its state with the scheduler's reason, and its nodes."""
+    text = job.reason or f"{job.engine.capitalize()} job {job.job_id} {job.state}"
+    return text + (f" on {job.nodes}" if job.nodes else "")
+
+
+def adopt(*, session: Session, run_id: str, engine: str, pool: str, job_id: str, output: str | None) -> bool:
+    """A job found in the scheduler under a run's name that the ledger lacks (the agent died between
+    `sbatch` and its commit): record it. False if the run is not a queued or running run of `pool`."""
+    if store.get_engine_job(session, run_id) is not None:
+        return False
+    run = run_store.get_run_for_update(session, run_id)
+    if run is None or run.pool != pool or run.status in FINISHED_STATUSES:
+        return False
+    record_submission(session=session, run=run, engine=engine, pool=pool, job_id=job_id, output=output)
+    return True

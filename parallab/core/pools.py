@@ -1,0 +1,52 @@
+"""What an admin sets up for a pool whose jobs go through a scheduler rather than to workers.
+
+A pool of kind `celery` needs no set-up: it exists as soon as a worker registers it. A pool of
+kind `slurm` is declared once (`parallab pool create-slurm`) with what every `sbatch` of its jobs
+carries — partition, account, QoS, GPUs per node, a time limit — and what the cluster provides:
+the Python environment that runs the ranks and a directory on the cluster's shared filesystem
+where each run gets its run directory (every node of a job reads and writes the same one).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
+
+
+class SlurmPool(BaseModel):
+    """How the jobs of one Slurm pool are submitted (every field but `python` and `run_root` optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str | None = Field(None, pattern=_NAME, description="`--partition`; none: the cluster's default partition.")
+    account: str | None = Field(None, pattern=_NAME, description="`--account` charged for the jobs.")
+    qos: str | None = Field(None, pattern=_NAME, description="`--qos`.")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="`--gpus-per-node`; 0: CPU nodes (the ranks run on gloo).")
+    time_limit: str | None = Field(
+        None, description="`--time` in Slurm's format (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS); none: the partition's limit."
+    )
+    max_nodes: int = Field(1024, ge=1, le=1024, description="The most nodes one job of this pool may ask for.")
+    python: str = Field(
+        ..., min_length=1, max_length=1000, description="The Python on the cluster's nodes that has parallab and torch installed."
+    )
+    run_root: str = Field(
+        ..., min_length=1, max_length=1000, description="A directory on the cluster's shared filesystem: each run's files go under it."
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _TIME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS)")
+        return value
+
+    @field_validator("python", "run_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path on the cluster")
+        return value

@@ -1,0 +1,50 @@
+"""What a job's ranks leave in their run directory, read back the same way by every engine:
+their records, their traces, and why they failed (a rank's failure record, else the engine's
+reason), each with the log tail."""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+
+from parallab.core.jobs import ResolvedJob
+from parallab.core.result import FailureRecord, RankRecord
+from parallab.core.rundir import RunDir
+from workers.aggregate import read_node_records
+
+log = logging.getLogger(__name__)
+
+
+def read_traces(run_dir: RunDir, world_size: int, cap_bytes: int) -> dict[int, bytes]:
+    """Each rank's gzipped Chrome trace found here, skipping any over the cap."""
+    traces = {}
+    for rank in range(world_size):
+        path = run_dir.trace(rank)
+        if path.exists() and path.stat().st_size <= cap_bytes:
+            traces[rank] = path.read_bytes()
+    return traces
+
+
+def failure_message(run_dir: RunDir, reason: str, log_tail: str) -> str:
+    """Why the ranks failed: a rank's failure record when one wrote it (the loss diverged), else
+    the engine's `reason`; with the log tail either way."""
+    tail = f"\n--- log tail ---\n{log_tail}"
+    if run_dir.failure.exists():
+        try:
+            return FailureRecord.model_validate_json(run_dir.failure.read_text()).message + tail
+        except (ValidationError, OSError):
+            log.exception("unreadable failure record in %s", run_dir.path)
+    return f"training process failed: {reason}{tail}"
+
+
+def node_records(run_dir: RunDir, job: ResolvedJob, *, expected: int, log_tail: str) -> list[RankRecord]:
+    """The records of the ranks that wrote into `run_dir`: exactly `expected` of them, or a
+    ValueError saying how many came, with the log tail."""
+    try:
+        records = read_node_records(run_dir)
+    except Exception as exc:
+        raise ValueError(f"could not read the rank records: {exc}\n--- log tail ---\n{log_tail}") from exc
+    if len(records) != expected:
+        raise ValueError(f"{len(records)} of the {expected} ranks expected here wrote a record\n--- log tail ---\n{log_tail}")
+    return records
