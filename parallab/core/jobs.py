@@ -272,7 +272,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         problems.append(
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
-    problems += recipe_problems(descriptor, wl.precision)
+    problems += recipe_problems(descriptor, options, world, wl.precision)
     if problems:
         raise SpecError(problems)
 

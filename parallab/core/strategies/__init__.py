@@ -1,5 +1,9 @@
 """The strategy registry: every name a job spec may carry, mapped to its descriptor.
 
+Every training strategy is a preset of a layout (`StrategyDescriptor.layout`); `layout` is any
+layout written out, and `hybrid`, `hsdp` and `3d` take all their costs from the composed
+dimensions (`parallab.core.dims`).
+
 Adding a strategy is one descriptor module here (options, mesh, rules, costs) and one rank
 module in `workers/strategies/` (apply it to a model on a mesh); everything that lists
 strategies — the spec's enum, the form, the CLI's help, prediction — reads this registry.
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hybrid, moe, pp, ring, single, tp
+from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hsdp, hybrid, layout, moe, pp, ring, single, three_d, tp
 from parallab.core.strategies.base import StrategyDescriptor
 
 REGISTRY: dict[str, StrategyDescriptor[Any]] = {
@@ -23,6 +27,9 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
         ring.DESCRIPTOR,
         moe.DESCRIPTOR,
         hybrid.DESCRIPTOR,
+        hsdp.DESCRIPTOR,
+        three_d.DESCRIPTOR,
+        layout.DESCRIPTOR,
         collectives.DESCRIPTOR,
         calibrate.DESCRIPTOR,
     )
