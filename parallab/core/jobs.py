@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
 from parallab.core.recipes import recipe_problems
@@ -150,6 +151,11 @@ class ResolvedJob(BaseModel):
     @property
     def accum_steps(self) -> int:
         return int(self.spec.workload.grad_accumulation_steps)
+
+    @property
+    def layout(self) -> Layout | None:
+        """The layout the strategy resolves to (None for job kinds that train nothing)."""
+        return self.descriptor.layout(self.world_size, self.options)
 
     @property
     def mesh(self) -> tuple[MeshDim, ...]:

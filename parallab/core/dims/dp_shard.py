@@ -67,9 +67,19 @@ class DataShard(Dimension):
             param_bytes=gathered_param_bytes(plan.precision),
         )
         groups = plan.model.num_layers // lay.pp + 1
-        return fsdp_items(
+        items = fsdp_items(
             comm, groups=groups, reshard_after_forward=lay.reshard_after_forward, n=lay.dp_shard, stride=lay.inner("dp_shard")
         )
+        if lay.pp == 1 or not lay.reshard_after_forward:
+            return items
+        # Under a pipeline schedule, FSDP2 keeps the gathered parameters through backward until the
+        # stage's last micro-batch (the stage turns reshard-after-backward off), but a stage that
+        # reshards after forward gathers again for each micro-batch's forward: m forward passes
+        # and one backward pass of all-gathers per schedule step (measured on gloo, torch 2.13).
+        passes = lay.microbatches + 1
+        return [
+            replace(i, bytes_per_step=i.bytes_per_step // 2 * passes, calls=groups * passes) if i.op == "all_gather" else i for i in items
+        ]
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
         """FSDP gathers 16-bit weights (its param_dtype): no autocast copies of the block weights."""

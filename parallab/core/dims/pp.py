@@ -24,6 +24,14 @@ class Pipeline(Dimension):
         out = divisible(("workload", "num_layers"), "layers", draft.model.num_layers, "pp", p)
         if p > 1 and m < p:
             out.append(SpecProblem((*draft.loc, "microbatches"), f"micro-batches ({m}) must be at least pp={p} stages"))
+        split = draft.layout.dp * m * draft.grad_accumulation_steps
+        if draft.global_batch_size % split:
+            what = f"dp={draft.layout.dp} × micro-batches {m} × accumulation {draft.grad_accumulation_steps}"
+            out.append(
+                SpecProblem(
+                    ("workload", "global_batch_size"), f"global batch size ({draft.global_batch_size}) is not divisible by {split} ({what})"
+                )
+            )
         return out
 
     def comm(self, plan: Plan) -> list[CommItem]:

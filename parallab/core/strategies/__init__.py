@@ -37,6 +37,8 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
 """Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
+REFERENCE_STRATEGY: str = single.DESCRIPTOR.name
+"""The one-process reference every run's loss and gradients are held against."""
 TRAINING_STRATEGIES: tuple[str, ...] = tuple(name for name, d in REGISTRY.items() if d.trains)
 
 
