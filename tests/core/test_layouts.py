@@ -126,6 +126,15 @@ def test_a_dense_only_dimension_refuses_experts_and_ep_takes_them():
     assert resolve("hsdp", 4, num_experts=4).model.is_moe  # FSDP shards experts like any tensor
 
 
+def test_a_stored_strategy_block_resolves_to_its_layout_and_a_preset_meets_its_explicit_layout():
+    from parallab.core.strategies import layout_of
+
+    hybrid, explicit = layout_of("hybrid", 4, {"tp": 2}), layout_of("layout", 4, {"dp_shard": 2, "tp": 2})
+    assert hybrid is not None and hybrid == explicit and hybrid.label() == "dp_shard=2,tp=2"
+    assert layout_of("pp", 4, {}) == Layout(pp=4, microbatches=8)
+    assert layout_of("warp", 2, {}) is None and layout_of("ddp", 2, {"bucket": 1}) is None and layout_of("collectives", 2, {}) is None
+
+
 def test_parse_layout_reads_degrees_and_refuses_what_is_not_one():
     assert parse_layout("pp=2, dp_shard=2,tp=2") == {"pp": 2, "dp_shard": 2, "tp": 2}
     for bad, says in [

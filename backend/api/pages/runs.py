@@ -163,6 +163,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "figures": figures,
             "agreement": view.agreement,
             "volume": view.volume,
+            "layout": view.layout,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,

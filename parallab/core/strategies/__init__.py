@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parallab.core.layout import Layout
 from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hsdp, hybrid, layout, moe, pp, ring, single, three_d, tp
 from parallab.core.strategies.base import StrategyDescriptor
 
@@ -40,6 +41,20 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
 REFERENCE_STRATEGY: str = single.DESCRIPTOR.name
 """The one-process reference every run's loss and gradients are held against."""
 TRAINING_STRATEGIES: tuple[str, ...] = tuple(name for name, d in REGISTRY.items() if d.trains)
+
+
+def layout_of(name: str, world_size: int, options: dict[str, Any]) -> Layout | None:
+    """The layout a strategy block (a spec's, or a stored or uploaded result's) resolves to; None
+    for an unknown name, options that do not parse, or a job kind that trains nothing."""
+    descriptor = REGISTRY.get(name)
+    if descriptor is None:
+        return None
+    try:
+        parsed = descriptor.complete_options(descriptor.parse_options(options), world_size)
+    except ValueError:  # pydantic's ValidationError included
+        return None
+    layout: Layout | None = descriptor.layout(world_size, parsed)
+    return layout
 
 
 def get_descriptor(name: str) -> StrategyDescriptor[Any]:
