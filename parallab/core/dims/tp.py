@@ -1,5 +1,5 @@
-"""tp: Megatron tensor parallelism on the innermost mesh dim (`parallab.core.strategies.tp` holds
-the formulas; this is their share in a composed layout).
+"""tp: Megatron tensor parallelism on the innermost mesh dim. Its formulas live here; the `tp`
+strategy (tp alone) and every composed layout use them.
 
 Each rank holds `tp_local` of every tensor. Per step it runs `tp_comm` for the tokens of its
 data-parallel replica over the blocks of its pipeline stage; under a pipeline only the first stage
