@@ -31,7 +31,7 @@ class Settings(BaseSettings):
 
     # What one submitted job may ask for. The worker owns the machine: these keep a form from
     # asking for more ranks, steps or time than the host can give.
-    max_world_size: int = Field(4, ge=1, description="Most ranks one job may ask for on this worker.")
+    max_world_size: int = Field(8, ge=1, description="Most ranks one job may ask for on this worker (8: a 2 × 2 × 2 layout on CPU).")
     max_steps: int = Field(10_000, ge=1)
     max_job_seconds: int = Field(1800, ge=10, description="Wall-clock limit of one torchrun job.")
     max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest result document CI may upload.")

@@ -5,8 +5,11 @@
   app, the database, FastAPI or Celery;
 - the domain core (parallab/core) reaches only the standard library and pydantic;
 - figure builders (backend/figures) never reach the database or HTTP;
-- one strategy module never imports another (the composing `hybrid` aside; the package's
-  registry and its shared base modules are not strategies);
+- one strategy module never imports another (the rank side's `compose` aside; the packages'
+  registries and their shared base modules are not strategies), and one dimension module never
+  imports another;
+- no strategy or dimension name is compared as a string outside its own descriptor and rank
+  module (capability facts live on the descriptors, not in `if name == ...` elsewhere);
 - no import cycle among the repo's modules.
 
 Imports are read with `ast`, never executed: module-level and function-level alike (an import
@@ -31,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {"__pycache__", "node_modules", "build", "dist", "venv", "site-packages"}
 STDLIB = frozenset(sys.stdlib_module_names)
 CORE_MAY_USE = frozenset({"pydantic", "pydantic_core", "annotated_types", "typing_extensions"})
-STRATEGY_PACKAGES = ("parallab.core.strategies", "workers.strategies")
-COMPOSER = "hybrid"
-SHARED_STRATEGY_MODULES = frozenset({"base"})
+STRATEGY_PACKAGES = ("parallab.core.strategies", "workers.strategies", "parallab.core.dims")
+COMPOSER = "compose"
+SHARED_STRATEGY_MODULES = frozenset({"base", "layout"})
 """Modules of a strategy package that every strategy may import (not strategies themselves)."""
 
 
@@ -97,6 +100,7 @@ class ImportGraph:
         self.modules = frozenset(sources)
         self.roots = frozenset(m.split(".")[0] for m in self.modules)
         self._statements = {m: statements(src, m, is_package=pkg) for m, (src, pkg) in sources.items()}
+        self.sources = {m: src for m, (src, _pkg) in sources.items()}
 
     @classmethod
     def of_tree(cls, root: Path) -> ImportGraph:
@@ -254,7 +258,7 @@ def figures_wall(g: ImportGraph) -> list[str]:
 
 
 def strategy_wall(g: ImportGraph) -> list[str]:
-    """No strategy module imports another; only the composer (`hybrid`) does."""
+    """No strategy (or dimension) module imports another; only the rank side's composer does."""
     out = []
     for package in STRATEGY_PACKAGES:
         members = {m for m in g.modules if m.rpartition(".")[0] == package}
@@ -263,6 +267,47 @@ def strategy_wall(g: ImportGraph) -> list[str]:
             if module.rpartition(".")[2] == COMPOSER:
                 continue
             out += [f"{module} imports {t}" for t in sorted(g.imports(module) & strategies)]
+    return out
+
+
+def _string_constants(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [c for e in node.elts for c in _string_constants(e)]
+    return []
+
+
+def name_comparisons(
+    g: ImportGraph, owners: Mapping[str, frozenset[str]], *, under: tuple[str, ...] = ("parallab", "backend", "workers")
+) -> list[str]:
+    """Comparisons (==, !=, in, ...) of a string constant that is a strategy or dimension name
+    (`owners`: name → the modules that may compare it), outside those modules."""
+    out = []
+    for module in sorted(m for m in g.modules if m.split(".")[0] in under):
+        for node in ast.walk(ast.parse(g.sources[module])):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in (node.left, *node.comparators):
+                for name in _string_constants(side):
+                    if name in owners and module not in owners[name]:
+                        out.append(f"{module}:{node.lineno} compares {name!r}")
+    return out
+
+
+def name_owners() -> dict[str, frozenset[str]]:
+    """Each strategy name → its descriptor's and rank module's names; each dimension name → its
+    descriptor, the layout that declares it and the rank-side composition."""
+    from parallab.core.dims import DIMENSIONS
+    from parallab.core.strategies import REGISTRY
+    from workers.strategies import MODULES
+
+    out = {
+        name: frozenset({type(d).__module__, *([f"workers.strategies.{MODULES[name]}"] if name in MODULES else [])})
+        for name, d in REGISTRY.items()
+    }
+    for name, dim in DIMENSIONS.items():
+        out[name] = out.get(name, frozenset()) | {type(dim).__module__, "parallab.core.layout", "workers.strategies.compose"}
     return out
 
 
@@ -276,7 +321,8 @@ WALLS: dict[str, Callable[[ImportGraph], list[str]]] = {
     "rank code never reaches backend, the database, FastAPI or Celery": rank_wall,
     "the core reaches only the standard library and pydantic": core_wall,
     "figures never reach the database or HTTP": figures_wall,
-    "strategies never import each other (hybrid aside)": strategy_wall,
+    "strategies never import each other (compose aside)": strategy_wall,
+    "no strategy or dimension name is compared outside its own modules": lambda g: name_comparisons(g, name_owners()),
     "no import cycles": cycle_wall,
 }
 
@@ -390,14 +436,20 @@ def test_figures_reaching_the_database_or_http_are_caught():
         assert figures_wall(ImportGraph.of(sources)) != [], bad
 
 
-def test_one_strategy_importing_another_is_caught_but_hybrid_base_and_the_registry_may():
+def test_one_strategy_importing_another_is_caught_but_compose_base_and_the_registry_may():
     ok = {
         "parallab.core.strategies.__init__": "from parallab.core.strategies import ddp, tp, hybrid",
         "parallab.core.strategies.base": "",
+        "parallab.core.strategies.layout": "from parallab.core.strategies.base import StrategyDescriptor",
         "parallab.core.strategies.ddp": "from parallab.core.strategies.base import StrategyDescriptor",
         "parallab.core.strategies.tp": "from .base import StrategyDescriptor",
-        "parallab.core.strategies.hybrid": "from parallab.core.strategies.tp import tp_rules",
+        "parallab.core.strategies.hybrid": "from parallab.core.strategies.layout import LayoutDescriptor",
+        "parallab.core.dims.__init__": "from parallab.core.dims import tp, pp",
+        "parallab.core.dims.tp": "from parallab.core.dims.base import Dimension",
+        "parallab.core.dims.pp": "",
+        "parallab.core.dims.base": "",
         "workers.strategies.__init__": "import importlib",
+        "workers.strategies.compose": "from workers.strategies import ddp, pipeline",
         "workers.strategies.pipeline": "import torch",
         "workers.strategies.ddp": "import torch",
     }
@@ -408,6 +460,24 @@ def test_one_strategy_importing_another_is_caught_but_hybrid_base_and_the_regist
     assert strategy_wall(rank) == ["workers.strategies.pipeline imports workers.strategies.ddp"]
     shared = ImportGraph.of({**ok, "parallab.core.strategies.base": "from parallab.core.strategies import tp"})
     assert strategy_wall(shared) == ["parallab.core.strategies.base imports parallab.core.strategies.tp"]
+    dims = ImportGraph.of({**ok, "parallab.core.dims.pp": "from parallab.core.dims.tp import x"})
+    assert strategy_wall(dims) == ["parallab.core.dims.pp imports parallab.core.dims.tp"]
+
+
+def test_a_strategy_or_dimension_name_compared_outside_its_modules_is_caught():
+    owners = {"pp": frozenset({"parallab.core.strategies.pp", "workers.strategies.pipeline"}), "hybrid": frozenset({"x.hybrid"})}
+    ok = {
+        "parallab.__init__": "",
+        "parallab.core.strategies.pp": "def f(job):\n    return job.strategy == 'pp'\n",
+        "workers.strategies.pipeline": "ok = name in ('pp',)",
+        "parallab.core.recipes": "if mode == 'full':\n    pass\n",
+    }
+    assert name_comparisons(ImportGraph.of(ok), owners) == []
+    bad = {**ok, "parallab.core.recipes": "refused = name in ('tp', 'hybrid')\nif job.strategy != 'pp':\n    pass\n"}
+    assert name_comparisons(ImportGraph.of(bad), owners) == [
+        "parallab.core.recipes:1 compares 'hybrid'",
+        "parallab.core.recipes:2 compares 'pp'",
+    ]
 
 
 def test_cycles_are_caught_even_through_function_level_imports_but_not_type_checking_ones():

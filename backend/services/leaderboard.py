@@ -16,6 +16,7 @@ from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
 from parallab.core.jobs import model_label, workload_custom_fields
 from parallab.core.recipes import loss_tolerance
+from parallab.core.strategies import REFERENCE_STRATEGY
 
 MAX_PAGE = 500
 SORT_COLUMNS: tuple[str, ...] = tuple(sorted(store.SORTABLE))
@@ -209,7 +210,7 @@ def with_efficiency(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The ideal line is linear in world size from a per-rank baseline: the `single` reference
     when the group has one, otherwise each strategy's own smallest world size.
     """
-    single = [p for p in points if p["strategy"] == "single"]
+    single = [p for p in points if p["strategy"] == REFERENCE_STRATEGY]
     reference = (single[0]["tokens_per_s"] / single[0]["world_size"]) if single else None
     smallest: dict[str, dict[str, Any]] = {}
     for p in points:

@@ -13,6 +13,7 @@ from backend.services import pools
 from backend.services.runs import get_run
 from backend.store import runs as store
 from parallab.core.flags import Agreement, agreement
+from parallab.core.strategies import layout_of
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class RunView:
     volume: list[VolumeRow] = field(default_factory=list)
     scheduler: EngineJob | None = None
     """The run's job in an outside scheduler (a Slurm pool's run): its id, state, reason and nodes."""
+    layout: str | None = None
+    """The degrees the run's strategy resolves to (`pp=2,dp_shard=2,tp=2`; "single" for one rank)."""
 
 
 def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:
@@ -100,4 +103,17 @@ def run_view(*, session: Session, run_id: str) -> RunView:
         agreement=agreement_rows(doc) if doc else [],
         volume=volume_rows(doc) if doc else [],
         scheduler=pools.engine_job(session=session, run_id=run.id),
+        layout=layout_label((doc or {}).get("strategy"), run.spec.get("strategy") if isinstance(run.spec, dict) else None),
     )
+
+
+def layout_label(*blocks: Any) -> str | None:
+    """The layout of the first strategy block (the result's, else the spec's) that resolves to one."""
+    for block in blocks:
+        if isinstance(block, dict) and isinstance(block.get("name"), str):
+            raw = block.get("options")
+            options: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            layout = layout_of(block["name"], int(block.get("world_size") or 1), options)
+            if layout is not None:
+                return layout.label()
+    return None

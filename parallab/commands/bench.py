@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
+from parallab.commands.jobspec import fail, layout_flags, parse_options, resolve, spec_document, with_workload_flags
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.strategies import STRATEGY_NAMES
@@ -44,6 +44,12 @@ def bench(
         Path | None, typer.Option(help="A whole job spec (the API's JSON); the flags override it.", exists=True, dir_okay=False)
     ] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help="A layout of degrees, e.g. pp=2,dp_shard=2,tp=2 (the `layout` strategy); the world size defaults to their product."
+        ),
+    ] = None,
     trace: Annotated[bool | None, typer.Option("--trace/--no-trace", help=JobSpec.model_fields["trace"].description)] = None,
     out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
     run_dir: Annotated[Path | None, typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
@@ -59,6 +65,8 @@ def bench(
         options = parse_options(option or [])
     except ValueError as exc:
         fail(str(exc))
+    if layout is not None:
+        strategy, world_size, options = layout_flags(layout, strategy=strategy, world_size=world_size, options=options)
     base = read_spec(spec) if spec else {"strategy": {"name": "single"}}
     doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
     job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps))

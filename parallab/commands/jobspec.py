@@ -13,6 +13,7 @@ import enum
 import functools
 import inspect
 import json
+import math
 import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Literal, NoReturn, Optional, Union, get_args, get_origin
@@ -22,8 +23,10 @@ from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.layout import parse_layout
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, WorkloadField
+from parallab.core.strategies import get_descriptor
 
 ALIASES: dict[str, dict[str, str]] = {"precision": {"mixed": "bf16"}}
 """Values the command line accepts beyond the spec's own, and what they stand for."""
@@ -109,6 +112,20 @@ def parse_options(items: Iterable[str]) -> dict[str, Any]:
         except ValueError:
             options[key.strip()] = raw.strip()
     return options
+
+
+def layout_flags(text: str, *, strategy: str | None, world_size: int | None, options: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    """`--layout pp=2,dp_shard=2,tp=2` as the `layout` strategy: its degrees are options (over any
+    `-o`), and the world size is their product unless `--world-size` says otherwise. Exits 2 on a
+    layout that does not parse or a `--strategy` other than `layout`."""
+    explicit = get_descriptor("layout").name
+    if strategy not in (None, explicit):
+        fail(f"--layout: a layout is the {explicit!r} strategy, not {strategy!r}; give one of --layout or --strategy")
+    try:
+        degrees = parse_layout(text)
+    except ValueError as exc:
+        fail(f"--layout {text!r}: {exc}")
+    return explicit, world_size or math.prod(degrees.values()), {**options, **degrees}
 
 
 def spec_document(

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
 from parallab.core.recipes import recipe_problems
@@ -152,6 +153,11 @@ class ResolvedJob(BaseModel):
         return int(self.spec.workload.grad_accumulation_steps)
 
     @property
+    def layout(self) -> Layout | None:
+        """The layout the strategy resolves to (None for job kinds that train nothing)."""
+        return self.descriptor.layout(self.world_size, self.options)
+
+    @property
     def mesh(self) -> tuple[MeshDim, ...]:
         return self.descriptor.mesh(self.world_size, self.options)
 
@@ -272,7 +278,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         problems.append(
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
-    problems += recipe_problems(descriptor, wl.precision)
+    problems += recipe_problems(descriptor, options, world, wl.precision)
     if problems:
         raise SpecError(problems)
 

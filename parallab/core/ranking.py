@@ -1,7 +1,7 @@
 """The ranking of every configuration of a workload on a cluster (`parallab plan --device`,
 `GET /api/v1/plan?mode=rank`, `/plan`, sweeps; docs/planner.md).
 
-Every strategy with its options (`STRATEGY_GRID`) × precision × recomputation × accumulation is
+Every strategy with the options its descriptor plans (`StrategyDescriptor.plan_grid`) × precision × recomputation × accumulation is
 resolved with `resolve_job` (its SpecErrors are a rejection's reasons), its memory per rank
 predicted (`prediction.predict`: model state + activations) against the device's usable memory,
 the device asked whether it can train in the precision (`hardware.precision_problem`), and its
@@ -26,20 +26,10 @@ from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.recipes import micro_batch_size
 from parallab.core.spec import JobSpec
+from parallab.core.strategies import TRAINING_STRATEGIES, get_descriptor
 
-STRATEGY_GRID: dict[str, list[dict[str, Any]]] = {
-    "ddp": [{}],
-    "fsdp": [{"reshard_after_forward": True}, {"reshard_after_forward": False}],
-    "tp": [{"sequence_parallel": False}, {"sequence_parallel": True}],
-    "pp": [{"schedule": s, "microbatches": k} for s in ("1f1b", "gpipe") for k in (1, 2, 4)],
-    "ring": [{"zigzag": False}, {"zigzag": True}],
-    "moe": [{}],
-    "hybrid": [{"tp": t, "sequence_parallel": sp} for t in (2, 4, 8, 16) for sp in (False, True)],
-}
-"""The options each strategy is planned with (pp's `microbatches` and hybrid's `tp` as multiples
-of the stages / as degrees; candidates that break a rule are rejected with the rule's reason)."""
-RANKED_STRATEGIES: tuple[str, ...] = ("single", *STRATEGY_GRID)
-"""Every strategy the planner ranks (`single` on one rank only; the job kinds that train nothing, never)."""
+RANKED_STRATEGIES: tuple[str, ...] = TRAINING_STRATEGIES
+"""Every strategy the planner ranks (each descriptor plans its own grid; the job kinds that train nothing, never)."""
 DEFAULT_PRECISIONS = ("fp32", "bf16", "fp8")
 """fp16 runs at bf16's speed on every device the catalogue knows: ask for it by name (`--precision fp16`)."""
 DEFAULT_CHECKPOINTING = ("none", "selective", "alternate", "full")
@@ -103,6 +93,7 @@ class Ranking:
 
 
 MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
+"""A row's mesh: a layout's data-parallel dims (dp_replicate × dp_shard) count together as "dp"."""
 
 
 def candidate_specs(
@@ -116,23 +107,20 @@ def candidate_specs(
 ) -> list[dict[str, Any]]:
     """Every (strategy, options, precision, recomputation, accumulation) of `workload` on `world_size` ranks, as raw specs.
 
-    `single` only on one rank; `moe` only for a model with experts (on a dense preset it would
-    train another model); a pipeline's micro-batch counts are multiples of its stages.
+    Each descriptor says what it plans on `world_size` ranks (`plan_grid`: `single` only on one
+    rank, a pipeline's micro-batch counts as multiples of its stages) and whether it needs a model
+    with experts (on a dense preset it would train another model).
     """
     preset = PRESETS.get(str(workload.get("model")))
     is_moe = bool(workload.get("num_experts") or (preset is not None and preset.config.num_experts))
-    names = list(strategies) if strategies is not None else list(STRATEGY_GRID)
+    names = list(strategies) if strategies is not None else list(TRAINING_STRATEGIES)
     out = []
-    if world_size == 1:
-        names = ["single"]
     for name in names:
-        if name == "moe" and not is_moe:
+        descriptor = get_descriptor(name)
+        if descriptor.needs_experts and not is_moe:
             continue
-        grid = [{}] if name == "single" else STRATEGY_GRID.get(name, [{}])
-        for options in grid:
-            opts = dict(options)
-            if name == "pp":
-                opts["microbatches"] = opts["microbatches"] * world_size
+        grid = descriptor.plan_grid(world_size) if strategies is None else (descriptor.plan_grid(world_size) or [{}])
+        for opts in grid:
             for precision, mode, accum in product(precisions, checkpointing, accumulation):
                 out.append(
                     {
@@ -153,7 +141,9 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
     mesh = {d: 1 for d in MESH_DIMS}
     micro = None
     if job is not None:
-        mesh.update({d.name: d.size for d in job.mesh})
+        for d in job.mesh:
+            name = "dp" if d.name.startswith("dp") else d.name
+            mesh[name] = mesh[name] * d.size
         micro = micro_batch_size(job)
     return PlanRow(
         spec=raw,

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from parallab.core.dims import fp8_refused_by
 from parallab.core.problems import SpecProblem
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ ACCUMULATION_TOLERANCE = 1e-6
 """fp32 accumulation against none: the same sums in another order (a few ulps of fp32)."""
 RECIPE_DEFAULTS: dict[str, Any] = {"precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1}
 """The recipe of the reference run."""
-FP8_STRATEGIES_REFUSED = ("tp", "hybrid")
-"""fp8 with tensor parallelism needs torchao's Float8 TP styles in the TP plan; not wired yet."""
 
 
 @dataclass(frozen=True)
@@ -88,14 +87,17 @@ def recipe_of(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
-def recipe_problems(descriptor: StrategyDescriptor[Any], precision: str) -> list[SpecProblem]:
-    """Recipe rules that depend on the strategy, not on the device (the device's are `hardware.precision_problem`)."""
-    if precision == "fp8" and descriptor.trains and descriptor.name in FP8_STRATEGIES_REFUSED:
+def recipe_problems(descriptor: StrategyDescriptor[Any], options: Any, world_size: int, precision: str) -> list[SpecProblem]:
+    """Recipe rules that depend on the layout, not on the device (the device's are `hardware.precision_problem`):
+    fp8 where a dimension of the layout cannot run it (the dimensions' `fp8` capability)."""
+    layout = descriptor.layout(world_size, options) if descriptor.trains else None
+    refused = fp8_refused_by(layout) if layout is not None and precision == "fp8" else []
+    if refused:
         return [
             SpecProblem(
                 ("workload", "precision"),
-                f"fp8 with {descriptor.name} needs torchao's Float8 tensor-parallel styles, which are not wired yet; "
-                "use bf16, or fp8 with single, ddp, fsdp, pp, ring or moe",
+                f"fp8 with {descriptor.name} needs torchao's Float8 tensor-parallel styles, which are not wired yet "
+                f"({', '.join(refused)}); use bf16, or fp8 with a layout without them",
             )
         ]
     return []

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from parallab.core.jobs import ResolvedJob
 from parallab.core.recipes import RECIPE_DEFAULTS
+from parallab.core.strategies import REFERENCE_STRATEGY
 from parallab.core.strategies.moe import MoEOptions
 
 ReferenceSource = Literal["computed", "own", "host cache", "lab database"]
@@ -46,7 +47,7 @@ def reference_job(job: ResolvedJob) -> ResolvedJob:
 
 def is_reference(job: ResolvedJob) -> bool:
     """A `single` run with the reference recipe is its own reference."""
-    return job.strategy == "single" and all(getattr(job.workload, k) == v for k, v in RECIPE_DEFAULTS.items())
+    return job.strategy == REFERENCE_STRATEGY and all(getattr(job.workload, k) == v for k, v in RECIPE_DEFAULTS.items())
 
 
 def reference_key(job: ResolvedJob) -> str:

@@ -94,6 +94,16 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
         ),
         ({"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 3}}}, ["body", "strategy", "options", "tp"], "world size 4"),
         (
+            {"strategy": {"name": "layout", "world_size": 4, "options": {"pp": 2, "dp_shard": 2, "tp": 2}}},
+            ["body", "strategy", "options"],
+            "pp=2 × dp_shard=2 × tp=2 make 8 ranks, not the world size 4",
+        ),
+        (
+            {"strategy": {"name": "layout", "world_size": 2, "options": {"ep": 2}}},
+            ["body", "workload", "num_experts"],
+            "ep=2 needs a model with experts",
+        ),
+        (
             {"strategy": {"name": "ddp", "world_size": 2, "options": {"bucket": 1}}},
             ["body", "strategy", "options", "bucket"],
             "not permitted",

@@ -229,3 +229,31 @@ def test_the_planner_as_a_user_types_it_plans_the_model_described():
     assert doc["params_total"] == 7_697_510_400 and doc["workload"]["ffn_hidden_size"] == 11008 and doc["workload"]["custom"] is True
     plain = runner.invoke(app, ["-s", "ddp", "-n", "2"], env={"COLUMNS": "200"}).stdout
     assert "— tiny: L=4" in plain and "custom" not in plain
+
+
+def test_bench_takes_a_layout_of_degrees_and_refuses_a_bad_one_naming_the_dimension(tmp_path, monkeypatch):
+    from backend.config import get_settings
+    from parallab.cli import app as cli
+    from parallab.commands.jobspec import layout_flags
+
+    assert layout_flags("pp=2,dp_shard=2,tp=2", strategy=None, world_size=None, options={"schedule": "gpipe"}) == (
+        "layout",
+        8,
+        {"schedule": "gpipe", "pp": 2, "dp_shard": 2, "tp": 2},
+    )
+    monkeypatch.setenv("PARALLAB_HOME", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        out = tmp_path / "result.json"
+        for args, says in [
+            (["--layout", "pp=2,dp_shard=2,tp=2", "-n", "4"], "pp=2 × dp_shard=2 × tp=2 make 8 ranks, not the world size 4"),
+            (["--layout", "tp=8"], "workload.num_heads: heads (4) is not divisible by 8 (tp=8)"),
+            (["--layout", "ep=2,dp_shard=2"], "ep=2 needs a model with experts"),
+            (["--layout", "dp=2"], "'dp=2' is not DIM=DEGREE"),
+            (["--layout", "tp=2", "--strategy", "ddp"], "give one of --layout or --strategy"),
+        ]:
+            result = runner.invoke(cli, ["bench", *args, "--out", str(out)])
+            assert result.exit_code == 2 and says in result.output, (args, result.output)
+        assert not out.exists()
+    finally:
+        get_settings.cache_clear()

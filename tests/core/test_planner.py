@@ -124,7 +124,7 @@ def test_fp8_is_rejected_where_the_device_cannot_run_it():
 def test_candidates_cover_every_strategy_option_and_recipe_but_not_another_model():
     specs = candidate_specs({"model": "small"}, 4, precisions=("fp32",), checkpointing=("none",), accumulation=(1,))
     names = {s["strategy"]["name"] for s in specs}
-    assert names == {"ddp", "fsdp", "tp", "pp", "ring", "hybrid"}  # no moe on a dense preset
+    assert names == {"ddp", "fsdp", "tp", "pp", "ring", "hybrid", "hsdp"}  # no moe on a dense preset, no 3d on 4 ranks
     assert {s["strategy"]["options"].get("microbatches") for s in specs if s["strategy"]["name"] == "pp"} == {4, 8, 16}
     assert (
         candidate_specs({"model": "small"}, 1, precisions=("fp32",), checkpointing=("none",), accumulation=(1,))[0]["strategy"]["name"]

@@ -106,7 +106,7 @@ def test_shape_overrides_replace_only_what_they_name():
 
 def test_the_mesh_and_dp_degree_come_from_the_descriptor():
     hybrid = resolve("hybrid", 4, {"tp": 2})
-    assert [(d.name, d.size) for d in hybrid.mesh] == [("dp", 2), ("tp", 2)]
+    assert [(d.name, d.size) for d in hybrid.mesh] == [("dp_shard", 2), ("tp", 2)]  # a layout names its dims
     assert hybrid.dp_degree == 2
     assert (resolve("tp", 2).dp_degree, resolve("ring", 2).dp_degree, resolve("ddp", 4).dp_degree) == (1, 1, 4)
     assert resolve("collectives", 2).tokens_per_step == 0

@@ -78,6 +78,7 @@ def test_run_page_shows_results_and_figures(client, lab):
     timeline = client.get(f"/runs/{lab['pp4'].id}/timeline.json").json()
     assert {t["name"] for t in timeline["data"]} == {"send", "recv"}
     assert "tokens/s" in text and "15,000" in text
+    assert '<code id="run-layout">pp=4</code>' in text  # the layout its strategy resolves to
     moe = client.get(f"/runs/{lab['moe2'].id}").text
     assert 'id="fig-moe"' in moe
 

@@ -71,7 +71,8 @@ def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
     model = build_model(job.model, seed=job.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
     apply_activation_checkpointing(model, job.workload.activation_checkpointing)
     if job.workload.precision == "fp8":
-        amp.convert_to_fp8(model, fsdp_all_gather=job.strategy == "fsdp")
+        layout = job.layout
+        amp.convert_to_fp8(model, fsdp_all_gather=layout is not None and layout.dp_shard > 1)
     return model
 
 

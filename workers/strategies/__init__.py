@@ -5,8 +5,9 @@ the hooks are described) and exposes an instance as `STRATEGY`. The names are th
 strategies of `parallab.core.strategies` (a test holds the two lists equal); adding a strategy is
 its descriptor there plus one module here.
 
-Composition order where strategies combine is fixed: TP, then context parallel, then FSDP or DDP
-(torchtitan's). Only `hybrid` composes (TP then FSDP); the others never import each other.
+Every layout (`hybrid`, `hsdp`, `3d`, `layout`) runs through `compose`, the one module that
+combines the others, in one fixed order (torchtitan's: pipeline split, TP, EP, CP, FSDP/HSDP,
+DDP); the others never import each other.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ MODULES: dict[str, str] = {
     "pp": "pipeline",
     "ring": "ring_attention",
     "moe": "expert_parallel",
-    "hybrid": "hybrid",
+    "hybrid": "compose",
+    "hsdp": "compose",
+    "3d": "compose",
+    "layout": "compose",
 }
 
 __all__ = ["MODULES", "Applied", "MicroBatch", "Strategy", "get"]
@@ -34,7 +38,8 @@ def get(name: str) -> Strategy[Any, Any]:
     """The rank-side strategy `name` (imported on first use: a rank loads only its own)."""
     if name not in MODULES:
         raise KeyError(f"unknown training strategy {name!r}; known: {', '.join(MODULES)}")
-    strategy = importlib.import_module(f"{__name__}.{MODULES[name]}").STRATEGY
+    module = importlib.import_module(f"{__name__}.{MODULES[name]}")
+    strategy = module.STRATEGIES[name] if hasattr(module, "STRATEGIES") else module.STRATEGY
     if not isinstance(strategy, Strategy) or strategy.name != name:
         raise TypeError(f"{__name__}.{MODULES[name]}.STRATEGY is not the {name!r} strategy")
     return strategy

@@ -11,6 +11,8 @@ import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from parallab.core.strategies.ddp import DDPOptions
@@ -24,19 +26,22 @@ class DDPApplied(Applied):
     model: DistributedDataParallel
 
 
+def wrap(model: nn.Module, ctx: RunContext, *, group: dist.ProcessGroup, bucket_cap_mb: float) -> DistributedDataParallel:
+    """`model` placed on the rank's device, in DDP over `group`."""
+    return DistributedDataParallel(
+        model.to(ctx.device),
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        process_group=group,
+        bucket_cap_mb=bucket_cap_mb,
+        broadcast_buffers=False,  # the model has no buffers to keep in step
+    )
+
+
 class DDP(Strategy[DDPOptions, DDPApplied]):
     name = "ddp"
 
     def apply(self, model: Transformer, ctx: RunContext, options: DDPOptions) -> DDPApplied:
-        return DDPApplied(
-            DistributedDataParallel(
-                model.to(ctx.device),
-                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                process_group=ctx.mesh_dim("dp").get_group(),
-                bucket_cap_mb=options.bucket_cap_mb,
-                broadcast_buffers=False,  # the model has no buffers to keep in step
-            )
-        )
+        return DDPApplied(wrap(model, ctx, group=ctx.mesh_dim("dp").get_group(), bucket_cap_mb=options.bucket_cap_mb))
 
     def accumulate(self, applied: DDPApplied, last: bool) -> AbstractContextManager[object]:
         return contextlib.nullcontext() if last else applied.model.no_sync()

@@ -88,6 +88,54 @@ def _stage(ctx: RunContext) -> tuple[int, int]:
     return mesh.get_local_rank(), mesh.size()
 
 
+def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Transformer:
+    """Keep this stage's blocks (`layers`), the embedding on the first stage, norm and head on the last."""
+    keep = {str(i) for i in layers}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def schedule(model: Transformer, ctx: RunContext, *, stage: int, stages: int, kind: str, microbatches: int) -> PipelineApplied:
+    """The stage's `PipelineStage` over the "pp" mesh dim and its schedule, on a model already
+    split, placed (and sharded by the dimensions applied after the split)."""
+    # Each micro-batch's loss carries its share 1/(microbatches × accumulation) itself, and the
+    # schedule's own scale_grads stays off: it rescales *all* held grads at every step() and so
+    # would shrink the earlier accumulation micro-steps' gradients again.
+    # fp16: the loop's loss scale must reach the backward the schedule runs, so loss_fn reads it.
+    share = 1.0 / (ctx.accum_steps * microbatches)
+    scale = LossScale()
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * (share * scale.value)
+
+    loss_fn = _profiled_action("loss", loss, indexed=False)
+    pipe_stage = mark_actions(PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh_dim("pp").get_group()))
+    steps = SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
+    return PipelineApplied(model=model, schedule=steps, loss_scale=scale, stage=stage, stages=stages)
+
+
+def forward_backward(applied: PipelineApplied, batch: MicroBatch, ctx: RunContext, amp: Amp) -> torch.Tensor:
+    """One accumulation micro-step through the schedule; the stage's summed loss (zero off the last stage)."""
+    applied.loss_scale.value = amp.scale
+    losses: list[torch.Tensor] = []
+    target = batch.labels if applied.last else None
+    with amp.autocast(), pipeline_comm():
+        if applied.stage == 0:
+            applied.schedule.step(batch.inputs, target=target, losses=losses, return_outputs=False)
+        else:
+            applied.schedule.step(target=target, losses=losses, return_outputs=False)
+    if not applied.last:
+        return torch.zeros((), device=ctx.device)
+    return torch.stack([loss.detach() for loss in losses]).sum() / amp.scale
+
+
 class Pipeline(Strategy[PPOptions, PipelineApplied]):
     name = "pp"
 
@@ -95,43 +143,11 @@ class Pipeline(Strategy[PPOptions, PipelineApplied]):
         stage, stages = _stage(ctx)
         layout = get_descriptor(self.name).stage_layers(model.cfg, stages, options)
         assert layout is not None, "the pp descriptor lays out stages"
-        keep = {str(i) for i in layout[stage]}
-        for name in list(model.layers.keys()):
-            if name not in keep:
-                del model.layers[name]
-        if stage != 0:
-            model.tok_embeddings = None
-        if stage != stages - 1:
-            model.norm = None
-            model.output = None
-        model = model.to(ctx.device)
-        # Each micro-batch's loss carries its share 1/(microbatches × accumulation) itself, and the
-        # schedule's own scale_grads stays off: it rescales *all* held grads at every step() and so
-        # would shrink the earlier accumulation micro-steps' gradients again.
-        # fp16: the loop's loss scale must reach the backward the schedule runs, so loss_fn reads it.
-        share = 1.0 / (ctx.accum_steps * options.n_microbatches)
-        scale = LossScale()
-
-        def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * (share * scale.value)
-
-        loss_fn = _profiled_action("loss", loss, indexed=False)
-        pipe_stage = mark_actions(PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh_dim("pp").get_group()))
-        schedule = SCHEDULES[options.schedule](pipe_stage, n_microbatches=options.n_microbatches, loss_fn=loss_fn, scale_grads=False)
-        return PipelineApplied(model=model, schedule=schedule, loss_scale=scale, stage=stage, stages=stages)
+        model = split(model, stage=stage, stages=stages, layers=layout[stage]).to(ctx.device)
+        return schedule(model, ctx, stage=stage, stages=stages, kind=options.schedule, microbatches=options.n_microbatches)
 
     def forward_backward(self, applied: PipelineApplied, batch: MicroBatch, ctx: RunContext, options: PPOptions, amp: Amp) -> torch.Tensor:
-        applied.loss_scale.value = amp.scale
-        losses: list[torch.Tensor] = []
-        target = batch.labels if applied.last else None
-        with amp.autocast(), pipeline_comm():
-            if applied.stage == 0:
-                applied.schedule.step(batch.inputs, target=target, losses=losses, return_outputs=False)
-            else:
-                applied.schedule.step(target=target, losses=losses, return_outputs=False)
-        if not applied.last:
-            return torch.zeros((), device=ctx.device)
-        return torch.stack([loss.detach() for loss in losses]).sum() / amp.scale
+        return forward_backward(applied, batch, ctx, amp)
 
     def loss_weight(self, ctx: RunContext, options: PPOptions) -> float:
         stage, stages = _stage(ctx)

@@ -167,6 +167,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "agreement": view.agreement,
             "volume": view.volume,
             "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
+            "layout": view.layout,
             "finished": view.run.status in FINISHED_STATUSES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,

@@ -1,5 +1,9 @@
 """The strategy registry: every name a job spec may carry, mapped to its descriptor.
 
+Every training strategy is a preset of a layout (`StrategyDescriptor.layout`); `layout` is any
+layout written out, and `hybrid`, `hsdp` and `3d` take all their costs from the composed
+dimensions (`parallab.core.dims`).
+
 Adding a strategy is one descriptor module here (options, mesh, rules, costs) and one rank
 module in `workers/strategies/` (apply it to a model on a mesh); everything that lists
 strategies — the spec's enum, the form, the CLI's help, prediction — reads this registry.
@@ -9,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hybrid, moe, pp, ring, single, tp
+from parallab.core.layout import Layout
+from parallab.core.strategies import calibrate, collectives, ddp, fsdp, hsdp, hybrid, layout, moe, pp, ring, single, three_d, tp
 from parallab.core.strategies.base import StrategyDescriptor
 
 REGISTRY: dict[str, StrategyDescriptor[Any]] = {
@@ -23,6 +28,9 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
         ring.DESCRIPTOR,
         moe.DESCRIPTOR,
         hybrid.DESCRIPTOR,
+        hsdp.DESCRIPTOR,
+        three_d.DESCRIPTOR,
+        layout.DESCRIPTOR,
         collectives.DESCRIPTOR,
         calibrate.DESCRIPTOR,
     )
@@ -30,7 +38,23 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
 """Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
+REFERENCE_STRATEGY: str = single.DESCRIPTOR.name
+"""The one-process reference every run's loss and gradients are held against."""
 TRAINING_STRATEGIES: tuple[str, ...] = tuple(name for name, d in REGISTRY.items() if d.trains)
+
+
+def layout_of(name: str, world_size: int, options: dict[str, Any]) -> Layout | None:
+    """The layout a strategy block (a spec's, or a stored or uploaded result's) resolves to; None
+    for an unknown name, options that do not parse, or a job kind that trains nothing."""
+    descriptor = REGISTRY.get(name)
+    if descriptor is None:
+        return None
+    try:
+        parsed = descriptor.complete_options(descriptor.parse_options(options), world_size)
+    except ValueError:  # pydantic's ValidationError included
+        return None
+    layout: Layout | None = descriptor.layout(world_size, parsed)
+    return layout
 
 
 def get_descriptor(name: str) -> StrategyDescriptor[Any]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from parallab.core.costs import model_tensors, numel
+from parallab.core.dims.base import ActivationLayout, CommItem
+from parallab.core.layout import Layout
 from parallab.core.metrics import wire_bytes
 from parallab.core.model import ModelConfig, Preset
 from parallab.core.options import NoOptions, StrategyOptions
@@ -55,54 +57,6 @@ class Draft(Generic[OptionsT]):
     grad_accumulation_steps: int
 
 
-@dataclass(frozen=True)
-class ActivationLayout:
-    """How a strategy lays activations over a rank, for the activation prediction (`parallab.core.activations`)."""
-
-    tokens: int
-    """Tokens whose per-layer activations one rank holds at its peak (all micro-batches in flight)."""
-    layers: int
-    """Blocks on the rank."""
-    head_tokens: int
-    """Tokens whose LM-head activations (the fp32 log-softmax) the rank keeps; 0 without the head."""
-    tp: int = 1
-    """Ways the attention and MLP interiors are split (tensor parallel degree)."""
-    sequence_parallel: bool = False
-    micro_tokens: int | None = None
-    """Tokens of one micro-batch: what is recomputed at once under full checkpointing, and whose
-    logits' gradient exists at once in backward (None: `tokens`, one micro-batch in flight)."""
-    experts_local: int | None = None
-    """MoE experts on the rank (None: all of them)."""
-    weight_copies: bool = True
-    """Whether autocast casts this rank's block weights (False where FSDP gathers them in 16 bits)."""
-    name: str = ""
-    """Which rank this layout is, when ranks differ (a pipeline stage)."""
-
-    @property
-    def micro(self) -> int:
-        return self.tokens if self.micro_tokens is None else self.micro_tokens
-
-
-@dataclass(frozen=True)
-class CommItem:
-    """One kind of communication a rank does per step, as the step-time estimate needs it
-    (`parallab.core.planner`): its bytes (nccl-tests' buffer convention), in how many calls, on
-    a group of how many ranks (`stride`: the rank distance between group members — a group
-    crosses a node boundary when it spans more ranks than a node holds), and the share of its
-    time the strategy can hide under compute on a device that overlaps (issue 14)."""
-
-    op: str
-    bytes_per_step: int
-    calls: int
-    group_size: int
-    stride: int = 1
-    overlap: float = 0.0
-
-    @property
-    def bytes_per_call(self) -> int:
-        return self.bytes_per_step // max(self.calls, 1)
-
-
 class StrategyDescriptor(Generic[OptionsT]):
     """A strategy's facts and formulas. Subclasses set the class attributes and override what differs."""
 
@@ -115,6 +69,23 @@ class StrategyDescriptor(Generic[OptionsT]):
     dense_only: ClassVar[bool] = False
     min_world_size: ClassVar[int] = 2
     max_world_size: ClassVar[int | None] = None
+    needs_experts: ClassVar[bool] = False
+    """Whether the planner offers it only for a model with experts (on a dense preset it would train another model)."""
+    plan_options: ClassVar[tuple[dict[str, Any], ...]] = ()
+    """The options the planner's grid varies (`plan_grid`); none: the planner does not offer it."""
+
+    # ---- the layout it is a preset of ----
+
+    def layout(self, world_size: int, options: OptionsT) -> Layout | None:
+        """The layout this strategy resolves to on `world_size` ranks (None: a job kind that trains nothing)."""
+        return None
+
+    def plan_grid(self, world_size: int) -> list[dict[str, Any]]:
+        """The options the planner tries on `world_size` ranks (a capability fact of the strategy,
+        so the planner names none): `plan_options`, on at least `min_world_size` ranks."""
+        if world_size < self.min_world_size or (self.max_world_size is not None and world_size > self.max_world_size):
+            return []
+        return [dict(o) for o in self.plan_options]
 
     # ---- resolution ----
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES
+from parallab.core.layout import Layout
 from parallab.core.model import param_counts
 from parallab.core.strategies.base import CommItem, StrategyDescriptor, StrategyOptions
 
@@ -22,6 +23,10 @@ class DDP(StrategyDescriptor[DDPOptions]):
     name = "ddp"
     title = "data parallel, gradient all-reduce"
     options_model = DDPOptions
+    plan_options = ({},)
+
+    def layout(self, world_size: int, options: DDPOptions) -> Layout:
+        return Layout(dp_replicate=world_size, bucket_cap_mb=options.bucket_cap_mb)
 
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         """One all-reduce of every (fp32) gradient: Ψ·4 bytes, however it is bucketed."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
+from parallab.core.layout import Layout
 from parallab.core.model import Preset, param_counts
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
@@ -27,6 +28,11 @@ class MoE(StrategyDescriptor[MoEOptions]):
     name = "moe"
     title = "expert parallel, all-to-all dispatch"
     options_model = MoEOptions
+    needs_experts = True
+    plan_options = ({},)
+
+    def layout(self, world_size: int, options: MoEOptions) -> Layout:
+        return Layout(ep=world_size, aux_loss_coef=options.aux_loss_coef)
 
     def model_defaults(self, preset: Preset, overrides: dict[str, Any]) -> dict[str, Any]:
         """A dense preset runs with the preset's default number of experts unless the spec names some."""

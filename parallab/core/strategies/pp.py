@@ -7,11 +7,12 @@ micro-batches; every rank sees every row (no data parallelism on this mesh).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from parallab.core.costs import Tensor, model_tensors, numel
+from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
@@ -44,6 +45,15 @@ class PP(StrategyDescriptor[PPOptions]):
     title = "pipeline stages over layers"
     options_model = PPOptions
     dense_only = True
+
+    def layout(self, world_size: int, options: PPOptions) -> Layout:
+        return Layout(pp=world_size, schedule=options.schedule, microbatches=options.microbatches or 2 * world_size)
+
+    def plan_grid(self, world_size: int) -> list[dict[str, Any]]:
+        """Both schedules, with 1, 2 and 4 micro-batches per stage."""
+        if world_size < self.min_world_size:
+            return []
+        return [{"schedule": s, "microbatches": k * world_size} for s in ("1f1b", "gpipe") for k in (1, 2, 4)]
 
     def complete_options(self, options: PPOptions, world_size: int) -> PPOptions:
         if options.microbatches is None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES
+from parallab.core.layout import Layout
 from parallab.core.model import param_counts
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
@@ -28,6 +29,10 @@ class Ring(StrategyDescriptor[RingOptions]):
     title = "context parallel ring attention"
     options_model = RingOptions
     dense_only = True
+    plan_options = ({"zigzag": False}, {"zigzag": True})
+
+    def layout(self, world_size: int, options: RingOptions) -> Layout:
+        return Layout(cp=world_size, zigzag=options.zigzag)
 
     def mesh(self, world_size: int, options: RingOptions) -> tuple[MeshDim, ...]:
         return (MeshDim("cp", world_size),)

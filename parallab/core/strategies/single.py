@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
 from parallab.core.strategies.base import NoOptions, StrategyDescriptor
 
@@ -14,6 +15,10 @@ class Single(StrategyDescriptor[NoOptions]):
     options_model = NoOptions
     min_world_size: ClassVar[int] = 1
     max_world_size: ClassVar[int | None] = 1
+    plan_options: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def layout(self, world_size: int, options: NoOptions) -> Layout:
+        return Layout()
 
     def world_size_problems(self, world_size: int) -> list[SpecProblem]:
         if world_size != 1:

@@ -1,0 +1,183 @@
+"""What every dimension descriptor says about itself, and the view of a job its formulas read.
+
+A dimension (dp_replicate, dp_shard, cp, tp, pp, ep) is pure: its rules (each naming the field and
+the numbers), its share of model state (how it cuts one tensor a rank holds), its communication
+on its own sub-mesh (`CommItem`s: group size, stride, overlap), its effect on activations and the
+bubble it adds. `parallab.core.dims.compose` sums them over a layout; a degree of 1 adds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from parallab.core.costs import Tensor, model_tensors, numel
+from parallab.core.layout import Layout
+from parallab.core.model import ModelConfig
+from parallab.core.problems import Loc, SpecProblem
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+
+
+@dataclass(frozen=True)
+class ActivationLayout:
+    """How a strategy lays activations over a rank, for the activation prediction (`parallab.core.activations`)."""
+
+    tokens: int
+    """Tokens whose per-layer activations one rank holds at its peak (all micro-batches in flight)."""
+    layers: int
+    """Blocks on the rank."""
+    head_tokens: int
+    """Tokens whose LM-head activations (the fp32 log-softmax) the rank keeps; 0 without the head."""
+    tp: int = 1
+    """Ways the attention and MLP interiors are split (tensor parallel degree)."""
+    sequence_parallel: bool = False
+    micro_tokens: int | None = None
+    """Tokens of one micro-batch: what is recomputed at once under full checkpointing, and whose
+    logits' gradient exists at once in backward (None: `tokens`, one micro-batch in flight)."""
+    experts_local: int | None = None
+    """MoE experts on the rank (None: all of them)."""
+    weight_copies: bool = True
+    """Whether autocast casts this rank's block weights (False where FSDP gathers them in 16 bits)."""
+    name: str = ""
+    """Which rank this layout is, when ranks differ (a pipeline stage)."""
+
+    @property
+    def micro(self) -> int:
+        return self.tokens if self.micro_tokens is None else self.micro_tokens
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """One kind of communication a rank does per step, as the step-time estimate needs it
+    (`parallab.core.planner`): its bytes (nccl-tests' buffer convention), in how many calls, on
+    a group of how many ranks (`stride`: the rank distance between group members — a group
+    crosses a node boundary when it spans more ranks than a node holds), and the share of its
+    time the strategy can hide under compute on a device that overlaps (issue 14)."""
+
+    op: str
+    bytes_per_step: int
+    calls: int
+    group_size: int
+    stride: int = 1
+    overlap: float = 0.0
+
+    @property
+    def bytes_per_call(self) -> int:
+        return self.bytes_per_step // max(self.calls, 1)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a dimension's rules see while a spec is resolved."""
+
+    model: ModelConfig
+    layout: Layout
+    global_batch_size: int
+    grad_accumulation_steps: int
+    loc: Loc
+    """Where the degrees live in the spec (`strategy.options` or `strategy.world_size` for a preset)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved job seen through its layout: what the cost formulas read."""
+
+    job: ResolvedJob
+    layout: Layout
+    dims: tuple[Dimension, ...]
+    """Every dimension in the order the ranks apply them (`parallab.core.dims.APPLY_ORDER`)."""
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.job.model
+
+    @property
+    def precision(self) -> str:
+        return str(self.job.workload.precision)
+
+    @property
+    def tokens_per_replica(self) -> int:
+        """Tokens one data-parallel replica processes per optimizer step (all micro-steps)."""
+        return self.job.global_batch_size // self.layout.dp * self.model.seq_len
+
+    @property
+    def stages(self) -> list[list[Tensor]]:
+        """The tensors of each pipeline stage (one stage without a pipeline)."""
+        p = self.layout.pp
+        tensors = model_tensors(self.model)
+        if p == 1:
+            return [tensors]
+        per = self.model.num_layers // p
+        return [[t for t in tensors if on_stage(t, s, range(s * per, (s + 1) * per), last=p - 1)] for s in range(p)]
+
+    def local_shapes(self, upto: str | None = None) -> list[list[tuple[int, ...]]]:
+        """Per stage, the shape of each tensor one rank keeps once every dimension before `upto`
+        (all of them: None) has taken its share."""
+        out = []
+        for stage in self.stages:
+            shapes = []
+            for t in stage:
+                shape = t.shape
+                for dim in self.dims:
+                    if dim.name == upto:
+                        break
+                    shape = dim.local_shape(t, shape, self.layout)
+                shapes.append(shape)
+            out.append(shapes)
+        return out
+
+    def busiest_shapes(self, upto: str) -> list[tuple[int, ...]]:
+        """`local_shapes(upto)` of the stage that holds the most elements."""
+        return max(self.local_shapes(upto), key=lambda shapes: sum(numel(s) for s in shapes))
+
+
+def on_stage(t: Tensor, stage: int, layers: range, *, last: int) -> bool:
+    """Blocks by layer; the embedding on the first stage, the final norm and head on the last."""
+    if t.layer is not None:
+        return t.layer in layers
+    if t.name.startswith("tok_embeddings"):
+        return stage == 0
+    return stage == last
+
+
+class Dimension:
+    """One dimension's facts and formulas; the defaults are a dimension that changes nothing."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    fp8: ClassVar[bool] = True
+    """Whether the rank side runs it with fp8 (torchao's Float8Linear) — a capability fact."""
+    dense_only: ClassVar[bool] = False
+    """Whether it needs a dense model (experts: only ep splits them)."""
+    splits_batch: ClassVar[bool] = False
+    """Whether its ranks take different rows of the batch (the data-parallel dimensions)."""
+
+    def degree(self, layout: Layout) -> int:
+        return int(getattr(layout, self.name))
+
+    def rules(self, draft: Draft) -> list[SpecProblem]:
+        return []
+
+    def local_shape(self, t: Tensor, shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
+        """The part of `shape` (what the dimensions before it left of `t`) one rank keeps at rest."""
+        return shape
+
+    def comm(self, plan: Plan) -> list[CommItem]:
+        """Its communication per step on the busiest rank, on its own groups."""
+        return []
+
+    def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
+        """Its effect on each kind of rank's activation layout."""
+        return layouts
+
+    def bubble(self, plan: Plan) -> float | None:
+        return None
+
+
+def divisible(loc: Loc, what: str, value: int, dim: str, degree: int) -> list[SpecProblem]:
+    """[] when `degree` divides `value`; else a problem naming the field, the dimension and both numbers."""
+    if degree > 1 and value % degree:
+        return [SpecProblem(loc, f"{what} ({value}) is not divisible by {degree} ({dim}={degree})")]
+    return []

@@ -1,0 +1,114 @@
+"""tp: Megatron tensor parallelism on the innermost mesh dim. Its formulas live here; the `tp`
+strategy (tp alone) and every composed layout use them.
+
+Each rank holds `tp_local` of every tensor. Per step it runs `tp_comm` for the tokens of its
+data-parallel replica over the blocks of its pipeline stage; under a pipeline only the first stage
+has the embedding's all-reduce and only the last the head's, so the busiest (last) stage does one
+end, not two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import ClassVar
+
+from parallab.core.costs import Tensor, activation_dtype_bytes, tp_local
+from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible
+from parallab.core.layout import Layout
+from parallab.core.model import ModelConfig
+from parallab.core.problems import SpecProblem
+
+TP_ALL_REDUCES_PER_LAYER = 4
+"""Megatron-LM (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.1): per transformer layer and
+training step, one all-reduce of (b, s, h) after the attention and one after the MLP forward
+(the row-parallel outputs, operator g), and one each backward (the conjugate operator f at each
+block's input) — 4 all-reduces of b·s·h per layer."""
+
+
+def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool) -> dict[str, int]:
+    """Megatron TP per step, for `tokens` tokens (b·s) of `act`-byte activations.
+
+    Without SP, per layer: Megatron's 4 all-reduces of b·s·h (`TP_ALL_REDUCES_PER_LAYER`) — the
+    harness prepares each attention and MLP block's input once (PrepareModuleInput), so wq/wk/wv
+    and w1/w3 share one input gradient all-reduce per block. The ends, which Megatron's count
+    leaves out: the vocab-parallel embedding all-reduces its output (forward, b·s·h), the
+    column-parallel head all-reduces its input gradient (backward, b·s·h) and all-gathers its
+    logits (forward, b·s·V — the harness takes a plain cross-entropy on replicated logits where
+    Megatron fuses a vocab-parallel one). So all_reduce = (4L + 2)·b·s·h, all_gather = b·s·V.
+    With SP (Korthikanti et al. 2022), per layer each all-reduce becomes a reduce-scatter plus an
+    all-gather of the same buffer: 4 + 4 of b·s·h; the embedding reduce-scatters its output
+    (forward) and all-gathers that gradient (backward); the head all-gathers its input
+    (reduce-scatter backward) and its logits. The norm weights' gradients (replicated weights on
+    a sequence shard) get no collective in the harness, so none is counted.
+    """
+    bsh = tokens * cfg.hidden_size * act
+    logits = tokens * cfg.vocab_size * act
+    layers = cfg.num_layers
+    if not sequence_parallel:
+        return {"all_reduce": (TP_ALL_REDUCES_PER_LAYER * layers + 2) * bsh, "all_gather": logits}
+    return {"all_gather": (4 * layers + 2) * bsh + logits, "reduce_scatter": (4 * layers + 2) * bsh}
+
+
+def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
+    """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives)."""
+    layers = cfg.num_layers
+    if not sequence_parallel:
+        return {"all_reduce": TP_ALL_REDUCES_PER_LAYER * layers + 2, "all_gather": 1}
+    return {"all_gather": 4 * layers + 3, "reduce_scatter": 4 * layers + 2}
+
+
+def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequence_parallel: bool, n: int) -> list[CommItem]:
+    """`tp_comm`'s ops as calls: each sits between the matmuls that need it, so none hides under compute."""
+    calls = tp_calls(cfg, sequence_parallel=sequence_parallel)
+    return [CommItem(op, nbytes, calls[op] * micro_steps, n) for op, nbytes in comm.items()]
+
+
+class TensorParallel(Dimension):
+    name = "tp"
+    title = "Megatron column/row tensor parallel (+ sequence parallel)"
+    fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan
+    dense_only: ClassVar[bool] = True
+
+    def rules(self, draft: Draft) -> list[SpecProblem]:
+        tp, model = draft.layout.tp, draft.model
+        out = divisible(("workload", "num_heads"), "heads", model.num_heads, "tp", tp)
+        out += divisible(("workload", "ffn_hidden_size"), "ffn hidden size", model.ffn_hidden_size, "tp", tp)
+        if draft.layout.sequence_parallel:
+            out += divisible(("workload", "seq_len"), "sequence length", model.seq_len, "tp", tp)
+            if draft.layout.pp > 1:
+                loc = (*draft.loc, "sequence_parallel")
+                out.append(
+                    SpecProblem(
+                        loc, f"sequence parallel with pp={draft.layout.pp} is not composed yet: its stage outputs are sequence shards"
+                    )
+                )
+        return out
+
+    def local_shape(self, t: Tensor, shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
+        return tp_local(t, layout.tp)
+
+    def comm(self, plan: Plan) -> list[CommItem]:
+        lay = plan.layout
+        if lay.tp == 1:
+            return []
+        sp, model = lay.sequence_parallel, plan.model
+        act = activation_dtype_bytes(plan.precision)
+        stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
+        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp)
+        if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding
+            bsh = plan.tokens_per_replica * model.hidden_size * act
+            comm["all_reduce"] -= bsh
+        forwards = plan.job.accum_steps * lay.microbatches  # every pipeline micro-batch runs the stage's TP
+        items = tp_items(comm, stage_model, micro_steps=forwards, sequence_parallel=sp, n=lay.tp)
+        if lay.pp > 1:
+            items = [replace(i, calls=i.calls - forwards) if i.op == "all_reduce" else i for i in items]
+        return items
+
+    def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
+        lay = plan.layout
+        if lay.tp == 1:
+            return layouts
+        return [replace(a, tp=lay.tp, sequence_parallel=lay.sequence_parallel) for a in layouts]
+
+
+DIMENSION = TensorParallel()

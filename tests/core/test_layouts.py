@@ -1,0 +1,160 @@
+"""Layouts: every strategy resolves to one, the dimensions' composition reproduces the 1-D
+strategies' own formulas, bad degrees name the dimension and the numbers, and the planner's grid
+is the runtime's grid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from parallab.core import dims
+from parallab.core.hardware import load_catalogue
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.layout import Layout, parse_layout
+from parallab.core.planner import Hardware
+from parallab.core.problems import SpecError
+from parallab.core.ranking import plan_cluster
+from parallab.core.spec import JobSpec
+from workers.strategies import MODULES
+
+
+def resolve(strategy: str, world: int, options: dict[str, Any] | None = None, **workload: Any) -> ResolvedJob:
+    doc = {"workload": {"model": "tiny", **workload}, "strategy": {"name": strategy, "world_size": world, "options": options or {}}}
+    return resolve_job(JobSpec.model_validate(doc), Limits())
+
+
+def problems(strategy: str, world: int, options: dict[str, Any] | None = None, **workload: Any) -> list[tuple[tuple[str | int, ...], str]]:
+    with pytest.raises(SpecError) as caught:
+        resolve(strategy, world, options, **workload)
+    return [(p.loc, p.msg) for p in caught.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "options", "degrees"),
+    [
+        ("single", 1, {}, {}),
+        ("ddp", 4, {}, {"dp_replicate": 4}),
+        ("fsdp", 4, {}, {"dp_shard": 4}),
+        ("tp", 2, {}, {"tp": 2}),
+        ("pp", 2, {}, {"pp": 2}),
+        ("ring", 2, {}, {"cp": 2}),
+        ("moe", 2, {}, {"ep": 2}),
+        ("hybrid", 8, {"tp": 2}, {"dp_shard": 4, "tp": 2}),
+        ("hsdp", 4, {}, {"dp_replicate": 2, "dp_shard": 2}),
+        ("3d", 8, {}, {"pp": 2, "dp_shard": 2, "tp": 2}),
+        ("layout", 8, {"pp": 2, "tp": 2}, {"pp": 2, "dp_shard": 2, "tp": 2}),  # dp_shard takes the rest
+    ],
+)
+def test_every_strategy_is_a_preset_of_a_layout(strategy, world, options, degrees):
+    job = resolve(strategy, world, options, **({"num_experts": 4} if strategy == "moe" else {}))
+    layout = job.layout
+    assert layout is not None and layout.size == world
+    assert {k: v for k, v in layout.degrees.items() if v > 1} == degrees
+
+
+def test_the_mesh_names_the_dims_in_torchtitans_order_and_leaves_degree_one_out():
+    job = resolve("3d", 8)
+    assert [(d.name, d.size) for d in job.mesh] == [("pp", 2), ("dp_shard", 2), ("tp", 2)]
+    assert [d.name for d in resolve("hsdp", 4).mesh] == ["dp_replicate", "dp_shard"]
+    assert job.dp_degree == 2 and resolve("hsdp", 8, {"dp_replicate": 2}).dp_degree == 8
+
+
+def test_an_explicit_layout_is_the_same_job_as_its_preset():
+    hybrid, explicit = resolve("hybrid", 4, {"tp": 2}), resolve("layout", 4, {"dp_shard": 2, "tp": 2})
+    assert hybrid.layout == explicit.layout
+    for what in ("param_elements_per_rank", "comm_bytes_per_step", "comm_items", "activation_layouts"):
+        assert getattr(hybrid.descriptor, what)(hybrid) == getattr(explicit.descriptor, what)(explicit), what
+
+
+@pytest.mark.parametrize(("strategy", "world", "options"), [("ddp", 4, {}), ("fsdp", 4, {}), ("fsdp", 2, {"reshard_after_forward": False}),
+                                                            ("tp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}),
+                                                            ("pp", 4, {"microbatches": 4}), ("ring", 2, {})])  # fmt: skip
+def test_the_composed_dimensions_reproduce_each_1d_strategys_own_formulas(strategy, world, options):
+    """The dims are not a second model of the costs: on a 1-D layout they give what the strategy's
+    descriptor gives (bytes by op, per-rank parameters, the bubble)."""
+    job = resolve(strategy, world, options)
+    assert job.layout is not None
+    composed = dims.compose(job, job.layout)
+    assert composed.comm_bytes_per_step() == job.descriptor.comm_bytes_per_step(job)
+    assert composed.param_elements_per_rank() == job.descriptor.param_elements_per_rank(job)
+    assert composed.bubble_fraction() == job.descriptor.bubble_fraction(job)
+
+
+def test_hsdp_holds_a_dp_shard_share_and_all_reduces_the_shard_over_the_replicas():
+    hsdp, fsdp2 = resolve("hsdp", 4), resolve("fsdp", 2)
+    assert hsdp.descriptor.param_elements_per_rank(hsdp) == fsdp2.descriptor.param_elements_per_rank(fsdp2)
+    comm, inner = hsdp.descriptor.comm_bytes_per_step(hsdp), fsdp2.descriptor.comm_bytes_per_step(fsdp2)
+    assert comm == {**inner, "all_reduce": inner["reduce_scatter"] // 2}
+    groups = {(i.op, i.group_size, i.stride) for i in hsdp.descriptor.comm_items(hsdp)}
+    assert groups == {("all_gather", 2, 1), ("reduce_scatter", 2, 1), ("all_reduce", 2, 2)}
+
+
+def test_pp_by_tp_does_one_end_of_tp_per_stage_and_3d_cuts_state_three_ways():
+    job = resolve("layout", 4, {"pp": 2, "tp": 2})
+    bsh = job.global_batch_size * job.model.seq_len * job.model.hidden_size * 4
+    assert job.descriptor.comm_bytes_per_step(job)["all_reduce"] == (4 * job.model.num_layers // 2 + 1) * bsh
+    three = resolve("3d", 8)
+    pp_only = resolve("pp", 2)
+    assert max(three.descriptor.param_elements_per_rank(three)) < max(pp_only.descriptor.param_elements_per_rank(pp_only)) / 3
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "options", "workload", "loc", "says"),
+    [
+        ("layout", 4, {"pp": 2, "tp": 2, "dp_shard": 2}, {}, ("strategy", "options"), "× tp=2 make 8 ranks, not the world size 4"),
+        ("layout", 8, {"tp": 8}, {}, ("workload", "num_heads"), "heads (4) is not divisible by 8 (tp=8)"),
+        ("layout", 6, {"pp": 3, "dp_shard": 2}, {}, ("workload", "num_layers"), "layers (4) is not divisible by 3 (pp=3)"),
+        ("layout", 4, {"ep": 4}, {}, ("workload", "num_experts"), "ep=4 needs a model with experts; 0 experts is a dense model"),
+        ("layout", 4, {"pp": 2, "dp_shard": 2}, {"global_batch_size": 6}, ("workload", "global_batch_size"), "global batch size (6)"),
+        ("layout", 4, {"pp": 2, "dp_shard": 2, "microbatches": 1}, {}, ("strategy", "options", "microbatches"), "at least pp=2"),
+        ("layout", 4, {"cp": 2, "dp_shard": 2}, {}, ("strategy", "options", "cp"), "cp=2 runs alone for now (the ring strategy)"),
+        ("hsdp", 4, {"dp_replicate": 4}, {}, ("strategy", "options", "dp_replicate"), "dp_replicate=4 on 4 ranks"),
+        ("3d", 4, {}, {}, ("strategy", "options"), "pp=2 × tp=2 on 4 ranks"),
+        ("3d", 8, {}, {"precision": "fp8"}, ("workload", "precision"), "fp8 with 3d needs torchao's Float8 tensor-parallel styles"),
+    ],
+)  # fmt: skip
+def test_bad_degrees_name_the_dimension_and_the_numbers(strategy, world, options, workload, loc, says):
+    found = problems(strategy, world, options, **workload)
+    assert [p for p in found if p[0] == loc and says in p[1]], found
+
+
+def test_a_dense_only_dimension_refuses_experts_and_ep_takes_them():
+    assert problems("layout", 4, {"dp_shard": 2, "tp": 2}, num_experts=4) == [
+        (("workload", "num_experts"), "tp=2 supports dense models only (4 experts)")
+    ]
+    assert resolve("hsdp", 4, num_experts=4).model.is_moe  # FSDP shards experts like any tensor
+
+
+def test_a_stored_strategy_block_resolves_to_its_layout_and_a_preset_meets_its_explicit_layout():
+    from parallab.core.strategies import layout_of
+
+    hybrid, explicit = layout_of("hybrid", 4, {"tp": 2}), layout_of("layout", 4, {"dp_shard": 2, "tp": 2})
+    assert hybrid is not None and hybrid == explicit and hybrid.label() == "dp_shard=2,tp=2"
+    assert layout_of("pp", 4, {}) == Layout(pp=4, microbatches=8)
+    assert layout_of("warp", 2, {}) is None and layout_of("ddp", 2, {"bucket": 1}) is None and layout_of("collectives", 2, {}) is None
+
+
+def test_parse_layout_reads_degrees_and_refuses_what_is_not_one():
+    assert parse_layout("pp=2, dp_shard=2,tp=2") == {"pp": 2, "dp_shard": 2, "tp": 2}
+    for bad, says in [
+        ("pp=2,pp=2", "given twice"),
+        ("dp=2", "DIM=DEGREE"),
+        ("tp=0", "at least 1"),
+        ("tp=x", "whole number"),
+        ("", "empty"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            parse_layout(bad)
+    assert Layout(pp=2, dp_shard=2, tp=2).label() == "pp=2,dp_shard=2,tp=2" and Layout().label() == "single"
+
+
+def test_every_fitting_plan_candidate_for_tiny_on_8_ranks_is_a_job_the_ranks_can_run():
+    """The planner's grid is the runtime's grid: each fitting candidate resolves as a job spec, its
+    strategy has a rank module, and its layout fills the 8 ranks."""
+    hw = Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=8)
+    ranking = plan_cluster({"model": "tiny"}, hw, world_size=8, precisions=("fp32",), checkpointing=("none",), accumulation=(1,))
+    assert {"ddp", "fsdp", "hsdp", "hybrid", "ring", "3d"} <= {r.strategy for r in ranking.fits}
+    for row in ranking.fits:
+        job = resolve_job(JobSpec.model_validate(row.spec), Limits(max_world_size=8))
+        assert job.strategy in MODULES and job.layout is not None and job.layout.size == 8, row.label

@@ -1,0 +1,53 @@
+"""Composed layouts through the real entry point (torchrun, gloo, `tiny`): each 2 × 2 pair at
+world 4 and pp × dp_shard × tp at world 8 agrees with `single` — loss within 1e-5, the gradient
+check passing — and measures, op by op, exactly the communication its dimensions predict.
+
+`layout_runs` launches every case once per session (through `harness_job`, which memoises, so
+`hybrid` shares its launch with test_strategies.py); each test reads its result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from parallab.core.result import ResultDocument
+
+pytestmark = pytest.mark.slow
+
+LAYOUTS: dict[str, tuple[str, int, dict[str, Any]]] = {
+    "dp_replicate×dp_shard": ("hsdp", 4, {"dp_replicate": 2}),
+    "dp_shard×tp": ("hybrid", 4, {"tp": 2}),
+    "dp_replicate×tp": ("layout", 4, {"dp_replicate": 2, "tp": 2}),
+    "pp×dp_shard": ("layout", 4, {"pp": 2, "dp_shard": 2}),
+    "pp×tp": ("layout", 4, {"pp": 2, "tp": 2}),
+    "pp×dp_shard×tp": ("3d", 8, {}),
+}
+
+
+@pytest.fixture(scope="session")
+def layout_runs(harness_job) -> dict[str, ResultDocument]:
+    return {key: harness_job(name, n, options)[0] for key, (name, n, options) in LAYOUTS.items()}
+
+
+@pytest.mark.parametrize("key", list(LAYOUTS))
+def test_a_composed_layout_trains_like_single(layout_runs, key):
+    doc = layout_runs[key]
+    assert len(doc.ranks) == doc.strategy.world_size == LAYOUTS[key][1]
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-5, doc.loss
+    check = doc.summary.gradient_check  # every parameter, gathered across every dimension
+    assert check is not None and check.passed and check.params_checked == len(check.per_param) >= 39, check
+
+
+@pytest.mark.parametrize("key", list(LAYOUTS))
+def test_a_composed_layout_communicates_what_its_dimensions_predict(layout_runs, key):
+    doc = layout_runs[key]
+    predicted, measured = doc.prediction.comm_bytes_per_step, doc.summary.comm_bytes_per_step
+    assert predicted and measured == predicted, (measured, predicted)
+    assert not [f for f in doc.flags if f.metric.startswith("comm_bytes_per_step")]
+
+
+def test_a_pipeline_layout_reports_its_loss_from_the_last_stage_of_one_replica(layout_runs):
+    doc = layout_runs["pp×dp_shard"]
+    assert all(v > 0 for v in doc.loss.values) and len(doc.loss.values) == doc.workload["steps"]

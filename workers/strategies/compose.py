@@ -1,0 +1,161 @@
+"""Every layout on the ranks, through one composition in one fixed order (torchtitan's).
+
+1. the model is built (seeded, on CPU, identical everywhere; activation checkpointing and fp8 are
+   applied as it is built, `workers.harness.main.new_model`, before any wrapper);
+2. pp: keep this stage's blocks (`pipeline.split`);
+3. tp (+SP): the Megatron plan on the "tp" dim (`tensor_parallel.parallelize`);
+4. ep and 5. cp: not composed yet — the core refuses them beside other dims (they run alone as
+   the `moe` and `ring` strategies);
+6. activation checkpointing: done at build (1.);
+7. dp_shard: FSDP2 per block and the root over "dp_shard", or HSDP over the 2-D
+   ("dp_replicate", "dp_shard") mesh when both are on (`fsdp.shard`);
+8. dp_replicate alone: DDP; beside tp or pp (no FSDP to reduce it): one flat all-reduce of the
+   local gradient shards over "dp_replicate" after backward.
+
+A degree of 1 is a no-op: its dim is not in the mesh and its step is skipped. The pipeline
+schedule is built last, over the stage module as the later steps left it (FSDP2's hooks run inside
+the schedule's backward). Data is split over dp_replicate × dp_shard (replica-major); every tp and
+pp rank of a data-parallel group sees the same rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from parallab.core.layout import Layout
+from parallab.core.strategies import get_descriptor
+from parallab.core.strategies.hsdp import HSDPOptions
+from parallab.core.strategies.hybrid import HybridOptions
+from parallab.core.strategies.layout import LayoutOptions, PresetOptions
+from parallab.core.strategies.three_d import ThreeDOptions
+from workers.harness.amp import Amp
+from workers.harness.data import micro_batch
+from workers.harness.model import Transformer
+from workers.harness.runtime import RunContext
+from workers.strategies import ddp, fsdp, pipeline, tensor_parallel
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
+
+
+@dataclass(frozen=True)
+class ComposedApplied(Applied):
+    """The module the optimizer trains, the layout it was built for, and the pipeline when there is one."""
+
+    layout: Layout
+    pipe: pipeline.PipelineApplied | None = None
+
+
+def _coordinate(ctx: RunContext, name: str) -> tuple[int, int]:
+    """(this rank's index, the size) on mesh dim `name`."""
+    dim = ctx.mesh_dim(name)
+    return dim.get_local_rank(), dim.size()
+
+
+class Composed(Strategy[Any, ComposedApplied]):
+    """The composition; one subclass per name the registry maps here, typed by its options."""
+
+    def layout(self, ctx: RunContext, options: PresetOptions) -> Layout:
+        layout = get_descriptor(self.name).layout(ctx.world_size, options)
+        assert layout is not None, "a layout strategy trains"
+        return layout
+
+    def apply(self, model: Transformer, ctx: RunContext, options: PresetOptions) -> ComposedApplied:
+        layout = self.layout(ctx, options)
+        stage = stages = 0
+        if layout.pp > 1:
+            stage, stages = _coordinate(ctx, "pp")
+            per = model.cfg.num_layers // stages
+            model = pipeline.split(model, stage=stage, stages=stages, layers=range(stage * per, (stage + 1) * per))
+        model = model.to(ctx.device)
+        if layout.tp > 1:
+            tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=layout.sequence_parallel)
+        trained: nn.Module = model
+        if layout.dp_shard > 1:
+            assert ctx.mesh is not None, "a sharded layout has a mesh"
+            mesh = ctx.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else ctx.mesh_dim("dp_shard")
+            fsdp.shard(model, mesh, reshard_after_forward=layout.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx.precision))
+        elif layout.on == ("dp_replicate",):
+            trained = ddp.wrap(model, ctx, group=ctx.mesh_dim("dp_replicate").get_group(), bucket_cap_mb=layout.bucket_cap_mb)
+        pipe = None
+        if layout.pp > 1:
+            pipe = pipeline.schedule(model, ctx, stage=stage, stages=stages, kind=layout.schedule, microbatches=layout.microbatches)
+        return ComposedApplied(model=trained, layout=layout, pipe=pipe)
+
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
+        """Rows of data-parallel rank replica × dp_shard + shard (every tp and pp rank of it alike)."""
+        layout, index = self.layout(ctx, options), 0
+        for name in ("dp_replicate", "dp_shard"):
+            if layout.degrees[name] > 1:
+                rank, size = _coordinate(ctx, name)
+                index = index * size + rank
+        rows = [
+            micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=layout.dp, dp_rank=index) for t in (inputs, labels)
+        ]
+        return MicroBatch(rows[0], rows[1])
+
+    def accumulate(self, applied: ComposedApplied, last: bool) -> AbstractContextManager[object]:
+        if isinstance(applied.model, DistributedDataParallel) and not last:
+            return applied.model.no_sync()
+        return contextlib.nullcontext()
+
+    def forward_backward(self, applied: ComposedApplied, batch: MicroBatch, ctx: RunContext, options: Any, amp: Amp) -> torch.Tensor:
+        if applied.pipe is not None:
+            return pipeline.forward_backward(applied.pipe, batch, ctx, amp)
+        return super().forward_backward(applied, batch, ctx, options, amp)
+
+    def sync_grads(self, applied: ComposedApplied, ctx: RunContext, options: Any) -> None:
+        """Lay every gradient out like its parameter (the vocab-parallel embedding's gradient comes
+        back replicated: keeping this rank's rows is a local slice, no communication), then, for
+        replicas beside tp or pp, average the local gradient shards over "dp_replicate" in one flat
+        all-reduce (FSDP/HSDP and DDP average their own)."""
+        layout = applied.layout
+        with torch.no_grad():
+            for p in applied.model.parameters():
+                if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+            if layout.dp_replicate == 1 or layout.dp_shard > 1 or isinstance(applied.model, DistributedDataParallel):
+                return
+            grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in applied.model.parameters() if p.grad is not None]
+            flat_all_reduce_(grads, ctx.mesh_dim("dp_replicate").get_group(), scale=1.0 / layout.dp_replicate)
+
+    def loss_weight(self, ctx: RunContext, options: Any) -> float:
+        """Every rank holding a loss holds its replica's mean: all of them, or the last stages under a pipeline."""
+        layout = self.layout(ctx, options)
+        if layout.pp == 1:
+            return 1.0 / ctx.world_size
+        stage, stages = _coordinate(ctx, "pp")
+        return layout.pp / ctx.world_size if stage == stages - 1 else 0.0
+
+    def progress_rank(self, ctx: RunContext, options: Any) -> int:
+        """Under a pipeline, the last stage of rank 0's replica (pp is the outermost mesh dim); else rank 0."""
+        if self.layout(ctx, options).pp == 1 or ctx.mesh is None:
+            return 0
+        corner = (-1,) + (0,) * (ctx.mesh.ndim - 1)
+        return int(ctx.mesh.mesh[corner].item())
+
+
+class Hybrid(Composed, Strategy[HybridOptions, ComposedApplied]):
+    name = "hybrid"
+
+
+class HSDP(Composed, Strategy[HSDPOptions, ComposedApplied]):
+    name = "hsdp"
+
+
+class ThreeD(Composed, Strategy[ThreeDOptions, ComposedApplied]):
+    name = "3d"
+
+
+class ExplicitLayout(Composed, Strategy[LayoutOptions, ComposedApplied]):
+    name = "layout"
+
+
+STRATEGIES: dict[str, Composed] = {s.name: s for s in (Hybrid(), HSDP(), ThreeD(), ExplicitLayout())}
+"""The names the registry maps to this module, each typed by its descriptor's options."""
