@@ -8,6 +8,7 @@ from starlette.routing import Route
 
 from backend.api import pages
 from backend.api.deps import gate
+from backend.api.docs import install_docs
 from backend.api.errors import install_error_handlers
 from backend.api.lifespan import lifespan
 from backend.api.openapi import install_openapi
@@ -31,10 +32,13 @@ def create_app() -> FastAPI:
         # Every route: who is asking, and a login outside local mode (deps.PUBLIC_PATHS aside).
         dependencies=[Depends(gate)],
         lifespan=lifespan,
+        # Served by install_docs from local files (FastAPI's own pages load them from a CDN).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     install_openapi(app)
-    docs = [p for p in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p]
+    docs = install_docs(app, docs_url="/docs", redoc_url="/redoc")
     app.add_middleware(SecurityMiddleware, docs_paths=docs)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)
