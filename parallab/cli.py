@@ -22,7 +22,11 @@ from parallab.commands.upload import upload
 from parallab.commands.user import user_app
 from parallab.commands.worker import worker
 
-app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
+app = typer.Typer(
+    help="parallab — a lab bench for distributed-training parallelism. Add --debug anywhere for tracebacks.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
@@ -107,4 +111,7 @@ def _say_when_ready(host: str, port: int, timeout_s: float = 120) -> None:
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    """The `parallab` entry point: errors end in one line, tracebacks only with --debug."""
+    from parallab.commands.errors import run
+
+    run(app)

@@ -20,10 +20,11 @@ TIME = {
     "compute": "#2563eb",  # blue
     "overlapped comm": "#0d9488",  # teal: communication hidden under compute
     "exposed comm": "#dc2626",  # red: communication nothing overlaps, the cost to cut
-    "idle / bubble": "#9ca3af",  # grey: nothing runs
+    "idle / bubble": "#6b7280",  # grey: nothing runs
     "imbalance": "#c026d3",  # fuchsia: MoE expert load, max over mean
+    "communication": "#a16207",  # dark gold: all communication, where overlap was not measured
 }
-"""The step-time split, in stacking order, and imbalance."""
+"""The step-time split, in stacking order, imbalance, and communication as a whole."""
 
 MEMORY = {
     "params": "#7c3aed",  # violet
@@ -31,23 +32,31 @@ MEMORY = {
     "optimizer": "#f59e0b",  # amber
     "activations": "#0891b2",  # cyan
     "temporaries": "#db2777",  # pink
-    "other": "#a16207",  # brown
+    "other": "#d6d3d1",  # stone: what no part accounts for
 }
 """A rank's memory, in stacking order."""
 
 RUNS = ["#1e3a8a", "#b45309", "#166534", "#9d174d", "#0c4a6e", "#581c87", "#713f12", "#334155", "#4d7c0f", "#be123c"]
 """One colour per run in a comparison (darker shades: no run shares a colour with a split or a memory part)."""
 
-LIVE_COLOURS = {"loss": "#111827", "tokens/s": "#ea580c", "memory": "#64748b"}
+LIVE_COLOURS = {"loss": "#4338ca", "tokens/s": "#ea580c", "memory": "#78716c"}
 """The live run chart's series."""
 
-VERDICT = {"passed": "#15803d", "failed": "#b91c1c", "regressed": "#b91c1c", "improved": "#15803d"}
+VERDICT = {"passed": "#15803d", "failed": "#991b1b", "regressed": "#991b1b", "improved": "#15803d"}
 """Pass/fail and regression marks (the same green and red mean the same thing everywhere)."""
+
+OPS = ["#0e7490", "#a21caf", "#65a30d", "#b91c1c", "#1d4ed8", "#854d0e", "#0f766e", "#6d28d9"]
+"""One colour per communication op kind (the timeline, the op charts), by the op's sorted position."""
 
 INK = "#111827"
 """Theory, predictions and reference lines."""
 MUTED = "#94a3b8"
 """Ideal lines and annotations that only guide the eye."""
+
+
+def op_colour(i: int) -> str:
+    """The colour of the i-th op kind of a chart."""
+    return OPS[i % len(OPS)]
 
 
 def run_colour(i: int) -> str:

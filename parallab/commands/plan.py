@@ -164,10 +164,13 @@ def _hardware(device: str | None, nodes: int, gpus_per_node: int | None, pool: s
 def _rank(
     workload: dict[str, Any], *, device: str | None, nodes: int, gpus_per_node: int | None, pool: str | None, world_size: int | None
 ) -> Any:
+    from parallab.core.model import PRESETS
     from parallab.core.ranking import plan_cluster
 
     if "model" not in workload:
         workload = {**workload, "model": "tiny"}
+    if workload["model"] not in PRESETS:
+        fail(f"--model: unknown model preset {workload['model']!r}; known: {', '.join(PRESETS)}")
     hw = _hardware(device, nodes, gpus_per_node, pool)
     recipe = {k: workload.pop(k) for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if k in workload}
     ranking = plan_cluster(
@@ -180,10 +183,15 @@ def _rank(
     )
 
     def show(*, top: int, json_out: bool, show_all: bool) -> None:
+        from parallab.core.ranking import tightest_reason
+
         if json_out:
             typer.echo(json.dumps(ranking.as_dict(top=top), indent=2, default=str))
         else:
             print_ranking(ranking, top=top, show_all=show_all)
+        if not ranking.fits:  # an empty plan is a failure, not an empty table
+            typer.echo(f"nothing fits on {ranking.hardware}; the closest: {tightest_reason(ranking.rejected)}", err=True)
+            raise typer.Exit(1)
 
     return show
 
