@@ -26,6 +26,7 @@ from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.recipes import micro_batch_size
 from parallab.core.spec import JobSpec
+from parallab.core.units import format_bytes
 
 STRATEGY_GRID: dict[str, list[dict[str, Any]]] = {
     "ddp": [{}],
@@ -266,4 +267,5 @@ def tightest_reason(rows: Sequence[PlanRow]) -> str | None:
 
 
 def gib(n: float) -> str:
-    return f"{n / 1024**3:.1f} GiB"
+    """Bytes in binary units, one decimal: the one byte formatter (parallab.core.units)."""
+    return format_bytes(n, digits=1)
