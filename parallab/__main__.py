@@ -1,3 +1,3 @@
-from parallab.cli import app
+from parallab.cli import main
 
-app(prog_name="parallab")
+main()

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Annotated
 
 import typer
@@ -22,7 +24,11 @@ from parallab.commands.upload import upload
 from parallab.commands.user import user_app
 from parallab.commands.worker import worker
 
-app = typer.Typer(help="parallab — a lab bench for distributed-training parallelism.", no_args_is_help=True)
+app = typer.Typer(
+    help="parallab — a lab bench for distributed-training parallelism. Add --debug anywhere for tracebacks.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
@@ -91,11 +97,32 @@ def up(
     # uvicorn restores the previous SIGTERM handler and re-raises the signal after its graceful
     # shutdown; make that an exception so the `finally` below still stops the worker.
     signal.signal(signal.SIGTERM, _raise_system_exit)
+    threading.Thread(target=_say_when_ready, args=(host, port), daemon=True).start()
     try:
         uvicorn.run("backend.api.app:app", host=host, port=port, log_level="info")
     finally:
         worker.stop(grace_s=20)
 
 
+def _say_when_ready(host: str, port: int, timeout_s: float = 120) -> None:
+    """Print the URL once the API answers, so the last line of a start is where to go."""
+    import httpx
+
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else shown}:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                console.print(f"[bold green]parallab is ready:[/bold green] {url}/  (API docs {url}/docs; Ctrl-C stops it)")
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
 def main() -> None:  # pragma: no cover
-    app()
+    """The `parallab` entry point: errors end in one line, tracebacks only with --debug."""
+    from parallab.commands.errors import run
+
+    run(app)

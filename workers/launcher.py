@@ -134,12 +134,19 @@ def finite(value: Any) -> Any:
 
 
 class ProgressTail:
-    """Follows the ranks' progress file (`RunDir.progress`) from where it last stopped, keeping the newest line."""
+    """Follows the ranks' progress file (`RunDir.progress`) from where it last stopped, keeping the
+    newest line, the step lines so far (thinned to at most `max_points`) and the phases seen, and
+    the log beside it: what the live run page draws."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, *, log: Path | None = None, max_points: int = 400, log_lines: int = 40, every_s: float = 2.0):
+        self.path, self.log = path, log
         self.offset = 0
         self.latest: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+        self.phases: list[str] = []
+        self.max_points, self.log_lines, self.every_s = max_points, log_lines, every_s
+        self._log_size = -1
+        self._sent_at = 0.0
 
     def poll(self) -> dict[str, Any] | None:
         """The newest complete line, if any arrived since the last poll."""
@@ -158,9 +165,40 @@ class ProgressTail:
                 fresh = finite(json.loads(line))
             except json.JSONDecodeError:
                 continue
+            self._remember(fresh)
         if fresh is not None:
             self.latest = fresh
         return fresh
+
+    def _remember(self, line: dict[str, Any]) -> None:
+        phase = line.get("phase")
+        if isinstance(phase, str) and (not self.phases or self.phases[-1] != phase):
+            self.phases.append(phase)
+        if line.get("step_time_s") is None:
+            return  # a phase mark, not a step
+        self.history.append({k: line.get(k) for k in ("phase", "step", "loss", "tokens_per_s", "memory_bytes", "t")})
+        if len(self.history) > self.max_points:  # thin the older half, keep the newest points whole
+            half = len(self.history) // 2
+            self.history = self.history[:half:2] + self.history[half:]
+
+    def mark(self, phase: str) -> None:
+        """A phase the launcher itself enters (the ranks have no line for it)."""
+        line = {**(self.latest or {}), "phase": phase}
+        self._remember({"phase": phase})
+        self.latest = line
+
+    def live(self, *, force: bool = False) -> dict[str, Any] | None:
+        """The live view when something changed: at once for new progress lines, at most every
+        `every_s` for log output alone (or whatever changed, with `force`); None otherwise."""
+        fresh = self.poll() is not None
+        log_size = self.log.stat().st_size if self.log is not None and self.log.exists() else -1
+        grew = log_size != self._log_size
+        now = time.monotonic()
+        if not (fresh or force or (grew and now - self._sent_at >= self.every_s)):
+            return None
+        self._log_size, self._sent_at = log_size, now
+        log = read_log_tail(self.log, lines=self.log_lines) if self.log is not None else ""
+        return {**(self.latest or {}), "phases": list(self.phases), "history": list(self.history), "log": log}
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
@@ -198,7 +236,7 @@ def launch(
     run_dir.create()
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
     deadline = time.monotonic() + timeout_s
-    progress = ProgressTail(run_dir.progress)
+    progress = ProgressTail(run_dir.progress, log=run_dir.log)
     with run_dir.log.open("wb") as log:
         # The agent dies with this process (lifeline): a killed worker leaves no training behind.
         command = torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node)
@@ -216,8 +254,8 @@ def launch(
                 on_start(proc.pid)  # start_new_session: torchrun leads its own process group
             while proc.poll() is None:
                 time.sleep(poll_s)
-                if on_progress is not None and (fresh := progress.poll()) is not None:
-                    on_progress(fresh)
+                if on_progress is not None and (view := progress.live()) is not None:
+                    on_progress(view)
                 if should_cancel is not None and should_cancel():
                     reason = "cancelled"
                     stop_process_group(proc)
@@ -233,6 +271,11 @@ def launch(
         except BaseException:
             stop_process_group(proc)
             raise
+    if on_progress is not None and proc.returncode == 0:
+        progress.poll()
+        progress.mark("storing")  # the ranks are done: the worker stores the result now
+        if (view := progress.live(force=True)) is not None:
+            on_progress(view)
     code = proc.returncode
     if reason is None and code != 0:
         reason = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"

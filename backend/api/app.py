@@ -32,7 +32,7 @@ def create_app() -> FastAPI:
         # Every route: who is asking, and a login outside local mode (deps.PUBLIC_PATHS aside).
         dependencies=[Depends(gate)],
         lifespan=lifespan,
-        # Served by routes.docs instead, behind the gate like every route (docs_public opens them).
+        # Served by routes.docs instead, from local files and behind the gate like every route (docs_public opens them).
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
@@ -41,6 +41,7 @@ def create_app() -> FastAPI:
     install_openapi(app)
     app.add_middleware(BoundedBodies)  # inside the security middleware: its refusals carry the security headers too
     app.add_middleware(SecurityMiddleware, docs_paths=[docs.DOCS_URL, docs.REDOC_URL, docs.OAUTH2_REDIRECT_URL])
+    docs.mount_assets(app)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(runs.router)
     api.include_router(results.router)

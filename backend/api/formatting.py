@@ -5,15 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from parallab.core.units import format_bytes
+
 
 def fmt_bytes(value: Any) -> str:
-    if value is None:
-        return "—"
-    value = float(value)
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(value) >= size:
-            return f"{value / size:,.2f} {unit}"
-    return f"{value:,.0f} B"
+    """Bytes in binary units: the one helper the CLI uses too (parallab.core.units)."""
+    return format_bytes(None if value is None else float(value))
 
 
 def fmt_num(value: Any, digits: int = 3) -> str:

@@ -73,16 +73,12 @@ def inline_script_hashes(html: str) -> list[str]:
     return out
 
 
-DOCS_CDN = "https://cdn.jsdelivr.net"
-
-
 def docs_csp(html: str) -> str:
-    """The policy of FastAPI's /docs and /redoc pages: their CDN assets, and exactly the inline
-    scripts this very page carries (by hash), nothing else inline."""
+    """The policy of the /docs and /redoc pages: their assets from this host (routes.docs serves
+    them), and exactly the inline scripts this very page carries (by hash), nothing else inline."""
     hashes = " ".join(inline_script_hashes(html))
     return (
-        f"default-src 'self'; script-src 'self' {DOCS_CDN} {hashes}; style-src 'self' 'unsafe-inline' {DOCS_CDN} "
-        "https://fonts.googleapis.com; font-src 'self' data: https://fonts.gstatic.com; "
+        f"default-src 'self'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; font-src 'self' data:; "
         "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; worker-src 'self' blob:; connect-src 'self'; "
         "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
     )

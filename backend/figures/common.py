@@ -7,20 +7,16 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-MIB = 1024**2
-PALETTE = ["#2563eb", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#0ea5e9", "#ec4899", "#84cc16", "#64748b", "#14b8a6"]
-MEMORY_COLOURS = {"params": "#2563eb", "grads": "#10b981", "optimizer": "#f59e0b", "other": "#94a3b8"}
-TIME_COLOURS = {"compute": "#2563eb", "communication": "#f59e0b", "bubble": "#ef4444"}
-MEMORY_SPLIT_COLOURS = {
-    "params": "#2563eb",
-    "grads": "#10b981",
-    "optimizer": "#f59e0b",
-    "activations": "#8b5cf6",
-    "temporaries": "#0ea5e9",
-    "other": "#94a3b8",
-}
+from backend.figures import palette
+
+MIB = 1024**2  # parallab.core.units.MIB: memory axes are in MiB
+PALETTE = palette.RUNS
+"""The categorical colourway: runs (see backend.figures.palette for every colour's meaning)."""
+MEMORY_COLOURS = {k: palette.MEMORY[k] for k in ("params", "grads", "optimizer", "other")}
+TIME_COLOURS = {"compute": palette.TIME["compute"], "communication": palette.TIME["communication"], "bubble": palette.TIME["idle / bubble"]}
+MEMORY_SPLIT_COLOURS = dict(palette.MEMORY)
 """The MemTracker split of a rank's peak (`memory_breakdown`), in stacking order."""
-SPLIT_COLOURS = {"compute": "#2563eb", "overlapped comm": "#f59e0b", "exposed comm": "#ea580c", "idle / bubble": "#ef4444"}
+SPLIT_COLOURS = {k: palette.TIME[k] for k in ("compute", "overlapped comm", "exposed comm", "idle / bubble")}
 """The step-time split (`step_time_breakdown`), in stacking order; overlapped comm is drawn hatched."""
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.figures import palette
 from backend.figures.common import (
     MEMORY_COLOURS,
     MEMORY_SPLIT_COLOURS,
     MIB,
-    PALETTE,
     SPLIT_COLOURS,
     TIME_COLOURS,
     empty,
@@ -37,7 +37,7 @@ def throughput(runs: Labelled) -> go.Figure:
         name="tokens/s",
         x=labels,
         y=[s.get("tokens_per_s") for s in summaries],
-        marker_color=PALETTE[0],
+        marker_color=[palette.run_colour(i) for i in range(len(labels))],
         hovertemplate="%{x}: %{y:,.0f} tokens/s<extra></extra>",
         secondary_y=False,
     )
@@ -48,7 +48,7 @@ def throughput(runs: Labelled) -> go.Figure:
             x=labels,
             y=mfu,
             mode="markers",
-            marker={"size": 14, "symbol": "diamond", "color": PALETTE[1]},
+            marker={"size": 14, "symbol": "diamond", "color": palette.INK},
             hovertemplate="%{x}: MFU %{y:.1f}%<extra></extra>",
             secondary_y=True,
         )
@@ -94,7 +94,7 @@ def comm(runs: Labelled) -> go.Figure:
             for c in r.get("comm") or []:
                 b, t = by_op.get(c["op"], (0.0, 0.0))
                 by_op[c["op"]] = (max(b, c.get("bytes") or 0), max(t, c.get("time_s") or 0.0))
-        colour = PALETTE[i % len(PALETTE)]
+        colour = palette.run_colour(i)
         fig.add_bar(
             name=label,
             legendgroup=label,
@@ -189,7 +189,7 @@ def gradient_check(runs: Labelled) -> go.Figure | None:
         name="worst parameter",
         x=[label for label, _ in present],
         y=[max(c["max_rel_err"], 1e-12) for _, c in present],
-        marker_color=["#10b981" if c["passed"] else "#ef4444" for _, c in present],
+        marker_color=[palette.VERDICT["passed"] if c["passed"] else palette.VERDICT["failed"] for _, c in present],
         customdata=[[c.get("worst_param") or "—", "passed" if c["passed"] else "failed"] for _, c in present],
         hovertemplate="%{x}: %{y:.2e} at %{customdata[0]} (%{customdata[1]})<extra></extra>",
     )
@@ -198,8 +198,8 @@ def gradient_check(runs: Labelled) -> go.Figure | None:
         x=[label for label, _ in present],
         y=[c["tolerance"] for _, c in present],
         mode="markers+lines",
-        marker={"symbol": "line-ew-open", "size": 24, "color": "#111827", "line": {"width": 2}},
-        line={"dash": "dot", "color": "#111827", "width": 1},
+        marker={"symbol": "line-ew-open", "size": 24, "color": palette.INK, "line": {"width": 2}},
+        line={"dash": "dot", "color": palette.INK, "width": 1},
         hovertemplate="tolerance %{y:.0e}<extra></extra>",
     )
     fig.update_yaxes(type="log")
@@ -222,7 +222,7 @@ def loss(runs: Labelled) -> go.Figure:
             x=list(range(1, len(reference) + 1)),
             y=reference,
             mode="lines",
-            line={"dash": "dash", "color": "#111827"},
+            line={"dash": "dash", "color": palette.INK},
         )
     return fig
 

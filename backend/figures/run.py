@@ -6,6 +6,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.figures import palette
 from backend.figures.common import (
     MEMORY_COLOURS,
     MEMORY_SPLIT_COLOURS,
@@ -52,8 +53,8 @@ def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
             x=names,
             y=[total] * len(names),
             mode="markers+lines",
-            marker={"symbol": "line-ew-open", "size": 30, "color": "#111827", "line": {"width": 3}},
-            line={"dash": "dot", "color": "#111827", "width": 1},
+            marker={"symbol": "line-ew-open", "size": 30, "color": palette.INK, "line": {"width": 3}},
+            line={"dash": "dot", "color": palette.INK, "width": 1},
             hovertemplate="predicted params+grads+optimizer: %{y:.2f} MiB<extra></extra>",
         )
     fig.update_layout(barmode="stack")
@@ -176,7 +177,7 @@ def comm_by_op(doc: dict[str, Any]) -> go.Figure:
     )
     for i, r in enumerate(ranks):
         by_op = {c["op"]: c for c in r.get("comm") or []}
-        colour = PALETTE[i % len(PALETTE)]
+        colour = palette.rank_colours(len(ranks))[i]
         common = {"legendgroup": f"rank{r['rank']}", "marker_color": colour, "x": ops}
         fig.add_bar(
             name=f"rank {r['rank']}",
@@ -211,7 +212,7 @@ def comm_by_op(doc: dict[str, Any]) -> go.Figure:
             x=ops,
             y=[(predicted.get(o) or 0) / MIB if o in predicted else None for o in ops],
             mode="markers",
-            marker={"symbol": "diamond-open", "size": 12, "color": "#111827", "line": {"width": 2}},
+            marker={"symbol": "diamond-open", "size": 12, "color": palette.INK, "line": {"width": 2}},
             row=1,
             col=1,
             hovertemplate="%{x}: predicted %{y:.3f} MiB<extra></extra>",
@@ -246,7 +247,7 @@ def timeline(doc: dict[str, Any]) -> go.Figure:
             y=[f"rank {e['rank']}" for e in sel],
             x=[e["dur_us"] / 1e3 for e in sel],
             base=[(e["start_us"] - t0) / 1e3 for e in sel],
-            marker_color=PALETTE[i % len(PALETTE)],
+            marker_color=palette.op_colour(i),
             customdata=[[(e.get("bytes") or 0) / MIB, e.get("count", 1), e.get("busy_us", e["dur_us"]) / 1e3] for e in sel],
             hovertemplate=op
             + ": start %{base:.3f} ms, %{x:.3f} ms, %{customdata[0]:.3f} MiB"
@@ -291,7 +292,7 @@ def loss_curve(doc: dict[str, Any]) -> go.Figure:
             x=ref_steps,
             y=ref_shown,
             mode="lines",
-            line={"dash": "dash", "color": "#111827"},
+            line={"dash": "dash", "color": palette.INK},
         )
     return fig
 
@@ -318,11 +319,11 @@ def pipeline_bubble(doc: dict[str, Any]) -> go.Figure | None:
         return None
     fig = figure("Pipeline bubble", x="stage (rank)", y="idle fraction of the step [%]")
     names = [f"stage {r['rank']}" for r in ranks]
-    fig.add_bar(name="measured", x=names, y=[r["bubble_fraction"] * 100 for r in ranks], marker_color="#ef4444")
+    fig.add_bar(name="measured", x=names, y=[r["bubble_fraction"] * 100 for r in ranks], marker_color=palette.TIME["idle / bubble"])
     theory = (doc.get("prediction") or {}).get("bubble_fraction")
     if theory is not None:
         fig.add_scatter(
-            name="theory (p−1)/(m+p−1)", x=names, y=[theory * 100] * len(names), mode="lines", line={"dash": "dash", "color": "#111827"}
+            name="theory (p−1)/(m+p−1)", x=names, y=[theory * 100] * len(names), mode="lines", line={"dash": "dash", "color": palette.INK}
         )
     return fig
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.figures import palette
 from backend.figures.common import PALETTE, empty, figure
 
 
@@ -31,8 +32,8 @@ def throughput(points: Sequence[dict[str, Any]]) -> go.Figure:
             y=[p["tokens_per_s"] for p in pts],
             mode="lines+markers",
             line={"color": colour},
-            customdata=[[(p.get("efficiency") or 0) * 100] for p in pts],
-            hovertemplate=strategy + " × %{x}: %{y:,.0f} tokens/s (%{customdata[0]:.0f}% of ideal)<extra></extra>",
+            customdata=[["baseline" if p.get("efficiency") is None else f"{p['efficiency'] * 100:.0f}% of ideal"] for p in pts],
+            hovertemplate=strategy + " × %{x}: %{y:,.0f} tokens/s (%{customdata[0]})<extra></extra>",
         )
         fig.add_scatter(
             name=f"{strategy} ideal",
@@ -43,26 +44,39 @@ def throughput(points: Sequence[dict[str, Any]]) -> go.Figure:
             showlegend=False,
             hoverinfo="skip",
         )
-    fig.add_scatter(name="ideal (linear)", x=[None], y=[None], mode="lines", line={"dash": "dot", "color": "#64748b"})
-    fig.update_xaxes(type="log", dtick=0.30103, tickformat="d")
+    fig.add_scatter(name="ideal (linear)", x=[None], y=[None], mode="lines", line={"dash": "dot", "color": palette.MUTED})
+    world_axis(fig, points)
     return fig
+
+
+def world_axis(fig: go.Figure, points: Sequence[dict[str, Any]]) -> None:
+    """A log axis ticked at exactly the world sizes measured (plotly's own log ticks at dtick
+    log10(2) add fractions below 1 that format as '0')."""
+    sizes = sorted({p["world_size"] for p in points})
+    fig.update_xaxes(type="log", tickmode="array", tickvals=sizes, ticktext=[str(n) for n in sizes])
 
 
 def efficiency(points: Sequence[dict[str, Any]]) -> go.Figure:
     """Scaling efficiency = measured / ideal throughput, in percent."""
     if not points:
         return empty("Scaling efficiency", "no finished runs for this workload")
+    scaled = [p for p in points if p.get("efficiency") is not None]
+    if not scaled:
+        return empty("Scaling efficiency", "one world size per strategy: nothing to scale against yet")
     fig = figure("Scaling efficiency", x="world size [ranks]", y="efficiency [% of ideal]", height=360)
     for i, (strategy, pts) in enumerate(_by_strategy(points).items()):
+        pts = [p for p in pts if p.get("efficiency") is not None]
+        if not pts:
+            continue
         fig.add_scatter(
             name=strategy,
             x=[p["world_size"] for p in pts],
-            y=[(p.get("efficiency") or 0) * 100 for p in pts],
+            y=[p["efficiency"] * 100 for p in pts],
             mode="lines+markers",
             line={"color": PALETTE[i % len(PALETTE)]},
             hovertemplate=strategy + " × %{x}: %{y:.0f}%<extra></extra>",
         )
-    fig.add_hline(y=100, line_dash="dot", line_color="#64748b")
-    fig.update_xaxes(type="log", dtick=0.30103, tickformat="d")
+    fig.add_hline(y=100, line_dash="dot", line_color=palette.MUTED)
+    world_axis(fig, points)
     fig.update_yaxes(rangemode="tozero")
     return fig

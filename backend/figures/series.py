@@ -12,11 +12,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.figures import palette
 from backend.figures.common import PALETTE, empty, figure
 
 VERDICT_STYLE = {
-    "regressed": {"color": "#dc2626", "symbol": "x", "size": 13},
-    "improved": {"color": "#16a34a", "symbol": "triangle-up", "size": 11},
+    "regressed": {"color": palette.VERDICT["regressed"], "symbol": "x", "size": 13},
+    "improved": {"color": palette.VERDICT["improved"], "symbol": "triangle-up", "size": 11},
 }
 BAND = "rgba(37, 99, 235, 0.12)"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from backend.figures import palette
 from backend.figures.common import MIB, PALETTE, empty, figure
 
 ROLE_COLOURS = {"top": PALETTE[0], "control": PALETTE[1]}
@@ -36,7 +37,7 @@ def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: 
         )
     values = [p["predicted"] / scale for p in done] + [p["measured"] / scale for p in done]
     lo, hi = min(values) * 0.9, max(values) * 1.1
-    fig.add_scatter(name="ideal (measured = predicted)", x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "#64748b"})
+    fig.add_scatter(name="ideal (measured = predicted)", x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": palette.MUTED})
     if note:
         fig.add_annotation(
             text=note, showarrow=False, x=0, y=1.0, xref="paper", yref="paper", xanchor="left", yanchor="bottom", font={"size": 12}

@@ -208,7 +208,9 @@ def with_efficiency(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add the ideal throughput and scaling efficiency to each point.
 
     The ideal line is linear in world size from a per-rank baseline: the `single` reference
-    when the group has one, otherwise each strategy's own smallest world size.
+    when the group has one, otherwise each strategy's own smallest world size. The baseline point
+    itself gets no efficiency (None, not a trivial 100%): a strategy seen at one world size has
+    nothing to scale against.
     """
     single = [p for p in points if p["strategy"] == REFERENCE_STRATEGY]
     reference = (single[0]["tokens_per_s"] / single[0]["world_size"]) if single else None
@@ -218,9 +220,11 @@ def with_efficiency(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             smallest[p["strategy"]] = p
     out = []
     for p in points:
-        base = reference if reference is not None else smallest[p["strategy"]]["tokens_per_s"] / smallest[p["strategy"]]["world_size"]
+        baseline = single[0] if reference is not None else smallest[p["strategy"]]
+        base = baseline["tokens_per_s"] / baseline["world_size"]
         ideal = base * p["world_size"]
-        out.append({**p, "ideal_tokens_per_s": ideal, "efficiency": (p["tokens_per_s"] / ideal) if ideal else None})
+        efficiency = (p["tokens_per_s"] / ideal) if ideal and p is not baseline else None
+        out.append({**p, "ideal_tokens_per_s": ideal, "efficiency": efficiency})
     return out
 
 

@@ -52,6 +52,7 @@ class QueueUnavailable(RuntimeError):
 def limits(settings: Settings) -> Limits:
     """What one job may ask of this deployment's workers (every ceiling in Settings)."""
     return Limits(
+        whose="the server's",
         max_world_size=settings.max_world_size,
         max_steps=settings.max_steps,
         max_warmup_steps=settings.max_warmup_steps,

@@ -137,7 +137,7 @@ def create_sweep(
         workload.pop(recipe, None)
     if request.world_size > settings.max_world_size:
         raise SpecError(
-            [SpecProblem(("world_size",), f"world size {request.world_size} is above this worker's limit of {settings.max_world_size}")]
+            [SpecProblem(("world_size",), f"world size {request.world_size} is above the server's limit of {settings.max_world_size}")]
         )
     hw = hardware.pool_hardware(session=session, settings=settings, pool=request.pool)
     ranking = plan_cluster(

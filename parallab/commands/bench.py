@@ -69,7 +69,8 @@ def bench(
         strategy, world_size, options = layout_flags(layout, strategy=strategy, world_size=world_size, options=options)
     base = read_spec(spec) if spec else {"strategy": {"name": "single"}}
     doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
-    job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps))
+    whose = "parallab bench's (PARALLAB_MAX_WORLD_SIZE / PARALLAB_MAX_STEPS raise it)"
+    job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps, whose=whose))
 
     directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
     with _progress(job) as on_progress:

@@ -29,6 +29,7 @@ from parallab.core.model import FFN_MULTIPLE
 from parallab.core.prediction import predict
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
+from parallab.core.units import format_bytes
 
 if TYPE_CHECKING:
     from parallab.core.planner import Hardware
@@ -37,16 +38,6 @@ if TYPE_CHECKING:
 PLAN_FIELDS = tuple(f for f in workload_fields() if f.workload_key or f.name == "model")
 """The preset and the fields of the workload key: all the prediction reads. Steps, seed, learning
 rate (and the numerics-only norm_eps, rope_theta) change nothing it computes, so plan has no flag for them."""
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "—"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 @with_workload_flags(PLAN_FIELDS)
@@ -123,31 +114,31 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     table.add_column("per rank / per step", justify="right")
     state = prediction["model_state_bytes_per_rank"]
     for part in ("params", "grads", "optimizer"):
-        table.add_row(f"model state: {part} ({prediction['bytes_per_param'][part]} B/param)", human_bytes(state[part]))
-    table.add_row("model state: total", human_bytes(sum(state.values())))
+        table.add_row(f"model state: {part} ({prediction['bytes_per_param'][part]} B/param)", format_bytes(state[part]))
+    table.add_row("model state: total", format_bytes(sum(state.values())))
     activations = prediction.get("activations") or {}
     in_flight = activations.get("microbatches_in_flight", 1)
     batches = f"{in_flight} micro-batch{'es' if in_flight != 1 else ''}"
     table.add_row(
         f"activations (recompute {activations.get('recompute', 'none')}, {batches} in flight)",
-        human_bytes(prediction.get("activation_bytes_per_rank")),
+        format_bytes(prediction.get("activation_bytes_per_rank")),
     )
     if activations.get("weight_copies"):
-        table.add_row("  of which autocast's 16-bit weight copies", human_bytes(activations["weight_copies"]))
+        table.add_row("  of which autocast's 16-bit weight copies", format_bytes(activations["weight_copies"]))
     if activations:
-        table.add_row("  one layer, one micro-batch: this model", human_bytes(activations.get("per_layer_bytes")))
-        table.add_row("  one layer, one micro-batch: Korthikanti's GPT", human_bytes(activations.get("paper_per_layer_bytes")))
+        table.add_row("  one layer, one micro-batch: this model", format_bytes(activations.get("per_layer_bytes")))
+        table.add_row("  one layer, one micro-batch: Korthikanti's GPT", format_bytes(activations.get("paper_per_layer_bytes")))
     wire = prediction.get("wire_bytes_per_step") or {}
     for op, nbytes in (prediction.get("comm_bytes_per_step") or {}).items():
-        table.add_row(f"comm: {op} (buffer)", human_bytes(nbytes))
+        table.add_row(f"comm: {op} (buffer)", format_bytes(nbytes))
         if op in wire:
-            table.add_row(f"comm: {op} (on the wire)", human_bytes(wire[op]))
+            table.add_row(f"comm: {op} (on the wire)", format_bytes(wire[op]))
     if prediction.get("bubble_fraction") is not None:
         table.add_row("pipeline bubble", f"{prediction['bubble_fraction']:.1%}")
     table.add_row("model FLOPs per token", f"{prediction['flops_per_token']:,}")
     zero = "2+2+12" if job.workload.precision != "fp32" else "4+4+8"
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
-        table.add_row(f"ZeRO {stage} (paper, {zero})", human_bytes(value))
+        table.add_row(f"ZeRO {stage} (paper, {zero})", format_bytes(value))
     Console().print(table)
 
 
@@ -173,10 +164,13 @@ def _hardware(device: str | None, nodes: int, gpus_per_node: int | None, pool: s
 def _rank(
     workload: dict[str, Any], *, device: str | None, nodes: int, gpus_per_node: int | None, pool: str | None, world_size: int | None
 ) -> Any:
+    from parallab.core.model import PRESETS
     from parallab.core.ranking import plan_cluster
 
     if "model" not in workload:
         workload = {**workload, "model": "tiny"}
+    if workload["model"] not in PRESETS:
+        fail(f"--model: unknown model preset {workload['model']!r}; known: {', '.join(PRESETS)}")
     hw = _hardware(device, nodes, gpus_per_node, pool)
     recipe = {k: workload.pop(k) for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if k in workload}
     ranking = plan_cluster(
@@ -189,10 +183,15 @@ def _rank(
     )
 
     def show(*, top: int, json_out: bool, show_all: bool) -> None:
+        from parallab.core.ranking import tightest_reason
+
         if json_out:
             typer.echo(json.dumps(ranking.as_dict(top=top), indent=2, default=str))
         else:
             print_ranking(ranking, top=top, show_all=show_all)
+        if not ranking.fits:  # an empty plan is a failure, not an empty table
+            typer.echo(f"nothing fits on {ranking.hardware}; the closest: {tightest_reason(ranking.rejected)}", err=True)
+            raise typer.Exit(1)
 
     return show
 
@@ -233,7 +232,7 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
             str(row.grad_accumulation_steps),
             str(row.microbatches or "—"),
             str(row.micro_batch_size or "—"),
-            human_bytes(row.memory_per_rank_bytes),
+            format_bytes(row.memory_per_rank_bytes),
             f"{(row.step_time_s or 0) * 1e3:,.1f} ms",
             f"{row.tokens_per_s or 0:,.0f}",
         )

@@ -8,7 +8,9 @@ heartbeat, and consumes its pool's queue plus its own — one job at a time (the
 from __future__ import annotations
 
 import logging
+import os
 import re
+import warnings
 from typing import Annotated
 
 import typer
@@ -52,6 +54,8 @@ def worker(
 
     from workers.celery_app import celery_app
 
+    if settings.broker_url is None and hasattr(os, "geteuid") and os.geteuid() == 0:
+        quiet_root_warning()
     try:
         celery_app.worker_main(
             [
@@ -78,3 +82,15 @@ def worker(
                 fleet_service.deregister(session=session, worker_id=me.id)
         except Exception as exc:
             log.warning("could not deregister worker %s: %s", me.id, exc)
+
+
+def quiet_root_warning() -> None:
+    """Silence Celery's "running the worker with superuser privileges" warning, knowingly.
+
+    Celery warns because a root worker that accepts pickled messages from a shared broker runs
+    whatever a broker user sends. On the embedded default neither holds: the broker is a SQLite
+    file under this user's own PARALLAB_HOME (no network, no other user) and the app accepts JSON
+    only. A lab deployment (Redis) keeps the warning, and its images run as the user `parallab`."""
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings("ignore", category=SecurityWarning)

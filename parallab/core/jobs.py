@@ -51,6 +51,8 @@ class Limits:
     """global_batch_size × seq_len."""
     max_microbatches: int | None = None
     """Pipeline micro-batches per accumulation micro-step (pp)."""
+    whose: str = "this deployment's"
+    """Whose limits these are, as the refusal says it: "the server's", "parallab bench's"."""
 
     def problems(self, job: ResolvedJob) -> list[SpecProblem]:
         """One problem per ceiling the resolved job is above."""
@@ -240,7 +242,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
 
     if limits.max_world_size is not None and world > limits.max_world_size:
         problems.append(
-            SpecProblem(("strategy", "world_size"), f"world size {world} is above this worker's limit of {limits.max_world_size}")
+            SpecProblem(("strategy", "world_size"), f"world size {world} is above {limits.whose} limit of {limits.max_world_size}")
         )
     problems += descriptor.world_size_problems(world)
     if spec.placement is not None and world % spec.placement.nodes:

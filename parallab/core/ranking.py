@@ -27,6 +27,7 @@ from parallab.core.problems import SpecError
 from parallab.core.recipes import micro_batch_size
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import TRAINING_STRATEGIES, get_descriptor
+from parallab.core.units import format_bytes
 
 RANKED_STRATEGIES: tuple[str, ...] = TRAINING_STRATEGIES
 """Every strategy the planner ranks (each descriptor plans its own grid; the job kinds that train nothing, never)."""
@@ -245,5 +246,18 @@ def rejected_by_reason(rows: Iterable[PlanRow]) -> list[dict[str, Any]]:
     return out
 
 
+def tightest_reason(rows: Sequence[PlanRow]) -> str | None:
+    """Why the configuration closest to fitting does not: the rejected row with the least memory
+    per rank (the one a bigger cluster or a smaller batch would admit first), else the most common
+    reason; None when nothing was rejected."""
+    sized = [r for r in rows if r.reasons and r.memory_per_rank_bytes is not None]
+    if sized:
+        row = min(sized, key=lambda r: r.memory_per_rank_bytes or 0)
+        return f"{row.label} {row.precision}, {row.activation_checkpointing} recompute: {'; '.join(row.reasons)}"
+    groups = rejected_by_reason(rows)
+    return f"{groups[0]['reason']} (e.g. {groups[0]['example']})" if groups else None
+
+
 def gib(n: float) -> str:
-    return f"{n / 1024**3:.1f} GiB"
+    """Bytes in binary units, one decimal: the one byte formatter (parallab.core.units)."""
+    return format_bytes(n, digits=1)

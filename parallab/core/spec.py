@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 
 from parallab.core.bounds import JSONObject, Label, SafeStr
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
+from parallab.core.options import known_keys_only
 from parallab.core.strategies import REGISTRY
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -56,6 +57,11 @@ class Workload(ShapeOverrides):
     """What is trained: a model preset with any shape field overridden, and the recipe."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        return known_keys_only(cls, data, what="workload field")
 
     model: SafeStr = recipe_field("tiny", f"Model preset: {', '.join(PRESETS)}.", cli="--model", max_length=64)
     steps: int = recipe_field(20, "Measured optimizer steps (after warm-up).", cli="--steps", ge=1, le=1_000_000)

@@ -208,7 +208,8 @@ def test_bench_refuses_a_bad_job_before_launching_anything(tmp_path, monkeypatch
         assert result.exit_code == 2
         assert "workload.num_heads: hidden_size 64 is not divisible by num_heads 3" in result.output  # the flag beat the file
         result = runner.invoke(cli, ["bench", "--spec", str(spec), "-n", "8", "--out", str(out)])
-        assert result.exit_code == 2 and "strategy.world_size: world size 8 is above this worker's limit of 4" in result.output
+        assert result.exit_code == 2 and "strategy.world_size: world size 8 is above parallab bench's" in result.output
+        assert "worker" not in result.output  # no worker is involved: the CLI speaks of itself
         spec.write_text("[1, 2]")
         result = runner.invoke(cli, ["bench", "--spec", str(spec), "--out", str(out)])
         assert result.exit_code == 2 and "expected a JSON object" in result.output

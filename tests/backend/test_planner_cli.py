@@ -86,4 +86,4 @@ def test_sweep_queues_the_top_predicted_and_controls_in_the_local_database(local
     with session_scope(local_home.sqlalchemy_url) as session:
         assert session.query(Run).filter(Run.sweep_id == body["id"], Run.status == "queued", Run.source == "cli").count() == 3
     refused = runner.invoke(cli(sweep), ["--model", "tiny", "--world-size", "4"])
-    assert refused.exit_code == 2 and "world_size: world size 4 is above this worker's limit of 2" in refused.output
+    assert refused.exit_code == 2 and "world_size: world size 4 is above the server's limit of 2" in refused.output

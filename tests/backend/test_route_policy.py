@@ -69,6 +69,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/leaderboard.json"): "read",
     ("GET", "/leaderboard.csv"): "read",
     ("GET", "/scaling"): "read",
+    ("GET", "/glossary"): "read",
     ("GET", "/series"): "read",
     ("GET", "/series/{series_id}"): "read",
     # The fleet (issue #13); Prometheus scrapes /metrics with any user's token outside local mode.

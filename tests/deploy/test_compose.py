@@ -162,6 +162,13 @@ def test_the_gpu_workers_reserve_the_gpus_and_the_cpu_worker_none() -> None:
         assert SERVICES[name]["build"]["target"] == "api"
 
 
+def test_every_worker_runs_as_the_dedicated_non_root_user() -> None:
+    """Celery warns about a root worker; compose states the images' own user for each worker."""
+    workers = [SERVICES["worker-gpu"], SERVICES["worker-cpu"], WORKER_DOC["services"]["worker-gpu"]]
+    for service in workers:
+        assert service.get("user") == "10001:10001", service
+
+
 def test_a_worker_only_host_joins_the_central_services_on_the_host_network() -> None:
     worker = WORKER_DOC["services"]["worker-gpu"]
     assert worker["network_mode"] == "host" and worker["ipc"] == "host", "rendezvous and NCCL ports at the host's own address"

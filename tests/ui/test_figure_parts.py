@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.figures import compare as compare_figs
+from backend.figures import palette
 from backend.figures import run as run_figs
 from backend.figures.common import MIB, SPLIT_COLOURS, step_parts, step_split
 from tests.ui.factories import make_document
@@ -95,6 +96,6 @@ def test_compare_figures_show_exposed_communication_and_the_gradient_check() -> 
     assert exposure.data[1].y[0] == pytest.approx(good["summary"]["exposed_comm_fraction"] * 100)
     gradients = figures["gradients"]
     assert list(gradients.data[0].y) == pytest.approx([3e-7, 0.5]) and gradients.layout.yaxis.type == "log"
-    assert list(gradients.data[0].marker.color) == ["#10b981", "#ef4444"]  # passed, failed
+    assert list(gradients.data[0].marker.color) == [palette.VERDICT["passed"], palette.VERDICT["failed"]]
     steps = figures["steps"]
     assert "exposed comm" in [t.name for t in steps.data]

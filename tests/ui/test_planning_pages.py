@@ -60,7 +60,7 @@ def test_a_sweep_from_the_form_has_a_page_with_the_comparison_and_can_be_cancell
         assert session.query(Run).filter(Run.sweep_id == sweep_id, Run.status == "cancelled").count() == 1
     assert client.get("/sweeps").status_code == 200 and sweep_id in client.get("/sweeps").text
     refused = client.post("/sweeps/new", data={**form, "world_size": "64"})
-    assert refused.status_code == 422 and "above this worker&#39;s limit" in refused.text
+    assert refused.status_code == 422 and "above the server&#39;s limit" in refused.text
 
 
 def test_vary_one_thing_submits_the_same_job_with_one_change_and_opens_the_comparison(client, session_factory):

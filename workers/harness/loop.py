@@ -29,7 +29,7 @@ from parallab.core.strategies.base import StrategyOptions
 from workers.harness import divergence
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
-from workers.harness.measure import StepProfiler, device_peaks, reset_device_peaks
+from workers.harness.measure import StepProfiler, device_peaks, live_memory_bytes, reset_device_peaks
 from workers.harness.model import MoE
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy
@@ -39,16 +39,27 @@ WEIGHT_DECAY = 0.0
 
 
 class Progress:
-    """Appends {"phase", "step", "steps", "loss"} lines to the run's progress file (one rank only)."""
+    """Appends progress lines to the run's progress file (one rank only), for the live run page.
+
+    A step line is {"phase", "step", "steps", "loss", "step_time_s", "tokens_per_s",
+    "memory_bytes", "t"}; a phase line (`phase(...)`) marks a stretch without steps (the
+    gradient check, the profiled window, storing). `t` is the wall-clock time of the line."""
 
     def __init__(self, run_dir: RunDir | None, enabled: bool):
         self.path = run_dir.progress if (run_dir is not None and enabled) else None
 
-    def write(self, phase: str, step: int, steps: int, loss: float | None) -> None:
+    def write(self, phase: str, step: int, steps: int, loss: float | None, **measured: float | int | None) -> None:
+        self._append({"phase": phase, "step": step, "steps": steps, "loss": loss, **measured})
+
+    def phase(self, phase: str, *, steps: int | None = None) -> None:
+        """Mark the start of a phase that reports no steps of its own."""
+        self._append({"phase": phase, "step": 0, "steps": steps, "loss": None})
+
+    def _append(self, line: dict[str, Any]) -> None:
         if self.path is None:
             return
         with self.path.open("a") as fh:
-            fh.write(json.dumps({"phase": phase, "step": step, "steps": steps, "loss": loss}) + "\n")
+            fh.write(json.dumps({**line, "t": round(time.time(), 3)}) + "\n")
             fh.flush()
 
 
@@ -100,22 +111,30 @@ def train(
         amp.step(optimizer, ctx)
         return total
 
-    def report(step: int, warmup: bool, loss: torch.Tensor) -> None:
-        """The training run counts warm-up and measured steps apart; the reference run as one."""
+    def report(step: int, warmup: bool, loss: torch.Tensor, seconds: float) -> None:
+        """The training run counts warm-up and measured steps apart; the reference run as one.
+        Each line carries the step's time, its tokens/s and this rank's memory now."""
         if progress.path is None:
             return
         value = float(loss.item()) if strategy.loss_weight(ctx, options) > 0 else None
         stage = phase if phase != "train" else ("warmup" if warmup else "train")
         divergence.check_loss(value, phase=stage, step=step + 1, rank=ctx.rank)  # issue 10: stop a diverged run now
+        measured = {
+            "step_time_s": seconds,
+            "tokens_per_s": job.tokens_per_step / seconds if seconds > 0 else None,
+            "memory_bytes": live_memory_bytes(ctx.device),
+        }
         if phase != "train":
-            progress.write(phase, step, wl.warmup_steps + wl.steps, value)
+            progress.write(phase, step + 1, wl.warmup_steps + wl.steps, value, **measured)
         elif warmup:
-            progress.write("warmup", step, wl.warmup_steps, value)
+            progress.write("warmup", step + 1, wl.warmup_steps, value, **measured)
         else:
-            progress.write("train", step - wl.warmup_steps, wl.steps, value)
+            progress.write("train", step + 1 - wl.warmup_steps, wl.steps, value, **measured)
 
     for i in range(wl.warmup_steps):
-        report(i, True, one_step(i))
+        start = time.perf_counter()
+        loss = one_step(i)
+        report(i, True, loss, time.perf_counter() - start)
     for moe in moe_layers(model):
         moe.reset_stats()
 
@@ -127,12 +146,14 @@ def train(
         ctx.synchronize()
         result.step_times_s.append(time.perf_counter() - start)
         result.losses.append(loss.detach())
-        report(wl.warmup_steps + i, False, loss)
+        report(wl.warmup_steps + i, False, loss, result.step_times_s[-1])
     result.peak_allocated_bytes, result.peak_reserved_bytes = device_peaks(ctx.device)
 
     if profiler is not None:
         routed = [(m.stat_routed.clone(), m.stat_dropped.clone()) for m in moe_layers(model)]
         first = wl.warmup_steps + wl.steps
+        if phase == "train":
+            progress.phase("profile", steps=profiler.steps)
         profiler.run(lambda i: one_step(first + i), model=model, optimizer=optimizer, synchronize=ctx.synchronize)
         for m, (tokens, dropped) in zip(moe_layers(model), routed, strict=True):
             m.stat_routed, m.stat_dropped = tokens, dropped  # routing stats: the measured steps only

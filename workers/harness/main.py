@@ -216,6 +216,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     # The gradient check's step (before warm-up, untimed, no optimizer step): rank 0 keeps the
     # whole gradients on disk, not in memory, while the run trains.
     grads_file = run_dir.path / GRADIENTS_FILE
+    progress.phase("gradcheck")
     tol = gradcheck.tolerance(job.workload.precision)
     scans: list[replicas.Scan] = []
     grads = gradcheck.strategy_gradients(
@@ -261,7 +262,9 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     if ctx.is_lead:
-        reference, source = reference_curve(job, ctx, cache_dir, loop.Progress(run_dir, True), own=losses)
+        lead_progress = loop.Progress(run_dir, True)
+        reference, source = reference_curve(job, ctx, cache_dir, lead_progress, own=losses)
+        lead_progress.phase("gradcheck")
         check = gradcheck.compare(gradcheck.load(grads_file), reference_gradients(job, ctx), tol=tol)
         grads_file.unlink()
         record = record.model_copy(
@@ -273,6 +276,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
                 "replica_check": replicas.verdict(scans, tol=tol),
             }
         )
+    progress.phase("storing")
     write_record(run_dir, record)
 
 

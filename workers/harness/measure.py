@@ -66,6 +66,16 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def live_memory_bytes(device: torch.device) -> int:
+    """This rank's memory now, for the live chart: the CUDA allocator's allocated bytes, or the
+    process' resident set size on CPU (what the profiler's peak is not: it is read after the run)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def reset_device_peaks(device: torch.device) -> None:
     """Start the CUDA allocator's peak counters afresh (no-op on CPU, which keeps no allocator stats)."""
     if device.type == "cuda":

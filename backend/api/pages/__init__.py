@@ -11,6 +11,7 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `series`       CI series and their history with alerts               (issue #11)
 - `workers`      the fleet: pools, hosts, what each runs, queue lengths
 - `planning`     the ranking form, sweeps, and a run's "vary one thing" (issue 14)
+- `glossary`     every metric in plain words (the help icons' target)
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend.api.pages import accounts, assets, compare, leaderboard, planning, runs, scaling, series, workers
+from backend.api.pages import accounts, assets, compare, glossary, leaderboard, planning, runs, scaling, series, workers
 
 ROUTERS: tuple[APIRouter, ...] = (
     assets.router,
@@ -31,5 +32,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     series.router,
     workers.router,
     planning.router,
+    glossary.router,
 )
 """Every page router, for the app to include."""

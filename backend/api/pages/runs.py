@@ -7,6 +7,7 @@ dependency first, so no database work ever blocks the event loop.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -15,8 +16,10 @@ from starlette.datastructures import FormData
 
 from backend.api import csrf
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep, local_mode
+from backend.api.formatting import fmt_when
 from backend.api.pages.rendering import render, render_error
 from backend.config import Settings
+from backend.figures import live as live_figs
 from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
 from backend.services import auth as auth_service
@@ -169,6 +172,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
             "layout": view.layout,
             "finished": view.run.status in FINISHED_STATUSES,
+            "phase_names": live_figs.PHASE_NAMES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,
             "vary_choices": dimension_choices()
@@ -192,13 +196,20 @@ def run_timeline_figure(
 
 @router.get("/runs/{run_id}/status.json")
 def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
+    """What the run page's live part polls: status, true timestamps, the phase, the live chart
+    (Plotly JSON, built here like every figure) and the log's tail."""
     run = run_service.get_run(session=session, run_id=run_id)
     scheduled = pools.engine_job(session=session, run_id=run.id)
+    progress = dict(run.progress or {})
+    history = progress.pop("history", None) or []
     return {
         "id": run.id,
         "status": run.status,
         "scheduler": pools.describe(scheduled) if scheduled else None,
-        "progress": run.progress,
+        "started": fmt_when(run.started_at),
+        "progress": progress,
+        "phase_names": live_figs.PHASE_NAMES,
+        "chart": json.loads(live_figs.live_figure(history).to_json()) if history else None,
         "error": run.error,
         "cancel_requested": run.cancel_requested,
         "finished": run.status in FINISHED_STATUSES,

@@ -1,0 +1,99 @@
+"""Every page at 1400 px and at 700 px in a real Chromium: no sideways page scroll, every table
+scrolls inside its own card, and a screenshot of each (docs/screenshots holds the committed set:
+PARALLAB_SCREENSHOTS=docs/screenshots python -m pytest tests/ui/test_screenshots.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
+
+WIDTHS = (1400, 700)
+
+LAYOUT = """() => {
+  const doc = document.documentElement;
+  const main = document.querySelector('main') || document.body;
+  const limit = main.getBoundingClientRect().right + 1;
+  const escaped = Array.from(document.querySelectorAll('table')).filter(t => {
+    const box = (t.closest('.table-wrap') || t).getBoundingClientRect();
+    return box.right > limit;
+  }).map(t => t.id || t.className);
+  const unwrapped = Array.from(document.querySelectorAll('table.data:not(.compact)'))
+    .filter(t => !t.closest('.table-wrap')).map(t => t.id || t.className);
+  return {overflow: doc.scrollWidth - doc.clientWidth, escaped, unwrapped};
+}"""
+
+
+@pytest.fixture(scope="module")
+def pages(live_server, lab, app) -> dict[str, str]:
+    """Name → path of every page, with a sweep made through its form so its page has content."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:
+        return _pages(client, lab)
+
+
+def _pages(client, lab) -> dict[str, str]:
+    from tests.ui.test_planning_pages import csrf_token
+
+    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
+    form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
+    sweep = client.post("/sweeps/new", data=form, follow_redirects=False).headers["location"]
+    series = re.search(r'href="(/series/[^"]+)"', client.get("/series").text)
+    ids = ",".join(lab[k].id for k in ("ddp2", "fsdp2", "pp4"))
+    out = {
+        "runs": "/",
+        "submit": "/runs/new",
+        "run": f"/runs/{lab['ddp2'].id}",
+        "run-pipeline": f"/runs/{lab['pp4'].id}",
+        "compare": f"/compare?ids={ids}",
+        "leaderboard": "/leaderboard",
+        "scaling": "/scaling",
+        "plan": "/plan?model=small&device=h100&nodes=1&gpus_per_node=8",
+        "workers": "/workers",
+        "series-list": "/series",
+        "sweeps": "/sweeps",
+        "sweep-new": "/sweeps/new",
+        "sweep": sweep,
+        "api-docs": "/docs",
+    }
+    if series:
+        out["series"] = series.group(1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_page_fits_its_width_and_tables_scroll_in_their_card(browser, live_server, pages, width, tmp_path) -> None:
+    out = Path(os.environ.get("PARALLAB_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    problems = []
+    for name, path in pages.items():
+        page.goto(live_server.url + path)
+        page.wait_for_load_state("networkidle")
+        if page.locator("figure.chart[data-figure]").count():
+            page.wait_for_selector("figure.chart .main-svg")
+        layout = page.evaluate(LAYOUT)
+        if layout["overflow"] > 1 or layout["escaped"] or (layout["unwrapped"] and name != "api-docs"):
+            problems.append((name, layout))
+        page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=True)
+    context.close()
+    assert problems == [], problems
