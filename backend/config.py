@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="Cap on one rank's stored Chrome trace (compressed).")
     queue: str = Field("parallab", description="Prefix of the Celery queues: pool P is consumed from queue '<queue>.<P>'.")
 
-    # Issues 10 and 13: the fleet — pools, heartbeats, leases, multi-node reservations.
+    # The fleet — pools, heartbeats, leases, multi-node reservations.
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="This worker's pool (default: named after its hardware: cpu, h100x8).")
     default_pool: str | None = Field(
         None, pattern=POOL_PATTERN, description="The pool of a job that names none (default: the first live pool that can run it)."
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         120.0, gt=0, le=3600, description="A host reserved for a multi-node job that has not started its part by then fails the job."
     )
 
-    # Accounts and CI series (issue #11).
+    # Accounts and CI series.
     allow_local_mode: bool = Field(
         True, description="False: ask for logins and tokens even when bound to loopback (a shared host, or a test of the lab setup)."
     )
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
         900, ge=1, le=7 * 86_400, description="How long a lockout lasts, and how long failures are remembered after the last one."
     )
 
-    # Issue #10: ceilings on everything a job may ask for (checked at resolution, 422 naming the
+    # Ceilings on everything a job may ask for (checked at resolution, 422 naming the
     # field and the limit), the memory a rank may use, and the upload rate per token.
     max_warmup_steps: int = Field(1000, ge=0)
     max_seq_len: int = Field(32_768, ge=2)
@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     upload_rate_per_minute: float = Field(120.0, ge=0, description="Uploads one token may make per minute, sustained (0: no limit).")
     upload_burst: int = Field(120, ge=1, description="Uploads one token may make at once before the rate applies.")
 
-    # Issue 14: the planner.
+    # The planner.
     hardware_catalogue: Path | None = Field(
         None,
         description="A lab's own hardware catalogue (JSON, the shape of parallab/core/hardware_catalogue.json); its entries win by key.",

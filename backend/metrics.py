@@ -2,7 +2,7 @@
 
 Code anywhere in the API increments the metrics declared here; `GET /metrics` renders them beside
 the gauges read from the database and the broker at scrape time (backend.services.metrics).
-The names are the contract (issue 13):
+The names are the contract:
 
     parallab_upload_rejections_total{reason}   counter  result uploads refused, by `UploadRejection`
     parallab_ingest_latency_seconds{source}    histogram  time to store one result document

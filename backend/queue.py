@@ -1,7 +1,7 @@
 """The Celery app's configuration, shared by the API (which only sends tasks by name) and the
 worker (which registers them in `workers.celery_app`). No torch, no training code here.
 
-Queues (issue 13): pool P is consumed from `<settings.queue>.<P>` (e.g. `parallab.cpu`,
+Queues: pool P is consumed from `<settings.queue>.<P>` (e.g. `parallab.cpu`,
 `parallab.h100x8`) by every worker of that pool; each worker also consumes its own queue
 `<settings.queue>.worker.<id>`, where the worker that leads a multi-node job sends each reserved
 host its part.

@@ -6,8 +6,8 @@ and builds the `ResultDocument` with the core's formulas — the summary (`metri
 prediction (`prediction.predict`) and the gap rule (`flags.prediction_flags`).
 
 A multi-node job's ranks write into each host's own run directory; every node's worker reads its
-host's records (`read_node_records`) and hands them on through the database (`run_nodes.records`,
-issue 13); node 0 merges them (`merge_nodes`) and builds the one document here.
+host's records (`read_node_records`) and hands them on through the database (`run_nodes.records`);
+node 0 merges them (`merge_nodes`) and builds the one document here.
 """
 
 from __future__ import annotations

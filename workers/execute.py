@@ -12,7 +12,7 @@ part of a multi-node run), which add the database around it:
   `workers.engines.base.Engine`: launch, state, cancel, collect, reconcile);
 - the watch (`workers.watch`): live progress, the lease renewed with this worker's heartbeat,
   cancel, and any other node's fault, which stops every node;
-- the reference (issue 12): before launching, node 0 copies the lab's fp32 reference curve of the
+- the reference: before launching, node 0 copies the lab's fp32 reference curve of the
   job from the database into this host's cache when the host has none; after a successful run it
   stores the curve the ranks used when the database lacks it (computed, or the host's own), so each
   workload pays for its reference once per lab, not once per host (`parallab.core.reference`);
@@ -142,7 +142,7 @@ def run_and_collect(
     profile: HardwareProfile | None = None,
 ) -> Collected:
     """Launch `job` in `run_dir` under the settings' limits and build its result document; the
-    prediction's step time uses the pool's calibrated `profile` when there is one (issue 14)."""
+    prediction's step time uses the pool's calibrated `profile` when there is one."""
     files = RunDir(run_dir)
     outcome = launch(
         job,

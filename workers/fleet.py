@@ -1,10 +1,10 @@
 """A worker's place in the fleet: who it is, its heartbeat, and the reaper of orphaned ranks.
 
-Issue 13: at start-up a worker reads its hardware without torch (`workers.topology`) and registers
+At start-up a worker reads its hardware without torch (`workers.topology`) and registers
 host, pool, devices, memory per device and interconnect; a heartbeat thread keeps the row alive
 (the Celery task blocks the main thread of the solo pool, so it cannot be the one beating).
 
-Issue 10: the heartbeat is the lease of every run the worker holds. At start-up and every half
+The heartbeat is the lease of every run the worker holds. At start-up and every half
 TTL the worker reconciles: it fails runs whose lease lapsed ("worker lost"), and it kills the
 ranks left behind on this machine by a worker that died — found by the process group recorded on
 their node and by the run directory on their command line, and only for runs of this database

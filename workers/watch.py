@@ -1,4 +1,4 @@
-"""One node's watch over its run while its ranks run (issues 10 and 13).
+"""One node's watch over its run while its ranks run.
 
 Each poll of the launcher asks `Watcher.should_stop`; at most once a second that reads the run and
 its nodes from the database, and renews this worker's heartbeat — the run's lease — while it

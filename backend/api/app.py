@@ -57,7 +57,7 @@ def create_app() -> FastAPI:
 
     # Not a FastAPI route: those all take the app's dependencies (a database session, the caller's
     # identity), each a hop through the thread pool. This one answers on the event loop itself, so
-    # its latency is the loop's (issue #12: it stays under 50 ms p99 while uploads are checked).
+    # its latency is the loop's (it stays under 50 ms p99 while uploads are checked).
     app.router.routes.append(Route("/healthz", healthz, methods=["GET"]))
 
     app.mount("/static", static_files(), name="static")

@@ -98,7 +98,7 @@ def nodelay_listeners() -> int:
     sockets whose `proto` is IPPROTO_TCP: every connection a worker accepts keeps Nagle's
     algorithm. uvicorn writes a response's head and body in two sends, so the body waited for the
     client's delayed ACK of the head: 40 ms per answer on Linux (`/healthz` p50 46 ms with 2
-    processes, 5 ms with 1, issue #12). Linux copies TCP_NODELAY from the listening socket to each
+    processes, 5 ms with 1). Linux copies TCP_NODELAY from the listening socket to each
     socket it accepts. With one process uvicorn binds after the lifespan (asyncio's own socket,
     whose connections get TCP_NODELAY): nothing is listening yet and this sets nothing."""
     import os

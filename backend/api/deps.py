@@ -1,6 +1,6 @@
 """FastAPI dependencies as named aliases (SessionDep, SettingsDep, CurrentUser, ...); tests override them.
 
-Who a request acts as (issue #11): a Bearer token's user, else a login session's user, else —
+Who a request acts as: a Bearer token's user, else a login session's user, else —
 in local mode only — the one local user, else nobody. `gate` runs before every route (the app
 installs it globally), so a new route is closed to anonymous callers outside local mode unless
 it is named in `PUBLIC_PATHS`; routes that need more than reading say so with `require(action)`.

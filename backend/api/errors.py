@@ -116,7 +116,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _queue(_: Request, exc: QueueUnavailable) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
-    # Accounts and CI series (issue #11).
+    # Accounts and CI series.
     @app.exception_handler(LoginRequired)
     async def _login(_: Request, exc: LoginRequired) -> RedirectResponse:
         return RedirectResponse(f"/login?next={quote(exc.next_url, safe='')}", status_code=303)
@@ -156,7 +156,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
     async def _database_down(_: Request, exc: Exception) -> JSONResponse:
-        # Issue 10: the database is unreachable (or went away mid-request). The engine's pool
+        # The database is unreachable (or went away mid-request). The engine's pool
         # pre-pings, so the next request after it is back reconnects: no restart needed.
         return JSONResponse(
             status_code=503, content={"detail": "the database is unavailable; try again shortly"}, headers={"Retry-After": "5"}

@@ -1,5 +1,5 @@
 """Start-up: the placeholder secret is refused wherever the app starts off loopback, and the
-env-seeded admin of a compose deployment is created (issue #11).
+env-seeded admin of a compose deployment is created.
 
 Compose runs uvicorn directly (not `parallab up`), so the app checks for itself. A lab's
 `PARALLAB_HOST` already says it is not local: start-up fails at once. Otherwise the real bind
@@ -85,7 +85,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     seed_admin(settings)
     # Answers leave at once, not after the client's delayed ACK (uvicorn --workers N: bind.nodelay_listeners).
     nodelay_listeners()
-    # Upload threads are CPU-bound (issue #12): a shorter GIL slice lets the event loop's thread
+    # Upload threads are CPU-bound: a shorter GIL slice lets the event loop's thread
     # answer between their bytecodes instead of waiting 5 ms at each socket call.
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)

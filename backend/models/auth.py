@@ -1,4 +1,4 @@
-"""Accounts (issue #11): users with a role, and their login sessions.
+"""Accounts: users with a role, and their login sessions.
 
 Roles are ordered — `viewer` reads, `member` also submits, cancels its own runs and uploads with
 its own tokens, `admin` does everything, user management included. Passwords are stored only as

@@ -1,4 +1,4 @@
-"""The leaderboard's maintained table: one narrow row per ranked run (issue 12).
+"""The leaderboard's maintained table: one narrow row per ranked run.
 
 A run is ranked when it succeeded with a throughput and a workload key. Its row copies the
 columns the leaderboard shows, filters and sorts on from `runs` — written in the same

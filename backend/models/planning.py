@@ -1,4 +1,4 @@
-"""The planner's tables (issue 14): each pool's calibrated hardware profile, and sweeps.
+"""The planner's tables: each pool's calibrated hardware profile, and sweeps.
 
 A sweep is the planner put to the test: the configurations it ranked, the ones it queued (the
 runs carry `sweep_id`) and what each was predicted to do — kept as planned, so the page can hold

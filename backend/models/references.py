@@ -1,4 +1,4 @@
-"""Reference loss curves shared by the whole lab (issue 12).
+"""Reference loss curves shared by the whole lab.
 
 The fp32 `single` curve of a workload, computed once by the first run that needed it and read by
 every later run on any host (`workers.execute` copies it into the host's cache before launching).

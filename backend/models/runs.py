@@ -56,18 +56,18 @@ class Run(Base):
     peak_allocated_bytes_max: Mapped[int | None] = mapped_column(BigInteger)
     comm_time_fraction: Mapped[float | None] = mapped_column(Float)
     loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
-    # Accounts and CI series (issue #11): who submitted or uploaded the run, the CI series it
+    # Accounts and CI series: who submitted or uploaded the run, the CI series it
     # belongs to, and the rest of the CI metadata of an upload (branch and commit are above).
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
     series_id: Mapped[str | None] = mapped_column(ForeignKey("series.id", ondelete="SET NULL"))
     repository: Mapped[str | None] = mapped_column(String(500))
     pr: Mapped[int | None] = mapped_column(Integer)
     ci_url: Mapped[str | None] = mapped_column(String(500))
-    # issue #9: communication no compute overlaps / step time (summary.exposed_comm_fraction)
+    # Communication no compute overlaps / step time (summary.exposed_comm_fraction)
     exposed_comm_fraction: Mapped[float | None] = mapped_column(Float)
-    # Issue #10: the hash of the document first uploaded with `idempotency_key` (a replay must match it).
+    # The hash of the document first uploaded with `idempotency_key` (a replay must match it).
     idempotency_body_sha256: Mapped[str | None] = mapped_column(String(64))
-    # Issue 14: the recipe dimensions, for the leaderboard's and compare page's filters, and the sweep a run belongs to.
+    # The recipe dimensions, for the leaderboard's and compare page's filters, and the sweep a run belongs to.
     precision: Mapped[str | None] = mapped_column(String(8))
     activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
     grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
@@ -75,7 +75,7 @@ class Run(Base):
     sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
     shape_key: Mapped[str | None] = mapped_column(String(64), doc="workload_key without the recipe: runs of every recipe of one workload.")
 
-    # Issues 10 and 13: where it runs and who holds its lease (the worker's heartbeat is the lease).
+    # Where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")
     worker_id: Mapped[str | None] = mapped_column(
         String(32), doc="The worker that claimed it (node 0's); its heartbeat is the run's lease."

@@ -1,4 +1,4 @@
-"""CI benchmark series and their regression verdicts (issue #11).
+"""CI benchmark series and their regression verdicts.
 
 A series is one benchmark's history: the same workload, strategy and options, and hardware,
 from one repository, on one branch. Series that differ only in branch form a *family*; a

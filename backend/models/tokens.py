@@ -1,4 +1,4 @@
-"""API tokens (scoped; only a hash is stored), each owned by a user (issue #11)."""
+"""API tokens (scoped; only a hash is stored), each owned by a user."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class ApiToken(Base):
     scopes: Mapped[str] = mapped_column(String(200), doc="Space-separated: upload, submit, admin.")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
-    # Accounts (issue #11): the owner (null only for tokens made before accounts existed), the
+    # Accounts: the owner (null only for tokens made before accounts existed), the
     # first characters of the token so a list can tell tokens apart, and when it was last used.
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     prefix: Mapped[str | None] = mapped_column(String(16))

@@ -1,6 +1,6 @@
 """The fleet: workers that registered (and keep heartbeating), and the nodes each run occupies.
 
-A worker's heartbeat is the one liveness signal (issues 10 and 13): a run's lease is held by the
+A worker's heartbeat is the one liveness signal: a run's lease is held by the
 worker that claimed it and lapses when that worker stops heartbeating; a reservation of hosts for
 a multi-node job is a set of worker rows pointing at the run, taken all-or-nothing in one
 transaction. Both live in the database, not in Redis, because they must change atomically with

@@ -5,7 +5,7 @@ defaults as the job spec) and one per strategy option (every descriptor's `optio
 option several strategies share, such as `reshard_after_forward`, is one parameter). A field
 added to the core is a `/plan` parameter without touching this file.
 
-`mode=rank` (issue 14) ranks every configuration of the workload on a cluster instead of
+`mode=rank` ranks every configuration of the workload on a cluster instead of
 predicting one: `device` (a catalogue device) on `nodes` × `gpus_per_node`, or a calibrated
 `pool`; `precisions` (shared with the calibrate job's option), `checkpointing` and
 `accumulation` narrow the search; `top` bounds the list of those that fit.
@@ -25,7 +25,7 @@ from parallab.core.spec import Checkpointing, JobSpec, StrategyName, StrategySpe
 from parallab.core.strategies import REGISTRY
 
 RANK_PARAMS: tuple[str, ...] = ("mode", "device", "nodes", "gpus_per_node", "pool", "top", "checkpointing", "accumulation")
-"""The ranking mode's own parameters (issue 14)."""
+"""The ranking mode's own parameters."""
 
 
 WORKLOAD_PARAMS: tuple[str, ...] = tuple(f.name for f in workload_fields())

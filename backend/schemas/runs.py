@@ -31,14 +31,14 @@ class RunSummary(BaseModel):
     loss_max_rel_diff: float | None
     branch: str | None
     commit: str | None
-    # Accounts and CI series (issue #11).
+    # Accounts and CI series.
     user: str | None = Field(None, validation_alias=AliasPath("user", "email"), description="Who submitted or uploaded it (email).")
     series_id: str | None = None
     repository: str | None = None
     pr: int | None = None
     ci_url: str | None = None
     pool: str | None = None
-    """The pool it was queued on (issue 13)."""
+    """The pool it was queued on."""
     host: str | None = None
     """node 0's host, once a worker claimed it."""
 
@@ -89,7 +89,7 @@ class TokenCreated(BaseModel):
 
 
 class Verdict(BaseModel):
-    """One metric of an uploaded result against its series' baseline (issue #11)."""
+    """One metric of an uploaded result against its series' baseline."""
 
     id: int
     metric: str

@@ -1,4 +1,4 @@
-"""API views of the fleet: workers and their pools (issue 13)."""
+"""API views of the fleet: workers and their pools."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Accounts (issue #11): users, passwords, login sessions, and who may do what.
+"""Accounts: users, passwords, login sessions, and who may do what.
 
 - Passwords are hashed with argon2id (argon2-cffi) at OWASP's minimum cost (19 MiB, 2 passes,
   1 lane); a hash made with older parameters is upgraded at the next login.

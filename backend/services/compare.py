@@ -46,7 +46,7 @@ class MetricRow:
 
 
 RECIPE_DIMENSIONS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
-"""What the compare page filters and groups runs by (issue 14): the runs' recipe columns."""
+"""What the compare page filters and groups runs by: the runs' recipe columns."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Hardware as the server knows it (issue 14): the catalogue (built-in + the lab's file), each
+"""Hardware as the server knows it: the catalogue (built-in + the lab's file), each
 pool's calibrated profile, and the precision check at submission.
 
 A `calibrate` run's result carries the profile; ingest stores it for the pool the run ran on.

@@ -39,7 +39,7 @@ def workload_key(workload: dict[str, Any]) -> str:
 
 
 def shape_key(workload: dict[str, Any]) -> str:
-    """The workload key without the recipe dimensions: runs of every recipe of one workload (issue 14)."""
+    """The workload key without the recipe dimensions: runs of every recipe of one workload."""
     picked = {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS if k not in RECIPE_DEFAULTS}
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -47,7 +47,7 @@ def shape_key(workload: dict[str, Any]) -> str:
 def hardware_key(hardware: dict[str, Any]) -> str:
     """E.g. 'cpu:Intel(R) Xeon(R) Processor' or 'cuda:NVIDIA H100 80GB HBM3' — runs on different
     hardware are never ranked together. A job over several hosts adds its topology, nodes ×
-    devices per host ('cuda:NVIDIA H100 80GB HBM3 [2x4]'): 2×4 is not 1×8 (issue 13). One-host
+    devices per host ('cuda:NVIDIA H100 80GB HBM3 [2x4]'): 2×4 is not 1×8. One-host
     keys are unchanged, so stored keys stay valid."""
     device = str(hardware.get("device") or "unknown")
     name = hardware.get("device_name")
@@ -104,7 +104,7 @@ def attach_result(
     session: Session, *, run: Run, document: ResultDocument, traces: dict[int, bytes] | None = None, pool: str | None = None
 ) -> None:
     """Store `document` as `run`'s result and mark the run succeeded (caller commits); a calibrate
-    run's profile is kept for `pool` (issue 14)."""
+    run's profile is kept for `pool`."""
     start = time.perf_counter()
     rank_rows, comm_rows = _rank_rows(document)
     columns = summary_columns(document)
@@ -172,7 +172,7 @@ class IdempotencyConflict(ValueError):
 def _canonical(value: Any, depth: int = 2) -> Iterator[str]:
     """`json.dumps(value, sort_keys=True, separators=(",", ":"))` in pieces — the same text — one
     `json.dumps` per item of the top `depth` levels, so no single C call holds the GIL for a whole
-    wide document (~12 ms) while the event loop waits (issue #12)."""
+    wide document (~12 ms) while the event loop waits."""
     if depth and isinstance(value, dict):
         yield "{"
         for i, key in enumerate(sorted(value)):

@@ -34,7 +34,7 @@ class LeaderboardQuery:
     source: str | None = None
     branch: str | None = None
     user_id: int | None = None
-    """Who submitted or uploaded the runs (issue #11); -1 matches nobody (an unknown email)."""
+    """Who submitted or uploaded the runs; -1 matches nobody (an unknown email)."""
     precision: str | None = None
     activation_checkpointing: str | None = None
     grad_accumulation_steps: int | None = None

@@ -1,4 +1,4 @@
-"""The recipe dimensions of a run as its row stores them (issue 14), and "vary one thing".
+"""The recipe dimensions of a run as its row stores them, and "vary one thing".
 
 Filled at submission from the resolved job and again at ingest from the result's workload (so
 CI uploads have them too); the leaderboard and the compare page filter and group by them.

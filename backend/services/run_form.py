@@ -307,7 +307,7 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PoolChoice:
-    """A pool the form offers, with what a job may ask of it (issue 13)."""
+    """A pool the form offers, with what a job may ask of it."""
 
     name: str
     hosts: int

@@ -118,7 +118,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
     where the ranks share this host's memory. The run is placed on the Slurm pool it names, or on a pool that can run it
     (SpecError, a 422 naming the pool and the limit, if none can), and the pool's device, when a
-    calibration recorded it, must be able to train in the job's precision (issue 14). QuotaExceeded
+    calibration recorded it, must be able to train in the job's precision. QuotaExceeded
     when the user already has as many runs queued or running as they may."""
     job = validate_spec(spec=spec, settings=settings, local=local)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)

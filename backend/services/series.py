@@ -1,4 +1,4 @@
-"""CI benchmark series (issue #11): which series an upload joins, its verdicts, the history views.
+"""CI benchmark series: which series an upload joins, its verdicts, the history views.
 
 A series is the same workload (`workload_key`), strategy and options, and hardware
 (`hardware_key`), from one repository, on one branch. Series that differ only in branch form a

@@ -1,4 +1,4 @@
-"""Sweeps (issue 14): plan every configuration of a workload, queue the best predicted and a few
+"""Sweeps: plan every configuration of a workload, queue the best predicted and a few
 predicted to be poor (controls), and hold what they measure against what was predicted.
 
 The plan runs on the pool's hardware (`hardware.pool_hardware`: its latest calibration, else the

@@ -1,4 +1,4 @@
-"""A run's timeline, downsampled to what a chart can show (issue #12: bounded run pages).
+"""A run's timeline, downsampled to what a chart can show (bounded run pages).
 
 A traced run can carry tens of thousands of timeline events (8 ranks × 10,000 is 80,000). A chart
 about 1,000 pixels wide cannot show more than a bar per pixel per lane, so the page loads the

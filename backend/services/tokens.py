@@ -1,6 +1,6 @@
 """Scoped API tokens. Only a SHA-256 of each token is stored; the plain token is shown once.
 
-Since accounts (issue #11) a token belongs to a user and acts as that user, within its scopes:
+Since accounts a token belongs to a user and acts as that user, within its scopes:
 a scope the owner's role does not allow cannot be granted, a disabled owner's tokens stop
 working, and each use is recorded (to the minute). Tokens made before accounts have no owner
 and keep working on their scopes alone (an `admin` scope acts as an admin, others as a member).

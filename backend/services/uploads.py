@@ -1,4 +1,4 @@
-"""CI uploads (issue #11): one result document or a batch, all or nothing, judged against its series.
+"""CI uploads: one result document or a batch, all or nothing, judged against its series.
 
 Each document goes through the one ingest path (`services.ingest.ingest_upload`); the run then
 records who uploaded it and its CI metadata, joins its series, and gets its verdicts — all in
@@ -59,8 +59,8 @@ def _errors(exc: ValidationError, prefix: list[Any]) -> list[dict[str, Any]]:
 def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
     """(documents, whether the body was a batch): one JSON object, or a list of 1–MAX_BATCH of them.
 
-    One document is parsed and validated in one pass by pydantic-core (no Python dict in between,
-    issue #12), which refuses nesting deeper than its limit as not JSON; a batch (and a body that is
+    One document is parsed and validated in one pass by pydantic-core (no Python dict in between),
+    which refuses nesting deeper than its limit as not JSON; a batch (and a body that is
     not JSON, for the standard parser's message) is read with the one bounded parse first
     (`json_body.parse_json`), to count and index its documents."""
     if not body.lstrip().startswith(b"["):

@@ -1,4 +1,4 @@
-"""A run page's "vary one thing" (issue 14): the same job with one dimension changed, submitted."""
+"""A run page's "vary one thing": the same job with one dimension changed, submitted."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """The fleet: workers register and heartbeat; jobs are placed on a pool, reserved, and reconciled.
 
-Issue 13 — pools and gang scheduling. Each worker registers its host, pool and devices and
+Pools and gang scheduling. Each worker registers its host, pool and devices and
 heartbeats; a job is placed on a pool that can run it (`place`, 422 otherwise); the worker that
 takes a job reserves all of its hosts at once (`reserve`): every worker row is taken with a
 conditional update in one transaction, in id order, or none is — all-or-nothing, and two
 coordinators competing for the same hosts never wait on each other in a cycle. A worker that
 cannot reserve holds nothing while it waits (the job goes back to its queue).
 
-Issue 10 — leases. The worker that claims a run holds its lease through its heartbeat (one
+Leases. The worker that claims a run holds its lease through its heartbeat (one
 liveness signal for both issues). A running run whose worker stopped heartbeating is lost:
 `reconcile_lost_runs` fails it ("worker lost") — any worker or the API may do that — and a live
 worker of the same machine kills its orphaned ranks (workers.fleet, by the recorded process group).
@@ -110,7 +110,7 @@ def forget_dead_twins(*, session: Session, info: WorkerInfo, live_pids: Sequence
     return store.forget_dead_twins(session, machine=info.machine, live_pids=live_pids, keep=info.id)
 
 
-# ---- placement: which pool runs a job (issue 13) ----
+# ---- placement: which pool runs a job ----
 
 
 def predicted_bytes_per_rank(job: ResolvedJob) -> int:
@@ -205,7 +205,7 @@ def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
     raise SpecError(problems)
 
 
-# ---- reservation: all of a job's hosts at once, or none (issue 13) ----
+# ---- reservation: all of a job's hosts at once, or none ----
 
 
 def reserve(*, session: Session, run: Run, job: ResolvedJob, me: WorkerInfo, settings: Settings, endpoint: str | None) -> list[RunNode]:
@@ -336,7 +336,7 @@ def gang_state(*, session: Session, run_id: str, settings: Settings) -> GangStat
     )
 
 
-# ---- leases (issue 10) ----
+# ---- leases ----
 
 
 def lease_lapsed(*, session: Session, run: Run, settings: Settings) -> bool:

@@ -1,4 +1,4 @@
-"""All SQL for users, login sessions and API tokens (issue #11). Callers own the transaction."""
+"""All SQL for users, login sessions and API tokens. Callers own the transaction."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `leaderboard_entries` holds one row per ranked run and `leaderboard_cells` one per config, both
 kept in the run's own transaction (MLflow's `latest_metrics` lesson). Nothing here ranks or
-sorts every run (issue 12, measured at 100,000 runs by benchmarks/queries.py): a page of every
+sorts every run (measured at 100,000 runs by benchmarks/queries.py): a page of every
 run comes from an index in the board's whole order, or — for the two sorts no index holds, by
 rank and by runs per config — is planned from the group and config sizes and reads only the
 runs it can reach; best-per-config reads the cells. Only the page's rows get their rank and
@@ -62,7 +62,7 @@ ROW_COLUMNS = (
     "commit",
     "created_at",
     "user_id",
-    # issue 14: the recipe dimensions
+    # The recipe dimensions
     "shape_key",
     "precision",
     "activation_checkpointing",
@@ -75,7 +75,7 @@ FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch"
 GROUPINGS = ("workload", "shape", *RECIPE_FILTERS)
 """How runs are grouped for ranking: `workload` — the same workload key (recipe included: only
 identical workloads compete); `shape` — the same model shape and batch, every recipe competing;
-a recipe dimension — within a shape, one group per value of that dimension (issue 14)."""
+a recipe dimension — within a shape, one group per value of that dimension."""
 
 CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
 KEYED = frozenset(CONFIG) | {"shape_key"}

@@ -1,4 +1,4 @@
-"""SQL for the planner's tables: hardware profiles and sweeps (issue 14). Callers own the transaction."""
+"""SQL for the planner's tables: hardware profiles and sweeps. Callers own the transaction."""
 
 from __future__ import annotations
 

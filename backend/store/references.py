@@ -1,4 +1,4 @@
-"""SQL for the lab's reference loss curves (issue 12). Callers own the transaction."""
+"""SQL for the lab's reference loss curves. Callers own the transaction."""
 
 from __future__ import annotations
 

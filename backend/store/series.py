@@ -1,4 +1,4 @@
-"""All SQL for CI series and their verdicts (issue #11). Callers own the transaction."""
+"""All SQL for CI series and their verdicts. Callers own the transaction."""
 
 from __future__ import annotations
 

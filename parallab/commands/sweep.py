@@ -1,5 +1,5 @@
 """`parallab sweep`: plan every configuration of a workload, run the best predicted and a few
-controls, and report how well the prediction ranked them (issue 14).
+controls, and report how well the prediction ranked them.
 
     parallab sweep --model small --world-size 4 --top 8 --wait
 

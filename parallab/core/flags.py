@@ -1,4 +1,4 @@
-"""The one rule that holds a measurement against its prediction (shared/DESIGN.md: gaps above 10%).
+"""The one rule that holds a measurement against its prediction (gaps above 10%).
 
 `agreement` lists every compared figure — predicted beside measured — and decides which are
 flagged; the worker stores the flagged ones as the document's `flags`, and every page shows the

@@ -37,7 +37,7 @@ class Limits:
 
     max_world_size: int | None = None
     max_steps: int | None = None
-    # Issue #10: ceilings on everything else a job may ask for.
+    # Ceilings on everything else a job may ask for.
     max_warmup_steps: int | None = None
     max_seq_len: int | None = None
     max_global_batch_size: int | None = None

@@ -1,4 +1,4 @@
-"""Formulas that turn per-rank measurements into a run's summary (shared/DESIGN.md).
+"""Formulas that turn per-rank measurements into a run's summary.
 
 Pure functions over plain data: used by the worker's aggregation, by CI uploads (to recompute or
 check a summary) and by the ranks (bandwidths). No torch, no database.

@@ -6,7 +6,7 @@ reference workload (seed included; the recipe is the reference's, so runs of eve
 one), plus, for MoE, the routing groups and the load-balancing weight: `reference_key` hashes
 exactly that.
 
-Where a run's reference comes from (issue 12), recorded in its loss block as `reference_source`:
+Where a run's reference comes from, recorded in its loss block as `reference_source`:
 - `computed`: the job trained the reference itself, after its own steps (rank 0);
 - `own`: the job is a reference-recipe `single`: its own curve is the reference;
 - `host cache`: read from this host's cache file (`<home>/cache/reference/<key>.json`);

@@ -1,7 +1,7 @@
 """The result document — one per run, the same whether a worker produced it or CI uploaded it —
 and the record each rank writes for the worker to merge into it.
 
-Top-level keys are contractual (shared/DESIGN.md). Published as JSON Schema at
+Top-level keys are contractual. Published as JSON Schema at
 ``GET /api/v1/results/schema``. Bump ``SCHEMA_VERSION`` on any incompatible change.
 """
 
@@ -209,7 +209,7 @@ class LossCurve(BaseModel):
     reference: list[float] | None = Field(None, max_length=MAX_SERIES, description="The `single` run's loss on the same workload and seed.")
     reference_source: Literal["computed", "own", "host cache", "lab database"] | None = Field(
         None,
-        description="Where the reference came from (issue 12): computed in the job, the job's own curve (an fp32 `single`), "
+        description="Where the reference came from: computed in the job, the job's own curve (an fp32 `single`), "
         "this host's cache, or the lab database (parallab.core.reference).",
     )
 
@@ -223,7 +223,7 @@ class Prediction(OpenModel):
     bubble_fraction: float | None = None
     wire_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
     step_time_s: float | None = Field(
-        None, ge=0, description="Estimated step time on the run's hardware (parallab.core.planner; docs/planner.md). Issue 14."
+        None, ge=0, description="Estimated step time on the run's hardware (parallab.core.planner; docs/planner.md)."
     )
 
 
@@ -274,7 +274,7 @@ def check_branch(name: str) -> str:
 class SourceInfo(OpenModel):
     """Where a CI upload came from (conbench/bencher style); absent for worker runs.
 
-    Checked on upload (issue #11): each field's length and format, so a history page never
+    Checked on upload: each field's length and format, so a history page never
     shows a branch git could not have, and a CI link is always an http(s) URL."""
 
     repository: SafeStr | None = Field(None, max_length=500, pattern=REPOSITORY_PATTERN, description="`owner/name` or a clone URL.")
@@ -345,7 +345,7 @@ class RankRecord(RankResult):
 
 class FailureRecord(BaseModel):
     """Why a job's ranks stopped, written by the rank that saw it (`RunDir.failure`) and read by the
-    worker: the run's error comes from this record, never from scraping the log (issue 10)."""
+    worker: the run's error comes from this record, never from scraping the log."""
 
     model_config = _closed
     kind: Literal["diverged"]

@@ -171,7 +171,7 @@ POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 
 class Placement(BaseModel):
-    """Where a job runs (issue 13): a pool of workers, and over how many of its hosts.
+    """Where a job runs: a pool of workers, and over how many of its hosts.
 
     `strategy.world_size` is the total number of ranks; they are split evenly over the nodes, so
     node r runs global ranks r·(world/nodes) … (r+1)·(world/nodes) − 1 (torchrun's layout)."""
@@ -203,4 +203,4 @@ class JobSpec(BaseModel):
         ),
     )
     tags: list[Tag] = Field(default_factory=list, max_length=20)
-    placement: Placement | None = Field(None, description="Pool and node count (issue 13); none: one host of the default pool.")
+    placement: Placement | None = Field(None, description="Pool and node count; none: one host of the default pool.")

@@ -1,4 +1,4 @@
-"""A loss that is NaN or infinite ends the job, reported as data (issue 10).
+"""A loss that is NaN or infinite ends the job, reported as data.
 
 The rank that sees a non-finite loss raises `Diverged`; `workers.harness.main` writes its
 `FailureRecord` to the run directory (`RunDir.failure`) and exits non-zero, torchrun stops the

@@ -118,7 +118,7 @@ def train(
             return
         value = float(loss.item()) if strategy.loss_weight(ctx, options) > 0 else None
         stage = phase if phase != "train" else ("warmup" if warmup else "train")
-        divergence.check_loss(value, phase=stage, step=step + 1, rank=ctx.rank)  # issue 10: stop a diverged run now
+        divergence.check_loss(value, phase=stage, step=step + 1, rank=ctx.rank)  # Stop a diverged run now
         measured = {
             "step_time_s": seconds,
             "tokens_per_s": job.tokens_per_step / seconds if seconds > 0 else None,

@@ -7,10 +7,10 @@ and drawn by the plotly.js that the installed plotly package ships (`assets`).
 - `compare`      runs side by side, and the comparison's exports
 - `leaderboard`  the lab-wide leaderboard, and its exports
 - `scaling`      throughput against world size
-- `accounts`     log in and out, one's API tokens, users (admins)   (issue #11)
-- `series`       CI series and their history with alerts               (issue #11)
+- `accounts`     log in and out, one's API tokens, users (admins)
+- `series`       CI series and their history with alerts
 - `workers`      the fleet: pools, hosts, what each runs, queue lengths
-- `planning`     the ranking form, sweeps, and a run's "vary one thing" (issue 14)
+- `planning`     the ranking form, sweeps, and a run's "vary one thing"
 - `glossary`     every metric in plain words (the help icons' target)
 - `assets`       plotly.js and the static files
 - `rendering`    the template environment and the helpers the pages share

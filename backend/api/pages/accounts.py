@@ -1,4 +1,4 @@
-"""Pages of accounts (issue #11): log in and out, one's API tokens, and (admins) the users.
+"""Pages of accounts: log in and out, one's API tokens, and (admins) the users.
 
 Every form carries the CSRF token; the login cookie is HttpOnly, SameSite=Lax (a link from
 elsewhere still arrives logged in; a cross-site POST never carries it) and Secure off loopback.

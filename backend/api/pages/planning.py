@@ -1,4 +1,4 @@
-"""Pages of the planner (issue 14): the ranking form (`/plan`), sweeps (`/sweeps`, `/sweeps/new`,
+"""Pages of the planner: the ranking form (`/plan`), sweeps (`/sweeps`, `/sweeps/new`,
 `/sweeps/{id}`, cancel) and a run page's "vary one thing" (`POST /runs/{id}/vary`).
 
 Routes stay thin: parse, call one service, render or redirect; forms are the API's, so a form

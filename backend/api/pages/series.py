@@ -1,4 +1,4 @@
-"""Pages of CI series (issue #11): every series, and one series' history with its alerts."""
+"""Pages of CI series: every series, and one series' history with its alerts."""
 
 from __future__ import annotations
 

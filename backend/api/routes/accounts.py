@@ -1,4 +1,4 @@
-"""REST: who am I (issue #11). Users and tokens are managed on their pages and with the CLI."""
+"""REST: who am I. Users and tokens are managed on their pages and with the CLI."""
 
 from __future__ import annotations
 

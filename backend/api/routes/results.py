@@ -1,7 +1,7 @@
 """REST: CI uploads of result documents (token with scope `upload`, Idempotency-Key honoured).
 
 The body is one result document or a batch (a JSON list of them, stored all or nothing). The
-answer carries each result's verdicts on its CI series (issue #11).
+answer carries each result's verdicts on its CI series.
 """
 
 from __future__ import annotations

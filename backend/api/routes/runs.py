@@ -24,7 +24,7 @@ RunId = Annotated[str, Path(max_length=64, description="A run's id (32 hex digit
 
 Heavy = Literal["timeline"]
 HEAVY_PARTS: tuple[Heavy, ...] = ("timeline",)
-"""Result keys left out of a run's API view unless asked for with `?include=` (issue #12): a traced
+"""Result keys left out of a run's API view unless asked for with `?include=`: a traced
 run's timeline can hold 80,000 events (megabytes). The run page loads it downsampled from
 `GET /runs/{id}/timeline`; the full detail is in the Perfetto trace."""
 

@@ -1,4 +1,4 @@
-"""REST: CI benchmark series with their regression verdicts; configure a series, dismiss an alert (issue #11)."""
+"""REST: CI benchmark series with their regression verdicts; configure a series, dismiss an alert."""
 
 from __future__ import annotations
 

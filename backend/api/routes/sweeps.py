@@ -1,5 +1,5 @@
 """REST: sweeps — plan a workload's configurations, run the best predicted and a few controls, and
-hold the measurement against the prediction (issue 14)."""
+hold the measurement against the prediction."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class CommItem:
     (`parallab.core.planner`): its bytes (nccl-tests' buffer convention), in how many calls, on
     a group of how many ranks (`stride`: the rank distance between group members — a group
     crosses a node boundary when it spans more ranks than a node holds), and the share of its
-    time the strategy can hide under compute on a device that overlaps (issue 14)."""
+    time the strategy can hide under compute on a device that overlaps."""
 
     op: str
     bytes_per_step: int

@@ -35,7 +35,7 @@ REGISTRY: dict[str, StrategyDescriptor[Any]] = {
         calibrate.DESCRIPTOR,
     )
 }
-"""Names are contractual (shared/DESIGN.md); their order is the form's and the help's."""
+"""Names are contractual (specs, results and URLs use them); their order is the form's and the help's."""
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
 REFERENCE_STRATEGY: str = single.DESCRIPTOR.name
