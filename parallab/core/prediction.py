@@ -33,6 +33,7 @@ from parallab.core.activations import (
     korthikanti_layer_bytes,
     layer_terms,
     per_token_bytes,
+    selective_kept_bytes,
     weight_copy_bytes,
 )
 from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
@@ -69,10 +70,15 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
     mode = wl.activation_checkpointing
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
-    per_token = per_token_bytes(terms, mode)
+    per_token = per_token_bytes(terms, "none")
     if mode == "full":
         kept = layout.tokens * checkpoint_input_bytes(
             cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel, precision=wl.precision, params_16bit=p16
+        )
+        blocks = layout.layers * kept + layout.micro * per_token
+    elif mode == "selective":  # op level: block inputs and matmul outputs kept, one block recomputed at a time
+        kept = layout.tokens * selective_kept_bytes(
+            cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16
         )
         blocks = layout.layers * kept + layout.micro * per_token
     else:

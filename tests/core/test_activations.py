@@ -15,6 +15,7 @@ from parallab.core.activations import (
     korthikanti_layer_bytes,
     layer_terms,
     per_token_bytes,
+    selective_kept_bytes,
     weight_copy_bytes,
 )
 from parallab.core.jobs import ResolvedJob, resolve_job
@@ -89,6 +90,24 @@ def test_ddp_rank_holds_its_micro_batch_through_every_layer_and_the_head():
     assert p["activation_bytes_per_rank"] == 4 * tokens * 6680 + tokens * (HEAD_KEPT + HEAD_GRAD)
     assert p["activations"]["per_layer_bytes"] == tokens * 6680
     assert p["activations"]["paper_per_layer_bytes"] == 64 * 4 * 64 * (34 + 5 * 4 * 64 / 64)  # sbh(34 + 5as/h)
+
+
+def test_selective_keeps_block_inputs_and_matmul_outputs_and_one_layer_at_a_time():
+    """Op-level selective: the block's input and the outputs of its seven matmuls, per token;
+    in backward one block's full set while it is recomputed (as under full)."""
+    h, f = 64, 256
+    # fp32: input 4h, wq wk wv wo w2 (5 · 4h), w1 w3 (2 · 4f)
+    assert selective_kept_bytes(TINY, "fp32") == 4 * h + 5 * 4 * h + 2 * 4 * f
+    # FSDP's bf16 params: a bf16 stream and bf16 matmul outputs
+    assert selective_kept_bytes(TINY, "bf16", params_16bit=True) == 2 * h + 5 * 2 * h + 2 * 2 * f
+    # TP without SP: q k v and w1 w3 split, wo w2 full width (partial sums) plus their all-reduced outputs
+    assert selective_kept_bytes(TINY, "fp32", tp=2) == 4 * h + 4 * (3 * h / 2 + h) + 4 * (2 * f / 2 + h) + 2 * 4 * h
+    p = predict(job("ddp", 2, activation_checkpointing="selective"))
+    tokens = 4 * 64
+    assert p["activations"]["blocks"] == 4 * tokens * (24 * h + 8 * f) + tokens * 6680
+    none = predict(job("ddp", 2))["activation_bytes_per_rank"]
+    full = predict(job("ddp", 2, activation_checkpointing="full"))["activation_bytes_per_rank"]
+    assert full < p["activation_bytes_per_rank"] < none
 
 
 def test_full_recomputation_keeps_block_inputs_and_one_layer_at_a_time():
