@@ -57,9 +57,17 @@ the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
 - SP splits the norms too, not the projection inputs: torch's SequenceParallel all-gathers the
   norm's output and the linears save the gathered tensor (Megatron saves its shard and gathers
   again in backward, which is why the paper's SP form divides everything by t).
-- Selective recomputation (Korthikanti's: recompute the core attention) saves here only what
-  the core attention keeps for itself, the logsumexp: q, k, v stay as the recomputation's inputs
-  and the output as wo's input.
+- Selective recomputation is op level (`workers.harness.model`: torch's policy API keeps every
+  matmul's output and every functional collective's, and recomputes the rest — norms, rotary,
+  SDPA, SwiGLU's activation and product). Korthikanti's principle (recompute what costs memory
+  but few FLOPs) with their selective mode's own bookkeeping: what a block keeps is its input
+  (the residual stream, as under full recomputation) and the outputs of its kept ops — wq, wk,
+  wv and wo, w1 and w3 (f/tp wide), w2 — in the compute dtype, plus, under tensor parallelism,
+  the all-reduced outputs of wo and w2; MoE blocks keep the router's and each routed row's
+  expert matmul outputs. In backward one block's full set exists while it is recomputed, as
+  under full recomputation. (The count that kept every tensor but the logsumexp described
+  Korthikanti's attention-only mode, which this harness does not run: a fused SDPA stores no
+  s² scores, so recomputing it alone would save nothing.)
 - Full recomputation keeps each block's input, the fp32 residual stream (4h; 4h/t under SP),
   and one layer's full set for one micro-batch while it is recomputed.
 - MoE layers replace the MLP terms: the router's input copy (autocast) and its fp32
@@ -185,5 +193,23 @@ def head_bytes_per_token(cfg: ModelConfig, precision: str, *, params_16bit: bool
 
 
 def per_token_bytes(terms: list[Term], recompute: Recompute) -> float:
-    """Bytes per token of one layer's full set, less what selective recomputation drops."""
+    """Bytes per token of one layer's full set (Korthikanti's attention-only selective mode: less
+    what the core attention keeps for itself)."""
     return sum(t.bytes_per_token for t in terms if not (recompute == "selective" and t.core_attention))
+
+
+def selective_kept_bytes(
+    cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False, params_16bit: bool = False
+) -> float:
+    """Per token, what op-level selective recomputation keeps of one block on one rank: its input
+    (`checkpoint_input_bytes`) and the outputs of its matmuls and collectives (see the module
+    docstring); everything else is recomputed in backward."""
+    a = activation_dtype_bytes(precision)
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    block_input = checkpoint_input_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, precision=precision, params_16bit=params_16bit)
+    reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
+    attention = a * (3 * h / tp + h)  # wq, wk, wv (column-split), wo (full width, partial under tp)
+    if not cfg.is_moe:
+        return block_input + attention + a * (2 * f / tp + h) + reduced
+    routed = cfg.top_k * a * (2 * f + h)  # each routed row's w1, w3 and w2 outputs
+    return block_input + attention + a * cfg.num_experts + routed + reduced

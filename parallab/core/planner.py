@@ -28,7 +28,6 @@ Tokens/s = global tokens per step / step.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from parallab.core.costs import activation_dtype_bytes
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
+from parallab.core.stats import spearman_rho
 
 MATMUL_EFFICIENCY = 0.7
 """Share of the datasheet's dense peak a large GEMM reaches (uncalibrated devices)."""
@@ -345,29 +345,6 @@ def estimate_step_time(job: ResolvedJob, hw: Hardware) -> StepTimeEstimate:
 # ---- how well a prediction ranked what was measured ----
 
 
-def ranks_of(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rank correlation (Pearson's on the ranks, ties averaged); None under 3 pairs or with no spread."""
-    if len(xs) != len(ys) or len(xs) < 3:
-        return None
-    rx, ry = ranks_of(xs), ranks_of(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    sx = math.sqrt(sum((r - mx) ** 2 for r in rx))
-    sy = math.sqrt(sum((r - my) ** 2 for r in ry))
-    if sx == 0 or sy == 0:
-        return None
-    return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)
+    """Spearman's rank correlation of predicted against measured (`parallab.core.stats`)."""
+    return spearman_rho(xs, ys)

@@ -33,6 +33,7 @@ from parallab.core.activations import (
     korthikanti_layer_bytes,
     layer_terms,
     per_token_bytes,
+    selective_kept_bytes,
     weight_copy_bytes,
 )
 from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
@@ -69,18 +70,25 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
     mode = wl.activation_checkpointing
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
-    per_token = per_token_bytes(terms, mode)
+    per_token = per_token_bytes(terms, "none")
+    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
+    head = layout.head_tokens * kept_head + (layout.micro * head_grad if layout.head_tokens else 0)
     if mode == "full":
         kept = layout.tokens * checkpoint_input_bytes(
             cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel, precision=wl.precision, params_16bit=p16
         )
         blocks = layout.layers * kept + layout.micro * per_token
+    elif mode == "selective":
+        # op level: every block's input and matmul outputs are kept; in backward a block's full set
+        # replaces its kept set while it is recomputed, after the head's tensors are freed — the
+        # peak is the larger of the two moments, not their sum
+        kept_per_token = selective_kept_bytes(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
+        recomputing = layout.micro * max(per_token - kept_per_token, 0.0)
+        blocks = layout.layers * layout.tokens * kept_per_token + max(recomputing - head, 0.0)
     else:
         blocks = layout.layers * layout.tokens * per_token
     copies = layout.layers * weight_copy_bytes(cfg, wl.precision, tp=layout.tp, experts_local=layout.experts_local)
     copies = copies if layout.weight_copies else 0
-    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
-    head = layout.head_tokens * kept_head + (layout.micro * head_grad if layout.head_tokens else 0)
     return {
         "rank": layout.name,
         "blocks": int(blocks),

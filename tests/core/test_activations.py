@@ -15,6 +15,7 @@ from parallab.core.activations import (
     korthikanti_layer_bytes,
     layer_terms,
     per_token_bytes,
+    selective_kept_bytes,
     weight_copy_bytes,
 )
 from parallab.core.jobs import ResolvedJob, resolve_job
@@ -89,6 +90,27 @@ def test_ddp_rank_holds_its_micro_batch_through_every_layer_and_the_head():
     assert p["activation_bytes_per_rank"] == 4 * tokens * 6680 + tokens * (HEAD_KEPT + HEAD_GRAD)
     assert p["activations"]["per_layer_bytes"] == tokens * 6680
     assert p["activations"]["paper_per_layer_bytes"] == 64 * 4 * 64 * (34 + 5 * 4 * 64 / 64)  # sbh(34 + 5as/h)
+
+
+def test_selective_keeps_block_inputs_and_matmul_outputs_and_one_layer_at_a_time():
+    """Op-level selective: the block's input and the outputs of its seven matmuls, per token;
+    in backward one block's full set while it is recomputed (as under full)."""
+    h, f = 64, 256
+    # fp32: input 4h, wq wk wv wo w2 (5 · 4h), w1 w3 (2 · 4f)
+    assert selective_kept_bytes(TINY, "fp32") == 4 * h + 5 * 4 * h + 2 * 4 * f
+    # FSDP's bf16 params: a bf16 stream and bf16 matmul outputs
+    assert selective_kept_bytes(TINY, "bf16", params_16bit=True) == 2 * h + 5 * 2 * h + 2 * 2 * f
+    # TP without SP: q k v and w1 w3 split, wo w2 full width (partial sums) plus their all-reduced outputs
+    assert selective_kept_bytes(TINY, "fp32", tp=2) == 4 * h + 4 * (3 * h / 2 + h) + 4 * (2 * f / 2 + h) + 2 * 4 * h
+    p = predict(job("ddp", 2, activation_checkpointing="selective"))
+    tokens = 4 * 64
+    kept, head = 24 * h + 8 * f, (12 * h + 4 + 4 * 256) + 4 * 256  # the head: norm, input, log-softmax; its gradient
+    # the peak: all kept sets plus the larger of the head (end of forward) and a recomputed block's extra (backward)
+    assert p["activations"]["blocks"] == 4 * tokens * kept + max(tokens * (6680 - kept) - tokens * head, 0)
+    assert p["activations"]["head"] == tokens * head
+    none = predict(job("ddp", 2))["activation_bytes_per_rank"]
+    full = predict(job("ddp", 2, activation_checkpointing="full"))["activation_bytes_per_rank"]
+    assert full < p["activation_bytes_per_rank"] < none
 
 
 def test_full_recomputation_keeps_block_inputs_and_one_layer_at_a_time():
@@ -167,3 +189,34 @@ def test_fsdp_16_bit_params_keep_a_16_bit_stream_and_shared_projection_inputs_wi
     assert saved == pytest.approx(predicted, rel=0.01)
     # 2·(4h + 2h + 4) norms + 2·2h shared inputs + 4·2h q k v o + 4A + 4·2f, against autocast's 34h + 8f + 4A + 8
     assert per_token_bytes(layer_terms(TINY, "bf16", params_16bit=True), "none") == 24 * 64 + 8 * 256 + 4 * 4 + 8
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_selective_peak_is_what_memtracker_measures_within_ten_percent(preset):
+    """The op-level selective count against the harness: MemTracker's activation peak of one
+    forward and backward on one process (fp32), within 10% of the prediction."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from workers.harness.model import apply_activation_checkpointing, build_model
+
+    j = job("single", 1, model=preset, global_batch_size=4, activation_checkpointing="selective")
+    model = build_model(j.model, seed=0)
+    apply_activation_checkpointing(model, "selective")
+    tokens = torch.randint(0, j.model.vocab_size, (j.micro_batch_size, j.model.seq_len))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        model(tokens, labels=tokens).backward()
+    peak = sum(v for stats in tracker.get_tracker_snapshot("peak").values() for k, v in stats.items() if str(k).endswith("ACT"))
+    predicted = predict(j)["activation_bytes_per_rank"]
+    assert peak == pytest.approx(predicted, rel=0.10)
+    # the check bites: adding a recomputed block's full set to every kept set (sum, not max) misses by > 10%
+    a = predict(j)["activations"]
+    summed = (
+        predicted
+        - a["blocks"]
+        + a["layers"] * j.micro_batch_size * j.model.seq_len * selective_kept_bytes(j.model, "fp32")
+        + a["per_layer_bytes"]
+    )
+    assert peak != pytest.approx(summed, rel=0.10)

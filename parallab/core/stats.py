@@ -1,0 +1,222 @@
+"""The statistics a decision needs: a median with its interval, whether two sets of runs differ,
+by how much, and how well one ranking follows another. Standard library only.
+
+Choices, and why:
+
+- **Median interval: order statistics.** The interval [x₍ₖ₎, x₍ₙ₋ₖ₊₁₎] with k the largest rank for
+  which P(B ≤ k − 1) ≤ α/2, B ~ Binomial(n, ½) (the number of runs below the true median). It is
+  exact and distribution-free — run times are skewed by a loaded host, not normal — and it needs
+  no seed, so the same runs always give the same interval. A bootstrap of a median is discrete and
+  too narrow at the small n a bench has (5–20 runs). Its coverage is at least 1 − α (reported as
+  `coverage`); under 6 runs no pair of order statistics reaches 95 %, so the interval is the
+  range and its coverage says what it is.
+- **Mann–Whitney U** for "do these runs differ": distribution-free, robust to the outliers a
+  shared machine produces. Exact (the permutation distribution of U, counted) when there are no
+  ties and both samples have at most `EXACT_MAX` runs; otherwise the normal approximation with
+  the tie correction of the variance and a continuity correction. Two-sided.
+- **Difference of medians**: the point is median(x) − median(y); its interval is the Moses
+  (Hodges–Lehmann) interval for a shift, the order statistics of the m·n pairwise differences
+  cut at Mann–Whitney's critical value — so it excludes 0 exactly when the test at the same α
+  separates the samples (up to ties), and the verdict and the interval never disagree.
+- **Spearman's ρ** (Pearson's on average ranks) with the Fisher-z interval, using Fieller,
+  Hartley & Pearson's (1957) variance 1.06/(n − 3) for rank correlations (1/(n − 3) is
+  Pearson's and too narrow for ρ). Needs n ≥ 4.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+EXACT_MAX = 20
+"""Largest sample size (each side) for which Mann–Whitney's p-value is counted exactly."""
+
+
+def normal_quantile(p: float) -> float:
+    """The standard normal's p-quantile."""
+    return statistics.NormalDist().inv_cdf(p)
+
+
+def _two_sided_normal_p(z: float) -> float:
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a confidence interval; `coverage` is what the interval achieves."""
+
+    estimate: float
+    low: float
+    high: float
+    coverage: float
+    n: int
+
+    def excludes(self, value: float) -> bool:
+        return value < self.low or value > self.high
+
+
+def ranks_of(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+# ---- the median ----
+
+
+def _binomial_cdf_half(k: int, n: int) -> float:
+    """P(B ≤ k), B ~ Binomial(n, ½)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)
+
+
+def median_interval(xs: Sequence[float], confidence: float = 0.95) -> Interval:
+    """The median and its order-statistic interval (see the module docstring)."""
+    if not xs:
+        raise ValueError("median_interval: no values")
+    if not 0 < confidence < 1:
+        raise ValueError(f"median_interval: confidence must be in (0, 1), got {confidence}")
+    s, n = sorted(xs), len(xs)
+    alpha = 1 - confidence
+    k = 0  # the largest k with P(B ≤ k − 1) ≤ α/2 (1-based order statistic); 0: none reaches it
+    while k + 1 <= n // 2 and _binomial_cdf_half(k, n) <= alpha / 2:
+        k += 1
+    if k == 0:
+        return Interval(statistics.median(s), s[0], s[-1], 1 - 2 * _binomial_cdf_half(0, n) if n > 1 else 0.0, n)
+    coverage = 1 - 2 * _binomial_cdf_half(k - 1, n)
+    return Interval(statistics.median(s), s[k - 1], s[n - k], coverage, n)
+
+
+# ---- two samples ----
+
+
+@lru_cache(maxsize=256)
+def _u_counts(m: int, n: int) -> tuple[int, ...]:
+    """How many of the C(m+n, m) orderings give each U = 0 … m·n (no ties)."""
+    if m == 0 or n == 0:
+        return (1,)
+    a, b = _u_counts(m - 1, n), _u_counts(m, n - 1)
+    out = [0] * (m * n + 1)
+    for u, c in enumerate(a):  # the largest value is one of x's: it beats all n of y's
+        out[u + n] += c
+    for u, c in enumerate(b):  # the largest value is one of y's
+        out[u] += c
+    return tuple(out)
+
+
+def _exact_cdf(u: int, m: int, n: int) -> float:
+    counts = _u_counts(m, n)
+    return sum(counts[: u + 1]) / math.comb(m + n, m)
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    """Mann–Whitney U of x against y (U = pairs where x's value is larger, ties counting ½)."""
+
+    u: float
+    p: float
+    alpha: float
+    method: str
+    """"exact" or "normal" (with the tie and continuity corrections)."""
+
+    @property
+    def significant(self) -> bool:
+        return self.p <= self.alpha
+
+    @property
+    def verdict(self) -> str:
+        return f"significant at α = {self.alpha:g}" if self.significant else "not significant"
+
+
+def mann_whitney(x: Sequence[float], y: Sequence[float], alpha: float = 0.05, *, method: str = "auto") -> MannWhitney:
+    """The two-sided Mann–Whitney U test (see the module docstring); `method` "exact" or "normal"
+    forces one ("exact" is refused with ties, where the counted distribution does not hold)."""
+    m, n = len(x), len(y)
+    if m == 0 or n == 0:
+        raise ValueError("mann_whitney: both samples need at least one value")
+    if method not in ("auto", "exact", "normal"):
+        raise ValueError(f"mann_whitney: method must be auto, exact or normal, got {method!r}")
+    pooled = list(x) + list(y)
+    ranks = ranks_of(pooled)
+    u = sum(ranks[:m]) - m * (m + 1) / 2
+    ties = len(set(pooled)) < len(pooled)
+    if method == "exact" and ties:
+        raise ValueError("mann_whitney: method 'exact' needs samples without ties")
+    if method == "exact" or (method == "auto" and not ties and max(m, n) <= EXACT_MAX):
+        tail = min(u, m * n - u)
+        return MannWhitney(u, min(1.0, 2 * _exact_cdf(int(tail), m, n)), alpha, "exact")
+    total = m + n
+    counts: dict[float, int] = {}
+    for v in pooled:
+        counts[v] = counts.get(v, 0) + 1
+    tie_term = sum(t**3 - t for t in counts.values()) / (total * (total - 1))
+    var = m * n / 12 * ((total + 1) - tie_term)
+    if var <= 0:  # every value equal: nothing separates the samples
+        return MannWhitney(u, 1.0, alpha, "normal")
+    z = max(abs(u - m * n / 2) - 0.5, 0.0) / math.sqrt(var)
+    return MannWhitney(u, min(1.0, _two_sided_normal_p(z)), alpha, "normal")
+
+
+def _critical_u(m: int, n: int, alpha: float) -> int:
+    """The largest C with P(U ≤ C − 1) ≤ α/2 (exact for small samples, normal beyond)."""
+    if max(m, n) <= EXACT_MAX:
+        c = 0
+        while c < m * n and _exact_cdf(c, m, n) <= alpha / 2:
+            c += 1
+        return c
+    z = normal_quantile(1 - alpha / 2)
+    return max(0, math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12)))
+
+
+def median_difference(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Interval:
+    """median(x) − median(y), with the Moses interval for the shift between the samples."""
+    m, n = len(x), len(y)
+    if m == 0 or n == 0:
+        raise ValueError("median_difference: both samples need at least one value")
+    diffs = sorted(a - b for a in x for b in y)
+    c = _critical_u(m, n, 1 - confidence)
+    estimate = statistics.median(x) - statistics.median(y)
+    if c == 0:  # too few runs for any interval at this confidence: the whole range
+        return Interval(estimate, diffs[0], diffs[-1], 1.0 - 2 / math.comb(m + n, m), m + n)
+    coverage = 1 - 2 * _exact_cdf(c - 1, m, n) if max(m, n) <= EXACT_MAX else confidence
+    return Interval(estimate, diffs[c - 1], diffs[m * n - c], coverage, m + n)
+
+
+# ---- rank correlation ----
+
+
+def spearman_rho(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on the ranks, ties averaged); None under 3 pairs or with no spread."""
+    if len(xs) != len(ys) or len(xs) < 3:
+        return None
+    rx, ry = ranks_of(xs), ranks_of(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sx = math.sqrt(sum((r - mx) ** 2 for r in rx))
+    sy = math.sqrt(sum((r - my) ** 2 for r in ry))
+    if sx == 0 or sy == 0:
+        return None
+    return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)
+
+
+def spearman_interval(xs: Sequence[float], ys: Sequence[float], confidence: float = 0.95) -> Interval | None:
+    """ρ with its Fisher-z interval (variance 1.06/(n − 3)); None under 4 pairs or with no spread.
+    An interval that includes 0 means the ranking is not established."""
+    rho = spearman_rho(xs, ys)
+    n = len(xs)
+    if rho is None or n < 4:
+        return None
+    if abs(rho) >= 1:
+        return Interval(rho, rho, rho, confidence, n)
+    z, half = math.atanh(rho), normal_quantile(1 - (1 - confidence) / 2) * math.sqrt(1.06 / (n - 3))
+    return Interval(rho, math.tanh(z - half), math.tanh(z + half), confidence, n)
