@@ -108,7 +108,11 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
             ["body", "strategy", "options"],
             "unknown option 'bucket'; valid: bucket_cap_mb",
         ),
-        ({"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}}, ["body", "workload"], "unknown workload field 'stepz'; valid: "),
+        (
+            {"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}},
+            ["body", "workload"],
+            "unknown workload field 'stepz'; valid: ",
+        ),
     ],
 )
 def test_bad_spec_is_422_naming_the_field_and_nothing_is_stored(client, settings, spec, loc, words) -> None:
