@@ -55,7 +55,7 @@ def document(*, tokens_per_s: float = 1000.0, branch: str | None = "main", commi
 
 
 def slowed(doc: dict[str, Any], factor: float) -> dict[str, Any]:
-    """`doc` with every step time × `factor` (and throughput ÷ `factor`)."""
+    """`doc` with every step time × `factor` (and throughput and bandwidths ÷ `factor`)."""
     out = copy.deepcopy(doc)
     s = out["summary"]
     for key in ("tokens_per_s", "samples_per_s", "tflops_per_s"):
@@ -68,4 +68,7 @@ def slowed(doc: dict[str, Any], factor: float) -> dict[str, Any]:
             rank["step_time_breakdown"] = {k: v * factor for k, v in rank["step_time_breakdown"].items()}
         for op in rank.get("comm") or []:
             op["time_s"] *= factor
+            for bandwidth in ("algbw_gbps", "busbw_gbps"):  # bytes over a longer time: the server recomputes them
+                if op.get(bandwidth) is not None:
+                    op[bandwidth] /= factor
     return out
