@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -83,6 +84,17 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
             stop_process_group(lab.worker, grace_s=30)
 
 
+def state_after_reload(page: Any, tries: int = 5) -> dict:
+    """The page's state once it has settled: a finished run's page reloads itself, and a read
+    that lands during that navigation finds no page to evaluate in."""
+    for _ in range(tries - 1):
+        try:
+            return page.evaluate(STATE)
+        except Exception:  # playwright's Error: the execution context went with the navigation
+            page.wait_for_load_state()
+    return page.evaluate(STATE)
+
+
 def test_the_run_page_follows_a_real_run_through_its_phases(bench: Bench) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -110,7 +122,7 @@ def test_the_run_page_follows_a_real_run_through_its_phases(bench: Bench) -> Non
             if state["status"] in ("succeeded", "failed"):
                 break
             time.sleep(0.25)
-        final = page.evaluate(STATE)
+        final = state_after_reload(page)
         browser.close()
         assert final["status"] == "succeeded", (final, states[-3:])
         assert errors == []
