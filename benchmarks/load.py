@@ -80,6 +80,19 @@ TINY_JOB = {
 }
 
 
+def server_env(home: Path, url: str) -> dict[str, str]:
+    """A server's environment: this process's, less any PARALLAB_ setting, on a scratch home and database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
+    env.update(
+        PARALLAB_HOME=str(home),
+        PARALLAB_DATABASE_URL=url,
+        PARALLAB_SECRET_KEY=secrets.token_urlsafe(32),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -440,14 +453,7 @@ def backpressure(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     for kind in args.servers.split(","):
         with tempfile.TemporaryDirectory(prefix="parallab-load-") as tmp, scratch_database(args.url) as url:
             home = Path(tmp)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
-            env.update(
-                PARALLAB_HOME=str(home),
-                PARALLAB_DATABASE_URL=url,
-                PARALLAB_SECRET_KEY=secrets.token_urlsafe(32),
-                OMP_NUM_THREADS="1",
-                PYTHONPATH=str(REPO),
-            )
+            env = server_env(home, url)
             with server(kind, env, home, args.timeout) as base:
                 load_before = load_average()
                 ci = ci_phase(base, url, clients=args.uploaders, per_client=args.per_uploader, timeout=args.timeout, prefix=f"{kind}-ci")
@@ -530,14 +536,7 @@ def main() -> None:
         home = Path(tmp)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
-        env.update(
-            PARALLAB_HOME=str(home),
-            PARALLAB_DATABASE_URL=url,
-            PARALLAB_SECRET_KEY=secrets.token_urlsafe(32),
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=str(REPO),
-        )
+        env = server_env(home, url)
         server_args = [
             sys.executable,
             "-m",

@@ -10,13 +10,14 @@ import math
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
 
 from backend.api import csrf
 from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, RowId, SessionDep, SettingsDep, TokenHolderDep
 from backend.api.pages.rendering import render, secure_cookies
 from backend.api.pages.runs import FormDep
 from backend.config import Settings
-from backend.models import ROLES
+from backend.models import ROLES, User
 from backend.services import auth as auth_service
 from backend.services import login_guard
 from backend.services import tokens as token_service
@@ -218,15 +219,21 @@ def create_user(request: Request, form: FormDep, session: SessionDep, settings: 
     return users_page(request, session, settings, created=user.email)
 
 
+def user_or_404(session: Session, user_id: int) -> User:
+    """The user an admin's form acts on, or a 404 naming the id."""
+    user = auth_service.get_user(session=session, user_id=user_id)
+    if user is None:
+        raise HTTPException(404, detail=f"no user {user_id}")
+    return user
+
+
 @router.post("/users/{user_id}/unlock")
 def unlock_user(
     request: Request, user_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, _: AdminDep
 ) -> RedirectResponse:
     """Lift a user's login lockout now (and forget its failed logins)."""
     check_csrf(request, form.get(csrf.FIELD), settings)
-    user = auth_service.get_user(session=session, user_id=user_id)
-    if user is None:
-        raise HTTPException(404, detail=f"no user {user_id}")
+    user = user_or_404(session, user_id)
     login_guard.login_guard(settings).unlock(email=user.email)
     return RedirectResponse("/users", status_code=303)
 
@@ -237,9 +244,7 @@ def disable_user(
 ) -> RedirectResponse:
     """Disable (or, with enable=1, enable again) a user; an admin cannot disable itself."""
     check_csrf(request, form.get(csrf.FIELD), settings)
-    user = auth_service.get_user(session=session, user_id=user_id)
-    if user is None:
-        raise HTTPException(404, detail=f"no user {user_id}")
+    user = user_or_404(session, user_id)
     if user.id == principal.user_id:
         raise Forbidden("you cannot disable yourself")
     auth_service.set_disabled(session=session, user=user, disabled=form.get("enable") != "1")
