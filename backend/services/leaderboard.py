@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
+from parallab.core.data import DEFAULT_DATA
 from parallab.core.jobs import model_label, workload_custom_fields
 from parallab.core.recipes import loss_tolerance
 from parallab.core.strategies import REFERENCE_STRATEGY
@@ -115,6 +116,8 @@ def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = Tr
         parts.append(f"seq {wl['seq_len']}")
     if wl.get("global_batch_size"):
         parts.append(f"batch {wl['global_batch_size']}")
+    if wl.get("data") not in (None, DEFAULT_DATA):
+        parts.append(f"{wl['data']} data")
     if recipe and wl.get("precision"):
         parts.append(str(wl["precision"]))
     if recipe and wl.get("activation_checkpointing") not in (None, "none"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from parallab.core.data import DEFAULT_LR, data_problems
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
@@ -281,10 +282,12 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
     problems += recipe_problems(descriptor, options, world, wl.precision)
+    problems += data_problems(wl.data, model.vocab_size)
     if problems:
         raise SpecError(problems)
 
-    workload = wl.model_copy(update={**model.model_dump(), "global_batch_size": gbs})
+    lr = wl.lr if wl.lr is not None else DEFAULT_LR[wl.data]
+    workload = wl.model_copy(update={**model.model_dump(), "global_batch_size": gbs, "lr": lr})
     strategy = st.model_copy(update={"options": options.model_dump(mode="json")})
     job = ResolvedJob(spec=spec.model_copy(update={"workload": workload, "strategy": strategy}))
     problems = limits.problems(job)

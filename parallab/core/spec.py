@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.fields import FieldInfo
 
 from parallab.core.bounds import JSONObject, Label, SafeStr
+from parallab.core.data import DEFAULT_DATA, DEFAULT_LR, TEXT_MIN_VOCAB, DataKind
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.options import known_keys_only
 from parallab.core.strategies import REGISTRY
@@ -88,8 +89,21 @@ class Workload(ShapeOverrides):
     grad_accumulation_steps: int = recipe_field(
         1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096
     )
-    lr: float = recipe_field(1e-3, "AdamW learning rate.", cli="--lr", gt=0, le=10)
-    seed: int = recipe_field(0, "Seed of the initial weights and the synthetic tokens.", cli="--seed", ge=0, le=2**31 - 1)
+    lr: float | None = recipe_field(
+        None,
+        "AdamW learning rate (default: " + ", ".join(f"{v:g} on {k} data" for k, v in DEFAULT_LR.items()) + ").",
+        cli="--lr",
+        gt=0,
+        le=10,
+    )
+    seed: int = recipe_field(0, "Seed of the initial weights and of each step's batch.", cli="--seed", ge=0, le=2**31 - 1)
+    data: DataKind = recipe_field(
+        DEFAULT_DATA,
+        "Training tokens: random (uniform; nothing to learn, the loss stays near ln V) or text (an English-like corpus "
+        f"as byte tokens; the loss falls; needs vocab_size ≥ {TEXT_MIN_VOCAB}).",
+        cli="--data",
+        key=True,
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -137,7 +151,18 @@ def workload_fields() -> tuple[WorkloadField, ...]:
 
 WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() if f.workload_key)
 """What must match for two runs to be ranked together (conbench's "context"). Stored keys hash this
-set of fields: adding one to it splits every existing leaderboard group, so do it with a migration."""
+set of fields: adding one to it splits every existing leaderboard group, so do it with a migration —
+unless it is listed in `ADDED_KEY_DEFAULTS`."""
+
+ADDED_KEY_DEFAULTS: dict[str, Any] = {"data": DEFAULT_DATA}
+"""Keyed fields added after keys were stored, with their default. A block at the default (or
+without the field: a document older than it) hashes without it, so every key stored before the
+field existed — a leaderboard group, a reference curve — stays valid."""
+
+
+def without_added_defaults(block: dict[str, Any]) -> dict[str, Any]:
+    """`block` less the added keyed fields that are absent or at their default (see `ADDED_KEY_DEFAULTS`)."""
+    return {k: v for k, v in block.items() if k not in ADDED_KEY_DEFAULTS or v not in (None, ADDED_KEY_DEFAULTS[k])}
 
 
 def _known_strategy(name: str) -> str:

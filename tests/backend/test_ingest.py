@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.services.ingest import workload_key
+from backend.services.ingest import shape_key, workload_key
 from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 # A `tiny` DDP run's workload block, as the worker writes it.
@@ -43,7 +43,18 @@ def test_what_does_not_change_the_measurement_does_not_change_the_key(change) ->
     assert workload_key({**TINY, **change}) == workload_key(TINY)
 
 
+CHANGED: dict[str, object] = {"precision": "bf16", "activation_checkpointing": "full", "data": "text"}
+"""A value other than TINY's for each keyed field that is not a number."""
+
+
 @pytest.mark.parametrize("name", WORKLOAD_KEY_FIELDS)
 def test_every_keyed_field_splits_the_group(name) -> None:
-    changed = {**TINY, name: "bf16" if name == "precision" else "full" if name == "activation_checkpointing" else TINY[name] * 2 + 1}
+    changed = {**TINY, name: CHANGED[name] if name in CHANGED else TINY[name] * 2 + 1}
     assert workload_key(changed) != workload_key(TINY)
+
+
+def test_the_data_field_at_its_default_keeps_the_stored_keys() -> None:
+    # A document older than the field and a new one with random data are the same workload.
+    assert workload_key({**TINY, "data": "random"}) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
+    assert shape_key({**TINY, "data": "random"}) == shape_key(TINY)
+    assert shape_key({**TINY, "data": "text"}) != shape_key(TINY)

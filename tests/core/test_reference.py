@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,15 @@ def test_the_key_is_the_reference_workload_so_every_recipe_and_strategy_of_it_sh
     assert reference_key(job(seed=1)) != base
     assert reference_key(job(steps=4)) != base
     assert reference_key(job(lr=1e-2)) != base
+
+
+def test_text_data_has_its_own_reference_and_random_keeps_the_key_it_had() -> None:
+    # The key stored before the data field existed: sha256 of the block without it.
+    block = {k: v for k, v in job("single", 1).workload_document().items() if k != "data"}
+    before = hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest()
+    assert reference_key(job()) == reference_key(job(data="random")) == before
+    assert reference_key(job(data="text")) != before
+    assert reference_key(job("fsdp", data="text")) == reference_key(job(data="text"))
 
 
 def test_only_a_reference_recipe_single_is_its_own_reference() -> None:

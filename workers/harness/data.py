@@ -1,7 +1,9 @@
-"""Synthetic data: the same global batch for a (seed, step) whatever the strategy or world size.
+"""The data: the same global batch for a (data, seed, step) whatever the strategy or world size.
 
-The global batch is `global_batch_size` sequences of `seq_len + 1` random tokens drawn from a
-generator seeded with `seed + step`; inputs are the first `seq_len`, labels the next-token shift.
+The global batch is `global_batch_size` sequences of `seq_len + 1` tokens drawn from a generator
+seeded with `seed + step`: random tokens (`random`), or windows of the text corpus at random
+starts (`text`, `corpus.py`). Inputs are the first `seq_len`, labels the next-token shift.
+Every rank builds the whole global batch itself, so no rank depends on another for its data.
 How ranks take their part is fixed here once so every strategy agrees with the reference:
 
     rows of the step's global batch = [accumulation micro-step a][data-parallel rank r][row]
@@ -14,13 +16,27 @@ from __future__ import annotations
 
 import torch
 
+from parallab.core.data import DEFAULT_DATA, data_problems
 from parallab.core.model import ModelConfig
+from workers.harness import corpus
 
 
-def global_batch(cfg: ModelConfig, *, global_batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(
+    cfg: ModelConfig, *, global_batch_size: int, seed: int, step: int, data: str = DEFAULT_DATA
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels), each (global_batch_size, seq_len) int64 on CPU."""
     gen = torch.Generator().manual_seed(seed + step)
-    tokens = torch.randint(0, cfg.vocab_size, (global_batch_size, cfg.seq_len + 1), generator=gen)
+    rows = (global_batch_size, cfg.seq_len + 1)
+    if data == "random":
+        tokens = torch.randint(0, cfg.vocab_size, rows, generator=gen)
+    elif data == "text":
+        problems = data_problems(data, cfg.vocab_size)
+        if problems:
+            raise ValueError(str(problems[0]))
+        starts = torch.randint(0, corpus.CORPUS_BYTES, (global_batch_size,), generator=gen)
+        tokens = corpus.windows(starts, cfg.seq_len + 1)
+    else:
+        raise ValueError(f"unknown data {data!r}")
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 

@@ -69,8 +69,9 @@ def canonical(name: str) -> str:
 def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options: Any, ctx: RunContext, job: ResolvedJob) -> Amp:
     """Step 0's forward, backward and gradient sync as the loop runs them, without the optimizer step;
     returns the `Amp` used (its loss scale divides the gradients back)."""
-    amp = Amp(job.workload.precision, ctx.device.type)
-    inputs, labels = global_batch(job.model, global_batch_size=job.global_batch_size, seed=job.workload.seed, step=0)
+    wl = job.workload
+    amp = Amp(wl.precision, ctx.device.type)
+    inputs, labels = global_batch(job.model, global_batch_size=job.global_batch_size, seed=wl.seed, step=0, data=wl.data)
     applied.model.zero_grad(set_to_none=True)
     for micro in range(ctx.accum_steps):
         batch = strategy.local_batch(inputs, labels, ctx, options, micro).to(ctx.device)

@@ -98,7 +98,7 @@ def train(
     result = TrainResult(optimizer=optimizer)
 
     def one_step(step: int) -> torch.Tensor:
-        inputs, labels = global_batch(job.model, global_batch_size=job.global_batch_size, seed=wl.seed, step=step)
+        inputs, labels = global_batch(job.model, global_batch_size=job.global_batch_size, seed=wl.seed, step=step, data=wl.data)
         # Grads of the previous step are dropped here, not after the step: the last step's grads
         # stay held so model-state bytes are measured with them.
         optimizer.zero_grad(set_to_none=True)
