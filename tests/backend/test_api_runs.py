@@ -109,6 +109,16 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
             "unknown option 'bucket'; valid: bucket_cap_mb",
         ),
         (
+            {"workload": {"data": "words"}, "strategy": {"name": "ddp", "world_size": 2}},
+            ["body", "workload", "data"],
+            "Input should be 'random' or 'text'",
+        ),
+        (
+            {"workload": {"data": "text", "vocab_size": 64}, "strategy": {"name": "ddp", "world_size": 2}},
+            ["body", "workload", "data"],
+            "it needs vocab_size ≥ 128, not 64",
+        ),
+        (
             {"workload": {"stepz": 3}, "strategy": {"name": "ddp", "world_size": 2}},
             ["body", "workload"],
             "unknown workload field 'stepz'; valid: ",

@@ -176,6 +176,17 @@ def test_a_bad_flag_value_names_its_field():
     assert result.exit_code == 2 and "strategy.name: " in result.output and "unknown strategy 'nope'" in result.output
 
 
+def test_the_data_flag_reaches_the_workload_and_a_bad_one_names_data():
+    result = runner.invoke(app, ["-s", "ddp", "-n", "2", "--data", "text", "--json"])
+    assert result.exit_code == 0, result.output
+    wl = json.loads(result.stdout)["workload"]
+    assert (wl["data"], wl["lr"]) == ("text", 2e-3)
+    result = runner.invoke(app, ["-s", "ddp", "-n", "2", "--data", "text", "--vocab", "64"])
+    assert result.exit_code == 2 and "workload.data: " in result.output and "vocab_size ≥ 128" in result.output
+    result = runner.invoke(app, ["-s", "ddp", "-n", "2", "--data", "words"])
+    assert result.exit_code == 2 and "--data" in result.output and "'words' is not one of" in result.output
+
+
 def test_flags_override_the_spec_file_and_leave_the_rest():
     base = {
         "name": "mine",

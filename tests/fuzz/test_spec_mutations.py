@@ -32,6 +32,7 @@ FULL_SPECS: list[dict[str, Any]] = [
             "grad_accumulation_steps": 2,
             "lr": 1e-3,
             "seed": 1,
+            "data": "text",
             "hidden_size": 64,
             "num_layers": 4,
             "num_heads": 4,

@@ -170,6 +170,26 @@ def test_form_submit_stores_a_queued_form_run(client, session_factory):
         assert ResolvedJob.model_validate(run.job).spec.model_dump(mode="json") == run.spec
 
 
+def test_the_data_is_a_choice_of_the_form_shown_on_the_run_page_and_a_bad_one_is_named(client, session_factory):
+    html = client.get("/runs/new").text
+    assert '<select id="f-data" name="data"' in html and '<option value="text"' in html
+    token = csrf_token(client)
+    job = {"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "3"}
+    r = client.post("/runs/new", data={**job, "data": "text"}, follow_redirects=False)
+    assert r.status_code == 303
+    run_id = r.headers["location"].rsplit("/", 1)[-1]
+    with session_factory() as s:
+        workload = s.get(Run, run_id).spec["workload"]
+    assert (workload["data"], workload["lr"]) == ("text", 2e-3)  # text's own default rate
+    assert '<span id="run-data" title="the training tokens (the spec\'s data)">text data</span>' in client.get(f"/runs/{run_id}").text
+    before = count_runs(session_factory)
+    for data, words in [({"data": "words"}, "Input should be &#39;random&#39; or &#39;text&#39;"), ({"data": "text", "vocab_size": "64"}, "vocab_size ≥ 128")]:
+        r = client.post("/runs/new", data={**job, **data})
+        assert r.status_code == 422
+        assert words in r.text[r.text.index('data-field="data"') :][:1500], data
+    assert count_runs(session_factory) == before
+
+
 def test_live_prediction_endpoint(client):
     bad = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "3"}).json()
     assert bad["ok"] is False and "num_heads" in bad["errors"]

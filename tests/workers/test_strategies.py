@@ -30,6 +30,7 @@ CASES = [
     ("ddp", 4, {}),
     ("fsdp", 4, {}),
     ("pp", 4, {"schedule": "1f1b"}),
+    ("ddp", 2, {}, {"data": "text"}),  # data with structure: the loss moves, parity must still hold
 ]
 
 
@@ -118,6 +119,14 @@ def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):
     job = ResolvedJob.model_validate_json(RunDir(run_dir).job.read_text())
     assert job == make_job("tp", 2)
     assert doc.workload == job.workload_document() and doc.strategy.model_dump() == job.strategy_document()
+
+
+def test_text_data_learns_at_2_ranks_against_its_own_text_reference(harness_job):
+    """The text case above (the same launch): its loss falls, and its reference is a text curve."""
+    doc, _ = harness_job("ddp", 2, {}, {"data": "text"})
+    random, _ = harness_job("ddp", 2)
+    assert doc.workload["data"] == "text" and doc.loss.values[-1] < 0.9 * doc.loss.values[0], doc.loss.values
+    assert doc.loss.reference != random.loss.reference, "a text run is never held against a random-data curve"
 
 
 def test_throughput_comes_from_unprofiled_steps_only(harness_job):
