@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.services.ingest import shape_key, workload_key
+from backend.services.leaderboard import workload_label
 from parallab.core.spec import WORKLOAD_KEY_FIELDS
 
 # A `tiny` DDP run's workload block, as the worker writes it.
@@ -58,3 +59,8 @@ def test_the_data_field_at_its_default_keeps_the_stored_keys() -> None:
     assert workload_key({**TINY, "data": "random"}) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
     assert shape_key({**TINY, "data": "random"}) == shape_key(TINY)
     assert shape_key({**TINY, "data": "text"}) != shape_key(TINY)
+
+
+def test_a_text_workload_says_so_in_its_label_and_random_stays_unlabelled() -> None:
+    assert workload_label({"workload": {**TINY, "data": "text"}}, "tiny").endswith("batch 8 · text data · fp32")
+    assert "data" not in workload_label({"workload": {**TINY, "data": "random"}}, "tiny")
