@@ -183,7 +183,10 @@ def test_the_data_is_a_choice_of_the_form_shown_on_the_run_page_and_a_bad_one_is
     assert (workload["data"], workload["lr"]) == ("text", 2e-3)  # text's own default rate
     assert '<span id="run-data" title="the training tokens (the spec\'s data)">text data</span>' in client.get(f"/runs/{run_id}").text
     before = count_runs(session_factory)
-    refused = [({"data": "words"}, "Input should be &#39;random&#39; or &#39;text&#39;"), ({"data": "text", "vocab_size": "64"}, "vocab_size ≥ 128")]
+    refused = [
+        ({"data": "words"}, "Input should be &#39;random&#39; or &#39;text&#39;"),
+        ({"data": "text", "vocab_size": "64"}, "vocab_size ≥ 128"),
+    ]
     for data, words in refused:
         r = client.post("/runs/new", data={**job, **data})
         assert r.status_code == 422
