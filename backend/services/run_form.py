@@ -34,7 +34,10 @@ JOB_FIELDS = ("model", "steps")
 
 
 def _choices(annotation: Any) -> list[str]:
+    """A field's choices: a Literal's values, a yes/no field's two (the spec reads "true"/"false")."""
     args = typing.get_args(annotation)
+    if annotation is bool or bool in args:
+        return ["false", "true"]
     for arg in args:
         if typing.get_origin(arg) is typing.Literal:
             return [str(a) for a in typing.get_args(arg)]

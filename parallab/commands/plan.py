@@ -106,7 +106,8 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     workload, strategy = job.workload_document(), job.strategy_document()
     title = (
         f"{strategy['name']} × {strategy['world_size']} — {job.model_label}: L={workload['num_layers']} "
-        f"h={workload['hidden_size']} A={workload['num_heads']} ffn={workload['ffn_hidden_size']} "
+        f"h={workload['hidden_size']} A={workload['num_heads']} KV={workload['num_kv_heads'] or workload['num_heads']} "
+        f"ffn={workload['ffn_hidden_size']} "
         f"V={workload['vocab_size']} T={workload['seq_len']}, {workload['precision']} — Ψ={prediction['params_total']:,} parameters"
     )
     table = Table(title=title, caption="\n".join(_notes(job, given)), show_header=True)

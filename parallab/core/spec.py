@@ -137,7 +137,21 @@ def workload_fields() -> tuple[WorkloadField, ...]:
 
 WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() if f.workload_key)
 """What must match for two runs to be ranked together (conbench's "context"). Stored keys hash this
-set of fields: adding one to it splits every existing leaderboard group, so do it with a migration."""
+set of fields: adding one to it splits every existing leaderboard group, so do it with a migration —
+or declare the field's `neutral` value (`KEY_NEUTRAL`)."""
+
+KEY_NEUTRAL: dict[str, Any] = {
+    f.name: f.info.json_schema_extra["neutral"]
+    for f in workload_fields()
+    if f.workload_key and isinstance(f.info.json_schema_extra, dict) and "neutral" in f.info.json_schema_extra
+}
+"""Keyed fields added after runs were stored, with the value every stored run had: a workload whose
+field is absent or holds that value hashes as if the field did not exist, so stored keys stay valid."""
+
+
+def key_fields(workload: dict[str, Any]) -> dict[str, Any]:
+    """The keyed fields of a workload block as the key hashes them (neutral values left out)."""
+    return {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS if not (k in KEY_NEUTRAL and workload.get(k) in (None, KEY_NEUTRAL[k]))}
 
 
 def _known_strategy(name: str) -> str:

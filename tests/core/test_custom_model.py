@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from parallab.core.families import param_counts
 from parallab.core.jobs import ResolvedJob, resolve_job, workload_custom_fields
-from parallab.core.model import PRESETS, SHAPE_FIELDS, param_counts, swiglu_ffn
+from parallab.core.model import PRESETS, SHAPE_FIELDS, swiglu_ffn
 from parallab.core.spec import JobSpec, Workload
 
 

@@ -15,8 +15,9 @@ from backend.api.formatting import fmt_bytes
 from backend.models import Run
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
+from parallab.core.families import model_flops_per_token
 from parallab.core.jobs import ResolvedJob
-from parallab.core.model import PRESETS, model_flops_per_token
+from parallab.core.model import PRESETS
 from parallab.core.result import ResultDocument
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import REGISTRY

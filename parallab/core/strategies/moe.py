@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
+from parallab.core.families import param_counts
 from parallab.core.layout import Layout
-from parallab.core.model import Preset, param_counts
+from parallab.core.model import Preset
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
