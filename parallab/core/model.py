@@ -15,14 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 _UNSET: Any = object()
 
 
-def shape_field(description: str, *, cli: str, key: bool = True, neutral: Any = _UNSET, **bounds: Any) -> Any:
+def shape_field(
+    description: str, *, cli: str, key: bool = True, neutral: Any = _UNSET, neutral_as: str | None = None, **bounds: Any
+) -> Any:
     """A shape field: `cli` is its flag in `parallab plan`/`bench`; `key` whether runs that differ
     in it may not be ranked together (it is part of the leaderboard's workload key). `neutral`: for
-    a field added after runs were stored, the value every such run had — the workload key leaves
-    the field out while it holds that value, so stored keys stay valid."""
+    a field added after runs were stored, the value every such run had (`neutral_as`: the value of
+    that other field) — the workload key leaves the field out while it holds it, so stored keys
+    stay valid."""
     extra: dict[str, Any] = {"cli": cli, "workload_key": key}
     if neutral is not _UNSET:
         extra["neutral"] = neutral
+    if neutral_as is not None:
+        extra["neutral_as"] = neutral_as
     return Field(description=description, json_schema_extra=extra, **bounds)
 
 
@@ -41,12 +46,12 @@ class ModelConfig(BaseModel):
     num_layers: int = shape_field("Transformer blocks (L).", cli="--layers", ge=1, le=1024)
     num_heads: int = shape_field("Attention heads (A); the head dim is hidden_size / num_heads.", cli="--heads", ge=1, le=1024)
     num_kv_heads: int | None = shape_field(
-        "Key/value heads (grouped-query attention: K and V are kv_heads × head_dim wide); none: num_heads (multi-head).",
+        "Key/value heads (grouped-query attention: K and V are kv_heads × head_dim wide); default: num_heads (multi-head).",
         cli="--kv-heads",
         ge=1,
         le=1024,
         default=None,
-        neutral=None,
+        neutral_as="num_heads",
     )
     ffn_hidden_size: int = shape_field("Inner width of each MLP (and of each expert).", cli="--ffn-hidden", ge=1, le=1 << 18)
     mlp: Mlp = shape_field(
@@ -91,10 +96,10 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _multi_head_is_default(cls, data: Any) -> Any:
-        """num_kv_heads = num_heads is multi-head attention, stored as the default (None): one shape, one key."""
-        if isinstance(data, dict) and data.get("num_kv_heads") is not None and data.get("num_kv_heads") == data.get("num_heads"):
-            return {**data, "num_kv_heads": None}
+    def _multi_head_by_default(cls, data: Any) -> Any:
+        """No num_kv_heads: multi-head attention, as many K/V heads as query heads (stored as a number)."""
+        if isinstance(data, dict) and data.get("num_kv_heads") is None and "num_heads" in data:
+            return {**data, "num_kv_heads": data["num_heads"]}
         return data
 
     @property
@@ -139,8 +144,8 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
         out.append(("num_heads", f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}"))
     elif cfg.head_dim % 2:
         out.append(("num_heads", f"head dim (hidden_size / num_heads = {cfg.head_dim}) must be even for rotary positions"))
-    kv = cfg.num_kv_heads
-    if kv is not None and cfg.num_heads % kv:
+    kv = cfg.kv_heads
+    if cfg.num_heads % kv:
         out.append(("num_kv_heads", f"num_heads {cfg.num_heads} is not divisible by num_kv_heads {kv}"))
     if cfg.num_experts and cfg.top_k > cfg.num_experts:
         out.append(("top_k", f"top_k {cfg.top_k} must be between 1 and num_experts {cfg.num_experts}"))
@@ -163,10 +168,16 @@ class Preset:
     """Sequences per optimizer step unless the spec says otherwise."""
     moe_experts: int = 4
     """Experts the `moe` strategy uses when the preset is dense and the spec names none."""
+    source: str = ""
+    """Where the architecture is published (empty: a synthetic shape). A published architecture
+    scaled down keeps its own MLP ratio (`model_with`)."""
 
 
 def _cfg(**fields: Any) -> ModelConfig:
     return ModelConfig.model_validate(fields)
+
+
+LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models (Table 3); meta-llama/Meta-Llama-3.1 config.json"
 
 
 def _llama3(**fields: Any) -> ModelConfig:
@@ -191,11 +202,13 @@ PRESETS: dict[str, Preset] = {
     ),
     # Published architectures: parameter counts pinned against the module (tests/workers/test_families.py).
     "llama-2-7b": Preset(
-        _cfg(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=11008, seq_len=4096), moe_experts=8
+        _cfg(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=11008, seq_len=4096),
+        moe_experts=8,
+        source="Touvron et al. 2023, Llama 2; meta-llama/Llama-2-7b-hf config.json",
     ),
-    "llama-3-8b": Preset(_llama3(hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336), moe_experts=8),
-    "llama-3-70b": Preset(_llama3(hidden_size=8192, num_layers=80, num_heads=64, ffn_hidden_size=28672), moe_experts=8),
-    "llama-3-405b": Preset(_llama3(hidden_size=16384, num_layers=126, num_heads=128, ffn_hidden_size=53248), moe_experts=8),
+    "llama-3-8b": Preset(_llama3(hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336), moe_experts=8, source=LLAMA3),
+    "llama-3-70b": Preset(_llama3(hidden_size=8192, num_layers=80, num_heads=64, ffn_hidden_size=28672), moe_experts=8, source=LLAMA3),
+    "llama-3-405b": Preset(_llama3(hidden_size=16384, num_layers=126, num_heads=128, ffn_hidden_size=53248), moe_experts=8, source=LLAMA3),
     "mixtral-8x7b": Preset(
         _cfg(
             vocab_size=32000,
@@ -210,6 +223,7 @@ PRESETS: dict[str, Preset] = {
             rope_theta=1e6,
         ),
         moe_experts=8,
+        source="Jiang et al. 2024, Mixtral of Experts (Table 1); mistralai/Mixtral-8x7B-v0.1 config.json",
     ),
     "qwen2.5-7b": Preset(
         _cfg(
@@ -225,6 +239,7 @@ PRESETS: dict[str, Preset] = {
             norm_eps=1e-6,
         ),
         moe_experts=8,
+        source="Qwen Team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json",
     ),
 }
 
@@ -244,19 +259,40 @@ def swiglu_ffn(hidden_size: int) -> int:
     return FFN_MULTIPLE * -(-(8 * hidden_size) // (3 * FFN_MULTIPLE))
 
 
+SCALED_FFN_MULTIPLE = 8
+"""What a scaled-down published MLP width is rounded up to: every tensor-parallel degree up to 8 divides it."""
+
+
+def scaled_ffn(cfg: ModelConfig, hidden_size: int) -> int:
+    """`cfg`'s MLP ratio f/h at another width, rounded up to a multiple of 8 (exact fractions: no float)."""
+    width = -(-cfg.ffn_hidden_size * hidden_size // cfg.hidden_size)
+    return SCALED_FFN_MULTIPLE * -(-width // SCALED_FFN_MULTIPLE)
+
+
 def model_with(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The preset's shape with the given fields replaced (None values are ignored), as raw fields.
 
-    A hidden size that differs from the preset's without an ffn size of its own gets the MLP width
-    of that hidden size (`swiglu_ffn`; 4h for a GELU MLP, GPT's rule), not the preset's:
-    overriding the width alone must describe a consistent model. A resolved workload names both,
-    so it resolves as it was.
+    New query heads without KV heads of their own keep the preset's grouping (multi-head stays
+    multi-head; 32 over 8 becomes 64 over 16) where that ratio gives whole heads.
+    A hidden size that differs from the preset's without an ffn size of its own gets an MLP width
+    of that hidden size, not the preset's: overriding the width alone must describe a consistent
+    model. A published architecture keeps its own ratio f/h (`scaled_ffn`: "Llama-3-8B's
+    architecture" at h = 256 is still 3.5·h wide, as its heads and KV heads stay 32 and 8); a
+    synthetic preset gets Llama's SwiGLU rule (`swiglu_ffn`), or 4h for a GELU MLP (GPT's rule).
+    A resolved workload names both, so it resolves as it was.
     """
-    fields = PRESETS[preset].config.model_dump()
+    base = PRESETS[preset]
+    fields = base.config.model_dump()
     given = {k: v for k, v in overrides.items() if v is not None and k in SHAPE_FIELDS}
+    heads = given.get("num_heads")
+    if "num_kv_heads" not in given and isinstance(heads, int) and (heads * base.config.kv_heads) % base.config.num_heads == 0:
+        given["num_kv_heads"] = heads * base.config.kv_heads // base.config.num_heads  # the preset's query heads per K/V head
     hidden = given.get("hidden_size", fields["hidden_size"])
     if "ffn_hidden_size" not in given and hidden != fields["hidden_size"] and isinstance(hidden, int):
-        given["ffn_hidden_size"] = 4 * hidden if given.get("mlp", fields["mlp"]) == "gelu" else swiglu_ffn(hidden)
+        if base.source:
+            given["ffn_hidden_size"] = scaled_ffn(base.config, hidden)
+        else:
+            given["ffn_hidden_size"] = 4 * hidden if given.get("mlp", fields["mlp"]) == "gelu" else swiglu_ffn(hidden)
     fields.update(given)
     return fields
 

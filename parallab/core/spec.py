@@ -140,18 +140,34 @@ WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() i
 set of fields: adding one to it splits every existing leaderboard group, so do it with a migration —
 or declare the field's `neutral` value (`KEY_NEUTRAL`)."""
 
-KEY_NEUTRAL: dict[str, Any] = {
-    f.name: f.info.json_schema_extra["neutral"]
-    for f in workload_fields()
-    if f.workload_key and isinstance(f.info.json_schema_extra, dict) and "neutral" in f.info.json_schema_extra
-}
+def _neutral(key: str) -> dict[str, Any]:
+    """{field: its declared `key`} for the keyed fields that declare one (see `shape_field`)."""
+    out = {}
+    for f in workload_fields():
+        extra = f.info.json_schema_extra
+        if f.workload_key and isinstance(extra, dict) and key in extra:
+            out[f.name] = extra[key]
+    return out
+
+
+KEY_NEUTRAL: dict[str, Any] = _neutral("neutral")
 """Keyed fields added after runs were stored, with the value every stored run had: a workload whose
 field is absent or holds that value hashes as if the field did not exist, so stored keys stay valid."""
+KEY_NEUTRAL_AS: dict[str, str] = _neutral("neutral_as")
+"""The same for fields whose stored runs had another field's value (num_kv_heads: num_heads)."""
 
 
 def key_fields(workload: dict[str, Any]) -> dict[str, Any]:
     """The keyed fields of a workload block as the key hashes them (neutral values left out)."""
-    return {k: workload.get(k) for k in WORKLOAD_KEY_FIELDS if not (k in KEY_NEUTRAL and workload.get(k) in (None, KEY_NEUTRAL[k]))}
+    out = {}
+    for k in WORKLOAD_KEY_FIELDS:
+        value = workload.get(k)
+        if k in KEY_NEUTRAL and value in (None, KEY_NEUTRAL[k]):
+            continue
+        if k in KEY_NEUTRAL_AS and value in (None, workload.get(KEY_NEUTRAL_AS[k])):
+            continue
+        out[k] = value
+    return out
 
 
 def _known_strategy(name: str) -> str:

@@ -148,9 +148,20 @@ def test_tp_with_grouped_query_attention_matches_single(harness_job):
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
     check = doc.summary.gradient_check
     assert check is not None and check.passed and check.params_checked == len(model_tensors(VARIANTS["gqa-gelu-bias"])), check
-    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction["comm_bytes_per_step"]
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
     assert set(predicted) <= set(measured) and all(measured[op] == pytest.approx(predicted[op], rel=0.01) for op in predicted), (
         measured,
         predicted,
     )
     assert not doc.flags, doc.flags
+
+
+def test_a_scaled_down_published_preset_is_built_as_declared():
+    from parallab.core.jobs import resolve_job
+    from parallab.core.spec import JobSpec
+
+    spec = {"workload": {"model": "qwen2.5-7b", "num_layers": 2, "hidden_size": 224}, "strategy": {"name": "single"}}
+    cfg = resolve_job(JobSpec.model_validate(spec)).model
+    model = build_meta(cfg)
+    assert mismatches(family_of(cfg), cfg, model) == []
+    assert model.layers["1"].attention.wk.bias.shape == (cfg.kv_dim,) == (4 * 8,)

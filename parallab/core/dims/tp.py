@@ -70,8 +70,8 @@ def shape_rules(model: ModelConfig, tp: int) -> list[SpecProblem]:
     if tp == 1:
         return []
     out = []
-    if model.num_kv_heads is not None:
-        out += divisible(("workload", "num_kv_heads"), "kv heads", model.num_kv_heads, "tp", tp)
+    if model.kv_heads != model.num_heads:  # else the heads' own rule says it
+        out += divisible(("workload", "num_kv_heads"), "kv heads", model.kv_heads, "tp", tp)
     if model.tie_embeddings:
         out.append(SpecProblem(("workload", "tie_embeddings"), f"tied embeddings are not composed with tensor parallelism (tp={tp})"))
     return out
