@@ -140,6 +140,7 @@ WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() i
 set of fields: adding one to it splits every existing leaderboard group, so do it with a migration —
 or declare the field's `neutral` value (`KEY_NEUTRAL`)."""
 
+
 def _neutral(key: str) -> dict[str, Any]:
     """{field: its declared `key`} for the keyed fields that declare one (see `shape_field`)."""
     out = {}

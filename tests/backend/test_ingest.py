@@ -47,7 +47,14 @@ def test_fields_added_later_keep_stored_keys_at_their_neutral_value() -> None:
     assert workload_key(today) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
 
 
-NEW_VALUES = {"num_kv_heads": 2, "mlp": "gelu", "tie_embeddings": True, "attention_bias": True, "num_shared_experts": 1, "first_dense_layers": 1}
+NEW_VALUES = {
+    "num_kv_heads": 2,
+    "mlp": "gelu",
+    "tie_embeddings": True,
+    "attention_bias": True,
+    "num_shared_experts": 1,
+    "first_dense_layers": 1,
+}
 """A value off the neutral one for each field added later."""
 
 

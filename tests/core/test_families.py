@@ -89,7 +89,9 @@ def test_tp_needs_whole_kv_heads_per_rank(strategy):
     assert job(strategy, 2, halves, num_kv_heads=2).model.kv_heads == 2  # one K/V head per rank
 
 
-@pytest.mark.parametrize(("strategy", "options", "n", "what"), [("tp", {}, 2, "tensor parallelism (tp=2)"), ("pp", {}, 2, "one stage (pp=2)")])
+@pytest.mark.parametrize(
+    ("strategy", "options", "n", "what"), [("tp", {}, 2, "tensor parallelism (tp=2)"), ("pp", {}, 2, "one stage (pp=2)")]
+)
 def test_a_tied_head_is_refused_where_it_would_be_split_or_separated(strategy, options, n, what):
     problems = refused(strategy, n, options, tie_embeddings=True)
     assert list(problems) == [("workload", "tie_embeddings")] and problems[("workload", "tie_embeddings")].endswith(what)
@@ -113,7 +115,12 @@ def test_the_planner_plans_llama_3_8b_at_its_true_size_and_fsdp_8_holds_16_psi_o
 
 def test_the_family_names_the_modules_strategies_use():
     family = family_of(PRESETS["tiny"].config)
-    assert (family.blocks, family.first_stage, family.last_stage, family.attention) == ("layers", ("tok_embeddings",), ("norm", "output"), "attention")
+    assert (family.blocks, family.first_stage, family.last_stage, family.attention) == (
+        "layers",
+        ("tok_embeddings",),
+        ("norm", "output"),
+        "attention",
+    )
     plan = family.block_plan(PRESETS["tiny"].config, 0)
     assert plan["attention.wk"] == "colwise" and plan["attention.wo"] == "rowwise" and plan["feed_forward.w2"] == "rowwise"
     assert "feed_forward.w3" not in family.block_plan(job(mlp="gelu").model, 0)

@@ -144,6 +144,20 @@ def test_form_has_a_field_for_every_workload_field_strategy_and_option(client):
             assert f'data-field="opt.{name}.{option}"' in html, (name, option)
 
 
+def test_architecture_choices_default_to_the_presets_and_a_choice_reaches_the_spec(client):
+    """mlp and the yes/no shape fields are selects whose blank option is the preset's own value;
+    a choice is a field the spec checks (tied embeddings under tp is refused, naming the field)."""
+    html = client.get("/runs/new").text
+    assert '<select id="f-tie_embeddings" name="tie_embeddings"' in html and '<option value="">preset: false</option>' in html
+    assert '<option value="">preset: swiglu</option>' in html
+    tied = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "tie_embeddings": "true"}).json()
+    assert tied["ok"] is False and "tie_embeddings" in tied["errors"]
+    preset = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "tie_embeddings": ""}).json()
+    gqa = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "num_kv_heads": "2"}).json()
+    assert preset["ok"] is True and gqa["ok"] is True
+    assert gqa["prediction"]["params_total"] < preset["prediction"]["params_total"]
+
+
 def test_form_submit_stores_a_queued_form_run(client, session_factory):
     token = csrf_token(client)
     r = client.post(

@@ -165,3 +165,20 @@ def test_a_scaled_down_published_preset_is_built_as_declared():
     model = build_meta(cfg)
     assert mismatches(family_of(cfg), cfg, model) == []
     assert model.layers["1"].attention.wk.bias.shape == (cfg.kv_dim,) == (4 * 8,)
+
+
+@pytest.mark.parametrize("name", ["moe-shared-dense-first", "moe-gelu-tied", "gqa-gelu-bias"])
+def test_every_architecture_option_trains_in_one_process(name):
+    """One forward and backward on the CPU: a finite loss and a gradient on every parameter."""
+    import torch
+
+    from workers.harness.model import MoE, build_model
+
+    cfg = VARIANTS[name]
+    model = build_model(cfg, seed=0, aux_loss_coef=0.01)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    loss = model(tokens, labels=tokens)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        assert len(moe.experts()) == cfg.mlp_matrices  # what expert parallelism slices

@@ -170,6 +170,10 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.reset_stats()
 
+    def experts(self) -> dict[str, nn.Parameter]:
+        """The stacked expert weights by attribute (dim 0: the expert), what expert parallelism slices."""
+        return {name: w for name in ("w1", "w3", "w2") if isinstance(w := getattr(self, name), nn.Parameter)}
+
     def reset_stats(self) -> None:
         """Counters over the forwards since the last reset (plain tensors, not buffers: DDP would broadcast buffers)."""
         self.stat_routed = torch.zeros(self.num_experts, dtype=torch.long)

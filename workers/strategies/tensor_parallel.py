@@ -18,6 +18,7 @@ Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -68,7 +69,7 @@ def style(name: str, module: nn.Module, *, residual: Placement, sequence_paralle
     raise ValueError(f"unknown tensor-parallel style {name!r}")
 
 
-def _apply(root: nn.Module, plan: dict[str, str], mesh: DeviceMesh, *, residual: Placement, sequence_parallel: bool) -> None:
+def _apply(root: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, residual: Placement, sequence_parallel: bool) -> None:
     styles = {
         path: style(name, root.get_submodule(path), residual=residual, sequence_parallel=sequence_parallel) for path, name in plan.items()
     }
