@@ -285,7 +285,7 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
         value = wl.get(name)
         if value is None or (preset is not None and name in SHAPE_FIELDS and getattr(preset.config, name) == value):
             continue
-        values[name] = str(value)
+        values[name] = ("true" if value else "false") if isinstance(value, bool) else str(value)  # a yes/no select's values
     for key, value in (st.get("options") or {}).items():
         name = f"opt.{values['strategy']}.{key}"
         if isinstance(value, bool):

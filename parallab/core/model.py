@@ -1,4 +1,5 @@
-"""The workload model's shape: its config, the presets, and its parameter and FLOP counts.
+"""The workload model's shape: its config and the presets (its tensors and its parameter and FLOP
+counts are its family's: `parallab.core.families`).
 
 `ModelConfig` is the one place a shape field is declared — with its bounds, its description and
 the CLI flag that sets it. The job spec's overrides, the form's inputs, `parallab plan`'s and

@@ -15,6 +15,7 @@ from backend.api.formatting import fmt_bytes
 from backend.models import Run
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
+from backend.services.run_form import spec_to_values
 from parallab.core.families import model_flops_per_token
 from parallab.core.jobs import ResolvedJob
 from parallab.core.model import PRESETS
@@ -156,6 +157,8 @@ def test_architecture_choices_default_to_the_presets_and_a_choice_reaches_the_sp
     gqa = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "num_kv_heads": "2"}).json()
     assert preset["ok"] is True and gqa["ok"] is True
     assert gqa["prediction"]["params_total"] < preset["prediction"]["params_total"]
+    again = spec_to_values({"workload": {"model": "tiny", "tie_embeddings": True, "mlp": "swiglu"}, "strategy": {"name": "fsdp"}})
+    assert again["tie_embeddings"] == "true" and "mlp" not in again  # run again: the choice, not the preset's own value
 
 
 def test_form_submit_stores_a_queued_form_run(client, session_factory):

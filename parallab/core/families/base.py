@@ -129,6 +129,10 @@ class ModelFamily:
     def _tensor(p: Param, plan: dict[str, TPStyle], *, prefix: str, layer: int | None) -> Tensor:
         return Tensor(f"{prefix}{p.module}.{p.param}", p.shape, layer, tp_dim(plan.get(p.module), p.param), p.expert)
 
+    def head_modules(self, cfg: ModelConfig) -> set[str]:
+        """The root modules that produce the logits (the plan's `head` style): kept out of fp8."""
+        return {path for path, style in self.root_plan(cfg).items() if style == "head"}
+
     def on_first_stage(self, t: Tensor) -> bool:
         """Whether a root tensor goes with the first pipeline stage (else with the last)."""
         return t.name.split(".")[0] in self.first_stage
