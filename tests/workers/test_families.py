@@ -9,6 +9,7 @@ grouped-query, GELU, q/k/v-bias `tiny`) checks loss, gradients and communication
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -30,6 +31,12 @@ PUBLISHED = {
 }
 """The model cards' parameter counts (Meta's Llama 2 and 3, Mistral's Mixtral, Qwen2.5's
 safetensors index: total parameters of the Hugging Face checkpoint, untied heads)."""
+
+
+@functools.cache
+def preset_on_meta(preset: str) -> nn.Module:
+    """Each preset built once on the meta device for this module's tests (the 405B takes seconds)."""
+    return build_meta(PRESETS[preset].config)
 
 
 def tiny(**fields: Any) -> ModelConfig:
@@ -64,7 +71,7 @@ def mismatches(family: ModelFamily, cfg: ModelConfig, model: nn.Module) -> list[
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_on_the_meta_device_is_exactly_its_declared_tensors(preset):
     cfg = PRESETS[preset].config
-    model = build_meta(cfg)
+    model = preset_on_meta(preset)
     assert all(p.is_meta for p in model.parameters())
     assert mismatches(family_of(cfg), cfg, model) == []
 
@@ -72,7 +79,7 @@ def test_every_preset_on_the_meta_device_is_exactly_its_declared_tensors(preset)
 @pytest.mark.parametrize("preset", list(PUBLISHED))
 def test_published_presets_hold_their_published_parameter_counts(preset):
     cfg = PRESETS[preset].config
-    counted = sum(p.numel() for p in build_meta(cfg).parameters())
+    counted = sum(p.numel() for p in preset_on_meta(preset).parameters())
     assert counted == PUBLISHED[preset] == param_counts(cfg).total
 
 
@@ -95,7 +102,7 @@ class FullWidthKV(ParallabFamily):
 
 def test_a_wrong_kv_shape_in_the_declaration_is_caught():
     cfg = PRESETS["llama-3-8b"].config
-    found = mismatches(FullWidthKV(), cfg, build_meta(cfg))
+    found = mismatches(FullWidthKV(), cfg, preset_on_meta("llama-3-8b"))
     assert "layers.0.attention.wk.weight: module (1024, 4096), declared (4096, 4096)" in found
     assert len([f for f in found if ".attention.w" in f]) == 2 * cfg.num_layers
 
