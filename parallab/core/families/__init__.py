@@ -30,16 +30,20 @@ def model_flops_per_token(cfg: ModelConfig) -> int:
     return family_of(cfg).flops_per_token(cfg)
 
 
-def model_tensors(cfg: ModelConfig) -> list[Tensor]:
-    """Every parameter of `cfg`'s model with the dim tensor parallelism shards."""
-    return family_of(cfg).tensors(cfg)
-
-
 @functools.lru_cache(maxsize=256)
+def _tensors(cfg: ModelConfig) -> tuple[Tensor, ...]:
+    return tuple(family_of(cfg).tensors(cfg))
+
+
+def model_tensors(cfg: ModelConfig) -> list[Tensor]:
+    """Every parameter of `cfg`'s model with the dim tensor parallelism shards (listed once per
+    shape: a ranking asks it of one shape for every candidate)."""
+    return list(_tensors(cfg))
+
+
 def tensor_count(cfg: ModelConfig) -> int:
-    """How many parameter tensors `cfg`'s model has (one optimizer kernel launch each); cached, as a
-    ranking asks it of one shape many times."""
-    return len(model_tensors(cfg))
+    """How many parameter tensors `cfg`'s model has (one optimizer kernel launch each)."""
+    return len(_tensors(cfg))
 
 
 __all__ = [
