@@ -140,3 +140,10 @@ def test_a_published_architecture_scales_down_keeping_its_ratios():
     assert 0 <= qwen.ffn_hidden_size - 18944 * 224 / 3584 < 8
     # a synthetic preset keeps Llama's SwiGLU rule (tiny at h = 4096: 11008, not 4·4096)
     assert job(hidden_size=4096, num_heads=32).model.ffn_hidden_size == 11008
+
+
+def test_expert_parallel_all_to_all_runs_in_moe_blocks_only():
+    every = predict(job("moe", 2, num_experts=4))["comm_bytes_per_step"]["all_to_all"]
+    first_dense = predict(job("moe", 2, num_experts=4, first_dense_layers=1))["comm_bytes_per_step"]["all_to_all"]
+    layers = PRESETS["tiny"].config.num_layers
+    assert first_dense * layers == every * (layers - 1)
