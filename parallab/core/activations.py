@@ -75,6 +75,12 @@ the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
   ignored) the expert input (fp32: 4h, shared by w1 and w3; autocast: 2ah), the SwiGLU terms
   (4af), the expert output put back in token order and its gated product (2ah: the gate's
   multiply and index_add keep them), the gate (a) and three int64 indices and a bool mask (25).
+- Architecture options (each checked against autograd like the rest): grouped-query attention
+  keeps the same 4ah — K and V are repeated to the query heads before SDPA (torchtitan's
+  `repeat_kv`), and SDPA keeps the repeated ones, so only the weights and their copies shrink
+  (2h² + 2h·kv_dim); a GELU MLP keeps w1's output and GELU's (2af) and casts its input once; the
+  shared experts keep their own MLP's terms on every token; an MoE model's dense first blocks are
+  counted as the average block (each kind weighted by its share of the L blocks).
 - The LM head (on its rank): the final norm (8h + 4), its projection input (4h fp32 or ah) and
   the fp32 log-softmax the loss keeps (4V) per token; in backward, the logits' gradient (4V) of
   one micro-batch on top.
