@@ -306,3 +306,9 @@ def custom_fields(preset: str, shape: dict[str, Any], *, defaults: dict[str, Any
         return [name for name in SHAPE_FIELDS if shape.get(name) is not None]
     base = {**PRESETS[preset].config.model_dump(), **(defaults or {})}
     return [name for name in SHAPE_FIELDS if shape.get(name) is not None and shape[name] != base[name]]
+
+
+# The counts are the family's; kept importable from here for code written against this module.
+from parallab.core.families import ParamCounts as ParamCounts  # noqa: E402
+from parallab.core.families import model_flops_per_token as model_flops_per_token  # noqa: E402
+from parallab.core.families import param_counts as param_counts  # noqa: E402
