@@ -16,11 +16,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
-from parallab.core.model import model_flops_per_token
 from parallab.core.planner import Hardware, hardware_for
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument

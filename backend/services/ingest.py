@@ -27,21 +27,21 @@ from parallab.core.checks import DocumentError, check_summary, reference_key_of
 from parallab.core.flags import prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
-from parallab.core.spec import WORKLOAD_KEY_FIELDS, without_added_defaults
+from parallab.core.spec import key_fields
 
 
 def workload_key(workload: dict[str, Any]) -> str:
     """A stable hash of the fields that make runs comparable (`WORKLOAD_KEY_FIELDS`, declared with
     each field in the core): steps, seed, name and tags don't change what is being measured.
-    Stored keys must stay valid, so the hashing never changes (a field keyed later is hashed only
-    away from its default: `without_added_defaults`)."""
-    picked = without_added_defaults({k: workload.get(k) for k in WORKLOAD_KEY_FIELDS})
+    Stored keys must stay valid, so the hashing never changes: a field added later is hashed only
+    when it is off its neutral value (`key_fields`)."""
+    picked = key_fields(workload)
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def shape_key(workload: dict[str, Any]) -> str:
     """The workload key without the recipe dimensions: runs of every recipe of one workload."""
-    picked = without_added_defaults({k: workload.get(k) for k in WORKLOAD_KEY_FIELDS if k not in RECIPE_DEFAULTS})
+    picked = {k: v for k, v in key_fields(workload).items() if k not in RECIPE_DEFAULTS}
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -34,7 +34,10 @@ JOB_FIELDS = ("model", "steps")
 
 
 def _choices(annotation: Any) -> list[str]:
+    """A field's choices: a Literal's values, a yes/no field's two (the spec reads "true"/"false")."""
     args = typing.get_args(annotation)
+    if annotation is bool or bool in args:
+        return ["false", "true"]
     for arg in args:
         if typing.get_origin(arg) is typing.Literal:
             return [str(a) for a in typing.get_args(arg)]
@@ -282,7 +285,7 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
         value = wl.get(name)
         if value is None or (preset is not None and name in SHAPE_FIELDS and getattr(preset.config, name) == value):
             continue
-        values[name] = str(value)
+        values[name] = ("true" if value else "false") if isinstance(value, bool) else str(value)  # a yes/no select's values
     for key, value in (st.get("options") or {}).items():
         name = f"opt.{values['strategy']}.{key}"
         if isinstance(value, bool):

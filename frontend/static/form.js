@@ -23,7 +23,10 @@
     if (!preset) return;
     Object.keys(preset).forEach(function (name) {
       var input = form.elements[name];
-      if (input && input.tagName === "INPUT") input.placeholder = preset[name];
+      if (input && input.tagName === "INPUT") input.placeholder = preset[name] == null ? "" : preset[name];
+      // a shape choice's blank option (the preset's own) names the preset's value
+      else if (input && input.tagName === "SELECT" && input.options.length && input.options[0].value === "")
+        input.options[0].textContent = "preset: " + String(preset[name]).toLowerCase();
     });
   }
 

@@ -55,8 +55,10 @@ def _help(field: WorkloadField) -> str:
 
 
 def workload_parameter(field: WorkloadField) -> inspect.Parameter:
-    """The typer option of one workload field; None (its default) means 'not on the command line'."""
-    option = typer.Option(field.cli, help=_help(field), rich_help_panel=PANELS[field.group], show_default=False)
+    """The typer option of one workload field; None (its default) means 'not on the command line'.
+    A yes/no field gets its negative too (`--tie-embeddings/--no-tie-embeddings`): a preset may say yes."""
+    names = f"{field.cli}/--no-{field.cli.removeprefix('--')}" if _flag_type(field) is bool else field.cli
+    option = typer.Option(names, help=_help(field), rich_help_panel=PANELS[field.group], show_default=False)
     return inspect.Parameter(
         field.name,
         inspect.Parameter.KEYWORD_ONLY,

@@ -25,7 +25,7 @@ from rich.table import Table
 from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
 from parallab.core.costs import precision_recipe
 from parallab.core.jobs import Limits, ResolvedJob
-from parallab.core.model import FFN_MULTIPLE
+from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
 from parallab.core.prediction import predict
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
@@ -90,10 +90,13 @@ def _notes(job: ResolvedJob, given: dict[str, Any]) -> list[str]:
     wl = job.workload_document()
     notes = []
     if "ffn_hidden_size" not in given and "ffn_hidden_size" in job.custom_fields:
-        notes.append(
-            f"ffn_hidden_size {wl['ffn_hidden_size']:,} derived from hidden_size (SwiGLU: 8/3·h rounded up to a "
-            f"multiple of {FFN_MULTIPLE}); set it with --ffn-hidden"
+        preset = PRESETS.get(str(wl["model"]))
+        rule = (
+            f"the {wl['model']} architecture's own f/h ratio, rounded up to a multiple of {SCALED_FFN_MULTIPLE}"
+            if preset is not None and preset.source
+            else f"SwiGLU: 8/3·h rounded up to a multiple of {FFN_MULTIPLE}"
         )
+        notes.append(f"ffn_hidden_size {wl['ffn_hidden_size']:,} derived from hidden_size ({rule}); set it with --ffn-hidden")
     if job.custom_fields:
         kept = [f"{name} {wl[name]:,}" for name in ("seq_len", "global_batch_size", "num_experts") if name not in given]
         if kept:
@@ -106,7 +109,8 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     workload, strategy = job.workload_document(), job.strategy_document()
     title = (
         f"{strategy['name']} × {strategy['world_size']} — {job.model_label}: L={workload['num_layers']} "
-        f"h={workload['hidden_size']} A={workload['num_heads']} ffn={workload['ffn_hidden_size']} "
+        f"h={workload['hidden_size']} A={workload['num_heads']} KV={workload['num_kv_heads']} "
+        f"ffn={workload['ffn_hidden_size']} "
         f"V={workload['vocab_size']} T={workload['seq_len']}, {workload['precision']} — Ψ={prediction['params_total']:,} parameters"
     )
     table = Table(title=title, caption="\n".join(_notes(job, given)), show_header=True)

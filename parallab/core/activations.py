@@ -75,6 +75,12 @@ the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
   ignored) the expert input (fp32: 4h, shared by w1 and w3; autocast: 2ah), the SwiGLU terms
   (4af), the expert output put back in token order and its gated product (2ah: the gate's
   multiply and index_add keep them), the gate (a) and three int64 indices and a bool mask (25).
+- Architecture options (each checked against autograd like the rest): grouped-query attention
+  keeps the same 4ah — K and V are repeated to the query heads before SDPA (torchtitan's
+  `repeat_kv`), and SDPA keeps the repeated ones, so only the weights and their copies shrink
+  (2h² + 2h·kv_dim); a GELU MLP keeps w1's output and GELU's (2af) and casts its input once; the
+  shared experts keep their own MLP's terms on every token; an MoE model's dense first blocks are
+  counted as the average block (each kind weighted by its share of the L blocks).
 - The LM head (on its rank): the final norm (8h + 4), its projection input (4h fp32 or ah) and
   the fp32 log-softmax the loss keeps (4V) per token; in backward, the logits' gradient (4V) of
   one micro-batch on top.
@@ -125,12 +131,43 @@ class Term:
     """Kept by the core attention itself: what Korthikanti's selective recomputation drops."""
 
 
+def _mixed(dense: list[Term], moe: list[Term], cfg: ModelConfig) -> list[Term]:
+    """The average block of a model whose first blocks are dense: each kind's terms weighted by its
+    share of the blocks, so L × the average is the exact sum over the blocks."""
+    m, n = cfg.moe_layers, cfg.num_layers
+    if m == n:
+        return moe
+    scaled = [Term(f"dense blocks ({n - m}/{n}): {t.name}", t.bytes_per_token * (n - m) / n, t.core_attention) for t in dense]
+    return scaled + [Term(f"MoE blocks ({m}/{n}): {t.name}", t.bytes_per_token * m / n, t.core_attention) for t in moe]
+
+
 def layer_terms(
     cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False, params_16bit: bool = False
 ) -> list[Term]:
-    """What one block of our model keeps per token on one rank (see the module docstring);
-    `params_16bit`: the block computes with 16-bit parameters (FSDP's param_dtype), so its
-    residual stream is 16-bit and its projections share their inputs."""
+    """What one block of our model keeps per token on one rank (see the module docstring), the
+    average block when an MoE model's first blocks are dense; `params_16bit`: the block computes
+    with 16-bit parameters (FSDP's param_dtype), so its residual stream is 16-bit and its
+    projections share their inputs."""
+    dense = _block_terms(cfg, precision, moe=False, tp=tp, sequence_parallel=sequence_parallel, params_16bit=params_16bit)
+    if not cfg.is_moe:
+        return dense
+    moe = _block_terms(cfg, precision, moe=True, tp=tp, sequence_parallel=sequence_parallel, params_16bit=params_16bit)
+    return _mixed(dense, moe, cfg)
+
+
+def _mlp_terms(cfg: ModelConfig, a: int, *, width: int, tp: int, autocast: bool, shared: bool) -> tuple[float, float]:
+    """(input copies, interior) bytes per token of one dense MLP of inner width `width`: SwiGLU's
+    w1 and w3 each cast their input under autocast and keep w1 out, silu out, w3 out and the
+    product (4af); GELU's w1 casts once and keeps w1 out and gelu out (2af)."""
+    h = cfg.hidden_size
+    readers = 2 if cfg.mlp == "swiglu" else 1
+    inputs = (a * h if shared else readers * a * h) if autocast else RESIDUAL_BYTES * h
+    return inputs, 2 * readers * a * width / tp
+
+
+def _block_terms(
+    cfg: ModelConfig, precision: str, *, moe: bool, tp: int = 1, sequence_parallel: bool = False, params_16bit: bool = False
+) -> list[Term]:
     a = activation_dtype_bytes(precision)
     autocast = a != RESIDUAL_BYTES
     shared = params_16bit and autocast
@@ -143,21 +180,25 @@ def layer_terms(
         Term("attention: q, k (after rotary), v, output", 4 * a * h / tp),
         Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
     ]
-    if not cfg.is_moe:
-        mlp_inputs = (a * h if shared else 2 * a * h) if autocast else RESIDUAL_BYTES * h
+    if not moe:
+        mlp_inputs, mlp = _mlp_terms(cfg, a, width=f, tp=tp, autocast=autocast, shared=shared)
         terms += [
-            Term("projection inputs (wq, wk, wv, w1, w3)", attention_inputs + mlp_inputs),
-            Term("SwiGLU: w1 out, silu out, w3 out, product", 4 * a * f / tp),
+            Term("projection inputs (wq, wk, wv, MLP)", attention_inputs + mlp_inputs),
+            Term(f"{cfg.mlp} MLP interior", mlp),
         ]
         return terms
     k, e = cfg.top_k, cfg.num_experts
     router_input = a * h if autocast else RESIDUAL_BYTES * h
-    expert_input = (a * h if shared else 2 * a * h) if autocast else RESIDUAL_BYTES * h
+    expert_input, expert = _mlp_terms(cfg, a, width=f, tp=1, autocast=autocast, shared=shared)
     terms += [
         Term("projection inputs (wq, wk, wv, router)", attention_inputs + router_input),
         Term("router: probabilities (fp32), top-k indices", RESIDUAL_BYTES * e + 8 * k),
-        Term("experts: routed rows' inputs, SwiGLU, outputs, gates, indices", k * (expert_input + 4 * a * f + 2 * a * h + a + 25)),
+        Term("experts: routed rows' inputs, MLP interiors, outputs, gates, indices", k * (expert_input + expert + 2 * a * h + a + 25)),
     ]
+    if cfg.num_shared_experts:
+        # in fp32 the shared MLP reads the very tensor the router keeps: no input of its own
+        shared_input, shared_mlp = _mlp_terms(cfg, a, width=cfg.num_shared_experts * f, tp=1, autocast=autocast, shared=shared)
+        terms.append(Term("shared experts: input copies, MLP interior", (shared_input if autocast else 0.0) + shared_mlp))
     return terms
 
 
@@ -166,11 +207,14 @@ def weight_copy_bytes(cfg: ModelConfig, precision: str, *, tp: int = 1, experts_
     a = activation_dtype_bytes(precision)
     if a == RESIDUAL_BYTES:
         return 0
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    if cfg.is_moe:
-        local = cfg.num_experts if experts_local is None else experts_local
-        return a * (4 * h * h // tp + 3 * h * f * local + h * cfg.num_experts)
-    return a * (4 * h * h + 3 * h * f) // tp
+    h, f, m = cfg.hidden_size, cfg.ffn_hidden_size, cfg.mlp_matrices
+    attention = 2 * h * h + 2 * h * cfg.kv_dim
+    dense = a * (attention + m * h * f) // tp
+    if not cfg.is_moe:
+        return dense
+    local = cfg.num_experts if experts_local is None else experts_local
+    moe = a * (attention // tp + m * h * f * (local + cfg.num_shared_experts) + h * cfg.num_experts)
+    return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) // cfg.num_layers
 
 
 def checkpoint_input_bytes(
@@ -206,10 +250,14 @@ def selective_kept_bytes(
     docstring); everything else is recomputed in backward."""
     a = activation_dtype_bytes(precision)
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    readers = 2 if cfg.mlp == "swiglu" else 1  # w1 (and w3) outputs kept
     block_input = checkpoint_input_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, precision=precision, params_16bit=params_16bit)
     reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
-    attention = a * (3 * h / tp + h)  # wq, wk, wv (column-split), wo (full width, partial under tp)
+    attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
+    dense = block_input + attention + a * (readers * f / tp + h) + reduced
     if not cfg.is_moe:
-        return block_input + attention + a * (2 * f / tp + h) + reduced
-    routed = cfg.top_k * a * (2 * f + h)  # each routed row's w1, w3 and w2 outputs
-    return block_input + attention + a * cfg.num_experts + routed + reduced
+        return dense
+    routed = cfg.top_k * a * (readers * f + h)  # each routed row's w1 (w3) and w2 outputs
+    shared = a * (readers * cfg.num_shared_experts * f + h) if cfg.num_shared_experts else 0.0
+    moe = block_input + attention + a * cfg.num_experts + routed + shared + reduced
+    return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) / cfg.num_layers

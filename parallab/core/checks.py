@@ -27,9 +27,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from parallab.core.families import model_flops_per_token
 from parallab.core.jobs import resolve_job
 from parallab.core.metrics import bandwidths_gbps, busbw_factor, summarize
-from parallab.core.model import model_flops_per_token
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.reference import reference_key
 from parallab.core.result import ResultDocument

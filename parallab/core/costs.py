@@ -1,16 +1,18 @@
-"""The model's tensors and byte sizes, as the cost formulas of every strategy need them.
+"""Byte sizes per parameter and per element, and how a tensor splits, as every strategy's cost
+formulas need them.
 
-`model_tensors` lists every parameter the harness builds (workers.harness.model), with the dim
-tensor parallelism shards; the strategies' formulas count what a rank holds and sends from it,
-tensor by tensor, so a measured run can be held against them exactly.
+The tensors themselves are the model family's (`parallab.core.families`: `model_tensors` lists
+every parameter the harness builds, with the dim tensor parallelism shards, and is re-exported
+here); the strategies' formulas count what a rank holds and sends from it, tensor by tensor, so a
+measured run can be held against them exactly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from parallab.core.model import ModelConfig
+from parallab.core.families import Tensor as Tensor
+from parallab.core.families import model_tensors as model_tensors
 
 FP32_ADAM = (4, 4, 8)
 """Bytes per parameter of (params, grads, optimizer state) for fp32 AdamW: fp32 weights and
@@ -68,44 +70,6 @@ def gathered_param_bytes(precision: str) -> int:
     """Bytes per element of FSDP's parameter all-gather (its param_dtype; fp8: torchao's float8
     all-gather of the Float8Linear weights, which are nearly all of them)."""
     return {"bf16": 2, "fp16": 2, "fp8": 1}.get(precision, 4)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One parameter of the workload model."""
-
-    name: str
-    shape: tuple[int, ...]
-    layer: int | None
-    """None: embedding, final norm or head (FSDP's root group)."""
-    tp_dim: int | None
-    """The dim tensor parallelism shards (None: replicated)."""
-    expert: bool = False
-
-
-def model_tensors(cfg: ModelConfig) -> list[Tensor]:
-    """Every parameter of the workload model with the dim TP shards (nn.Linear weight is (out, in))."""
-    h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
-    out = [Tensor("tok_embeddings.weight", (v, h), None, 0)]
-    for i in range(cfg.num_layers):
-        out += [Tensor(f"layers.{i}.attention_norm.weight", (h,), i, None), Tensor(f"layers.{i}.ffn_norm.weight", (h,), i, None)]
-        out += [Tensor(f"layers.{i}.attention.w{x}.weight", (h, h), i, 0) for x in "qkv"]
-        out += [Tensor(f"layers.{i}.attention.wo.weight", (h, h), i, 1)]
-        if cfg.is_moe:
-            e = cfg.num_experts
-            out += [Tensor(f"layers.{i}.feed_forward.router.weight", (e, h), i, None)]
-            out += [
-                Tensor(f"layers.{i}.feed_forward.{w}", s, i, None, expert=True)
-                for w, s in (("w1", (e, h, f)), ("w3", (e, h, f)), ("w2", (e, f, h)))
-            ]
-        else:
-            out += [
-                Tensor(f"layers.{i}.feed_forward.w1.weight", (f, h), i, 0),
-                Tensor(f"layers.{i}.feed_forward.w3.weight", (f, h), i, 0),
-                Tensor(f"layers.{i}.feed_forward.w2.weight", (h, f), i, 1),
-            ]
-    out += [Tensor("norm.weight", (h,), None, None), Tensor("output.weight", (v, h), None, 0)]
-    return out
 
 
 def numel(shape: tuple[int, ...]) -> int:

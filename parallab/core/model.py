@@ -1,4 +1,5 @@
-"""The workload model's shape: its config, the presets, and its parameter and FLOP counts.
+"""The workload model's shape: its config and the presets (its tensors and its parameter and FLOP
+counts are its family's: `parallab.core.families`).
 
 `ModelConfig` is the one place a shape field is declared — with its bounds, its description and
 the CLI flag that sets it. The job spec's overrides, the form's inputs, `parallab plan`'s and
@@ -8,19 +9,36 @@ the CLI flag that sets it. The job spec's overrides, the form's inputs, `paralla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+_UNSET: Any = object()
 
-def shape_field(description: str, *, cli: str, key: bool = True, **bounds: Any) -> Any:
+
+def shape_field(
+    description: str, *, cli: str, key: bool = True, neutral: Any = _UNSET, neutral_as: str | None = None, **bounds: Any
+) -> Any:
     """A shape field: `cli` is its flag in `parallab plan`/`bench`; `key` whether runs that differ
-    in it may not be ranked together (it is part of the leaderboard's workload key)."""
-    return Field(description=description, json_schema_extra={"cli": cli, "workload_key": key}, **bounds)
+    in it may not be ranked together (it is part of the leaderboard's workload key). `neutral`: for
+    a field added after runs were stored, the value every such run had (`neutral_as`: the value of
+    that other field) — the workload key leaves the field out while it holds it, so stored keys
+    stay valid."""
+    extra: dict[str, Any] = {"cli": cli, "workload_key": key}
+    if neutral is not _UNSET:
+        extra["neutral"] = neutral
+    if neutral_as is not None:
+        extra["neutral_as"] = neutral_as
+    return Field(description=description, json_schema_extra=extra, **bounds)
+
+
+Mlp = Literal["swiglu", "gelu"]
 
 
 class ModelConfig(BaseModel):
-    """A decoder-only, Llama-style transformer (RMSNorm, rotary positions, SwiGLU MLP or MoE MLP)."""
+    """A decoder-only transformer of the `parallab` family (`parallab.core.families`): RMSNorm,
+    rotary positions, multi-head or grouped-query attention, a SwiGLU or GELU MLP or an MoE MLP
+    (top-k routed experts, shared experts, dense first layers), tied or untied embeddings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -28,10 +46,38 @@ class ModelConfig(BaseModel):
     hidden_size: int = shape_field("Width of the residual stream (h).", cli="--hidden", ge=2, le=1 << 16)
     num_layers: int = shape_field("Transformer blocks (L).", cli="--layers", ge=1, le=1024)
     num_heads: int = shape_field("Attention heads (A); the head dim is hidden_size / num_heads.", cli="--heads", ge=1, le=1024)
-    ffn_hidden_size: int = shape_field("Inner width of each SwiGLU MLP (and of each expert).", cli="--ffn-hidden", ge=1, le=1 << 18)
+    num_kv_heads: int | None = shape_field(
+        "Key/value heads (grouped-query attention: K and V are kv_heads × head_dim wide); default: num_heads (multi-head).",
+        cli="--kv-heads",
+        ge=1,
+        le=1024,
+        default=None,
+        neutral_as="num_heads",
+    )
+    ffn_hidden_size: int = shape_field("Inner width of each MLP (and of each expert).", cli="--ffn-hidden", ge=1, le=1 << 18)
+    mlp: Mlp = shape_field(
+        "MLP kind: swiglu (three matrices, SiLU gate: Llama) or gelu (two matrices: GPT).", cli="--mlp", default="swiglu", neutral="swiglu"
+    )
+    tie_embeddings: bool = shape_field(
+        "The LM head reuses the token embedding's matrix.", cli="--tie-embeddings", default=False, neutral=False
+    )
+    attention_bias: bool = shape_field(
+        "Biases on the q, k and v projections (Qwen2).", cli="--attention-bias", default=False, neutral=False
+    )
     seq_len: int = shape_field("Tokens per sequence (T).", cli="--seq-len", ge=2, le=1 << 20)
     num_experts: int = shape_field("Experts per MoE layer; 0 means a dense MLP in every block.", cli="--experts", ge=0, le=1024, default=0)
     top_k: int = shape_field("Experts each token is routed to.", cli="--top-k", ge=1, le=64, default=2)
+    num_shared_experts: int = shape_field(
+        "Experts every token passes through besides its routed ones (one MLP of num_shared_experts × ffn_hidden_size).",
+        cli="--shared-experts",
+        ge=0,
+        le=64,
+        default=0,
+        neutral=0,
+    )
+    first_dense_layers: int = shape_field(
+        "Leading blocks with a dense MLP in an MoE model.", cli="--first-dense-layers", ge=0, le=1024, default=0, neutral=0
+    )
     capacity_factor: float = shape_field(
         "Tokens an expert accepts = ceil(capacity_factor · tokens · top_k / num_experts).",
         cli="--capacity-factor",
@@ -49,13 +95,43 @@ class ModelConfig(BaseModel):
             raise ValueError("; ".join(f"{name}: {msg}" for name, msg in problems))
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _multi_head_by_default(cls, data: Any) -> Any:
+        """No num_kv_heads: multi-head attention, as many K/V heads as query heads (stored as a number)."""
+        if isinstance(data, dict) and data.get("num_kv_heads") is None and "num_heads" in data:
+            return {**data, "num_kv_heads": data["num_heads"]}
+        return data
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
     @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K (and of the V) projection: kv_heads × head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices per MLP (and per expert): 3 for SwiGLU (w1, w3, w2), 2 for GELU (w1, w2)."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def block_is_moe(self, layer: int) -> bool:
+        """Whether block `layer` has the MoE MLP (the first `first_dense_layers` are dense)."""
+        return self.is_moe and layer >= self.first_dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
 
 
 SHAPE_FIELDS: tuple[str, ...] = tuple(ModelConfig.model_fields)
@@ -69,8 +145,18 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
         out.append(("num_heads", f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}"))
     elif cfg.head_dim % 2:
         out.append(("num_heads", f"head dim (hidden_size / num_heads = {cfg.head_dim}) must be even for rotary positions"))
+    kv = cfg.kv_heads
+    if cfg.num_heads % kv:
+        out.append(("num_kv_heads", f"num_heads {cfg.num_heads} is not divisible by num_kv_heads {kv}"))
     if cfg.num_experts and cfg.top_k > cfg.num_experts:
         out.append(("top_k", f"top_k {cfg.top_k} must be between 1 and num_experts {cfg.num_experts}"))
+    if not cfg.num_experts and (cfg.num_shared_experts or cfg.first_dense_layers):
+        field = "num_shared_experts" if cfg.num_shared_experts else "first_dense_layers"
+        out.append((field, f"{field} needs an MoE model (num_experts is 0)"))
+    if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
+        out.append(
+            ("first_dense_layers", f"first_dense_layers {cfg.first_dense_layers} leaves no MoE block of num_layers {cfg.num_layers}")
+        )
     return out
 
 
@@ -83,10 +169,21 @@ class Preset:
     """Sequences per optimizer step unless the spec says otherwise."""
     moe_experts: int = 4
     """Experts the `moe` strategy uses when the preset is dense and the spec names none."""
+    source: str = ""
+    """Where the architecture is published (empty: a synthetic shape). A published architecture
+    scaled down keeps its own MLP ratio (`model_with`)."""
 
 
 def _cfg(**fields: Any) -> ModelConfig:
     return ModelConfig.model_validate(fields)
+
+
+LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models (Table 3); meta-llama/Meta-Llama-3.1 config.json"
+
+
+def _llama3(**fields: Any) -> ModelConfig:
+    """Llama 3's family traits: a 128,256-token vocabulary, 8 KV heads, rotary base 500,000, untied head."""
+    return _cfg(vocab_size=128256, num_kv_heads=8, seq_len=8192, rope_theta=500_000.0, **fields)
 
 
 PRESETS: dict[str, Preset] = {
@@ -99,9 +196,51 @@ PRESETS: dict[str, Preset] = {
     "llama-1b": Preset(
         _cfg(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, ffn_hidden_size=8192, seq_len=2048), moe_experts=8
     ),
+    # Full multi-head K/V (8.8e9 parameters): not Llama 3's shape, kept so stored runs keep theirs.
     "llama-8b": Preset(
         _cfg(vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336, seq_len=4096, rope_theta=500_000.0),
         moe_experts=8,
+    ),
+    # Published architectures: parameter counts pinned against the module (tests/workers/test_families.py).
+    "llama-2-7b": Preset(
+        _cfg(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=11008, seq_len=4096),
+        moe_experts=8,
+        source="Touvron et al. 2023, Llama 2; meta-llama/Llama-2-7b-hf config.json",
+    ),
+    "llama-3-8b": Preset(_llama3(hidden_size=4096, num_layers=32, num_heads=32, ffn_hidden_size=14336), moe_experts=8, source=LLAMA3),
+    "llama-3-70b": Preset(_llama3(hidden_size=8192, num_layers=80, num_heads=64, ffn_hidden_size=28672), moe_experts=8, source=LLAMA3),
+    "llama-3-405b": Preset(_llama3(hidden_size=16384, num_layers=126, num_heads=128, ffn_hidden_size=53248), moe_experts=8, source=LLAMA3),
+    "mixtral-8x7b": Preset(
+        _cfg(
+            vocab_size=32000,
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            ffn_hidden_size=14336,
+            num_experts=8,
+            top_k=2,
+            seq_len=4096,
+            rope_theta=1e6,
+        ),
+        moe_experts=8,
+        source="Jiang et al. 2024, Mixtral of Experts (Table 1); mistralai/Mixtral-8x7B-v0.1 config.json",
+    ),
+    "qwen2.5-7b": Preset(
+        _cfg(
+            vocab_size=152064,
+            hidden_size=3584,
+            num_layers=28,
+            num_heads=28,
+            num_kv_heads=4,
+            ffn_hidden_size=18944,
+            attention_bias=True,
+            seq_len=4096,
+            rope_theta=1e6,
+            norm_eps=1e-6,
+        ),
+        moe_experts=8,
+        source="Qwen Team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json",
     ),
 }
 
@@ -121,18 +260,40 @@ def swiglu_ffn(hidden_size: int) -> int:
     return FFN_MULTIPLE * -(-(8 * hidden_size) // (3 * FFN_MULTIPLE))
 
 
+SCALED_FFN_MULTIPLE = 8
+"""What a scaled-down published MLP width is rounded up to: every tensor-parallel degree up to 8 divides it."""
+
+
+def scaled_ffn(cfg: ModelConfig, hidden_size: int) -> int:
+    """`cfg`'s MLP ratio f/h at another width, rounded up to a multiple of 8 (exact fractions: no float)."""
+    width = -(-cfg.ffn_hidden_size * hidden_size // cfg.hidden_size)
+    return SCALED_FFN_MULTIPLE * -(-width // SCALED_FFN_MULTIPLE)
+
+
 def model_with(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The preset's shape with the given fields replaced (None values are ignored), as raw fields.
 
-    A hidden size that differs from the preset's without an ffn size of its own gets the SwiGLU
-    width of that hidden size (`swiglu_ffn`), not the preset's: overriding the width alone must
-    describe a consistent model. A resolved workload names both, so it resolves as it was.
+    New query heads without KV heads of their own keep the preset's grouping (multi-head stays
+    multi-head; 32 over 8 becomes 64 over 16) where that ratio gives whole heads.
+    A hidden size that differs from the preset's without an ffn size of its own gets an MLP width
+    of that hidden size, not the preset's: overriding the width alone must describe a consistent
+    model. A published architecture keeps its own ratio f/h (`scaled_ffn`: "Llama-3-8B's
+    architecture" at h = 256 is still 3.5·h wide, as its heads and KV heads stay 32 and 8); a
+    synthetic preset gets Llama's SwiGLU rule (`swiglu_ffn`), or 4h for a GELU MLP (GPT's rule).
+    A resolved workload names both, so it resolves as it was.
     """
-    fields = PRESETS[preset].config.model_dump()
+    base = PRESETS[preset]
+    fields = base.config.model_dump()
     given = {k: v for k, v in overrides.items() if v is not None and k in SHAPE_FIELDS}
+    heads = given.get("num_heads")
+    if "num_kv_heads" not in given and isinstance(heads, int) and (heads * base.config.kv_heads) % base.config.num_heads == 0:
+        given["num_kv_heads"] = heads * base.config.kv_heads // base.config.num_heads  # the preset's query heads per K/V head
     hidden = given.get("hidden_size", fields["hidden_size"])
     if "ffn_hidden_size" not in given and hidden != fields["hidden_size"] and isinstance(hidden, int):
-        given["ffn_hidden_size"] = swiglu_ffn(hidden)
+        if base.source:
+            given["ffn_hidden_size"] = scaled_ffn(base.config, hidden)
+        else:
+            given["ffn_hidden_size"] = 4 * hidden if given.get("mlp", fields["mlp"]) == "gelu" else swiglu_ffn(hidden)
     fields.update(given)
     return fields
 
@@ -147,45 +308,7 @@ def custom_fields(preset: str, shape: dict[str, Any], *, defaults: dict[str, Any
     return [name for name in SHAPE_FIELDS if shape.get(name) is not None and shape[name] != base[name]]
 
 
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts of a model, split the way the formulas need them."""
-
-    embedding: int
-    """Input token embedding (excluded from N in 6N, as in PaLM appendix B)."""
-    non_embedding: int
-    """Everything else, LM head included (it is a real matmul per token)."""
-    active_non_embedding: int
-    """Non-embedding parameters one token touches (MoE: top_k of num_experts experts)."""
-    per_layer: int
-
-    @property
-    def total(self) -> int:
-        return self.embedding + self.non_embedding
-
-
-def param_counts(cfg: ModelConfig) -> ParamCounts:
-    """Exact parameter counts of the model the harness builds from `cfg` (workers.harness.model)."""
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    attention = 4 * h * h  # q, k, v, o projections, no bias
-    norms = 2 * h  # two RMSNorm weights per block
-    if cfg.is_moe:
-        experts = cfg.num_experts * 3 * h * f
-        router = h * cfg.num_experts
-        layer = attention + norms + experts + router
-        active_layer = attention + norms + cfg.top_k * 3 * h * f + router
-    else:
-        layer = active_layer = attention + norms + 3 * h * f
-    head = cfg.vocab_size * h + h  # LM head + final norm
-    return ParamCounts(
-        embedding=cfg.vocab_size * h,
-        non_embedding=cfg.num_layers * layer + head,
-        active_non_embedding=cfg.num_layers * active_layer + head,
-        per_layer=layer,
-    )
-
-
-def model_flops_per_token(cfg: ModelConfig) -> int:
-    """6·N + 12·L·H·Q·T (PaLM appendix B): training FLOPs per token, attention included."""
-    counts = param_counts(cfg)
-    return 6 * counts.active_non_embedding + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_len
+# The counts are the family's; kept importable from here for code written against this module.
+from parallab.core.families import ParamCounts as ParamCounts  # noqa: E402
+from parallab.core.families import model_flops_per_token as model_flops_per_token  # noqa: E402
+from parallab.core.families import param_counts as param_counts  # noqa: E402

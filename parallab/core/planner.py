@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
+from parallab.core.families import tensor_count
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
@@ -235,16 +236,21 @@ def _gemm(hw: Hardware, precision: str, m: int, k: int, n: int) -> float:
 def _block_parts(job: ResolvedJob, hw: Hardware, lay: Layout) -> tuple[float, float, float]:
     """One block's forward on this rank: (weight GEMMs, attention core, memory-bound) seconds."""
     cfg, precision, t, tp = job.model, job.workload.precision, lay.tokens, lay.tp
-    h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    gemms = 3 * _gemm(hw, precision, t, h, h // tp) + _gemm(hw, precision, t, h // tp, h)
+    h, f, up = cfg.hidden_size, cfg.ffn_hidden_size, cfg.mlp_matrices - 1
+    gemms = _gemm(hw, precision, t, h, h // tp) + 2 * _gemm(hw, precision, t, h, cfg.kv_dim // tp) + _gemm(hw, precision, t, h // tp, h)
+    dense = up * _gemm(hw, precision, t, h, f // tp) + _gemm(hw, precision, t, f // tp, h)
     if cfg.is_moe:
         local_experts = max(cfg.num_experts // lay.ep, 1)
         rows = max(t * cfg.top_k // local_experts, 1)
-        gemms += _gemm(hw, precision, t, h, cfg.num_experts)
-        gemms += local_experts * (2 * _gemm(hw, precision, rows, h, f) + _gemm(hw, precision, rows, f, h))
-        width = f * cfg.top_k
+        shared = cfg.num_shared_experts * f
+        moe = _gemm(hw, precision, t, h, cfg.num_experts)
+        moe += local_experts * (up * _gemm(hw, precision, rows, h, f) + _gemm(hw, precision, rows, f, h))
+        moe += up * _gemm(hw, precision, t, h, shared) + _gemm(hw, precision, t, shared, h)
+        share = cfg.moe_layers / cfg.num_layers  # the average block: the first blocks may be dense
+        gemms += share * moe + (1 - share) * dense
+        width = share * (f * cfg.top_k + shared) + (1 - share) * f
     else:
-        gemms += 2 * _gemm(hw, precision, t, h, f // tp) + _gemm(hw, precision, t, f // tp, h)
+        gemms += dense
         width = f // tp
     heads = max(cfg.num_heads // tp, 1)
     attention = 0.5 * heads * 2 * _gemm(hw, precision, t, cfg.head_dim, lay.context)  # QKᵀ and PV, causal half
@@ -301,7 +307,7 @@ def _local_params(job: ResolvedJob) -> int:
 def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     """AdamW over the rank's parameters (and the accumulation adds into the grads)."""
     local = _local_params(job)
-    tensors = 3 + job.model.num_layers * (10 if job.model.is_moe else 9)  # len(model_tensors(model)), without listing them
+    tensors = tensor_count(job.model)
     accumulate = (job.accum_steps - 1) * local * 12
     return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
 

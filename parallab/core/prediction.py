@@ -37,8 +37,8 @@ from parallab.core.activations import (
     weight_copy_bytes,
 )
 from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
+from parallab.core.families import model_flops_per_token, param_counts
 from parallab.core.jobs import ResolvedJob
-from parallab.core.model import model_flops_per_token, param_counts
 from parallab.core.planner import Hardware, estimate_step_time
 from parallab.core.strategies.base import ActivationLayout
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from parallab.core.jobs import ResolvedJob
 from parallab.core.recipes import RECIPE_DEFAULTS
-from parallab.core.spec import without_added_defaults
+from parallab.core.spec import without_neutral
 from parallab.core.strategies import REFERENCE_STRATEGY
 from parallab.core.strategies.moe import MoEOptions
 
@@ -55,7 +55,7 @@ def reference_key(job: ResolvedJob) -> str:
     """sha256 of the reference's workload block; MoE adds its routing groups and aux weight (they shape the loss).
     The data is in the block (a text run never meets a random reference), left out at its default
     so the curves stored before it existed keep their keys."""
-    block: dict[str, Any] = without_added_defaults(reference_job(job).workload_document())
+    block: dict[str, Any] = without_neutral(reference_job(job).workload_document())
     if job.model.is_moe:
         block = {"workload": block, "route_groups": job.dp_degree, "aux_loss_coef": aux_loss_coef(job)}
     return hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest()

@@ -28,9 +28,14 @@ Checkpointing = Literal["none", "selective", "alternate", "full"]
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-def recipe_field(default: Any, description: str, *, cli: str, key: bool = False, **bounds: Any) -> Any:
-    """A workload field that is not part of the shape; `key`: part of the leaderboard's workload key."""
-    return Field(default, description=description, json_schema_extra={"cli": cli, "workload_key": key}, **bounds)
+def recipe_field(default: Any, description: str, *, cli: str, key: bool = False, neutral: Any = None, **bounds: Any) -> Any:
+    """A workload field that is not part of the shape; `key`: part of the leaderboard's workload key.
+    `neutral` (as in `shape_field`): for a keyed field added after runs were stored, the value
+    every such run had; the key leaves the field out while it holds it."""
+    extra: dict[str, Any] = {"cli": cli, "workload_key": key}
+    if neutral is not None:
+        extra["neutral"] = neutral
+    return Field(default, description=description, json_schema_extra=extra, **bounds)
 
 
 def _optional(info: FieldInfo) -> Any:
@@ -103,6 +108,7 @@ class Workload(ShapeOverrides):
         f"as byte tokens; the loss falls; needs vocab_size ≥ {TEXT_MIN_VOCAB}).",
         cli="--data",
         key=True,
+        neutral=DEFAULT_DATA,
     )
 
     @model_validator(mode="before")
@@ -152,17 +158,42 @@ def workload_fields() -> tuple[WorkloadField, ...]:
 WORKLOAD_KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in workload_fields() if f.workload_key)
 """What must match for two runs to be ranked together (conbench's "context"). Stored keys hash this
 set of fields: adding one to it splits every existing leaderboard group, so do it with a migration —
-unless it is listed in `ADDED_KEY_DEFAULTS`."""
-
-ADDED_KEY_DEFAULTS: dict[str, Any] = {"data": DEFAULT_DATA}
-"""Keyed fields added after keys were stored, with their default. A block at the default (or
-without the field: a document older than it) hashes without it, so every key stored before the
-field existed — a leaderboard group, a reference curve — stays valid."""
+or declare the field's `neutral` value (`KEY_NEUTRAL`)."""
 
 
-def without_added_defaults(block: dict[str, Any]) -> dict[str, Any]:
-    """`block` less the added keyed fields that are absent or at their default (see `ADDED_KEY_DEFAULTS`)."""
-    return {k: v for k, v in block.items() if k not in ADDED_KEY_DEFAULTS or v not in (None, ADDED_KEY_DEFAULTS[k])}
+def _neutral(key: str) -> dict[str, Any]:
+    """{field: its declared `key`} for the keyed fields that declare one (see `shape_field`)."""
+    out = {}
+    for f in workload_fields():
+        extra = f.info.json_schema_extra
+        if f.workload_key and isinstance(extra, dict) and key in extra:
+            out[f.name] = extra[key]
+    return out
+
+
+KEY_NEUTRAL: dict[str, Any] = _neutral("neutral")
+"""Keyed fields added after runs were stored, with the value every stored run had: a workload whose
+field is absent or holds that value hashes as if the field did not exist, so stored keys stay valid."""
+KEY_NEUTRAL_AS: dict[str, str] = _neutral("neutral_as")
+"""The same for fields whose stored runs had another field's value (num_kv_heads: num_heads)."""
+
+
+def without_neutral(block: dict[str, Any]) -> dict[str, Any]:
+    """`block` less the fields added after runs were stored that hold their neutral value (or are
+    absent): hashed, it gives the key a block stored before those fields existed had."""
+    out = {}
+    for k, value in block.items():
+        if k in KEY_NEUTRAL and value in (None, KEY_NEUTRAL[k]):
+            continue
+        if k in KEY_NEUTRAL_AS and value in (None, block.get(KEY_NEUTRAL_AS[k])):
+            continue
+        out[k] = value
+    return out
+
+
+def key_fields(workload: dict[str, Any]) -> dict[str, Any]:
+    """The keyed fields of a workload block as the key hashes them (neutral values left out)."""
+    return without_neutral({k: workload.get(k) for k in WORKLOAD_KEY_FIELDS})
 
 
 def _known_strategy(name: str) -> str:

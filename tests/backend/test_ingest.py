@@ -6,7 +6,7 @@ import pytest
 
 from backend.services.ingest import shape_key, workload_key
 from backend.services.leaderboard import workload_label
-from parallab.core.spec import WORKLOAD_KEY_FIELDS
+from parallab.core.spec import KEY_NEUTRAL, KEY_NEUTRAL_AS, WORKLOAD_KEY_FIELDS
 
 # A `tiny` DDP run's workload block, as the worker writes it.
 TINY = {
@@ -39,6 +39,26 @@ def test_a_known_workload_keeps_its_stored_key() -> None:
     assert workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
 
 
+def test_fields_added_later_keep_stored_keys_at_their_neutral_value() -> None:
+    """A run written today carries the architecture fields added after `TINY` was stored (GQA, MLP
+    kind, tied head, ...); at the values every stored run had, the key is the stored one."""
+    assert set(KEY_NEUTRAL) == {"data", "mlp", "tie_embeddings", "attention_bias", "num_shared_experts", "first_dense_layers"}
+    assert KEY_NEUTRAL_AS == {"num_kv_heads": "num_heads"}
+    today = {**TINY, **KEY_NEUTRAL, "num_kv_heads": TINY["num_heads"]}
+    assert workload_key(today) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
+
+
+NEW_VALUES = {
+    "num_kv_heads": 2,
+    "mlp": "gelu",
+    "tie_embeddings": True,
+    "attention_bias": True,
+    "num_shared_experts": 1,
+    "first_dense_layers": 1,
+}
+"""A value off the neutral one for each field added later."""
+
+
 @pytest.mark.parametrize("change", [{"steps": 99}, {"seed": 3}, {"lr": 0.1}, {"warmup_steps": 0}, {"norm_eps": 1e-6}, {"rope_theta": 1.0}])
 def test_what_does_not_change_the_measurement_does_not_change_the_key(change) -> None:
     assert workload_key({**TINY, **change}) == workload_key(TINY)
@@ -50,7 +70,7 @@ CHANGED: dict[str, object] = {"precision": "bf16", "activation_checkpointing": "
 
 @pytest.mark.parametrize("name", WORKLOAD_KEY_FIELDS)
 def test_every_keyed_field_splits_the_group(name) -> None:
-    changed = {**TINY, name: CHANGED[name] if name in CHANGED else TINY[name] * 2 + 1}
+    changed = {**TINY, name: NEW_VALUES[name] if name in NEW_VALUES else CHANGED[name] if name in CHANGED else TINY[name] * 2 + 1}
     assert workload_key(changed) != workload_key(TINY)
 
 

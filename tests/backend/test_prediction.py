@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from parallab.core.families import param_counts
 from parallab.core.flags import prediction_flags
 from parallab.core.jobs import resolve_job
-from parallab.core.model import param_counts
 from parallab.core.prediction import GB, predict, zero_stages
 from parallab.core.spec import JobSpec
 

@@ -169,10 +169,33 @@ def autograd_saved_bytes(j: ResolvedJob, *, params_16bit: bool = False) -> tuple
     return predict(j)["activation_bytes_per_rank"] - logits_gradient, sum(saved.values())
 
 
-SAVED_CASES = [{}, {"precision": "bf16"}, {"num_experts": 4}, {"num_experts": 4, "precision": "bf16"}, {"model": "small"}]
+GQA_GELU = {"num_kv_heads": 2, "mlp": "gelu", "attention_bias": True}
+SHARED_MOE = {"num_experts": 4, "num_shared_experts": 1, "first_dense_layers": 1}
+SAVED_CASES = [
+    {},
+    {"precision": "bf16"},
+    {"num_experts": 4},
+    {"num_experts": 4, "precision": "bf16"},
+    {"model": "small"},
+    GQA_GELU,
+    {**GQA_GELU, "precision": "bf16"},
+    SHARED_MOE,
+    {**SHARED_MOE, "precision": "bf16"},
+]
+SAVED_IDS = [
+    "tiny-fp32",
+    "tiny-bf16",
+    "moe-fp32",
+    "moe-bf16",
+    "small-fp32",
+    "gqa-gelu-fp32",
+    "gqa-gelu-bf16",
+    "shared-moe-fp32",
+    "shared-moe-bf16",
+]
 
 
-@pytest.mark.parametrize("workload", SAVED_CASES, ids=["tiny-fp32", "tiny-bf16", "moe-fp32", "moe-bf16", "small-fp32"])
+@pytest.mark.parametrize("workload", SAVED_CASES, ids=SAVED_IDS)
 def test_the_count_is_what_autograd_saves_within_one_percent(workload):
     pytest.importorskip("torch")
     predicted, saved = autograd_saved_bytes(job("single", 1, **workload))

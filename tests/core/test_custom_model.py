@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from parallab.core.families import param_counts
 from parallab.core.jobs import ResolvedJob, resolve_job, workload_custom_fields
-from parallab.core.model import PRESETS, SHAPE_FIELDS, param_counts, swiglu_ffn
+from parallab.core.model import PRESETS, SHAPE_FIELDS, swiglu_ffn
 from parallab.core.spec import JobSpec, Workload
 
 
@@ -32,7 +33,8 @@ def test_the_gpt_of_36_layers_and_width_4096_has_the_parameters_it_describes():
     # per block: q, k, v, o (4h²), SwiGLU w1, w3, w2 (3hf), two RMSNorm weights (2h); untied embedding
     # and LM head (2Vh) and the final norm (h)
     assert param_counts(j.model).total == 36 * (4 * h * h + 3 * h * f + 2 * h) + 2 * v * h + h == 7_697_510_400
-    assert j.custom_fields == ["vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size"]
+    # num_kv_heads and ffn_hidden_size are derived (multi-head stays multi-head: 32 K/V heads), and differ from tiny's
+    assert j.custom_fields == ["vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"]
     assert j.model_label == "custom (from tiny)"
 
 

@@ -15,8 +15,10 @@ from backend.api.formatting import fmt_bytes
 from backend.models import Run
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
+from backend.services.run_form import spec_to_values
+from parallab.core.families import model_flops_per_token
 from parallab.core.jobs import ResolvedJob
-from parallab.core.model import PRESETS, model_flops_per_token
+from parallab.core.model import PRESETS
 from parallab.core.result import ResultDocument
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import REGISTRY
@@ -141,6 +143,22 @@ def test_form_has_a_field_for_every_workload_field_strategy_and_option(client):
         assert f'<option value="{name}"' in html and descriptor.title in html
         for option in descriptor.options_model.model_fields:
             assert f'data-field="opt.{name}.{option}"' in html, (name, option)
+
+
+def test_architecture_choices_default_to_the_presets_and_a_choice_reaches_the_spec(client):
+    """mlp and the yes/no shape fields are selects whose blank option is the preset's own value;
+    a choice is a field the spec checks (tied embeddings under tp is refused, naming the field)."""
+    html = client.get("/runs/new").text
+    assert '<select id="f-tie_embeddings" name="tie_embeddings"' in html and '<option value="">preset: false</option>' in html
+    assert '<option value="">preset: swiglu</option>' in html
+    tied = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "tie_embeddings": "true"}).json()
+    assert tied["ok"] is False and "tie_embeddings" in tied["errors"]
+    preset = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "tie_embeddings": ""}).json()
+    gqa = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "tp", "world_size": "2", "num_kv_heads": "2"}).json()
+    assert preset["ok"] is True and gqa["ok"] is True
+    assert gqa["prediction"]["params_total"] < preset["prediction"]["params_total"]
+    again = spec_to_values({"workload": {"model": "tiny", "tie_embeddings": True, "mlp": "swiglu"}, "strategy": {"name": "fsdp"}})
+    assert again["tie_embeddings"] == "true" and "mlp" not in again  # run again: the choice, not the preset's own value
 
 
 def test_form_submit_stores_a_queued_form_run(client, session_factory):

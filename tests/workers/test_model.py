@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from parallab.core.model import PRESETS, ModelConfig, param_counts
+from parallab.core.families import param_counts
+from parallab.core.model import PRESETS, ModelConfig
 from workers.harness.data import global_batch, micro_batch, sequence_positions
 from workers.harness.model import MoE, apply_activation_checkpointing, build_model
 

@@ -47,6 +47,7 @@ def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
 
 
 def sum_params(doc) -> int:
-    from parallab.core.model import SHAPE_FIELDS, ModelConfig, param_counts
+    from parallab.core.families import param_counts
+    from parallab.core.model import SHAPE_FIELDS, ModelConfig
 
     return param_counts(ModelConfig.model_validate({k: doc.workload[k] for k in SHAPE_FIELDS})).total

@@ -27,8 +27,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from parallab.core.families import family_of
 from parallab.core.hardware import DeviceDescription, precision_problem
 from parallab.core.spec import Precision
+from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -61,7 +63,7 @@ def require_precision(precision: str, device: torch.device) -> None:
         raise PrecisionUnsupported(problem)
 
 
-def convert_to_fp8(model: torch.nn.Module, *, fsdp_all_gather: bool) -> int:
+def convert_to_fp8(model: Transformer, *, fsdp_all_gather: bool) -> int:
     """Swap the eligible nn.Linear layers for torchao's Float8Linear; returns how many.
 
     Eligible: both weight dims divisible by 16 (torch._scaled_mm), and not the LM head (its
@@ -75,12 +77,13 @@ def convert_to_fp8(model: torch.nn.Module, *, fsdp_all_gather: bool) -> int:
         ) from None
 
     swapped = 0
+    heads = family_of(model.cfg).head_modules(model.cfg)
 
     def eligible(module: torch.nn.Module, fqn: str) -> bool:
         nonlocal swapped
         ok = (
             isinstance(module, torch.nn.Linear)
-            and fqn != "output"
+            and fqn not in heads
             and module.in_features % FP8_ALIGNMENT == 0
             and module.out_features % FP8_ALIGNMENT == 0
         )

@@ -83,12 +83,7 @@ def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options:
 
 def expert_slices(model: nn.Module) -> dict[int, MoE]:
     """id(parameter) → its MoE layer, for expert weights sliced over ranks (expert parallelism)."""
-    return {
-        id(getattr(m, n)): m
-        for m in model.modules()
-        if isinstance(m, MoE) and m.num_local_experts < m.num_experts
-        for n in ("w1", "w2", "w3")
-    }
+    return {id(w): m for m in model.modules() if isinstance(m, MoE) and m.num_local_experts < m.num_experts for w in m.experts().values()}
 
 
 def _ep_group(ctx: RunContext) -> dist.ProcessGroup:

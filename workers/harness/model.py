@@ -1,9 +1,13 @@
-"""The workload model: a Llama-style decoder built from a `ModelConfig`.
+"""The workload model: the `parallab` family's decoder built from a `ModelConfig`.
 
-Parameter layout is contractual — `parallab.core.model.param_counts` and the prediction's
-`parallab.core.costs.model_tensors` count exactly these tensors: token embedding; per block
-RMSNorm, q/k/v/o without bias, RMSNorm, SwiGLU MLP (w1, w3: h→f; w2: f→h) or an MoE MLP (router
-h→E and E SwiGLU experts stored stacked); final RMSNorm; an untied LM head. Rotary positions, no position table.
+Parameter layout is contractual — the family (`parallab.core.families.parallab`) declares exactly
+these tensors, and its formulas count them: token embedding; per block RMSNorm, q/k/v (k and v
+kv_heads × head_dim wide, biases when `attention_bias`) and o, RMSNorm, a SwiGLU (w1, w3: h→f; w2:
+f→h) or GELU (w1, w2) MLP or an MoE MLP (router h→E, E experts stored stacked, shared experts as
+one MLP); final RMSNorm; the LM head, untied or the embedding's own matrix. Rotary positions, no
+position table. Under grouped-query attention each K/V head serves num_heads / kv_heads query
+heads: K and V are repeated to the query heads before `attn_fn` (torchtitan's `repeat_kv`), so
+every attention function sees as many K/V heads as query heads.
 
 Names are chosen for the strategies: blocks live in a `ModuleDict` keyed "0".."L-1" so pipeline
 stages can drop blocks without renaming the others (torchtitan's layout), and the three hooks a
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from parallab.core.families import family_of
 from parallab.core.model import ModelConfig
 
 
@@ -70,41 +75,58 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
+    """(B, T, kv_heads, D) → (B, T, kv_heads·times, D), each K/V head next to its query heads' copies."""
+    if times == 1:
+        return x
+    b, t, heads, d = x.shape
+    return x[:, :, :, None, :].expand(b, t, heads, times, d).reshape(b, t, heads * times, d)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        h = cfg.hidden_size
+        h, kv, bias = cfg.hidden_size, cfg.kv_dim, cfg.attention_bias
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(h, h, bias=False)
-        self.wk = nn.Linear(h, h, bias=False)
-        self.wv = nn.Linear(h, h, bias=False)
+        self.wq = nn.Linear(h, h, bias=bias)
+        self.wk = nn.Linear(h, kv, bias=bias)
+        self.wv = nn.Linear(h, kv, bias=bias)
         self.wo = nn.Linear(h, h, bias=False)
         self.attn_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_sdpa
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: under tensor parallelism wq/wk/wv are column-sharded and hold heads/tp heads.
+        # -1 heads: under tensor parallelism wq/wk/wv are column-sharded and hold heads/tp (kv_heads/tp) heads.
         q = self.wq(x).view(b, t, -1, self.head_dim)
         k = self.wk(x).view(b, t, -1, self.head_dim)
         v = self.wv(x).view(b, t, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        times = q.shape[2] // k.shape[2]
+        k, v = repeat_kv(k, times), repeat_kv(v, times)
         out = self.attn_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """SwiGLU (w2(silu(w1 x) · w3 x)) or GELU (w2(gelu(w1 x))) of inner width `width` (default: the config's)."""
+
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
-        self.w1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
-        self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+        f = width or cfg.ffn_hidden_size
+        self.w1 = nn.Linear(cfg.hidden_size, f, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, f, bias=False) if cfg.mlp == "swiglu" else None
+        self.w2 = nn.Linear(f, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x)))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert on the rows routed to it."""
+def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None, w2: torch.Tensor) -> torch.Tensor:
+    """One expert (SwiGLU, or GELU without w3) on the rows routed to it."""
+    if w3 is None:
+        return F.gelu(x @ w1) @ w2
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
@@ -117,7 +139,8 @@ def local_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor) -> torc
 
 
 class MoE(nn.Module):
-    """Top-k softmax router over E SwiGLU experts with a capacity per expert and Switch's aux loss.
+    """Top-k softmax router over E experts with a capacity per expert and Switch's aux loss, plus
+    the shared experts every token passes through (`shared`: one MLP of width S·f, or None).
 
     Routing is per *group* of batch rows (`route_groups`, default 1): each group gets capacity
     ceil(capacity_factor · tokens_in_group · top_k / E); within an expert's queue the slots are
@@ -137,14 +160,19 @@ class MoE(nn.Module):
         self.num_experts, self.top_k, self.capacity_factor = e, cfg.top_k, cfg.capacity_factor
         self.router = nn.Linear(h, e, bias=False)
         self.w1 = nn.Parameter(torch.empty(e, h, f))
-        self.w3 = nn.Parameter(torch.empty(e, h, f))
+        self.w3 = nn.Parameter(torch.empty(e, h, f)) if cfg.mlp == "swiglu" else None
         self.w2 = nn.Parameter(torch.empty(e, f, h))
+        self.shared = FeedForward(cfg, cfg.num_shared_experts * f) if cfg.num_shared_experts else None
         self.expert_offset = 0
         self.num_local_experts = e
         self.route_groups = 1
         self.dispatch: Callable[[MoE, torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.reset_stats()
+
+    def experts(self) -> dict[str, nn.Parameter]:
+        """The stacked expert weights by attribute (dim 0: the expert), what expert parallelism slices."""
+        return {name: w for name in ("w1", "w3", "w2") if isinstance(w := getattr(self, name), nn.Parameter)}
 
     def reset_stats(self) -> None:
         """Counters over the forwards since the last reset (plain tensors, not buffers: DDP would broadcast buffers)."""
@@ -153,7 +181,12 @@ class MoE(nn.Module):
 
     def run_experts(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows sorted by local expert, `counts[i]` rows for local expert i."""
-        outs = [expert_ffn(chunk, self.w1[i], self.w3[i], self.w2[i]) for i, chunk in enumerate(xs.split(counts)) if counts[i]]
+        w3 = self.w3
+        outs = [
+            expert_ffn(chunk, self.w1[i], None if w3 is None else w3[i], self.w2[i])
+            for i, chunk in enumerate(xs.split(counts))
+            if counts[i]
+        ]
         return torch.cat(outs) if outs else xs.new_zeros((0, xs.shape[-1]))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,16 +228,17 @@ class MoE(nn.Module):
         self.aux_loss = torch.stack(aux).mean()
         out = self.dispatch(self, flat[tokens], experts)
         y = flat.new_zeros(flat.shape, dtype=out.dtype).index_add(0, tokens, out * gates[:, None].to(out.dtype))
-        return y.view(b, t, h)
+        y = y.view(b, t, h)
+        return y if self.shared is None else y + self.shared(x)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.feed_forward: nn.Module = MoE(cfg) if cfg.is_moe else FeedForward(cfg)
+        self.feed_forward: nn.Module = MoE(cfg) if cfg.block_is_moe(layer) else FeedForward(cfg)
         self.recompute = "none"
         """"none", "selective" or "full": what this block recomputes in backward (`apply_activation_checkpointing`)."""
 
@@ -226,25 +260,36 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_embeddings: nn.Module | None = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
+        embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tok_embeddings: nn.Module | None = embedding
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.num_layers)})
         self.norm: nn.Module | None = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.output: nn.Module | None = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            head.weight = embedding.weight
+        self.output: nn.Module | None = head
         self.aux_loss_coef = 0.0
         """Weight of the MoE load-balancing loss added in `forward(..., labels=)`."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Deterministic init (call under `torch.manual_seed`): N(0, 0.02), norms at one."""
+        """Deterministic init (call under `torch.manual_seed`): N(0, 0.02), norms at one, biases at zero."""
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             else:
                 nn.init.normal_(p, std=0.02)
 
     def blocks(self) -> list[Block]:
         """The blocks this module holds, in order (a pipeline stage holds some)."""
         return [blk for blk in self.layers.values() if isinstance(blk, Block)]
+
+    def attentions(self) -> list[Attention]:
+        """Each held block's attention (the module its family names: context parallelism swaps its `attn_fn`)."""
+        name = family_of(self.cfg).attention
+        return [m for m in (blk.get_submodule(name) for blk in self.blocks()) if isinstance(m, Attention)]
 
     def moe_layers(self) -> list[MoE]:
         return [blk.feed_forward for blk in self.blocks() if isinstance(blk.feed_forward, MoE)]
@@ -289,6 +334,17 @@ def build_model(cfg: ModelConfig, *, seed: int, aux_loss_coef: float = 0.0, rout
     for moe in model.moe_layers():
         moe.route_groups = route_groups
     return model
+
+
+def build_meta(cfg: ModelConfig) -> Transformer:
+    """The model on the meta device: every parameter's name and shape, no memory and no RNG — how
+    a full-size preset is counted and held against its family's declaration.
+
+    Runs build on the CPU (`build_model`): their initial weights follow from the seed through the
+    constructor's own draws, and the fp32 reference curves stored for a seed depend on them.
+    """
+    with torch.device("meta"):
+        return Transformer(cfg)
 
 
 def _is_kept(op: Any) -> bool:

@@ -85,15 +85,15 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     for moe in (m for m in model.modules() if isinstance(m, MoE)):
         local = moe.num_experts // world
         lo = rank * local
-        for name in ("w1", "w2", "w3"):
-            setattr(moe, name, nn.Parameter(getattr(moe, name).data[lo : lo + local].clone()))
+        for name, weight in moe.experts().items():
+            setattr(moe, name, nn.Parameter(weight.data[lo : lo + local].clone()))
         moe.expert_offset, moe.num_local_experts = lo, local
         moe.dispatch = functools.partial(ep_dispatch, group=group)
     return model
 
 
 def _is_expert(model: nn.Module) -> dict[int, bool]:
-    experts = {id(getattr(m, n)) for m in model.modules() if isinstance(m, MoE) for n in ("w1", "w2", "w3")}
+    experts = {id(w) for m in model.modules() if isinstance(m, MoE) for w in m.experts().values()}
     return {id(p): id(p) in experts for p in model.parameters()}
 
 

@@ -35,7 +35,7 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 def shard(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy) -> Transformer:
     """Shard every block, then the root (the option is passed to the root too, explicitly)."""
-    for block in model.layers.values():
+    for block in model.blocks():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     return model

@@ -1,8 +1,9 @@
 """`pp`: pipeline parallelism over contiguous layer stages with `torch.distributed.pipelining`.
 
 Stage s keeps the blocks the descriptor's stage layout gives it (`stage_layers`: [s·L/p,
-(s+1)·L/p)); the first stage also keeps the embedding, the last the final norm and the LM head
-(the others drop them, so blocks keep their names: "layers.5" stays "layers.5"). Each rank builds
+(s+1)·L/p)); the first stage also keeps the root modules the model family puts first (the
+embedding), the last those it puts last (final norm, LM head); the others drop them, so blocks
+keep their names: "layers.5" stays "layers.5". Each rank builds
 its own `PipelineStage` by hand (no tracing) and a `ScheduleGPipe` or `Schedule1F1B` over
 `microbatches` micro-batches of every accumulation micro-step. The schedule runs forward and
 backward itself, so this module replaces the loop's `forward_backward`, and runs it under
@@ -23,9 +24,11 @@ from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
+from parallab.core.families import family_of
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.pp import PPOptions
 from workers.harness.amp import Amp
@@ -89,16 +92,18 @@ def _stage(ctx: RunContext) -> tuple[int, int]:
 
 
 def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Transformer:
-    """Keep this stage's blocks (`layers`), the embedding on the first stage, norm and head on the last."""
+    """Keep this stage's blocks (`layers`) and the root modules the model family puts on it (the
+    first stage's: the embedding; the last's: final norm and head); the others become None."""
+    family = family_of(model.cfg)
     keep = {str(i) for i in layers}
-    for name in list(model.layers.keys()):
+    blocks = model.get_submodule(family.blocks)
+    assert isinstance(blocks, nn.ModuleDict), "a family keeps its blocks in a ModuleDict"
+    for name in list(blocks.keys()):
         if name not in keep:
-            del model.layers[name]
-    if stage != 0:
-        model.tok_embeddings = None
-    if stage != stages - 1:
-        model.norm = None
-        model.output = None
+            del blocks[name]
+    dropped = (family.first_stage if stage != 0 else ()) + (family.last_stage if stage != stages - 1 else ())
+    for name in dropped:
+        setattr(model, name, None)
     return model
 
 

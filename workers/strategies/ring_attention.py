@@ -156,8 +156,8 @@ class Ring(Strategy[RingOptions, Applied]):
         model = model.to(ctx.device)
         positions = _layout(ctx, model.cfg.seq_len, options)
         attn = functools.partial(ring_attention, group=ctx.mesh_dim("cp").get_group(), positions=positions, causal=True)
-        for block in model.blocks():
-            block.attention.attn_fn = attn
+        for attention in model.attentions():
+            attention.attn_fn = attn
         return Applied(model)
 
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: RingOptions, micro_step: int) -> MicroBatch:

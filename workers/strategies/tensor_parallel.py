@@ -1,7 +1,8 @@
-"""`tp`: Megatron tensor parallelism with `torch.distributed.tensor.parallel`.
-
-Per block: wq/wk/wv column-parallel (each rank holds heads/tp whole heads — `Attention` infers its
-local head count from the projection's width), wo row-parallel; w1/w3 column-parallel, w2
+"""`tp`: Megatron tensor parallelism with `torch.distributed.tensor.parallel`, on the plan the
+model family declares (`parallab.core.families`: module path → style name; `style` turns a name
+into torch's style). For the `parallab` family, per block: wq/wk/wv column-parallel (each rank
+holds heads/tp whole heads and kv_heads/tp K/V heads — `Attention` infers its local head counts
+from the projections' widths), wo row-parallel; w1/w3 column-parallel, w2
 row-parallel, and each attention and MLP block's input is prepared once (PrepareModuleInput). So
 a block costs Megatron's 4 all-reduces of (b, s, h): one after the attention and one after the
 MLP forward, one at each block's input backward. The embedding is row-parallel over the
@@ -16,6 +17,10 @@ Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -27,46 +32,62 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from parallab.core.families import family_of
 from parallab.core.strategies.tp import TPOptions
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool) -> Transformer:
-    """Apply the Megatron plan to `model` (embedding, blocks, head) on the 1-D `mesh`."""
-    sp = sequence_parallel
-    residual: Placement = Shard(1) if sp else Replicate()
-    root_plan: dict[str, ParallelStyle] = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "output": ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True),
-    }
-    if sp:
-        root_plan["norm"] = SequenceParallel()
-    parallelize_module(model, mesh, root_plan)
-    for block in model.layers.values():
+def _inputs(module: nn.Module) -> int:
+    """How many positional inputs the module's forward takes (PrepareModuleInput lays out each)."""
+    return len(inspect.signature(module.forward).parameters)
+
+
+def style(name: str, module: nn.Module, *, residual: Placement, sequence_parallel: bool) -> ParallelStyle | None:
+    """torch's parallel style for one of the family's style names (`parallab.core.families.base.TPStyle`)
+    on `module`; None: nothing to do (a norm without sequence parallelism)."""
+    if name == "colwise":
+        return ColwiseParallel(use_local_output=True)
+    if name == "rowwise":
+        return RowwiseParallel(output_layouts=residual)
+    if name == "embedding":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if name == "head":
+        return ColwiseParallel(input_layouts=residual, output_layouts=Replicate(), use_local_output=True)
+    if name == "input":
         # One input preparation per attention block and one per MLP block (torchtitan's Llama plan):
         # the block's input becomes a replicated DTensor once, and wq/wk/wv (w1/w3) all read that
         # same DTensor, so their input gradients add up as one Partial DTensor and are all-reduced
         # once, in this preparation's backward. Without it each column-parallel linear would wrap
         # the plain input on its own and all-reduce its own input gradient (3 + 2 per block).
         # With SP the preparation also all-gathers the sequence (its backward reduce-scatters).
-        plan: dict[str, ParallelStyle] = {
-            "attention": PrepareModuleInput(input_layouts=(residual, None, None), desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(use_local_output=True),
-            "attention.wk": ColwiseParallel(use_local_output=True),
-            "attention.wv": ColwiseParallel(use_local_output=True),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-            "feed_forward": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(use_local_output=True),
-            "feed_forward.w3": ColwiseParallel(use_local_output=True),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
-        }
-        if sp:
-            # Norms run on the sequence shard (the attention's rotary tables are plain, full-sequence tensors).
-            plan["attention_norm"] = SequenceParallel()
-            plan["ffn_norm"] = SequenceParallel()
-        parallelize_module(block, mesh, plan)
+        rest = (None,) * (_inputs(module) - 1)
+        return PrepareModuleInput(input_layouts=(residual, *rest), desired_input_layouts=(Replicate(), *rest))
+    if name == "norm":
+        return SequenceParallel() if sequence_parallel else None
+    raise ValueError(f"unknown tensor-parallel style {name!r}")
+
+
+def _apply(root: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, residual: Placement, sequence_parallel: bool) -> None:
+    styles = {
+        path: style(name, root.get_submodule(path), residual=residual, sequence_parallel=sequence_parallel) for path, name in plan.items()
+    }
+    parallelize_module(root, mesh, {path: s for path, s in styles.items() if s is not None})
+
+
+def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool) -> Transformer:
+    """Apply the model family's plan to `model` (root modules, then each block) on the 1-D `mesh`;
+    a pipeline stage holds some of the root modules and some blocks: the plan covers what it holds."""
+    family, cfg = family_of(model.cfg), model.cfg
+    residual: Placement = Shard(1) if sequence_parallel else Replicate()
+    root_plan = {path: name for path, name in family.root_plan(cfg).items() if getattr(model, path.split(".")[0], None) is not None}
+    _apply(model, root_plan, mesh, residual=residual, sequence_parallel=sequence_parallel)
+    blocks = model.get_submodule(family.blocks)
+    assert isinstance(blocks, nn.ModuleDict), "a family keeps its blocks in a ModuleDict"
+    for key, block in blocks.items():
+        # Norms run on the sequence shard under SP (the attention's rotary tables are plain, full-sequence tensors).
+        _apply(block, family.block_plan(cfg, int(key)), mesh, residual=residual, sequence_parallel=sequence_parallel)
     return model
 
 

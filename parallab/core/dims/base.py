@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from parallab.core.costs import Tensor, model_tensors, numel
+from parallab.core.costs import numel
+from parallab.core.families import ModelFamily, Tensor, family_of, model_tensors
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
@@ -110,7 +111,8 @@ class Plan:
         if p == 1:
             return [tensors]
         per = self.model.num_layers // p
-        return [[t for t in tensors if on_stage(t, s, range(s * per, (s + 1) * per), last=p - 1)] for s in range(p)]
+        family = family_of(self.model)
+        return [[t for t in tensors if on_stage(t, s, range(s * per, (s + 1) * per), last=p - 1, family=family)] for s in range(p)]
 
     def local_shapes(self, upto: str | None = None) -> list[list[tuple[int, ...]]]:
         """Per stage, the shape of each tensor one rank keeps once every dimension before `upto`
@@ -133,13 +135,11 @@ class Plan:
         return max(self.local_shapes(upto), key=lambda shapes: sum(numel(s) for s in shapes))
 
 
-def on_stage(t: Tensor, stage: int, layers: range, *, last: int) -> bool:
-    """Blocks by layer; the embedding on the first stage, the final norm and head on the last."""
+def on_stage(t: Tensor, stage: int, layers: range, *, last: int, family: ModelFamily) -> bool:
+    """Blocks by layer; a root tensor on the first stage or the last, as the model family puts it."""
     if t.layer is not None:
         return t.layer in layers
-    if t.name.startswith("tok_embeddings"):
-        return stage == 0
-    return stage == last
+    return stage == (0 if family.on_first_stage(t) else last)
 
 
 class Dimension:

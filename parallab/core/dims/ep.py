@@ -39,10 +39,10 @@ class Expert(Dimension):
             return []
         act = activation_dtype_bytes(plan.precision)
         rows = plan.tokens_per_replica // n * cfg.top_k
-        a2a = cfg.num_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
+        a2a = cfg.moe_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
         dense = sum(numel(s) for t, s in zip(plan.stages[0], plan.local_shapes("dp_shard")[0], strict=True) if not t.expert)
         return [
-            CommItem("all_to_all", a2a, 6 * cfg.num_layers * plan.job.accum_steps, n),
+            CommItem("all_to_all", a2a, 6 * cfg.moe_layers * plan.job.accum_steps, n),
             CommItem("all_reduce", dense * GRAD_BYTES, 1, n),
         ]
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible
+from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem
+
+
+def tied_head_rule(model: ModelConfig, pp: int) -> list[SpecProblem]:
+    """A tied head is the embedding's matrix: the first and the last stage cannot both hold it."""
+    if pp > 1 and model.tie_embeddings:
+        return [SpecProblem(("workload", "tie_embeddings"), f"tied embeddings need the embedding and the head on one stage (pp={pp})")]
+    return []
 
 
 class Pipeline(Dimension):
@@ -22,6 +30,7 @@ class Pipeline(Dimension):
     def rules(self, draft: Draft) -> list[SpecProblem]:
         p, m = draft.layout.pp, draft.layout.microbatches
         out = divisible(("workload", "num_layers"), "layers", draft.model.num_layers, "pp", p)
+        out += tied_head_rule(draft.model, p)
         if p > 1 and m < p:
             out.append(SpecProblem((*draft.loc, "microbatches"), f"micro-batches ({m}) must be at least pp={p} stages"))
         split = draft.layout.dp * m * draft.grad_accumulation_steps

@@ -63,6 +63,20 @@ def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequen
     return [CommItem(op, nbytes, calls[op] * micro_steps, n) for op, nbytes in comm.items()]
 
 
+def shape_rules(model: ModelConfig, tp: int) -> list[SpecProblem]:
+    """What the model's shape must allow beyond heads and MLP width: whole K/V heads per rank under
+    grouped-query attention, and no tied head (the vocab-parallel embedding and the column-parallel
+    head would each distribute the one matrix, untying it)."""
+    if tp == 1:
+        return []
+    out = []
+    if model.kv_heads != model.num_heads:  # else the heads' own rule says it
+        out += divisible(("workload", "num_kv_heads"), "kv heads", model.kv_heads, "tp", tp)
+    if model.tie_embeddings:
+        out.append(SpecProblem(("workload", "tie_embeddings"), f"tied embeddings are not composed with tensor parallelism (tp={tp})"))
+    return out
+
+
 class TensorParallel(Dimension):
     name = "tp"
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
@@ -73,6 +87,7 @@ class TensorParallel(Dimension):
         tp, model = draft.layout.tp, draft.model
         out = divisible(("workload", "num_heads"), "heads", model.num_heads, "tp", tp)
         out += divisible(("workload", "ffn_hidden_size"), "ffn hidden size", model.ffn_hidden_size, "tp", tp)
+        out += shape_rules(model, tp)
         if draft.layout.sequence_parallel:
             out += divisible(("workload", "seq_len"), "sequence length", model.seq_len, "tp", tp)
             if draft.layout.pp > 1:

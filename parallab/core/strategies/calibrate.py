@@ -51,13 +51,15 @@ class CalibrateOptions(CollectivesOptions):
 
 
 def gemm_shapes(model: ModelConfig, tp_degrees: list[int]) -> list[tuple[int, int]]:
-    """(k, n) of every distinct weight GEMM: q/k/v/o (h×h), w1/w3 (h×f), w2 (f×h), the head (h×V);
-    column-parallel ones split n and row-parallel ones k by each TP degree that divides them."""
-    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    """(k, n) of every distinct weight GEMM: q/o (h×h), k/v (h×kv_dim), w1/w3 (h×f), w2 (f×h), the
+    head (h×V); column-parallel ones split n and row-parallel ones k by each TP degree that divides them."""
+    h, f, v, kv = model.hidden_size, model.ffn_hidden_size, model.vocab_size, model.kv_dim
     out: set[tuple[int, int]] = set()
     for tp in tp_degrees:
         if h % tp == 0:
             out |= {(h, h // tp), (h // tp, h)}
+        if kv % tp == 0:
+            out.add((h, kv // tp))
         if f % tp == 0:
             out |= {(h, f // tp), (f // tp, h)}
         if v % tp == 0:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES
+from parallab.core.families import param_counts
 from parallab.core.layout import Layout
-from parallab.core.model import param_counts
 from parallab.core.strategies.base import CommItem, StrategyDescriptor, StrategyOptions
 
 if TYPE_CHECKING:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
+from parallab.core.families import param_counts
 from parallab.core.layout import Layout
-from parallab.core.model import Preset, param_counts
+from parallab.core.model import Preset
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
@@ -60,7 +61,7 @@ class MoE(StrategyDescriptor[MoEOptions]):
         cfg = job.model
         act = activation_dtype_bytes(job.workload.precision)
         rows = job.tokens_per_replica * cfg.top_k
-        a2a = cfg.num_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
+        a2a = cfg.moe_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
         experts = sum(numel(t.shape) for t in model_tensors(cfg) if t.expert)
         return {"all_to_all": a2a, "all_reduce": (param_counts(cfg).total - experts) * GRAD_BYTES}
 
@@ -75,7 +76,7 @@ class MoE(StrategyDescriptor[MoEOptions]):
         (6 all-to-alls, each waited on before the experts or the combine); one gradient all-reduce."""
         comm, n = self.comm_bytes_per_step(job), job.world_size
         return [
-            CommItem("all_to_all", comm["all_to_all"], 6 * job.model.num_layers * job.accum_steps, n),
+            CommItem("all_to_all", comm["all_to_all"], 6 * job.model.moe_layers * job.accum_steps, n),
             CommItem("all_reduce", comm["all_reduce"], 1, n),
         ]
 

@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from parallab.core.costs import Tensor, model_tensors, numel
+from parallab.core.costs import model_tensors, numel
+from parallab.core.dims.base import on_stage
+from parallab.core.dims.pp import tied_head_rule
+from parallab.core.families import family_of
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
@@ -30,14 +33,6 @@ class PPOptions(StrategyOptions):
         """The micro-batch count of a resolved job (resolution always fills it in)."""
         assert self.microbatches is not None, "unresolved pp options"
         return self.microbatches
-
-
-def _on_stage(t: Tensor, stage: int, layers: range, *, last: int) -> bool:
-    if t.layer is not None:
-        return t.layer in layers
-    if t.name.startswith("tok_embeddings"):
-        return stage == 0
-    return stage == last  # final norm and LM head
 
 
 class PP(StrategyDescriptor[PPOptions]):
@@ -69,6 +64,7 @@ class PP(StrategyDescriptor[PPOptions]):
     def rules(self, draft: Draft[PPOptions]) -> list[SpecProblem]:
         stages, mb = draft.world_size, draft.options.n_microbatches
         out = divides(("workload", "num_layers"), draft.model.num_layers, stages, "layers")
+        out += tied_head_rule(draft.model, stages)
         if mb < stages:
             out.append(
                 SpecProblem(
@@ -86,7 +82,9 @@ class PP(StrategyDescriptor[PPOptions]):
         """Per stage: its blocks, + the embedding on the first, + final norm and head on the last."""
         stages = self.stage_layers(job.model, job.world_size, self.opts(job))
         tensors = model_tensors(job.model)
-        return [sum(numel(t.shape) for t in tensors if _on_stage(t, s, layers, last=len(stages) - 1)) for s, layers in enumerate(stages)]
+        family = family_of(job.model)
+        last = len(stages) - 1
+        return [sum(numel(t.shape) for t in tensors if on_stage(t, s, layers, last=last, family=family)) for s, layers in enumerate(stages)]
 
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         """Each micro-batch's residual stream (fp32) crosses each stage boundary forward and its

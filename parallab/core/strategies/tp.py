@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
-from parallab.core.dims.tp import tp_comm, tp_items
+from parallab.core.dims.tp import shape_rules, tp_comm, tp_items
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
@@ -32,6 +32,7 @@ def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[Sp
     """Heads and the MLP split evenly over `tp` ranks; with SP, so does the sequence."""
     out = divides(("workload", "num_heads"), model.num_heads, tp, "heads")
     out += divides(("workload", "ffn_hidden_size"), model.ffn_hidden_size, tp, "ffn hidden size")
+    out += shape_rules(model, tp)
     if sequence_parallel:
         out += divides(("workload", "seq_len"), model.seq_len, tp, "sequence length")
     return out

@@ -1,0 +1,138 @@
+"""What a model family declares, once, for every part of parallab that needs the architecture.
+
+A family (torchtitan's `TrainSpec`/`ModelSpec` in spirit) is pure data and formulas:
+
+- the container of repeated blocks (`blocks`: a module holding them keyed "0".."L-1", so a pipeline
+  stage drops blocks without renaming the rest) and the root modules that go with the first and the
+  last pipeline stage;
+- its tensor-parallel plan: module paths (relative to the root or to a block) → a style name
+  (`TP_STYLES`); the rank side turns the names into torch's parallel styles;
+- the block module that holds the attention (whose `attn_fn` context parallelism swaps) and the
+  expert tensors (`Tensor.expert`: stacked on dim 0, what expert parallelism splits);
+- its tensors with their shapes, and with the dim tensor parallelism shards derived from the plan;
+- its textbook formulas for parameters and FLOPs per token.
+
+Building the modules is the rank side's (`workers.harness.families`); a test builds each family
+on the meta device and holds the declared tensors against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from parallab.core.model import ModelConfig
+
+TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "norm"]
+"""colwise: output features split (weight and bias dim 0), local output; rowwise: input features
+split (weight dim 1), output reduced onto the residual stream; embedding: rows of the vocabulary
+split, output reduced; head: vocabulary split, logits gathered; input: the module's first input
+made replicated once (its gradient all-reduced once); norm: runs on a sequence shard under SP."""
+
+SHARD_DIM: dict[str, int] = {"colwise": 0, "embedding": 0, "head": 0}
+"""The dim every parameter of a module in that style is split on (rowwise: see `tp_dim`)."""
+
+
+def tp_dim(style: str | None, param: str) -> int | None:
+    """The dim tensor parallelism splits of parameter `param` ("weight", "bias") of a module in `style`."""
+    if style == "rowwise":
+        return 1 if param == "weight" else None  # a row-parallel bias is added after the reduction
+    return SHARD_DIM.get(style or "")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter of the workload model."""
+
+    name: str
+    shape: tuple[int, ...]
+    layer: int | None
+    """None: a root tensor (embedding, final norm, head: FSDP's root group)."""
+    tp_dim: int | None
+    """The dim tensor parallelism shards (None: replicated)."""
+    expert: bool = False
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter as a family declares it: its module path and name, its shape."""
+
+    module: str
+    """Relative to the root, or to the block for block parameters."""
+    param: str
+    shape: tuple[int, ...]
+    expert: bool = False
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of a model, split the way the formulas need them."""
+
+    embedding: int
+    """Input token embedding (excluded from N in 6N, as in PaLM appendix B)."""
+    non_embedding: int
+    """Every other parameter (a tied LM head is the embedding: not counted twice)."""
+    active_non_embedding: int
+    """What one token multiplies by outside the embedding lookup: its blocks (MoE: top_k routed
+    experts and the shared ones) and the LM head's matmul, tied or not."""
+    per_layer: int
+    """The largest block's parameters."""
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.non_embedding
+
+
+class ModelFamily:
+    """A family's declarations; subclasses fill them in (see the module docstring)."""
+
+    name: ClassVar[str]
+    blocks: ClassVar[str] = "layers"
+    first_stage: ClassVar[tuple[str, ...]] = ()
+    """Root modules on the first pipeline stage (the embedding)."""
+    last_stage: ClassVar[tuple[str, ...]] = ()
+    """Root modules on the last pipeline stage (final norm, head)."""
+    attention: ClassVar[str] = "attention"
+    """The block module whose `attn_fn` (q, k, v → out) context parallelism replaces."""
+
+    def root_params(self, cfg: ModelConfig) -> list[Param]:
+        raise NotImplementedError
+
+    def block_params(self, cfg: ModelConfig, layer: int) -> list[Param]:
+        raise NotImplementedError
+
+    def root_plan(self, cfg: ModelConfig) -> dict[str, TPStyle]:
+        return {}
+
+    def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
+        return {}
+
+    def param_counts(self, cfg: ModelConfig) -> ParamCounts:
+        raise NotImplementedError
+
+    def flops_per_token(self, cfg: ModelConfig) -> int:
+        raise NotImplementedError
+
+    def tensors(self, cfg: ModelConfig) -> list[Tensor]:
+        """Every parameter with its qualified name, in the module's order, and the dim TP splits."""
+        root_plan = self.root_plan(cfg)
+        roots = [self._tensor(p, root_plan, prefix="", layer=None) for p in self.root_params(cfg)]
+        first = [t for t in roots if t.name.split(".")[0] in self.first_stage]
+        out = list(first)
+        for i in range(cfg.num_layers):
+            plan = self.block_plan(cfg, i)
+            out += [self._tensor(p, plan, prefix=f"{self.blocks}.{i}.", layer=i) for p in self.block_params(cfg, i)]
+        return out + [t for t in roots if t not in first]
+
+    @staticmethod
+    def _tensor(p: Param, plan: dict[str, TPStyle], *, prefix: str, layer: int | None) -> Tensor:
+        return Tensor(f"{prefix}{p.module}.{p.param}", p.shape, layer, tp_dim(plan.get(p.module), p.param), p.expert)
+
+    def head_modules(self, cfg: ModelConfig) -> set[str]:
+        """The root modules that produce the logits (the plan's `head` style): kept out of fp8."""
+        return {path for path, style in self.root_plan(cfg).items() if style == "head"}
+
+    def on_first_stage(self, t: Tensor) -> bool:
+        """Whether a root tensor goes with the first pipeline stage (else with the last)."""
+        return t.name.split(".")[0] in self.first_stage

@@ -1,0 +1,149 @@
+"""The `parallab` family's architecture options, pure: their rules name the field, the textbook
+formulas follow them, and the planner plans the published shapes (no torch here; the module side
+is tests/workers/test_families.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallab.core.costs import numel
+from parallab.core.families import family_of, model_flops_per_token, model_tensors, param_counts
+from parallab.core.jobs import ResolvedJob, resolve_job
+from parallab.core.model import PRESETS
+from parallab.core.prediction import predict
+from parallab.core.problems import SpecError
+from parallab.core.spec import JobSpec
+
+
+def job(strategy: str = "ddp", n: int = 2, options: dict | None = None, **workload) -> ResolvedJob:
+    spec = {"workload": {"model": "tiny", **workload}, "strategy": {"name": strategy, "world_size": n, "options": options or {}}}
+    return resolve_job(JobSpec.model_validate(spec))
+
+
+def refused(strategy: str = "ddp", n: int = 2, options: dict | None = None, **workload) -> dict[tuple, str]:
+    with pytest.raises(SpecError) as exc:
+        job(strategy, n, options, **workload)
+    return {tuple(p.loc): p.msg for p in exc.value.problems}
+
+
+VARIANTS = [
+    {},
+    {"num_kv_heads": 2},
+    {"num_kv_heads": 1, "mlp": "gelu", "attention_bias": True},
+    {"tie_embeddings": True},
+    {"num_experts": 4, "top_k": 2},
+    {"num_experts": 4, "num_shared_experts": 2, "first_dense_layers": 1, "mlp": "gelu", "tie_embeddings": True},
+]
+
+
+@pytest.mark.parametrize("workload", VARIANTS, ids=lambda w: ",".join(f"{k}={v}" for k, v in w.items()) or "tiny")
+def test_the_parameter_formula_counts_the_declared_tensors(workload):
+    cfg = job(**workload).model
+    assert param_counts(cfg).total == sum(numel(t.shape) for t in model_tensors(cfg))
+
+
+def test_gqa_k_and_v_are_kv_heads_times_head_dim_wide_and_flops_follow():
+    cfg = PRESETS["llama-3-8b"].config
+    h, f, v, layers, kv = 4096, 14336, 128256, 32, 8 * 128
+    assert (cfg.kv_heads, cfg.head_dim, cfg.kv_dim) == (8, 128, kv)
+    block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    assert param_counts(cfg).total == layers * block + 2 * v * h + h
+    # 6N (N: blocks, final norm and the head's matmul) + 12·L·h·T: QKᵀ and PV over every query head
+    assert model_flops_per_token(cfg) == 6 * (layers * block + h + v * h) + 12 * layers * h * cfg.seq_len
+
+
+def test_a_tied_head_is_counted_once_but_still_multiplies():
+    untied, tied = job().model, job(tie_embeddings=True).model
+    assert param_counts(untied).total - param_counts(tied).total == untied.vocab_size * untied.hidden_size
+    assert model_flops_per_token(tied) == model_flops_per_token(untied)
+
+
+def test_shared_experts_are_active_for_every_token_and_dense_first_layers_have_no_experts():
+    base = job(num_experts=4).model
+    shared = job(num_experts=4, num_shared_experts=1).model
+    dense_first = job(num_experts=4, first_dense_layers=1).model
+    mlp = 3 * base.hidden_size * base.ffn_hidden_size
+    active = param_counts(shared).active_non_embedding - param_counts(base).active_non_embedding
+    assert active == param_counts(shared).total - param_counts(base).total == base.num_layers * mlp
+    assert param_counts(base).total - param_counts(dense_first).total == 4 * mlp + base.hidden_size * 4 - mlp
+    assert [t.name for t in model_tensors(dense_first) if t.expert][0].startswith("layers.1.")
+
+
+def test_heads_not_divisible_by_kv_heads_is_refused_naming_the_field():
+    assert refused(num_kv_heads=3) == {("workload", "num_kv_heads"): "num_heads 4 is not divisible by num_kv_heads 3"}
+    assert refused(model="llama-3-8b", num_kv_heads=6) == {("workload", "num_kv_heads"): "num_heads 32 is not divisible by num_kv_heads 6"}
+
+
+def test_new_query_heads_keep_the_presets_grouping():
+    assert job().model.num_kv_heads == 4 and job(num_kv_heads=4).model == job().model  # multi-head: as many as heads
+    assert job(num_heads=8).model.num_kv_heads == 8  # multi-head stays multi-head
+    assert job(model="llama-3-8b", num_heads=64).model.num_kv_heads == 16  # 4 query heads per K/V head
+    assert job(model="llama-3-8b", num_heads=64, num_kv_heads=2).model.num_kv_heads == 2  # given: kept
+
+
+@pytest.mark.parametrize("strategy", ["tp", "layout"])
+def test_tp_needs_whole_kv_heads_per_rank(strategy):
+    options = {"tp": 4} if strategy == "layout" else {}
+    assert refused(strategy, 4, options, num_kv_heads=2) == {("workload", "num_kv_heads"): "kv heads (2) is not divisible by 4 (tp=4)"}
+    halves = {"tp": 2} if strategy == "layout" else {}
+    assert job(strategy, 2, halves, num_kv_heads=2).model.kv_heads == 2  # one K/V head per rank
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options", "n", "what"), [("tp", {}, 2, "tensor parallelism (tp=2)"), ("pp", {}, 2, "one stage (pp=2)")]
+)
+def test_a_tied_head_is_refused_where_it_would_be_split_or_separated(strategy, options, n, what):
+    problems = refused(strategy, n, options, tie_embeddings=True)
+    assert list(problems) == [("workload", "tie_embeddings")] and problems[("workload", "tie_embeddings")].endswith(what)
+    assert job("fsdp", 2, tie_embeddings=True).model.tie_embeddings
+
+
+@pytest.mark.parametrize("field", ["num_shared_experts", "first_dense_layers"])
+def test_moe_options_need_experts(field):
+    assert refused(**{field: 1}) == {("workload", field): f"{field} needs an MoE model (num_experts is 0)"}
+
+
+def test_the_planner_plans_llama_3_8b_at_its_true_size_and_fsdp_8_holds_16_psi_over_8():
+    j = resolve_job(
+        JobSpec.model_validate({"workload": {"model": "llama-3-8b", "precision": "bf16"}, "strategy": {"name": "fsdp", "world_size": 8}})
+    )
+    prediction = predict(j)
+    psi = prediction["params_total"]
+    assert psi == 8_030_261_248 and j.model.kv_heads == 8
+    assert sum(prediction["model_state_bytes_per_rank"].values()) == 16 * psi // 8
+
+
+def test_the_family_names_the_modules_strategies_use():
+    family = family_of(PRESETS["tiny"].config)
+    assert (family.blocks, family.first_stage, family.last_stage, family.attention) == (
+        "layers",
+        ("tok_embeddings",),
+        ("norm", "output"),
+        "attention",
+    )
+    plan = family.block_plan(PRESETS["tiny"].config, 0)
+    assert plan["attention.wk"] == "colwise" and plan["attention.wo"] == "rowwise" and plan["feed_forward.w2"] == "rowwise"
+    assert "feed_forward.w3" not in family.block_plan(job(mlp="gelu").model, 0)
+    assert "feed_forward.w1" not in family.block_plan(job(num_experts=4).model, 0)  # tensor parallelism runs dense blocks
+
+
+def test_a_published_architecture_scales_down_keeping_its_ratios():
+    """`--layers 2 --hidden 256` on llama-3-8b: 32 heads over 8 KV heads and f = 3.5·h still."""
+    full = PRESETS["llama-3-8b"].config
+    small = job(model="llama-3-8b", num_layers=2, hidden_size=256)
+    cfg = small.model
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.kv_heads) == (2, 256, full.num_heads, full.kv_heads)
+    assert cfg.ffn_hidden_size * full.hidden_size == full.ffn_hidden_size * cfg.hidden_size
+    assert small.model_label == "custom (from llama-3-8b)"
+    qwen = job(model="qwen2.5-7b", num_layers=2, hidden_size=224).model  # 28 heads of 8: f/h = 18944/3584 rounded up to 8s
+    assert qwen.attention_bias and qwen.kv_heads == 4 and qwen.ffn_hidden_size % 8 == 0
+    assert 0 <= qwen.ffn_hidden_size - 18944 * 224 / 3584 < 8
+    # a synthetic preset keeps Llama's SwiGLU rule (tiny at h = 4096: 11008, not 4·4096)
+    assert job(hidden_size=4096, num_heads=32).model.ffn_hidden_size == 11008
+
+
+def test_expert_parallel_all_to_all_runs_in_moe_blocks_only():
+    every = predict(job("moe", 2, num_experts=4))["comm_bytes_per_step"]["all_to_all"]
+    first_dense = predict(job("moe", 2, num_experts=4, first_dense_layers=1))["comm_bytes_per_step"]["all_to_all"]
+    layers = PRESETS["tiny"].config.num_layers
+    assert first_dense * layers == every * (layers - 1)
