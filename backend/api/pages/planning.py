@@ -208,7 +208,7 @@ def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: S
         for p in view.points
     ]
     figures = sweep_figs.sweep_figures(points, spearman=view.spearman)
-    ids = [p.run.id for p in view.points if p.run is not None and p.run.status == "succeeded"]
+    ids = [r.id for p in view.points for r in p.runs if r.status == "succeeded"]
     return render(request, "sweep.html", {"view": view, "figures": figures, "compare_ids": ",".join(ids)}, settings=settings)
 
 
