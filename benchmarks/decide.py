@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +88,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
         other_shares=[r["shares"] for r in ddp if r["shares"]],
     )
     first = verdict(baseline="fsdp ×2", other="ddp ×2", baseline_steps=[fsdp[0]["step_s"]], other_steps=[ddp[0]["step_s"]])
-    reasons = sorted({why for done in runs.values() for r in done for why in r["noisy"]})
+    kinds = Counter(re.sub(r"\d+(\.\d+)?", "N", why) for done in runs.values() for r in done for why in r["noisy"])
+    reasons = [f"“{kind}” in {count} runs" for kind, count in kinds.most_common()]
     loads = [r["load"] for done in runs.values() for r in done if r["load"] is not None]
     return "\n".join(
         [
@@ -107,7 +110,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
             "idle), its shares averaged over the runs and scaled to the configuration's timed median, so they add up to the "
             "difference of the medians (`parallab.core.verdict.check_adds_up`; the profiled steps themselves are slower than the "
             "timed ones, column *profiled step*). "
-            + (f"Noisy-host reasons seen: {'; '.join(reasons)}." if reasons else "No run was on a noisy host."),
+            + (f"Noisy-host reasons (N: the run's own figures): {'; '.join(reasons)}." if reasons else "No run was on a noisy host."),
         ]
     )
 
