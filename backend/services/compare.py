@@ -155,7 +155,7 @@ def _workload(field: str) -> Callable[[ComparedRun], Any]:
 
 
 def _noise(r: ComparedRun) -> str | None:
-    """"noisy host: why", "quiet host", or None when the run recorded nothing about its host."""
+    """Says "noisy host: why", "quiet host", or None when the run recorded nothing about its host."""
     noise = (r.document or {}).get("noise")
     if not noise:
         return None

@@ -153,7 +153,7 @@ class Verdict:
 
     @property
     def line(self) -> str:
-        """"ddp ×2 is 2.47× faster than fsdp ×2 (95% CI 2.10–2.90): −X ms exposed communication, …",
+        """The line, e.g. "ddp ×2 is 2.47× faster than fsdp ×2 (95% CI 2.10–2.90): −X ms exposed communication, …",
         or, when the runs do not separate, "not significant" first."""
         s = self.speedup
         faster = s.ratio >= 1
