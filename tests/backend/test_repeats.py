@@ -6,13 +6,15 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from starlette.datastructures import MultiDict
 
+from backend.api.pages.planning import sweep_request
 from backend.db import session_scope
 from backend.models import Run
 from backend.services import run_form
 from backend.services.ingest import attach_result
 from backend.services.runs import create_runs
-from backend.services.sweeps import interleaved
+from backend.services.sweeps import SweepRequest, interleaved
 from parallab.core.noise import HostNoise
 from parallab.core.spec import JobSpec
 from tests.backend.test_api_results import DOCUMENT, token
@@ -63,6 +65,9 @@ def test_repeats_out_of_bounds_are_422_naming_the_field_and_store_nothing(client
     assert list(run_form.check_form(form=form, settings=settings, local=True).errors) == ["repeats"]
     sweep = client.post("/api/v1/sweeps", json={"workload": {"model": "tiny"}, "world_size": 2, "top": 1, "repeats": repeats})
     assert sweep.status_code == 422 and sweep.json()["detail"][0]["loc"] == ["body", "repeats"]
+    form = MultiDict([("model", "tiny"), ("precisions", "fp32"), ("checkpointing", "none"), ("accumulation", "1"), ("repeats", "3")])
+    body = SweepRequest.model_validate(sweep_request(form))
+    assert body.repeats == 3, "the sweep form's repeats reach the request"
 
 
 def test_compare_says_how_much_faster_how_sure_and_why(client, settings) -> None:

@@ -163,7 +163,7 @@ def sweep_request(form: Any) -> dict[str, Any]:
         "checkpointing": form.getlist("checkpointing"),
         "accumulation": form.getlist("accumulation"),
     }
-    for name in ("steps", "name"):
+    for name in ("steps", "name", "repeats"):
         if get(name):
             body[name] = get(name)
     if get("global_batch_size"):
