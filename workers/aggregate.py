@@ -21,6 +21,7 @@ from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
+from parallab.core.noise import HostNoise
 from parallab.core.planner import Hardware, hardware_for
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
@@ -79,10 +80,12 @@ def build_result(
     hosts: Sequence[str] | None = None,
     profile: HardwareProfile | None = None,
     catalogue: Catalogue | None = None,
+    noise: HostNoise | None = None,
 ) -> ResultDocument:
     """The result document of a finished job from its ranks' records (rank order); `hosts`: the
     job's hosts by node, when a worker ran it (added to `hardware`); the prediction carries the
-    step-time estimate on the run's hardware (`profile`: the pool's calibration)."""
+    step-time estimate on the run's hardware (`profile`: the pool's calibration); `noise`: node 0's
+    host around the run, as the launcher sampled it."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
@@ -129,5 +132,6 @@ def build_result(
             "collectives": lead.collectives or [],
             "calibration": lead.calibration,
             "tags": job.spec.tags,
+            "noise": noise,
         }
     )

@@ -157,7 +157,7 @@ def run_and_collect(
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
         catalogue = load_catalogue(settings.hardware_catalogue)
-        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue)
+        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue, noise=outcome.noise)
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
@@ -427,7 +427,9 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
             hosts = [n.host for n in worker_store.get_nodes(session, run_id)]
             profile = latest_profile(session=session, pool=claim.pool)  # the pool's calibration, for the step-time estimate
         catalogue = load_catalogue(settings.hardware_catalogue)
-        document = build_result(job, merge_nodes(per_node, job.world_size), hosts=hosts, profile=profile, catalogue=catalogue)
+        document = build_result(
+            job, merge_nodes(per_node, job.world_size), hosts=hosts, profile=profile, catalogue=catalogue, noise=part.outcome.noise
+        )
     except Exception as exc:
         log.exception("could not build the result of run %s", run_id)
         error = f"could not build the result document: {exc}\n--- log tail ---\n{part.outcome.log_tail}"

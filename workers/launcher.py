@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from parallab.core.jobs import ResolvedJob
+from parallab.core.noise import HostNoise
 from parallab.core.rundir import RunDir
 from workers import lifeline
+from workers.noise import NoiseSampler
 
 LOG_TAIL_LINES = 60
 
@@ -57,6 +59,8 @@ class LaunchOutcome:
     reason: str | None
     """None on success; else 'exit code N', 'timed out after S s', 'cancelled' or what `should_stop` said."""
     log_tail: str
+    noise: HostNoise | None = None
+    """The host around the run (`workers.noise`): load, CPU steal, other jobs."""
 
     @property
     def ok(self) -> bool:
@@ -237,6 +241,8 @@ def launch(
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress, log=run_dir.log)
+    sampler = NoiseSampler(ranks_on_host=job.ranks_per_node)
+    sampler.start()
     with run_dir.log.open("wb") as log:
         # The agent dies with this process (lifeline): a killed worker leaves no training behind.
         command = torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node)
@@ -279,4 +285,4 @@ def launch(
     code = proc.returncode
     if reason is None and code != 0:
         reason = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(run_dir.log))
+    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(run_dir.log), noise=sampler.stop(exclude={proc.pid}))

@@ -55,6 +55,10 @@ class RunRead(RunSummary):
     result_omitted: list[str] = Field(
         default_factory=list, description="Keys of `result` left out (heavy parts; ask with `?include=`, e.g. `timeline`)."
     )
+    repeat_run_ids: list[str] = Field(
+        default_factory=list,
+        description="On submission of a spec with `repeats` > 1: every run of its repeat group, in queue order (this run first).",
+    )
 
 
 class TimelineBar(BaseModel):

@@ -10,7 +10,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
+from backend.services.decide import Decision, decide
 from backend.store import runs as store
+from parallab.core.noise import noisy_reasons
 
 MAX_COMPARE = 50
 
@@ -61,6 +63,8 @@ class Comparison:
     """Runs asked for that the recipe filters left out."""
     dimension_values: dict[str, list[str]] = field(default_factory=dict)
     """Each recipe dimension's values among the runs asked for (the filters' choices)."""
+    decision: Decision | None = None
+    """The runs grouped into configurations, each against the baseline's, with intervals (`decide`)."""
 
     def group_of(self, index: int) -> str | None:
         """The group value of run `index` when grouping."""
@@ -150,6 +154,15 @@ def _workload(field: str) -> Callable[[ComparedRun], Any]:
     return lambda r: (((r.document or {}).get("workload")) or ((r.run.spec or {}).get("workload")) or {}).get(field)
 
 
+def _noise(r: ComparedRun) -> str | None:
+    """Says "noisy host: why", "quiet host", or None when the run recorded nothing about its host."""
+    noise = (r.document or {}).get("noise")
+    if not noise:
+        return None
+    reasons = noisy_reasons(noise)
+    return f"noisy host: {'; '.join(reasons)}" if reasons else "quiet host"
+
+
 # (key, label, unit, better, getter)
 METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = [
     ("status", "Status", "text", None, _column("status")),
@@ -190,6 +203,7 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("gradient_max_rel_err", "Gradient error (worst parameter)", "rel. error", "lower", _gradient("max_rel_err")),
     ("gradient_worst_param", "Gradient: worst parameter", "text", None, _gradient("worst_param")),
     ("replica_check", "Replica check (copies across ranks)", "text", None, _check("replica_check", "verdict")),
+    ("noise", "Host during the run", "text", None, _noise),
     ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
 ]
 
@@ -265,6 +279,7 @@ def compare(
         group_by=group_by,
         filtered_out=filtered_out,
         dimension_values=dimension_values,
+        decision=decide(runs=[(r.run, r.document) for r in compared], baseline_id=compared[baseline].id if compared else None),
     )
 
 
@@ -286,6 +301,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
             for m in comparison.rows
         ],
         "missing": comparison.missing,
+        "decision": comparison.decision.as_json() if comparison.decision is not None else None,
     }
 
 

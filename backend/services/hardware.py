@@ -12,8 +12,9 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
-from backend.models import HardwareProfileRow, Run
+from backend.models import HardwareProfileRow, Run, Worker
 from backend.store import planning as store
+from backend.store import workers as worker_store
 from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
 from parallab.core.jobs import ResolvedJob
 from parallab.core.planner import Hardware, hardware_for
@@ -76,15 +77,43 @@ def check_precision(*, session: Session, settings: Settings, job: ResolvedJob, p
         raise SpecError([SpecProblem(("workload", "precision"), f"pool {pool_of(settings, pool)!r}: {problem}")])
 
 
+def registered_worker(*, session: Session, pool: str) -> Worker | None:
+    """The latest worker that registered with a pool (None: none ever did): what device it has."""
+    workers = [w for w in worker_store.list_workers(session) if w.pool == pool]
+    return max(workers, key=lambda w: w.started_at) if workers else None
+
+
 def pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
-    """What a pool plans on: its latest calibration (with the catalogue entry its device matches),
-    else the catalogue's generic CPU entry — uncalibrated, and said so in the label."""
+    """What a pool plans on: its latest calibration (with the catalogue entry its device matches);
+    uncalibrated, the catalogue entry of the device its workers registered with — a CPU the
+    catalogue does not know keeps its own name over the generic CPU's figures — said so in the label."""
     cat = catalogue(settings)
-    profile = latest_profile(session=session, pool=pool_of(settings, pool))
+    name = pool_of(settings, pool)
+    profile = latest_profile(session=session, pool=name)
     if profile is not None:
         spec = cat.for_device(profile.device.name, profile.device.kind) or cat.get("cpu")
         return hardware_for(spec, profile=profile)
-    return hardware_for(cat.get("cpu"), devices_per_node=settings.max_world_size)
+    worker = registered_worker(session=session, pool=name)
+    if worker is None:
+        return hardware_for(cat.get("cpu"), devices_per_node=settings.max_world_size)
+    spec = cat.for_device(worker.device_name, worker.device) or cat.get("cpu")
+    if spec.kind == "cpu" and not spec.match and worker.device_name:  # the pool's own CPU, not the catalogue's machine
+        spec = spec.model_copy(update={"name": f"{worker.device_name} (the generic CPU's figures until calibrated)"})
+    return hardware_for(spec, devices_per_node=worker.device_count)
+
+
+def calibration_advice(*, session: Session, settings: Settings, pool: str | None = None) -> str | None:
+    """What to do when a pool has no calibration (None: it has one): its plans rest on datasheet
+    figures, which on a CPU can be off by more than an order of magnitude."""
+    name = pool_of(settings, pool)
+    if latest_profile(session=session, pool=name) is not None:
+        return None
+    return (
+        f"pool {name!r} has no calibration: its plan uses datasheet figures, not what its hosts measure. "
+        f"Calibrate it first: `parallab bench --strategy calibrate --world-size N` on one of its hosts, or submit a "
+        f'`calibrate` run to it (POST /api/v1/runs with "strategy": {{"name": "calibrate", "world_size": N}}, '
+        f'"placement": {{"pool": "{name}"}}), then plan again.'
+    )
 
 
 def device_hardware(*, settings: Settings, device: str, nodes: int = 1, gpus_per_node: int | None = None) -> Hardware:

@@ -24,11 +24,13 @@ from backend.services import workers as fleet
 from backend.services.runs import check_spec
 from parallab.core.model import PRESETS, SHAPE_FIELDS
 from parallab.core.problems import SpecError
-from parallab.core.spec import JobSpec, workload_fields
+from parallab.core.spec import MAX_REPEATS, JobSpec, workload_fields
 from parallab.core.strategies import REGISTRY, STRATEGY_NAMES
 
 TRACE_HELP: str = JobSpec.model_fields["trace"].description or ""
 """What the trace box switches (the spec's own description, as the CLI's --trace/--no-trace says)."""
+REPEATS_HELP: str = f"{JobSpec.model_fields['repeats'].description} At most {MAX_REPEATS}."
+"""What the repeats box does (the spec's own description)."""
 JOB_FIELDS = ("model", "steps")
 """Workload fields shown at the top of the form, beside the strategy (the rest sit in sections)."""
 
@@ -188,6 +190,8 @@ def form_to_spec(form: Any) -> dict[str, Any]:
         spec["placement"] = {"pool": get("pool") or None, "nodes": get("nodes") or "1"}
     if get("name"):
         spec["name"] = get("name")
+    if get("repeats"):
+        spec["repeats"] = get("repeats")
     tags = [t.strip() for t in get("tags").split(",") if t.strip()]
     if tags:
         spec["tags"] = tags
@@ -209,7 +213,7 @@ def field_for(loc: tuple[Any, ...], strategy: str) -> str:
         return str(loc[1])
     if loc[0] == "placement" and len(loc) > 1:
         return str(loc[1])
-    if loc[0] in ("name", "trace", "tags"):
+    if loc[0] in ("name", "trace", "tags", "repeats"):
         return str(loc[0])
     return "__all__"
 
@@ -303,6 +307,8 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
         values["trace"] = "on"
     if spec.get("name"):
         values["name"] = spec["name"]
+    if spec.get("repeats", 1) != 1:
+        values["repeats"] = str(spec["repeats"])
     if spec.get("tags"):
         values["tags"] = ", ".join(spec["tags"])
     return values

@@ -13,6 +13,7 @@ from backend.services import pools
 from backend.services.runs import get_run
 from backend.store import runs as store
 from parallab.core.flags import Agreement, agreement
+from parallab.core.noise import noisy_reasons
 from parallab.core.strategies import layout_of
 
 
@@ -43,6 +44,17 @@ class RunView:
     """The run's job in an outside scheduler (a Slurm pool's run): its id, state, reason and nodes."""
     layout: str | None = None
     """The degrees the run's strategy resolves to (`pp=2,dp_shard=2,tp=2`; "single" for one rank)."""
+
+    @property
+    def noisy(self) -> list[str]:
+        """Why the run's host was noisy (`parallab.core.noise`); empty when quiet or unrecorded."""
+        return noisy_reasons((self.document or {}).get("noise"))
+
+    @property
+    def repeat(self) -> dict[str, Any] | None:
+        """Which repeat of which group the run is (`spec.repeat`), when it is one."""
+        repeat = self.run.spec.get("repeat") if isinstance(self.run.spec, dict) else None
+        return repeat if isinstance(repeat, dict) else None
 
 
 def volume_rows(doc: dict[str, Any]) -> list[VolumeRow]:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run
+from backend.models.base import new_id
 from backend.queue import enqueue_run
 from backend.services import pools, quotas
 from backend.services import workers as fleet
@@ -28,7 +29,7 @@ from parallab.core.fit import GIB, MemoryFit, memory_fit
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
-from parallab.core.spec import JobSpec
+from parallab.core.spec import JobSpec, RepeatOf
 
 log = logging.getLogger(__name__)
 
@@ -142,24 +143,58 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     )
 
 
-def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
-    """Commit a queued run, then enqueue it (Celery's rule: enqueue only what is committed).
+def repeat_specs(spec: JobSpec, group: str) -> list[JobSpec]:
+    """The spec once per repeat it asks for, each naming its place in the repeat group `group`
+    (one run asks for no group: its `repeat` is cleared, whatever the client sent)."""
+    if spec.repeats == 1:
+        return [spec.model_copy(update={"repeat": None})]
+    return [spec.model_copy(update={"repeat": RepeatOf(group=group, index=i, of=spec.repeats)}) for i in range(1, spec.repeats + 1)]
+
+
+def create_runs(
+    *, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False
+) -> list[Run]:
+    """The spec's `repeats` runs as one repeat group, in queue order (caller commits, then enqueues);
+    the quota is checked for all of them first, so a refused group leaves nothing behind."""
+    quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=spec.repeats)
+    return [
+        create_run(session=session, spec=one, settings=settings, source=source, user_id=user_id, local=local)
+        for one in repeat_specs(spec, new_id())
+    ]
+
+
+def enqueue_stored(*, session: Session, settings: Settings, runs: Sequence[Run]) -> None:
+    """Hand committed runs to their queues in order. Once the broker refuses one, that run and every
+    later one are marked failed rather than left queued forever (commits), and QueueUnavailable says so."""
+    queued = [run for run in runs if pools.uses_queue(session=session, pool=run.pool)]  # a Slurm pool's agent reads the database
+    for i, run in enumerate(queued):
+        try:
+            enqueue_run(settings, run.id, pool=run.pool)
+        except Exception as exc:  # any failure to publish: the runs must not look queued
+            log.exception("could not enqueue run %s", run.id)
+            for rest in queued[i:]:
+                store.set_status(session, rest, "failed", error=f"could not reach the job queue: {exc}")
+            session.commit()
+            raise QueueUnavailable(run) from exc
+
+
+def submit_runs(
+    *, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False
+) -> list[Run]:
+    """Commit the spec's runs (its `repeats`), then enqueue them (Celery's rule: enqueue only what is committed).
 
     If the broker is unreachable the run is marked failed rather than left queued forever, and
     QueueUnavailable says so.
     """
-    run = create_run(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)
+    runs = create_runs(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)
     session.commit()
-    if not pools.uses_queue(session=session, pool=run.pool):
-        return run  # its Slurm agent takes it from the database
-    try:
-        enqueue_run(settings, run.id, pool=run.pool)
-    except Exception as exc:  # any failure to publish: the run must not look queued
-        log.exception("could not enqueue run %s", run.id)
-        store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
-        session.commit()
-        raise QueueUnavailable(run) from exc
-    return run
+    enqueue_stored(session=session, settings=settings, runs=runs)
+    return runs
+
+
+def submit_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
+    """`submit_runs`, answering with the first run (the only one unless the spec asks for repeats)."""
+    return submit_runs(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)[0]
 
 
 def get_run(*, session: Session, run_id: str) -> Run:

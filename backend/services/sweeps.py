@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
+from backend.models.base import new_id
 from backend.queue import enqueue_run
 from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
@@ -29,7 +30,8 @@ from backend.store import runs as run_store
 from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, plan_cluster
-from parallab.core.spec import JobSpec, Workload
+from parallab.core.spec import MAX_REPEATS, JobSpec, RepeatOf, Workload
+from parallab.core.stats import Interval, median_interval, spearman_interval
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,15 @@ class SweepRequest(BaseModel):
     checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
     accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
     pool: str | None = Field(None, max_length=100, description="The pool to run on (default: this deployment's queue).")
+    repeats: int = Field(
+        1,
+        ge=1,
+        le=MAX_REPEATS,
+        description=(
+            "Runs of each configuration, queued interleaved (A₁ B₁ … A₂ B₂ …) so that a slow spell "
+            "of the host falls on every configuration alike."
+        ),
+    )
 
     @field_validator("strategies")
     @classmethod
@@ -101,9 +112,16 @@ def choose(fits: list[PlanRow], *, top: int, controls: int) -> list[tuple[str, i
     return chosen
 
 
-def _candidate(role: str, rank: int, row: PlanRow, run_id: str | None, error: str | None = None) -> dict[str, Any]:
+def interleaved(configurations: int, repeats: int) -> list[tuple[int, int]]:
+    """(configuration, 1-based repeat) in queue order: every configuration's repeat i before any
+    configuration's i + 1 (A₁ B₁ C₁ A₂ B₂ C₂ …), so a slow spell of the host falls on all alike."""
+    return [(c, i) for i in range(1, repeats + 1) for c in range(configurations)]
+
+
+def _candidate(role: str, rank: int, row: PlanRow, run_ids: list[str], error: str | None = None) -> dict[str, Any]:
     return {
-        "run_id": run_id,
+        "run_id": run_ids[0] if run_ids else None,
+        "run_ids": run_ids,
         "role": role,
         "predicted_rank": rank,
         "label": row.label,
@@ -153,7 +171,7 @@ def create_sweep(
         reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in ranking.as_dict()["rejected_by_reason"][:3])
         raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons or nothing_planned(request)}")])
     chosen = choose(ranking.fits, top=request.top, controls=request.controls)
-    quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen), sweep=True)
+    quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen) * request.repeats, sweep=True)
     steps = request.steps or settings.sweep_steps
     sweep = store.add_sweep(
         session,
@@ -173,11 +191,20 @@ def create_sweep(
             planned=len(ranking.fits) + len(ranking.rejected),
         ),
     )
-    candidates, runs = [], []
     slurm = pools.slurm_pool(session=session, name=request.pool) is not None
-    for role, rank, row in chosen:
+    groups = [new_id() for _ in chosen]
+    run_ids: list[list[str]] = [[] for _ in chosen]
+    errors: list[str | None] = [None for _ in chosen]
+    runs = []
+    for c, index in interleaved(len(chosen), request.repeats):
+        role, rank, row = chosen[c]
+        if errors[c] is not None:
+            continue  # refused once: its other repeats would be too
         spec = {**row.spec, "workload": {**row.spec["workload"], "steps": steps}, "name": f"sweep {sweep.id[:6]} #{rank}: {row.label}"}
         spec["tags"] = ["sweep", role]
+        if request.repeats > 1:
+            spec["repeats"] = request.repeats
+            spec["repeat"] = RepeatOf(group=groups[c], index=index, of=request.repeats).model_dump()
         if slurm:  # a Slurm pool's runs must say so: placement is what sends them to its agent
             spec["placement"] = {"pool": request.pool}
         try:
@@ -185,12 +212,12 @@ def create_sweep(
                 session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, user_id=user_id, local=local
             )
         except SpecError as exc:  # the deployment's limits refuse what the plan allowed: keep it, say why
-            candidates.append(_candidate(role, rank, row, None, error=str(exc)))
+            errors[c] = str(exc)
             continue
         run.sweep_id = sweep.id
         runs.append(run)
-        candidates.append(_candidate(role, rank, row, run.id))
-    sweep.candidates = candidates
+        run_ids[c].append(run.id)
+    sweep.candidates = [_candidate(role, rank, row, run_ids[c], error=errors[c]) for c, (role, rank, row) in enumerate(chosen)]
     session.commit()
     for run in runs:
         if slurm:
@@ -240,9 +267,15 @@ class SweepPoint:
 
     candidate: dict[str, Any]
     run: Run | None
+    """Its first run (the only one without repeats)."""
     measured_tokens_per_s: float | None = None
+    """The median over its succeeded runs."""
     measured_memory_bytes: int | None = None
     out_of_memory: bool = False
+    runs: list[Run] = field(default_factory=list)
+    """Every run of the configuration (its repeats), in queue order."""
+    tokens_interval: Interval | None = None
+    """The median tokens/s with its 95% interval over the succeeded runs."""
 
     @property
     def predicted_tokens_per_s(self) -> float | None:
@@ -267,6 +300,25 @@ class SweepView:
     best: SweepPoint | None
     best_predicted: SweepPoint | None
     oom: list[SweepPoint] = field(default_factory=list)
+    spearman_interval: Interval | None = None
+    """ρ with its 95% interval over the configurations measured (None under 4)."""
+
+    @property
+    def ranking_established(self) -> bool | None:
+        """Whether the prediction's ranking is shown to hold: ρ's interval above 0 (None: too few to say)."""
+        if self.spearman_interval is None:
+            return None
+        return self.spearman_interval.low > 0
+
+    @property
+    def trust(self) -> str:
+        """One sentence on how far the sweep's ranking can be trusted."""
+        n = len(self.measured)
+        i = self.spearman_interval
+        if i is None:
+            return f"{n} configuration(s) measured: ρ needs at least 4 for an interval"
+        verdict = "the predicted ranking holds" if i.low > 0 else "the ranking is not established (the interval includes 0)"
+        return f"ρ = {i.estimate:.2f}, 95% CI {i.low:.2f} to {i.high:.2f}, n = {i.n}: {verdict}"
 
     @property
     def measured(self) -> list[SweepPoint]:
@@ -286,6 +338,11 @@ class SweepView:
             "created_at": s.created_at.isoformat() if s.created_at else None,
             "finished_at": s.finished_at.isoformat() if s.finished_at else None,
             "spearman": self.spearman,
+            "spearman_interval": None
+            if self.spearman_interval is None
+            else {"low": self.spearman_interval.low, "high": self.spearman_interval.high, "n": self.spearman_interval.n},
+            "ranking_established": self.ranking_established,
+            "trust": self.trust,
             "best": _point_json(self.best) if self.best else None,
             "points": [_point_json(p) for p in self.points],
         }
@@ -295,7 +352,13 @@ def _point_json(p: SweepPoint) -> dict[str, Any]:
     return {
         **p.candidate,
         "status": p.status,
-        "measured": {"tokens_per_s": p.measured_tokens_per_s, "peak_allocated_bytes_max": p.measured_memory_bytes},
+        "measured": {
+            "tokens_per_s": p.measured_tokens_per_s,
+            "tokens_per_s_low": p.tokens_interval.low if p.tokens_interval else None,
+            "tokens_per_s_high": p.tokens_interval.high if p.tokens_interval else None,
+            "runs": len([r for r in p.runs if r.status == "succeeded"]),
+            "peak_allocated_bytes_max": p.measured_memory_bytes,
+        },
         "out_of_memory": p.out_of_memory,
         "run_error": (p.run.error or "")[-2000:] if p.run is not None and p.run.status == "failed" else None,
     }
@@ -314,28 +377,37 @@ def sweep_view(*, session: Session, sweep_id: str) -> SweepView:
     sweep = get_sweep(session=session, sweep_id=sweep_id)
     runs = {r.id: r for r in store.sweep_runs(session, sweep.id)}
     _refresh_status(session, sweep, list(runs.values()))
-    points = []
-    for candidate in sweep.candidates:
-        run = runs.get(candidate.get("run_id") or "")
-        point = SweepPoint(candidate=candidate, run=run)
-        if run is not None and run.status == "succeeded":
-            point.measured_tokens_per_s = run.tokens_per_s
-            point.measured_memory_bytes = run.peak_allocated_bytes_max
-        if run is not None and run.status == "failed" and OOM_PATTERNS.search(run.error or ""):
-            point.out_of_memory = True
-        points.append(point)
+    points = [_point(candidate, runs) for candidate in sweep.candidates]
     measured = [p for p in points if p.measured_tokens_per_s is not None and p.predicted_tokens_per_s is not None]
-    rho = spearman([p.predicted_tokens_per_s or 0.0 for p in measured], [p.measured_tokens_per_s or 0.0 for p in measured])
+    predicted_xs = [p.predicted_tokens_per_s or 0.0 for p in measured]
+    measured_ys = [p.measured_tokens_per_s or 0.0 for p in measured]
     best = max(measured, key=lambda p: p.measured_tokens_per_s or 0.0, default=None)
     best_predicted = max(points, key=lambda p: p.predicted_tokens_per_s or 0.0, default=None)
     return SweepView(
         sweep=sweep,
         points=points,
-        spearman=rho,
+        spearman=spearman(predicted_xs, measured_ys),
         best=best,
         best_predicted=best_predicted,
         oom=[p for p in points if p.out_of_memory],
+        spearman_interval=spearman_interval(predicted_xs, measured_ys),
     )
+
+
+def _point(candidate: dict[str, Any], runs: dict[str, Run]) -> SweepPoint:
+    """A candidate with its runs: the median of what they measured (with its interval), out of
+    memory when any ran out."""
+    ids = candidate.get("run_ids") or ([candidate["run_id"]] if candidate.get("run_id") else [])
+    own = [runs[i] for i in ids if i in runs]
+    point = SweepPoint(candidate=candidate, run=own[0] if own else None, runs=own)
+    done = [r for r in own if r.status == "succeeded" and r.tokens_per_s is not None]
+    if done:
+        point.tokens_interval = median_interval([float(r.tokens_per_s or 0.0) for r in done])
+        point.measured_tokens_per_s = point.tokens_interval.estimate
+        memory = [r.peak_allocated_bytes_max for r in done if r.peak_allocated_bytes_max is not None]
+        point.measured_memory_bytes = max(memory) if memory else None
+    point.out_of_memory = any(r.status == "failed" and OOM_PATTERNS.search(r.error or "") for r in own)
+    return point
 
 
 def list_sweeps(*, session: Session, limit: int = 50) -> list[Sweep]:

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from parallab.commands.jobspec import fail, layout_flags, parse_options, resolve, spec_document, with_workload_flags
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.spec import JobSpec, workload_fields
+from parallab.core.stats import median_interval
 from parallab.core.strategies import STRATEGY_NAMES
 
 console = Console(stderr=True)
@@ -51,6 +52,9 @@ def bench(
         ),
     ] = None,
     trace: Annotated[bool | None, typer.Option("--trace/--no-trace", help=JobSpec.model_fields["trace"].description)] = None,
+    repeats: Annotated[
+        int | None, typer.Option("--repeats", help="Run the job this many times, one after the other (OUT-1.json, OUT-2.json, …).")
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
     run_dir: Annotated[Path | None, typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
     *,
@@ -69,23 +73,37 @@ def bench(
         strategy, world_size, options = layout_flags(layout, strategy=strategy, world_size=world_size, options=options)
     base = read_spec(spec) if spec else {"strategy": {"name": "single"}}
     doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
+    if repeats is not None:
+        doc["repeats"] = repeats
     whose = "parallab bench's (PARALLAB_MAX_WORLD_SIZE / PARALLAB_MAX_STEPS raise it)"
     job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps, whose=whose))
 
     directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
-    with _progress(job) as on_progress:
-        collected = run_and_collect(job, directory, settings=settings, on_progress=on_progress)
-    if collected.document is None:
-        console.print(f"[red]{collected.error}[/red]")
-        raise typer.Exit(1)
-    out.write_text(collected.document.model_dump_json(indent=2))
-    s = collected.document.summary
-    head = f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
-    diff = s.loss_max_rel_diff_vs_reference
-    if diff is not None:
-        head += f", step {s.step_time_s.median * 1e3:.1f} ms (median), loss diff vs single {diff:.2e}"
-    console.print(head)
-    console.print(f"result written to {out}")
+    repeats = job.spec.repeats
+    medians: list[float] = []
+    for index in range(1, repeats + 1):  # one after the other: the host's noise falls on each alike
+        where = directory / f"repeat-{index}" if repeats > 1 else directory
+        with _progress(job) as on_progress:
+            collected = run_and_collect(job, where, settings=settings, on_progress=on_progress)
+        if collected.document is None:
+            console.print(f"[red]{collected.error}[/red]")
+            raise typer.Exit(1)
+        path = out if repeats == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
+        path.write_text(collected.document.model_dump_json(indent=2))
+        s = collected.document.summary
+        medians.append(s.step_time_s.median)
+        head = f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
+        diff = s.loss_max_rel_diff_vs_reference
+        if diff is not None:
+            head += f", step {s.step_time_s.median * 1e3:.1f} ms (median), loss diff vs single {diff:.2e}"
+        console.print(head)
+        console.print(f"result written to {path}")
+    if repeats > 1:
+        m = median_interval(medians)
+        console.print(
+            f"{repeats} runs: median step {m.estimate * 1e3:.1f} ms, {m.coverage:.0%} interval "
+            f"{m.low * 1e3:.1f}–{m.high * 1e3:.1f} ms, spread {min(medians) * 1e3:.1f}–{max(medians) * 1e3:.1f} ms"
+        )
 
 
 @contextmanager

@@ -162,6 +162,9 @@ def _hardware(device: str | None, nodes: int, gpus_per_node: int | None, pool: s
     from backend.db import session_scope
 
     with session_scope(settings.sqlalchemy_url) as session:
+        advice = hardware.calibration_advice(session=session, settings=settings, pool=pool)
+        if advice is not None:
+            typer.echo(f"note: {advice}", err=True)
         return hardware.pool_hardware(session=session, settings=settings, pool=pool)
 
 

@@ -43,6 +43,9 @@ def sweep(
     global_batch_size: Annotated[
         int | None, typer.Option("--global-batch-size", help="Sequences per step (default: the preset's).")
     ] = None,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Runs of each configuration, interleaved (each figure is then a median with its interval).")
+    ] = 1,
     name: Annotated[str | None, typer.Option("--name", help="A name for the sweep.")] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Pool to run on (default: the deployment's queue).")] = None,
     server: Annotated[str | None, typer.Option("--server", help="Submit to this parallab server instead of the local database.")] = None,
@@ -61,6 +64,7 @@ def sweep(
         "controls": controls,
         "steps": steps,
         "pool": pool,
+        "repeats": repeats,
     }
     for key, value in (("precisions", precision), ("checkpointing", checkpointing), ("accumulation", accumulation)):
         if value:
@@ -89,6 +93,8 @@ def print_sweep(view: dict[str, Any]) -> None:
     for p in view["points"]:
         recipe = f"{p['precision']} · {p['activation_checkpointing']} · accum {p['grad_accumulation_steps']}"
         measured = p["measured"]["tokens_per_s"]
+        low, high = p["measured"].get("tokens_per_s_low"), p["measured"].get("tokens_per_s_high")
+        spread = f" ({low:,.0f}–{high:,.0f}, n = {p['measured']['runs']})" if low is not None and p["measured"].get("runs", 0) > 1 else ""
         status = p["status"] + (" (out of memory: the prediction let it through)" if p["out_of_memory"] else "")
         table.add_row(
             str(p["predicted_rank"]),
@@ -97,13 +103,15 @@ def print_sweep(view: dict[str, Any]) -> None:
             recipe,
             status,
             f"{p['predicted']['tokens_per_s']:,.0f}",
-            f"{measured:,.0f}" if measured is not None else "—",
+            f"{measured:,.0f}{spread}" if measured is not None else "—",
         )
     out.print(table)
     rho = view.get("spearman")
     out.print(
         f"Spearman rank correlation, predicted vs measured tokens/s: {rho:.2f}" if rho is not None else "Spearman: needs 3 finished runs"
     )
+    if view.get("trust"):
+        out.print(escape(view["trust"]))
     if view.get("best"):
         best = view["best"]
         out.print(

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.hardware import HardwareProfile
+from parallab.core.noise import HostNoise
 
 SCHEMA_VERSION: Final = 1
 
@@ -316,6 +317,9 @@ class ResultDocument(OpenModel):
     source: SourceInfo | None = None
     tags: list[Label] = Field(default_factory=list, max_length=20)
     calibration: HardwareProfile | None = Field(None, description="What a `calibrate` job measured (the pool's hardware profile).")
+    noise: HostNoise | None = Field(
+        None, description="The host around the run: load average, CPU steal, ranks against cores, other jobs (`parallab.core.noise`)."
+    )
 
 
 class RankRecord(RankResult):

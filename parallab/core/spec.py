@@ -240,6 +240,23 @@ class Placement(BaseModel):
     nodes: int = Field(1, ge=1, le=1024, description="Hosts the job spans (multi-node over torchrun's c10d rendezvous).")
 
 
+MAX_REPEATS = 20
+"""The most runs one submission may ask for (`repeats`): enough for an interval on a median
+(6 runs reach 95 %, 20 narrow it), few enough that one submission cannot fill a queue."""
+
+
+class RepeatOf(BaseModel):
+    """Which repeat of a group a run is: the runs of one submission's `repeats` share `group`.
+
+    Set by the server when it stores the runs (what a client sends here is replaced)."""
+
+    model_config = STRICT
+
+    group: str = Field(pattern=r"^[0-9a-f]{1,32}$", description="The repeat group's id (shared by the group's runs).")
+    index: int = Field(ge=1, le=MAX_REPEATS, description="1-based: the order the repeats were queued in.")
+    of: int = Field(ge=1, le=MAX_REPEATS, description="How many repeats the group has.")
+
+
 class JobSpec(BaseModel):
     """One job: the API's request body, `parallab bench --spec`'s file, and a result's origin."""
 
@@ -260,3 +277,13 @@ class JobSpec(BaseModel):
     )
     tags: list[Tag] = Field(default_factory=list, max_length=20)
     placement: Placement | None = Field(None, description="Pool and node count; none: one host of the default pool.")
+    repeats: int = Field(
+        1,
+        ge=1,
+        le=MAX_REPEATS,
+        description=(
+            "Run the job this many times, as one repeat group: its figure is then the median of the runs with "
+            "a 95% interval, and compare says whether two groups differ."
+        ),
+    )
+    repeat: RepeatOf | None = Field(None, description="Set by the server: which repeat of which group this run is.")

@@ -216,7 +216,14 @@ def spearman_interval(xs: Sequence[float], ys: Sequence[float], confidence: floa
     n = len(xs)
     if rho is None or n < 4:
         return None
-    if abs(rho) >= 1:
-        return Interval(rho, rho, rho, confidence, n)
-    z, half = math.atanh(rho), normal_quantile(1 - (1 - confidence) / 2) * math.sqrt(1.06 / (n - 3))
+    half = normal_quantile(1 - (1 - confidence) / 2) * math.sqrt(1.06 / (n - 3))
+    if abs(rho) >= 1 - 1e-9:  # perfect, up to the rounding of the ranks' sums
+        # Fisher's z is infinite at ±1, which would make a perfect ranking of 4 pairs (1 chance in 24)
+        # look certain. The far end is taken from the nearest attainable ρ instead: one adjacent swap,
+        # Σd² = 2, ρ = 1 − 12/(n(n² − 1)); the near end stays at ±1.
+        nearest = math.copysign(1 - 12 / (n * (n * n - 1)), rho)
+        far = math.tanh(math.atanh(nearest) - math.copysign(half, rho))
+        near = math.copysign(1.0, rho)
+        return Interval(rho, min(far, near), max(far, near), confidence, n)
+    z = math.atanh(rho)
     return Interval(rho, math.tanh(z - half), math.tanh(z + half), confidence, n)

@@ -108,7 +108,18 @@ def test_spearman_needs_four_pairs_for_an_interval_and_some_spread():
     assert spearman_interval([1, 2, 3], [1, 2, 3]) is None
     assert spearman_rho([1, 1, 1], [1, 2, 3]) is None
     perfect = spearman_interval(list(range(10)), [v * v for v in range(10)])
-    assert perfect is not None and perfect.estimate == 1.0
+    assert perfect is not None and perfect.estimate == 1.0 and perfect.high == 1.0 and 0 < perfect.low < 1
+
+
+def test_a_perfect_ranking_of_few_pairs_is_not_taken_as_certain():
+    """4 pairs rank perfectly by chance 1 time in 24: the interval must still include 0 there, and
+    exclude it at 8 pairs (1 in 40,320); reversed, the same mirrored."""
+    four = spearman_interval([1, 2, 3, 4], [10, 20, 30, 40])
+    assert four is not None and four.high == 1.0 and four.low < 0
+    eight = spearman_interval(list(range(8)), list(range(8)))
+    assert eight is not None and eight.low > 0
+    reversed_eight = spearman_interval(list(range(8)), list(range(8, 0, -1)))
+    assert reversed_eight is not None and (reversed_eight.low, reversed_eight.high) == pytest.approx((-1.0, -eight.low))
 
 
 def test_ranks_share_ties():

@@ -166,6 +166,18 @@ def test_compare_toggle_and_baseline(page, live_server, lab):
     page.check("#diff-only") if not page.is_checked("#diff-only") else None
 
 
+def test_plan_rank_without_a_change_keeps_the_device_the_results_are_for(page, live_server):
+    """The device was named by an alias (h100): the form shows the entry it ranked on, and "Rank"
+    pressed as it stands ranks on that device again, not on the list's first (a100-40gb)."""
+    page.goto(f"{live_server.url}/plan?model=tiny&device=h100&nodes=1&gpus_per_node=8")
+    assert page.input_value('#plan-form select[name="device"]') == "h100-sxm"
+    before = page.locator("#ranking-table tbody tr").count()
+    page.click('#plan-form button[type="submit"]')
+    page.wait_for_url(re.compile(r"device=h100-sxm"))
+    assert page.input_value('#plan-form select[name="device"]') == "h100-sxm"
+    assert "NVIDIA H100 SXM5" in page.content() and page.locator("#ranking-table tbody tr").count() == before
+
+
 def test_run_page_draws_the_step_and_memory_splits_and_the_gradient_check(page, live_server, lab):
     page.goto(f"{live_server.url}/runs/{lab['pp4'].id}")
     page.wait_for_selector("#chart-steps .main-svg")

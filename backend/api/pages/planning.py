@@ -23,7 +23,7 @@ from backend.services import plan as plan_service
 from backend.services import sweeps as sweep_service
 from backend.services import vary as vary_service
 from backend.services.auth import ANONYMOUS
-from backend.services.hardware import UnknownDevice, catalogue
+from backend.services.hardware import UnknownDevice, calibration_advice, catalogue
 from backend.services.quotas import QuotaExceeded
 from backend.services.runs import QueueUnavailable, RunNotFound
 from backend.services.sweeps import SweepNotFound, SweepRequest
@@ -65,7 +65,7 @@ def plan_page(
         "global_batch_size": global_batch_size,
         "top": top,
     }
-    error, ranking = None, None
+    error, ranking, advice = None, None, None
     workload: dict[str, Any] = {"model": model}
     if global_batch_size.strip():
         workload["global_batch_size"] = global_batch_size.strip()
@@ -82,6 +82,10 @@ def plan_page(
                 gpus_per_node=max(gpus_per_node, 1),
             )
             ranking = plan_service.rank(workload=workload, hw=hw)
+            if device == "pool":
+                advice = calibration_advice(session=session, settings=settings)
+            else:
+                values["device"] = hw.spec.key  # an alias (h100) shows, and re-ranks, as the entry it named (h100-sxm)
         except UnknownDevice as exc:
             error = f"device: {exc}"
     devices = [d.key for d in catalogue(settings).devices] + ["pool"]
@@ -91,6 +95,7 @@ def plan_page(
         {
             "values": values,
             "error": error,
+            "advice": advice,
             "ranking": ranking,
             "rejected": rejected_by_reason(ranking.rejected) if ranking else [],
             "presets": list(PRESETS),
@@ -158,7 +163,7 @@ def sweep_request(form: Any) -> dict[str, Any]:
         "checkpointing": form.getlist("checkpointing"),
         "accumulation": form.getlist("accumulation"),
     }
-    for name in ("steps", "name"):
+    for name in ("steps", "name", "repeats"):
         if get(name):
             body[name] = get(name)
     if get("global_batch_size"):
@@ -208,7 +213,7 @@ def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: S
         for p in view.points
     ]
     figures = sweep_figs.sweep_figures(points, spearman=view.spearman)
-    ids = [p.run.id for p in view.points if p.run is not None and p.run.status == "succeeded"]
+    ids = [r.id for p in view.points for r in p.runs if r.status == "succeeded"]
     return render(request, "sweep.html", {"view": view, "figures": figures, "compare_ids": ",".join(ids)}, settings=settings)
 
 

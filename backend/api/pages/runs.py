@@ -103,6 +103,7 @@ def form_page(
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
             "trace_help": run_form.TRACE_HELP,
+            "repeats_help": run_form.REPEATS_HELP,
             "pools": pools or [],
         },
         status_code=status_code,
@@ -134,14 +135,16 @@ def submit_run(
         pools = run_form.pool_choices(session=session, settings=settings)
         return form_page(request, settings, values, check.errors, status_code=422, pools=pools)
     try:
-        run = run_service.submit_run(
+        runs = run_service.submit_runs(
             session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local
         )
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     except QuotaExceeded as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=429)
-    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+    if len(runs) > 1:  # a repeat group: its runs side by side, the verdict on top
+        return RedirectResponse(f"/compare?ids={','.join(r.id for r in runs)}", status_code=303)
+    return RedirectResponse(f"/runs/{runs[0].id}", status_code=303)
 
 
 @router.get("/runs/new/plan.json")
@@ -171,6 +174,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "volume": view.volume,
             "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
             "layout": view.layout,
+            "noisy": view.noisy,
+            "repeat": view.repeat,
             "finished": view.run.status in FINISHED_STATUSES,
             "phase_names": live_figs.PHASE_NAMES,
             "trace_ranks": view.trace_ranks,

@@ -52,10 +52,11 @@ def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep, princi
     """Resolve a job spec, store it as `queued` and hand it to a worker (503 if the queue is unreachable).
 
     Refused (422, naming the field and the limit) above any of this server's ceilings, or when the
-    predicted memory per rank is above what a rank may use."""
-    return run_read(
-        run_service.submit_run(session=session, settings=settings, spec=spec, source="api", user_id=principal.user_id, local=local)
-    )
+    predicted memory per rank is above what a rank may use. With `repeats` > 1 the job is queued
+    that many times as one repeat group: the answer is its first run, `repeat_run_ids` lists them all."""
+    runs = run_service.submit_runs(session=session, settings=settings, spec=spec, source="api", user_id=principal.user_id, local=local)
+    first = run_read(runs[0])
+    return first.model_copy(update={"repeat_run_ids": [r.id for r in runs]}) if len(runs) > 1 else first
 
 
 @router.get("", response_model=RunList)
