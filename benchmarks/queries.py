@@ -200,6 +200,7 @@ def copy_populate(url: str, n: int, *, inline: bool = False) -> list[str]:
 
     ids: list[str] = []
     engine = get_engine(url)
+    indexes = _drop_indexes(engine, ("runs", "run_results", "leaderboard_entries"))  # built once at the end, not row by row
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
@@ -228,7 +229,25 @@ def copy_populate(url: str, n: int, *, inline: bool = False) -> list[str]:
 
         leaderboard_store.rebuild(s)
         s.commit()
+    with engine.begin() as conn:
+        for definition in indexes:
+            conn.execute(text(definition))
     return ids
+
+
+def _drop_indexes(engine: Any, tables: tuple[str, ...]) -> list[str]:
+    """Drop the tables' plain indexes (not those behind a primary key or unique constraint); their definitions."""
+    with engine.begin() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ANY(:tables) "
+                "AND indexname NOT IN (SELECT conname FROM pg_constraint)"
+            ),
+            {"tables": list(tables)},
+        ).all()
+        for name, _ in rows:
+            conn.execute(text(f'DROP INDEX "{name}"'))
+    return [definition for _, definition in rows]
 
 
 def sizes(url: str, n: int) -> dict[str, float]:
@@ -305,6 +324,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="time only the cases whose name contains this")
     parser.add_argument("--inline", action="store_true", help="store documents whole (the layout before migration 0018)")
     parser.add_argument("--sizes-only", action="store_true", help="populate and report sizes; time nothing")
+    parser.add_argument("--from-json", type=Path, help="render (and write) the report of a saved --json run; time nothing")
     parser.add_argument("--document-bytes", action="store_true", help="only print one document's bytes before and after the split")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database (and reuse one with --runs runs)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -314,6 +334,14 @@ def main() -> None:
         print("| document | JSON text | before: whole jsonb row | after: light row | after: compressed parts | after: total |")
         print("|---|---:|---:|---:|---:|---:|")
         print("\n".join(document_bytes(args.url)))
+        return
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        args.runs = saved["runs"]
+        report = render(args, saved["cases"], populate_s=saved["populate_s"], per_run=saved["bytes_per_run"], loads=saved["load"])
+        print(report)
+        if not args.no_write:
+            write_section(f"Pages and APIs at {args.runs:,} runs", report)
         return
     admin_url, url = scratch(args.url, args.db)
     ids = populated(url, args.runs) if args.keep else None
