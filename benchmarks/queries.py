@@ -447,7 +447,9 @@ def render(
         (
             f"Every case is under the target (worst p95: {worst[0]}, {worst[1]['p95_ms']:.1f} ms)."
             if not over and worst
-            else f"Over the target: {', '.join(over)}."
+            else f"{len(over)} of {len(results)} cases over the target: {', '.join(over)}."
+            if len(over) <= 10
+            else f"{len(over)} of {len(results)} cases over the target."
         ),
         *([f"First pages over 200 ms: {', '.join(slow_first)}."] if slow_first else []),
         "",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, null, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -89,13 +89,16 @@ def with_parts(session: Session, documents: dict[str, dict[str, Any]], parts: Se
 
 def get_document(session: Session, run_id: str, *, omit: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, int]] | None:
     """A run's result document without the top-level keys in `omit`, and how many items each omitted
-    heavy part held (left out in the database: its bytes never leave it); None when the run has no result."""
+    heavy part held (its bytes never leave the database); None when the run has no result.
+    Two statements: the light document, then every part's size with the data of the wanted ones."""
     document = session.execute(select(RunResult.document).where(RunResult.run_id == run_id)).scalar_one_or_none()
     if document is None:
         return None
-    items = dict(session.execute(select(RunResultPart.part, RunResultPart.items).where(RunResultPart.run_id == run_id)).all())
-    wanted = [p for p in result_parts.PARTS if p in items and p not in omit]
-    document = with_parts(session, {run_id: document}, wanted)[run_id]
+    wanted = [p for p in result_parts.PARTS if p not in omit]
+    data = case((RunResultPart.part.in_(wanted), RunResultPart.data), else_=None) if wanted else null()
+    rows = session.execute(select(RunResultPart.part, RunResultPart.items, data).where(RunResultPart.run_id == run_id)).all()
+    document = result_parts.merge(document, [(part, packed) for part, _, packed in rows if packed is not None])
+    items = {part: n for part, n, _ in rows}
     lengths = {key: int(items.get(key) or len(document.get(key) or [])) for key in omit}
     return {k: v for k, v in document.items() if k not in omit}, lengths
 
