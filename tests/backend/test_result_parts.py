@@ -68,9 +68,25 @@ def test_the_migration_moves_a_populated_database_and_back_with_nothing_lost(scr
     with get_sessionmaker(scratch_url)() as s:  # what 0017 held: whole documents
         s.execute(
             insert(Run),
-            [{"id": i, "status": "succeeded", "source": "ci", "spec": {}, "strategy": d["strategy"]["name"], "world_size": d["strategy"]["world_size"], "model": "tiny", "created_at": now, "cancel_requested": False} for i, d in zip(ids, docs)],
+            [
+                {
+                    "id": i,
+                    "status": "succeeded",
+                    "source": "ci",
+                    "spec": {},
+                    "strategy": d["strategy"]["name"],
+                    "world_size": d["strategy"]["world_size"],
+                    "model": "tiny",
+                    "created_at": now,
+                    "cancel_requested": False,
+                }
+                for i, d in zip(ids, docs, strict=True)
+            ],
         )
-        s.execute(insert(RunResult), [{"run_id": i, "schema_version": 1, "document": d, "created_at": now} for i, d in zip(ids, docs)])
+        s.execute(
+            insert(RunResult),
+            [{"run_id": i, "schema_version": 1, "document": d, "created_at": now} for i, d in zip(ids, docs, strict=True)],
+        )
         s.commit()
     before = _stored(scratch_url)
 
