@@ -20,8 +20,10 @@ import sys
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import make_url
@@ -32,12 +34,14 @@ sys.path.insert(0, str(REPO))
 from backend.config import Settings, get_settings  # noqa: E402
 from backend.db import get_sessionmaker  # noqa: E402
 from backend.migrate import upgrade  # noqa: E402
-from backend.models import Run, RunResult  # noqa: E402
+from backend.models import Run, RunResult, RunResultPart  # noqa: E402
 from backend.services import compare as compare_service  # noqa: E402
 from backend.services import leaderboard as leaderboard_service  # noqa: E402
 from backend.services.ingest import hardware_key, shape_key, workload_key  # noqa: E402
 from backend.services.recipes import recipe_columns  # noqa: E402
 from backend.store import leaderboard as leaderboard_store  # noqa: E402
+from backend.store import result_parts  # noqa: E402
+from backend.store import runs as runs_store  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
 from tests.ui.factories import make_document  # noqa: E402
 
@@ -75,25 +79,29 @@ def recreate(admin_url: str, drop_only: bool = False, name: str = SCRATCH_DB) ->
     engine.dispose()
 
 
-def populate(url: str, n: int) -> list[str]:
-    """Insert n finished runs (summary columns + result documents) in batched inserts; return their ids."""
+def generate(n: int, *, inline: bool = False) -> Iterator[tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]]:
+    """n finished runs, one at a time: (runs row, run_results row, run_result_parts rows), the
+    document stored as ingest stores it (its heavy parts apart, compressed) — or, `inline`, whole
+    in run_results as before migration 0018 (to measure what the split saves). Deterministic (seed 0)."""
     rng = random.Random(0)
     templates = {}
     for strategy, sizes in STRATEGIES:
         for size in sizes:
             doc = make_document(strategy=strategy, world_size=size, tokens_per_s=1.0, steps=10).model_dump(mode="json")
-            templates[(strategy, size)] = doc
+            light, parts = (doc, {}) if inline else result_parts.split(doc)
+            templates[(strategy, size)] = (doc, light, parts)  # heavy parts packed once per template
     models = [("tiny", None), ("tiny", 128), ("small", None), ("small", 256), ("small", 512)]
     precisions = ["fp32", "fp32", "bf16"]
     recipes: dict[tuple[str, int, str, int | None, str], dict] = {}
+    shared: dict[tuple[str, int, str, int | None, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+    documents: dict[tuple[tuple[str, int, str, int | None, str], int], dict[str, Any]] = {}
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    runs, results = [], []
     for i in range(n):
         strategy, sizes = rng.choice(STRATEGIES)
         size = rng.choice(sizes)
         model, seq = rng.choice(models)
         hw = rng.choice(HARDWARE)
-        doc = templates[(strategy, size)]
+        doc, light, parts = templates[(strategy, size)]
         workload = {**doc["workload"], "model": model}
         if seq:
             workload["seq_len"] = seq
@@ -102,48 +110,71 @@ def populate(url: str, n: int) -> list[str]:
         recipe_key = (strategy, size, model, seq, precision)
         if recipe_key not in recipes:
             recipes[recipe_key] = recipe_columns(workload, doc["strategy"])
+            shared[recipe_key] = (workload, {"workload": workload, "strategy": doc["strategy"], "trace": False})
+        # one workload, spec and document object per distinct value (a bulk writer serializes each once)
+        workload, spec = shared[recipe_key]
+        hw_index = HARDWARE.index(hw)
+        if (recipe_key, hw_index) not in documents:
+            documents[(recipe_key, hw_index)] = {**light, "workload": workload, "hardware": hw}
         tps = rng.uniform(5e3, 5e5) * size**0.85
         run_id = uuid.uuid4().hex
-        runs.append(
-            {
-                "id": run_id,
-                "name": f"bench {i}",
-                "status": "succeeded",
-                "source": rng.choice(["form", "api", "ci", "ci"]),
-                "spec": {"workload": workload, "strategy": doc["strategy"], "trace": False},
-                "created_at": start + timedelta(minutes=i),
-                "finished_at": start + timedelta(minutes=i + 1),
-                "cancel_requested": False,
-                "strategy": strategy,
-                "world_size": size,
-                "model": model,
-                "workload_key": workload_key(workload),
-                "shape_key": shape_key(workload),
-                **recipes[recipe_key],
-                "hardware_key": hardware_key(hw),
-                "branch": rng.choice(["main", "main", "perf/overlap", None]),
-                "commit": f"{rng.getrandbits(40):010x}",
-                "tokens_per_s": tps,
-                "step_time_median_s": 8 * 64 / tps,
-                "mfu": rng.uniform(0.2, 0.5) if hw["device"] == "cuda" else None,
-                "peak_allocated_bytes_max": rng.randint(1 << 26, 1 << 34),
-                "comm_time_fraction": rng.uniform(0, 0.4),
-                "exposed_comm_fraction": rng.uniform(0, 0.2) if size > 1 else None,
-                "loss_max_rel_diff": rng.uniform(0, 1e-3),
-            }
-        )
-        results.append({"run_id": run_id, "schema_version": 1, "document": {**doc, "workload": workload, "hardware": hw}})
+        run = {
+            "id": run_id,
+            "name": f"bench {i}",
+            "status": "succeeded",
+            "source": rng.choice(["form", "api", "ci", "ci"]),
+            "spec": spec,
+            "created_at": start + timedelta(minutes=i),
+            "finished_at": start + timedelta(minutes=i + 1),
+            "cancel_requested": False,
+            "strategy": strategy,
+            "world_size": size,
+            "model": model,
+            "workload_key": workload_key(workload),
+            "shape_key": shape_key(workload),
+            **recipes[recipe_key],
+            "hardware_key": hardware_key(hw),
+            "branch": rng.choice(["main", "main", "perf/overlap", None]),
+            "commit": f"{rng.getrandbits(40):010x}",
+            "tokens_per_s": tps,
+            "step_time_median_s": 8 * 64 / tps,
+            "mfu": rng.uniform(0.2, 0.5) if hw["device"] == "cuda" else None,
+            "peak_allocated_bytes_max": rng.randint(1 << 26, 1 << 34),
+            "comm_time_fraction": rng.uniform(0, 0.4),
+            "exposed_comm_fraction": rng.uniform(0, 0.2) if size > 1 else None,
+            "loss_max_rel_diff": rng.uniform(0, 1e-3),
+        }
+        result = {"run_id": run_id, "schema_version": 1, "document": documents[(recipe_key, hw_index)], "created_at": run["finished_at"]}
+        yield run, result, runs_store.part_rows(run_id, parts)
+
+
+def populate(url: str, n: int) -> list[str]:
+    """Insert n finished runs (summary columns + result documents) in batched inserts; return their ids."""
+    ids: list[str] = []
     sm = get_sessionmaker(url)
     with sm() as s:
-        for lo in range(0, n, 2000):
-            s.execute(insert(Run), runs[lo : lo + 2000])
-            s.execute(insert(RunResult), results[lo : lo + 2000])
+        batch: list[tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]] = []
+        for row in generate(n):
+            batch.append(row)
+            if len(batch) == 2000:
+                _insert(s, batch)
+                ids += [run["id"] for run, _, _ in batch]
+                batch = []
+        if batch:
+            _insert(s, batch)
+            ids += [run["id"] for run, _, _ in batch]
         # raw inserts bypass ingest: fill the leaderboard's maintained table the way the migration backfills it
         leaderboard_store.rebuild(s)
         s.commit()
         s.execute(text("ANALYZE"))
         s.commit()
-    return [r["id"] for r in runs]
+    return ids
+
+
+def _insert(session: Any, batch: list[tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]]) -> None:
+    session.execute(insert(Run), [run for run, _, _ in batch])
+    session.execute(insert(RunResult), [result for _, result, _ in batch])
+    session.execute(insert(RunResultPart), [part for _, _, parts in batch for part in parts])
 
 
 def timed(fn, repeat: int) -> float:

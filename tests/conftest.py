@@ -33,6 +33,7 @@ TABLES = (
     "comm_metrics",
     "rank_metrics",
     "run_traces",
+    "run_result_parts",
     "run_results",
     "hardware_profiles",
     "runs",

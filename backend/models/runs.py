@@ -2,7 +2,8 @@
 
 The columns that list pages and the leaderboard sort and filter on (tokens/s, peak memory,
 MFU, workload key, hardware key) are denormalised onto `runs` and indexed — MLflow's
-`latest_metrics` lesson. The whole document is kept as JSON in `run_results`.
+`latest_metrics` lesson. The document is kept as JSON in `run_results`, its heavy parts
+(timeline, per-step arrays) compressed in `run_result_parts`.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class RunResult(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="result")
+
+
+class RunResultPart(Base):
+    """A heavy part of a result document (its timeline, a per-step array of every rank), taken out
+    of `run_results.document` and stored compressed (`backend.store.result_parts`): the pages that
+    show a summary never read it."""
+
+    __tablename__ = "run_result_parts"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    part: Mapped[str] = mapped_column(String(32), primary_key=True, doc="the document key it came from")
+    items: Mapped[int] = mapped_column(Integer, doc="how many items it holds (events, or steps over every rank)")
+    data: Mapped[bytes] = mapped_column(LargeBinary, doc="its JSON, zlib-compressed")
 
 
 class RankMetric(Base):

@@ -237,6 +237,15 @@ def _dim(run: Run, name: str | None) -> str:
     return "—" if value is None else str(value)
 
 
+def _documents(session: Session, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The runs' light documents (summary, ranks' scalars, loss, prediction: what the table and the
+    charts draw), never their timelines; each rank's step times only for the runs whose step-time
+    chart falls back on them (a rank without `step_time_breakdown`)."""
+    docs = store.get_documents(session, run_ids, parts=())
+    fallback = {i: d for i, d in docs.items() if any(not (r or {}).get("step_time_breakdown") for r in d.get("ranks") or [])}
+    return {**docs, **store.with_parts(session, fallback, ["step_times_s"])}
+
+
 def compare(
     *,
     session: Session,
@@ -260,7 +269,7 @@ def compare(
     if group_by:
         kept.sort(key=lambda r: _dim(r, group_by))
     runs = kept
-    docs = store.get_documents(session, [r.id for r in runs if r.status == "succeeded"])
+    docs = _documents(session, [r.id for r in runs if r.status == "succeeded"])
     compared = [ComparedRun(run=r, document=docs.get(r.id)) for r in runs]
     found = {r.id for r in runs}
     baseline = next((i for i, r in enumerate(compared) if r.id == baseline_id), 0)

@@ -10,13 +10,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ColumnElement, delete, func, insert, literal, select, type_coerce, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import case, delete, func, insert, null, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from backend.models import CommMetric, RankMetric, Run, RunResult, RunTrace, utcnow
-from backend.store import leaderboard
+from backend.models import CommMetric, RankMetric, Run, RunResult, RunResultPart, RunTrace, utcnow
+from backend.store import leaderboard, result_parts
 
 
 def add_run(session: Session, run: Run) -> Run:
@@ -66,51 +65,49 @@ def get_runs(session: Session, run_ids: Sequence[str]) -> list[Run]:
     return [rows[i] for i in run_ids if i in rows]
 
 
-def get_documents(session: Session, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def get_documents(session: Session, run_ids: Sequence[str], *, parts: Sequence[str] = result_parts.PARTS) -> dict[str, dict[str, Any]]:
+    """The result documents of these runs, with only the heavy `parts` (result_parts.PARTS) put
+    back: `parts=()` reads the light documents alone."""
     rows = session.execute(select(RunResult.run_id, RunResult.document).where(RunResult.run_id.in_(list(run_ids))))
-    return {run_id: doc for run_id, doc in rows}
+    docs = {run_id: doc for run_id, doc in rows}
+    return with_parts(session, docs, parts) if parts else docs
 
 
-def _postgres(session: Session) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
-
-
-def _without(session: Session, keys: Sequence[str]) -> ColumnElement[Any]:
-    """The document with top-level `keys` removed in the database (their bytes never leave it)."""
-    doc: ColumnElement[Any] = RunResult.document.expression
-    if not keys:
-        return doc
-    if _postgres(session):
-        for key in keys:
-            doc = doc.op("-")(literal(key))
-        return type_coerce(doc, JSONB)
-    return type_coerce(func.json_remove(RunResult.document, *(f"$.{key}" for key in keys)), JSON)
-
-
-def _array_length(session: Session, key: str) -> ColumnElement[Any]:
-    """How many items the document's top-level array `key` holds (NULL when it has none)."""
-    if _postgres(session):
-        return func.jsonb_array_length(RunResult.document.op("->")(literal(key)))
-    return func.json_array_length(RunResult.document, f"$.{key}")
+def with_parts(session: Session, documents: dict[str, dict[str, Any]], parts: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """These (light) documents with their stored heavy `parts` put back (a document without a
+    stored part is left as it is)."""
+    if not documents or not parts:
+        return documents
+    query = select(RunResultPart.run_id, RunResultPart.part, RunResultPart.data).where(
+        RunResultPart.run_id.in_(list(documents)), RunResultPart.part.in_(list(parts))
+    )
+    found: dict[str, list[tuple[str, bytes]]] = {}
+    for run_id, part, data in session.execute(query):
+        found.setdefault(run_id, []).append((part, data))
+    return {run_id: result_parts.merge(doc, found[run_id]) if run_id in found else doc for run_id, doc in documents.items()}
 
 
 def get_document(session: Session, run_id: str, *, omit: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, int]] | None:
     """A run's result document without the top-level keys in `omit`, and how many items each omitted
-    array held; None when the run has no result."""
-    lengths = [_array_length(session, key) for key in omit]
-    row = session.execute(select(_without(session, omit), *lengths).where(RunResult.run_id == run_id)).one_or_none()
-    if row is None:
+    heavy part held (its bytes never leave the database); None when the run has no result.
+    Two statements: the light document, then every part's size with the data of the wanted ones."""
+    document = session.execute(select(RunResult.document).where(RunResult.run_id == run_id)).scalar_one_or_none()
+    if document is None:
         return None
-    return row[0], {key: int(n or 0) for key, n in zip(omit, row[1:], strict=True)}
+    wanted = [p for p in result_parts.PARTS if p not in omit]
+    data = case((RunResultPart.part.in_(wanted), RunResultPart.data), else_=None) if wanted else null()
+    rows = session.execute(select(RunResultPart.part, RunResultPart.items, data).where(RunResultPart.run_id == run_id)).all()
+    document = result_parts.merge(document, [(part, packed) for part, _, packed in rows if packed is not None])
+    items = {part: n for part, n, _ in rows}
+    lengths = {key: int(items.get(key) or len(document.get(key) or [])) for key in omit}
+    return {k: v for k, v in document.items() if k not in omit}, lengths
 
 
 def get_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """Only the `timeline` array of a run's result document (empty without one)."""
-    if _postgres(session):
-        column = type_coerce(RunResult.document.op("->")(literal("timeline")), JSONB)
-    else:
-        column = type_coerce(func.json_extract(RunResult.document, "$.timeline"), JSON)
-    return session.execute(select(column).where(RunResult.run_id == run_id)).scalar_one_or_none() or []
+    """Only the `timeline` of a run's result document (empty without one)."""
+    query = select(RunResultPart.data).where(RunResultPart.run_id == run_id, RunResultPart.part == "timeline")
+    data = session.execute(query).scalar_one_or_none()
+    return result_parts.unpack(data) if data is not None else []
 
 
 def set_status(session: Session, run: Run, status: str, *, error: str | None = None) -> None:
@@ -145,16 +142,25 @@ def store_result(
     """The result document and its rows — one batched insert per table, caller's transaction."""
     for key, value in summary_columns.items():
         setattr(run, key, value)
-    result = RunResult(run_id=run.id, schema_version=document["schema_version"], document=document)
+    light, parts = result_parts.split(document)
+    result = RunResult(run_id=run.id, schema_version=document["schema_version"], document=light)
     session.add(result)
     session.flush()
+    set_committed_value(result, "document", document)  # the whole document in memory, its heavy parts stored apart
     set_committed_value(run, "result", result)  # `run.result` without reading the document back
+    if parts:
+        session.execute(insert(RunResultPart), part_rows(run.id, parts))
     if rank_rows:
         session.execute(insert(RankMetric), [{"run_id": run.id, **row} for row in rank_rows])
     if comm_rows:
         session.execute(insert(CommMetric), [{"run_id": run.id, **row} for row in comm_rows])
     if traces:
         session.execute(insert(RunTrace), [{"run_id": run.id, "rank": r, "data": data} for r, data in traces.items()])
+
+
+def part_rows(run_id: str, parts: dict[str, result_parts.Part]) -> list[dict[str, Any]]:
+    """The `run_result_parts` rows of one document's heavy parts (as `result_parts.split` gave them)."""
+    return [{"run_id": run_id, "part": key, "items": items, "data": data} for key, (items, data) in parts.items()]
 
 
 def get_trace(session: Session, run_id: str, rank: int) -> bytes | None:
