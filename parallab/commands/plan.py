@@ -7,8 +7,9 @@ lists every strategy and degree (dp × tp × pp × cp × ep), micro-batching, re
 precision that fits, fastest predicted first, with its memory per rank, step time and tokens/s,
 and says why each of the others does not fit (`parallab.core.planner`; docs/planner.md).
 
-Pure arithmetic over the config; nothing runs, no torch — except `--dry-run`, which runs the real
-rank code of the job's layout at its world size under a fake process group (`parallab.commands.dryrun`). Planning is for any cluster, so neither
+Pure arithmetic over the config; nothing runs, no torch — except `--dry-run`, which runs the
+real rank code of the job's layout at its world size under a fake process group
+(`parallab.commands.dryrun`). Planning is for any cluster, so neither
 the world size nor the steps have a limit here. `--pool` plans on a pool's calibrated hardware
 (read from this deployment's database).
 """
@@ -63,7 +64,7 @@ def plan(
     show_all: Annotated[bool, typer.Option("--all", help="Ranking: list every rejected configuration, not a summary.")] = False,
     layout: Annotated[
         str | None,
-        typer.Option("--layout", help="A layout of degrees, e.g. pp=2,dp_shard=2,tp=2; the world size defaults to their product."),
+        typer.Option("--layout", help="A layout of degrees, e.g. pp=2,dp_shard=2,tp=2; world size: their product."),
     ] = None,
     dry_run: Annotated[
         bool,
