@@ -88,6 +88,8 @@ class RankRun:
     calls: list[Call] | None
     """Every collective of the step (None: the step was not run)."""
     seconds: float
+    stage: int | None = None
+    """Its pipeline stage (None without a pipeline)."""
 
     def comm(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(dim, op) → (bytes, calls) of the step."""
@@ -275,10 +277,10 @@ def run_rank(job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> RankRun:
                 )
             calls, optimizer = recorder.calls, result.optimizer
         state = measure.model_state_bytes(applied.model, optimizer)
-        stage = coordinates.get("pp", 0)
+        stage = ctx.mesh_dim("pp").get_local_rank() if layout.pp > 1 else None
         per_stage = predicted.get("model_state_bytes_per_stage")
-        expected = per_stage[stage] if per_stage else predicted["model_state_bytes_per_rank"]
-        return RankRun(rank, coordinates, state.model_dump(), dict(expected), calls, time.perf_counter() - start)
+        expected = per_stage[stage] if per_stage and stage is not None else predicted["model_state_bytes_per_rank"]
+        return RankRun(rank, coordinates, state.model_dump(), dict(expected), calls, time.perf_counter() - start, stage)
     finally:
         dist.destroy_process_group()
 
@@ -352,10 +354,10 @@ def state_gaps(ranks: list[RankRun]) -> list[Gap]:
     the busiest rank's: FSDP's last shard may be smaller). Gradients and AdamW's state exist only
     after a step."""
     out = []
-    for stage in sorted({r.coordinates.get("pp", 0) for r in ranks}):
-        group = [r for r in ranks if r.coordinates.get("pp", 0) == stage]
+    for stage in sorted({r.stage or 0 for r in ranks}):
+        group = [r for r in ranks if (r.stage or 0) == stage]
         stepped = all(r.calls is not None for r in group)
-        where = f"stage {stage} " if any("pp" in r.coordinates for r in group) else ""
+        where = f"stage {stage} " if group[0].stage is not None else ""
         for part in ("params", "grads", "optimizer") if stepped else ("params",):
             busiest = max(group, key=lambda r: r.state[part])
             out.append(
