@@ -32,7 +32,8 @@ import multiprocessing
 import time
 import traceback
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -90,6 +91,8 @@ class RankRun:
     seconds: float
     stage: int | None = None
     """Its pipeline stage (None without a pipeline)."""
+    sent: object | None = None
+    """The shape metadata its stage sent the next one (the pipeline's handshake)."""
 
     def comm(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(dim, op) → (bytes, calls) of the step."""
@@ -228,6 +231,43 @@ class _DimRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+@contextmanager
+def answered_handshake(received: object | None, sent: list[object]) -> Iterator[None]:
+    """The pipeline's shape handshake answered on the peers' behalf (torch 2.13's private
+    `torch.distributed.pipelining` methods, patched for the dry run only). Before its first
+    micro-batch each stage votes on static or dynamic shapes and, when dynamic, receives its
+    input's metadata from the previous stage and its output gradients' from the next — P2P of
+    values a process group that moves no data cannot deliver. Here the vote is dynamic, the
+    forward metadata is `received` (what the previous stage's dry run sent, recorded in `sent`),
+    and the output gradients' metadata is derived from this stage's own outputs (a gradient has
+    its tensor's shape and dtype), exactly what the next stage would send."""
+    from torch.distributed.pipelining import _utils, schedules, stage
+
+    def vote(self: object, stages: list[stage.PipelineStage], has_backward: bool, p2p_done: bool) -> None:
+        for s in stages:
+            s._inference_mode = _utils.InferenceMode.DYNAMIC
+
+    def recv_meta(self: stage.PipelineStage, src_stage: int) -> object:
+        if src_stage < self.stage_index:
+            return received
+        outputs = self._stage_meta.outputs
+        assert outputs is not None, "forward inference ran first"
+        return _utils._StageBackwardMeta(backward_metas=_utils._derive_grad_metas(outputs))
+
+    def send_meta(self: stage.PipelineStage, meta: object, dst_stage: int) -> None:
+        if dst_stage > self.stage_index:
+            sent.append(meta)
+
+    saved = (schedules._PipelineSchedule._warmup_p2p, stage.PipelineStage._recv_meta, stage.PipelineStage._send_meta)
+    schedules._PipelineSchedule._warmup_p2p = vote  # type: ignore[method-assign,assignment]
+    stage.PipelineStage._recv_meta = recv_meta  # type: ignore[method-assign]
+    stage.PipelineStage._send_meta = send_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p, stage.PipelineStage._recv_meta, stage.PipelineStage._send_meta = saved  # type: ignore[method-assign]
+
+
 def _dims_of(mesh: DeviceMesh | None) -> dict[frozenset[int], str]:
     if mesh is None:
         return {}
@@ -235,7 +275,7 @@ def _dims_of(mesh: DeviceMesh | None) -> dict[frozenset[int], str]:
     return {frozenset(dist.get_process_group_ranks(mesh[n].get_group() if mesh.ndim > 1 else mesh.get_group())): n for n in names}
 
 
-def run_rank(job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> RankRun:
+def run_rank(job: ResolvedJob, rank: int, predicted: dict[str, Any], received: object | None = None) -> RankRun:
     """Rank `rank` of `job` (a `layout` job) on the fake process group: build, apply, one step."""
     start = time.perf_counter()
     layout = job.layout
@@ -267,31 +307,38 @@ def run_rank(job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> RankRun:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TP's plan names the head a non-last stage dropped
             applied = strategy.apply(model, ctx, job.options)
-        calls = None
-        optimizer = None
-        if layout.pp == 1:
-            recorder = _DimRecorder(_dims_of(mesh))
-            with fake, recorder:
-                result = loop.train(
-                    applied=applied, strategy=strategy, options=job.options, ctx=ctx, job=job, progress=loop.Progress(None, False)
-                )
-            calls, optimizer = recorder.calls, result.optimizer
+        recorder = _DimRecorder(_dims_of(mesh))
+        sent: list[object] = []
+
+        def step() -> torch.optim.Optimizer:
+            return loop.train(
+                applied=applied, strategy=strategy, options=job.options, ctx=ctx, job=job, progress=loop.Progress(None, False)
+            ).optimizer
+
+        with fake, answered_handshake(received, sent):
+            if layout.pp > 1:
+                step()  # the schedule's first step infers shapes (forward and backward): a warm-up, as on the ranks
+            with recorder:
+                optimizer = step()
+        calls = recorder.calls
         state = measure.model_state_bytes(applied.model, optimizer)
         stage = ctx.mesh_dim("pp").get_local_rank() if layout.pp > 1 else None
         per_stage = predicted.get("model_state_bytes_per_stage")
         expected = per_stage[stage] if per_stage and stage is not None else predicted["model_state_bytes_per_rank"]
-        return RankRun(rank, coordinates, state.model_dump(), dict(expected), calls, time.perf_counter() - start, stage)
+        run = RankRun(rank, coordinates, state.model_dump(), dict(expected), calls, time.perf_counter() - start, stage)
+        run.sent = sent[0] if sent else None
+        return run
     finally:
         dist.destroy_process_group()
 
 
-def run_forked(job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> RankRun:
+def run_forked(job: ResolvedJob, rank: int, predicted: dict[str, Any], received: object | None = None) -> RankRun:
     """`run_rank` in a forked child: each rank needs a fresh process group, and the meshes and
     DTensor placements of the last one outlive `destroy_process_group` in torch's caches. A fork
     shares the imports already made (seconds of torch), so a rank costs its own work only."""
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, job, rank, predicted), daemon=True)
+    child = context.Process(target=_child, args=(send, job, rank, predicted, received), daemon=True)
     child.start()
     send.close()
     try:
@@ -305,9 +352,9 @@ def run_forked(job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> RankRu
     return value
 
 
-def _child(send: Connection, job: ResolvedJob, rank: int, predicted: dict[str, Any]) -> None:
+def _child(send: Connection, job: ResolvedJob, rank: int, predicted: dict[str, Any], received: object | None) -> None:
     try:
-        send.send((True, run_rank(job, rank, predicted)))
+        send.send((True, run_rank(job, rank, predicted, received)))
     except BaseException:  # noqa: BLE001 — the parent reports it
         send.send((False, f"rank {rank}: {traceback.format_exc()}"))
     finally:
@@ -333,18 +380,18 @@ def dry_run(job: ResolvedJob, *, ranks: Sequence[int] | None = None) -> DryRun:
     assert layout is not None
     predicted = predict(job)
     out = DryRun(job=job, layout=layout, mesh=[(d.name, d.size) for d in job.mesh])
-    for rank in ranks if ranks is not None else ranks_to_run(layout, job.world_size):
+    per_stage = layout.inner("pp")
+    sent: dict[int, object] = {}  # stage → the shape metadata it sent on (ranks run in stage order)
+    for rank in sorted(ranks if ranks is not None else ranks_to_run(layout, job.world_size)):
         if not 0 <= rank < job.world_size:
             raise DryRunRefused(f"rank {rank} is not in a world of {job.world_size}")
-        out.ranks.append(run_forked(job, rank, predicted))
-    out.gaps += state_gaps(out.ranks)
-    if layout.pp > 1:
-        out.note = (
-            "pipeline: model state measured on every stage; the step is not run (torch.distributed.pipelining's "
-            "shape handshake needs peers that answer)"
-        )
-    else:
-        out.gaps += comm_gaps(job, layout, out.ranks)
+        stage = rank // per_stage
+        # every stage before the last sends the same residual-stream metadata on: the latest one does
+        run = run_forked(job, rank, predicted, sent[max(sent)] if sent else None)
+        if run.sent is not None:
+            sent[stage] = run.sent
+        out.ranks.append(run)
+    out.gaps += state_gaps(out.ranks) + comm_gaps(job, layout, out.ranks)
     out.seconds = time.perf_counter() - start
     return out
 

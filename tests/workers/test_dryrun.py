@@ -24,33 +24,29 @@ def job(world_size: int, layers: int = 8, **degrees: int) -> ResolvedJob:
 
 @pytest.fixture(scope="module")
 def three_d():
-    return dry_run(job(512, pp=8, tp=8, dp_shard=8))
-
-
-@pytest.fixture(scope="module")
-def tp_fsdp():
-    return dry_run(job(512, layers=2, tp=8, dp_shard=64))  # two blocks: the step's cost is per block
+    """The first stage, a middle one (the busiest pipeline P2P: both ways) and the world's last rank."""
+    return dry_run(job(512, pp=8, tp=8, dp_shard=8), ranks=[0, 64, 511])
 
 
 def test_a_405b_shaped_layout_builds_at_world_512_in_torchtitans_order(three_d):
     assert three_d.mesh == [("pp", 8), ("dp_shard", 8), ("tp", 8)]
-    assert [r.coordinates["pp"] for r in three_d.ranks] == [0, 1, 2, 3, 4, 5, 6, 7, 7]
+    assert [r.coordinates["pp"] for r in three_d.ranks] == [0, 1, 7]
     assert three_d.ranks[-1].rank == 511 and three_d.ranks[-1].coordinates == {"pp": 7, "dp_shard": 7, "tp": 7}
     # every stage's parameters as the planner predicts them: the embedding on the first, the head on the last
     assert three_d.passed, three_d.as_dict()["checks"]
     params = [g for g in three_d.gaps if "params" in g.what]
-    assert len(params) == 8 and all(g.measured == g.predicted for g in params), params
-    assert params[0].measured != params[3].measured != params[7].measured
+    assert len(params) == 3 and all(g.measured == g.predicted for g in params), params
+    assert params[0].measured != params[1].measured != params[2].measured
 
 
-def test_every_dimension_issues_the_collectives_the_planner_predicts(tp_fsdp):
-    checks = {g.what: g for g in tp_fsdp.gaps}
-    for name in ("tp all_reduce", "tp all_gather", "dp_shard all_gather", "dp_shard reduce_scatter"):
+def test_every_dimension_issues_the_collectives_the_planner_predicts(three_d):
+    """One real step of the 1F1B schedule with FSDP and TP inside each stage, at world 512."""
+    checks = {g.what: g for g in three_d.gaps}
+    for name in ("tp all_reduce", "tp all_gather", "dp_shard all_gather", "dp_shard reduce_scatter", "pp send", "pp recv"):
         gap = checks[f"{name} bytes per step"]
         assert gap.measured > 0 and gap.ok, gap
     assert not [w for w in checks if w.startswith(("world", "?"))], checks  # every call ran on one mesh dim's group
-    assert tp_fsdp.passed, tp_fsdp.as_dict()["checks"]
-    assert all(r.state["optimizer"] > 0 for r in tp_fsdp.ranks)  # one real AdamW step ran
+    assert all(r.state["optimizer"] > 0 for r in three_d.ranks)  # one real AdamW step ran
 
 
 def test_a_dry_run_of_a_layout_that_does_not_divide_the_heads_fails_on_the_ranks():
