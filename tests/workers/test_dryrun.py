@@ -17,8 +17,9 @@ from workers.dryrun import DryRunFailed, as_layout_job, dry_run, run_forked
 WORKLOAD = {"model": "small", "num_layers": 8, "num_heads": 8, "global_batch_size": 128, "precision": "bf16"}
 
 
-def job(world_size: int, layers: int = 8, **degrees: int) -> ResolvedJob:
-    spec = {"workload": {**WORKLOAD, "num_layers": layers}, "strategy": {"name": "layout", "world_size": world_size, "options": degrees}}
+def job(world_size: int, layers: int = 8, precision: str = "bf16", **degrees: int) -> ResolvedJob:
+    workload = {**WORKLOAD, "num_layers": layers, "precision": precision}
+    spec = {"workload": workload, "strategy": {"name": "layout", "world_size": world_size, "options": degrees}}
     return resolve_job(JobSpec.model_validate(spec), Limits())
 
 
@@ -61,3 +62,18 @@ def test_the_cli_refuses_a_wrong_layout_naming_the_dimension_and_the_numbers():
     result = CliRunner().invoke(app, ["plan", "--dry-run", "--layout", "tp=3,dp_shard=2", "--model", "small"])
     assert result.exit_code == 2, result.output
     assert "tp" in result.output and "3" in result.output and "heads" in result.output
+
+
+def test_a_composition_that_drops_a_dimensions_reduction_fails_the_dry_run(monkeypatch):
+    """dp_replicate beside tp averages the local gradient shards in one flat all-reduce of its own
+    (no DDP or FSDP to do it); drop it, and the dry run sees that dimension's bytes missing.
+    fp32: without FSDP a 16-bit recipe's TP all-reduces are partly fp32, which tp's formula does
+    not say yet (the dry run's finding, docs/layouts.md)."""
+    from workers.strategies import compose
+
+    replicated = job(4, layers=2, precision="fp32", dp_replicate=2, tp=2)
+    assert dry_run(replicated, ranks=[0]).passed
+    monkeypatch.setattr(compose, "flat_all_reduce_", lambda *args, **kwargs: None)  # the forked rank inherits it
+    broken = {g.what: g for g in dry_run(replicated, ranks=[0]).gaps}
+    gap = broken["dp_replicate all_reduce bytes per step"]
+    assert gap.measured == 0 < gap.predicted and not gap.ok, gap
