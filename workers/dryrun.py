@@ -18,12 +18,11 @@ prediction, and each dimension's bytes by op (the max over the ranks looked at) 
 dimension's `CommItem`s from `parallab.core.dims.compose`.
 
 The ranks looked at are one per pipeline stage plus the world's last rank: every other dim's ranks
-are symmetric (same shapes, same group sizes), and a stage is what differs. Under a pipeline the
-step is not run: `torch.distributed.pipelining` agrees on shapes with its peers over P2P before
-the first micro-batch (a vote and a metadata exchange), which a process group that moves no data
-cannot answer; model state is still measured on every stage, and the collectives are left to the
-small-scale runs (tests/workers/test_layouts.py). fp16 is dry-run as bf16 would be refused
-otherwise: its loss-scale check reads a value (`.item()`) that a fake tensor does not have.
+are symmetric (same shapes, same group sizes), and a stage is what differs. Each runs in a forked
+child (a fresh process group; the imports are shared). Under a pipeline the schedule's shape
+handshake with its peers is answered on their behalf (`answered_handshake`), and the step that
+does it is a warm-up before the recorded one. fp16 is refused: its loss-scale check reads a value
+(`.item()`) that a fake tensor does not have (bf16 moves the same bytes).
 """
 
 from __future__ import annotations
