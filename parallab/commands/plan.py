@@ -7,7 +7,9 @@ lists every strategy and degree (dp × tp × pp × cp × ep), micro-batching, re
 precision that fits, fastest predicted first, with its memory per rank, step time and tokens/s,
 and says why each of the others does not fit (`parallab.core.planner`; docs/planner.md).
 
-Pure arithmetic over the config; nothing runs, no torch. Planning is for any cluster, so neither
+Pure arithmetic over the config; nothing runs, no torch — except `--dry-run`, which runs the
+real rank code of the job's layout at its world size under a fake process group
+(`parallab.commands.dryrun`). Planning is for any cluster, so neither
 the world size nor the steps have a limit here. `--pool` plans on a pool's calibrated hardware
 (read from this deployment's database).
 """
@@ -22,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from parallab.commands.jobspec import fail, parse_options, resolve, spec_document, with_workload_flags
+from parallab.commands.jobspec import fail, layout_flags, parse_options, resolve, spec_document, with_workload_flags
 from parallab.core.costs import precision_recipe
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
@@ -60,11 +62,28 @@ def plan(
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Ranking: list this many of the configurations that fit.", min=1)] = 20,
     show_all: Annotated[bool, typer.Option("--all", help="Ranking: list every rejected configuration, not a summary.")] = False,
+    layout: Annotated[
+        str | None,
+        typer.Option("--layout", help="A layout of degrees, e.g. pp=2,dp_shard=2,tp=2; world size: their product."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Run the real rank code at the world size under a fake process group and check the prediction."),
+    ] = False,
     *,
     workload: dict[str, Any],
 ) -> None:
     """Predict one job (--strategy), or rank every configuration of the workload on a cluster (--device / --pool)."""
+    if layout is not None:
+        try:
+            options = parse_options(option or [])
+        except ValueError as exc:
+            fail(str(exc))
+        strategy, world_size, layout_options = layout_flags(layout, strategy=strategy, world_size=world_size, options=options)
+        option = [f"{k}={json.dumps(v)}" for k, v in layout_options.items()]
     if strategy is None:
+        if dry_run:
+            fail("--dry-run: give the job to run, with --strategy or --layout")
         _rank(workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size)(
             top=top, json_out=json_out, show_all=show_all
         )
@@ -78,6 +97,11 @@ def plan(
     job = resolve(doc, Limits())
     if not job.trains:
         fail(f"strategy.name: {strategy} trains nothing, so there is nothing to predict; plan one of {', '.join(TRAINING_STRATEGIES)}")
+    if dry_run:
+        from parallab.commands.dryrun import dry_run_command
+
+        dry_run_command(job, json_out=json_out)
+        return
     prediction = predict(job)
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))

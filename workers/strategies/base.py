@@ -70,6 +70,7 @@ class Applied:
 
 OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 A = TypeVar("A", bound=Applied)
+M = TypeVar("M", bound=nn.Module)
 
 
 class Strategy(ABC, Generic[OptionsT, A]):
@@ -107,6 +108,14 @@ class Strategy(ABC, Generic[OptionsT, A]):
 
     def progress_rank(self, ctx: RunContext, options: OptionsT) -> int:
         return 0
+
+
+def place(model: M, device: torch.device) -> M:
+    """`model` on `device`; left as it is when every parameter is there already — a dry run's
+    fake tensors (`workers.dryrun`) claim the device but cannot be moved (`Module.to` swaps them)."""
+    if any(p.device != device for p in model.parameters()):
+        model = model.to(device)
+    return model
 
 
 def flat_all_reduce_(tensors: list[torch.Tensor], group: dist.ProcessGroup, *, scale: float = 1.0) -> None:

@@ -41,7 +41,7 @@ from workers.harness.data import micro_batch
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies import ddp, fsdp, pipeline, tensor_parallel
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, place
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Composed(Strategy[Any, ComposedApplied]):
             stage, stages = _coordinate(ctx, "pp")
             per = model.cfg.num_layers // stages
             model = pipeline.split(model, stage=stage, stages=stages, layers=range(stage * per, (stage + 1) * per))
-        model = model.to(ctx.device)
+        model = place(model, ctx.device)
         if layout.tp > 1:
             tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=layout.sequence_parallel)
         trained: nn.Module = model

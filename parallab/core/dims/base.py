@@ -135,6 +135,15 @@ class Plan:
         return max(self.local_shapes(upto), key=lambda shapes: sum(numel(s) for s in shapes))
 
 
+def residual_stream_bytes(precision: str, *, fsdp: bool) -> int:
+    """Bytes per element of the residual stream, what crosses pipeline stages and TP's collectives
+    at block inputs. fp32 in every recipe — the embedding's fp32 weight starts it and autocast's
+    16-bit block outputs are added to it — except under FSDP with a 16-bit recipe, whose
+    param_dtype makes the embedding's output 16-bit (fp8 too: FSDP gathers the embedding in bf16),
+    and the residual adds stay so. Measured by the dry run (`workers.dryrun`)."""
+    return 2 if fsdp and precision != "fp32" else 4
+
+
 def on_stage(t: Tensor, stage: int, layers: range, *, last: int, family: ModelFamily) -> bool:
     """Blocks by layer; a root tensor on the first stage or the last, as the model family puts it."""
     if t.layer is not None:

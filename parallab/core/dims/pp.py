@@ -2,7 +2,8 @@
 
 Stage s keeps blocks [s·L/p, (s+1)·L/p), the first stage the embedding, the last the final norm
 and head (`Plan.stages`). Each accumulation micro-step is cut into `microbatches`; a middle stage
-sends every micro-batch's residual stream (fp32) on and its gradient back, and receives the same.
+sends every micro-batch's residual stream on and its gradient back, and receives the same
+(`residual_stream_bytes`: fp32, or 16-bit under FSDP with a 16-bit recipe).
 The bubble is (p−1)/(m+p−1); under 1F1B stage s holds p−s micro-batches in flight, m under GPipe.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible
+from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem
 
@@ -48,7 +49,8 @@ class Pipeline(Dimension):
         if lay.pp == 1:
             return []
         ways = 2 if lay.pp > 2 else 1
-        boundary = plan.tokens_per_replica * plan.model.hidden_size * 4 * ways
+        stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
+        boundary = plan.tokens_per_replica * plan.model.hidden_size * stream * ways
         calls = lay.microbatches * plan.job.accum_steps * ways
         stride = lay.inner("pp")
         return [CommItem(op, boundary, calls, 2, stride, overlap=1.0) for op in ("send", "recv")]

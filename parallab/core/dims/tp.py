@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from parallab.core.costs import Tensor, activation_dtype_bytes, tp_local
-from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible
+from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem
@@ -25,8 +25,9 @@ training step, one all-reduce of (b, s, h) after the attention and one after the
 block's input) — 4 all-reduces of b·s·h per layer."""
 
 
-def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool) -> dict[str, int]:
-    """Megatron TP per step, for `tokens` tokens (b·s) of `act`-byte activations.
+def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool, stream: int | None = None) -> dict[str, int]:
+    """Megatron TP per step, for `tokens` tokens (b·s) of `act`-byte activations, on a residual
+    stream of `stream` bytes per element (`residual_stream_bytes`; None: `act`).
 
     Without SP, per layer: Megatron's 4 all-reduces of b·s·h (`TP_ALL_REDUCES_PER_LAYER`) — the
     harness prepares each attention and MLP block's input once (PrepareModuleInput), so wq/wk/wv
@@ -40,13 +41,20 @@ def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool)
     (forward) and all-gathers that gradient (backward); the head all-gathers its input
     (reduce-scatter backward) and its logits. The norm weights' gradients (replicated weights on
     a sequence shard) get no collective in the harness, so none is counted.
+
+    Dtypes: the row-parallel outputs (forward) and their gradients (backward, under SP) are
+    autocast's `act`; what sits on the residual stream — block inputs and their gradients, the
+    embedding's output, the head's input — is `stream`. Per layer that is half of each.
     """
-    bsh = tokens * cfg.hidden_size * act
+    stream = act if stream is None else stream
+    bsh = tokens * cfg.hidden_size
     logits = tokens * cfg.vocab_size * act
     layers = cfg.num_layers
+    residual = (2 * layers + 2) * bsh * stream  # block inputs (2 per layer) and the two ends
+    outputs = 2 * layers * bsh * act  # the row-parallel outputs
     if not sequence_parallel:
-        return {"all_reduce": (TP_ALL_REDUCES_PER_LAYER * layers + 2) * bsh, "all_gather": logits}
-    return {"all_gather": (4 * layers + 2) * bsh + logits, "reduce_scatter": (4 * layers + 2) * bsh}
+        return {"all_reduce": outputs + residual, "all_gather": logits}
+    return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual}
 
 
 def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
@@ -109,9 +117,10 @@ class TensorParallel(Dimension):
         sp, model = lay.sequence_parallel, plan.model
         act = activation_dtype_bytes(plan.precision)
         stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
-        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp)
+        stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
+        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, stream=stream)
         if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding
-            bsh = plan.tokens_per_replica * model.hidden_size * act
+            bsh = plan.tokens_per_replica * model.hidden_size * stream
             comm["all_reduce"] -= bsh
         forwards = plan.job.accum_steps * lay.microbatches  # every pipeline micro-batch runs the stage's TP
         items = tp_items(comm, stage_model, micro_steps=forwards, sequence_parallel=sp, n=lay.tp)

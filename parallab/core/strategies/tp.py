@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
+from parallab.core.dims.base import residual_stream_bytes
 from parallab.core.dims.tp import shape_rules, tp_comm, tp_items
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
@@ -59,7 +60,8 @@ class TP(StrategyDescriptor[TPOptions]):
 
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         act = activation_dtype_bytes(job.workload.precision)
-        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=self.opts(job).sequence_parallel)
+        stream = residual_stream_bytes(job.workload.precision, fsdp=False)
+        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=self.opts(job).sequence_parallel, stream=stream)
 
     def comm_items(self, job: ResolvedJob) -> list[CommItem]:
         sp = self.opts(job).sequence_parallel
