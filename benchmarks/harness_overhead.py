@@ -73,6 +73,7 @@ def plain_rank(model_name: str, steps: int, out: Path) -> None:
         if step >= WARMUP:
             times.append(time.perf_counter() - start)
     (out / f"plain_{rank}.json").write_text(json.dumps(times))
+    dist.barrier()  # as the harness's ranks do: nobody tears the group down while a peer is still in it
     dist.destroy_process_group()
 
 
