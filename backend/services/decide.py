@@ -17,7 +17,7 @@ from typing import Any
 from backend.models import Run
 from parallab.core.noise import noisy_reasons
 from parallab.core.stats import Interval, median_interval
-from parallab.core.verdict import Verdict, VerdictError, run_shares, verdict
+from parallab.core.verdict import Verdict, VerdictError, interval_width, run_shares, verdict
 
 SCALING_NOTE = (
     "The parts come from the profiled steps' split (compute, exposed communication, idle), each part's share "
@@ -55,8 +55,7 @@ class Configuration:
     @property
     def width(self) -> float | None:
         """The step time's interval width over its median: how far apart the runs land."""
-        m = self.step_time
-        return (m.high - m.low) / m.estimate if m is not None and self.n > 1 and m.estimate else None
+        return interval_width(self.step_times_s)
 
 
 @dataclass
