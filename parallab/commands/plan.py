@@ -153,8 +153,12 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     )
     if activations.get("weight_copies"):
         table.add_row("  of which autocast's 16-bit weight copies", format_bytes(activations["weight_copies"]))
+    if prediction.get("backward_temporary_bytes_per_rank"):
+        table.add_row(
+            "the logits' gradient (backward, beside the activations)", format_bytes(prediction["backward_temporary_bytes_per_rank"])
+        )
     if activations:
-        table.add_row("  one layer, one micro-batch: this model", format_bytes(activations.get("per_layer_bytes")))
+        table.add_row("  one layer, one micro-batch, kept: this model", format_bytes(activations.get("per_layer_bytes")))
         table.add_row("  one layer, one micro-batch: Korthikanti's GPT", format_bytes(activations.get("paper_per_layer_bytes")))
     wire = prediction.get("wire_bytes_per_step") or {}
     for op, nbytes in (prediction.get("comm_bytes_per_step") or {}).items():

@@ -52,6 +52,16 @@ In the paper's notation, one bf16 layer keeps sbh(34 + 8f/h) + 4sbA bytes (+ the
 copies): the fp32 norms and the five input copies (16 + 10 = 26) and q, k, v, o (8) make 34,
 the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
 
+The paper's 34, term by term, for our block with a GELU MLP at f = 4h (GPT-3's shape) in bf16:
+attention 11 → 14 (q, k, v, o 8 as theirs; the input 2 → 6, one cast copy for each of wq, wk,
+wv; no dropout mask −1), MLP 19 → 18 (input 2, w1's output 8 and GELU's 8 as theirs, no mask
+−1), norms 4 → 16 (input and normalised value both fp32, 8 each): 48, plus 4A/h for the
+logsumexp where theirs has 5as/h. So our `none` already lacks what their selective mode
+recomputes, and Korthikanti's selective applied to this block (recompute the core attention)
+saves only the logsumexp: 4A/h of 48 + 4A/h, 0.07 % for GPT-3 175B, against their 80/114 = 70 %.
+Our `selective` is op level instead and keeps 22 of the 48 (the fp32 input 4; the outputs of wq,
+wk, wv, wo and w2, 2 each, and w1's, 8): it saves 54 % for that shape.
+
 - TP without SP splits q, k, v, o, the logsumexp, the MLP and the weight copies by t; the norms
   and the projection inputs stay replicated.
 - SP splits the norms too, not the projection inputs: torch's SequenceParallel all-gathers the
@@ -70,6 +80,14 @@ the SwiGLU 8f/h (≈ 21.3 at f = 8h/3), and no score term.
   s² scores, so recomputing it alone would save nothing.)
 - Full recomputation keeps each block's input, the fp32 residual stream (4h; 4h/t under SP),
   and one layer's full set for one micro-batch while it is recomputed.
+- The peak (`parallab.core.prediction`). Without recomputation it is the head's backward: every
+  block's full set and the head's tensors, with the logits' gradient beside them — made in
+  backward, a temporary, so it is not counted among the activations
+  (`backward_temporary_bytes_per_rank`; the memory fit adds it). Under recomputation it is the
+  larger of that moment and a block's recomputation, after the head's tensors are freed (every
+  kept set plus one block's full set less its own kept set), never both.
+- Not counted: the rotary tables (cos and sin, 4·head_dim bytes per position, shared by every
+  block: 4 KiB on `tiny`).
 - MoE layers replace the MLP terms: the router's input copy (autocast) and its fp32
   probabilities (4E) and top-k indices (8k), and per routed row (top_k rows per token, drops
   ignored) the expert input (fp32: 4h, shared by w1 and w3; autocast: 2ah), the SwiGLU terms

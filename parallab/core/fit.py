@@ -19,11 +19,13 @@ GIB = 1024**3
 
 
 def predicted_bytes_per_rank(job: ResolvedJob, prediction: dict[str, Any]) -> int:
-    """Memory one rank is predicted to need (0 when nothing is known)."""
+    """Memory one rank is predicted to need (0 when nothing is known): model state, activations and
+    the logits' gradient the peak holds beside them."""
     if isinstance(job.options, CollectivesOptions):
         return 2 * job.options.max_bytes  # the message and its output buffer (all_to_all, all_gather)
     state = prediction.get("model_state_bytes_per_rank") or {}
-    return int(sum(state.values())) + int(prediction.get("activation_bytes_per_rank") or 0)
+    activations = int(prediction.get("activation_bytes_per_rank") or 0)
+    return int(sum(state.values())) + activations + int(prediction.get("backward_temporary_bytes_per_rank") or 0)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,10 @@ the busbw factor of its own process group (hybrid: TP's ops over tp ranks, FSDP'
 Activations (`activation_bytes_per_rank`, the rank that holds the most): Korthikanti et al.
 2022's count, made for our model (`parallab.core.activations`: no dropout, flash-style SDPA,
 fp32 norms and residual, SwiGLU) per recomputation mode, × the micro-batches in flight, + the LM
-head where it lives. `activations` holds the parts and the paper's own per-layer figure beside.
+head where it lives, at the step's peak. `activations` holds the parts, one layer's kept bytes in
+the run's mode (`per_layer_bytes`) and the paper's own figure for the same layer and mode beside.
+The logits' gradient, made in backward, is a temporary: `backward_temporary_bytes_per_rank`,
+beside the activations (the memory fit adds it), not among them.
 """
 
 from __future__ import annotations
@@ -72,30 +75,39 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     per_token = per_token_bytes(terms, "none")
     kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
-    head = layout.head_tokens * kept_head + (layout.micro * head_grad if layout.head_tokens else 0)
-    if mode == "full":
-        kept = layout.tokens * checkpoint_input_bytes(
-            cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel, precision=wl.precision, params_16bit=p16
-        )
-        blocks = layout.layers * kept + layout.micro * per_token
+    head = layout.head_tokens * kept_head
+    # the logits' gradient is made in backward: a temporary beside the activations, not one of them
+    logits_gradient = layout.micro * head_grad if layout.head_tokens else 0
+    input_bytes = checkpoint_input_bytes(
+        cfg, tp=layout.tp, sequence_parallel=layout.sequence_parallel, precision=wl.precision, params_16bit=p16
+    )
+    if mode == "none":
+        kept_per_token = per_token
     elif mode == "selective":
-        # op level: every block's input and matmul outputs are kept; in backward a block's full set
-        # replaces its kept set while it is recomputed, after the head's tensors are freed — the
-        # peak is the larger of the two moments, not their sum
         kept_per_token = selective_kept_bytes(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
-        recomputing = layout.micro * max(per_token - kept_per_token, 0.0)
-        blocks = layout.layers * layout.tokens * kept_per_token + max(recomputing - head, 0.0)
     else:
-        blocks = layout.layers * layout.tokens * per_token
+        kept_per_token = input_bytes
+    kept = layout.layers * layout.tokens * kept_per_token
+    # Under recomputation the step's peak is one of two moments, never both: the head's backward
+    # (every block's kept set, the head's activations and the logits' gradient) or a block's
+    # recomputation after the head's tensors are freed (every kept set and that block's full set,
+    # less its own kept set). The activations at the peak are those of the larger moment.
+    recomputing = layout.micro * max(per_token - kept_per_token, 0.0) if mode != "none" else 0.0
+    at_head = recomputing <= head + logits_gradient
+    blocks = kept + (0.0 if at_head else recomputing)
+    head_at_peak, temporaries = (head, logits_gradient) if at_head else (0, 0)
     copies = layout.layers * weight_copy_bytes(cfg, wl.precision, tp=layout.tp, experts_local=layout.experts_local)
     copies = copies if layout.weight_copies else 0
     return {
         "rank": layout.name,
         "blocks": int(blocks),
         "weight_copies": int(copies),
-        "head": int(head),
-        "total": int(blocks + copies + head),
-        "per_layer_bytes": int(layout.micro * per_token),
+        "head": int(head_at_peak),
+        "total": int(blocks + copies + head_at_peak),
+        "logits_gradient": int(temporaries),
+        "per_layer_bytes": int(layout.micro * kept_per_token),
+        "recomputed_layer_bytes": int(layout.micro * per_token),
+        "peak_at": "head backward" if at_head else "a block's recomputation",
         "microbatches_in_flight": layout.tokens // max(layout.micro, 1),
         "layers": layout.layers,
     }
@@ -106,7 +118,7 @@ def activation_prediction(job: ResolvedJob) -> dict[str, Any]:
     figure for the same micro-batch (16-bit GPT with dropout and materialised scores)."""
     layouts = job.descriptor.activation_layouts(job)
     ranks = [layout_activations(job, layout) for layout in layouts]
-    most = max(range(len(ranks)), key=lambda i: ranks[i]["total"])
+    most = max(range(len(ranks)), key=lambda i: ranks[i]["total"] + ranks[i]["logits_gradient"])
     layout, cfg = layouts[most], job.model
     paper = korthikanti_layer_bytes(
         s=cfg.seq_len,
@@ -141,6 +153,7 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any
         "comm_bytes_per_step": job.descriptor.comm_bytes_per_step(job) if distributed else {},
         "wire_bytes_per_step": job.descriptor.wire_bytes_per_step(job) if distributed else {},
         "activation_bytes_per_rank": activations["total"],
+        "backward_temporary_bytes_per_rank": activations["logits_gradient"],
         "activations": activations,
         "bubble_fraction": job.descriptor.bubble_fraction(job),
         "flops_per_token": model_flops_per_token(job.model),

@@ -3,7 +3,7 @@
 
 Every strategy with the options its descriptor plans (`StrategyDescriptor.plan_grid`) × precision × recomputation × accumulation is
 resolved with `resolve_job` (its SpecErrors are a rejection's reasons), its memory per rank
-predicted (`prediction.predict`: model state + activations) against the device's usable memory,
+predicted (`prediction.predict`: model state + activations + the logits' gradient) against the device's usable memory,
 the device asked whether it can train in the precision (`hardware.precision_problem`), and its
 step time estimated (`planner.estimate_step_time`). Those that fit are listed fastest predicted
 first; the others with every reason.
@@ -53,6 +53,7 @@ class PlanRow:
     memory_per_rank_bytes: int | None = None
     model_state_bytes: int | None = None
     activation_bytes: int | None = None
+    """Activations at the peak and, when the peak is the head's backward, the logits' gradient."""
     step_time_s: float | None = None
     tokens_per_s: float | None = None
     estimate: dict[str, Any] | None = None
@@ -180,7 +181,8 @@ def evaluate(raw: dict[str, Any], hw: Hardware) -> PlanRow:
         row.reasons.append(f"workload.precision: {problem}")
     prediction = predict(job)
     state = sum(prediction["model_state_bytes_per_rank"].values())
-    activations = int(prediction.get("activation_bytes_per_rank") or 0)
+    # beyond the model state the peak holds the activations and, at the head's backward, the logits' gradient
+    activations = int(prediction.get("activation_bytes_per_rank") or 0) + int(prediction.get("backward_temporary_bytes_per_rank") or 0)
     row.model_state_bytes, row.activation_bytes, row.memory_per_rank_bytes = state, activations, state + activations
     budget = hw.memory_budget
     if state + activations > budget:

@@ -93,6 +93,17 @@ def test_a_training_result_carries_the_step_time_estimate(harness_job):
     assert estimate["step_s"] == pytest.approx(doc.prediction.step_time_s) and estimate["calibrated"] is False
 
 
+def test_the_default_ddp_run_has_no_activation_flag(harness_job):
+    """The default DDP run's activations (MemTracker at the step's peak) against the prediction,
+    which counts the activations alone — the logits' gradient, made in backward, beside them."""
+    doc, _ = harness_job("ddp", 2)
+    measured = max(r.memory_breakdown["activations"] for r in doc.ranks if r.memory_breakdown)
+    prediction = doc.model_dump()["prediction"]
+    assert measured == pytest.approx(prediction["activation_bytes_per_rank"], rel=0.10)
+    assert prediction["backward_temporary_bytes_per_rank"] > 0
+    assert not [f for f in doc.flags if f.metric == "activation_bytes_per_rank"]
+
+
 def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
     options = {
         "ops": ["all_reduce", "send_recv"],
