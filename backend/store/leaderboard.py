@@ -375,14 +375,13 @@ def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     """Each (strategy, world size[, recipe]) config as one row, ranked within its group by the
     median throughput of its runs (never the luckiest run), with n and the median's 95 % interval.
 
-    The figures come from the maintained cells when they answer the query (the default board:
-    ranked within the workload, no filter on the runs themselves), else from the runs the filters
-    keep, of which only a few per config are read (`_config_medians`). The row's other columns
+    The figures come from the maintained cells when they answer the filters (no filter on the
+    runs themselves: source, branch, user, checks), else from the runs the filters keep, of which
+    only a few per config are read (`_config_medians`). The row's other columns
     are the run at the median's. Configs are a few hundred: they are ranked, sorted and paged
     here, and only the runs standing for them are read.
     """
-    from_cells = board.cellable and board.group == "workload"
-    configs = _cell_medians(session, board) if from_cells else _config_medians(session, board)
+    configs = _cell_medians(session, board) if board.cellable else _config_medians(session, board)
     ids = [c["median_run_id"] for c in configs]
     by_id: dict[str, dict[str, Any]] = {}
     for chunk in range(0, len(ids), 5000):
@@ -415,23 +414,40 @@ BEST_SORTS = {"tokens_per_s": "median_tokens_per_s", "config_runs": "n"}
 
 
 def _cell_medians(session: Session, board: Board) -> list[dict[str, Any]]:
-    """Each config's figures as its cell holds them (group `workload`: a cell is a config)."""
-    query = select(Cell.runs, Cell.failed_runs, Cell.stated_runs, *(getattr(Cell, c) for c in FIGURES)).where(
+    """Each config's figures as its cell holds them. Ranked within a workload a cell is a config;
+    within a shape a config (shape and recipe) is one cell too, unless its runs' workload keys
+    differ beyond the recipe columns — those few configs are read from their runs."""
+    cols = [getattr(Cell, c) for c in board.config]
+    query = select(*cols, Cell.runs, Cell.failed_runs, Cell.stated_runs, *(getattr(Cell, c) for c in FIGURES)).where(
         *_cell_conditions(board.filters, board.group)
     )
-    return [
-        {**r._mapping, "n": r.runs, "median_run_id": r.median_run_id}
-        for r in session.execute(query)
-        if r.median_run_id is not None and r.median_tokens_per_s is not None
-    ]
+    cells: dict[tuple[Any, ...], list[Any]] = {}
+    for r in session.execute(query):
+        cells.setdefault(tuple(r[: len(cols)]), []).append(r)
+    out: list[dict[str, Any]] = []
+    split: list[tuple[Any, ...]] = []
+    for key, members in cells.items():
+        (cell, *more) = members
+        if more or cell.median_run_id is None or cell.median_tokens_per_s is None:
+            split.append(key)
+            continue
+        out.append(
+            {"n": cell.runs, "runs": cell.runs, "failed_runs": cell.failed_runs, "stated_runs": cell.stated_runs}
+            | {c: getattr(cell, c) for c in FIGURES}
+        )
+    if split:
+        out += _config_medians(session, board, only=split)
+    return out
 
 
-def _config_medians(session: Session, board: Board) -> list[dict[str, Any]]:
-    """Each config's figures over the runs the filters keep: its size first (an aggregate), then
-    one window over the runs, of which only each config's `median_positions` come back."""
+def _config_medians(session: Session, board: Board, only: Sequence[tuple[Any, ...]] | None = None) -> list[dict[str, Any]]:
+    """Each config's figures over the runs the filters keep (`only`: of these configs): its size
+    first (an aggregate), then one window over the runs, of which only each config's
+    `median_positions` come back."""
     config = board.config
     cols = [getattr(Entry, c) for c in config]
-    sizes = {n for (n,) in session.execute(select(func.count()).where(*board.conds).group_by(*cols))}
+    conds = [*board.conds, *([or_(*(and_(*_equals(Entry, config, key)) for key in only))] if only is not None else [])]
+    sizes = {n for (n,) in session.execute(select(func.count()).select_from(Entry).where(*conds).group_by(*cols))}
     if not sizes:
         return []
     ranked = select(
@@ -442,7 +458,7 @@ def _config_medians(session: Session, board: Board) -> list[dict[str, Any]]:
         func.count().over(partition_by=cols).label("n"),
         func.count(Entry.checks_failed).over(partition_by=cols).label("failed_runs"),
         func.count(Entry.checks_stated).over(partition_by=cols).label("stated_runs"),
-    ).where(*board.conds)
+    ).where(*conds)
     r = ranked.subquery("ranked")
     wanted = {n: sorted(median_positions(n)) for n in sizes}  # one to four positions each
     needed = or_(*(r.c.pos == case({n: ps[min(i, len(ps) - 1)] for n, ps in wanted.items()}, value=r.c.n, else_=-1) for i in range(4)))

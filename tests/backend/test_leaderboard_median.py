@@ -101,6 +101,23 @@ def test_n_and_the_interval_are_the_statistics_modules(settings, lab, path) -> N
         assert lone["n"] == 1 and lone["interval"] is None and lone["interval_note"] == "n=1, no interval"
 
 
+@pytest.mark.parametrize("group", ["workload", "shape", "precision"])
+def test_the_cells_and_the_runs_give_the_same_figures(settings, lab, group) -> None:
+    """The two sources of a config's figures agree, for every config and a chosen few (`only`)."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        request = leaderboard_store.Board(filters={}, group=group, sort=None, descending=True, limit=500, offset=0)
+
+        def keyed(figures: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+            return {f["median_run_id"]: f for f in figures}
+
+        from_cells = keyed(leaderboard_store._cell_medians(session, request))
+        from_runs = keyed(leaderboard_store._config_medians(session, request))
+        assert from_cells == from_runs and len(from_cells) == 4
+        tp = next(f for f in from_runs.values() if f["n"] == 10)
+        tp_key = tuple(getattr(session.get(LeaderboardEntry, tp["median_run_id"]), c) for c in request.config)
+        assert leaderboard_store._config_medians(session, request, only=[tp_key]) == [tp]
+
+
 def assert_cells_hold_the_medians(session) -> None:
     """Every cell's figures are `median_interval` of its config's entries."""
     values: dict[tuple[Any, ...], list[float]] = {}
