@@ -168,6 +168,11 @@ def test_failed_checks_are_flagged_and_checks_passed_hides_them(settings, lab) -
         assert not any(r["checks_flagged"] for i, r in every.items() if i != lab["failed"])
         passed = board(session, best_only=False, checks="passed")
         assert lab["failed"] not in {r["id"] for r in passed.rows} and passed.total == len(every) - 1
+        for sort in ("rank", "config_runs", "mfu"):  # the planned sorts keep to the filter too
+            for descending in (True, False):
+                sorted_board = board(session, best_only=False, checks="passed", verified=True, sort=sort, descending=descending)
+                assert {r["id"] for r in sorted_board.rows} == {r["id"] for r in passed.rows} - {lab["stated"]}, (sort, descending)
+                assert sorted_board.total == passed.total - 1
         # a config counts its failed runs, and is flagged; checks=passed takes them out of its median
         fsdp = by_config(board(session).rows)[("fsdp", 2)]
         assert fsdp["n"] == 6 and fsdp["failed_runs"] == 1 and fsdp["checks_flagged"]
