@@ -151,6 +151,8 @@ def cases(ids: list[str]) -> list[tuple[str, str]]:
         ("leaderboard API: best per config, first page", "/api/v1/leaderboard"),
         ("leaderboard API: best per config, group=shape", "/api/v1/leaderboard?group=shape"),
         ("leaderboard API: best per config, group=precision", "/api/v1/leaderboard?group=precision"),
+        ("leaderboard API: best per config, checks passed, verified only", "/api/v1/leaderboard?checks=passed&verified=true"),
+        ("page /leaderboard (best per config, checks passed, verified only)", "/leaderboard?checks=passed&verified=true"),
         (
             "leaderboard API: every run, filtered (fsdp, H100, branch main), by mfu",
             "/api/v1/leaderboard?runs=all&strategy=fsdp&hardware=cuda:NVIDIA%20H100%2080GB%20HBM3&branch=main&sort=mfu",

@@ -43,6 +43,7 @@ from backend.store import leaderboard as leaderboard_store  # noqa: E402
 from backend.store import result_parts  # noqa: E402
 from backend.store import runs as runs_store  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
+from parallab.core.flags import failed_checks  # noqa: E402
 from tests.ui.factories import make_document  # noqa: E402
 
 HEADING = "UI queries with 10,000 runs"
@@ -144,6 +145,9 @@ def generate(n: int, *, inline: bool = False) -> Iterator[tuple[dict[str, Any], 
             "exposed_comm_fraction": rng.uniform(0, 0.2) if size > 1 else None,
             "loss_max_rel_diff": rng.uniform(0, 1e-3),
         }
+        # the checks' columns as ingest derives them (no draw of their own: the runs stay as they were)
+        run["checks_failed"] = ",".join(failed_checks({"loss_max_rel_diff_vs_reference": run["loss_max_rel_diff"]}, precision)) or None
+        run["checks_stated"] = "gradient_check" if run["source"] == "ci" else None
         result = {"run_id": run_id, "schema_version": 1, "document": documents[(recipe_key, hw_index)], "created_at": run["finished_at"]}
         yield run, result, runs_store.part_rows(run_id, parts)
 

@@ -43,7 +43,21 @@ class LeaderboardParams(BaseModel):
         description="Rank within the same workload (recipe included), the same shape (every recipe competing), "
         "or one group per value of a recipe dimension.",
     )
-    runs: Literal["best", "all"] = Field("best", description="The best run per (strategy, world size), or every run.")
+    checks: Literal["all", "passed"] = Field(
+        "all",
+        description="`all`: runs that failed a correctness check (loss against the reference, gradient, replica) are shown "
+        "greyed with ⚑; `passed`: they are left out (of the configs' medians too).",
+    )
+    verified: bool = Field(
+        False,
+        description="Only runs whose checks the lab's own workers made: an upload whose gradient, replica or loss-reference "
+        "check was stated by the uploader (`summary.checks_stated`) is left out.",
+    )
+    runs: Literal["best", "all"] = Field(
+        "best",
+        description="One row per (strategy, world size) config — ranked by the median of its runs, with n and the "
+        "median's 95% interval — or every run.",
+    )
     sort: str | None = Field(None, max_length=64, description="Column to sort by (default: rank within each group).")
     dir: Literal["asc", "desc"] = "desc"
     limit: int = Field(50, ge=1, le=MAX_PAGE)
@@ -81,6 +95,8 @@ def leaderboard_query(params: Annotated[LeaderboardParams, Query()], session: Se
         activation_checkpointing=params.activation_checkpointing,
         grad_accumulation_steps=params.grad_accumulation_steps,
         micro_batch_size=params.micro_batch_size,
+        checks=params.checks,
+        verified=params.verified,
         group=params.group,
         best_only=params.runs == "best",
         sort=params.sort,

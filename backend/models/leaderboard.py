@@ -64,6 +64,8 @@ class LeaderboardEntry(Base):
     activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
     grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
     micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+    checks_failed: Mapped[str | None] = mapped_column(String(64), doc="As the run's (migration 0019).")
+    checks_stated: Mapped[str | None] = mapped_column(String(64), doc="As the run's (migration 0019).")
 
     __table_args__ = (
         # rank within a group (a count of the faster runs), best per config, the scaling page
@@ -123,8 +125,8 @@ for _name in SORTED_COLUMNS:
 
 
 class LeaderboardCell(Base):
-    """One (workload, hardware, strategy, world size) config: how many ranked runs it has and its
-    best throughput — recomputed from `leaderboard_entries` whenever one of its runs changes, in
+    """One (workload, hardware, strategy, world size) config: how many ranked runs it has, its
+    best and median throughput — recomputed from `leaderboard_entries` whenever one of its runs changes, in
     the same transaction, so the best-per-config board never aggregates every run."""
 
     __tablename__ = "leaderboard_cells"
@@ -142,5 +144,14 @@ class LeaderboardCell(Base):
     micro_batch_size: Mapped[int | None] = mapped_column(Integer)
     runs: Mapped[int] = mapped_column(Integer)
     best_tokens_per_s: Mapped[float] = mapped_column(Float)
+    # migration 0019: the config's figure — the median over its runs with its order-statistic
+    # interval (`parallab.core.stats.median_ranks`) — and the run at the median that stands for it
+    median_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    interval_low: Mapped[float | None] = mapped_column(Float)
+    interval_high: Mapped[float | None] = mapped_column(Float)
+    interval_coverage: Mapped[float | None] = mapped_column(Float)
+    median_run_id: Mapped[str | None] = mapped_column(String(32))
+    failed_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs that failed a correctness check.")
+    stated_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs whose checks the uploader stated.")
 
     __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size"),)

@@ -75,6 +75,12 @@ class Run(Base):
     micro_batch_size: Mapped[int | None] = mapped_column(Integer, doc="Sequences per forward on a rank (pp: per pipeline micro-batch).")
     sweep_id: Mapped[str | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
     shape_key: Mapped[str | None] = mapped_column(String(64), doc="workload_key without the recipe: runs of every recipe of one workload.")
+    checks_failed: Mapped[str | None] = mapped_column(
+        String(64), doc="The correctness checks it failed (loss, gradient, replica; comma-separated), null when none did."
+    )
+    checks_stated: Mapped[str | None] = mapped_column(
+        String(64), doc="Checks kept as the uploader stated them (`summary.checks_stated`, comma-separated), null when the lab made them."
+    )
 
     # Where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")

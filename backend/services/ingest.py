@@ -24,7 +24,7 @@ from backend.services.recipes import recipe_columns
 from backend.store import references as references_store
 from backend.store import runs as store
 from parallab.core.checks import DocumentError, check_summary, reference_key_of
-from parallab.core.flags import prediction_flags
+from parallab.core.flags import failed_checks, prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
 from parallab.core.spec import key_fields
@@ -76,7 +76,17 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
         "branch": doc.source.branch if doc.source else None,
         "commit": doc.source.commit if doc.source else None,
         **recipe_columns(doc.workload, doc.strategy.model_dump()),
+        **check_columns(doc),
     }
+
+
+def check_columns(doc: ResultDocument) -> dict[str, str | None]:
+    """The correctness checks the run failed and those the uploader stated, comma-separated (null
+    when none): the leaderboard greys, hides and labels runs by them without reading documents."""
+    summary = doc.summary.model_dump(mode="json")
+    failed = failed_checks(summary, str(doc.workload.get("precision") or "fp32"))
+    stated = list(dict.fromkeys(doc.summary.checks_stated))
+    return {"checks_failed": ",".join(failed)[:64] or None, "checks_stated": ",".join(stated)[:64] or None}
 
 
 def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

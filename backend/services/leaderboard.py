@@ -2,7 +2,9 @@
 
 Runs are ranked only within a group of comparable runs: the same workload (model shape,
 sequence length, global batch, precision, recipe — `workload_key`) on the same hardware
-(`hardware_key`). By default each (strategy, world size) shows its best run.
+(`hardware_key`). By default each (strategy, world size) config is one row, ranked by the median
+throughput of its runs, with n and the median's 95 % interval (`parallab.core.stats`); its other
+columns are the run at the median's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from parallab.core.recipes import loss_tolerance
 from parallab.core.strategies import REFERENCE_STRATEGY
 
 MAX_PAGE = 500
+CONFIDENCE = 0.95
+"""The confidence of a config's median interval (`parallab.core.stats.median_ranks`' default)."""
 SORT_COLUMNS: tuple[str, ...] = tuple(sorted(store.SORTABLE))
 """The columns a board may be sorted by (anything else is refused, never silently ignored)."""
 
@@ -40,6 +44,10 @@ class LeaderboardQuery:
     activation_checkpointing: str | None = None
     grad_accumulation_steps: int | None = None
     micro_batch_size: int | None = None
+    checks: str = "all"
+    """`all`: runs that failed a correctness check are kept (greyed, ⚑); `passed`: left out."""
+    verified: bool = False
+    """Only runs whose checks the lab made (none stated by the uploader: `summary.checks_stated`)."""
     group: str = "workload"
     """How runs are grouped for ranking (`backend.store.leaderboard.GROUPINGS`)."""
     best_only: bool = True
@@ -49,7 +57,11 @@ class LeaderboardQuery:
     offset: int = 0
 
     def filters(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in store.FILTERS}
+        return {
+            **{name: getattr(self, name) for name in store.FILTERS},
+            "checks": "passed" if self.checks == "passed" else None,
+            "verified": True if self.verified else None,
+        }
 
 
 @dataclass
@@ -89,12 +101,66 @@ EXPORT_FIELDS = (
     "id",
     "name",
     "created_at",
+    # a config's figure (best per config; null on the every-run board): the median over its n runs
+    # and the median's 95 % interval {low, high, coverage} (null for one run), said in words
+    "n",
+    "median",
+    "interval",
+    "interval_note",
+    # the run's correctness checks: those it failed, those its uploader stated; per config, how many
+    "checks_failed",
+    "checks_stated",
+    "failed_runs",
+    "stated_runs",
 )
+CSV_FIELDS = tuple(f for f in EXPORT_FIELDS if f != "interval") + ("interval_low", "interval_high", "interval_coverage")
+"""The CSV's columns: the interval flat."""
 
 
 def export_rows(board: Leaderboard) -> list[dict[str, Any]]:
-    """The leaderboard's rows as flat records (CSV/JSON exports and the REST API)."""
+    """The leaderboard's rows as records (JSON exports and the REST API)."""
     return [{k: row.get(k) for k in EXPORT_FIELDS} for row in board.rows]
+
+
+def csv_rows(board: Leaderboard) -> list[list[Any]]:
+    """The leaderboard's rows as CSV lines, a header first (check names joined by commas)."""
+    out: list[list[Any]] = [list(CSV_FIELDS)]
+    for row in board.rows:
+        flat = {**row, "checks_failed": ",".join(row["checks_failed"]), "checks_stated": ",".join(row["checks_stated"])}
+        out.append([flat.get(k) for k in CSV_FIELDS])
+    return out
+
+
+def interval_note(n: int | None, coverage: float | None) -> str | None:
+    """The median's interval in words, saying when few runs leave it wide or undefined."""
+    if n is None:
+        return None
+    if n == 1 or coverage is None:
+        return "n=1, no interval"
+    if coverage < CONFIDENCE:
+        return f"n={n}: too few runs for a 95% interval; the range of the runs ({coverage:.0%} coverage)"
+    return f"n={n}, 95% interval (order statistics, {coverage:.1%} coverage)"
+
+
+def config_figures(row: dict[str, Any]) -> None:
+    """Add a row's n, median and interval (best per config) or leave them null (every run), and
+    its checks as lists."""
+    n = row.setdefault("n", None)
+    best = n is not None
+    coverage = row.get("interval_coverage") if best else None
+    row["median"] = row.get("median_tokens_per_s") if best else None
+    has_interval = best and n is not None and n > 1
+    row["interval"] = {"low": row["interval_low"], "high": row["interval_high"], "coverage": coverage} if has_interval else None
+    if not best:
+        row["interval_low"] = row["interval_high"] = row["interval_coverage"] = None
+    row["interval_note"] = interval_note(n, coverage)
+    row["checks_failed"] = [c for c in (row.get("checks_failed") or "").split(",") if c]
+    row["checks_stated"] = [c for c in (row.get("checks_stated") or "").split(",") if c]
+    row.setdefault("failed_runs", None)
+    row.setdefault("stated_runs", None)
+    # greyed with ⚑: the run failed a check, or (a config) one of the runs its median counts did
+    row["checks_flagged"] = bool(row["failed_runs"]) if best else bool(row["checks_failed"])
+    row["stated"] = bool(row["stated_runs"]) if best else bool(row["checks_stated"])
 
 
 def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = True) -> str:
@@ -128,7 +194,8 @@ def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = Tr
 
 
 def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard:
-    """One page of the leaderboard: rows ranked by tokens/s within their group, best marked."""
+    """One page of the leaderboard: rows ranked within their group (a config by its median, a run
+    by its tokens/s), best marked."""
     limit = max(1, min(query.limit, MAX_PAGE))
     rows, total = store.leaderboard_rows(
         session,
@@ -157,6 +224,7 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         row["best"] = row["rank"] == 1
         row["group_label"] = groups[row["group_key"]]
         row["loss_flagged"] = loss_flagged(row)
+        config_figures(row)
         row.pop("total", None)
     return Leaderboard(rows=rows, total=total, query=query, groups=groups)
 

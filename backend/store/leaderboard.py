@@ -21,6 +21,8 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     and_,
+    bindparam,
+    case,
     cast,
     column,
     delete,
@@ -33,6 +35,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    update,
     values,
 )
 from sqlalchemy.orm import Session, aliased
@@ -40,6 +43,7 @@ from sqlalchemy.orm import Session, aliased
 from backend.models import LeaderboardCell as Cell
 from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
+from parallab.core.stats import median_ranks
 
 # Columns a leaderboard row carries, in display order.
 ROW_COLUMNS = (
@@ -68,8 +72,11 @@ ROW_COLUMNS = (
     "activation_checkpointing",
     "grad_accumulation_steps",
     "micro_batch_size",
+    # The correctness checks it failed and those its uploader stated (comma-separated, or null)
+    "checks_failed",
+    "checks_stated",
 )
-SORTABLE = frozenset(ROW_COLUMNS) | {"rank", "config_runs"}
+SORTABLE = frozenset(ROW_COLUMNS) - {"checks_failed", "checks_stated"} | {"rank", "config_runs"}
 RECIPE_FILTERS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
 FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch", "user_id", *RECIPE_FILTERS)
 GROUPINGS = ("workload", "shape", *RECIPE_FILTERS)
@@ -85,6 +92,9 @@ CELL_ATTRIBUTES = ("model", "shape_key", *RECIPE_FILTERS)
 """What a config's cell carries besides its key and counts (the same for each of its runs)."""
 CELL_FILTERS = frozenset({"model", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS})
 """Filters the cells can answer; the others (source, branch, user) aggregate the filtered runs."""
+CHECK_FILTERS = ("checks", "verified")
+"""Filters on a run's checks (`checks="passed"`: none failed; `verified=True`: none stated by its
+uploader). Not the cells': a config's median over the runs they keep comes from the runs."""
 SORT_WORK_MEM = "64MB"
 RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
 
@@ -130,10 +140,9 @@ def sync_entry(session: Session, run: Run) -> None:
     """Make the run's leaderboard row and its config's cell agree with the run (written, rewritten
     or removed), in the caller's transaction (the run row is already written).
 
-    A run being inserted has no row yet (nothing to delete). A run that joins a config without
-    leaving one (ingest) adds itself to that config's cell: runs + 1, best = max(best, its
-    throughput), one upsert; a run that leaves or changes its row has its old config's cell
-    recomputed from that config's rows.
+    A run being inserted has no row yet (nothing to delete). Each config the run leaves or joins
+    has its cell recomputed from that config's rows (its median needs every one of them: an index
+    range over the config, not an upsert of a running maximum).
 
     The tables are written with Core statements on the session's connection (no ORM objects are
     involved: the ORM's execute path cost more than the statements)."""
@@ -152,7 +161,7 @@ def sync_entry(session: Session, run: Run) -> None:
     if old is not None:
         _refresh_cell(session, old)
     if key is not None and key != old:
-        _refresh_cell(session, key, added=run)
+        _refresh_cell(session, key)
 
 
 def remove_entry(session: Session, run_id: str) -> None:
@@ -187,52 +196,59 @@ def _cell_lock_key(key: tuple[Any, ...]) -> str:
     return "cell:" + "|".join(map(str, key))
 
 
-def _refresh_cell(session: Session, key: tuple[Any, ...], *, added: Run | None = None) -> None:
-    """Bring one config's cell up to date, under a lock on that config on Postgres so that two
-    ingests of one config never both miss the other's run (an incremental add takes it too: a
-    recompute running beside it would otherwise overwrite the add with a count that lacks it).
+def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
+    """Bring one config's cell up to date from its entries, under a lock on that config on
+    Postgres so that two ingests of one config never both miss the other's run.
 
-    `added`: the only change is this run joining the config (its entry is written) — on Postgres
-    one upsert adds it (runs + 1, best and the attributes as the aggregate's max and min); else the
-    cell is recomputed from its entries (an index range over every run of the config)."""
+    Two reads of the config's index range: the counts and attributes (an aggregate), and its
+    throughputs in order, from which the median, its interval and the run at the median come
+    (`config_figures`)."""
     conn = session.connection()
-    postgres = conn.dialect.name == "postgresql"
-    if postgres:
+    if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _cell_lock_key(key)})
-    if added is not None and postgres and all(v is not None for v in key):
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        # (a null in the key never conflicts with the unique constraint: those cells are recomputed)
-        upsert = pg_insert(Cell).values(
-            **dict(zip(CONFIG, key, strict=True)),
-            **{c: getattr(added, c) for c in CELL_ATTRIBUTES},
-            runs=1,
-            best_tokens_per_s=added.tokens_per_s,
-        )
-        conn.execute(
-            upsert.on_conflict_do_update(
-                index_elements=list(CONFIG),
-                set_={
-                    "runs": Cell.runs + 1,
-                    "best_tokens_per_s": func.greatest(Cell.best_tokens_per_s, upsert.excluded.best_tokens_per_s),
-                    # min() over the entries skips nulls, as least() does
-                    **{c: func.least(getattr(Cell, c), getattr(upsert.excluded, c)) for c in CELL_ATTRIBUTES},
-                },
-            )
-        )
-        return
     match = [getattr(Entry, c) == v if v is not None else getattr(Entry, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
     agg = conn.execute(
         select(
             func.count().label("runs"),
             func.max(Entry.tokens_per_s).label("best_tokens_per_s"),
             *(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES),
+            func.count(Entry.checks_failed).label("failed_runs"),
+            func.count(Entry.checks_stated).label("stated_runs"),
         ).where(*match)
     ).one()
     cell_match = [getattr(Cell, c) == v if v is not None else getattr(Cell, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
     conn.execute(delete(Cell).where(*cell_match))
     if agg.runs:
-        conn.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping))
+        ordered = conn.execute(select(Entry.id, Entry.tokens_per_s).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
+        figures = config_figures(len(ordered), dict(enumerate(((i, t) for i, t in ordered), start=1)))
+        conn.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping, **figures))
+
+
+def median_positions(n: int) -> set[int]:
+    """The 1-based positions, in ascending throughput, that a config of n runs needs read: the
+    middle one or two, and the order statistics bounding the median's interval."""
+    lo, hi, _ = median_ranks(n)
+    return {(n + 1) // 2, n // 2 + 1, lo, hi}
+
+
+FIGURES = ("median_tokens_per_s", "interval_low", "interval_high", "interval_coverage", "median_run_id")
+"""What `config_figures` gives a cell."""
+
+
+def config_figures(n: int, at: dict[int, tuple[str, float]]) -> dict[str, Any]:
+    """A config's figure from its runs at `median_positions(n)` ({position: (run id, tokens/s)}):
+    the median, its 95 % interval and that interval's coverage (`parallab.core.stats`: the same
+    numbers as `median_interval` of every run's throughput), and the run standing for the config —
+    the one at the median (of two, the faster)."""
+    lo, hi, coverage = median_ranks(n)
+    lower, upper = at[(n + 1) // 2][1], at[n // 2 + 1][1]
+    return {
+        "median_tokens_per_s": lower if n % 2 else (lower + upper) / 2,
+        "interval_low": at[lo][1],
+        "interval_high": at[hi][1],
+        "interval_coverage": coverage,
+        "median_run_id": at[n // 2 + 1][0],
+    }
 
 
 def rebuild(session: Session) -> int:
@@ -250,9 +266,40 @@ def rebuild(session: Session) -> int:
         *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES),
         func.count(),
         func.max(Entry.tokens_per_s),
+        func.count(Entry.checks_failed),
+        func.count(Entry.checks_stated),
     ).group_by(*config)
-    session.execute(insert(Cell).from_select([*CONFIG, *CELL_ATTRIBUTES, "runs", "best_tokens_per_s"], cells))
+    session.execute(insert(Cell).from_select([*CONFIG, *CELL_ATTRIBUTES, "runs", "best_tokens_per_s", "failed_runs", "stated_runs"], cells))
+    _fill_medians(session)
     return session.execute(select(func.count()).select_from(Entry)).scalar_one()
+
+
+def _fill_medians(session: Session) -> None:
+    """Every cell's median figures, from one ordered pass over the entries (a bulk load's rebuild)."""
+    ids = {tuple(r[:-1]): r[-1] for r in session.execute(select(*(getattr(Cell, c) for c in CONFIG), Cell.id))}
+    order = [getattr(Entry, c) for c in CONFIG]
+    rows = session.execute(select(*order, Entry.id, Entry.tokens_per_s).order_by(*order, Entry.tokens_per_s, Entry.id))
+    updates: list[dict[str, Any]] = []
+
+    def flush(key: tuple[Any, ...], runs: list[tuple[str, float]]) -> None:
+        if key in ids:
+            figures = config_figures(len(runs), dict(enumerate(runs, start=1)))
+            updates.append({"cell_id": ids[key], **{f"new_{k}": v for k, v in figures.items()}})
+
+    key: tuple[Any, ...] | None = None
+    runs: list[tuple[str, float]] = []
+    for row in rows:
+        here = tuple(row[: len(CONFIG)])
+        if here != key:
+            if key is not None:
+                flush(key, runs)
+            key, runs = here, []
+        runs.append((row.id, row.tokens_per_s))
+    if key is not None:
+        flush(key, runs)
+    if updates:
+        statement = update(Cell).where(Cell.id == bindparam("cell_id")).values({c: bindparam(f"new_{c}") for c in FIGURES})
+        session.connection().execute(statement, updates)
 
 
 def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnElement[bool]]:
@@ -264,6 +311,10 @@ def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnEleme
         value = filters.get(name)
         if value is not None and value != "":
             conds.append(getattr(table, name) == value)
+    if filters.get("checks") == "passed":
+        conds.append(table.checks_failed.is_(None))
+    if filters.get("verified"):
+        conds.append(table.checks_stated.is_(None))
     return conds
 
 
@@ -321,64 +372,105 @@ class Board:
 
 
 def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], int]:
-    """The best run of each (strategy, world size[, recipe]) config, ranked within its group.
+    """Each (strategy, world size[, recipe]) config as one row, ranked within its group by the
+    median throughput of its runs (never the luckiest run), with n and the median's 95 % interval.
 
-    Each config is aggregated once (its best throughput and how many runs it has — a hash
-    aggregate over the narrow table); its best run is joined back, and only those few rows are
-    ranked and sorted.
+    The figures come from the maintained cells when they answer the filters (no filter on the
+    runs themselves: source, branch, user, checks), else from the runs the filters keep, of which
+    only a few per config are read (`_config_medians`). The row's other columns
+    are the run at the median's. Configs are a few hundred: they are ranked, sorted and paged
+    here, and only the runs standing for them are read.
     """
-    filters, group, sort, descending, conds, config = board.filters, board.group, board.sort, board.descending, board.conds, board.config
-    config_cols = [getattr(Entry, c) for c in config]
-    if board.cellable:
-        # the maintained cells: a few hundred rows, not every run
-        cell_cols = [getattr(Cell, c) for c in config]
-        configs = (
-            select(*cell_cols, func.max(Cell.best_tokens_per_s).label("best_tps"), cast(func.sum(Cell.runs), Integer).label("config_runs"))
-            .where(*_cell_conditions(filters, group))
-            .group_by(*cell_cols)
-            .subquery("configs")
-        )
-    else:
-        configs = (
-            select(*config_cols, func.max(Entry.tokens_per_s).label("best_tps"), func.count().label("config_runs"))
-            .where(*conds)
-            .group_by(*config_cols)
-            .subquery("configs")
-        )
-    on = [*_match(Entry, configs.c, config), Entry.tokens_per_s == configs.c.best_tps]
-    joined = (
-        select(
-            *(getattr(Entry, c) for c in ROW_COLUMNS),
-            configs.c.config_runs,
-            # two runs of one config with exactly the same throughput: keep one
-            func.row_number().over(partition_by=config_cols, order_by=Entry.id).label("tie"),
-        )
-        .join(configs, and_(*on))
-        .where(*conds)
-    ).subquery("joined")
-    parts = [joined.c[c] for c in partition(group)]
-    scored = (
-        select(
-            joined,
-            func.rank().over(partition_by=parts, order_by=joined.c.tokens_per_s.desc()).label("rank"),
-            func.count().over(partition_by=parts).label("group_size"),
-        )
-        .where(joined.c.tie == 1)
-        .subquery("scored")
+    configs = _cell_medians(session, board) if board.cellable else _config_medians(session, board)
+    ids = [c["median_run_id"] for c in configs]
+    by_id: dict[str, dict[str, Any]] = {}
+    for chunk in range(0, len(ids), 5000):
+        query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(ids[chunk : chunk + 5000]))
+        by_id.update({r.id: dict(r._mapping) for r in session.execute(query)})
+    rows: list[dict[str, Any]] = []
+    for figures in configs:
+        row = by_id.get(figures["median_run_id"])
+        if row is not None:  # (a run deleted between the two reads)
+            rows.append({**row, **figures, "config_runs": figures["n"]})
+    parts = partition(board.group)
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[c] for c in parts), []).append(row["median_tokens_per_s"])
+    for row in rows:
+        medians = groups[tuple(row[c] for c in parts)]
+        row["rank"] = 1 + sum(m > row["median_tokens_per_s"] for m in medians)
+        row["group_size"] = len(medians)
+    rows.sort(key=lambda r: (r["model"], *((r[c] is None, "" if r[c] is None else r[c]) for c in parts), r["rank"], r["id"]))
+    if board.sort is not None:
+        column = BEST_SORTS.get(board.sort, board.sort)
+        present = [r for r in rows if r[column] is not None]
+        present.sort(key=lambda r: r[column], reverse=board.descending)  # stable: ties keep the order above
+        rows = present + [r for r in rows if r[column] is None]
+    return rows[board.offset : board.offset + board.limit], len(rows)
+
+
+BEST_SORTS = {"tokens_per_s": "median_tokens_per_s", "config_runs": "n"}
+"""Best per config, a sort by throughput is by the config's median."""
+
+
+def _cell_medians(session: Session, board: Board) -> list[dict[str, Any]]:
+    """Each config's figures as its cell holds them. Ranked within a workload a cell is a config;
+    within a shape a config (shape and recipe) is one cell too, unless its runs' workload keys
+    differ beyond the recipe columns — those few configs are read from their runs."""
+    cols = [getattr(Cell, c) for c in board.config]
+    query = select(*cols, Cell.runs, Cell.failed_runs, Cell.stated_runs, *(getattr(Cell, c) for c in FIGURES)).where(
+        *_cell_conditions(board.filters, board.group)
     )
-    order: list[ColumnElement] = []
-    if sort is not None:
-        column = scored.c[sort]
-        order.append((column.desc() if descending else column.asc()).nulls_last())
-    order += [scored.c.model, *(scored.c[c] for c in partition(group)), scored.c.rank, scored.c.id]
-    page = select(scored, func.count().over().label("total")).order_by(*order).limit(board.limit).offset(board.offset)
-    rows = [dict(r._mapping) for r in session.execute(page)]
-    for row in rows:
-        row.pop("tie", None)
-    total = rows[0]["total"] if rows else session.execute(select(func.count()).select_from(scored)).scalar_one()
-    for row in rows:
-        row.pop("total", None)
-    return rows, total
+    cells: dict[tuple[Any, ...], list[Any]] = {}
+    for r in session.execute(query):
+        cells.setdefault(tuple(r[: len(cols)]), []).append(r)
+    out: list[dict[str, Any]] = []
+    split: list[tuple[Any, ...]] = []
+    for key, members in cells.items():
+        (cell, *more) = members
+        if more or cell.median_run_id is None or cell.median_tokens_per_s is None:
+            split.append(key)
+            continue
+        out.append(
+            {"n": cell.runs, "runs": cell.runs, "failed_runs": cell.failed_runs, "stated_runs": cell.stated_runs}
+            | {c: getattr(cell, c) for c in FIGURES}
+        )
+    if split:
+        out += _config_medians(session, board, only=split)
+    return out
+
+
+def _config_medians(session: Session, board: Board, only: Sequence[tuple[Any, ...]] | None = None) -> list[dict[str, Any]]:
+    """Each config's figures over the runs the filters keep (`only`: of these configs): its size
+    first (an aggregate), then one window over the runs, of which only each config's
+    `median_positions` come back."""
+    config = board.config
+    cols = [getattr(Entry, c) for c in config]
+    conds = [*board.conds, *([or_(*(and_(*_equals(Entry, config, key)) for key in only))] if only is not None else [])]
+    sizes = {n for (n,) in session.execute(select(func.count()).select_from(Entry).where(*conds).group_by(*cols))}
+    if not sizes:
+        return []
+    ranked = select(
+        *cols,
+        Entry.id,
+        Entry.tokens_per_s,
+        func.row_number().over(partition_by=cols, order_by=(Entry.tokens_per_s, Entry.id)).label("pos"),
+        func.count().over(partition_by=cols).label("n"),
+        func.count(Entry.checks_failed).over(partition_by=cols).label("failed_runs"),
+        func.count(Entry.checks_stated).over(partition_by=cols).label("stated_runs"),
+    ).where(*conds)
+    r = ranked.subquery("ranked")
+    wanted = {n: sorted(median_positions(n)) for n in sizes}  # one to four positions each
+    needed = or_(*(r.c.pos == case({n: ps[min(i, len(ps) - 1)] for n, ps in wanted.items()}, value=r.c.n, else_=-1) for i in range(4)))
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in session.execute(select(r).where(needed)):
+        key = tuple(row[: len(config)])
+        entry = found.setdefault(key, {"n": row.n, "failed_runs": row.failed_runs, "stated_runs": row.stated_runs, "at": {}})
+        entry["at"][row.pos] = (row.id, row.tokens_per_s)
+    return [
+        {"n": e["n"], "runs": e["n"], "failed_runs": e["failed_runs"], "stated_runs": e["stated_runs"], **config_figures(e["n"], e["at"])}
+        for e in found.values()
+    ]
 
 
 def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], int]:

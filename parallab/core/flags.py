@@ -194,6 +194,21 @@ def _verdicts(summary: Mapping[str, Any], precision: str) -> list[Agreement]:
     return rows
 
 
+CORRECTNESS_CHECKS = {
+    "loss_max_rel_diff_vs_reference": "loss",
+    "gradient_check.max_rel_err": "gradient",
+    "replica_check.max_rel_diff": "replica",
+}
+"""The checks with a verdict of their own (`_verdicts`' rows) by the short name pages show."""
+
+
+def failed_checks(summary: Mapping[str, Any], precision: str = "fp32") -> list[str]:
+    """The correctness checks the run failed (`CORRECTNESS_CHECKS`' names, in that order), by the
+    same rule as its stored flags — what the leaderboard greys and `checks=passed` hides."""
+    failed = {CORRECTNESS_CHECKS[row.metric] for row in _verdicts(summary, precision) if row.flagged}
+    return [name for name in CORRECTNESS_CHECKS.values() if name in failed]
+
+
 def prediction_flags(**kwargs: Any) -> list[dict[str, Any]]:
     """The document's `flags`: the flagged rows of `agreement` (same arguments)."""
     return [row.as_flag() for row in agreement(**kwargs) if row.flagged]

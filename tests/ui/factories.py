@@ -64,12 +64,14 @@ def make_document(
     seed: int = 0,
     tags: list[str] | None = None,
     gradient_error: float = 3e-7,
+    loss_noise: float = 1e-4,
 ) -> ResultDocument:
     """A plausible result document for `strategy` × `world_size` on `model`, consistent with itself:
     its summary is what `parallab.core.metrics.summarize` makes of its ranks (a CI upload's summary
     is recomputed and checked at ingest), plus the fields the ranks carry for issue #9 — the
     step-time split, the memory split, the gradient check and the bytes on the wire. `mfu` is
-    accepted for older callers; the summary's MFU is what the device's peak gives."""
+    accepted for older callers; the summary's MFU is what the device's peak gives. `loss_noise`: the
+    loss's relative departure from the reference at most (the default fails fp32's loss check)."""
     rng = random.Random(f"{strategy}{world_size}{tokens_per_s}{seed}")
     cfg = PRESETS[model].config.model_dump()
     if seq_len:
@@ -152,7 +154,7 @@ def make_document(
             rank["moe"] = {"tokens_per_expert": counts, "imbalance": max(counts) / (sum(counts) / 4), "dropped_tokens": rng.randint(0, 30)}
         ranks.append(rank)
     reference = [5.6 * math.exp(-0.08 * i) + 0.1 for i in range(steps)]
-    values = [v * (1 + 1e-4 * rng.random()) for v in reference] if strategy != "single" else list(reference)
+    values = [v * (1 + loss_noise * rng.random()) for v in reference] if strategy != "single" else list(reference)
     timeline = []
     for r in range(n):
         t = 0.0

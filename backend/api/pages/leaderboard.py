@@ -36,6 +36,4 @@ def leaderboard_json(session: SessionDep, query: LeaderboardQueryDep) -> JSONRes
 @router.get("/leaderboard.csv")
 def leaderboard_csv(session: SessionDep, query: LeaderboardQueryDep) -> Response:
     board = leaderboard_service.get_leaderboard(session=session, query=query)
-    fields = leaderboard_service.EXPORT_FIELDS
-    rows = [list(fields), *([row[k] for k in fields] for row in leaderboard_service.export_rows(board))]
-    return csv_response(rows, "parallab-leaderboard.csv")
+    return csv_response(leaderboard_service.csv_rows(board), "parallab-leaderboard.csv")
