@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
-
 from backend.figures import palette
 from backend.figures.common import (
     MEMORY_COLOURS,
@@ -14,6 +12,7 @@ from backend.figures.common import (
     MIB,
     SPLIT_COLOURS,
     TIME_COLOURS,
+    Figure,
     empty,
     figure,
     memory_parts,
@@ -26,7 +25,7 @@ from backend.figures.common import (
 Labelled = Sequence[tuple[str, dict[str, Any]]]
 
 
-def throughput(runs: Labelled) -> go.Figure:
+def throughput(runs: Labelled) -> Figure:
     """Tokens/s as bars, MFU (where the device's peak is known) as markers on a second axis."""
     if not runs:
         return empty("Throughput", "no finished runs")
@@ -58,7 +57,7 @@ def throughput(runs: Labelled) -> go.Figure:
     return fig
 
 
-def memory(runs: Labelled) -> go.Figure:
+def memory(runs: Labelled) -> Figure:
     """Every run's per-rank peak memory, stacked: the MemTracker split (params, grads, optimizer,
     activations, temporaries, other) where the run has it, else model state and the rest."""
     if not runs:
@@ -82,7 +81,7 @@ def memory(runs: Labelled) -> go.Figure:
     return fig
 
 
-def comm(runs: Labelled) -> go.Figure:
+def comm(runs: Labelled) -> Figure:
     """Communication volume and time per step by op (largest rank), one bar per run."""
     ops = sorted({c["op"] for _, d in runs for r in d.get("ranks") or [] for c in r.get("comm") or []})
     if not ops:
@@ -123,7 +122,7 @@ def comm(runs: Labelled) -> go.Figure:
     return fig
 
 
-def step_breakdown(runs: Labelled) -> go.Figure:
+def step_breakdown(runs: Labelled) -> Figure:
     """Each run's slowest rank: its step split into compute, overlapped and exposed communication
     and idle/bubble (`step_time_breakdown`), or — for runs that lack it — the median step split into
     compute, all communication and bubble."""
@@ -156,7 +155,7 @@ def step_breakdown(runs: Labelled) -> go.Figure:
     return fig
 
 
-def exposure(runs: Labelled) -> go.Figure:
+def exposure(runs: Labelled) -> Figure:
     """Communication time against the part of it no compute overlaps, as fractions of the step."""
     summaries = [(label, doc.get("summary") or {}) for label, doc in runs]
     if not any(s.get("comm_time_fraction") is not None or s.get("exposed_comm_fraction") is not None for _, s in summaries):
@@ -177,7 +176,7 @@ def exposure(runs: Labelled) -> go.Figure:
     return fig
 
 
-def gradient_check(runs: Labelled) -> go.Figure | None:
+def gradient_check(runs: Labelled) -> Figure | None:
     """Each run's worst per-parameter gradient error against `single`, log scale, its tolerance
     marked; None when no run has a gradient check."""
     checks = [(label, (doc.get("summary") or {}).get("gradient_check")) for label, doc in runs]
@@ -206,7 +205,7 @@ def gradient_check(runs: Labelled) -> go.Figure | None:
     return fig
 
 
-def loss(runs: Labelled) -> go.Figure:
+def loss(runs: Labelled) -> Figure:
     """Loss curves overlaid (and the reference, once)."""
     if not any((d.get("loss") or {}).get("values") for _, d in runs):
         return empty("Loss", "no loss recorded")
@@ -227,7 +226,7 @@ def loss(runs: Labelled) -> go.Figure:
     return fig
 
 
-def compare_figures(runs: Labelled) -> dict[str, go.Figure]:
+def compare_figures(runs: Labelled) -> dict[str, Figure]:
     figures = {
         "throughput": throughput(runs),
         "memory": memory(runs),

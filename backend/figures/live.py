@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import plotly.graph_objects as go
-
-from backend.figures.common import subplots
+from backend.figures.common import Figure, subplots
 from backend.figures.palette import LIVE_COLOURS
 from parallab.core.units import MIB
 
@@ -27,7 +25,7 @@ PHASE_NAMES = {
 check's own step comes first, before warm-up; its comparison with the reference after it)."""
 
 
-def live_figure(history: list[dict[str, Any]]) -> go.Figure:
+def live_figure(history: list[dict[str, Any]]) -> Figure:
     """Loss and tokens/s (top, two y axes) and this rank's memory (bottom) against elapsed time."""
     fig = subplots(
         "Live: loss, throughput and memory",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import plotly.graph_objects as go
-
 from backend.figures import palette
 from backend.figures.common import (
     MEMORY_COLOURS,
@@ -14,6 +12,7 @@ from backend.figures.common import (
     PALETTE,
     SPLIT_COLOURS,
     TIME_COLOURS,
+    Figure,
     empty,
     figure,
     memory_parts,
@@ -25,7 +24,7 @@ from backend.figures.common import (
 )
 
 
-def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
+def memory_per_rank(doc: dict[str, Any]) -> Figure:
     """Per-rank peak memory stacked by what holds it, beside the predicted components.
 
     With the MemTracker split (`memory_breakdown`): params, grads, optimizer, activations,
@@ -61,7 +60,7 @@ def memory_per_rank(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list[dict[str, float]]) -> go.Figure:
+def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list[dict[str, float]]) -> Figure:
     fig = figure("Memory per rank at the peak, beside the prediction", x="rank", y="memory [MiB]")
     names = [f"rank {r['rank']}" for r in ranks]
     predicted = predicted_memory(doc.get("prediction") or {})
@@ -90,7 +89,7 @@ def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list
     return fig
 
 
-def step_breakdown(doc: dict[str, Any]) -> go.Figure:
+def step_breakdown(doc: dict[str, Any]) -> Figure:
     """Each rank's step split into compute, communication and bubble/idle.
 
     With `step_time_breakdown`: compute, the communication compute overlaps (hatched, inside the
@@ -135,7 +134,7 @@ def step_breakdown(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def comm_volume(doc: dict[str, Any]) -> go.Figure | None:
+def comm_volume(doc: dict[str, Any]) -> Figure | None:
     """Bytes per step by op: the buffer (nccl-tests' convention) and the bytes on the wire, each
     measured (largest rank) beside predicted. None when nothing was communicated or predicted."""
     summary, prediction = doc.get("summary") or {}, doc.get("prediction") or {}
@@ -166,7 +165,7 @@ def comm_volume(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def comm_by_op(doc: dict[str, Any]) -> go.Figure:
+def comm_by_op(doc: dict[str, Any]) -> Figure:
     """Communication by op: bytes per step (predicted marked), time per step, bus bandwidth."""
     ranks = doc.get("ranks") or []
     ops = sorted({c["op"] for r in ranks for c in r.get("comm") or []})
@@ -225,7 +224,7 @@ def comm_by_op(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def timeline(doc: dict[str, Any]) -> go.Figure:
+def timeline(doc: dict[str, Any]) -> Figure:
     """One profiled step: communication ops on a lane per rank, over time. Events may be bars of a
     downsampled timeline (`count` events merged, `busy_us` of them busy; `services.timeline`)."""
     events = doc.get("timeline") or []
@@ -276,7 +275,7 @@ def thin(values: list[float], limit: int = MAX_CURVE_POINTS) -> tuple[list[int],
     return [i + 1 for i in keep], [values[i] for i in keep]
 
 
-def loss_curve(doc: dict[str, Any]) -> go.Figure:
+def loss_curve(doc: dict[str, Any]) -> Figure:
     """The loss of every measured step against the single-process reference."""
     loss = doc.get("loss") or {}
     values, reference = loss.get("values") or [], loss.get("reference") or []
@@ -297,7 +296,7 @@ def loss_curve(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def moe_load(doc: dict[str, Any]) -> go.Figure | None:
+def moe_load(doc: dict[str, Any]) -> Figure | None:
     """Tokens routed to each expert per rank (MoE runs only)."""
     ranks = [r for r in doc.get("ranks") or [] if (r.get("moe") or {}).get("tokens_per_expert")]
     if not ranks:
@@ -312,7 +311,7 @@ def moe_load(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def pipeline_bubble(doc: dict[str, Any]) -> go.Figure | None:
+def pipeline_bubble(doc: dict[str, Any]) -> Figure | None:
     """Measured idle fraction of each pipeline stage against theory (p−1)/(m+p−1) (pp runs only)."""
     ranks = [r for r in doc.get("ranks") or [] if r.get("bubble_fraction") is not None]
     if not ranks:
@@ -328,10 +327,10 @@ def pipeline_bubble(doc: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
-def run_figures(doc: dict[str, Any]) -> dict[str, go.Figure | None]:
+def run_figures(doc: dict[str, Any]) -> dict[str, Figure | None]:
     """Every figure that applies to this run, by id, in page order. The timeline is None when the
     document comes without its `timeline` key (the page loads it lazily, downsampled)."""
-    figures: dict[str, go.Figure | None] = {
+    figures: dict[str, Figure | None] = {
         "memory": memory_per_rank(doc),
         "steps": step_breakdown(doc),
         "comm": comm_by_op(doc),

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
-
 from backend.figures import palette
-from backend.figures.common import PALETTE, empty, figure
+from backend.figures.common import PALETTE, Figure, empty, figure
 
 
 def _by_strategy(points: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -18,7 +16,7 @@ def _by_strategy(points: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, A
     return out
 
 
-def throughput(points: Sequence[dict[str, Any]]) -> go.Figure:
+def throughput(points: Sequence[dict[str, Any]]) -> Figure:
     """Best tokens/s per strategy at each world size; dotted: that strategy's ideal linear scaling."""
     if not points:
         return empty("Throughput against world size", "no finished runs for this workload")
@@ -49,14 +47,14 @@ def throughput(points: Sequence[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def world_axis(fig: go.Figure, points: Sequence[dict[str, Any]]) -> None:
+def world_axis(fig: Figure, points: Sequence[dict[str, Any]]) -> None:
     """A log axis ticked at exactly the world sizes measured (plotly's own log ticks at dtick
     log10(2) add fractions below 1 that format as '0')."""
     sizes = sorted({p["world_size"] for p in points})
     fig.update_xaxes(type="log", tickmode="array", tickvals=sizes, ticktext=[str(n) for n in sizes])
 
 
-def efficiency(points: Sequence[dict[str, Any]]) -> go.Figure:
+def efficiency(points: Sequence[dict[str, Any]]) -> Figure:
     """Scaling efficiency = measured / ideal throughput, in percent."""
     if not points:
         return empty("Scaling efficiency", "no finished runs for this workload")

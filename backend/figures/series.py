@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
-
 from backend.figures import palette
-from backend.figures.common import PALETTE, empty, figure
+from backend.figures.common import PALETTE, Figure, empty, figure
 
 VERDICT_STYLE = {
     "regressed": {"color": palette.VERDICT["regressed"], "symbol": "x", "size": 13},
@@ -22,7 +20,7 @@ VERDICT_STYLE = {
 BAND = "rgba(37, 99, 235, 0.12)"
 
 
-def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool) -> go.Figure:
+def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool) -> Figure:
     """The metric over the series' results, with the band and the alerts (✕ regressed; hollow when dismissed)."""
     if not points:
         return empty(title, "no results on this series yet")

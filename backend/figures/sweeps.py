@@ -9,15 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
-
 from backend.figures import palette
-from backend.figures.common import MIB, PALETTE, empty, figure
+from backend.figures.common import MIB, PALETTE, Figure, empty, figure
 
 ROLE_COLOURS = {"top": PALETTE[0], "control": PALETTE[1]}
 
 
-def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: float, note: str) -> go.Figure:
+def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: float, note: str) -> Figure:
     done = [p for p in points if p.get("measured") is not None and p.get("predicted") is not None]
     if not done:
         return empty(title, "no finished run yet")
@@ -45,18 +43,18 @@ def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: 
     return fig
 
 
-def throughput(points: Sequence[dict[str, Any]], *, spearman: float | None) -> go.Figure:
+def throughput(points: Sequence[dict[str, Any]], *, spearman: float | None) -> Figure:
     """Measured against predicted tokens/s of every finished run, the ideal line, and Spearman's ρ."""
     note = f"Spearman ρ = {spearman:.2f}" if spearman is not None else "Spearman ρ: needs 3 finished runs"
     return _scatter("Throughput: measured against predicted", points, unit="tokens/s", scale=1.0, note=note)
 
 
-def memory(points: Sequence[dict[str, Any]]) -> go.Figure:
+def memory(points: Sequence[dict[str, Any]]) -> Figure:
     """Measured peak memory per rank against the predicted (model state + activations)."""
     return _scatter("Memory per rank: measured peak against predicted", points, unit="MiB", scale=MIB, note="")
 
 
-def sweep_figures(points: Sequence[dict[str, Any]], *, spearman: float | None) -> dict[str, go.Figure]:
+def sweep_figures(points: Sequence[dict[str, Any]], *, spearman: float | None) -> dict[str, Figure]:
     tps = [{**p, "predicted": p["predicted_tokens_per_s"], "measured": p["measured_tokens_per_s"]} for p in points]
     mem = [{**p, "predicted": p["predicted_memory_bytes"], "measured": p["measured_memory_bytes"]} for p in points]
     return {"throughput": throughput(tps, spearman=spearman), "memory": memory(mem)}

@@ -48,42 +48,43 @@ def test_a_breakdown_whose_four_parts_already_sum_to_the_step_is_drawn_as_it_is(
 def test_the_run_page_step_figure_stacks_each_rank_to_its_step_time(strategy) -> None:
     doc = make_document(strategy=strategy, world_size=2).model_dump(mode="json")
     fig = run_figs.step_breakdown(doc)
-    assert [t.name for t in fig.data] == list(SPLIT_COLOURS)
-    assert fig.data[1].marker.pattern.shape == "/"  # overlapped communication hatched, apart
+    assert [t["name"] for t in fig.data] == list(SPLIT_COLOURS)
+    assert fig.data[1]["marker"]["pattern"]["shape"] == "/"  # overlapped communication hatched, apart
     for i, rank in enumerate(doc["ranks"]):
-        total_ms = sum(trace.x[i] for trace in fig.data)
+        total_ms = sum(trace["x"][i] for trace in fig.data)
         assert total_ms == pytest.approx(rank["step_time_breakdown"]["step_s"] * 1e3)
 
 
 def test_the_memory_figure_stacks_the_measured_split_beside_the_predicted_components() -> None:
     doc = make_document(strategy="fsdp", world_size=2).model_dump(mode="json")
     fig = run_figs.memory_per_rank(doc)
-    measured = {t.name: t for t in fig.data if not t.name.endswith("(predicted)")}
-    predicted = {t.name.removesuffix(" (predicted)"): t for t in fig.data if t.name.endswith("(predicted)")}
+    measured = {t["name"]: t for t in fig.data if not t["name"].endswith("(predicted)")}
+    predicted = {t["name"].removesuffix(" (predicted)"): t for t in fig.data if t["name"].endswith("(predicted)")}
     assert list(measured) == ["params", "grads", "optimizer", "activations", "temporaries", "other"]
     assert list(predicted) == ["params", "grads", "optimizer", "activations"]
     rank0 = doc["ranks"][0]
-    assert sum(t.y[0] for t in measured.values()) == pytest.approx(rank0["peak_allocated_bytes"] / MIB)
-    assert predicted["activations"].y[0] == pytest.approx(doc["prediction"]["activation_bytes_per_rank"] / MIB)
+    assert sum(t["y"][0] for t in measured.values()) == pytest.approx(rank0["peak_allocated_bytes"] / MIB)
+    assert predicted["activations"]["y"][0] == pytest.approx(doc["prediction"]["activation_bytes_per_rank"] / MIB)
     # hatched, and filled: plotly's default pattern fill mode leaves the bar itself transparent
-    assert predicted["params"].marker.pattern.shape == "/" and predicted["params"].marker.pattern.bgcolor == measured["params"].marker.color
+    assert predicted["params"]["marker"]["pattern"]["shape"] == "/"
+    assert predicted["params"]["marker"]["pattern"]["bgcolor"] == measured["params"]["marker"]["color"]
 
 
 def test_a_document_without_the_splits_falls_back_to_the_old_figures() -> None:
     doc = make_document(strategy="ddp", world_size=2).model_dump(mode="json")
     for rank in doc["ranks"]:
         del rank["step_time_breakdown"], rank["memory_breakdown"]
-    assert [t.name for t in run_figs.step_breakdown(doc).data] == ["compute", "communication", "bubble"]
-    assert [t.name for t in run_figs.memory_per_rank(doc).data][:4] == ["params", "grads", "optimizer", "other"]
+    assert [t["name"] for t in run_figs.step_breakdown(doc).data] == ["compute", "communication", "bubble"]
+    assert [t["name"] for t in run_figs.memory_per_rank(doc).data][:4] == ["params", "grads", "optimizer", "other"]
 
 
 def test_the_volume_figure_shows_buffer_and_wire_measured_and_predicted() -> None:
     doc = make_document(strategy="ddp", world_size=4).model_dump(mode="json")
     fig = run_figs.comm_volume(doc)
-    assert [t.name for t in fig.data] == ["buffer, measured", "buffer, predicted", "wire, measured", "wire, predicted"]
-    buffer, wire = fig.data[0].y[0], fig.data[2].y[0]
+    assert [t["name"] for t in fig.data] == ["buffer, measured", "buffer, predicted", "wire, measured", "wire, predicted"]
+    buffer, wire = fig.data[0]["y"][0], fig.data[2]["y"][0]
     assert wire == pytest.approx(buffer * 2 * 3 / 4, rel=1e-6)  # all-reduce on 4 ranks: 2(n−1)/n
-    assert all(t.marker.pattern.bgcolor == t.marker.color for t in fig.data if t.marker.pattern.shape)
+    assert all(t["marker"]["pattern"]["bgcolor"] == t["marker"]["color"] for t in fig.data if "pattern" in t["marker"])
     assert run_figs.comm_volume(make_document(strategy="single", world_size=1).model_dump(mode="json")) is None
 
 
@@ -92,10 +93,10 @@ def test_compare_figures_show_exposed_communication_and_the_gradient_check() -> 
     bad = make_document(strategy="fsdp", world_size=2, gradient_error=0.5).model_dump(mode="json")
     figures = compare_figs.compare_figures([("ddp", good), ("fsdp", bad)])
     exposure = figures["exposure"]
-    assert [t.name for t in exposure.data] == ["communication (all)", "exposed (no compute overlaps it)"]
-    assert exposure.data[1].y[0] == pytest.approx(good["summary"]["exposed_comm_fraction"] * 100)
+    assert [t["name"] for t in exposure.data] == ["communication (all)", "exposed (no compute overlaps it)"]
+    assert exposure.data[1]["y"][0] == pytest.approx(good["summary"]["exposed_comm_fraction"] * 100)
     gradients = figures["gradients"]
-    assert list(gradients.data[0].y) == pytest.approx([3e-7, 0.5]) and gradients.layout.yaxis.type == "log"
-    assert list(gradients.data[0].marker.color) == [palette.VERDICT["passed"], palette.VERDICT["failed"]]
+    assert list(gradients.data[0]["y"]) == pytest.approx([3e-7, 0.5]) and gradients.layout["yaxis"]["type"] == "log"
+    assert list(gradients.data[0]["marker"]["color"]) == [palette.VERDICT["passed"], palette.VERDICT["failed"]]
     steps = figures["steps"]
-    assert "exposed comm" in [t.name for t in steps.data]
+    assert "exposed comm" in [t["name"] for t in steps.data]

@@ -33,7 +33,7 @@ def test_the_figures_draw_the_step_split_and_memory_in_the_palettes_colours() ->
 def test_each_run_keeps_its_colour_in_compare() -> None:
     docs = [(f"run {i}", {"summary": {"tokens_per_s": 1000.0 * (i + 1)}}) for i in range(3)]
     bars = compare.throughput(docs).data[0]
-    assert list(bars.marker.color) == [palette.run_colour(i) for i in range(3)]
+    assert list(bars["marker"]["color"]) == [palette.run_colour(i) for i in range(3)]
 
 
 def test_ranks_get_one_colour_each_in_order() -> None:
@@ -50,11 +50,11 @@ def test_the_scaling_axis_is_ticked_at_the_world_sizes_and_one_size_has_no_effic
 
     points = with_efficiency([_point("ddp", 2, 100.0), _point("ddp", 4, 180.0), _point("fsdp", 8, 300.0)])
     fig = scaling.throughput(points)
-    assert list(fig.layout.xaxis.tickvals) == [2, 4, 8] and list(fig.layout.xaxis.ticktext) == ["2", "4", "8"]
+    assert list(fig.layout["xaxis"]["tickvals"]) == [2, 4, 8] and list(fig.layout["xaxis"]["ticktext"]) == ["2", "4", "8"]
     by = {(p["strategy"], p["world_size"]): p for p in points}
     assert by[("ddp", 2)]["efficiency"] is None and by[("fsdp", 8)]["efficiency"] is None  # each its own baseline
     assert abs(by[("ddp", 4)]["efficiency"] - 0.9) < 1e-9
-    names = [t.name for t in scaling.efficiency(points).data]
+    names = [t["name"] for t in scaling.efficiency(points).data]
     assert names == ["ddp"]  # fsdp, seen at one world size, has no efficiency to draw
     single_size = with_efficiency([_point("fsdp", 8, 300.0)])
-    assert scaling.efficiency(single_size).layout.annotations[0].text.startswith("one world size per strategy")
+    assert scaling.efficiency(single_size).layout["annotations"][0]["text"].startswith("one world size per strategy")

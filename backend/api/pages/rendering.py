@@ -11,7 +11,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-import plotly.graph_objects as go
 from fastapi import Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
@@ -22,13 +21,14 @@ import frontend
 from backend.api import csrf, formatting
 from backend.api.deps import local_mode
 from backend.config import Settings, get_settings
+from backend.figures.common import Figure
 from backend.services.auth import ANONYMOUS
 from parallab.core.flags import FLAG_TOLERANCE
 
 FRONTEND = Path(frontend.__file__).parent
 
 
-def figure_json(fig: go.Figure) -> Markup:
+def figure_json(fig: Figure) -> Markup:
     """A figure as JSON that is safe inside <script type="application/json"> (no '<', '>', '&')."""
     text = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return Markup(text)
