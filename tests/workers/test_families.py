@@ -113,20 +113,6 @@ def test_tied_embeddings_are_one_parameter():
     assert "output.weight" not in dict(model.named_parameters())
 
 
-@pytest.fixture(scope="module")
-def fake_tp_mesh():
-    """Two tensor-parallel ranks in one process: torch's fake process group runs no collective."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh, sequence_parallel):
     from torch.distributed.tensor import DTensor, Shard
