@@ -195,6 +195,9 @@ def test_the_hf_family_names_hugging_faces_modules():
         p: plan[p] for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
     } == dict.fromkeys(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"), "colwise")
     assert plan["self_attn.o_proj"] == plan["mlp.down_proj"] == "rowwise"
+    # Megatron's one input preparation per attention and per MLP (the attention's input comes by keyword)
+    assert (plan["self_attn"], plan["mlp"]) == ("input_kwarg", "input")
+    assert job("tp", 2, {"sequence_parallel": True}, family="hf").options.sequence_parallel
     names = [t.name for t in model_tensors(cfg)]
     assert names[0] == "model.embed_tokens.weight" and names[-2:] == ["model.norm.weight", "lm_head.weight"]
     assert family.on_first_stage(model_tensors(cfg)[0]) and not family.on_first_stage(model_tensors(cfg)[-2])
@@ -212,7 +215,6 @@ def test_the_parallab_family_stays_the_default():
         ("moe", 2, {}, {}, ("workload", "num_experts"), "the hf family builds dense"),
         ("pp", 2, {}, {}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
         ("ring", 2, {}, {}, ("strategy", "name"), "context parallelism yet (cp=2)"),
-        ("tp", 2, {"sequence_parallel": True}, {}, ("strategy", "options", "sequence_parallel"), "no sequence parallelism"),
     ],
 )
 def test_what_the_hf_family_cannot_run_is_refused_naming_the_field(strategy, n, options, workload, loc, says):

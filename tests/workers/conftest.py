@@ -116,20 +116,6 @@ def ring_moe_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     return results
 
 
-@pytest.fixture(scope="module")
-def fake_tp_mesh() -> Any:
-    """Two tensor-parallel ranks in one process: torch's fake process group runs no collective."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    dist.destroy_process_group()
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """tokens/s of each harness job (noisy on a shared 2-core machine: a figure, never asserted)."""
     if not THROUGHPUT:

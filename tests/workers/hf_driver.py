@@ -1,4 +1,5 @@
-"""torchrun script (not a test module): the `hf` family under ddp, fsdp and tp against `single`.
+"""torchrun script (not a test module): the `hf` family under ddp, fsdp and tp (with and without
+sequence parallelism) against `single`.
 
 Launched once by test_hf_family.py at 2 ranks, on a tiny Llama (hidden 64, 2 layers, 4 heads over
 2 KV heads, vocabulary 256). For each strategy it builds the seeded model as a run does
@@ -10,7 +11,8 @@ parameters.
 
 Broken on purpose (`BROKEN`, each installed as the `hf` family for its case only), tp with:
 - o_proj marked column-parallel where it must be row-parallel (the shards no longer line up);
-- k_proj and v_proj left out of the plan (replicated: it trains, on the wrong K/V heads).
+- k_proj and v_proj left out of the plan (replicated: it trains, on the wrong K/V heads; the
+  attention's input preparation is left out with them, else the replicated projections raise).
 Whether a case raises or trains, it records which: the error's message, or the checks' verdicts.
 
 Everything goes to --out as JSON from rank 0.
@@ -37,7 +39,12 @@ from workers.harness.main import compute_reference, new_model, reference_gradien
 
 HF_WORKLOAD: dict[str, Any] = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
 """`tiny` (hidden 64, 4 heads, vocabulary 256) as a 2-layer Llama with 2 KV heads."""
-STRATEGIES = ("ddp", "fsdp", "tp")
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ddp": ("ddp", {}),
+    "fsdp": ("fsdp", {}),
+    "tp": ("tp", {}),
+    "tp_sp": ("tp", {"sequence_parallel": True}),
+}
 
 
 class OProjColwise(HFFamily):
@@ -48,18 +55,20 @@ class OProjColwise(HFFamily):
 
 
 class KVReplicated(HFFamily):
-    """A wrong plan: k_proj and v_proj left out (every rank computes all K/V heads for its half of the query heads)."""
+    """A wrong plan: k_proj and v_proj left out, with the attention's input preparation (left in,
+    the replicated K/V projections would meet a DTensor input and raise): every rank computes all
+    K/V heads for its half of the query heads, and trains."""
 
     def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
         plan = super().block_plan(cfg, layer)
-        return {path: style for path, style in plan.items() if path not in ("self_attn.k_proj", "self_attn.v_proj")}
+        return {path: style for path, style in plan.items() if path not in ("self_attn", "self_attn.k_proj", "self_attn.v_proj")}
 
 
 BROKEN = {"tp_o_proj_colwise": ("tp", OProjColwise()), "tp_kv_replicated": ("tp", KVReplicated())}
 
 
-def run_case(strategy_name: str, reference: dict[str, Any] | None) -> dict[str, Any] | None:
-    job = make_job(strategy_name, 2, workload=HF_WORKLOAD, trace=False)
+def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
+    job = make_job(strategy_name, 2, options, workload=HF_WORKLOAD, trace=False)
     ctx = gloo_context(job)
     strategy = strategies.get(job.strategy)
     model = new_model(job)
@@ -97,13 +106,13 @@ def main() -> None:
             "params": sum(p.numel() for p in new_model(job).parameters()),
         }
     results: dict[str, Any] = {}
-    for name in STRATEGIES:
-        results[name] = run_case(name, reference)
+    for case, (name, options) in CASES.items():
+        results[case] = run_case(name, options, reference)
     for case, (name, family) in BROKEN.items():
         right = families.FAMILIES["hf"]
         families.FAMILIES["hf"] = family
         try:
-            results[case] = {"outcome": run_case(name, reference)}
+            results[case] = {"outcome": run_case(name, {}, reference)}
         except Exception as exc:  # noqa: BLE001 — what a wrong plan does is the result
             results[case] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:

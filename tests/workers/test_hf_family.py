@@ -3,7 +3,8 @@ held against its declaration and trained under ddp, fsdp and tp against `single`
 
 In one process: the module built on the meta device is exactly the declared tensors (names,
 shapes, the closed-form count), and the tp plan splits each parameter on its declared dim (torch's
-fake process group). One 2-rank torchrun (hf_driver.py, module fixture) runs ddp, fsdp and tp on
+fake process group). One 2-rank torchrun (hf_driver.py, module fixture) runs ddp, fsdp, tp and tp
+with sequence parallelism on
 a tiny Llama (hidden 64, 2 layers, 4 heads over 2 KV heads, vocabulary 256) and two wrong TP
 plans. Without `transformers` the launcher refuses the job naming the field and the fix.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from parallab.core.families import HF, family_of, model_tensors
 from parallab.core.model import ModelConfig
 from tests.workers.conftest import make_job, torchrun
-from tests.workers.test_families import mismatches
+from tests.workers.declared import fake_tp_group, mismatches
 
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: a config builds the model
@@ -74,14 +76,21 @@ def test_a_wrong_declaration_is_caught_against_the_module():
     assert "the parameter formula disagrees with the module" not in found  # the formula is HF's own, unchanged
 
 
-def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh):
+@pytest.fixture(scope="module")
+def fake_tp_mesh() -> Iterator[Any]:
+    with fake_tp_group() as mesh:
+        yield mesh
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh, sequence_parallel):
     from torch.distributed.tensor import DTensor, Shard
 
     from workers.harness.families import build_model
     from workers.strategies.tensor_parallel import parallelize
 
     cfg = cfg_of(SHAPES["qwen2-bias"] | {"num_kv_heads": 2})
-    model = parallelize(build_model(cfg, seed=0), fake_tp_mesh, sequence_parallel=False)
+    model = parallelize(build_model(cfg, seed=0), fake_tp_mesh, sequence_parallel=sequence_parallel)
     split = {}
     for name, p in model.named_parameters():
         shards = [pl.dim for pl in p.placements if isinstance(pl, Shard)] if isinstance(p, DTensor) else []
@@ -113,10 +122,14 @@ def hf_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
+CASES = ("ddp", "fsdp", "tp", "tp_sp")
+"""The driver's cases: tp_sp is tp with sequence parallelism."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
-def test_each_strategy_matches_single_in_loss_and_gradients(hf_results, strategy):
-    case = hf_results[strategy]
+@pytest.mark.parametrize("name", CASES)
+def test_each_strategy_matches_single_in_loss_and_gradients(hf_results, name):
+    case = hf_results[name]
     check = case["gradient_check"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
     assert check["params_checked"] == len(model_tensors(cfg_of(LLAMA))) == 21
@@ -128,7 +141,7 @@ def test_each_strategy_matches_single_in_loss_and_gradients(hf_results, strategy
 def test_the_built_module_holds_the_declared_parameter_count(hf_results):
     declared = HF.param_counts(cfg_of(LLAMA)).total
     assert hf_results["reference_params"] == declared == 155_968
-    assert all(hf_results[s]["params"] == declared for s in ("ddp", "fsdp", "tp"))
+    assert all(hf_results[s]["params"] == declared for s in CASES)
 
 
 @pytest.mark.slow

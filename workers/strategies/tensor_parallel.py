@@ -64,6 +64,10 @@ def style(name: str, module: nn.Module, *, residual: Placement, sequence_paralle
         # With SP the preparation also all-gathers the sequence (its backward reduce-scatters).
         rest = (None,) * (_inputs(module) - 1)
         return PrepareModuleInput(input_layouts=(residual, *rest), desired_input_layouts=(Replicate(), *rest))
+    if name == "input_kwarg":  # the same preparation, for a module called with hidden_states=... (Hugging Face's attention)
+        return PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": residual}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        )
     if name == "norm":
         return SequenceParallel() if sequence_parallel else None
     raise ValueError(f"unknown tensor-parallel style {name!r}")

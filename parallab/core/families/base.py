@@ -26,11 +26,13 @@ if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
     from parallab.core.problems import SpecProblem
 
-TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "norm"]
+TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "input_kwarg", "norm"]
 """colwise: output features split (weight and bias dim 0), local output; rowwise: input features
 split (weight dim 1), output reduced onto the residual stream; embedding: rows of the vocabulary
 split, output reduced; head: vocabulary split, logits gathered; input: the module's first input
-made replicated once (its gradient all-reduced once); norm: runs on a sequence shard under SP."""
+made replicated once (its gradient all-reduced once); input_kwarg: the same for a module its block
+calls with the residual stream as the keyword `hidden_states` (Hugging Face's attention); norm:
+runs on a sequence shard under SP."""
 
 SHARD_DIM: dict[str, int] = {"colwise": 0, "embedding": 0, "head": 0}
 """The dim every parameter of a module in that style is split on (rowwise: see `tp_dim`)."""

@@ -12,11 +12,12 @@ a container keyed "0".."L-1" (the library's list becomes a dict of the same name
 self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm.
 
 The TP plan is the library's `base_model_tp_plan` (q/k/v and gate/up column-parallel, o and down
-row-parallel) plus the root: the embedding vocab-parallel, the head column-parallel with gathered
-logits. It has no `input` preparation: the library's attention is called with keyword arguments,
-which torch's `PrepareModuleInput` cannot lay out by position, so each column-parallel linear
-all-reduces its own input gradient (three per attention, two per MLP, in backward) — more
-communication than the parallab family's plan, the same result. Hence no sequence parallelism.
+row-parallel) plus what makes it Megatron's, as the parallab family's: each attention and MLP
+input prepared once (the attention's by keyword, `input_kwarg`: the library's block calls it with
+`hidden_states=`), so a block all-reduces its input gradient once per attention and once per MLP
+rather than once per column-parallel linear; the embedding vocab-parallel, the head
+column-parallel with gathered logits; the norms on a sequence shard under sequence parallelism.
+The communication is then the parallab family's, which the prediction counts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
 
 UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "pp": "pipeline parallelism", "ep": "expert parallelism"}
-"""Dimensions the rank side does not apply to this family yet (refused at resolution)."""
+"""Dimensions the rank side does not apply to this family yet (refused at resolution): ring
+attention swaps the parallab attention's `attn_fn`, the pipeline's stages and expert parallelism's
+experts are the parallab modules'."""
 
 
 class HFFamily(ModelFamily):
@@ -90,11 +93,13 @@ class HFFamily(ModelFamily):
     def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
         return {
             "input_layernorm": "norm",
+            "self_attn": "input_kwarg",
             "self_attn.q_proj": "colwise",
             "self_attn.k_proj": "colwise",
             "self_attn.v_proj": "colwise",
             "self_attn.o_proj": "rowwise",
             "post_attention_layernorm": "norm",
+            "mlp": "input",
             "mlp.gate_proj": "colwise",
             "mlp.up_proj": "colwise",
             "mlp.down_proj": "rowwise",
@@ -128,13 +133,6 @@ class HFFamily(ModelFamily):
             for dim, what in UNSUPPORTED_DIMS.items()
             if getattr(layout, dim) > 1
         ]
-        if layout.tp > 1 and layout.sequence_parallel:
-            out.append(
-                SpecProblem(
-                    ("strategy", "options", "sequence_parallel"),
-                    "the hf family's TP plan has no sequence parallelism (its attention takes keyword inputs)",
-                )
-            )
         return out
 
 
