@@ -28,7 +28,7 @@ from typing import Any
 from parallab.core.jobs import ResolvedJob
 from parallab.core.noise import HostNoise
 from parallab.core.rundir import RunDir
-from workers import lifeline
+from workers import extras, lifeline
 from workers.noise import NoiseSampler
 
 LOG_TAIL_LINES = 60
@@ -239,6 +239,9 @@ def launch(
     lease), or None; `on_start` gets the ranks' process group id as soon as it exists."""
     run_dir.create()
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
+    if (missing := extras.missing_extra(job.model)) is not None:  # refused before any rank starts
+        run_dir.log.write_text(missing + "\n")
+        return LaunchOutcome(returncode=None, reason=missing, log_tail=missing)
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress, log=run_dir.log)
     sampler = NoiseSampler(ranks_on_host=job.ranks_per_node)

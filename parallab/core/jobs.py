@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parallab.core.data import DEFAULT_LR, data_problems
+from parallab.core.families import family_of
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
@@ -283,6 +284,9 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         )
     problems += recipe_problems(descriptor, options, world, wl.precision)
     problems += data_problems(wl.data, model.vocab_size)
+    layout = descriptor.layout(world, options)
+    if layout is not None:
+        problems += family_of(model).layout_problems(model, layout)
     if problems:
         raise SpecError(problems)
 

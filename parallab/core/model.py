@@ -33,15 +33,24 @@ def shape_field(
 
 
 Mlp = Literal["swiglu", "gelu"]
+Family = Literal["parallab", "hf"]
 
 
 class ModelConfig(BaseModel):
-    """A decoder-only transformer of the `parallab` family (`parallab.core.families`): RMSNorm,
+    """A decoder-only transformer's shape, built by its `family` (`parallab.core.families`): RMSNorm,
     rotary positions, multi-head or grouped-query attention, a SwiGLU or GELU MLP or an MoE MLP
-    (top-k routed experts, shared experts, dense first layers), tied or untied embeddings."""
+    (top-k routed experts, shared experts, dense first layers), tied or untied embeddings. The
+    `hf` family builds the dense SwiGLU subset as Hugging Face's Llama (Qwen2 with q/k/v biases)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    family: Family = shape_field(
+        "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
+        "from its config with random weights: Llama, or Qwen2 with attention_bias; the worker needs parallab[hf]).",
+        cli="--family",
+        default="parallab",
+        neutral="parallab",
+    )
     vocab_size: int = shape_field("Tokens in the (synthetic) vocabulary (V).", cli="--vocab", ge=2, le=1 << 21)
     hidden_size: int = shape_field("Width of the residual stream (h).", cli="--hidden", ge=2, le=1 << 16)
     num_layers: int = shape_field("Transformer blocks (L).", cli="--layers", ge=1, le=1024)
@@ -153,6 +162,11 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
     if not cfg.num_experts and (cfg.num_shared_experts or cfg.first_dense_layers):
         field = "num_shared_experts" if cfg.num_shared_experts else "first_dense_layers"
         out.append((field, f"{field} needs an MoE model (num_experts is 0)"))
+    if cfg.family == "hf":
+        if cfg.mlp != "swiglu":
+            out.append(("mlp", f"the hf family builds Llama's SwiGLU MLP; mlp {cfg.mlp!r} is the parallab family's only"))
+        if cfg.num_experts:
+            out.append(("num_experts", "the hf family builds dense Llama and Qwen2 models; experts are the parallab family's only"))
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
             ("first_dense_layers", f"first_dense_layers {cfg.first_dense_layers} leaves no MoE block of num_layers {cfg.num_layers}")

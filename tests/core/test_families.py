@@ -147,3 +147,84 @@ def test_expert_parallel_all_to_all_runs_in_moe_blocks_only():
     first_dense = predict(job("moe", 2, num_experts=4, first_dense_layers=1))["comm_bytes_per_step"]["all_to_all"]
     layers = PRESETS["tiny"].config.num_layers
     assert first_dense * layers == every * (layers - 1)
+
+
+# ---- the hf family: the same shape fields, Hugging Face's module paths (pure: no transformers here) ----
+
+HF_VARIANTS = [
+    {"num_layers": 2, "num_kv_heads": 2},
+    {"num_kv_heads": 1, "attention_bias": True},
+    {"tie_embeddings": True, "num_layers": 3},
+    {"model": "llama-3-8b"},
+]
+
+
+@pytest.mark.parametrize("workload", HF_VARIANTS, ids=lambda w: ",".join(f"{k}={v}" for k, v in w.items()))
+def test_the_hf_parameter_formula_counts_the_declared_tensors(workload):
+    cfg = job("single", 1, family="hf", **workload).model
+    assert family_of(cfg).name == "hf"
+    assert param_counts(cfg).total == sum(numel(t.shape) for t in model_tensors(cfg))
+
+
+def test_the_hf_count_by_hand_and_at_llama_3_8b():
+    """2 blocks of 2·64² + 2·64·32 (q, o; k, v over 2 KV heads) + 3·64·256 + 2·64, embedding and
+    head 256·64 each, final norm 64: 155,968 — what `transformers` builds (tests/workers/test_hf_family.py).
+    Llama-3-8B's shape as hf is its published 8,030,261,248, as the parallab family counts it."""
+    h, kv, f, v = 64, 32, 256, 256
+    assert (
+        param_counts(job("single", 1, family="hf", num_layers=2, num_kv_heads=2).model).total
+        == (2 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 2 * v * h + h)
+        == 155_968
+    )
+    llama = job("fsdp", 8, model="llama-3-8b", family="hf").model
+    assert param_counts(llama).total == 8_030_261_248 == param_counts(PRESETS["llama-3-8b"].config).total
+    assert model_flops_per_token(llama) == model_flops_per_token(PRESETS["llama-3-8b"].config)
+
+
+def test_the_hf_family_names_hugging_faces_modules():
+    cfg = job("single", 1, family="hf").model
+    family = family_of(cfg)
+    assert (family.blocks, family.first_stage, family.last_stage, family.attention) == (
+        "model.layers",
+        ("model.embed_tokens",),
+        ("model.norm", "lm_head"),
+        "self_attn",
+    )
+    plan = family.block_plan(cfg, 0)
+    assert {
+        p: plan[p] for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+    } == dict.fromkeys(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"), "colwise")
+    assert plan["self_attn.o_proj"] == plan["mlp.down_proj"] == "rowwise"
+    # Megatron's one input preparation per attention and per MLP (the attention's input comes by keyword)
+    assert (plan["self_attn"], plan["mlp"]) == ("input_kwarg", "input")
+    assert job("tp", 2, {"sequence_parallel": True}, family="hf").options.sequence_parallel
+    names = [t.name for t in model_tensors(cfg)]
+    assert names[0] == "model.embed_tokens.weight" and names[-2:] == ["model.norm.weight", "lm_head.weight"]
+    assert family.on_first_stage(model_tensors(cfg)[0]) and not family.on_first_stage(model_tensors(cfg)[-2])
+
+
+def test_the_parallab_family_stays_the_default():
+    assert job().model.family == "parallab" and family_of(job().model).name == "parallab"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "n", "options", "workload", "loc", "says"),
+    [
+        ("ddp", 2, {}, {"mlp": "gelu"}, ("workload", "mlp"), "the hf family builds Llama's SwiGLU MLP"),
+        ("ddp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "the hf family builds dense"),
+        ("moe", 2, {}, {}, ("workload", "num_experts"), "the hf family builds dense"),
+        ("pp", 2, {}, {}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
+        ("ring", 2, {}, {}, ("strategy", "name"), "context parallelism yet (cp=2)"),
+    ],
+)
+def test_what_the_hf_family_cannot_run_is_refused_naming_the_field(strategy, n, options, workload, loc, says):
+    problems = refused(strategy, n, options, family="hf", **workload)
+    assert loc in problems and says in problems[loc], problems
+
+
+def test_an_unknown_family_is_refused_naming_the_field():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as exc:
+        job(family="mixtral")
+    assert [err["loc"] for err in exc.value.errors()] == [("workload", "family")]

@@ -10,15 +10,17 @@ grouped-query, GELU, q/k/v-bias `tiny`) checks loss, gradients and communication
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from torch import nn
 
-from parallab.core.families import ModelFamily, family_of, model_tensors, param_counts
+from parallab.core.families import family_of, model_tensors, param_counts
 from parallab.core.families.base import Param
 from parallab.core.families.parallab import ParallabFamily
 from parallab.core.model import PRESETS, ModelConfig
+from tests.workers.declared import fake_tp_group, mismatches
 from workers.harness.model import build_meta
 
 PUBLISHED = {
@@ -49,23 +51,6 @@ VARIANTS = {
     "moe-shared-dense-first": tiny(num_experts=4, num_shared_experts=2, first_dense_layers=1),
     "moe-gelu-tied": tiny(num_experts=4, mlp="gelu", tie_embeddings=True, num_kv_heads=1),
 }
-
-
-def mismatches(family: ModelFamily, cfg: ModelConfig, model: nn.Module) -> list[str]:
-    """Every way the module's parameters differ from the family's declared tensors (empty: they agree)."""
-    got = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    declared = family.tensors(cfg)
-    want = {t.name: t.shape for t in declared}
-    out = [
-        f"{name}: module {got.get(name)}, declared {want.get(name)}"
-        for name in sorted(set(got) | set(want))
-        if got.get(name) != want.get(name)
-    ]
-    if len(declared) != len(want):
-        out.append(f"{len(declared) - len(want)} tensors declared twice")
-    if sum(p.numel() for p in model.parameters()) != family.param_counts(cfg).total:
-        out.append("the parameter formula disagrees with the module")
-    return out
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -114,17 +99,9 @@ def test_tied_embeddings_are_one_parameter():
 
 
 @pytest.fixture(scope="module")
-def fake_tp_mesh():
-    """Two tensor-parallel ranks in one process: torch's fake process group runs no collective."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    dist.destroy_process_group()
+def fake_tp_mesh() -> Iterator[Any]:
+    with fake_tp_group() as mesh:
+        yield mesh
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

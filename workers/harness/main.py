@@ -45,7 +45,8 @@ from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
 from workers.harness import amp, divergence, gradcheck, loop, measure, replicas
-from workers.harness.model import Transformer, apply_activation_checkpointing, build_model
+from workers.harness.families import build_model
+from workers.harness.model import Transformer, apply_activation_checkpointing
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
 GRADIENTS_FILE = "gradients.rank0.pt"

@@ -323,7 +323,8 @@ class Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, *, seed: int, aux_loss_coef: float = 0.0, route_groups: int = 1) -> Transformer:
-    """The full model on CPU, identical on every rank for a seed; strategies shard it afterwards.
+    """The full model on CPU, identical on every rank for a seed; strategies shard it afterwards
+    (a run builds through `workers.harness.families`, which picks the model's family).
 
     `route_groups` (MoE only): the batch rows are routed in that many equal groups, each with its
     own capacity and aux loss — how expert parallelism over `route_groups` ranks routes.

@@ -64,6 +64,10 @@ def style(name: str, module: nn.Module, *, residual: Placement, sequence_paralle
         # With SP the preparation also all-gathers the sequence (its backward reduce-scatters).
         rest = (None,) * (_inputs(module) - 1)
         return PrepareModuleInput(input_layouts=(residual, *rest), desired_input_layouts=(Replicate(), *rest))
+    if name == "input_kwarg":  # the same preparation, for a module called with hidden_states=... (Hugging Face's attention)
+        return PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": residual}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        )
     if name == "norm":
         return SequenceParallel() if sequence_parallel else None
     raise ValueError(f"unknown tensor-parallel style {name!r}")
@@ -76,12 +80,22 @@ def _apply(root: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, residu
     parallelize_module(root, mesh, {path: s for path, s in styles.items() if s is not None})
 
 
+def _held(root: nn.Module, path: str) -> bool:
+    """Whether every module on `path` is there (a pipeline stage sets the roots it lacks to None)."""
+    module: nn.Module | None = root
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return False
+    return True
+
+
 def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool) -> Transformer:
     """Apply the model family's plan to `model` (root modules, then each block) on the 1-D `mesh`;
     a pipeline stage holds some of the root modules and some blocks: the plan covers what it holds."""
     family, cfg = family_of(model.cfg), model.cfg
     residual: Placement = Shard(1) if sequence_parallel else Replicate()
-    root_plan = {path: name for path, name in family.root_plan(cfg).items() if getattr(model, path.split(".")[0], None) is not None}
+    root_plan = {path: name for path, name in family.root_plan(cfg).items() if _held(model, path)}
     _apply(model, root_plan, mesh, residual=residual, sequence_parallel=sequence_parallel)
     blocks = model.get_submodule(family.blocks)
     assert isinstance(blocks, nn.ModuleDict), "a family keeps its blocks in a ModuleDict"

@@ -7,17 +7,18 @@ import functools
 from typing import TYPE_CHECKING
 
 from parallab.core.families.base import ModelFamily, ParamCounts, Tensor
+from parallab.core.families.hf import FAMILY as HF
 from parallab.core.families.parallab import FAMILY as PARALLAB
 
 if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
 
-FAMILIES: dict[str, ModelFamily] = {PARALLAB.name: PARALLAB}
+FAMILIES: dict[str, ModelFamily] = {PARALLAB.name: PARALLAB, HF.name: HF}
 
 
 def family_of(cfg: ModelConfig) -> ModelFamily:
-    """The family that builds `cfg` (one today: every `ModelConfig` is a `parallab` model)."""
-    return PARALLAB
+    """The family that builds `cfg` (its `family` field)."""
+    return FAMILIES[cfg.family]
 
 
 def param_counts(cfg: ModelConfig) -> ParamCounts:
@@ -48,6 +49,8 @@ def tensor_count(cfg: ModelConfig) -> int:
 
 __all__ = [
     "FAMILIES",
+    "HF",
+    "PARALLAB",
     "ModelFamily",
     "ParamCounts",
     "Tensor",

@@ -22,13 +22,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 if TYPE_CHECKING:
+    from parallab.core.layout import Layout
     from parallab.core.model import ModelConfig
+    from parallab.core.problems import SpecProblem
 
-TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "norm"]
+TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "input_kwarg", "norm"]
 """colwise: output features split (weight and bias dim 0), local output; rowwise: input features
 split (weight dim 1), output reduced onto the residual stream; embedding: rows of the vocabulary
 split, output reduced; head: vocabulary split, logits gathered; input: the module's first input
-made replicated once (its gradient all-reduced once); norm: runs on a sequence shard under SP."""
+made replicated once (its gradient all-reduced once); input_kwarg: the same for a module its block
+calls with the residual stream as the keyword `hidden_states` (Hugging Face's attention); norm:
+runs on a sequence shard under SP."""
 
 SHARD_DIM: dict[str, int] = {"colwise": 0, "embedding": 0, "head": 0}
 """The dim every parameter of a module in that style is split on (rowwise: see `tp_dim`)."""
@@ -90,7 +94,7 @@ class ModelFamily:
     name: ClassVar[str]
     blocks: ClassVar[str] = "layers"
     first_stage: ClassVar[tuple[str, ...]] = ()
-    """Root modules on the first pipeline stage (the embedding)."""
+    """Root modules on the first pipeline stage (the embedding), as module paths ("model.embed_tokens")."""
     last_stage: ClassVar[tuple[str, ...]] = ()
     """Root modules on the last pipeline stage (final norm, head)."""
     attention: ClassVar[str] = "attention"
@@ -118,7 +122,7 @@ class ModelFamily:
         """Every parameter with its qualified name, in the module's order, and the dim TP splits."""
         root_plan = self.root_plan(cfg)
         roots = [self._tensor(p, root_plan, prefix="", layer=None) for p in self.root_params(cfg)]
-        first = [t for t in roots if t.name.split(".")[0] in self.first_stage]
+        first = [t for t in roots if self.on_first_stage(t)]
         out = list(first)
         for i in range(cfg.num_layers):
             plan = self.block_plan(cfg, i)
@@ -135,4 +139,8 @@ class ModelFamily:
 
     def on_first_stage(self, t: Tensor) -> bool:
         """Whether a root tensor goes with the first pipeline stage (else with the last)."""
-        return t.name.split(".")[0] in self.first_stage
+        return any(t.name.startswith(f"{module}.") for module in self.first_stage)
+
+    def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
+        """What this family cannot run of a layout (resolution refuses it, naming the field)."""
+        return []

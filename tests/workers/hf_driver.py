@@ -1,0 +1,130 @@
+"""torchrun script (not a test module): the `hf` family under ddp, fsdp and tp (with and without
+sequence parallelism) against `single`.
+
+Launched once by test_hf_family.py at 2 ranks, on a tiny Llama (hidden 64, 2 layers, 4 heads over
+2 KV heads, vocabulary 256). For each strategy it builds the seeded model as a run does
+(`main.new_model`), applies the strategy, and runs what a run checks: the gradient check's own
+code (step 0's whole gradients on rank 0 against the fp32 `single` reference) and the shared
+training loop (`loop.train`: warm-up, then the measured steps) whose global loss curve is held
+against the reference curve (`main.compute_reference`). Rank 0 also counts the built module's
+parameters.
+
+Broken on purpose (`BROKEN`, each installed as the `hf` family for its case only), tp with:
+- o_proj marked column-parallel where it must be row-parallel (the shards no longer line up);
+- k_proj and v_proj left out of the plan (replicated: it trains, on the wrong K/V heads; the
+  attention's input preparation is left out with them, else the replicated projections raise).
+Whether a case raises or trains, it records which: the error's message, or the checks' verdicts.
+
+Everything goes to --out as JSON from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from parallab.core import families
+from parallab.core.families.base import TPStyle
+from parallab.core.families.hf import HFFamily
+from parallab.core.model import ModelConfig
+from tests.workers.conftest import make_job
+from tests.workers.driver_context import gloo_context
+from workers import strategies
+from workers.harness import gradcheck, loop
+from workers.harness.main import compute_reference, new_model, reference_gradients
+
+HF_WORKLOAD: dict[str, Any] = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
+"""`tiny` (hidden 64, 4 heads, vocabulary 256) as a 2-layer Llama with 2 KV heads."""
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ddp": ("ddp", {}),
+    "fsdp": ("fsdp", {}),
+    "tp": ("tp", {}),
+    "tp_sp": ("tp", {"sequence_parallel": True}),
+}
+
+
+class OProjColwise(HFFamily):
+    """A wrong plan: o_proj split on its output features, as if it were q/k/v."""
+
+    def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
+        return {**super().block_plan(cfg, layer), "self_attn.o_proj": "colwise"}
+
+
+class KVReplicated(HFFamily):
+    """A wrong plan: k_proj and v_proj left out, with the attention's input preparation (left in,
+    the replicated K/V projections would meet a DTensor input and raise): every rank computes all
+    K/V heads for its half of the query heads, and trains."""
+
+    def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
+        plan = super().block_plan(cfg, layer)
+        return {path: style for path, style in plan.items() if path not in ("self_attn", "self_attn.k_proj", "self_attn.v_proj")}
+
+
+BROKEN = {"tp_o_proj_colwise": ("tp", OProjColwise()), "tp_kv_replicated": ("tp", KVReplicated())}
+
+
+def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
+    job = make_job(strategy_name, 2, options, workload=HF_WORKLOAD, trace=False)
+    ctx = gloo_context(job)
+    strategy = strategies.get(job.strategy)
+    model = new_model(job)
+    params = sum(p.numel() for p in model.parameters())
+    applied = strategy.apply(model, ctx, job.options)
+    grads = gradcheck.strategy_gradients(applied, strategy, job.options, ctx, job)
+    result = loop.train(applied=applied, strategy=strategy, options=job.options, ctx=ctx, job=job, progress=loop.Progress(None, False))
+    losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, job.options), ctx=ctx)
+    if reference is None or grads is None:
+        return None
+    check = gradcheck.compare(grads, reference["gradients"], tol=gradcheck.tolerance(job.workload.precision))
+    curve = reference["curve"]
+    return {
+        "params": params,
+        "gradient_check": check.model_dump(exclude={"per_param", "method"}),
+        "losses": losses,
+        "reference": curve,
+        "loss_max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, curve, strict=True)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    job = make_job("single", 1, workload=HF_WORKLOAD, trace=False)
+    reference = None
+    if dist.get_rank() == 0:
+        solo = gloo_context(make_job("ddp", 2, workload=HF_WORKLOAD, trace=False))
+        reference = {
+            "gradients": reference_gradients(job, solo),
+            "curve": compute_reference(job, solo, loop.Progress(None, False)),
+            "params": sum(p.numel() for p in new_model(job).parameters()),
+        }
+    results: dict[str, Any] = {}
+    for case, (name, options) in CASES.items():
+        results[case] = run_case(name, options, reference)
+    for case, (name, family) in BROKEN.items():
+        right = families.FAMILIES["hf"]
+        families.FAMILIES["hf"] = family
+        try:
+            results[case] = {"outcome": run_case(name, {}, reference)}
+        except Exception as exc:  # noqa: BLE001 — what a wrong plan does is the result
+            results[case] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            families.FAMILIES["hf"] = right
+    if dist.get_rank() == 0:
+        assert reference is not None
+        results["reference_params"] = reference["params"]
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The `hf` family: a Hugging Face Llama (Qwen2 with q/k/v biases) built offline from its config,
+held against its declaration and trained under ddp, fsdp and tp against `single`.
+
+In one process: the module built on the meta device is exactly the declared tensors (names,
+shapes, the closed-form count), and the tp plan splits each parameter on its declared dim (torch's
+fake process group). One 2-rank torchrun (hf_driver.py, module fixture) runs ddp, fsdp, tp and tp
+with sequence parallelism on
+a tiny Llama (hidden 64, 2 layers, 4 heads over 2 KV heads, vocabulary 256) and two wrong TP
+plans. Without `transformers` the launcher refuses the job naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallab.core.families import HF, family_of, model_tensors
+from parallab.core.model import ModelConfig
+from tests.workers.conftest import make_job, torchrun
+from tests.workers.declared import fake_tp_group, mismatches
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: a config builds the model
+
+LLAMA = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
+"""The tiny Llama of the brief: `tiny`'s hidden 64, 4 heads and vocabulary 256, 2 layers, 2 KV heads."""
+SHAPES = {
+    "llama-gqa": LLAMA,
+    "llama-mha-tied": {"family": "hf", "num_layers": 3, "tie_embeddings": True},
+    "qwen2-bias": {**LLAMA, "attention_bias": True, "num_kv_heads": 1},
+}
+
+
+def cfg_of(workload: dict[str, Any]) -> ModelConfig:
+    return make_job("single", 1, workload=workload, trace=False).model
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_built_module_is_exactly_the_declared_tensors(name):
+    from workers.harness.families import build_meta
+
+    cfg = cfg_of(SHAPES[name])
+    model = build_meta(cfg)
+    assert family_of(cfg) is HF and all(p.is_meta for p in model.parameters())
+    assert mismatches(HF, cfg, model) == []  # names, shapes, and the closed-form count against sum(numel)
+    assert type(model).__name__ == "HFCausalLM"
+
+
+def test_the_architecture_follows_attention_bias_and_the_tied_head_is_one_parameter():
+    from workers.harness.families import build_meta
+
+    assert HF.architecture(cfg_of(SHAPES["qwen2-bias"])) == "Qwen2ForCausalLM"
+    assert HF.architecture(cfg_of(LLAMA)) == "LlamaForCausalLM"
+    tied = build_meta(cfg_of(SHAPES["llama-mha-tied"]))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight and "lm_head.weight" not in dict(tied.named_parameters())
+
+
+def test_a_wrong_declaration_is_caught_against_the_module():
+    """The holding test can fail: a family declaring Llama's o_proj with a bias disagrees with the module."""
+    from parallab.core.families.base import Param
+    from parallab.core.families.hf import HFFamily
+    from workers.harness.families import build_meta
+
+    class BiasedO(HFFamily):
+        def block_params(self, cfg: ModelConfig, layer: int) -> list[Param]:
+            return [*super().block_params(cfg, layer), Param("self_attn.o_proj", "bias", (cfg.hidden_size,))]
+
+    cfg = cfg_of(LLAMA)
+    found = mismatches(BiasedO(), cfg, build_meta(cfg))
+    assert "model.layers.0.self_attn.o_proj.bias: module None, declared (64,)" in found
+    assert "the parameter formula disagrees with the module" not in found  # the formula is HF's own, unchanged
+
+
+@pytest.fixture(scope="module")
+def fake_tp_mesh() -> Iterator[Any]:
+    with fake_tp_group() as mesh:
+        yield mesh
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh, sequence_parallel):
+    from torch.distributed.tensor import DTensor, Shard
+
+    from workers.harness.families import build_model
+    from workers.strategies.tensor_parallel import parallelize
+
+    cfg = cfg_of(SHAPES["qwen2-bias"] | {"num_kv_heads": 2})
+    model = parallelize(build_model(cfg, seed=0), fake_tp_mesh, sequence_parallel=sequence_parallel)
+    split = {}
+    for name, p in model.named_parameters():
+        shards = [pl.dim for pl in p.placements if isinstance(pl, Shard)] if isinstance(p, DTensor) else []
+        split[name] = shards[0] if shards else None
+    assert split == {t.name: t.tp_dim for t in model_tensors(cfg)}
+    assert split["model.layers.0.self_attn.o_proj.weight"] == 1 and split["model.layers.0.mlp.up_proj.weight"] == 0
+    assert split["lm_head.weight"] == 0 and split["model.embed_tokens.weight"] == 0 and split["model.norm.weight"] is None
+
+
+def test_without_transformers_the_launcher_refuses_the_job_naming_the_field_and_the_fix(monkeypatch, tmp_path):
+    from parallab.core.rundir import RunDir
+    from workers import extras
+    from workers.launcher import launch
+
+    monkeypatch.setattr(extras, "transformers_available", lambda: False)
+    outcome = launch(make_job("ddp", 2, workload=LLAMA, trace=False), RunDir(tmp_path / "run"), timeout_s=60, trace_cap_bytes=1 << 20)
+    assert not outcome.ok and outcome.returncode is None, "no rank was started"
+    assert outcome.reason is not None and outcome.reason.startswith("workload.family: 'hf' needs Hugging Face transformers")
+    assert "pip install 'parallab[hf]'" in outcome.reason and "Traceback" not in outcome.log_tail
+    assert extras.missing_extra(cfg_of({})) is None, "the parallab family needs no extra"
+
+
+@pytest.fixture(scope="module")
+def hf_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("hf") / "results.json"
+    proc = torchrun(2, [str(Path(__file__).with_name("hf_driver.py")), "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+CASES = ("ddp", "fsdp", "tp", "tp_sp")
+"""The driver's cases: tp_sp is tp with sequence parallelism."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
+def test_each_strategy_matches_single_in_loss_and_gradients(hf_results, name):
+    case = hf_results[name]
+    check = case["gradient_check"]
+    assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
+    assert check["params_checked"] == len(model_tensors(cfg_of(LLAMA))) == 21
+    assert case["loss_max_rel_diff"] <= 1e-4, (case["losses"], case["reference"])
+    assert len(case["losses"]) == 3
+
+
+@pytest.mark.slow
+def test_the_built_module_holds_the_declared_parameter_count(hf_results):
+    declared = HF.param_counts(cfg_of(LLAMA)).total
+    assert hf_results["reference_params"] == declared == 155_968
+    assert all(hf_results[s]["params"] == declared for s in CASES)
+
+
+@pytest.mark.slow
+def test_o_proj_marked_colwise_is_a_sharding_error(hf_results):
+    error = hf_results["tp_o_proj_colwise"].get("error", "")
+    assert error.startswith("RuntimeError:") and "Sharding propagation failed" in error, hf_results["tp_o_proj_colwise"]
+
+
+@pytest.mark.slow
+def test_k_and_v_left_out_of_the_plan_train_and_fail_the_gradient_check(hf_results):
+    outcome = hf_results["tp_kv_replicated"]["outcome"]
+    check = outcome["gradient_check"]
+    assert not check["passed"] and check["max_rel_err"] > 0.1, check
+    assert outcome["loss_max_rel_diff"] > 1e-4, "the loss check sees it too"

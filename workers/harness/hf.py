@@ -1,0 +1,137 @@
+"""The `hf` family on the rank side: a Hugging Face `transformers` causal LM built offline from
+its config with random weights, wrapped so the strategies and the loop see the workload model's
+interface (`Transformer`: `cfg`, `blocks()`, `forward(tokens, labels=, positions=)`).
+
+The descriptor (`parallab.core.families.hf`) says which class, which config and which module
+paths; this module only builds. `transformers` is an optional extra (`parallab[hf]`), imported
+here and nowhere else, only when an `hf` model is built; the hub is never asked for anything
+(`HF_HUB_OFFLINE`: a config, not a checkpoint, so there is nothing to download).
+
+The wrapper holds the library's own `model` (embed_tokens, layers, norm, rotary_emb) and
+`lm_head`, so parameter names are the library's. Its forward runs those modules itself rather
+than `LlamaModel.forward`: the blocks are kept in a dict keyed "0".."L-1" (the family's block
+container, what FSDP and TP walk), which the library's forward cannot slice; no attention mask is
+made (SDPA's causal flag does it), and the loss is the harness's — mean cross-entropy of the
+logits against the already shifted labels, the parallab family's definition — not the library's
+internal shift-and-loss, so a run is checked against `single` on the same quantity.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from parallab.core.families.hf import FAMILY
+from parallab.core.model import ModelConfig
+from workers import extras
+from workers.harness.model import Attention, MoE, Transformer, selective_contexts
+
+
+class MissingExtra(RuntimeError):
+    """The job asks for a family whose library this host lacks (the launcher checks first: `workers.extras`)."""
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config only: nothing is ever fetched from the hub
+    if not extras.transformers_available():
+        raise MissingExtra(extras.HF_MISSING)
+    import transformers
+
+    return transformers
+
+
+def hf_module(cfg: ModelConfig) -> nn.Module:
+    """The library's model of `cfg`'s shape (`…ForCausalLM`), initialised by the library's own
+    `_init_weights` (normal 0.02, norms at one, biases at zero) from the current RNG state."""
+    transformers = _transformers()
+    arch = FAMILY.architecture(cfg)
+    config_class = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    config = config_class(**FAMILY.hf_config(cfg))
+    module: nn.Module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    assert type(module).__name__ == arch, f"{arch} expected, {type(module).__name__} built"
+    return module
+
+
+class HFCausalLM(Transformer):
+    """A `transformers` causal LM as the workload model (a `Transformer` to the strategies: the
+    same interface, none of the parallab modules — `nn.Module.__init__` only)."""
+
+    def __init__(self, cfg: ModelConfig, hf: nn.Module):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        base = hf.get_submodule("model")
+        layers = base.get_submodule("layers")
+        assert isinstance(layers, nn.ModuleList), f"{type(hf).__name__} keeps its blocks in a ModuleList"
+        base.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})  # the same names
+        self.model = base
+        self.lm_head: nn.Module | None = hf.get_submodule("lm_head")  # tied: the embedding's own parameter
+        self.aux_loss_coef = 0.0
+        for block in self.blocks():
+            block.recompute = "none"
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError("an hf model is initialised by the library when it is built")
+
+    def blocks(self) -> list[Any]:  # the library's decoder layers, with a `recompute` attribute
+        layers = self.model.get_submodule(FAMILY.blocks.removeprefix("model."))
+        return list(layers.values()) if isinstance(layers, nn.ModuleDict) else []
+
+    def attentions(self) -> list[Attention]:
+        return []  # no `attn_fn` to swap: context parallelism is refused for this family
+
+    def moe_layers(self) -> list[MoE]:
+        return []
+
+    def _block(self, block: nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = block(x, attention_mask=None, position_ids=ids, position_embeddings=rope)
+            return out
+
+        mode = getattr(block, "recompute", "none")
+        if mode == "none" or not torch.is_grad_enabled():
+            return run(h)
+        if mode == "selective":
+            out: torch.Tensor = checkpoint(run, h, use_reentrant=False, context_fn=selective_contexts)
+            return out
+        out = checkpoint(run, h, use_reentrant=False)
+        return out
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V), or with `labels` the mean cross-entropy (the harness's loss)."""
+        base = self.model
+        embed = getattr(base, "embed_tokens", None)
+        h = embed(tokens) if embed is not None else tokens
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        ids = positions[None, :]
+        rope = base.get_submodule("rotary_emb")(h, position_ids=ids)
+        for block in self.blocks():
+            h = self._block(block, h, rope, ids)
+        norm = getattr(base, "norm", None)
+        if norm is not None:
+            h = norm(h)
+        if self.lm_head is None:
+            return h
+        logits: torch.Tensor = self.lm_head(h)
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def build(cfg: ModelConfig, *, seed: int) -> HFCausalLM:
+    """The model on CPU, identical on every rank for a seed (the library draws from torch's RNG)."""
+    torch.manual_seed(seed)
+    model = HFCausalLM(cfg, hf_module(cfg))
+    model.train()
+    return model
+
+
+def build_meta(cfg: ModelConfig) -> HFCausalLM:
+    """The model on the meta device: names and shapes, no memory."""
+    with torch.device("meta"):
+        return HFCausalLM(cfg, hf_module(cfg))
