@@ -31,6 +31,53 @@ class VolumeRow:
     """Ranks in the process group the op ran on, when every rank's calls of it share one size."""
 
 
+UNCALIBRATED_NOTE = (
+    "predicted from the device's datasheet figures, not from what its hosts measure: "
+    "calibrate the pool (`parallab bench --strategy calibrate --world-size N` on one of its hosts, "
+    "or a `calibrate` run submitted to it) for an estimate on measured speeds"
+)
+"""Why an uncalibrated estimate may be far off (a CPU's datasheet figures can miss by 10×), and the fix."""
+
+NO_PREDICTION_REASON = (
+    "no prediction: the planner has no speeds for this run's device ({device}) — the hardware catalogue has "
+    "no entry for it, or the result was made without a step-time estimate. Add the device to the lab's hardware "
+    "catalogue and calibrate its pool (`parallab bench --strategy calibrate --world-size N`) to get one"
+)
+"""Why a trained run has no predicted step time: `predict` estimates only on hardware the catalogue knows."""
+
+
+@dataclass(frozen=True)
+class StepTimeCheck:
+    """The run's measured median step time beside the planner's estimate for its hardware."""
+
+    measured_s: float
+    predicted_s: float | None
+    calibrated: bool | None
+    """Whether the estimate rests on the pool's calibration (None: the document does not say)."""
+    reason: str | None = None
+    """Why there is no estimate (None when there is one)."""
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over predicted (1.0: the planner was exact; 2.0: the run took twice as long)."""
+        return self.measured_s / self.predicted_s if self.predicted_s else None
+
+
+def step_time_check(doc: dict[str, Any]) -> StepTimeCheck | None:
+    """Measured against predicted step time; None when the run measured no step or trained nothing
+    (an empty prediction: a collectives sweep or a calibration has no step to predict)."""
+    summary, prediction = doc.get("summary") or {}, doc.get("prediction") or {}
+    measured = (summary.get("step_time_s") or {}).get("median")
+    if not isinstance(measured, int | float) or not prediction:
+        return None
+    predicted = prediction.get("step_time_s")
+    if not isinstance(predicted, int | float) or predicted <= 0:
+        device = (doc.get("hardware") or {}).get("device_name") or (doc.get("hardware") or {}).get("device") or "unknown"
+        return StepTimeCheck(float(measured), None, None, NO_PREDICTION_REASON.format(device=device))
+    calibrated = (prediction.get("step_time_estimate") or {}).get("calibrated")
+    return StepTimeCheck(float(measured), float(predicted), calibrated if isinstance(calibrated, bool) else None)
+
+
 @dataclass
 class RunView:
     run: Run
@@ -42,6 +89,8 @@ class RunView:
     volume: list[VolumeRow] = field(default_factory=list)
     scheduler: EngineJob | None = None
     """The run's job in an outside scheduler (a Slurm pool's run): its id, state, reason and nodes."""
+    step_time: StepTimeCheck | None = None
+    """Measured step time beside the predicted one (None: nothing measured or nothing to predict)."""
     layout: str | None = None
     """The degrees the run's strategy resolves to (`pp=2,dp_shard=2,tp=2`; "single" for one rank)."""
 
@@ -114,6 +163,7 @@ def run_view(*, session: Session, run_id: str) -> RunView:
         timeline_events=lengths.get("timeline", 0),
         agreement=agreement_rows(doc) if doc else [],
         volume=volume_rows(doc) if doc else [],
+        step_time=step_time_check(doc) if doc else None,
         scheduler=pools.engine_job(session=session, run_id=run.id),
         layout=layout_label((doc or {}).get("strategy"), run.spec.get("strategy") if isinstance(run.spec, dict) else None),
     )

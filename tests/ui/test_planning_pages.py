@@ -23,6 +23,23 @@ def test_the_plan_page_ranks_what_fits_and_lists_why_the_rest_dont(client):
     assert bad.status_code == 200 and "unknown device &#39;h900&#39;" in bad.text
 
 
+def test_the_plan_page_folds_each_layout_familys_close_variants_under_its_best(client):
+    page = client.get("/plan", params={"model": "llama-8b", "device": "h100", "nodes": 2, "gpus_per_node": 8, "top": 500})
+    assert page.status_code == 200
+    text = page.text
+    folds = text[text.index('id="family-folds"') : text.index('id="ranking-table"')]
+    blocks = re.findall(r'<details class="family" data-family="([^"]+)">(.*?)</details>', folds, re.S)
+    families = [family for family, _ in blocks]
+    assert len(families) == len(set(families)) >= 3, families  # one fold per family, the full table still below
+    assert "#1 " in blocks[0][1][: blocks[0][1].index("</summary>")]  # the top fold's best is the ranking's first
+    folded = 0
+    for family, body in blocks:  # each variant sits inside its own family's <details>
+        variants = re.findall(r'<tr data-variant-of="([^"]+)">', body)
+        assert set(variants) <= {family}, (family, variants)
+        folded += len(variants)
+    assert folded > 0 and "near-identical" in folds
+
+
 def test_a_sweep_from_the_form_has_a_page_with_the_comparison_and_can_be_cancelled(client, session_factory):
     token = csrf_token(client)
     assert client.get("/sweeps/new").status_code == 200

@@ -27,6 +27,7 @@ from backend.services.hardware import UnknownDevice, calibration_advice, catalog
 from backend.services.quotas import QuotaExceeded
 from backend.services.runs import QueueUnavailable, RunNotFound
 from backend.services.sweeps import SweepNotFound, SweepRequest
+from parallab.core.layout_families import NEAR_IDENTICAL, fold_by_family
 from parallab.core.model import PRESETS
 from parallab.core.problems import SpecError
 from parallab.core.ranking import rejected_by_reason
@@ -43,6 +44,9 @@ def _form_post(request: Request, form: Any, settings: Settings) -> None:
 
 
 # ---- /plan: the ranking ----
+
+VARIANTS_SHOWN = 20
+"""Variants listed under a family's best on the page; the rest are counted (the full table has them)."""
 
 
 @router.get("/plan", response_class=HTMLResponse)
@@ -98,6 +102,9 @@ def plan_page(
             "advice": advice,
             "ranking": ranking,
             "rejected": rejected_by_reason(ranking.rejected) if ranking else [],
+            "folds": fold_by_family(ranking.fits) if ranking else [],
+            "near_identical": NEAR_IDENTICAL,
+            "variants_shown": VARIANTS_SHOWN,
             "presets": list(PRESETS),
             "devices": devices,
             "top": max(1, min(top, 500)),

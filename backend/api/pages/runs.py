@@ -29,7 +29,7 @@ from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
 from backend.services.quotas import QuotaExceeded
 from backend.services.recipes import dimension_choices
-from backend.services.run_view import run_view
+from backend.services.run_view import UNCALIBRATED_NOTE, run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from parallab.core.strategies import STRATEGY_NAMES
 
@@ -172,6 +172,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "figures": figures,
             "agreement": view.agreement,
             "volume": view.volume,
+            "step_time": view.step_time,
+            "uncalibrated_note": UNCALIBRATED_NOTE,
             "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
             "layout": view.layout,
             "noisy": view.noisy,
