@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from backend.models import Run
+from backend.services.architecture import document_architecture
 from backend.services.decide import Decision, decide
 from backend.store import runs as store
 from parallab.core.noise import noisy_reasons
@@ -154,6 +155,11 @@ def _workload(field: str) -> Callable[[ComparedRun], Any]:
     return lambda r: (((r.document or {}).get("workload")) or ((r.run.spec or {}).get("workload")) or {}).get(field)
 
 
+def _architecture(r: ComparedRun) -> str | None:
+    """The model's shape in one line: runs on differently shaped models differ in this row."""
+    return document_architecture(r.document, r.run.spec if isinstance(r.run.spec, dict) else None)
+
+
 def _noise(r: ComparedRun) -> str | None:
     """Says "noisy host: why", "quiet host", or None when the run recorded nothing about its host."""
     noise = (r.document or {}).get("noise")
@@ -170,6 +176,7 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("world_size", "World size", "ranks", None, _column("world_size")),
     ("options", "Options", "text", None, _options),
     ("model", "Model", "text", None, _column("model")),
+    ("architecture", "Architecture", "text", None, _architecture),
     ("seq_len", "Sequence length", "tokens", None, _workload("seq_len")),
     ("global_batch_size", "Global batch", "sequences", None, _workload("global_batch_size")),
     ("precision", "Precision", "text", None, _workload("precision")),

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import EngineJob, Run
 from backend.services import pools
+from backend.services.architecture import document_architecture
 from backend.services.runs import get_run
 from backend.store import runs as store
 from parallab.core.flags import Agreement, agreement
@@ -93,6 +94,8 @@ class RunView:
     """Measured step time beside the predicted one (None: nothing measured or nothing to predict)."""
     layout: str | None = None
     """The degrees the run's strategy resolves to (`pp=2,dp_shard=2,tp=2`; "single" for one rank)."""
+    architecture: str | None = None
+    """The model's shape in one line (`architecture.describe`); None when the run names no workload."""
 
     @property
     def noisy(self) -> list[str]:
@@ -166,6 +169,7 @@ def run_view(*, session: Session, run_id: str) -> RunView:
         step_time=step_time_check(doc) if doc else None,
         scheduler=pools.engine_job(session=session, run_id=run.id),
         layout=layout_label((doc or {}).get("strategy"), run.spec.get("strategy") if isinstance(run.spec, dict) else None),
+        architecture=document_architecture(doc, run.spec if isinstance(run.spec, dict) else None),
     )
 
 

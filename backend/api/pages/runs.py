@@ -176,6 +176,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "uncalibrated_note": UNCALIBRATED_NOTE,
             "scheduler": pools.describe(view.scheduler) if view.scheduler else None,
             "layout": view.layout,
+            "architecture": view.architecture,
             "noisy": view.noisy,
             "repeat": view.repeat,
             "finished": view.run.status in FINISHED_STATUSES,
