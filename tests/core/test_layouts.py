@@ -192,3 +192,15 @@ def test_under_fsdp_in_16_bits_the_norms_gradients_are_all_reduced_in_16_bits():
 
     assert tp_all_reduces(fsdp) == [norms * h * 2]
     assert tp_all_reduces(replicated) == [norms * h * 4]
+
+
+@pytest.mark.parametrize("family", ["parallab", "hf"])
+def test_the_norm_count_is_every_module_the_familys_tp_plan_runs_sequence_parallel(family):
+    """`norm_elements` is h per module each family's plan marks "norm" (SequenceParallel under SP)."""
+    from parallab.core.dims.tp import norm_elements
+    from parallab.core.families import FAMILIES
+
+    cfg = resolve("tp", 2, {"sequence_parallel": True}).model.model_copy(update={"family": family})
+    fam = FAMILIES[family]
+    styled = list(fam.root_plan(cfg).values()) + [s for layer in range(cfg.num_layers) for s in fam.block_plan(cfg, layer).values()]
+    assert norm_elements(cfg) == styled.count("norm") * cfg.hidden_size
