@@ -158,3 +158,49 @@ def test_every_fitting_plan_candidate_for_tiny_on_8_ranks_is_a_job_the_ranks_can
     for row in ranking.fits:
         job = resolve_job(JobSpec.model_validate(row.spec), Limits(max_world_size=8))
         assert job.strategy in MODULES and job.layout is not None and job.layout.size == 8, row.label
+
+
+def test_sequence_parallel_all_reduces_the_norms_gradients_once_per_step():
+    """Korthikanti et al. 2022: under SP each rank's norm-weight gradient is a partial sum over its
+    sequence shard, all-reduced over tp — h fp32 elements per norm, 2 per block and the final one,
+    one call per norm per optimizer step (not per micro-step); without SP the norms see the whole
+    sequence and need none beyond Megatron's activations' all-reduces."""
+    sp = resolve("tp", 2, {"sequence_parallel": True}, global_batch_size=8, grad_accumulation_steps=2)
+    cfg = sp.model
+    norms = (2 * cfg.num_layers + 1) * cfg.hidden_size
+    assert norms == 9 * 64
+    assert sp.descriptor.comm_bytes_per_step(sp)["all_reduce"] == norms * 4
+    items = {i.op: i for i in sp.descriptor.comm_items(sp)}
+    assert items["all_reduce"].calls == 2 * cfg.num_layers + 1 and items["all_reduce"].bytes_per_call == cfg.hidden_size * 4
+    assert items["reduce_scatter"].calls == (4 * cfg.num_layers + 2) * 2  # the activations' collectives are per micro-step
+    plain = resolve("tp", 2, {}, global_batch_size=8)
+    bsh = plain.global_batch_size * cfg.seq_len * cfg.hidden_size * 4
+    assert plain.descriptor.comm_bytes_per_step(plain)["all_reduce"] == (4 * cfg.num_layers + 2) * bsh
+
+
+def test_under_fsdp_in_16_bits_the_norms_gradients_are_all_reduced_in_16_bits():
+    """FSDP's param_dtype gathers the norm weights in bf16, so their gradients are made and
+    all-reduced over tp in bf16; alone (or beside dp_replicate) they are fp32 master gradients."""
+    h, norms = 64, 9
+    fsdp = resolve("layout", 4, {"dp_shard": 2, "tp": 2, "sequence_parallel": True}, precision="bf16")
+    replicated = resolve("layout", 4, {"dp_replicate": 2, "tp": 2, "sequence_parallel": True}, precision="bf16")
+
+    def tp_all_reduces(job: ResolvedJob) -> list[int]:
+        assert job.layout is not None
+        items = dims.compose(job, job.layout).comm_items()
+        return [i.bytes_per_step for i in items if i.op == "all_reduce" and i.stride == 1]  # tp is the innermost dim
+
+    assert tp_all_reduces(fsdp) == [norms * h * 2]
+    assert tp_all_reduces(replicated) == [norms * h * 4]
+
+
+@pytest.mark.parametrize("family", ["parallab", "hf"])
+def test_the_norm_count_is_every_module_the_familys_tp_plan_runs_sequence_parallel(family):
+    """`norm_elements` is h per module each family's plan marks "norm" (SequenceParallel under SP)."""
+    from parallab.core.dims.tp import norm_elements
+    from parallab.core.families import FAMILIES
+
+    cfg = resolve("tp", 2, {"sequence_parallel": True}).model.model_copy(update={"family": family})
+    fam = FAMILIES[family]
+    styled = list(fam.root_plan(cfg).values()) + [s for layer in range(cfg.num_layers) for s in fam.block_plan(cfg, layer).values()]
+    assert norm_elements(cfg) == styled.count("norm") * cfg.hidden_size

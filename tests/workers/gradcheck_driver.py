@@ -140,20 +140,22 @@ def drop_microbatch(applied: Applied, ctx: RunContext, strategy: Strategy[Any, A
 
 class ReduceOnRankZero(Wrapped):
     """Wraps sequence-parallel TP: `param`'s gradient (a pending sum over the TP ranks) is reduced,
-    but only rank 0 keeps the sum — rank 1 keeps its own part, both then held as replicated copies."""
+    but only rank 0 keeps the sum — rank 1 keeps its own part, both then held as replicated copies.
+    It takes the place of the strategy's own reduction of that gradient (`lay_out_grads` skips a
+    gradient already laid out like its parameter)."""
 
     def __init__(self, inner: Strategy[Any, Any], param: str):
         super().__init__(inner)
         self.param = param
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
-        self.inner.sync_grads(applied, ctx, options)
         p = dict((gradcheck.canonical(n), q) for n, q in applied.model.named_parameters())[self.param]
         grad = p.grad
         assert isinstance(grad, DTensor), f"{self.param} is not a DTensor"
         whole = grad.full_tensor()
         local = whole if ctx.rank == 0 else grad.to_local()
         p.grad = DTensor.from_local(local.clone(), grad.device_mesh, [Replicate()], run_check=False)
+        self.inner.sync_grads(applied, ctx, options)
 
 
 class RingSum(Wrapped):

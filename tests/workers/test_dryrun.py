@@ -77,3 +77,49 @@ def test_a_composition_that_drops_a_dimensions_reduction_fails_the_dry_run(monke
     broken = {g.what: g for g in dry_run(replicated, ranks=[0]).gaps}
     gap = broken["dp_replicate all_reduce bytes per step"]
     assert gap.measured == 0 < gap.predicted and not gap.ok, gap
+
+
+def tiny_tp(name: str, **options: object) -> ResolvedJob:
+    """`tiny` at tp=2 as the preset `tp` (not turned into a layout) or as a layout."""
+    opts = {"sequence_parallel": True, **options} if name == "tp" else {"tp": 2, "sequence_parallel": True, **options}
+    spec = {"workload": {"model": "tiny", "steps": 1, "warmup_steps": 0}, "strategy": {"name": name, "world_size": 2, "options": opts}}
+    return resolve_job(JobSpec.model_validate(spec), Limits())
+
+
+def test_sequence_parallel_all_reduces_the_norms_gradients_as_predicted():
+    """tp=2 with SP: the norms' partial gradients, (2·4 + 1) norms of h=64 fp32, all-reduced over tp."""
+    run = dry_run(tiny_tp("layout"))
+    checks = {g.what: g for g in run.gaps}
+    gap = checks["tp all_reduce bytes per step"]
+    assert gap.measured == gap.predicted == 9 * 64 * 4, gap
+    assert run.passed, run.as_dict()["checks"]
+
+
+def test_a_tp_formula_without_the_norms_term_fails_the_dry_run(monkeypatch):
+    from parallab.core.dims import tp
+
+    monkeypatch.setattr(tp, "norm_elements", lambda cfg: 0)
+    gap = {g.what: g for g in dry_run(tiny_tp("layout")).gaps}["tp all_reduce bytes per step"]
+    assert gap.measured > 0 == gap.predicted and not gap.ok, gap
+
+
+def test_the_tp_preset_keeps_the_embeddings_rows_and_reduces_the_norms(monkeypatch):
+    """The `tp` strategy itself (the dry run proper runs every job as a layout): after the step each
+    rank holds the vocab-parallel embedding's gradient as a V/tp shard, like the weight — the
+    gradient bytes are the prediction's — and all-reduces SP's norm gradients, one call per norm.
+    Without its `sync_grads` the embedding's gradient stays whole (V·h/2 fp32 more) and the norms'
+    partial sums are never reduced."""
+    from parallab.core.prediction import predict
+    from workers.strategies import tensor_parallel
+
+    job = tiny_tp("tp")
+    predicted = predict(job)
+    run = run_forked(job, 0, predicted)
+    assert run.state["grads"] == predicted["model_state_bytes_per_rank"]["grads"], run.state
+    reduces = [c.nbytes for c in run.calls if c.op == "all_reduce"]
+    assert reduces == [64 * 4] * 9 and sum(reduces) == predicted["comm_bytes_per_step"]["all_reduce"]
+
+    monkeypatch.setattr(tensor_parallel.TensorParallel, "sync_grads", lambda self, applied, ctx, options: None)
+    broken = run_forked(job, 0, predicted)
+    assert broken.state["grads"] - run.state["grads"] == 256 * 64 // 2 * 4, broken.state
+    assert not [c for c in broken.calls if c.op == "all_reduce"]

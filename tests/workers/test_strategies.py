@@ -86,6 +86,19 @@ def check_profiled_window(doc) -> None:
             assert (memory["params"], memory["optimizer"]) == (state.params, state.optimizer), (memory, state)
 
 
+@pytest.mark.parametrize("options", [{}, {"sequence_parallel": True}], ids=["tp2", "tp2-sp"])
+def test_tp_holds_and_communicates_exactly_what_is_predicted(harness_job, options):
+    """Megatron's plan: every gradient laid out like its weight (the vocab-parallel embedding's V/tp
+    rows, not the whole V×h its backward returns) and, under SP, the norms' gradients all-reduced
+    over tp — the gradient bytes and every op's bytes are the prediction's to the byte."""
+    doc, _ = harness_job("tp", 2, options)
+    predicted = doc.prediction.model_state_bytes_per_rank
+    assert all(r.model_state_bytes.grads == predicted.grads for r in doc.ranks), (predicted, [r.model_state_bytes for r in doc.ranks])
+    measured, comm = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert comm and measured == comm, (measured, comm)
+    assert ("all_reduce" in comm) and not any(f.metric.startswith(("model_state", "comm_bytes")) for f in doc.flags), doc.flags
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_fsdp_holds_one_nth_of_ddp_params(harness_job, n):
     ddp, _ = harness_job("ddp", n)

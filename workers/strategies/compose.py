@@ -111,15 +111,13 @@ class Composed(Strategy[Any, ComposedApplied]):
         return super().forward_backward(applied, batch, ctx, options, amp)
 
     def sync_grads(self, applied: ComposedApplied, ctx: RunContext, options: Any) -> None:
-        """Lay every gradient out like its parameter (the vocab-parallel embedding's gradient comes
-        back replicated: keeping this rank's rows is a local slice, no communication), then, for
-        replicas beside tp or pp, average the local gradient shards over "dp_replicate" in one flat
-        all-reduce (FSDP/HSDP and DDP average their own)."""
+        """Lay every gradient out like its parameter (`tensor_parallel.lay_out_grads`: the
+        vocab-parallel embedding's keeps its rows, SP's norm gradients are all-reduced over tp),
+        then, for replicas beside tp or pp, average the local gradient shards over "dp_replicate"
+        in one flat all-reduce (FSDP/HSDP and DDP average their own)."""
         layout = applied.layout
+        tensor_parallel.lay_out_grads(applied.model)
         with torch.no_grad():
-            for p in applied.model.parameters():
-                if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
-                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             if layout.dp_replicate == 1 or layout.dp_shard > 1 or isinstance(applied.model, DistributedDataParallel):
                 return
             grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in applied.model.parameters() if p.grad is not None]

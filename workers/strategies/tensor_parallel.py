@@ -13,6 +13,12 @@ plain cross-entropy on every rank.
 (SequenceParallel on norms); each all-reduce becomes a reduce-scatter (row-parallel output
 Shard(1)) plus an all-gather before the next column-parallel input (PrepareModuleInput).
 Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on this mesh).
+
+After the last backward of a step, `lay_out_grads` lays every gradient out like its parameter,
+as Megatron's plan has it: the vocab-parallel embedding's gradient comes back from DTensor's
+embedding backward replicated (the whole V×h on every rank) and keeps only this rank's rows (a
+local slice, no communication); under SP the norms' gradients are partial sums over the
+sequence shards and are all-reduced over tp (Korthikanti et al. 2022), one call per norm.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -36,7 +43,7 @@ from parallab.core.families import family_of
 from parallab.core.strategies.tp import TPOptions
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy
+from workers.strategies.base import Applied, Strategy, place
 
 
 def _inputs(module: nn.Module) -> int:
@@ -105,12 +112,26 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool
     return model
 
 
+def lay_out_grads(model: nn.Module) -> None:
+    """Give every DTensor gradient its parameter's placements: a replicated gradient of a sharded
+    weight (the vocab-parallel embedding's) keeps this rank's shard, a partial one (a norm's under
+    SP) is all-reduced over its mesh. Without it the embedding's gradient stays V×h on every rank
+    and the norms' partial sums reach the optimizer unreduced."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+
+
 class TensorParallel(Strategy[TPOptions, Applied]):
     name = "tp"
 
     def apply(self, model: Transformer, ctx: RunContext, options: TPOptions) -> Applied:
-        model = model.to(ctx.device)
+        model = place(model, ctx.device)
         return Applied(parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=options.sequence_parallel))
+
+    def sync_grads(self, applied: Applied, ctx: RunContext, options: TPOptions) -> None:
+        lay_out_grads(applied.model)
 
 
 STRATEGY = TensorParallel()

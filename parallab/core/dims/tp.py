@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import ClassVar
 
-from parallab.core.costs import Tensor, activation_dtype_bytes, tp_local
+from parallab.core.costs import Tensor, activation_dtype_bytes, state_bytes_per_param, tp_local
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
@@ -25,9 +25,29 @@ training step, one all-reduce of (b, s, h) after the attention and one after the
 block's input) — 4 all-reduces of b·s·h per layer."""
 
 
-def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool, stream: int | None = None) -> dict[str, int]:
+def norm_elements(cfg: ModelConfig) -> int:
+    """Elements of the norm weights sequence parallelism leaves replicated on sequence shards:
+    two RMSNorms per block and the final one, h each (a pipeline stage's model copy counts its
+    blocks; sequence parallelism is not composed with a pipeline, so the final norm is there)."""
+    return (2 * cfg.num_layers + 1) * cfg.hidden_size
+
+
+def norm_grad_bytes(precision: str, *, fsdp: bool) -> int:
+    """Bytes per element of the norms' gradients as SP all-reduces them: the gradient's dtype,
+    which is the weight's as the backward sees it — the fp32 master weight (autocast leaves the
+    norms in fp32: `state_bytes_per_param`), except under FSDP with a 16-bit recipe, whose
+    param_dtype gathers the norm weight in 16 bits (fp8 too: norms are not Float8Linear), so the
+    partial sum is made and all-reduced over tp in 16 bits before FSDP's fp32 reduce-scatter.
+    Measured by the dry run (`workers.dryrun`)."""
+    return 2 if fsdp and precision != "fp32" else state_bytes_per_param(precision)[1]
+
+
+def tp_comm(
+    cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool, grad_bytes: int, stream: int | None = None
+) -> dict[str, int]:
     """Megatron TP per step, for `tokens` tokens (b·s) of `act`-byte activations, on a residual
-    stream of `stream` bytes per element (`residual_stream_bytes`; None: `act`).
+    stream of `stream` bytes per element (`residual_stream_bytes`; None: `act`), with gradients
+    of `grad_bytes` per element (`norm_grad_bytes`).
 
     Without SP, per layer: Megatron's 4 all-reduces of b·s·h (`TP_ALL_REDUCES_PER_LAYER`) — the
     harness prepares each attention and MLP block's input once (PrepareModuleInput), so wq/wk/wv
@@ -39,8 +59,13 @@ def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool,
     With SP (Korthikanti et al. 2022), per layer each all-reduce becomes a reduce-scatter plus an
     all-gather of the same buffer: 4 + 4 of b·s·h; the embedding reduce-scatters its output
     (forward) and all-gathers that gradient (backward); the head all-gathers its input
-    (reduce-scatter backward) and its logits. The norm weights' gradients (replicated weights on
-    a sequence shard) get no collective in the harness, so none is counted.
+    (reduce-scatter backward) and its logits. And the norms (Korthikanti et al. 2022, §4.2.2):
+    their weights are replicated over the TP group but each rank normalises only its sequence
+    shard, so each rank's weight gradient is a partial sum that must be all-reduced over tp
+    before the optimizer step — h elements per norm, two norms per block and the final one
+    (`norm_elements`), in the gradient's dtype (`grad_bytes`), once per optimizer step: the
+    partial sums accumulate over micro-steps and the harness reduces them after the last
+    backward, one call per norm (`tp_items`).
 
     Dtypes: the row-parallel outputs (forward) and their gradients (backward, under SP) are
     autocast's `act`; what sits on the residual stream — block inputs and their gradients, the
@@ -54,11 +79,13 @@ def tp_comm(cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool,
     outputs = 2 * layers * bsh * act  # the row-parallel outputs
     if not sequence_parallel:
         return {"all_reduce": outputs + residual, "all_gather": logits}
-    return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual}
+    norms = norm_elements(cfg) * grad_bytes
+    return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual, "all_reduce": norms}
 
 
 def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
-    """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives)."""
+    """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives);
+    under SP the norms' gradient all-reduces are per optimizer step, not here (`tp_items`)."""
     layers = cfg.num_layers
     if not sequence_parallel:
         return {"all_reduce": TP_ALL_REDUCES_PER_LAYER * layers + 2, "all_gather": 1}
@@ -66,9 +93,15 @@ def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
 
 
 def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequence_parallel: bool, n: int) -> list[CommItem]:
-    """`tp_comm`'s ops as calls: each sits between the matmuls that need it, so none hides under compute."""
+    """`tp_comm`'s ops as calls: each sits between the matmuls that need it, so none hides under
+    compute; under SP the norms' gradients are all-reduced once per step, one call per norm."""
     calls = tp_calls(cfg, sequence_parallel=sequence_parallel)
-    return [CommItem(op, nbytes, calls[op] * micro_steps, n) for op, nbytes in comm.items()]
+    if sequence_parallel:
+        calls = {**calls, "all_reduce": 2 * cfg.num_layers + 1}
+        micro = {op: micro_steps if op != "all_reduce" else 1 for op in comm}
+    else:
+        micro = dict.fromkeys(comm, micro_steps)
+    return [CommItem(op, nbytes, calls[op] * micro[op], n) for op, nbytes in comm.items()]
 
 
 def shape_rules(model: ModelConfig, tp: int) -> list[SpecProblem]:
@@ -118,7 +151,8 @@ class TensorParallel(Dimension):
         act = activation_dtype_bytes(plan.precision)
         stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
         stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
-        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, stream=stream)
+        grad = norm_grad_bytes(plan.precision, fsdp=lay.dp_shard > 1)
+        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream)
         if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding
             bsh = plan.tokens_per_replica * model.hidden_size * stream
             comm["all_reduce"] -= bsh

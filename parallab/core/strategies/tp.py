@@ -13,7 +13,7 @@ from pydantic import Field
 
 from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
 from parallab.core.dims.base import residual_stream_bytes
-from parallab.core.dims.tp import shape_rules, tp_comm, tp_items
+from parallab.core.dims.tp import norm_grad_bytes, shape_rules, tp_comm, tp_items
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
@@ -61,7 +61,9 @@ class TP(StrategyDescriptor[TPOptions]):
     def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
         act = activation_dtype_bytes(job.workload.precision)
         stream = residual_stream_bytes(job.workload.precision, fsdp=False)
-        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=self.opts(job).sequence_parallel, stream=stream)
+        grad = norm_grad_bytes(job.workload.precision, fsdp=False)
+        sp = self.opts(job).sequence_parallel
+        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream)
 
     def comm_items(self, job: ResolvedJob) -> list[CommItem]:
         sp = self.opts(job).sequence_parallel
