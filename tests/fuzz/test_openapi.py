@@ -26,6 +26,15 @@ FUZZ_EXAMPLES = int(os.environ.get("PARALLAB_FUZZ_EXAMPLES", "20"))
 """Examples per operation; raise it (e.g. PARALLAB_FUZZ_EXAMPLES=500) for a deeper run."""
 
 
+FUZZ_CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
+    {"operations": [{"include-path": "/api/v1/results", "include-method": "POST", "phases": {"coverage": {"enabled": False}}}]}
+)
+"""The result upload's body is the whole result document: schemathesis' coverage phase (which
+`max_examples` does not bound) enumerated about 3,000 boundary cases of it, half this file's time.
+test_result_mutations breaks every field of a valid document on purpose instead; the generated
+examples here still reach the upload."""
+
+
 @pytest.fixture(scope="module")
 def fuzz_settings(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     settings = Settings(home=tmp_path_factory.mktemp("fuzz-home"), database_url=postgres_url, upload_rate_per_minute=0)
@@ -43,7 +52,7 @@ def fuzz_token(fuzz_settings: Settings) -> str:
 def api_schema(fuzz_settings: Settings) -> Iterator[schemathesis.BaseSchema]:
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: fuzz_settings
-    yield schemathesis.openapi.from_asgi("/openapi.json", app)
+    yield schemathesis.openapi.from_asgi("/openapi.json", app, config=FUZZ_CONFIG)
     get_sessionmaker(fuzz_settings.sqlalchemy_url).kw["bind"].dispose()
 
 
