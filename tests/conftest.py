@@ -7,6 +7,7 @@ at the end, so parallel sessions and the developer's data never collide.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -45,22 +46,42 @@ TABLES = (
 )
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A fresh, migrated Postgres database for this test session."""
-    name = f"parallab_test_{uuid.uuid4().hex[:10]}"
+@contextlib.contextmanager
+def scratch_postgres(prefix: str) -> Iterator[str]:
+    """A Postgres database of its own, empty, dropped after (with whatever still holds it open)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    yield url
-    from backend.db import get_engine
+    try:
+        yield url
+    finally:
+        from backend.db import get_engine
 
-    get_engine(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+        get_engine(url).dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated Postgres database for this test session."""
+    with scratch_postgres("parallab_test") as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def scratch_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty, unmigrated database of the test's own, on SQLite and on Postgres (migration tests
+    walk it down and up)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'scratch.db'}"
+        return
+    with scratch_postgres("parallab_scratch") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

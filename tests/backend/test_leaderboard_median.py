@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import csv
 import io
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect, select, text
+from sqlalchemy import inspect, select, text
 
 from backend.db import get_engine, get_sessionmaker, session_scope
 from backend.migrate import downgrade, upgrade
@@ -21,7 +19,6 @@ from backend.store import leaderboard as leaderboard_store
 from backend.store import runs as run_store
 from parallab.core.flags import failed_checks
 from parallab.core.stats import median_interval
-from tests.conftest import PG_ADMIN_URL
 from tests.ui.factories import make_document, store_run
 
 LUCKY = [10_000.0, 10_100.0, 10_200.0, 10_300.0, 50_000.0]
@@ -236,24 +233,6 @@ def test_failed_checks_follow_the_stored_flags_rule() -> None:
     }
     assert failed_checks(summary, "fp32") == ["loss", "replica"]
     assert failed_checks({"loss_max_rel_diff_vs_reference": 0.0}, "fp32") == []
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def scratch_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
-    """An empty database of its own (the migration test walks it down and up)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'board.db'}"
-        return
-    name = f"parallab_board_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    yield url
-    get_engine(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def _snapshot(url: str) -> dict[str, Any]:

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-import pytest
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import func, insert, select
 
-from backend.db import get_engine, get_sessionmaker
+from backend.db import get_sessionmaker
 from backend.migrate import downgrade, upgrade
 from backend.models import Run, RunResult, RunResultPart
 from backend.services import compare as compare_service
 from backend.store import result_parts
 from backend.store import runs as store
 from parallab.core.result import ResultDocument
-from tests.conftest import PG_ADMIN_URL
 from tests.ui.factories import make_document, store_run, with_timeline
 
 
@@ -35,24 +32,6 @@ def _documents() -> list[dict[str, Any]]:
     for rank in bare["ranks"]:
         rank["step_times_s"] = []
     return [traced, pipeline, bare]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def scratch_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
-    """An empty database of its own (the migration test walks it up and down)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'parts.db'}"
-        return
-    name = f"parallab_parts_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    yield url
-    get_engine(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def _stored(url: str) -> dict[str, dict[str, Any]]:

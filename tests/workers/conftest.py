@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.result import ResultDocument
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
+from tests.workers.declared import fake_tp_group
 from workers.aggregate import build_result, read_rank_records
 from workers.launcher import launch
 
@@ -72,6 +73,13 @@ def run_job(job: ResolvedJob, run_dir: Path, *, cache_dir: Path | None, trace_ca
     outcome = launch(job, files, timeout_s=600, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
     assert outcome.ok, f"torchrun failed ({outcome.reason}):\n{outcome.log_tail}"
     return build_result(job, read_rank_records(files, job.world_size))
+
+
+@pytest.fixture(scope="module")
+def fake_tp_mesh() -> Iterator[Any]:
+    """Two tensor-parallel ranks in this process on torch's fake process group (the 1-D "tp" mesh)."""
+    with fake_tp_group() as mesh:
+        yield mesh
 
 
 @pytest.fixture(scope="session")

@@ -46,3 +46,14 @@ def fake_tp_group() -> Iterator[Any]:
         yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     finally:
         dist.destroy_process_group()
+
+
+def tp_split(model: nn.Module) -> dict[str, int | None]:
+    """Each parameter's sharded dim after tensor parallelism (None where it is replicated)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    split: dict[str, int | None] = {}
+    for name, p in model.named_parameters():
+        shards = [pl.dim for pl in p.placements if isinstance(pl, Shard)] if isinstance(p, DTensor) else []
+        split[name] = shards[0] if shards else None
+    return split

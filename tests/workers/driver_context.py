@@ -4,6 +4,10 @@ again (a driver runs many jobs in one group)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -26,3 +30,12 @@ def gloo_context(job: ResolvedJob) -> RunContext:
         precision=job.workload.precision,
         mesh=mesh,
     )
+
+
+def finish(results: dict[str, Any], out: Path | str) -> None:
+    """Rank 0 writes the driver's results as JSON; every rank then waits for it and leaves the
+    group (a rank that left first would break rank 0's last collective)."""
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()

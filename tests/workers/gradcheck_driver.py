@@ -28,7 +28,6 @@ check's beside the gradient check's).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
-from tests.workers.driver_context import gloo_context
+from tests.workers.driver_context import finish, gloo_context
 from workers import strategies
 from workers.harness import gradcheck, replicas
 from workers.harness.main import new_model, reference_gradients
@@ -237,11 +236,7 @@ def main() -> None:
             references[key] = reference_gradients(job, ctx)
         reference = references.get(key)
         results[case] = {"unbroken": check(job, ctx, reference, None), "broken": check(job, ctx, reference, mutant)}
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as fh:
-            json.dump(results, fh, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(results, args.out)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Everything goes to --out as JSON from rank 0.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from parallab.core.families.base import TPStyle
 from parallab.core.families.hf import HFFamily
 from parallab.core.model import ModelConfig
 from tests.workers.conftest import make_job
-from tests.workers.driver_context import gloo_context
+from tests.workers.driver_context import finish, gloo_context
 from workers import strategies
 from workers.harness import gradcheck, loop
 from workers.harness.main import compute_reference, new_model, reference_gradients
@@ -120,10 +119,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         assert reference is not None
         results["reference_params"] = reference["params"]
-        with open(args.out, "w") as fh:
-            json.dump(results, fh, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(results, args.out)
 
 
 if __name__ == "__main__":

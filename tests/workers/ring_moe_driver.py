@@ -9,13 +9,13 @@ version on its slice, and the max errors (MAX over ranks) go to --out as JSON fr
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallab.core.model import PRESETS, ModelConfig
+from tests.workers.driver_context import finish
 from workers.harness.data import sequence_positions
 from workers.harness.model import MoE
 from workers.strategies.expert_parallel import shard_experts
@@ -118,11 +118,7 @@ def main() -> None:
                 results[f"ring n={size} causal={causal} zigzag={zigzag}"] = ring_case(group, causal, zigzag)
         results[f"moe n={size} no-drop"] = moe_case(group, capacity_factor=64.0)  # the bound: ample for every token
         results[f"moe n={size} drops"] = moe_case(group, capacity_factor=0.5)
-    if rank == 0:
-        with open(args.out, "w") as fh:
-            json.dump(results, fh, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(results, args.out)
 
 
 if __name__ == "__main__":

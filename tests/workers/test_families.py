@@ -10,7 +10,6 @@ grouped-query, GELU, q/k/v-bias `tiny`) checks loss, gradients and communication
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from parallab.core.families import family_of, model_tensors, param_counts
 from parallab.core.families.base import Param
 from parallab.core.families.parallab import ParallabFamily
 from parallab.core.model import PRESETS, ModelConfig
-from tests.workers.declared import fake_tp_group, mismatches
+from tests.workers.declared import mismatches, tp_split
 from workers.harness.model import build_meta
 
 PUBLISHED = {
@@ -98,25 +97,14 @@ def test_tied_embeddings_are_one_parameter():
     assert "output.weight" not in dict(model.named_parameters())
 
 
-@pytest.fixture(scope="module")
-def fake_tp_mesh() -> Iterator[Any]:
-    with fake_tp_group() as mesh:
-        yield mesh
-
-
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh, sequence_parallel):
-    from torch.distributed.tensor import DTensor, Shard
-
     from workers.harness.model import build_model
     from workers.strategies.tensor_parallel import parallelize
 
     cfg = VARIANTS["gqa-gelu-bias"]
     model = parallelize(build_model(cfg, seed=0), fake_tp_mesh, sequence_parallel=sequence_parallel)
-    split = {}
-    for name, p in model.named_parameters():
-        shards = [pl.dim for pl in p.placements if isinstance(pl, Shard)] if isinstance(p, DTensor) else []
-        split[name] = shards[0] if shards else None
+    split = tp_split(model)
     assert split == {t.name: t.tp_dim for t in model_tensors(cfg)}
     assert split["layers.0.attention.wk.weight"] == 0 and split["layers.0.attention.wk.bias"] == 0
     assert model.layers["0"].attention.wk.weight.to_local().shape == (cfg.kv_dim // 2, cfg.hidden_size)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from parallab.core.families import HF, family_of, model_tensors
 from parallab.core.model import ModelConfig
 from tests.workers.conftest import make_job, torchrun
-from tests.workers.declared import fake_tp_group, mismatches
+from tests.workers.declared import mismatches, tp_split
 
 pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: a config builds the model
@@ -76,25 +75,14 @@ def test_a_wrong_declaration_is_caught_against_the_module():
     assert "the parameter formula disagrees with the module" not in found  # the formula is HF's own, unchanged
 
 
-@pytest.fixture(scope="module")
-def fake_tp_mesh() -> Iterator[Any]:
-    with fake_tp_group() as mesh:
-        yield mesh
-
-
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_the_tp_plan_splits_each_parameter_on_its_declared_dim(fake_tp_mesh, sequence_parallel):
-    from torch.distributed.tensor import DTensor, Shard
-
     from workers.harness.families import build_model
     from workers.strategies.tensor_parallel import parallelize
 
     cfg = cfg_of(SHAPES["qwen2-bias"] | {"num_kv_heads": 2})
     model = parallelize(build_model(cfg, seed=0), fake_tp_mesh, sequence_parallel=sequence_parallel)
-    split = {}
-    for name, p in model.named_parameters():
-        shards = [pl.dim for pl in p.placements if isinstance(pl, Shard)] if isinstance(p, DTensor) else []
-        split[name] = shards[0] if shards else None
+    split = tp_split(model)
     assert split == {t.name: t.tp_dim for t in model_tensors(cfg)}
     assert split["model.layers.0.self_attn.o_proj.weight"] == 1 and split["model.layers.0.mlp.up_proj.weight"] == 0
     assert split["lm_head.weight"] == 0 and split["model.embed_tokens.weight"] == 0 and split["model.norm.weight"] is None
