@@ -105,7 +105,7 @@ def report(view: dict, *, planned: int, args: argparse.Namespace, minutes: float
         else "**Spearman: not enough finished runs**",
         "",
         "| pred. rank | role | configuration | precision | recompute | accum | status | runs "
-        "| predicted tokens/s | measured tokens/s (median) | 95 % interval | measured / predicted |",
+        "| predicted tokens/s | measured tokens/s (median) | interval of the median (under 6 runs: their range) | measured / predicted |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in view["points"]:
