@@ -220,7 +220,7 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
     conn.execute(delete(Cell).where(*cell_match))
     if agg.runs:
         ordered = conn.execute(select(Entry.id, Entry.tokens_per_s).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
-        figures = config_figures(len(ordered), dict(enumerate(((i, t) for i, t in ordered), start=1)))
+        figures = config_figures(len(ordered), {pos: (run_id, tps) for pos, (run_id, tps) in enumerate(ordered, start=1)})
         conn.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping, **figures))
 
 
