@@ -4,6 +4,7 @@ again (a driver runs many jobs in one group)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,17 @@ def gloo_context(job: ResolvedJob) -> RunContext:
         precision=job.workload.precision,
         mesh=mesh,
     )
+
+
+def start() -> Path:
+    """A driver's opening: its `--out` path, the gloo group torchrun set up, one thread per rank
+    (the ranks share the host's cores)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True, type=Path)
+    out: Path = parser.parse_args().out
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    return out
 
 
 def finish(results: dict[str, Any], out: Path | str) -> None:

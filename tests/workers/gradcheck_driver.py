@@ -27,7 +27,6 @@ check's beside the gradient check's).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
-from tests.workers.driver_context import finish, gloo_context
+from tests.workers.driver_context import finish, gloo_context, start
 from workers import strategies
 from workers.harness import gradcheck, replicas
 from workers.harness.main import new_model, reference_gradients
@@ -211,11 +210,7 @@ def check(job: ResolvedJob, ctx: RunContext, reference: gradcheck.Gradients | No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+    out = start()
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, gradcheck.Gradients] = {}
     for name, mutant in MUTANTS.items():
@@ -236,7 +231,7 @@ def main() -> None:
             references[key] = reference_gradients(job, ctx)
         reference = references.get(key)
         results[case] = {"unbroken": check(job, ctx, reference, None), "broken": check(job, ctx, reference, mutant)}
-    finish(results, args.out)
+    finish(results, out)
 
 
 if __name__ == "__main__":

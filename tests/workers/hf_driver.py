@@ -20,10 +20,8 @@ Everything goes to --out as JSON from rank 0.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from parallab.core import families
@@ -31,7 +29,7 @@ from parallab.core.families.base import TPStyle
 from parallab.core.families.hf import HFFamily
 from parallab.core.model import ModelConfig
 from tests.workers.conftest import make_job
-from tests.workers.driver_context import finish, gloo_context
+from tests.workers.driver_context import finish, gloo_context, start
 from workers import strategies
 from workers.harness import gradcheck, loop
 from workers.harness.main import compute_reference, new_model, reference_gradients
@@ -90,11 +88,7 @@ def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, A
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+    out = start()
     job = make_job("single", 1, workload=HF_WORKLOAD, trace=False)
     reference = None
     if dist.get_rank() == 0:
@@ -119,7 +113,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         assert reference is not None
         results["reference_params"] = reference["params"]
-    finish(results, args.out)
+    finish(results, out)
 
 
 if __name__ == "__main__":

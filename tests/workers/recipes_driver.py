@@ -13,8 +13,6 @@ case the loss curve, the max peaks over ranks and the prediction's activation by
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from parallab.core.prediction import predict
 from tests.workers.conftest import make_job
-from tests.workers.driver_context import gloo_context
+from tests.workers.driver_context import finish, gloo_context, start
 from workers import strategies
 from workers.harness import loop, main, measure
 from workers.harness.amp import Amp
@@ -90,14 +88,10 @@ def tracked_activations(job, strategy, applied, optimizer, ctx: RunContext) -> i
 
 
 def main_() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+    out = start()
     world, rank = dist.get_world_size(), dist.get_rank()
     results: dict[str, Any] = {"cases": {}}
-    start = time.perf_counter()
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"recipes-rank{rank}-") as tmp:
         for name in STRATEGIES:
             for recipe_name, recipe in RECIPES.items():
@@ -106,10 +100,8 @@ def main_() -> None:
         job = make_job("ddp", world, workload=WORKLOAD)
         solo = RunContext(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"), backend="none")
         results["reference"] = main.compute_reference(job, solo, loop.Progress(None, False))
-        results["seconds"] = time.perf_counter() - start
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+        results["seconds"] = time.perf_counter() - started
+    finish(results, out)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,12 @@ version on its slice, and the max errors (MAX over ranks) go to --out as JSON fr
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallab.core.model import PRESETS, ModelConfig
-from tests.workers.driver_context import finish
+from tests.workers.driver_context import finish, start
 from workers.harness.data import sequence_positions
 from workers.harness.model import MoE
 from workers.strategies.expert_parallel import shard_experts
@@ -101,11 +99,7 @@ def _sum_f(t: torch.Tensor, group) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
+    out = start()
     world, rank = dist.get_world_size(), dist.get_rank()
     halves = [dist.new_group([0, 1]), dist.new_group([2, 3])] if world == 4 else []
     groups = {world: dist.group.WORLD}
@@ -118,7 +112,7 @@ def main() -> None:
                 results[f"ring n={size} causal={causal} zigzag={zigzag}"] = ring_case(group, causal, zigzag)
         results[f"moe n={size} no-drop"] = moe_case(group, capacity_factor=64.0)  # the bound: ample for every token
         results[f"moe n={size} drops"] = moe_case(group, capacity_factor=0.5)
-    finish(results, args.out)
+    finish(results, out)
 
 
 if __name__ == "__main__":
