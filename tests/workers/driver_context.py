@@ -5,6 +5,7 @@ again (a driver runs many jobs in one group)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,14 @@ def start() -> Path:
 
 def finish(results: dict[str, Any], out: Path | str) -> None:
     """Rank 0 writes the driver's results as JSON; every rank then waits for it and leaves the
-    group (a rank that left first would break rank 0's last collective)."""
+    group (a rank that left first would break rank 0's last collective).
+
+    The wrapped models a driver built sit in reference cycles (DDP's reducer, FSDP's hooks, a
+    pipeline's stages) that keep gloo's process groups and their pending work alive; collected
+    only at interpreter shutdown, their worker threads can outlive the interpreter and abort the
+    rank ("terminate called without an active exception"). A collection first ends them while
+    Python is whole."""
+    gc.collect()
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=1))
     dist.barrier()

@@ -8,6 +8,7 @@ collectives sweep) run on the default process group.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from dataclasses import dataclass
@@ -99,5 +100,9 @@ def init_runtime(job: ResolvedJob) -> RunContext:
 
 
 def shutdown() -> None:
+    """Leave the process group. What still holds a group (a wrapped model in a reference cycle)
+    is collected first, while the interpreter is whole: gloo's worker threads destroyed during
+    interpreter shutdown can abort the rank."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
