@@ -1,6 +1,6 @@
 """The pipeline bubble against its theory, (p−1)/(m+p−1): GPipe and 1F1B at m = 4 and 8, p = 2.
 
-    python benchmarks/pipeline_bubble.py [--steps 5]
+    python benchmarks/pipeline_bubble.py [--steps 5] [--model tiny|small] [--cases gpipe:4,1f1b:8]
 
 Each job runs as the worker runs it (`tests/workers/conftest.py`'s `make_job`/`run_job`: torchrun,
 gloo, `tiny`, traced) and is merged by `workers.aggregate.build_result`; the table is read from the
@@ -25,19 +25,26 @@ CASES = [("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("1f1b", 8)]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--model", default="tiny", help="a model preset (tiny's micro-batches take well under a millisecond a layer)")
+    parser.add_argument("--cases", default=",".join(f"{s}:{m}" for s, m in CASES), help="schedule:microbatches, comma-separated")
     args = parser.parse_args()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
-    print("| schedule, m | theory | stage 0 | stage 1 | mean | mean − theory | stage imbalance |")
-    print("|---|---|---|---|---|---|---|")
-    for schedule, m in CASES:
-        job = make_job("pp", 2, {"schedule": schedule, "microbatches": m}, {"steps": args.steps, "global_batch_size": 16})
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
+    print(f"model {args.model}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
+    print("| schedule, m | theory | stage 0 | stage 1 | mean | mean − theory | stage imbalance | mean action |")
+    print("|---|---|---|---|---|---|---|---|")
+    for schedule, m in cases:
+        workload = {"model": args.model, "steps": args.steps, "global_batch_size": 16}
+        job = make_job("pp", 2, {"schedule": schedule, "microbatches": m}, workload)
         with tempfile.TemporaryDirectory() as tmp:
             doc = run_job(job, Path(tmp) / "run", cache_dir=Path(tmp) / "cache")
         theory = (2 - 1) / (m + 2 - 1)
         stages = doc.summary.bubble_per_stage or []
         mean = doc.summary.bubble_fraction or 0.0
         cells = " | ".join(f"{b:.3f}" for b in stages)
-        print(f"| {schedule}, {m} | {theory:.3f} | {cells} | {mean:.3f} | {mean - theory:+.3f} | {doc.summary.stage_imbalance or 0:.3f} |")
+        actions = [b - a for r in doc.ranks for step in r.pipeline_actions_us or [] for a, b in step]
+        action_ms = sum(actions) / len(actions) / 1000 if actions else 0.0
+        imbalance = doc.summary.stage_imbalance or 0.0
+        print(f"| {schedule}, {m} | {theory:.3f} | {cells} | {mean:.3f} | {mean - theory:+.3f} | {imbalance:.3f} | {action_ms:.2f} ms |")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
