@@ -1,41 +1,111 @@
 """Query-string parsers that REST and the pages share, as FastAPI dependencies.
 
+Every list route reads its whole query string as one `QueryParams` model
+(`Annotated[Model, Query()]`), so the OpenAPI document lists each name with its bounds and enums,
+and every route refuses the same way: a misspelt name is a 422 listing the names the route takes,
+an enumerated value (a status, a source, a sort column) outside its set a 422 naming the parameter
+and listing the valid values — never ignored: a list that silently ignores `?stratgy=ddp` or
+`?status=bogus` answers a question nobody asked. HTML filter forms send an empty value for
+"any": empty means unset.
+
 The leaderboard page, its CSV/JSON exports and `GET /api/v1/leaderboard` all read their filters
-through `LeaderboardQueryDep`, so they accept the same names and refuse the same values (422,
-naming the parameter). HTML filter forms send an empty value for "any": empty means unset. A
-misspelt filter or an unknown sort column is refused with the valid names, never ignored: a board
-that silently ignores `?stratgy=ddp` answers a question nobody asked.
+through `LeaderboardQueryDep`, so they accept the same names and refuse the same values.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import Depends, Query
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from backend.api.deps import SessionDep
+from backend.models import RunSource, RunStatus
 from backend.services.auth import user_filter
 from backend.services.leaderboard import MAX_PAGE, SORT_COLUMNS, LeaderboardQuery
 from parallab.core.result import MAX_RANKS
+from parallab.core.spec import Checkpointing, Precision, StrategyName
 
 MAX_OFFSET = 1_000_000
 
 
-class LeaderboardParams(BaseModel):
-    """The leaderboard's query parameters."""
+MAX_LIST_PAGE = 500
+"""Most rows one page of a REST list gives."""
+
+
+class QueryParams(BaseModel):
+    """A route's whole query string: a name not declared here is refused listing those that are,
+    and an empty value (an HTML form's "any") is unset. Subclasses declare the parameters;
+    `route` names the list in the refusal."""
 
     model_config = ConfigDict(protected_namespaces=(), extra="forbid")
+    route: ClassVar[str] = "this route"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names_empty_is_unset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(k for k in data if k not in cls.model_fields)
+            if unknown:
+                takes = ", ".join(cls.model_fields) or "no parameters"
+                raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))}; {cls.route} takes: {takes}")
+            return {k: v.strip() if isinstance(v, str) else v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
+        return data
+
+
+class RunFilters(QueryParams):
+    """The runs list's filters, on the runs page and `GET /api/v1/runs` alike."""
+
+    route: ClassVar[str] = "the runs list"
+
+    status: RunStatus | None = None
+    strategy: StrategyName | None = None
+    user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
+    cursor: str | None = Field(None, max_length=200, description="`next_cursor` of the previous page.")
+
+
+class RunListParams(RunFilters):
+    """`GET /api/v1/runs`: the page's filters, and by model, source and page size."""
+
+    model: str | None = Field(None, max_length=64, description="Model preset.")
+    source: RunSource | None = Field(None, description="form, api, cli or ci.")
+    limit: int = Field(50, ge=1, le=MAX_LIST_PAGE)
+
+
+class SweepListParams(QueryParams):
+    """`GET /api/v1/sweeps`: newest first."""
+
+    route: ClassVar[str] = "the sweeps list"
+
+    limit: int = Field(50, ge=1, le=MAX_LIST_PAGE)
+
+
+class SeriesListParams(QueryParams):
+    """`GET /api/v1/series` takes no parameters (every series, latest result first)."""
+
+    route: ClassVar[str] = "the series list"
+
+
+class WorkerListParams(QueryParams):
+    """`GET /api/v1/workers` takes no parameters (every worker, by pool)."""
+
+    route: ClassVar[str] = "the workers list"
+
+
+class LeaderboardParams(QueryParams):
+    """The leaderboard's query parameters."""
+
+    route: ClassVar[str] = "the leaderboard"
 
     model: str | None = Field(None, max_length=64, description="Model preset.")
     hardware: str | None = Field(None, max_length=200, description="Hardware key, e.g. `cpu` or `cuda:NVIDIA H100 80GB HBM3`.")
-    strategy: str | None = Field(None, max_length=32)
+    strategy: StrategyName | None = None
     world_size: int | None = Field(None, ge=1, le=MAX_RANKS)
-    source: str | None = Field(None, max_length=16, description="form, api, cli or ci.")
+    source: RunSource | None = Field(None, description="form, api, cli or ci.")
     branch: str | None = Field(None, max_length=200)
     user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
-    precision: str | None = Field(None, max_length=8, description="Recipe: fp32, bf16, fp16 or fp8.")
-    activation_checkpointing: str | None = Field(None, max_length=16, description="Recipe: none, selective, alternate or full.")
+    precision: Precision | None = Field(None, description="Recipe: fp32, bf16, fp16 or fp8.")
+    activation_checkpointing: Checkpointing | None = Field(None, description="Recipe: none, selective, alternate or full.")
     grad_accumulation_steps: int | None = Field(None, ge=1, le=1 << 20, description="Recipe: accumulation micro-steps.")
     micro_batch_size: int | None = Field(None, ge=1, le=1 << 20, description="Recipe: sequences per forward on a rank.")
     group: Literal["workload", "shape", "precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size"] = Field(
@@ -58,20 +128,12 @@ class LeaderboardParams(BaseModel):
         description="One row per (strategy, world size) config — ranked by the median of its runs, with n and the "
         "median's 95% interval — or every run.",
     )
-    sort: str | None = Field(None, max_length=64, description="Column to sort by (default: rank within each group).")
+    sort: Annotated[str, WithJsonSchema({"type": "string", "enum": list(SORT_COLUMNS)})] | None = Field(
+        None, max_length=64, description="Column to sort by (default: rank within each group)."
+    )
     dir: Literal["asc", "desc"] = "desc"
     limit: int = Field(50, ge=1, le=MAX_PAGE)
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Rows to skip (use the filters to narrow a long board).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _empty_is_unset(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(k for k in data if k not in cls.model_fields)
-            if unknown:
-                raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))}; the leaderboard takes: {', '.join(cls.model_fields)}")
-            return {k: v.strip() if isinstance(v, str) else v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
-        return data
 
     @field_validator("sort")
     @classmethod

@@ -10,7 +10,19 @@ from backend.models.leaderboard import LeaderboardCell, LeaderboardEntry
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
 from backend.models.pools import EngineJob, Pool
 from backend.models.references import ReferenceCurve
-from backend.models.runs import FINISHED_STATUSES, RUN_STATUSES, CommMetric, RankMetric, Run, RunResult, RunResultPart, RunTrace
+from backend.models.runs import (
+    FINISHED_STATUSES,
+    RUN_SOURCES,
+    RUN_STATUSES,
+    CommMetric,
+    RankMetric,
+    Run,
+    RunResult,
+    RunResultPart,
+    RunSource,
+    RunStatus,
+    RunTrace,
+)
 from backend.models.series import VERDICTS, Series, SeriesVerdict
 from backend.models.tokens import ApiToken
 from backend.models.workers import FINAL_NODE_STATUSES, NODE_STATUSES, RunNode, Worker
@@ -22,7 +34,10 @@ __all__ = [
     "new_id",
     "utcnow",
     "FINISHED_STATUSES",
+    "RUN_SOURCES",
     "RUN_STATUSES",
+    "RunSource",
+    "RunStatus",
     "CommMetric",
     "RankMetric",
     "Run",

@@ -9,7 +9,7 @@ MFU, workload key, hardware key) are denormalised onto `runs` and indexed — ML
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -17,7 +17,11 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from backend.models.auth import User
 from backend.models.base import Base, JSONDoc, new_id, utcnow
 
-RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+RunSource = Literal["form", "api", "cli", "ci"]
+"""Where a run came from: the job form, the REST API, the `parallab` CLI, or an uploaded result (CI)."""
+RUN_SOURCES: tuple[str, ...] = get_args(RunSource)
 FINISHED_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 

@@ -1,5 +1,6 @@
-"""Refusals that name what was wrong: an unknown leaderboard sort or filter is a 422 listing the
-valid names (API and page alike, never silently ignored), and a sweep refusal always says why."""
+"""Refusals that name what was wrong: an unknown sort or filter name, or an enumerated value outside
+its set, is a 422 listing the valid ones on every list (leaderboard, runs, sweeps, series, workers;
+API and page alike, never silently ignored), and a sweep refusal always says why."""
 
 from __future__ import annotations
 
@@ -40,3 +41,62 @@ def test_a_sweep_refusal_always_carries_its_reason(client) -> None:
     collectives = client.post("/api/v1/sweeps", json={**SWEEP, "strategies": ["collectives"]})
     assert collectives.status_code == 422 and collectives.json()["detail"][0]["loc"] == ["body", "strategies"]
     assert "the strategies a sweep plans are: single, ddp" in collectives.json()["detail"][0]["msg"]
+
+
+# ---- every list route: unknown names and values outside an enumeration are 422, never ignored ----
+
+
+def test_a_misspelt_runs_filter_is_refused_with_the_names_it_takes(client) -> None:
+    response = client.get("/api/v1/runs?stratgy=ddp")
+    assert response.status_code == 422, response.text
+    msg = response.json()["detail"][0]["msg"]
+    assert "unknown parameter 'stratgy'" in msg, msg
+    takes = msg.split("takes:")[1]
+    for name in ("status", "strategy", "user", "cursor", "model", "source", "limit"):
+        assert name in takes, msg
+    assert client.get("/api/v1/runs?strategy=ddp").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("param", "bad", "valid"),
+    [
+        ("status", "bogus", ["queued", "running", "succeeded", "failed", "cancelled"]),
+        ("source", "web", ["form", "api", "cli", "ci"]),
+        ("strategy", "dpp", ["ddp", "fsdp", "tp"]),
+    ],
+)
+def test_a_runs_filter_value_outside_its_set_is_refused_with_the_valid_ones(client, param, bad, valid) -> None:
+    response = client.get("/api/v1/runs", params={param: bad})
+    assert response.status_code == 422, response.text
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["query", param], error
+    assert all(v in error["msg"] for v in valid), error["msg"]
+    assert client.get("/api/v1/runs", params={param: valid[0]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "takes"), [("/api/v1/series", "no parameters"), ("/api/v1/sweeps", "limit"), ("/api/v1/workers", "no parameters")]
+)
+def test_the_other_lists_refuse_an_unknown_sort(client, path, takes) -> None:
+    response = client.get(path, params={"sort": "x"})
+    assert response.status_code == 422, response.text
+    msg = response.json()["detail"][0]["msg"]
+    assert "unknown parameter 'sort'" in msg and takes in msg.split("takes:")[1], msg
+    assert client.get(path).status_code == 200
+
+
+def test_the_runs_page_refuses_what_the_runs_api_refuses(client) -> None:
+    assert client.get("/", params={"status": "bogus"}).status_code == 422
+    assert "unknown parameter 'stratgy'" in client.get("/", params={"stratgy": "ddp"}).json()["detail"][0]["msg"]
+    # The filter form sends an empty value for "any".
+    assert client.get("/", params={"status": "", "strategy": "", "user": ""}).status_code == 200
+    assert client.get("/", params={"status": "succeeded", "strategy": "ddp"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("param", "bad"), [("source", "web"), ("strategy", "dpp"), ("precision", "fp64"), ("activation_checkpointing", "most")]
+)
+def test_a_leaderboard_filter_value_outside_its_set_is_refused(client, param, bad) -> None:
+    response = client.get("/api/v1/leaderboard", params={param: bad})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["query", param]

@@ -18,6 +18,7 @@ from backend.api import csrf
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep, local_mode
 from backend.api.formatting import fmt_when
 from backend.api.pages.rendering import render, render_error
+from backend.api.queries import RunFilters
 from backend.config import Settings
 from backend.figures import live as live_figs
 from backend.figures import run as run_figs
@@ -45,18 +46,11 @@ FormDep = Annotated[FormData, Depends(read_form)]
 
 
 @router.get("/", response_class=HTMLResponse)
-def index(
-    request: Request,
-    session: SessionDep,
-    settings: SettingsDep,
-    status: str | None = None,
-    strategy: str | None = None,
-    user: str | None = None,
-    cursor: str | None = None,
-) -> HTMLResponse:
-    filters = {"status": status or None, "strategy": strategy or None, "user_id": auth_service.user_filter(session=session, email=user)}
+def index(request: Request, session: SessionDep, settings: SettingsDep, params: Annotated[RunFilters, Query()]) -> HTMLResponse:
+    status, strategy, user = params.status, params.strategy, params.user
+    filters = {"status": status, "strategy": strategy, "user_id": auth_service.user_filter(session=session, email=user)}
     try:
-        runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=cursor, filters=filters)
+        runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=params.cursor, filters=filters)
     except ValueError as exc:  # a cursor this server did not hand out
         return render_error(request, 422, "Bad page link", str(exc), settings=settings)
     return render(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep
+from backend.api.queries import RunListParams
 from backend.models import Run
 from backend.schemas.runs import RunList, RunRead, RunSummary, TimelineRead
 from backend.services import auth as auth_service
@@ -60,27 +61,15 @@ def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep, princi
 
 
 @router.get("", response_model=RunList)
-def list_runs(
-    session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
-    status_: Annotated[str | None, Query(alias="status", max_length=16)] = None,
-    strategy: Annotated[str | None, Query(max_length=32)] = None,
-    model: Annotated[str | None, Query(max_length=64)] = None,
-    source: Annotated[str | None, Query(max_length=16)] = None,
-    user: Annotated[str | None, Query(description="Who submitted or uploaded the runs (email).", max_length=320)] = None,
-) -> RunList:
-    user_id = auth_service.user_filter(session=session, email=user)
+def list_runs(session: SessionDep, params: Annotated[RunListParams, Query()]) -> RunList:
+    """A page of runs, newest first; an unknown parameter, status, source or strategy is refused (422)."""
+    user_id = auth_service.user_filter(session=session, email=params.user)
+    filters = {"status": params.status, "strategy": params.strategy, "model": params.model, "source": params.source, "user_id": user_id}
     try:
-        rows, next_cursor = run_service.list_runs(
-            session=session,
-            limit=limit,
-            cursor=cursor,
-            filters={"status": status_, "strategy": strategy, "model": model, "source": source, "user_id": user_id},
-        )
+        rows, next_cursor = run_service.list_runs(session=session, limit=params.limit, cursor=params.cursor, filters=filters)
     except ValueError as exc:
         raise HTTPException(422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
-    return RunList(items=[RunSummary.model_validate(r) for r in rows], next_cursor=next_cursor, limit=limit)
+    return RunList(items=[RunSummary.model_validate(r) for r in rows], next_cursor=next_cursor, limit=params.limit)
 
 
 @router.get("/{run_id}", response_model=RunRead)

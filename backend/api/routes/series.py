@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.api.deps import RowId, SeriesEditorDep, SessionDep
+from backend.api.queries import SeriesListParams
 from backend.services import series as series_service
 
 router = APIRouter(prefix="/series", tags=["series"])
@@ -33,8 +34,8 @@ class Dismissal(BaseModel):
 
 
 @router.get("")
-def list_series(session: SessionDep) -> dict[str, Any]:
-    """Every series, latest result first, with how many results and open alerts each has."""
+def list_series(session: SessionDep, _: Annotated[SeriesListParams, Query()]) -> dict[str, Any]:
+    """Every series, latest result first, with how many results and open alerts each has (it takes no parameters)."""
     rows = series_service.list_series(session=session)
     return {"items": [{**series_service.series_dict(r["series"]), "results": r["results"], "open_alerts": r["open_alerts"]} for r in rows]}
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, status
 
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep
+from backend.api.queries import SweepListParams
 from backend.services import sweeps as sweep_service
 from backend.services.sweeps import SweepNotFound, SweepRequest
 
@@ -34,8 +35,9 @@ def create_sweep(
 
 
 @router.get("")
-def list_sweeps(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
-    items = sweep_service.list_sweeps(session=session, limit=limit)
+def list_sweeps(session: SessionDep, params: Annotated[SweepListParams, Query()]) -> dict[str, Any]:
+    """Sweeps, newest first; an unknown parameter is refused (422)."""
+    items = sweep_service.list_sweeps(session=session, limit=params.limit)
     return {
         "items": [
             {
@@ -48,7 +50,7 @@ def list_sweeps(session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] 
             }
             for s in items
         ],
-        "limit": limit,
+        "limit": params.limit,
     }
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.api.queries import WorkerListParams
 from backend.queue import queue_lengths
 from backend.schemas.workers import PoolRead, WorkerList, WorkerRead
 from backend.services import workers as fleet
@@ -13,7 +16,7 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 
 
 @router.get("", response_model=WorkerList)
-def list_workers(session: SessionDep, settings: SettingsDep) -> WorkerList:
+def list_workers(session: SessionDep, settings: SettingsDep, _: Annotated[WorkerListParams, Query()]) -> WorkerList:
     """Workers by pool (`alive`: heartbeated within the TTL). Reading the fleet also fails runs whose lease lapsed."""
     fleet.reconcile_lost_runs(session=session, settings=settings)
     session.commit()
