@@ -161,12 +161,13 @@ TERMS: tuple[Term, ...] = (
     Term(
         "median-interval",
         "Median, 95% interval and n",
-        "Where a configuration (strategy and world size) has several runs, the leaderboard and the sweep rank it by the "
-        "median of its runs' tokens/s, never by its luckiest run. n is how many runs. The interval is the median's 95% "
-        "interval from order statistics: the k-th lowest and k-th highest run, with k the largest rank for which fewer "
-        "than k runs fall below the true median with probability at most 2.5% (a Binomial(n, ½) count). It needs no "
-        "assumption about the distribution and no random seed. Under 6 runs no pair of runs reaches 95%: the interval "
-        'is then the range of the runs ("range only", its coverage said), and one run has no interval.',
+        "Where a configuration (strategy and world size) has several runs, the leaderboard ranks it by the median of "
+        "its runs' tokens/s, never by its luckiest run, and a sweep with repeats shows the same median. n is how many "
+        "runs. The interval is the median's 95% interval from order statistics: the k-th lowest and k-th highest run, "
+        "with k the largest rank for which fewer than k runs fall below the true median with probability at most 2.5% "
+        "(a Binomial(n, ½) count). It needs no assumption about the distribution and no random seed. Under 6 runs no "
+        'pair of runs reaches 95%: the interval is then the range of the runs ("range only", its coverage said), and '
+        "one run has no interval.",
     ),
     Term(
         "verdict",
