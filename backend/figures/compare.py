@@ -211,9 +211,9 @@ def loss(runs: Labelled) -> Figure:
         return empty("Loss", "no loss recorded")
     fig = figure("Loss overlay", x="measured step", y="loss")
     reference = None
-    for label, doc in runs:
+    for i, (label, doc) in enumerate(runs):
         values = (doc.get("loss") or {}).get("values") or []
-        fig.add_scatter(name=label, x=list(range(1, len(values) + 1)), y=values, mode="lines")
+        fig.add_scatter(name=label, x=list(range(1, len(values) + 1)), y=values, mode="lines", line={"color": palette.run_colour(i)})
         reference = reference or (doc.get("loss") or {}).get("reference")
     if reference:
         fig.add_scatter(

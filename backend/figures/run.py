@@ -9,7 +9,6 @@ from backend.figures.common import (
     MEMORY_COLOURS,
     MEMORY_SPLIT_COLOURS,
     MIB,
-    PALETTE,
     SPLIT_COLOURS,
     TIME_COLOURS,
     Figure,
@@ -139,10 +138,10 @@ def comm_volume(doc: dict[str, Any]) -> Figure | None:
     measured (largest rank) beside predicted. None when nothing was communicated or predicted."""
     summary, prediction = doc.get("summary") or {}, doc.get("prediction") or {}
     series = {
-        "buffer, measured": (summary.get("comm_bytes_per_step") or {}, PALETTE[0], None),
-        "buffer, predicted": (prediction.get("comm_bytes_per_step") or {}, PALETTE[0], "/"),
-        "wire, measured": (summary.get("wire_bytes_per_step") or {}, PALETTE[1], None),
-        "wire, predicted": (prediction.get("wire_bytes_per_step") or {}, PALETTE[1], "/"),
+        "buffer, measured": (summary.get("comm_bytes_per_step") or {}, palette.BYTES["buffer"], None),
+        "buffer, predicted": (prediction.get("comm_bytes_per_step") or {}, palette.BYTES["buffer"], "/"),
+        "wire, measured": (summary.get("wire_bytes_per_step") or {}, palette.BYTES["wire"], None),
+        "wire, predicted": (prediction.get("wire_bytes_per_step") or {}, palette.BYTES["wire"], "/"),
     }
     ops = sorted({op for values, _, _ in series.values() for op in values})
     if not ops:
@@ -283,7 +282,10 @@ def loss_curve(doc: dict[str, Any]) -> Figure:
         return empty("Loss", "no loss recorded")
     fig = figure("Loss against the reference", x="measured step", y="loss")
     steps, shown = thin(values)
-    fig.add_scatter(name=doc.get("strategy", {}).get("name", "run"), x=steps, y=shown, mode="lines+markers")
+    # the run's own line: the colour a comparison gives its first run
+    fig.add_scatter(
+        name=doc.get("strategy", {}).get("name", "run"), x=steps, y=shown, mode="lines+markers", line={"color": palette.run_colour(0)}
+    )
     if reference:
         ref_steps, ref_shown = thin(reference)
         fig.add_scatter(
@@ -297,16 +299,30 @@ def loss_curve(doc: dict[str, Any]) -> Figure:
 
 
 def moe_load(doc: dict[str, Any]) -> Figure | None:
-    """Tokens routed to each expert per rank (MoE runs only)."""
+    """Tokens routed to each expert per rank (MoE runs only), in the ranks' colours, and the mean
+    per expert as a line in the imbalance colour: the busiest bar's height over it is the imbalance."""
     ranks = [r for r in doc.get("ranks") or [] if (r.get("moe") or {}).get("tokens_per_expert")]
     if not ranks:
         return None
     fig = figure("MoE expert load", x="expert", y="tokens per step")
-    for r in ranks:
+    colours = palette.rank_colours(len(ranks))
+    experts: list[str] = []
+    for r, colour in zip(ranks, colours, strict=True):
         moe = r["moe"]
         counts = moe["tokens_per_expert"]
         extra = f"imbalance {moe.get('imbalance', 0):.2f}, dropped {moe.get('dropped_tokens', 0)}"
-        fig.add_bar(name=f"rank {r['rank']} ({extra})", x=[f"expert {i}" for i in range(len(counts))], y=counts)
+        experts = [f"expert {i}" for i in range(len(counts))]
+        fig.add_bar(name=f"rank {r['rank']} ({extra})", x=experts, y=counts, marker_color=colour)
+    every = [c for r in ranks for c in r["moe"]["tokens_per_expert"]]
+    mean = sum(every) / len(every)
+    fig.add_scatter(
+        name="mean per expert (imbalance: the busiest over it)",
+        x=experts,
+        y=[mean] * len(experts),
+        mode="lines",
+        line={"color": palette.TIME["imbalance"], "dash": "dash", "width": 2},
+        hovertemplate="mean %{y:,.0f} tokens per expert<extra></extra>",
+    )
     fig.update_layout(barmode="group")
     return fig
 

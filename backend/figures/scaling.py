@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.figures import palette
-from backend.figures.common import PALETTE, Figure, empty, figure
+from backend.figures.common import Figure, empty, figure
 
 
 def _by_strategy(points: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -21,8 +21,8 @@ def throughput(points: Sequence[dict[str, Any]]) -> Figure:
     if not points:
         return empty("Throughput against world size", "no finished runs for this workload")
     fig = figure("Throughput against world size", x="world size [ranks]", y="throughput [tokens/s]", height=400)
-    for i, (strategy, pts) in enumerate(_by_strategy(points).items()):
-        colour = PALETTE[i % len(PALETTE)]
+    for strategy, pts in _by_strategy(points).items():
+        colour = palette.strategy_colour(strategy)
         xs = [p["world_size"] for p in pts]
         fig.add_scatter(
             name=strategy,
@@ -62,7 +62,7 @@ def efficiency(points: Sequence[dict[str, Any]]) -> Figure:
     if not scaled:
         return empty("Scaling efficiency", "one world size per strategy: nothing to scale against yet")
     fig = figure("Scaling efficiency", x="world size [ranks]", y="efficiency [% of ideal]", height=360)
-    for i, (strategy, pts) in enumerate(_by_strategy(points).items()):
+    for strategy, pts in _by_strategy(points).items():
         pts = [p for p in pts if p.get("efficiency") is not None]
         if not pts:
             continue
@@ -71,7 +71,7 @@ def efficiency(points: Sequence[dict[str, Any]]) -> Figure:
             x=[p["world_size"] for p in pts],
             y=[p["efficiency"] * 100 for p in pts],
             mode="lines+markers",
-            line={"color": PALETTE[i % len(PALETTE)]},
+            line={"color": palette.strategy_colour(strategy)},
             hovertemplate=strategy + " × %{x}: %{y:.0f}%<extra></extra>",
         )
     fig.add_hline(y=100, line_dash="dot", line_color=palette.MUTED)

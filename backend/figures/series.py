@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.figures import palette
-from backend.figures.common import PALETTE, Figure, empty, figure
+from backend.figures.common import Figure, empty, figure
 
 VERDICT_STYLE = {
     "regressed": {"color": palette.VERDICT["regressed"], "symbol": "x", "size": 13},
     "improved": {"color": palette.VERDICT["improved"], "symbol": "triangle-up", "size": 11},
 }
-BAND = "rgba(37, 99, 235, 0.12)"
 
 
 def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool) -> Figure:
@@ -33,7 +32,7 @@ def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_i
             x=[x for x, _ in banded] + [x for x, _ in reversed(banded)],
             y=[p["upper"] for _, p in banded] + [p["lower"] for _, p in reversed(banded)],
             fill="toself",
-            fillcolor=BAND,
+            fillcolor=palette.BAND_FILL,
             line={"width": 0},
             hoverinfo="skip",
             mode="lines",
@@ -43,7 +42,7 @@ def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_i
         x=xs,
         y=[p["value"] for p in points],
         mode="lines+markers",
-        line={"color": PALETTE[0]},
+        line={"color": palette.SERIES["metric"]},
         customdata=[[p.get("commit") or "—", p.get("branch") or "—", p.get("verdict") or "—"] for p in points],
         hovertemplate="%{customdata[0]} on %{customdata[1]}: %{y:,.4g} — %{customdata[2]}<extra></extra>",
     )

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from backend.figures import palette
-from backend.figures.common import MIB, PALETTE, Figure, empty, figure
+from backend.figures.common import MIB, Figure, empty, figure
 
-ROLE_COLOURS = {"top": PALETTE[0], "control": PALETTE[1]}
+ROLE_COLOURS = palette.ROLES
 
 
 def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: float, note: str) -> Figure:
@@ -29,7 +29,7 @@ def _scatter(title: str, points: Sequence[dict[str, Any]], *, unit: str, scale: 
             x=[p["predicted"] / scale for p in mine],
             y=[p["measured"] / scale for p in mine],
             mode="markers",
-            marker={"color": colour, "size": 10, "line": {"width": 1, "color": "#1f2937"}},
+            marker={"color": colour, "size": 10, "line": {"width": 1, "color": palette.INK}},
             text=[p["label"] for p in mine],
             hovertemplate="%{text}<br>predicted %{x:,.4g}<br>measured %{y:,.4g}<extra></extra>",
         )

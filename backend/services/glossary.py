@@ -35,6 +35,12 @@ TERMS: tuple[Term, ...] = (
     ),
     Term("tflops", "TFLOP/s", "The achieved model FLOP/s in units of 10¹², the numerator of MFU."),
     Term(
+        "samples-per-s",
+        "Samples/s",
+        "Sequences per second: the global batch (sequences per optimizer step) divided by the same median step time as "
+        "tokens/s, so tokens/s = samples/s × sequence length. Higher is better.",
+    ),
+    Term(
         "peak-memory",
         "Peak memory (allocated)",
         "The most memory the allocator held on a rank during the measured steps, parameters included: the CUDA "
@@ -81,6 +87,14 @@ TERMS: tuple[Term, ...] = (
         "Bubble / idle",
         "Time a rank waits with nothing to do. In a pipeline, the bubble is the stages' wait for micro-batches, theory "
         "(p−1)/(m+p−1) for p stages and m micro-batches; parallab measures it per stage and shows both.",
+    ),
+    Term(
+        "stage-imbalance",
+        "Stage imbalance (pipeline)",
+        "How much longer the busiest pipeline stage works than the average stage, apart from the bubble: each stage's busy "
+        "time (the time some action of its runs, within each profiled step's window) summed over the profiled steps, then "
+        "the busiest stage's over the mean of the stages, less 1. 0 means every stage carries the same work; the last "
+        "stage, which also holds the head and the loss, is usually the busiest.",
     ),
     Term(
         "imbalance",
@@ -134,6 +148,67 @@ TERMS: tuple[Term, ...] = (
         "world size). The baseline itself has no efficiency: one world size has nothing to scale against.",
     ),
     Term(
+        "replica-check",
+        "Replica check",
+        "Every copy that should be identical (data-parallel replicas, tensor-parallel replicated norms and biases, a "
+        "replicated router or embedding, a pipeline's copies across its data-parallel groups), compared across the ranks "
+        "that hold it, twice: step 0's gradients after the strategy's synchronisation and the parameters after the last "
+        "step. Each rank sends a float64 checksum of each copy; where checksums differ, the copies are exchanged and "
+        "max |copy − first| / max |first| is taken against the lowest rank's copy. It fails above the gradient check's "
+        "tolerance and names the parameter and the ranks. It catches what the gradient check cannot: that check reads "
+        "one copy, so a copy on another rank that drifted away passes it.",
+    ),
+    Term(
+        "median-interval",
+        "Median, 95% interval and n",
+        "Where a configuration (strategy and world size) has several runs, the leaderboard ranks it by the median of "
+        "its runs' tokens/s, never by its luckiest run, and a sweep with repeats shows the same median. n is how many "
+        "runs. The interval is the median's 95% interval from order statistics: the k-th lowest and k-th highest run, "
+        "with k the largest rank for which fewer than k runs fall below the true median with probability at most 2.5% "
+        "(a Binomial(n, ½) count). It needs no assumption about the distribution and no random seed. Under 6 runs no "
+        'pair of runs reaches 95%: the interval is then the range of the runs ("range only", its coverage said), and '
+        "one run has no interval.",
+    ),
+    Term(
+        "verdict",
+        "Verdict (compare)",
+        "Which configuration is faster, by how much, how sure, and where the time went. The factor is the ratio of the "
+        "median step times (baseline over other), with a 95% interval: the Moses (Hodges–Lehmann) interval of the shift "
+        "between the logarithms of the runs' step times, exponentiated. It is called significant only when a two-sided "
+        "Mann–Whitney test at 5% separates the two sets of runs and each has at least 2 runs; otherwise the line says "
+        '"not significant" first. The milliseconds that follow split the difference into exposed communication, '
+        "compute (overlapped communication included) and idle: each run's profiled step split into shares, averaged, "
+        "and scaled to the configuration's timed median, so the parts add up to the difference of the medians (checked "
+        "within 5%). The interval width column is the median's 95% interval over the median: how far apart runs of one "
+        "configuration land.",
+    ),
+    Term(
+        "noisy-host",
+        "Noisy host",
+        "The host was doing something else while the run ran, so its times may measure the sharing rather than the "
+        "strategy. The worker reads /proc before the ranks start and after they end, and marks the run noisy when it had "
+        "more ranks than physical cores, when the 1-minute load average before the start plus its own ranks exceeded "
+        "the logical CPUs, when the hypervisor stole more than 5% of the CPU time, or when other torchrun jobs ran on "
+        "the host. The badge names the reasons; no measured number is changed. Repeat the run on a quiet host.",
+    ),
+    Term(
+        "spearman",
+        "Spearman ρ, predicted vs measured (sweeps)",
+        "How well the planner's ranking of a sweep's configurations by predicted tokens/s matches the ranking by "
+        "measured tokens/s: 1 the same order, 0 unrelated, −1 reversed. Its 95% interval is the Fisher-z interval with "
+        "the variance 1.06/(n − 3) for rank correlations, so it needs at least 4 measured configurations. The ranking is "
+        "established only when the interval lies above 0.",
+    ),
+    Term(
+        "prediction",
+        "Predicted step time, tokens/s and memory (plan, sweeps)",
+        "The planner's estimate for the busiest rank, before anything runs: step = (compute + exposed communication) / "
+        "(1 − bubble) + optimizer, each part from the pool's calibration (measured GEMM rates, memory bandwidth and bus "
+        "bandwidth per op) or, uncalibrated, from the device's datasheet; tokens/s is the global tokens per step over "
+        "that step. Memory per rank is model state plus activations; a configuration whose memory exceeds 90% of the "
+        "device's is rejected. docs/planner.md has the whole model.",
+    ),
+    Term(
         "phases",
         "Run phases",
         "What a running job does, in order: the gradient check's step, warm-up (untimed), the timed steps, the profiled "
@@ -142,6 +217,36 @@ TERMS: tuple[Term, ...] = (
     ),
 )
 """The terms, in the order the glossary lists them."""
+
+
+METRIC_TERMS: dict[str, str] = {
+    "tokens_per_s": "tokens-per-s",
+    "samples_per_s": "samples-per-s",
+    "step_time_median": "step-time",
+    "step_time_p90": "step-time",
+    "tflops_per_s": "tflops",
+    "mfu": "mfu",
+    "peak_allocated_bytes_max": "peak-memory",
+    "peak_rss_bytes_max": "peak-rss",
+    "model_state_bytes": "model-state",
+    "predicted_model_state_bytes": "model-state",
+    "activation_bytes": "activations",
+    "predicted_activation_bytes": "activations",
+    "comm_time_fraction": "comm-fraction",
+    "exposed_comm_fraction": "exposed-comm",
+    "comm_bytes_per_step": "buffer-bytes",
+    "wire_bytes_per_step": "wire-bytes",
+    "bubble_fraction": "bubble",
+    "loss_max_rel_diff": "loss-vs-reference",
+    "loss_check": "loss-vs-reference",
+    "gradient_check": "gradient-check",
+    "gradient_max_rel_err": "gradient-check",
+    "gradient_worst_param": "gradient-check",
+    "replica_check": "replica-check",
+    "noise": "noisy-host",
+    "flags": "flags",
+}
+"""The term that explains each metric row of the compare table (`backend.services.compare.METRICS`' keys)."""
 
 
 def markdown() -> str:

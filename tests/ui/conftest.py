@@ -55,6 +55,15 @@ def lab(session_factory):
         return seed_lab(session)
 
 
+@pytest.fixture(scope="module")
+def lab_series(session_factory, lab) -> str:
+    """A CI series with a history of six results beside the lab (see factories.seed_series): its id."""
+    from tests.ui.factories import seed_series
+
+    with session_factory() as session:
+        return seed_series(session)
+
+
 @pytest.fixture()
 def client(app) -> Iterator[TestClient]:
     with TestClient(app) as c:

@@ -294,3 +294,20 @@ def seed_lab(session: Session) -> dict[str, Run]:
     session.commit()
     runs["failed"], runs["queued"] = failed, queued
     return runs
+
+
+def seed_series(session: Session, *, results: int = 6) -> str:
+    """A CI series with a history: `results` uploads of tp × 2 on branch main through the upload
+    path (joined to their series and judged), the last one 25 % slower (an alert). Its id."""
+    from backend.services.auth import LOCAL
+    from backend.services.uploads import upload_results
+
+    ids = []
+    for i in range(results):
+        tps = 11_000.0 * (1 + 0.01 * ((i % 3) - 1)) * (0.75 if i == results - 1 else 1.0)
+        doc = make_document(strategy="tp", world_size=2, tokens_per_s=tps, name=f"tp ×2 (CI {i + 1})", branch="main", seed=100 + i)
+        (uploaded,) = upload_results(session=session, documents=[doc], batch=False, idempotency_key=None, principal=LOCAL)
+        session.commit()
+        ids.append(uploaded.run.series_id)
+    assert ids[0] is not None and len(set(ids)) == 1, ids
+    return ids[0]

@@ -35,8 +35,33 @@ STATE = """() => ({
   done: Array.from(document.querySelectorAll('#run-phases li.done')).map(li => li.dataset.phase),
   points: (document.getElementById('chart-live') && document.getElementById('chart-live').data)
     ? document.getElementById('chart-live').data[0].x.length : 0,
+  traces: (document.getElementById('chart-live') && document.getElementById('chart-live').data)
+    ? Array.from(document.getElementById('chart-live').data).map(t => ({
+        name: t.name, values: Array.from(t.y || []).filter(v => v !== null && v !== undefined).length}))
+    : [],
+  drawn: document.querySelectorAll('#chart-live .scatterlayer .trace path.js-line').length,
   log: document.getElementById('run-log') ? document.getElementById('run-log').textContent : '',
 })"""
+
+
+RECORD_STATUSES = """(() => {
+  // Every status the page's poll receives, kept in sessionStorage (it survives the reload when the
+  // run ends) before the page gets it: the page renders each one, and the last, finished one is
+  // only on screen for the instant before the reload.
+  const fetch0 = window.fetch;
+  window.fetch = function (url) {
+    return fetch0.apply(this, arguments).then(function (response) {
+      if (!String(url).endsWith('/status.json') || !response.ok) return response;
+      return response.clone().json().then(function (s) {
+        const seen = JSON.parse(sessionStorage.getItem('statuses') || '[]');
+        const p = s.progress || {};
+        seen.push({status: s.status, phase: p.phase || null, phases: p.phases || [], finished: s.finished});
+        sessionStorage.setItem('statuses', JSON.stringify(seen));
+        return response;
+      });
+    });
+  };
+})();"""
 
 
 class Bench:
@@ -105,6 +130,7 @@ def test_the_run_page_follows_a_real_run_through_its_phases(bench: Bench) -> Non
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.add_init_script(RECORD_STATUSES)
         page.goto(f"{bench.url}/runs/{run['id']}")
         states.append(page.evaluate(STATE))
         # Queued, no worker yet: it says so, and nothing has started.
@@ -123,6 +149,7 @@ def test_the_run_page_follows_a_real_run_through_its_phases(bench: Bench) -> Non
                 break
             time.sleep(0.25)
         final = state_after_reload(page)
+        polled = page.evaluate("() => JSON.parse(sessionStorage.getItem('statuses') || '[]')")
         browser.close()
         assert final["status"] == "succeeded", (final, states[-3:])
         assert errors == []
@@ -139,11 +166,27 @@ def test_the_run_page_follows_a_real_run_through_its_phases(bench: Bench) -> Non
             if not seen or seen[-1] != phase:
                 seen.append(phase)
     passed = set(seen) | {d for s in running for d in s["done"]}
-    assert {"warmup", "train", "profile", "reference", "gradcheck"} <= passed, seen
-    order = [p for p in seen if p in ("warmup", "train", "reference")]
-    assert order == sorted(order, key=["warmup", "train", "reference"].index), seen
+    assert {"warmup", "train", "profile", "reference", "gradcheck", "storing"} <= passed, seen
+    order = [p for p in seen if p in ("warmup", "train", "reference", "storing")]
+    assert order == sorted(order, key=["warmup", "train", "reference", "storing"].index), seen
+    assert seen[-1] == "storing", seen
+    # Storing is on screen for seconds (the ranks write the record, torchrun ends, the worker
+    # ingests it: 26 of 194 reads, 0.25 s apart, on the 2-core development machine). The statuses
+    # the page received, recorded as it got them, hold it too, through the last one (finished),
+    # which is on screen only for the instant before the page reloads.
+    storing = [s for s in polled if s["phase"] == "storing"]
+    assert storing and polled[-1]["finished"] and polled[-1]["phase"] == "storing", [(s["status"], s["phase"]) for s in polled[-5:]]
+    assert storing[-1]["phases"][-1] == "storing" and {"warmup", "train", "profile", "reference", "gradcheck"} <= set(
+        storing[-1]["phases"]
+    ), storing[-1]
     # The live chart filled: at least the timed steps (and warm-up) are points on it.
     assert max(s["points"] for s in running) >= SPEC["workload"]["steps"], max(s["points"] for s in running)
+    # ... and draws all three series: loss, tokens/s and memory, each with points, each a drawn line.
+    fullest = max(running, key=lambda s: s["points"])
+    counts = {t["name"]: t["values"] for t in fullest["traces"]}
+    assert set(counts) == {"loss", "tokens/s", "memory (MiB)"}, counts
+    assert all(n >= SPEC["workload"]["steps"] for n in counts.values()), counts
+    assert fullest["drawn"] == 3, fullest
     # The log tail was shown while it ran (torchrun's own lines at least).
     assert any(s["log"].strip() for s in running)
 

@@ -5,7 +5,6 @@ PARALLAB_SCREENSHOTS=docs/screenshots python -m pytest tests/ui/test_screenshots
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,21 +31,20 @@ LAYOUT = """() => {
 
 
 @pytest.fixture(scope="module")
-def pages(live_server, lab, app) -> dict[str, str]:
+def pages(live_server, lab, lab_series, app) -> dict[str, str]:
     """Name → path of every page, with a sweep made through its form so its page has content."""
     from fastapi.testclient import TestClient
 
     with TestClient(app) as client:
-        return _pages(client, lab)
+        return _pages(client, lab, lab_series)
 
 
-def _pages(client, lab) -> dict[str, str]:
+def _pages(client, lab, series_id: str) -> dict[str, str]:
     from tests.ui.test_planning_pages import csrf_token
 
     form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
     form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
     sweep = client.post("/sweeps/new", data=form, follow_redirects=False).headers["location"]
-    series = re.search(r'href="(/series/[^"]+)"', client.get("/series").text)
     ids = ",".join(lab[k].id for k in ("ddp2", "fsdp2", "pp4"))
     out = {
         "runs": "/",
@@ -59,13 +57,17 @@ def _pages(client, lab) -> dict[str, str]:
         "plan": "/plan?model=small&device=h100&nodes=1&gpus_per_node=8",
         "workers": "/workers",
         "series-list": "/series",
+        "series": f"/series/{series_id}",
         "sweeps": "/sweeps",
         "sweep-new": "/sweeps/new",
         "sweep": sweep,
         "api-docs": "/docs",
+        "glossary": "/glossary",
+        "login": "/login",
+        "tokens": "/tokens",
+        "users": "/users",  # local mode acts as an admin
     }
-    if series:
-        out["series"] = series.group(1)
+    assert f'href="{out["series"]}"' in client.get("/series").text, "the series list links to the series"
     return out
 
 
@@ -87,7 +89,9 @@ def test_every_page_fits_its_width_and_tables_scroll_in_their_card(browser, live
     page = context.new_page()
     problems = []
     for name, path in pages.items():
-        page.goto(live_server.url + path)
+        response = page.goto(live_server.url + path)
+        if response is None or not response.ok:
+            problems.append((name, response.status if response else "no response"))
         page.wait_for_load_state("networkidle")
         if page.locator("figure.chart[data-figure]").count():
             page.wait_for_selector("figure.chart .main-svg")

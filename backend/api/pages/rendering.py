@@ -23,6 +23,7 @@ from backend.api.deps import local_mode
 from backend.config import Settings, get_settings
 from backend.figures.common import Figure
 from backend.services.auth import ANONYMOUS
+from backend.services.glossary import METRIC_TERMS
 from parallab.core.flags import FLAG_TOLERANCE
 
 FRONTEND = Path(frontend.__file__).parent
@@ -45,6 +46,7 @@ def _environment() -> Environment:
     env.filters.update(formatting.FILTERS)
     env.globals["figure_json"] = figure_json
     env.globals["flag_tolerance"] = FLAG_TOLERANCE
+    env.globals["metric_terms"] = METRIC_TERMS
     return env
 
 
