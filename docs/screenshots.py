@@ -1,6 +1,6 @@
 """Screenshots of every page, for docs/: real runs on this machine, shot with headless Chromium.
 
-    python docs/screenshots.py [--out docs/screenshots]
+    python docs/screenshots.py --out DIR
 
 Every run shown is measured: each job goes through torchrun (`workers.execute.run_and_collect`,
 the path `parallab bench` and the worker take) and is stored by the same ingest as any run; the
@@ -99,7 +99,8 @@ def real_lab(settings: Settings) -> dict[str, str]:
 def main() -> None:
     warnings.filterwarnings("ignore")
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
+    # No default: docs/screenshots holds the UI test lab's shots (tests/ui/test_screenshots.py).
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs (not docs/screenshots: the test lab's)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
