@@ -8,8 +8,9 @@ configuration found, and memory per rank predicted against measured. A run that 
 memory marks the prediction that let it through. A sweep is cancelled as a whole.
 
 Calibration first: a sweep on a pool without a calibration queues a `calibrate` run on that pool
-before its own runs (committed and enqueued first, so the pool's FIFO queue — or its Slurm agent,
-which takes the oldest queued run — runs it first), unless one is already queued or running there.
+before its own runs (stored in the sweep's transaction and enqueued first, so the pool's FIFO queue
+— or its Slurm agent, which takes the oldest queued run — runs it first), unless one is already
+queued or running there.
 The candidates are still chosen on the datasheet figures (a sweep queues its runs at once), but
 the report re-predicts each queued configuration on the pool's calibration as soon as one exists,
 so ρ holds the measurement against the calibrated prediction; the datasheet one is kept beside it.
@@ -18,7 +19,6 @@ so ρ holds the measurement against the calibrated prediction; the datasheet one
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,19 +29,15 @@ from sqlalchemy.orm import Session
 from backend.config import Settings, get_settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.models.base import new_id
-from backend.queue import enqueue_run
 from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
-from backend.store import runs as run_store
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
 from parallab.core.spec import MAX_REPEATS, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
-
-log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
@@ -161,19 +157,20 @@ def calibrate_first(
     workload: dict[str, Any],
     source: str,
     local: bool = False,
-) -> dict[str, Any] | None:
-    """Queue a `calibrate` run on the sweep's pool when it has no calibration and none is queued or
-    running there (commits and enqueues it, ahead of the sweep's runs). None when the pool is
-    calibrated; else {"run_id": the calibration the sweep waits for} or {"error": why none could be queued}.
+) -> tuple[dict[str, Any] | None, Run | None]:
+    """A `calibrate` run for the sweep's pool when it has no calibration and none is queued or
+    running there, added to the sweep's transaction (the caller enqueues it ahead of the sweep's
+    runs). The first item is None when the pool is calibrated; else {"run_id": the calibration the
+    sweep waits for} or {"error": why none could be queued}; the second the new run, if one was made.
 
     The run is the pool's, not the user's (no `user_id`): every sweep on the pool waits for the one
     pending calibration, so it takes no user's quota, and there is at most one per pool at a time."""
     pool = hardware.pool_of(settings, request.pool)
     if hardware.latest_profile(session=session, pool=pool) is not None:
-        return None
+        return None, None
     pending = store.pending_calibration(session, pool)
     if pending is not None:
-        return {"run_id": pending.id}
+        return {"run_id": pending.id}, None
     spec = {
         "name": f"calibrate {pool} for a sweep of {workload['model']}",
         "workload": workload,  # GEMMs are timed at the sweep's model's shapes
@@ -184,11 +181,8 @@ def calibrate_first(
     try:
         run = create_run(session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, local=local)
     except SpecError as exc:  # the sweep still runs, on the datasheet figures, and says why
-        return {"error": f"could not queue a calibrate run on pool {pool!r}: {exc}"}
-    session.commit()
-    with contextlib.suppress(QueueUnavailable):  # marked failed (the report says so); the sweep's runs meet the same queue
-        enqueue_stored(session=session, settings=settings, runs=[run])
-    return {"run_id": run.id}
+        return {"error": f"could not queue a calibrate run on pool {pool!r}: {exc}"}, None
+    return {"run_id": run.id}, run
 
 
 def create_sweep(
@@ -218,7 +212,9 @@ def create_sweep(
         raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons or nothing_planned(request)}")])
     chosen = choose(ranking.fits, top=request.top, controls=request.controls)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen) * request.repeats, sweep=True)
-    calibration = calibrate_first(session=session, settings=settings, request=request, workload=workload, source=source, local=local)
+    calibration, calibrate_run = calibrate_first(
+        session=session, settings=settings, request=request, workload=workload, source=source, local=local
+    )
     steps = request.steps or settings.sweep_steps
     sweep = store.add_sweep(
         session,
@@ -267,15 +263,10 @@ def create_sweep(
         run_ids[c].append(run.id)
     sweep.candidates = [_candidate(role, rank, row, run_ids[c], error=errors[c]) for c, (role, rank, row) in enumerate(chosen)]
     session.commit()
-    for run in runs:
-        if slurm:
-            continue  # one Slurm job per run, submitted by the pool's agent
-        try:
-            enqueue_run(settings, run.id)
-        except Exception as exc:  # the queue is down: the run must not look queued
-            log.exception("could not enqueue sweep run %s", run.id)
-            run_store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
-    session.commit()
+    # The calibration first (the pool's queue is FIFO; a Slurm pool's agent takes the oldest run and
+    # is skipped here), each run to its own pool's queue; the broker down fails what it refused.
+    with contextlib.suppress(QueueUnavailable):
+        enqueue_stored(session=session, settings=settings, runs=[*([calibrate_run] if calibrate_run else []), *runs])
     return sweep
 
 
