@@ -1,5 +1,6 @@
 """Compare's decision: the runs asked for, grouped into configurations, each with its median and
-95 % interval, and a one-line verdict of every configuration against the baseline's.
+95 % interval, and a one-line verdict of every configuration against the baseline's — for N
+configurations, N − 1 verdicts, each with its ratio, interval, test and why-parts that add up.
 
 A configuration is a repeat group (the runs of one submission's `repeats`, `spec.repeat.group`)
 or, for a run outside any group, that run alone — so two separately submitted runs of one config
@@ -10,6 +11,7 @@ the statistics and the verdict are `parallab.core.verdict`'s, which takes plain 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 from backend.models import Run
 from parallab.core.noise import noisy_reasons
 from parallab.core.stats import Interval, median_interval
-from parallab.core.verdict import Verdict, VerdictError, interval_width, run_shares, verdict
+from parallab.core.verdict import Verdict, VerdictError, check_adds_up, interval_width, run_shares, verdict
 
 SCALING_NOTE = (
     "The parts come from the profiled steps' split (compute, exposed communication, idle), each part's share "
@@ -72,7 +74,9 @@ class Decision:
         def interval(i: Interval | None) -> dict[str, float] | None:
             return None if i is None else {"median": i.estimate, "low": i.low, "high": i.high, "coverage": i.coverage, "n": i.n}
 
+        by_label = {c.label: c for c in self.configurations}
         return {
+            "baseline": self.configurations[0].key if self.configurations else None,
             "configurations": [
                 {
                     "key": c.key,
@@ -97,12 +101,31 @@ class Decision:
                     "significant": v.speedup.significant,
                     "p": v.speedup.test.p,
                     "parts_ms": {k: -d * 1e3 for k, d in (v.differences_s or {}).items()},
+                    **_against(v, by_label[v.baseline], by_label[v.other]),
                 }
                 for v in self.verdicts
             ],
             "problems": self.problems,
             "note": self.note,
         }
+
+
+def _against(v: Verdict, base: Configuration, other: Configuration) -> dict[str, Any]:
+    """Which configurations a verdict holds against each other, what the test says, and how close
+    its parts come to the difference of the medians (`check_adds_up`'s gap; None without parts)."""
+    gap = None
+    if v.differences_s is not None:
+        gap = check_adds_up(v.differences_s, statistics.median(base.step_times_s) - statistics.median(other.step_times_s))
+    return {
+        "baseline_key": base.key,
+        "other_key": other.key,
+        "baseline_runs": base.run_ids,
+        "other_runs": other.run_ids,
+        "n_baseline": v.speedup.n_baseline,
+        "n_other": v.speedup.n_other,
+        "note": v.speedup.note,
+        "adds_up_gap": gap,
+    }
 
 
 def group_key(run: Run) -> str:
@@ -146,9 +169,11 @@ def configurations(runs: Sequence[tuple[Run, dict[str, Any] | None]]) -> list[Co
 
 
 def decide(*, runs: Sequence[tuple[Run, dict[str, Any] | None]], baseline_id: str | None) -> Decision:
-    """Every configuration against the one holding `baseline_id` (else the first)."""
+    """Every configuration against the one holding run `baseline_id` (its repeat group, whether or
+    not that run succeeded; else the first)."""
     configs = configurations(runs)
-    base = next((c for c in configs if baseline_id in c.run_ids or c.key == f"run:{baseline_id}"), configs[0] if configs else None)
+    named = next((group_key(run) for run, _ in runs if run.id == baseline_id), None)
+    base = next((c for c in configs if c.key == named), configs[0] if configs else None)
     if base is None:
         return Decision(configurations=[])
     ordered = [base, *[c for c in configs if c is not base]]

@@ -6,11 +6,19 @@ catalogue's CPU entry, said so). Each queued candidate keeps the prediction that
 page shows predicted against measured tokens/s with the Spearman rank correlation, the best
 configuration found, and memory per rank predicted against measured. A run that ran out of
 memory marks the prediction that let it through. A sweep is cancelled as a whole.
+
+Calibration first: a sweep on a pool without a calibration queues a `calibrate` run on that pool
+before its own runs (stored in the sweep's transaction and enqueued first, so the pool's FIFO queue
+— or its Slurm agent, which takes the oldest queued run — runs it first), unless one is already
+queued or running there.
+The candidates are still chosen on the datasheet figures (a sweep queues its runs at once), but
+the report re-predicts each queued configuration on the pool's calibration as soon as one exists,
+so ρ holds the measurement against the calibrated prediction; the datasheet one is kept beside it.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,22 +26,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
-from backend.config import Settings
+from backend.config import Settings, get_settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.models.base import new_id
-from backend.queue import enqueue_run
 from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
-from backend.services.runs import cancel_run, check_owner, create_run
+from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
-from backend.store import runs as run_store
-from parallab.core.planner import spearman
+from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, plan_cluster
+from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
 from parallab.core.spec import MAX_REPEATS, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
-
-log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
@@ -145,6 +149,42 @@ def _candidate(role: str, rank: int, row: PlanRow, run_ids: list[str], error: st
     }
 
 
+def calibrate_first(
+    *,
+    session: Session,
+    settings: Settings,
+    request: SweepRequest,
+    workload: dict[str, Any],
+    source: str,
+    local: bool = False,
+) -> tuple[dict[str, Any] | None, Run | None]:
+    """A `calibrate` run for the sweep's pool when it has no calibration and none is queued or
+    running there, added to the sweep's transaction (the caller enqueues it ahead of the sweep's
+    runs). The first item is None when the pool is calibrated; else {"run_id": the calibration the
+    sweep waits for} or {"error": why none could be queued}; the second the new run, if one was made.
+
+    The run is the pool's, not the user's (no `user_id`): every sweep on the pool waits for the one
+    pending calibration, so it takes no user's quota, and there is at most one per pool at a time."""
+    pool = hardware.pool_of(settings, request.pool)
+    if hardware.latest_profile(session=session, pool=pool) is not None:
+        return None, None
+    pending = store.pending_calibration(session, pool)
+    if pending is not None:
+        return {"run_id": pending.id}, None
+    spec = {
+        "name": f"calibrate {pool} for a sweep of {workload['model']}",
+        "workload": workload,  # GEMMs are timed at the sweep's model's shapes
+        "strategy": {"name": "calibrate", "world_size": request.world_size, "options": {"precisions": request.precisions}},
+        "placement": {"pool": pool},
+        "tags": ["sweep", "calibrate"],
+    }
+    try:
+        run = create_run(session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, local=local)
+    except SpecError as exc:  # the sweep still runs, on the datasheet figures, and says why
+        return {"error": f"could not queue a calibrate run on pool {pool!r}: {exc}"}, None
+    return {"run_id": run.id}, run
+
+
 def create_sweep(
     *, session: Session, settings: Settings, request: SweepRequest, source: str, user_id: int | None = None, local: bool = False
 ) -> Sweep:
@@ -172,6 +212,9 @@ def create_sweep(
         raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons or nothing_planned(request)}")])
     chosen = choose(ranking.fits, top=request.top, controls=request.controls)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen) * request.repeats, sweep=True)
+    calibration, calibrate_run = calibrate_first(
+        session=session, settings=settings, request=request, workload=workload, source=source, local=local
+    )
     steps = request.steps or settings.sweep_steps
     sweep = store.add_sweep(
         session,
@@ -186,6 +229,7 @@ def create_sweep(
                 "device": hw.spec.key,
                 "calibrated": hw.calibrated,
                 "pool": hardware.pool_of(settings, request.pool),
+                **({"calibration": calibration} if calibration else {}),
             },
             candidates=[],
             planned=len(ranking.fits) + len(ranking.rejected),
@@ -219,15 +263,10 @@ def create_sweep(
         run_ids[c].append(run.id)
     sweep.candidates = [_candidate(role, rank, row, run_ids[c], error=errors[c]) for c, (role, rank, row) in enumerate(chosen)]
     session.commit()
-    for run in runs:
-        if slurm:
-            continue  # one Slurm job per run, submitted by the pool's agent
-        try:
-            enqueue_run(settings, run.id)
-        except Exception as exc:  # the queue is down: the run must not look queued
-            log.exception("could not enqueue sweep run %s", run.id)
-            run_store.set_status(session, run, "failed", error=f"could not reach the job queue: {exc}")
-    session.commit()
+    # The calibration first (the pool's queue is FIFO; a Slurm pool's agent takes the oldest run and
+    # is skipped here), each run to its own pool's queue; the broker down fails what it refused.
+    with contextlib.suppress(QueueUnavailable):
+        enqueue_stored(session=session, settings=settings, runs=[*([calibrate_run] if calibrate_run else []), *runs])
     return sweep
 
 
@@ -302,6 +341,8 @@ class SweepView:
     oom: list[SweepPoint] = field(default_factory=list)
     spearman_interval: Interval | None = None
     """ρ with its 95% interval over the configurations measured (None under 4)."""
+    calibration: dict[str, Any] = field(default_factory=dict)
+    """Where the pool's calibration stands (`calibration_state`) and what the predictions rest on."""
 
     @property
     def ranking_established(self) -> bool | None:
@@ -343,6 +384,7 @@ class SweepView:
             else {"low": self.spearman_interval.low, "high": self.spearman_interval.high, "n": self.spearman_interval.n},
             "ranking_established": self.ranking_established,
             "trust": self.trust,
+            "calibration": self.calibration,
             "best": _point_json(self.best) if self.best else None,
             "points": [_point_json(p) for p in self.points],
         }
@@ -372,12 +414,70 @@ def _refresh_status(session: Session, sweep: Sweep, runs: list[Run]) -> None:
         session.commit()
 
 
-def sweep_view(*, session: Session, sweep_id: str) -> SweepView:
-    """The sweep, each candidate beside its run's measurement, and how well the prediction ranked them."""
+def calibration_state(*, session: Session, sweep: Sweep) -> dict[str, Any]:
+    """Where the sweep's pool's calibration stands: `state` is "calibrated" (planned on it),
+    "calibrated since" (a calibration landed after planning: the report re-predicts on it),
+    "calibrating first" (the calibrate run it waits for is queued or running), "calibration failed"
+    or "uncalibrated"; with the calibrate run's id, status and page when there is one."""
+    planned = sweep.hardware or {}
+    asked = planned.get("calibration") or {}
+    run = session.get(Run, asked["run_id"]) if asked.get("run_id") else None
+    out: dict[str, Any] = {
+        "run_id": run.id if run else None,
+        "run_status": run.status if run else None,
+        "url": f"/runs/{run.id}" if run else None,
+        "error": asked.get("error"),
+    }
+    if planned.get("calibrated"):
+        return {**out, "state": "calibrated", "note": "planned on the pool's calibration"}
+    pool = planned.get("pool")
+    if pool and hardware.latest_profile(session=session, pool=pool) is not None:
+        note = "planned on datasheet figures; the predictions shown are re-made on the pool's calibration"
+        return {**out, "state": "calibrated since", "note": note}
+    if run is not None and run.status in ("queued", "running"):
+        note = f"calibrating first: the calibrate run {run.id[:8]} is {run.status}; the predictions use datasheet figures until it lands"
+        return {**out, "state": "calibrating first", "note": note}
+    if run is not None:
+        note = f"the calibrate run {run.id[:8]} {run.status}: the predictions rest on datasheet figures"
+        return {**out, "state": "calibration failed", "note": note}
+    return {**out, "state": "uncalibrated", "note": asked.get("error") or "the predictions rest on datasheet figures"}
+
+
+def repredict(points: list[SweepPoint], hw: Hardware) -> None:
+    """Each queued configuration predicted again on `hw` (its first run's spec), the datasheet's
+    prediction kept as `predicted_uncalibrated`; a configuration that did not queue keeps its own."""
+    for p in points:
+        if p.run is None or not isinstance(p.run.spec, dict):
+            continue
+        row = evaluate(p.run.spec, hw)
+        if row.tokens_per_s is None:
+            continue
+        predicted = {
+            "tokens_per_s": row.tokens_per_s,
+            "step_time_s": row.step_time_s,
+            "memory_per_rank_bytes": row.memory_per_rank_bytes,
+            "model_state_bytes": row.model_state_bytes,
+            "activation_bytes": row.activation_bytes,
+            "estimate": row.estimate,
+        }
+        p.candidate = {**p.candidate, "predicted": predicted, "predicted_uncalibrated": p.candidate["predicted"]}
+
+
+def sweep_view(*, session: Session, sweep_id: str, settings: Settings | None = None) -> SweepView:
+    """The sweep, each candidate beside its run's measurement, and how well the prediction ranked them.
+
+    A sweep planned before its pool was calibrated is re-predicted on the calibration once one
+    exists (`calibration_state` "calibrated since"), on `settings`' catalogue (default: this process's)."""
     sweep = get_sweep(session=session, sweep_id=sweep_id)
     runs = {r.id: r for r in store.sweep_runs(session, sweep.id)}
     _refresh_status(session, sweep, list(runs.values()))
     points = [_point(candidate, runs) for candidate in sweep.candidates]
+    calibration = calibration_state(session=session, sweep=sweep)
+    calibration["predicted_on"] = (sweep.hardware or {}).get("label")
+    if calibration["state"] == "calibrated since":
+        hw = hardware.pool_hardware(session=session, settings=settings or get_settings(), pool=sweep.hardware["pool"])
+        repredict(points, hw)
+        calibration["predicted_on"] = hw.label
     measured = [p for p in points if p.measured_tokens_per_s is not None and p.predicted_tokens_per_s is not None]
     predicted_xs = [p.predicted_tokens_per_s or 0.0 for p in measured]
     measured_ys = [p.measured_tokens_per_s or 0.0 for p in measured]
@@ -391,6 +491,7 @@ def sweep_view(*, session: Session, sweep_id: str) -> SweepView:
         best_predicted=best_predicted,
         oom=[p for p in points if p.out_of_memory],
         spearman_interval=spearman_interval(predicted_xs, measured_ys),
+        calibration=calibration,
     )
 
 

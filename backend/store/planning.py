@@ -23,6 +23,17 @@ def latest_profile(session: Session, pool: str) -> HardwareProfileRow | None:
     return session.execute(query).scalar_one_or_none()
 
 
+def pending_calibration(session: Session, pool: str) -> Run | None:
+    """The oldest `calibrate` run of `pool` still queued or running (None: none is)."""
+    query = (
+        select(Run)
+        .where(Run.pool == pool, Run.strategy == "calibrate", Run.status.in_(("queued", "running")))
+        .order_by(Run.created_at, Run.id)
+        .limit(1)
+    )
+    return session.execute(query).scalar_one_or_none()
+
+
 def list_profiles(session: Session, limit: int = 50) -> list[HardwareProfileRow]:
     return list(session.execute(select(HardwareProfileRow).order_by(HardwareProfileRow.id.desc()).limit(limit)).scalars())
 

@@ -17,6 +17,7 @@ from backend.services.runs import create_runs
 from backend.services.sweeps import SweepRequest, interleaved
 from parallab.core.noise import HostNoise
 from parallab.core.spec import JobSpec
+from parallab.core.verdict import check_adds_up
 from tests.backend.test_api_results import DOCUMENT, token
 from tests.ui.factories import make_document
 
@@ -87,6 +88,38 @@ def test_compare_says_how_much_faster_how_sure_and_why(client, settings) -> None
     assert sum(v["parts_ms"].values()) == pytest.approx(gap_ms, rel=0.05)
     page = client.get("/compare", params={"ids": ",".join(fsdp + ddp)}).text
     assert 'id="decision"' in page and "scaled to the timed steps" in page and "95% CI" in page
+
+
+def test_n_configurations_each_get_a_verdict_against_the_baseline_that_adds_up(client, settings) -> None:
+    fsdp = _store(settings, "fsdp", [5_800, 6_100, 5_950, 6_300, 5_700])
+    ddp = _store(settings, "ddp", [14_500, 15_200, 14_900, 15_800, 14_100])
+    tp = _store(settings, "tp", [9_900, 10_300, 10_100, 9_700, 10_500])
+    ids = ",".join(fsdp + ddp + tp)
+    body = client.get("/compare.json", params={"ids": ids, "baseline": ddp[3]}).json()
+    decision = body["decision"]
+    assert body["baseline"] == ddp[3], "the baseline run named, as before"
+    labels = [c["label"] for c in decision["configurations"]]
+    assert labels == ["ddp ×2", "fsdp ×2", "tp ×2"], "the baseline's configuration first, the others in the order asked"
+    assert decision["baseline"] == decision["configurations"][0]["key"]
+    medians = {c["label"]: c["step_time_s"]["median"] for c in decision["configurations"]}
+    assert [v["other"] for v in decision["verdicts"]] == ["fsdp ×2", "tp ×2"]
+    for v in decision["verdicts"]:
+        assert v["baseline"] == "ddp ×2" and v["baseline_runs"] == ddp and v["other_runs"] in (fsdp, tp)
+        ratio = medians["ddp ×2"] / medians[v["other"]]
+        assert v["ratio"] == pytest.approx(ratio) and v["low"] <= ratio <= v["high"] and v["significant"]
+        assert ratio < 1 and f"{v['other']} is {1 / ratio:.2f}× slower than ddp ×2 (95% CI" in v["line"]
+        assert (v["n_baseline"], v["n_other"]) == (5, 5) and v["note"].startswith("significant (Mann–Whitney")
+        # each decomposition adds up to its own difference of medians (the why-parts, ms, other − baseline)
+        parts_s = {k: -ms / 1e3 for k, ms in v["parts_ms"].items()}
+        assert set(parts_s) == {"exposed communication", "compute", "idle"}
+        assert check_adds_up(parts_s, medians["ddp ×2"] - medians[v["other"]]) == pytest.approx(v["adds_up_gap"], abs=1e-9)
+        assert v["adds_up_gap"] <= 0.05
+    page = client.get("/compare", params={"ids": ids, "baseline": ddp[3]}).text
+    assert "Verdicts against the baseline, ddp ×2" in page
+    assert page.count('class="verdict significant"') == 2 and 'data-other="tp ×2"' in page
+    # two configurations: the decision as before (one verdict), the new keys alongside
+    (v,) = client.get("/compare.json", params={"ids": ",".join(fsdp + ddp)}).json()["decision"]["verdicts"]
+    assert v["baseline"] == "fsdp ×2" and v["other"] == "ddp ×2" and v["adds_up_gap"] <= 0.05
 
 
 def test_two_runs_of_one_config_are_not_significant(client, settings) -> None:

@@ -204,7 +204,7 @@ def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings:
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
     try:
-        view = sweep_service.sweep_view(session=session, sweep_id=sweep_id)
+        view = sweep_service.sweep_view(session=session, sweep_id=sweep_id, settings=settings)
     except SweepNotFound:
         return render_error(request, 404, "No such sweep", f"There is no sweep {sweep_id!r}.", settings=settings)
     points = [

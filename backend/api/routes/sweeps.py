@@ -15,9 +15,9 @@ from backend.services.sweeps import SweepNotFound, SweepRequest
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
 
-def _view(session: Any, sweep_id: str) -> dict[str, Any]:
+def _view(session: Any, sweep_id: str, settings: Any) -> dict[str, Any]:
     try:
-        return sweep_service.sweep_view(session=session, sweep_id=sweep_id).as_dict()
+        return sweep_service.sweep_view(session=session, sweep_id=sweep_id, settings=settings).as_dict()
     except SweepNotFound:
         raise HTTPException(404, detail=f"no sweep {sweep_id!r}") from None
 
@@ -31,7 +31,7 @@ def create_sweep(
     sweep = sweep_service.create_sweep(
         session=session, settings=settings, request=request, source="api", user_id=principal.user_id, local=local
     )
-    return _view(session, sweep.id)
+    return _view(session, sweep.id, settings)
 
 
 @router.get("")
@@ -55,16 +55,18 @@ def list_sweeps(session: SessionDep, params: Annotated[SweepListParams, Query()]
 
 
 @router.get("/{sweep_id}")
-def read_sweep(sweep_id: str, session: SessionDep) -> dict[str, Any]:
-    """The sweep: each candidate's prediction beside its run's measurement, Spearman's ρ, the best found."""
-    return _view(session, sweep_id)
+def read_sweep(sweep_id: str, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    """The sweep: each candidate's prediction beside its run's measurement, Spearman's ρ, the best
+    found, and where its pool's calibration stands (`calibration`: "calibrating first" while the
+    calibrate run it queued is pending, its predictions re-made on the calibration once it lands)."""
+    return _view(session, sweep_id, settings)
 
 
 @router.post("/{sweep_id}/cancel")
-def cancel_sweep(sweep_id: str, session: SessionDep, principal: CancellerDep) -> dict[str, Any]:
+def cancel_sweep(sweep_id: str, session: SessionDep, settings: SettingsDep, principal: CancellerDep) -> dict[str, Any]:
     """Cancel every run of the sweep that has not finished (a member only a sweep of their own runs)."""
     try:
         sweep_service.cancel_sweep(session=session, sweep_id=sweep_id, principal=principal)
     except SweepNotFound:
         raise HTTPException(404, detail=f"no sweep {sweep_id!r}") from None
-    return _view(session, sweep_id)
+    return _view(session, sweep_id, settings)
