@@ -14,11 +14,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def parallab(home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def parallab(home: Path, *args: str, stdin: str = "", timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLAB_")}
     env.update(PARALLAB_HOME=str(home), COLUMNS="200")
     return subprocess.run(
-        [sys.executable, "-m", "parallab", *args], cwd=REPO, env=env, input=stdin, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "parallab", *args], cwd=REPO, env=env, input=stdin, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -27,12 +27,24 @@ def fresh_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fresh") / "home"
 
 
-@pytest.mark.parametrize("args", [("user", "create", "new@lab.org", "--password-stdin"), ("user", "list"), ("token", "list")])
-def test_a_command_on_a_fresh_home_says_what_to_run_first(fresh_home: Path, args: tuple[str, ...]) -> None:
-    result = parallab(fresh_home, *args, stdin="a long enough password\n")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("user", "create", "new@lab.org", "--password-stdin"),
+        ("user", "list"),
+        ("token", "list"),
+        ("pool", "list"),
+        ("sweep", "--world-size", "2", "--top", "1", "--controls", "0"),
+        ("worker",),  # would otherwise wait, forever, for a database nothing is about to create
+    ],
+)
+def test_a_command_on_a_fresh_home_says_what_to_run_first(tmp_path: Path, args: tuple[str, ...]) -> None:
+    fresh_home = tmp_path / "home"
+    result = parallab(fresh_home, *args, stdin="a long enough password\n", timeout=60)
     assert result.returncode == 1, result
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 4, result.stderr
     assert "run `parallab db upgrade` first" in " ".join(result.stderr.split())
+    assert not fresh_home.exists()  # nothing half-made that a later `db upgrade` would find
 
 
 def test_debug_shows_the_traceback_the_plain_command_hides(fresh_home: Path) -> None:
@@ -61,3 +73,4 @@ def test_a_wrong_option_name_lists_the_valid_ones(fresh_home: Path) -> None:
     assert result.returncode == 2, result
     assert "strategy.options" in result.stderr and "unknown option 'bucket_cap'; valid: bucket_cap_mb" in result.stderr
     assert "Extra inputs are not permitted" not in result.stderr
+
