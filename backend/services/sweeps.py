@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
@@ -27,6 +27,7 @@ from backend.services.auth import Principal
 from backend.services.runs import cancel_run, check_owner, create_run
 from backend.store import planning as store
 from backend.store import runs as run_store
+from parallab.core.options import KnownKeys
 from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, plan_cluster
@@ -53,10 +54,11 @@ class SweepNotFound(LookupError):
     pass
 
 
-class SweepRequest(BaseModel):
+class SweepRequest(KnownKeys):
     """`POST /api/v1/sweeps`: what to sweep and how many runs to spend on it."""
 
     model_config = ConfigDict(extra="forbid")
+    unknown_key_kind = "sweep field"
 
     name: str | None = Field(None, max_length=200)
     workload: Workload = Field(

@@ -4,6 +4,7 @@ that mean something, and a traceback only with --debug."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,25 @@ def test_a_wrong_option_name_lists_the_valid_ones(fresh_home: Path) -> None:
     assert "strategy.options" in result.stderr and "unknown option 'bucket_cap'; valid: bucket_cap_mb" in result.stderr
     assert "Extra inputs are not permitted" not in result.stderr
 
+
+@pytest.mark.parametrize(
+    ("spec", "line"),
+    [
+        (
+            {"strategi": {"name": "ddp"}},
+            "unknown job spec field 'strategi'; valid: name, placement, repeat, repeats, strategy, tags, trace, workload; "
+            "did you mean 'strategy'?",
+        ),
+        ({"strategy": {"nam": "ddp"}}, "strategy: unknown strategy field 'nam'; valid: name, options, world_size; did you mean 'name'?"),
+        (
+            {"strategy": {"name": "ddp", "world_size": 2}, "placement": {"pol": "cpu"}},
+            "placement: unknown placement field 'pol'; valid: nodes, pool; did you mean 'pool'?",
+        ),
+    ],
+)
+def test_a_wrong_key_in_a_spec_file_names_it_and_the_valid_ones(fresh_home: Path, tmp_path: Path, spec: dict, line: str) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    result = parallab(fresh_home, "bench", "--spec", str(path))
+    assert result.returncode == 2, result
+    assert result.stderr.strip().splitlines() == [line]
