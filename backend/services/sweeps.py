@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
 from backend.config import Settings, get_settings
@@ -33,6 +33,7 @@ from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
+from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
@@ -57,10 +58,11 @@ class SweepNotFound(LookupError):
     pass
 
 
-class SweepRequest(BaseModel):
+class SweepRequest(KnownKeys):
     """`POST /api/v1/sweeps`: what to sweep and how many runs to spend on it."""
 
     model_config = ConfigDict(extra="forbid")
+    unknown_key_kind = "sweep field"
 
     name: str | None = Field(None, max_length=200)
     workload: Workload = Field(

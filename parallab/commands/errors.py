@@ -19,18 +19,32 @@ DEBUG_FLAG = "--debug"
 console = Console(stderr=True)
 
 
-def database_hint(exc: BaseException) -> str | None:
-    """What to run first when `exc` says the database is missing, unmigrated or down; else None."""
+def _database_error(exc: BaseException) -> str | None:
+    """The database driver's own words, lower-cased, when `exc` is a database error; else None."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     if not isinstance(exc, OperationalError | ProgrammingError):
+        return None
+    return str(exc.orig if exc.orig is not None else exc).lower()
+
+
+def database_missing(exc: BaseException) -> bool:
+    """Whether `exc` says there is no parallab database yet (none at all, or none migrated), as
+    opposed to one that is down: the first needs a command run, the second only patience."""
+    text = _database_error(exc)
+    return text is not None and ("unable to open database file" in text or "no such table" in text or "does not exist" in text)
+
+
+def database_hint(exc: BaseException) -> str | None:
+    """What to run first when `exc` says the database is missing, unmigrated or down; else None."""
+    text = _database_error(exc)
+    if text is None:
         return None
     from backend.config import get_settings
 
     settings = get_settings()
     where = settings.sqlalchemy_url.split("@")[-1]
-    text = str(exc.orig if exc.orig is not None else exc).lower()
-    if "unable to open database file" in text or "no such table" in text or "does not exist" in text:
+    if database_missing(exc):
         return (
             f"there is no parallab database at {where} yet (PARALLAB_HOME={settings.resolved_home}): "
             "run `parallab db upgrade` first (`parallab up` does it too)"

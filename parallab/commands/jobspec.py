@@ -159,7 +159,12 @@ def problems(exc: SpecError | ValidationError) -> list[str]:
     """One `field.path: what is wrong` line per problem."""
     if isinstance(exc, SpecError):
         return [str(p) for p in exc.problems]
-    return [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    lines = []
+    for e in exc.errors():
+        # A validator's own ValueError reads as pydantic prefixes it ("Value error, …"): drop that.
+        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" and "error" in e.get("ctx", {}) else e["msg"]
+        lines.append(f"{'.'.join(map(str, e['loc']))}: {msg}" if e["loc"] else msg)
+    return lines
 
 
 def fail(*lines: str) -> NoReturn:

@@ -15,8 +15,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from backend.config import get_settings
+from parallab.commands.errors import database_hint, database_missing
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -45,8 +47,13 @@ def worker(
     try:
         with session_scope(settings.sqlalchemy_url) as session:
             fleet_service.register(session=session, info=me)
-    except Exception as exc:  # the database is down: the heartbeat registers it once it is back
-        console.print(f"[yellow]could not register yet ({exc}); the heartbeat will[/yellow]")
+    except Exception as exc:
+        if database_missing(exc):  # a fresh home: waiting would wait forever
+            console.print(f"[red]parallab: {escape(database_hint(exc) or str(exc))}[/red]")
+            raise typer.Exit(1) from None
+        # the database is down: the heartbeat registers this worker once it is back
+        said = database_hint(exc) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        console.print(f"[yellow]could not register yet ({escape(said)}); the heartbeat will[/yellow]")
     fleet.reconcile(settings, me)
     heartbeat = fleet.Heartbeat(settings, me)
     heartbeat.start()

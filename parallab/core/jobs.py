@@ -83,7 +83,7 @@ class Limits:
         if isinstance(microbatches, int):
             asked.append((("strategy", "options", "microbatches"), "micro-batches", microbatches, self.max_microbatches))
         return [
-            SpecProblem(loc, f"{what} {value} is above this server's limit of {limit}")
+            SpecProblem(loc, f"{what} {value} is above {self.whose} limit of {limit}")
             for loc, what, value, limit in asked
             if limit is not None and value > limit
         ]
@@ -250,7 +250,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
     if spec.placement is not None and world % spec.placement.nodes:
         problems.append(SpecProblem(("placement", "nodes"), f"world size {world} does not split evenly over {spec.placement.nodes} nodes"))
     if limits.max_steps is not None and wl.steps > limits.max_steps:
-        problems.append(SpecProblem(("workload", "steps"), f"steps {wl.steps} is above the limit of {limits.max_steps}"))
+        problems.append(SpecProblem(("workload", "steps"), f"steps {wl.steps} is above {limits.whose} limit of {limits.max_steps}"))
     if wl.model not in PRESETS:
         problems.append(SpecProblem(("workload", "model"), f"unknown model preset {wl.model!r}; known: {', '.join(PRESETS)}"))
         raise SpecError(problems)

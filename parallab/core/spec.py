@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from parallab.core.bounds import JSONObject, Label, SafeStr
 from parallab.core.data import DEFAULT_DATA, DEFAULT_LR, TEXT_MIN_VOCAB, DataKind
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
-from parallab.core.options import known_keys_only
+from parallab.core.options import KnownKeys, known_keys_only
 from parallab.core.strategies import REGISTRY
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -209,10 +209,11 @@ StrategyName = Annotated[
 ]
 
 
-class StrategySpec(BaseModel):
+class StrategySpec(KnownKeys):
     """How it is parallelised: a strategy name, a world size and that strategy's options."""
 
     model_config = STRICT
+    unknown_key_kind = "strategy field"
 
     name: StrategyName
     world_size: int = Field(1, ge=1, le=1 << 16)
@@ -226,13 +227,14 @@ POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 """A pool's name: lower-case letters, digits, '-' and '_' (it is part of a queue name)."""
 
 
-class Placement(BaseModel):
+class Placement(KnownKeys):
     """Where a job runs: a pool of workers, and over how many of its hosts.
 
     `strategy.world_size` is the total number of ranks; they are split evenly over the nodes, so
     node r runs global ranks r·(world/nodes) … (r+1)·(world/nodes) − 1 (torchrun's layout)."""
 
     model_config = STRICT
+    unknown_key_kind = "placement field"
 
     pool: str | None = Field(
         None, pattern=POOL_PATTERN, description="A pool of workers (one hardware kind), e.g. `cpu` or `h100x8`; none: the default pool."
@@ -245,22 +247,24 @@ MAX_REPEATS = 20
 (6 runs reach 95 %, 20 narrow it), few enough that one submission cannot fill a queue."""
 
 
-class RepeatOf(BaseModel):
+class RepeatOf(KnownKeys):
     """Which repeat of a group a run is: the runs of one submission's `repeats` share `group`.
 
     Set by the server when it stores the runs (what a client sends here is replaced)."""
 
     model_config = STRICT
+    unknown_key_kind = "repeat field"
 
     group: str = Field(pattern=r"^[0-9a-f]{1,32}$", description="The repeat group's id (shared by the group's runs).")
     index: int = Field(ge=1, le=MAX_REPEATS, description="1-based: the order the repeats were queued in.")
     of: int = Field(ge=1, le=MAX_REPEATS, description="How many repeats the group has.")
 
 
-class JobSpec(BaseModel):
+class JobSpec(KnownKeys):
     """One job: the API's request body, `parallab bench --spec`'s file, and a result's origin."""
 
     model_config = STRICT
+    unknown_key_kind = "job spec field"
 
     name: SafeStr | None = Field(None, max_length=200)
     workload: Workload = Field(default_factory=Workload)

@@ -123,6 +123,27 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
             ["body", "workload"],
             "unknown workload field 'stepz'; valid: ",
         ),
+        (
+            {"strategi": {"name": "ddp", "world_size": 2}},
+            ["body"],
+            "unknown job spec field 'strategi'; valid: name, placement, repeat, repeats, strategy, tags, trace, workload; "
+            "did you mean 'strategy'?",
+        ),
+        (
+            {"strategy": {"nam": "ddp", "world_size": 2}},
+            ["body", "strategy"],
+            "unknown strategy field 'nam'; valid: name, options, world_size; did you mean 'name'?",
+        ),
+        (
+            {"strategy": {"name": "ddp", "world_size": 2}, "placement": {"pol": "cpu"}},
+            ["body", "placement"],
+            "unknown placement field 'pol'; valid: nodes, pool; did you mean 'pool'?",
+        ),
+        (
+            {"strategy": {"name": "ddp", "world_size": 2}, "repeat": {"group": "ab", "index": 1, "off": 2}},
+            ["body", "repeat"],
+            "unknown repeat field 'off'; valid: group, index, of; did you mean 'of'?",
+        ),
     ],
 )
 def test_bad_spec_is_422_naming_the_field_and_nothing_is_stored(client, settings, spec, loc, words) -> None:

@@ -55,7 +55,7 @@ def test_each_ceiling_is_a_422_naming_the_field_and_the_limit(client, settings, 
     problems = {tuple(d["loc"]): d["msg"] for d in response.json()["detail"]}
     assert ("body", *loc) in problems, problems
     limit = getattr(settings, setting)
-    assert f"limit of {limit}" in problems[("body", *loc)]
+    assert f"above the server's limit of {limit}" in problems[("body", *loc)]
     assert count(settings, Run) == 0
 
 
@@ -65,6 +65,24 @@ def test_a_ceiling_is_a_setting(client, settings) -> None:
     settings.max_warmup_steps = 10
     response = client.post("/api/v1/runs", json=spec)
     assert response.status_code == 422 and "limit of 10" in response.json()["detail"][0]["msg"]
+
+
+def test_a_refusal_names_whose_limit_it_is() -> None:
+    """The same ceiling reads as the server's through the API and as the CLI's under `parallab bench`."""
+    spec = JobSpec.model_validate({"workload": {"steps": 50, "seq_len": 256}, "strategy": {"name": "ddp", "world_size": 4}})
+    bench = "parallab bench's"
+    with pytest.raises(SpecError) as err:
+        resolve_job(spec, Limits(max_world_size=2, max_steps=10, whose=bench))
+    assert [p.msg for p in err.value.problems] == [
+        "world size 4 is above parallab bench's limit of 2",
+        "steps 50 is above parallab bench's limit of 10",
+    ]
+    with pytest.raises(SpecError) as err:  # a ceiling checked on the resolved job
+        resolve_job(spec, Limits(max_seq_len=128, whose=bench))
+    assert [p.msg for p in err.value.problems] == ["sequence length 256 is above parallab bench's limit of 128"]
+    with pytest.raises(SpecError) as err:
+        resolve_job(spec, Limits(max_steps=10))
+    assert [p.msg for p in err.value.problems] == ["steps 50 is above this deployment's limit of 10"]
 
 
 def test_a_preset_default_counts_as_asked_for(settings) -> None:

@@ -154,4 +154,8 @@ def test_a_sweep_that_cannot_run_is_422_naming_why(client):
     nothing = sweep(client, workload={"model": "llama-8b"})
     assert nothing.status_code == 422 and "no configuration fits" in nothing.json()["detail"][0]["msg"]
     assert sweep(client, top=0).status_code == 422
+    misspelt = sweep(client, contrlos=1)
+    assert misspelt.status_code == 422 and misspelt.json()["detail"][0]["loc"] == ["body"]
+    msg = misspelt.json()["detail"][0]["msg"]
+    assert "unknown sweep field 'contrlos'; valid: accumulation, checkpointing, controls," in msg and "did you mean 'controls'?" in msg
     assert client.get("/api/v1/sweeps/nope").status_code == 404

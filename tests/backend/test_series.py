@@ -112,6 +112,9 @@ def test_an_alert_dismissed_as_a_false_positive_stays_dismissed(client, settings
     assert refused.status_code == 422
     assert client.get("/api/v1/series/nope", headers=ada).status_code == 404
     assert client.patch(f"/api/v1/series/{slow['series_id']}", json={"test": "magic"}, headers=ada).status_code == 422
+    misspelt = client.patch(f"/api/v1/series/{slow['series_id']}", json={"windw": 3}, headers=ada)
+    assert misspelt.status_code == 422 and "unknown series setting 'windw'; valid: alpha, baseline_branch," in misspelt.text
+    assert "did you mean 'window'?" in misspelt.text
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ CASES = [
          spec("tp", 2, precision="bf16")),
     case("world above the limit", spec("ddp", 8), "strategy.world_size", "above this deployment's limit of 4", spec("ddp", 4),
          Limits(max_world_size=4)),
-    case("steps above the limit", spec("ddp", 2, steps=50), f"{W}.steps", "above the limit of 10", spec("ddp", 2, steps=10),
+    case("steps above the limit", spec("ddp", 2, steps=50), f"{W}.steps", "above this deployment's limit of 10", spec("ddp", 2, steps=10),
          Limits(max_steps=10)),
     case("single on 2 ranks", spec("single", 2), "strategy.world_size", "exactly 1 rank", spec("single", 1)),
     case("ddp on 1 rank", spec("ddp", 1), "strategy.world_size", "ddp needs at least 2 ranks", spec("ddp", 2)),

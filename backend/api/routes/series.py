@@ -5,19 +5,21 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from backend.api.deps import RowId, SeriesEditorDep, SessionDep
 from backend.api.queries import SeriesListParams
 from backend.services import series as series_service
+from parallab.core.options import KnownKeys
 
 router = APIRouter(prefix="/series", tags=["series"])
 
 
-class SeriesConfigUpdate(BaseModel):
+class SeriesConfigUpdate(KnownKeys):
     """How a series judges its next results; fields left out stay as they are."""
 
     model_config = ConfigDict(extra="forbid")
+    unknown_key_kind = "series setting"
 
     test: Literal["t_test", "mad"] | None = None
     window: int | None = Field(None, ge=2, le=1000, description="K: the latest K baseline results form the baseline.")
@@ -27,7 +29,7 @@ class SeriesConfigUpdate(BaseModel):
     min_change: float | None = Field(None, ge=0, lt=1, description="Relative changes below this are never flagged.")
 
 
-class Dismissal(BaseModel):
+class Dismissal(KnownKeys):
     model_config = ConfigDict(extra="forbid")
 
     note: str | None = Field(None, max_length=500, description="Why this alert is a false positive.")

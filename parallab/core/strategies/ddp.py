@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 
 class DDPOptions(StrategyOptions):
-    bucket_cap_mb: float = Field(25.0, gt=0, le=4096, description="Gradient bucket size of DistributedDataParallel (MB).")
+    bucket_cap_mb: float = Field(
+        25.0,
+        gt=0,
+        le=4096,
+        description="Gradient bucket size of DistributedDataParallel, in MiB (PyTorch counts 1 MB as 1024 × 1024 bytes).",
+    )
 
 
 class DDP(StrategyDescriptor[DDPOptions]):

@@ -64,7 +64,9 @@ class LayoutOptions(PresetOptions):
     ep: int = Field(1, ge=1, le=1024, description="Expert-parallel degree.")
     sequence_parallel: bool = Field(False, description="tp: sequence-parallel norms and residual.")
     reshard_after_forward: bool = Field(True, description="dp_shard: True ≈ ZeRO-3, False ≈ ZeRO-2.")
-    bucket_cap_mb: float = Field(25.0, gt=0, le=4096, description="dp_replicate alone: DDP's bucket size (MB).")
+    bucket_cap_mb: float = Field(
+        25.0, gt=0, le=4096, description="dp_replicate alone: DDP's bucket size, in MiB (PyTorch's 1 MB is 1024 × 1024 bytes)."
+    )
     schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="pp: the pipeline schedule.")
     microbatches: int | None = Field(None, ge=1, le=4096, description="pp: micro-batches per step; default 2 × stages.")
     zigzag: bool = Field(False, description="cp: load-balanced causal sharding.")
