@@ -39,6 +39,7 @@ from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
 from parallab.core.spec import MAX_REPEATS, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
+from parallab.core.strategies.calibrate import Calibrate
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
@@ -176,7 +177,7 @@ def calibrate_first(
     spec = {
         "name": f"calibrate {pool} for a sweep of {workload['model']}",
         "workload": workload,  # GEMMs are timed at the sweep's model's shapes
-        "strategy": {"name": "calibrate", "world_size": request.world_size, "options": {"precisions": request.precisions}},
+        "strategy": {"name": Calibrate.name, "world_size": request.world_size, "options": {"precisions": request.precisions}},
         "placement": {"pool": pool},
         "tags": ["sweep", "calibrate"],
     }

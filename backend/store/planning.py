@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.models import HardwareProfileRow, Run, Sweep
+from parallab.core.strategies.calibrate import Calibrate
 
 
 def add_profile(session: Session, row: HardwareProfileRow) -> HardwareProfileRow:
@@ -27,7 +28,7 @@ def pending_calibration(session: Session, pool: str) -> Run | None:
     """The oldest `calibrate` run of `pool` still queued or running (None: none is)."""
     query = (
         select(Run)
-        .where(Run.pool == pool, Run.strategy == "calibrate", Run.status.in_(("queued", "running")))
+        .where(Run.pool == pool, Run.strategy == Calibrate.name, Run.status.in_(("queued", "running")))
         .order_by(Run.created_at, Run.id)
         .limit(1)
     )
