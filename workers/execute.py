@@ -54,9 +54,9 @@ from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
 from workers import fleet as worker_fleet
 from workers.aggregate import build_result, merge_nodes, read_rank_records
-from workers.engines.host_torchrun import HostTorchrun, reference_cache_dir
+from workers.engines.host_torchrun import HostTorchrun, LocalWatch, reference_cache_dir
 from workers.engines.outputs import failure_message, read_traces
-from workers.launcher import LaunchOutcome, NodeLaunch, launch
+from workers.launcher import LaunchOutcome, NodeLaunch
 from workers.watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -81,13 +81,14 @@ def failure_reason(run_dir: RunDir, outcome: LaunchOutcome) -> str:
     return failure_message(run_dir, outcome.reason or "", outcome.log_tail)
 
 
-def prefetch_reference(settings: Settings, job: ResolvedJob, device: str) -> bool:
+def prefetch_reference(settings: Settings, job: ResolvedJob, device: str, *, cache_dir: Path | None = None) -> bool:
     """Before the launch: copy the lab database's reference curve of `job` (computed on `device`)
-    into this host's cache when the host has none. True if it did (the ranks then read it from
-    there). Best effort: without it the ranks compute the curve, as before."""
+    into the ranks' cache (this host's, or `cache_dir`: a Slurm pool's on its shared filesystem)
+    when it has none. True if it did (the ranks then read it from there). Best effort: without it
+    the ranks compute the curve, as before."""
     if not job.trains or is_reference(job):
         return False
-    path = cache_path(reference_cache_dir(settings), job)
+    path = cache_path(cache_dir or reference_cache_dir(settings), job)
     if read_cached(path) is not None:
         return False
     try:
@@ -141,18 +142,13 @@ def run_and_collect(
     should_cancel: Callable[[], bool] | None = None,
     profile: HardwareProfile | None = None,
 ) -> Collected:
-    """Launch `job` in `run_dir` under the settings' limits and build its result document; the
-    prediction's step time uses the pool's calibrated `profile` when there is one."""
-    files = RunDir(run_dir)
-    outcome = launch(
-        job,
-        files,
-        timeout_s=settings.max_job_seconds,
-        trace_cap_bytes=settings.max_trace_bytes,
-        cache_dir=reference_cache_dir(settings),
-        on_progress=on_progress,
-        should_cancel=should_cancel,
-    )
+    """Launch `job` in `run_dir` under the settings' limits, through the host engine as a worker
+    does, and build its result document; the prediction's step time uses the pool's calibrated
+    `profile` when there is one."""
+    engine = HostTorchrun(settings, watcher=LocalWatch(on_progress, should_cancel), runs_dir=run_dir.parent)
+    handle = engine.launch(job, run_dir.name)
+    files = handle.run_dir
+    outcome = handle.outcome or LaunchOutcome(None, "launch failed", "")
     if not outcome.ok:
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
@@ -261,7 +257,7 @@ class Part:
 
 def _run_part(settings: Settings, job: ResolvedJob, run_id: str, node: NodeLaunch | None, watcher: Watcher) -> Part:
     """Launch this host's ranks through the host engine, watched, and read back what they wrote."""
-    engine = HostTorchrun(settings, watcher=watcher, node=node)
+    engine = HostTorchrun(settings, watcher=watcher, node=node, me=watcher.me)
     try:
         handle = engine.launch(job, run_id)
     except Exception as exc:  # the launcher itself broke: the run must still end

@@ -26,7 +26,8 @@ import psutil
 
 from backend.config import Settings
 from backend.db import session_scope
-from backend.models import FINAL_NODE_STATUSES
+from backend.models import FINAL_NODE_STATUSES, Run
+from backend.services import pools
 from backend.services import workers as fleet
 from backend.services.workers import WorkerInfo
 from backend.store import workers as store
@@ -155,7 +156,9 @@ def reap_orphans(settings: Settings, me: WorkerInfo) -> list[str]:
                 recorded.setdefault(node.run_id, set()).add(node.pgid)
         victims: dict[str, set[int]] = {}
         for run_id in (set(found) | set(recorded)) - watched:
-            if store.run_exists(session, run_id):
+            run = session.get(Run, run_id)
+            # a run on a Slurm pool is its scheduler's (and its agent's), even when its ranks share this machine
+            if run is not None and pools.uses_queue(session=session, pool=run.pool):
                 live = found.get(run_id, set())
                 victims[run_id] = live | (recorded.get(run_id, set()) & _groups_of(run_id))
     for run_id, pgids in victims.items():

@@ -2,11 +2,21 @@
 
 Read from /proc (Linux); where a file is missing (another OS, a locked-down container) the field
 is left out rather than guessed. The judgement is `parallab.core.noise`'s.
+
+A worker samples in-process around its torchrun (`workers.launcher.launch`). A Slurm job's batch
+script, on its first node, samples around its `srun` with two commands (the sample in between is
+kept in a file):
+
+    python -m workers.noise start STATE --ranks N
+    python -m workers.noise stop STATE --out noise.json
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -107,3 +117,44 @@ class NoiseSampler:
             co_running_jobs=max(self._jobs, launchers(self.proc, exclude)),
             duration_s=time.monotonic() - self._t0,
         )
+
+    def save(self, path: Path) -> None:
+        """What `start` sampled, for a `stop` in another process on this host (CLOCK_MONOTONIC is the host's)."""
+        path.write_text(
+            json.dumps({"ranks_on_host": self.ranks_on_host, "load": self._load, "cpu": self._cpu, "jobs": self._jobs, "t0": self._t0})
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> NoiseSampler:
+        state = json.loads(path.read_text())
+        sampler = cls(ranks_on_host=int(state["ranks_on_host"]))
+        sampler._load, sampler._jobs, sampler._t0 = state["load"], int(state["jobs"]), float(state["t0"])
+        sampler._cpu = tuple(state["cpu"]) if state["cpu"] is not None else None  # type: ignore[assignment]
+        return sampler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.noise", description="Sample this host around a launch.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="Sample now, into STATE.")
+    start.add_argument("state", type=Path)
+    start.add_argument("--ranks", type=int, required=True, help="The job's ranks on this host.")
+    stop = commands.add_parser("stop", help="Sample again and write the run's HostNoise.")
+    stop.add_argument("state", type=Path)
+    stop.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "start":
+        sampler = NoiseSampler(ranks_on_host=args.ranks)
+        sampler.start()
+        sampler.save(args.state)
+        return 0
+    noise = NoiseSampler.load(args.state).stop()
+    if noise is None:
+        print("noise: the host's load could not be read", file=sys.stderr)
+        return 1
+    args.out.write_text(noise.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,11 +5,16 @@ database (`backend.services.pools`), one round every `slurm_poll_s`:
 
 1. submit: each queued run of the pool not yet submitted is taken (row-locked), `sbatch`ed, and
    its Slurm job id recorded in the same transaction; a job Slurm refuses (an unknown partition)
-   fails its run with Slurm's own message;
+   fails its run with Slurm's own message. Before the `sbatch`, the lab database's reference curve
+   of the job is copied into the pool's cache on the shared filesystem, as a worker copies it
+   into its host's (`workers.execute.prefetch_reference`);
 2. watch: one `squeue` for every job the pool still watches; a job's state is recorded with its
    reason (PENDING with Slurm's reason keeps the run queued), a started job makes its run running,
    a cancelled run's job is `scancel`ed, and a finished job ends its run — its ranks' records read
-   back from the shared filesystem and stored through the same ingest a worker uses.
+   back from the shared filesystem and built into a result document as a worker builds it (the
+   pool's calibration for the prediction, the host noise the batch script sampled on the first
+   node), its reference curve shared with the lab (`workers.execute.share_reference`), and
+   stored through the same ingest a worker uses.
 
 The agent holds nothing in memory that matters: on start it reconciles (`engine.reconcile`): jobs
 of the pool that Slurm knows by name and comment but the ledger lacks (the agent died between
@@ -28,12 +33,15 @@ from pydantic import ValidationError
 from backend.config import Settings
 from backend.db import session_scope
 from backend.services import pools
+from backend.services.hardware import latest_profile
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import ResolvedJob
+from parallab.core.noise import HostNoise
 from parallab.core.result import ResultDocument
 from workers.aggregate import build_result, merge_nodes
 from workers.engines.base import EngineState, LaunchRefused
 from workers.engines.slurm import SlurmEngine, SlurmHandle, SlurmUnavailable
+from workers.execute import prefetch_reference, share_reference
 from workers.launcher import ProgressTail
 
 log = logging.getLogger(__name__)
@@ -92,6 +100,7 @@ class SlurmAgent:
                     return taken
                 run, job = found
                 taken += 1
+                fetched = prefetch_reference(self.settings, job, self.engine.device, cache_dir=self.engine.cache_dir())
                 try:
                     handle = self.engine.launch(job, run.id)
                 except LaunchRefused as exc:
@@ -100,7 +109,10 @@ class SlurmAgent:
                 except OSError as exc:  # the shared filesystem refused the run directory
                     pools.submission_failed(session=session, run=run, error=f"could not prepare the run directory on the cluster: {exc}")
                     continue
-                output = str(self.engine.run_dir(run.id).log)
+                files = self.engine.run_dir(run.id)
+                if fetched:  # for the result, whichever agent builds it: the curve came from the lab database
+                    files.reference_fetched.touch()
+                output = str(files.log)
                 pools.record_submission(
                     session=session, run=run, engine=self.engine.name, pool=self.pool, job_id=handle.job_id, output=output
                 )
@@ -164,9 +176,17 @@ class SlurmAgent:
         nodes = detail.get("slurm_nodes")
         hosts = self.engine.hostnames(nodes) if nodes else None
         catalogue = load_catalogue(self.settings.hardware_catalogue)
-        document = build_result(job, merge_nodes([found.records], job.world_size), hosts=hosts, catalogue=catalogue)
+        with self._db() as session:
+            profile = latest_profile(session=session, pool=self.pool)  # the pool's calibration, for the step-time estimate
+        files = self.engine.run_dir(handle.run_id)
+        noise = HostNoise.model_validate_json(files.noise.read_text()) if files.noise.exists() else None
+        records = merge_nodes([found.records], job.world_size)
+        document = build_result(job, records, hosts=hosts, profile=profile, catalogue=catalogue, noise=noise)
         hardware = {**document.hardware, "slurm_job_id": handle.job_id, "slurm_nodes": nodes, "slurm_pool": self.pool}
-        return document.model_copy(update={"hardware": hardware}), found.traces
+        document = document.model_copy(update={"hardware": hardware})
+        fetched = files.reference_fetched.exists()
+        document = share_reference(self.settings, job, document, device=self.engine.device, run_id=handle.run_id, fetched=fetched)
+        return document, found.traces
 
     def poll(self) -> None:
         """One round: submit, then watch (Slurm not answering only delays the round's work)."""

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from backend.models import FINAL_NODE_STATUSES, Run, RunNode, RunTrace, Worker
@@ -170,10 +170,6 @@ def open_nodes_on(session: Session, machine: str) -> list[tuple[RunNode, str, st
 
 def running_runs(session: Session) -> list[Run]:
     return list(session.execute(select(Run).where(Run.status == "running")).scalars())
-
-
-def run_exists(session: Session, run_id: str) -> bool:
-    return session.execute(select(func.count()).select_from(Run).where(Run.id == run_id)).scalar_one() > 0
 
 
 # ---- traces handed on by the nodes of a multi-node run ----

@@ -8,6 +8,11 @@ builds the result document (`workers.collect`) and uploads it through the API wi
 scope `upload` read from a Secret (`parallab upload`). A job over several nodes needs a shared
 volume (a ReadWriteMany PersistentVolumeClaim) where every node's ranks write their records.
 
+The uploaded result is a new run (source `ci`): nothing links it back to a stored run it was
+exported from. So an exported run's job carries the link in what the result keeps of it: its name
+becomes `k8s export of run <id>` (after the run's own name, if it had one) and it is tagged
+`k8s-export` and `exported-from:<id>` — what the ranks run is unchanged.
+
 Written as JSON (which is YAML, and what `kubectl apply -f` takes either way).
 """
 
@@ -121,6 +126,17 @@ def trainjob_manifest(
     return {"apiVersion": "v1", "kind": "List", "items": [config_map, trainjob]}
 
 
+EXPORT_TAG = "k8s-export"
+
+
+def exported(job: ResolvedJob, run_id: str, name: str | None) -> ResolvedJob:
+    """The job of stored run `run_id`, named and tagged as its export (the uploaded result is a new run)."""
+    label = f"k8s export of run {run_id}"
+    tags = [t for t in job.spec.tags if t not in (EXPORT_TAG, f"exported-from:{run_id}")] + [EXPORT_TAG, f"exported-from:{run_id}"]
+    spec = job.spec.model_copy(update={"name": f"{name} ({label})"[:200] if name else label, "tags": tags[-20:]})
+    return job.model_copy(update={"spec": spec})
+
+
 def load_job(run_or_spec: str) -> tuple[ResolvedJob, str]:
     """The job of a spec file (resolved under this deployment's limits) or of a stored run, and a name for it."""
     from backend.config import get_settings
@@ -144,7 +160,7 @@ def load_job(run_or_spec: str) -> tuple[ResolvedJob, str]:
         run = store.get_run(session, run_or_spec)
         if run is None or run.job is None:
             fail(f"RUN_OR_SPEC: {run_or_spec!r} is neither a spec file nor a submitted run")
-        return ResolvedJob.model_validate(run.job), f"parallab-{run.id[:10]}"
+        return exported(ResolvedJob.model_validate(run.job), run.id, run.name), f"parallab-{run.id[:10]}"
 
 
 @export_app.command("k8s")

@@ -8,6 +8,8 @@ One place for every name, so the launcher, the ranks, the aggregation and the te
     rank{r}.json          rank r's `RankRecord`, written atomically at the end
     trace_rank{r}.json.gz rank r's Chrome trace (traced runs, size-capped)
     failure.json          why the ranks stopped, when a rank knows (`FailureRecord`: the loss diverged)
+    noise.json            the host around a Slurm job (`HostNoise`, sampled by its batch script on node 0)
+    reference.fetched     a Slurm run whose reference curve its agent copied from the lab database
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ class RunDir:
     def failure(self) -> Path:
         """A rank's `FailureRecord` (parallab.core.result), written once by the rank that saw the fault."""
         return self.path / "failure.json"
+
+    @property
+    def noise(self) -> Path:
+        """The `HostNoise` a Slurm job's batch script sampled around its `srun` (a worker keeps it in memory)."""
+        return self.path / "noise.json"
+
+    @property
+    def reference_fetched(self) -> Path:
+        """Present when the Slurm agent copied the run's reference curve from the lab database into the pool's cache."""
+        return self.path / "reference.fetched"
 
     def rank_record(self, rank: int) -> Path:
         return self.path / f"rank{rank}.json"

@@ -82,14 +82,16 @@ def test_a_bad_spec_is_refused_naming_the_field(tmp_path: Path) -> None:
     assert code == 2 and manifest is None and "placement.nodes" in output
 
 
-def test_a_submitted_run_exports_its_frozen_job(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_submitted_run_exports_its_frozen_job_named_and_tagged_as_its_export(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PARALLAB_DATABASE_URL", sqlite_url)
     monkeypatch.setenv("PARALLAB_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()
     try:
         settings = get_settings()
         with session_scope(settings.sqlalchemy_url) as session:
-            one_node = {**SPEC, "placement": None, "strategy": {"name": "ddp", "world_size": 2}}
+            one_node = {**SPEC, "name": "baseline", "tags": ["nightly"], "placement": None, "strategy": {"name": "ddp", "world_size": 2}}
             run_id = create_run(session=session, spec=JobSpec.model_validate(one_node), settings=settings, source="api").id
         code, manifest, output = export(tmp_path, run_id)
         assert code == 0, output
@@ -101,7 +103,11 @@ def test_a_submitted_run_exports_its_frozen_job(tmp_path: Path, sqlite_url: str,
             "name": "parallab-runs",
             "emptyDir": {},
         }
-        assert ResolvedJob.model_validate_json(config_map["data"]["job.json"]).strategy == "ddp"
+        job = ResolvedJob.model_validate_json(config_map["data"]["job.json"])
+        assert job.strategy == "ddp" and job.workload.steps == 5
+        # The uploaded result is a new run: its name and tags (the result's, from the job) say which run it exports.
+        assert job.spec.name == f"baseline (k8s export of run {run_id})"
+        assert job.spec.tags == ["nightly", "k8s-export", f"exported-from:{run_id}"]
         code, _, output = export(tmp_path, "f" * 32)
         assert code == 2 and "neither a spec file nor a submitted run" in output
     finally:

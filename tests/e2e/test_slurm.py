@@ -1,18 +1,20 @@
 """Labs on a cluster, against a real single-node Slurm: runs placed on a Slurm pool go through
 `parallab slurm-agent` (sbatch of srun torchrun), and end in their true state — succeeded with the
-same result as the bench path, cancelled from the API, failed on a time limit or an unknown
-partition, failed when their job vanished — across an agent SIGKILLed mid-run; a sweep on the
-pool is one Slurm job per run and is cancelled as a whole.
+same result as a Celery worker's run of the same spec, cancelled from the run page, failed on a
+time limit or an unknown partition, failed when their job vanished — across an agent SIGKILLed
+mid-run; a sweep on the pool is one Slurm job per run, runs to its end, and is cancelled as a whole.
 
-The launches are few and shared: one ddp × 2 job that succeeds (its agent killed and restarted
-under it), one long job that Slurm's time limit ends (submitted first, checked last, running
-meanwhile), and jobs cancelled within seconds of starting.
+The launches are few and shared: one ddp × 2 job on a Celery worker then on Slurm (its agent
+killed and restarted under it), one long job that Slurm's time limit ends (submitted first,
+checked last, running meanwhile), a sweep of three single-rank configurations of a few steps, and
+jobs cancelled within seconds of starting.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,12 +33,10 @@ from backend.config import Settings, get_settings
 from backend.db import get_engine, session_scope
 from backend.models import Run
 from backend.services import pools
-from backend.services.sweeps import SweepRequest, cancel_sweep, create_sweep
 from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import SlurmPool
 from tests.conftest import TABLES, worker_env
 from workers.engines.slurm import SlurmHandle
-from workers.execute import run_and_collect
 from workers.launcher import stop_process_group
 from workers.slurm_agent import SlurmAgent
 
@@ -47,6 +47,8 @@ POOL, SHORT, NOPE = "cpu-slurm", "cpu-slurm-short", "cpu-slurm-nope"
 DDP = {"workload": {"model": "tiny", "steps": 4, "warmup_steps": 1, "lr": 1e-2, "seed": 0}, "strategy": {"name": "ddp", "world_size": 2}}
 LONG = {"workload": {"model": "tiny", "steps": 200_000}, "strategy": {"name": "ddp", "world_size": 2}, "trace": False}
 """Minutes of work: it ends by a cancel or a time limit, never by itself."""
+SWEEP = {"workload": {"model": "tiny"}, "world_size": 1, "top": 2, "controls": 1, "precisions": ["fp32"], "accumulation": [1], "pool": POOL}
+"""Three configurations, the cheapest there are: one rank each (single, checkpointing none, selective, full)."""
 
 
 @dataclass
@@ -86,12 +88,23 @@ class Lab:
             time.sleep(0.3)
         raise AssertionError(f"run {run_id} was never submitted to Slurm")
 
-    def agent(self, pool: str = POOL) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, log: str) -> subprocess.Popen[bytes]:
+        """`parallab ARGS…` of this checkout on the lab's settings, in its own process group."""
         env = worker_env(self.settings) | {"PARALLAB_SLURM_POLL_S": "1", "SLURM_CONF": os.environ["SLURM_CONF"]}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        log = (self.settings.resolved_home / f"agent-{pool}.log").open("ab")
-        cmd = [sys.executable, "-m", "parallab", "slurm-agent", "--pool", pool]
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        out = (self.settings.resolved_home / log).open("ab")
+        cmd = [sys.executable, "-m", "parallab", *args]
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def agent(self, pool: str = POOL) -> subprocess.Popen[bytes]:
+        return self.start("slurm-agent", "--pool", pool, log=f"agent-{pool}.log")
+
+    def worker(self) -> subprocess.Popen[bytes]:
+        """A Celery worker of the default pool (the embedded broker under the lab's home)."""
+        return self.start("worker", "--loglevel", "INFO", log="worker.log")
+
+    def sweep(self, sweep_id: str) -> dict[str, Any]:
+        return dict(self.client.get(f"/api/v1/sweeps/{sweep_id}").json())
 
 
 def squeue_state(job_id: str) -> str:
@@ -129,7 +142,19 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
                     conn.execute(text(f"DELETE FROM {table}"))
 
 
-def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(lab: Lab) -> None:
+def test_ddp_on_slurm_matches_a_celery_run_and_survives_its_agent_killed_mid_run(lab: Lab) -> None:
+    # The same spec through a Celery worker first: its result to match, and the reference curve it
+    # stores in the lab database, which the agent then copies into the pool's cache.
+    worker = lab.worker()
+    try:
+        celery_id = lab.client.post("/api/v1/runs", json=DDP).json()["id"]
+        celery = lab.wait(celery_id, {"succeeded", "failed", "cancelled"}, timeout=240)
+    finally:
+        stop_process_group(worker)
+    assert celery["status"] == "succeeded", celery["error"]
+    local = celery["result"]
+    assert local["loss"]["reference_source"] == "computed"
+
     run_id = lab.submit(DDP)
     agent = lab.agent()
     try:
@@ -150,17 +175,17 @@ def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(la
     assert hardware["slurm_job_id"] == job_id and hardware["slurm_nodes"] == os.uname().nodename.split(".")[0]
     assert hardware["hosts"] == [hardware["slurm_nodes"]]
 
-    # The same spec through the bench path (what `parallab bench` and a worker run): the same numbers.
-    with session_scope(lab.settings.sqlalchemy_url) as session:
-        job = ResolvedJob.model_validate(session.get(Run, run_id).job)
-    bench = run_and_collect(job, lab.settings.resolved_home / "bench", settings=lab.settings)
-    assert bench.document is not None, bench.error
-    local = bench.document.model_dump(mode="json")
+    # The same numbers as the Celery worker's run of the same spec.
     assert result["loss"]["values"] == pytest.approx(local["loss"]["values"], rel=1e-6)
     assert result["summary"]["loss_max_rel_diff_vs_reference"] <= 1e-4
     assert result["summary"]["gradient_check"]["passed"] and local["summary"]["gradient_check"]["passed"]
     assert result["summary"]["comm_bytes_per_step"] == local["summary"]["comm_bytes_per_step"]
     assert [r["model_state_bytes"] for r in result["ranks"]] == [r["model_state_bytes"] for r in local["ranks"]]
+    # Built as a worker builds it: the reference from the lab database, the host's noise around the ranks.
+    assert result["loss"]["reference_source"] == "lab database"
+    assert result["loss"]["reference"] == pytest.approx(local["loss"]["reference"], rel=1e-6)
+    assert result["noise"]["ranks_on_host"] == 2 and local["noise"]["ranks_on_host"] == 2
+    assert result["noise"]["duration_s"] > 0
 
     # What a Kubernetes pod runs after its ranks (`parallab export k8s`) builds the same document from the same records.
     out = lab.settings.resolved_home / "collected.json"
@@ -168,19 +193,25 @@ def test_ddp_on_slurm_matches_the_bench_and_survives_its_agent_killed_mid_run(la
     collect = [sys.executable, "-m", "workers.collect", "--job", str(files / "job.json"), "--run-dir", str(files), "--out", str(out)]
     subprocess.run(collect, cwd=REPO, check=True, timeout=120)
     collected = json.loads(out.read_text())
-    assert collected["loss"] == result["loss"] and collected["summary"]["comm_bytes_per_step"] == result["summary"]["comm_bytes_per_step"]
+    assert collected["loss"]["values"] == result["loss"]["values"]
+    assert collected["summary"]["comm_bytes_per_step"] == result["summary"]["comm_bytes_per_step"]
 
     page = lab.client.get(f"/runs/{run_id}").text
     assert f'<p class="muted" id="run-scheduler">Slurm job {job_id} COMPLETED on {hardware["slurm_nodes"]}</p>' in page
 
 
-def test_cancelling_a_run_on_slurm_scancels_its_job(lab: Lab) -> None:
+def test_cancelling_a_run_on_slurm_from_its_page_scancels_its_job(lab: Lab) -> None:
     run_id = lab.submit(LONG)
     agent = lab.agent()
     try:
         lab.wait(run_id, {"running"}, timeout=120)
         job_id, _ = lab.slurm_job(run_id)
-        assert lab.client.post(f"/api/v1/runs/{run_id}/cancel").status_code in (200, 202)
+        page = lab.client.get(f"/runs/{run_id}")  # the page's Cancel form, with the CSRF token it carries
+        cancel_form = r'<form method="post" action="(/runs/[^"]+/cancel)"[^>]*>\s*<input type="hidden" name="csrf_token" value="([^"]+)"'
+        form = re.search(cancel_form, page.text)
+        assert form is not None, "the run page offers a Cancel form"
+        response = lab.client.post(form.group(1), data={"csrf_token": form.group(2)}, follow_redirects=False)
+        assert response.status_code == 303 and response.headers["location"] == f"/runs/{run_id}"
         run = lab.wait(run_id, {"cancelled", "failed", "succeeded"}, timeout=120)
     finally:
         stop_process_group(agent)
@@ -224,21 +255,36 @@ def test_a_job_sbatched_but_not_recorded_is_adopted_by_its_name_after_a_restart(
     assert lab.run(run_id)["status"] == "cancelled" and squeue_state(handle.job_id) == "CANCELLED"
 
 
-def test_a_sweep_on_a_slurm_pool_is_one_job_per_run_and_is_cancelled_as_a_whole(lab: Lab) -> None:
-    request = SweepRequest(
-        workload={"model": "tiny"}, world_size=2, top=2, controls=1, precisions=["fp32"], accumulation=[1], steps=10_000, pool=POOL
-    )
-    with session_scope(lab.settings.sqlalchemy_url) as session:
-        sweep = create_sweep(session=session, settings=lab.settings, request=request, source="api")
-        sweep_id = sweep.id
-        run_ids = [c["run_id"] for c in sweep.candidates if c["run_id"]]
+def test_a_sweep_on_a_slurm_pool_is_one_job_per_run_and_runs_to_its_end(lab: Lab) -> None:
+    response = lab.client.post("/api/v1/sweeps", json={**SWEEP, "steps": 3})
+    assert response.status_code == 202, response.text
+    sweep = response.json()
+    run_ids = [run_id for p in sweep["points"] for run_id in p["run_ids"]]
     assert len(run_ids) == 3
     agent = lab.agent()
     try:
         jobs = [lab.slurm_job(run_id)[0] for run_id in run_ids]
-        assert len(set(jobs)) == 3  # one Slurm job per configuration
-        with session_scope(lab.settings.sqlalchemy_url) as session:
-            cancel_sweep(session=session, sweep_id=sweep_id)
+        runs = [lab.wait(run_id, {"cancelled", "failed", "succeeded"}, timeout=240) for run_id in run_ids]
+    finally:
+        stop_process_group(agent)
+    assert len(set(jobs)) == 3  # one Slurm job per configuration
+    assert [r["status"] for r in runs] == ["succeeded"] * 3, [r["error"] for r in runs]
+    assert sorted(r["result"]["hardware"]["slurm_job_id"] for r in runs) == sorted(jobs)
+    done = lab.sweep(sweep["id"])
+    assert done["status"] == "finished" and done["finished_at"]
+    assert [p["status"] for p in done["points"]] == ["succeeded"] * 3
+    assert all(p["measured"]["tokens_per_s"] > 0 and p["measured"]["runs"] == 1 for p in done["points"])
+
+
+def test_a_sweep_on_a_slurm_pool_is_cancelled_as_a_whole(lab: Lab) -> None:
+    response = lab.client.post("/api/v1/sweeps", json={**SWEEP, "steps": 10_000})
+    assert response.status_code == 202, response.text
+    sweep_id = response.json()["id"]
+    run_ids = [run_id for p in response.json()["points"] for run_id in p["run_ids"]]
+    agent = lab.agent()
+    try:
+        jobs = [lab.slurm_job(run_id)[0] for run_id in run_ids]
+        assert lab.client.post(f"/api/v1/sweeps/{sweep_id}/cancel").status_code == 200
         runs = [lab.wait(run_id, {"cancelled", "failed", "succeeded"}, timeout=120) for run_id in run_ids]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(squeue_state(j) != "CANCELLED" for j in jobs):
@@ -247,6 +293,7 @@ def test_a_sweep_on_a_slurm_pool_is_one_job_per_run_and_is_cancelled_as_a_whole(
         stop_process_group(agent)
     assert [r["status"] for r in runs] == ["cancelled"] * 3
     assert [squeue_state(j) for j in jobs] == ["CANCELLED"] * 3
+    assert lab.sweep(sweep_id)["status"] == "cancelled"
 
 
 def test_a_job_past_its_time_limit_fails_saying_so(lab: Lab) -> None:

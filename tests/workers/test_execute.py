@@ -216,3 +216,56 @@ def test_a_hosts_default_pool_and_interconnect_come_from_its_gpus_names_and_nvid
     nvlink = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
     pcie = "\tGPU0\tGPU1\nGPU0\t X \tPHB\nGPU1\tPHB\t X \n"
     assert interconnect_from_topo(nvlink) == "nvlink" and interconnect_from_topo(pcie) == "pcie"
+
+
+def test_the_host_engine_stops_its_ranks_through_its_cancel_and_fails_them_for_any_other_stop(
+    settings: Settings, tmp_path, monkeypatch
+) -> None:
+    """A cancel the watch sees goes through `HostTorchrun.cancel` (the run ends cancelled); another
+    node's fault stops the ranks without it (the run fails); bench's `LocalWatch` cancels the same
+    way. The launcher is stood in for: it polls `should_stop` once and ends as asked."""
+    from workers.engines import host_torchrun
+    from workers.engines.host_torchrun import HostTorchrun, LocalWatch
+    from workers.launcher import LaunchOutcome
+
+    def fake_launch(job: ResolvedJob, run_dir: Any, *, should_stop: Any, **_: Any) -> LaunchOutcome:
+        return LaunchOutcome(returncode=-15, reason=should_stop(), log_tail="")
+
+    monkeypatch.setattr(host_torchrun, "launch", fake_launch)
+    job = resolve_job(JobSpec.model_validate(SPEC), Limits(max_world_size=2, max_steps=10))
+
+    class Stub:
+        def __init__(self, reason: str) -> None:
+            self.reason, self.stop_reason, self.cancelled = reason, None, False
+
+        def progress(self, line: dict[str, Any]) -> None:
+            pass
+
+        def started(self, pgid: int) -> None:
+            pass
+
+        def should_stop(self) -> str | None:
+            self.stop_reason, self.cancelled = self.reason, self.reason == "cancelled"
+            return self.reason
+
+    cancels: list[str] = []
+    real_cancel = HostTorchrun.cancel
+
+    def counted(self: HostTorchrun, handle: Any, reason: str = "cancelled") -> None:
+        cancels.append(reason)
+        real_cancel(self, handle, reason)
+
+    monkeypatch.setattr(HostTorchrun, "cancel", counted)
+    for watch, status in ((Stub("cancelled"), "cancelled"), (Stub("node 1 (host b) failed: exit code 1"), "failed")):
+        engine = HostTorchrun(settings, watcher=watch, runs_dir=tmp_path)
+        handle = engine.launch(job, f"r-{status}")
+        assert engine.stopped(handle) and engine.state(handle) == host_torchrun.EngineState(status, watch.reason)
+    assert cancels == ["cancelled"]
+    engine = HostTorchrun(settings, watcher=LocalWatch(should_cancel=lambda: True), runs_dir=tmp_path)
+    assert engine.state(engine.launch(job, "bench")).status == "cancelled" and cancels == ["cancelled", "cancelled"]
+    try:
+        HostTorchrun(settings).reconcile()
+    except ValueError as exc:
+        assert "me=" in str(exc)
+    else:
+        raise AssertionError("reconcile without the worker it serves must refuse")

@@ -62,6 +62,12 @@ def test_the_batch_script_runs_srun_torchrun_over_every_node_meeting_at_the_firs
     assert f"-m workers.harness.main --job {tmp_path}/shared/{RUN_ID}/job.json" in srun
     assert srun.split()[3:6] == ["/cluster/envs/parallab/bin/python", "-m", "torch.distributed.run"]  # the pool's Python
     assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
+    # The first node's load around the srun, as a worker samples its host; neither command can fail the job.
+    lines = script.splitlines()
+    at = lines.index(srun)
+    noise = "/cluster/envs/parallab/bin/python -m workers.noise"
+    assert lines[at - 1] == f"{noise} start {tmp_path}/shared/{RUN_ID}/.noise-start.json --ranks 2 || true"
+    assert lines[at + 1] == f"{noise} stop {tmp_path}/shared/{RUN_ID}/.noise-start.json --out {tmp_path}/shared/{RUN_ID}/noise.json || true"
 
 
 def test_sbatch_carries_the_pools_settings(tmp_path: Path) -> None:

@@ -1,30 +1,70 @@
 """The Celery worker's engine: torchrun as a subprocess on the host the worker owns.
 
 `launch` runs the job's ranks on this host to their end (the Celery task holds the job for its
-whole life anyway, one job per worker); while they run, the launcher polls the run's `Watcher`
-(progress, the lease's heartbeat, a cancel, another node's fault) and this engine's own cancel.
-So `state` is final once `launch` returns. `reconcile` is the fleet's: runs whose lease lapsed
+whole life anyway, one job per worker); while they run, the launcher polls the run's watch: a
+worker's `workers.watch.Watcher` (progress, the lease's heartbeat, a cancel, another node's fault)
+or, for `parallab bench` (`workers.execute.run_and_collect`), a `LocalWatch` of two callbacks. A
+cancel the watch sees goes through this engine's `cancel`; any other stop (another node's fault, a
+lapsed lease) stops the ranks as the watch's reason. So `state` is final once `launch` returns.
+`reconcile` is the fleet's, for the worker that starts (`parallab worker`): runs whose lease lapsed
 are failed and the ranks a dead worker left on this machine are killed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from backend.config import Settings
+from backend.services.workers import WorkerInfo
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
 from workers import fleet
 from workers.engines.base import Engine, EngineState, Records
 from workers.engines.outputs import failure_message, node_records, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch, launch
-from workers.watch import Watcher
 
 
 def reference_cache_dir(settings: Settings) -> Path:
     """This host's cache of reference curves (the ranks' `--cache-dir`)."""
     return settings.resolved_home / "cache" / "reference"
+
+
+class Watch(Protocol):
+    """What the launcher asks while a job's ranks run (`workers.watch.Watcher` is the worker's)."""
+
+    stop_reason: str | None
+    cancelled: bool
+
+    def progress(self, line: dict[str, Any]) -> None: ...
+
+    def should_stop(self) -> str | None: ...
+
+    def started(self, pgid: int) -> None: ...
+
+
+class LocalWatch:
+    """A watch without a database (`parallab bench`): live progress to a callback, and a cancel
+    when `should_cancel` says so."""
+
+    def __init__(self, on_progress: Callable[[dict[str, Any]], None] | None = None, should_cancel: Callable[[], bool] | None = None):
+        self.on_progress, self.should_cancel = on_progress, should_cancel
+        self.stop_reason: str | None = None
+        self.cancelled = False
+
+    def progress(self, line: dict[str, Any]) -> None:
+        if self.on_progress is not None:
+            self.on_progress(line)
+
+    def should_stop(self) -> str | None:
+        if self.should_cancel is not None and self.should_cancel():
+            self.stop_reason, self.cancelled = "cancelled", True
+        return self.stop_reason
+
+    def started(self, pgid: int) -> None:
+        pass
 
 
 @dataclass
@@ -42,14 +82,31 @@ class HostTorchrun(Engine[HostJob]):
 
     name = "host-torchrun"
 
-    def __init__(self, settings: Settings, *, watcher: Watcher, node: NodeLaunch | None = None):
-        self.settings, self.watcher, self.node = settings, watcher, node
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        watcher: Watch | None = None,
+        node: NodeLaunch | None = None,
+        me: WorkerInfo | None = None,
+        runs_dir: Path | None = None,
+    ):
+        """`watcher`: the run's watch (none: only `cancel` stops the ranks); `me`: the worker this
+        engine serves (what `reconcile` needs); `runs_dir`: where run directories go (default: the
+        settings' runs directory)."""
+        self.settings, self.watcher, self.node, self.me = settings, watcher, node, me
+        self.runs_dir = runs_dir or settings.runs_dir
 
     def launch(self, job: ResolvedJob, run_id: str) -> HostJob:
-        handle = HostJob(RunDir(self.settings.runs_dir / run_id))
+        handle = HostJob(RunDir(self.runs_dir / run_id))
+        watcher = self.watcher
 
         def should_stop() -> str | None:
-            return handle.cancelled or self.watcher.should_stop()
+            if handle.cancelled is None and watcher is not None and (why := watcher.should_stop()) is not None:
+                if not watcher.cancelled:
+                    return why  # another node's fault, a lapsed lease: a stop, not a cancel
+                self.cancel(handle, why)
+            return handle.cancelled
 
         handle.outcome = launch(
             job,
@@ -57,9 +114,9 @@ class HostTorchrun(Engine[HostJob]):
             timeout_s=self.settings.max_job_seconds,
             trace_cap_bytes=self.settings.max_trace_bytes,
             cache_dir=reference_cache_dir(self.settings),
-            on_progress=self.watcher.progress,
+            on_progress=watcher.progress if watcher is not None else None,
             should_stop=should_stop,
-            on_start=self.watcher.started,
+            on_start=watcher.started if watcher is not None else None,
             node=self.node,
         )
         return handle
@@ -67,7 +124,8 @@ class HostTorchrun(Engine[HostJob]):
     def stopped(self, handle: HostJob) -> bool:
         """Stopped by its watcher or a cancel, rather than failing by itself."""
         reason = handle.outcome.reason if handle.outcome else None
-        return reason is not None and reason in (self.watcher.stop_reason, handle.cancelled)
+        watched = self.watcher.stop_reason if self.watcher is not None else None
+        return reason is not None and reason in (watched, handle.cancelled)
 
     def state(self, handle: HostJob) -> EngineState:
         outcome = handle.outcome
@@ -76,8 +134,7 @@ class HostTorchrun(Engine[HostJob]):
         if outcome.ok:
             return EngineState("succeeded")
         if self.stopped(handle):
-            cancelled = self.watcher.cancelled or handle.cancelled is not None
-            return EngineState("cancelled" if cancelled else "failed", outcome.reason)
+            return EngineState("cancelled" if handle.cancelled is not None else "failed", outcome.reason)
         return EngineState("failed", failure_message(handle.run_dir, outcome.reason or "", outcome.log_tail))
 
     def cancel(self, handle: HostJob, reason: str = "cancelled") -> None:
@@ -92,5 +149,7 @@ class HostTorchrun(Engine[HostJob]):
     def reconcile(self) -> dict[str, HostJob]:
         """Fail runs whose lease lapsed and kill this machine's orphaned ranks; a worker that
         restarts resumes nothing (its ranks died with it), so it holds no job afterwards."""
-        fleet.reconcile(self.settings, self.watcher.me)
+        if self.me is None:
+            raise ValueError("reconcile needs the worker this engine serves (me=)")
+        fleet.reconcile(self.settings, self.me)
         return {}

@@ -125,6 +125,11 @@ class SlurmEngine(Engine[SlurmHandle]):
     def run_dir(self, run_id: str) -> RunDir:
         return RunDir(Path(self.settings.run_root) / run_id)
 
+    @property
+    def device(self) -> str:
+        """What the ranks train on (the key of the lab's reference curves)."""
+        return "cuda" if self.settings.gpus_per_node else "cpu"
+
     def cache_dir(self) -> Path:
         """Reference curves the ranks compute once per workload, shared by every node of the pool."""
         return Path(self.settings.run_root) / "cache" / "reference"
@@ -172,6 +177,8 @@ class SlurmEngine(Engine[SlurmHandle]):
         ]
         harness = harness_args(files, trace_cap_bytes=self.trace_cap_bytes, cache_dir=self.cache_dir())
         line = " ".join(part if part.startswith('"$') else shlex.quote(part) for part in torchrun + harness)
+        python, state = shlex.quote(self.settings.python), shlex.quote(str(files.path / ".noise-start.json"))
+        noise = f"{python} -m workers.noise"  # the first node around the srun, as a worker samples its host (never fails the job)
         return "\n".join(
             [
                 "#!/bin/bash",
@@ -181,7 +188,9 @@ class SlurmEngine(Engine[SlurmHandle]):
                 f"port=$(({RDZV_PORT_BASE} + SLURM_JOB_ID % 20000))",
                 "export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
                 'echo "parallab: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $head:$port"',
+                f"{noise} start {state} --ranks {job.ranks_per_node} || true",
                 f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 {line}",
+                f"{noise} stop {state} --out {shlex.quote(str(files.noise))} || true",
                 "",
             ]
         )
