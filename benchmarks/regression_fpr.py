@@ -29,9 +29,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.services.regression import DEFAULTS, Config, judge, t_cdf  # noqa: E402
+from backend.services.regression import DEFAULTS, Config, judge  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
 from benchmarks.run_to_run import SPREAD_JSON  # noqa: E402
+from parallab.core.stats import t_cdf  # noqa: E402
 
 DROP = 0.8
 """A 20% throughput drop: tokens/s × 0.8 (step times × 1.25)."""

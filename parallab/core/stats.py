@@ -18,6 +18,9 @@ Choices, and why:
   (Hodges–Lehmann) interval for a shift, the order statistics of the m·n pairwise differences
   cut at Mann–Whitney's critical value — so it excludes 0 exactly when the test at the same α
   separates the samples (up to ties), and the verdict and the interval never disagree.
+- **Student's t** for the CI series' regression test (`backend.services.regression`): the
+  prediction interval of one new result, or Welch's test of a batch of them, on the regularized
+  incomplete beta function (continued fraction, modified Lentz).
 - **Spearman's ρ** (Pearson's on average ranks) with the Fisher-z interval, using Fieller,
   Hartley & Pearson's (1957) variance 1.06/(n − 3) for rank correlations (1/(n − 3) is
   Pearson's and too narrow for ρ). Needs n ≥ 4.
@@ -249,3 +252,84 @@ def spearman_interval(xs: Sequence[float], ys: Sequence[float], confidence: floa
         return Interval(rho, min(far, near), max(far, near), confidence, n)
     z = math.atanh(rho)
     return Interval(rho, math.tanh(z - half), math.tanh(z + half), confidence, n)
+
+
+def welch_standard_error(baseline: Sequence[float], new: Sequence[float]) -> tuple[float, float]:
+    """(standard error of new − baseline mean, degrees of freedom).
+
+    One new value: the prediction interval, its variance taken as the baseline's. Several:
+    Welch, each sample with its own variance, Welch–Satterthwaite degrees of freedom."""
+    n, m = len(baseline), len(new)
+    vb = statistics.variance(baseline)
+    if m == 1:
+        return math.sqrt(vb * (1 + 1 / n)), n - 1
+    vn = statistics.variance(new)
+    a, b = vb / n, vn / m
+    if a + b == 0:
+        return 0.0, n + m - 2
+    df = (a + b) ** 2 / (a**2 / (n - 1) + b**2 / (m - 1))
+    return math.sqrt(a + b), df
+
+
+# ---- Student's t (no scipy): the CI series' t-test ----
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1, a - 1
+    c, d = 1.0, 1 - qab * x / qap
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1 + aa * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t > 0 else tail
+
+
+@lru_cache(maxsize=1024)
+def t_quantile(p: float, df: float) -> float:
+    """The `p` quantile of Student's t (bisection on the CDF; p in (0, 1))."""
+    if not 0 < p < 1:
+        raise ValueError("p must be in (0, 1)")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    hi = 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    lo = 0.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from backend.services.regression import DEFAULTS, Config, judge, metric_values, t_cdf, t_quantile
+from backend.services.regression import DEFAULTS, Config, judge, metric_values
 from benchmarks.regression_fpr import DROP, load_spread, normal_series, rates, resampled_series
+from parallab.core.stats import t_cdf, t_quantile
 
 SERIES = 200
 BASELINE = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.0, 100.7, 99.3]
