@@ -17,6 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from parallab.core.metrics import rank_bubbles, unequal_stages_bubble
 from tests.workers.conftest import make_job, run_job
 
 CASES = [("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("1f1b", 8)]
@@ -25,13 +26,14 @@ CASES = [("gpipe", 4), ("gpipe", 8), ("1f1b", 4), ("1f1b", 8)]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--model", default="tiny", help="a model preset (tiny's micro-batches take well under a millisecond a layer)")
+    parser.add_argument("--model", default="tiny", help="a model preset")
     parser.add_argument("--cases", default=",".join(f"{s}:{m}" for s, m in CASES), help="schedule:microbatches, comma-separated")
     args = parser.parse_args()
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
     print(f"model {args.model}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
-    print("| schedule, m | theory | stage 0 | stage 1 | mean | mean − theory | stage imbalance | mean action |")
-    print("|---|---|---|---|---|---|---|---|")
+    columns = ["theory", "stage 0", "stage 1", "mean", "mean − theory", "stage imbalance", "theory, measured stages", "mean − that"]
+    print(f"| schedule, m | {' | '.join(columns)} | mean action |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for schedule, m in cases:
         workload = {"model": args.model, "steps": args.steps, "global_batch_size": 16}
         job = make_job("pp", 2, {"schedule": schedule, "microbatches": m}, workload)
@@ -44,7 +46,12 @@ def main() -> None:
         actions = [b - a for r in doc.ranks for step in r.pipeline_actions_us or [] for a, b in step]
         action_ms = sum(actions) / len(actions) / 1000 if actions else 0.0
         imbalance = doc.summary.stage_imbalance or 0.0
-        print(f"| {schedule}, {m} | {theory:.3f} | {cells} | {mean:.3f} | {mean - theory:+.3f} | {imbalance:.3f} | {action_ms:.2f} ms |")
+        bubble = rank_bubbles([r.model_dump(mode="json") for r in doc.ranks])
+        unequal = unequal_stages_bubble(bubble.busy_per_stage, m) if bubble else float("nan")
+        print(
+            f"| {schedule}, {m} | {theory:.3f} | {cells} | {mean:.3f} | {mean - theory:+.3f} | {imbalance:.3f} "
+            f"| {unequal:.3f} | {mean - unequal:+.3f} | {action_ms:.2f} ms |"
+        )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEVICE_PEAK_FLOPS: dict[str, float] = {
@@ -104,6 +104,8 @@ class PipelineBubble:
     imbalance: float
     """max / mean − 1 of the stages' busy time: a slower stage (the last one's head and loss)
     shows here, as a number of its own."""
+    busy_per_stage: list[float] = field(default_factory=list)
+    """Each stage's busy time (some action of its running), µs summed over the steps counted."""
 
 
 def _covered(intervals: Iterable[Sequence[float]]) -> float:
@@ -146,7 +148,21 @@ def pipeline_bubble(stages: Sequence[Sequence[Sequence[Sequence[float]]]]) -> Pi
         per_stage=per_stage,
         mean=sum(per_stage) / len(per_stage),
         imbalance=(max(busy) / mean_busy - 1.0) if mean_busy > 0 else 0.0,
+        busy_per_stage=busy,
     )
+
+
+def unequal_stages_bubble(busy: Sequence[float], microbatches: int) -> float:
+    """(p−1)/(m+p−1) for stages whose times per micro-batch differ (t_s ∝ `busy`[s]): the slowest
+    stage sets the steady state, and fill and drain pass every stage once, so a step takes
+    (m−1)·max t + Σ t (GPipe's and 1F1B's alike), and the stages' mean idle over it is
+    1 − m·mean t / ((m−1)·max t + Σ t). Equal stages give (p−1)/(m+p−1); what a measured
+    imbalance adds to the stages' idle is this less that."""
+    if not busy or microbatches < 1 or max(busy) <= 0:
+        raise ValueError("need every stage's busy time (> 0) and at least one micro-batch")
+    m, p = microbatches, len(busy)
+    mean = sum(busy) / p
+    return 1.0 - m * mean / ((m - 1) * max(busy) + p * mean)
 
 
 def rank_bubbles(ranks: Sequence[Mapping[str, Any]]) -> PipelineBubble | None:

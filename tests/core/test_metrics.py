@@ -13,6 +13,7 @@ from parallab.core.metrics import (
     percentile,
     pipeline_bubble,
     summarize,
+    unequal_stages_bubble,
 )
 from parallab.core.result import Summary
 from parallab.core.rundir import RunDir
@@ -158,6 +159,28 @@ def test_idle_before_the_first_and_after_the_last_action_counts():
 def test_a_slower_last_stage_is_imbalance_a_number_of_its_own():
     bubble = pipeline_bubble(gpipe(4, last_extra=0.5))
     assert bubble is not None and bubble.imbalance == pytest.approx(10 / 9 - 1)  # busy 10 vs 8: mean 9
+
+
+@pytest.mark.parametrize("m", [4, 8])
+@pytest.mark.parametrize("last_extra", [0.0, 0.25, 0.5, 1.0])
+def test_the_unequal_stage_formula_is_what_an_ideal_schedule_with_a_slower_last_stage_idles(m, last_extra):
+    """GPipe's timing by construction (`gpipe`) against (m−1)·max t + Σ t: the stages' measured mean
+    idle is the formula's, and equal stages give (p−1)/(m+p−1)."""
+    bubble = pipeline_bubble(gpipe(m, last_extra=last_extra))
+    assert bubble is not None
+    expected = unequal_stages_bubble(bubble.busy_per_stage, m)
+    assert bubble.mean == pytest.approx(expected)
+    if last_extra == 0.0:
+        assert expected == pytest.approx(1 / (m + 1))
+    else:
+        assert expected > 1 / (m + 1)  # the imbalance's idle is on top of the fill and drain
+
+
+def test_the_unequal_stage_formula_refuses_what_it_cannot_use():
+    with pytest.raises(ValueError):
+        unequal_stages_bubble([], 4)
+    with pytest.raises(ValueError):
+        unequal_stages_bubble([1.0, 1.0], 0)
 
 
 def test_summarize_reports_the_mean_bubble_and_every_stage():
