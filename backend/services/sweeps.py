@@ -140,15 +140,20 @@ def _candidate(role: str, rank: int, row: PlanRow, run_ids: list[str], error: st
         "grad_accumulation_steps": row.grad_accumulation_steps,
         "microbatches": row.microbatches,
         "micro_batch_size": row.micro_batch_size,
-        "predicted": {
-            "tokens_per_s": row.tokens_per_s,
-            "step_time_s": row.step_time_s,
-            "memory_per_rank_bytes": row.memory_per_rank_bytes,
-            "model_state_bytes": row.model_state_bytes,
-            "activation_bytes": row.activation_bytes,
-            "estimate": row.estimate,
-        },
+        "predicted": _predicted(row),
         "error": error,
+    }
+
+
+def _predicted(row: PlanRow) -> dict[str, Any]:
+    """What a candidate keeps of the planner's row: the figures its measurement is held against."""
+    return {
+        "tokens_per_s": row.tokens_per_s,
+        "step_time_s": row.step_time_s,
+        "memory_per_rank_bytes": row.memory_per_rank_bytes,
+        "model_state_bytes": row.model_state_bytes,
+        "activation_bytes": row.activation_bytes,
+        "estimate": row.estimate,
     }
 
 
@@ -455,15 +460,7 @@ def repredict(points: list[SweepPoint], hw: Hardware) -> None:
         row = evaluate(p.run.spec, hw)
         if row.tokens_per_s is None:
             continue
-        predicted = {
-            "tokens_per_s": row.tokens_per_s,
-            "step_time_s": row.step_time_s,
-            "memory_per_rank_bytes": row.memory_per_rank_bytes,
-            "model_state_bytes": row.model_state_bytes,
-            "activation_bytes": row.activation_bytes,
-            "estimate": row.estimate,
-        }
-        p.candidate = {**p.candidate, "predicted": predicted, "predicted_uncalibrated": p.candidate["predicted"]}
+        p.candidate = {**p.candidate, "predicted": _predicted(row), "predicted_uncalibrated": p.candidate["predicted"]}
 
 
 def sweep_view(*, session: Session, sweep_id: str, settings: Settings | None = None) -> SweepView:

@@ -311,3 +311,36 @@ def seed_series(session: Session, *, results: int = 6) -> str:
         ids.append(uploaded.run.series_id)
     assert ids[0] is not None and len(set(ids)) == 1, ids
     return ids[0]
+
+
+def lab_pages(client: Any, lab: dict[str, Run], series_id: str | None = None) -> dict[str, str]:
+    """Name → path of every page of the seeded lab (`seed_lab`; a series page with `series_id`),
+    with a sweep made through its form (`client`: a TestClient) so the sweep page has content."""
+    from tests.ui.test_pages import csrf_token
+
+    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
+    form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
+    response = client.post("/sweeps/new", data=form, follow_redirects=False)
+    assert response.status_code == 303, response.text[:500]
+    ids = ",".join(lab[k].id for k in ("ddp2", "fsdp2", "pp4"))
+    return {
+        "runs": "/",
+        "submit": "/runs/new",
+        "run": f"/runs/{lab['ddp2'].id}",
+        "run-pipeline": f"/runs/{lab['pp4'].id}",
+        "compare": f"/compare?ids={ids}",
+        "leaderboard": "/leaderboard",
+        "scaling": "/scaling",
+        "plan": "/plan?model=small&device=h100&nodes=1&gpus_per_node=8",
+        "workers": "/workers",
+        "series-list": "/series",
+        **({"series": f"/series/{series_id}"} if series_id else {}),
+        "sweeps": "/sweeps",
+        "sweep-new": "/sweeps/new",
+        "sweep": response.headers["location"],
+        "api-docs": "/docs",
+        "glossary": "/glossary",
+        "login": "/login",
+        "tokens": "/tokens",
+        "users": "/users",  # local mode acts as an admin
+    }

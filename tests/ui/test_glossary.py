@@ -10,6 +10,7 @@ import pytest
 
 from backend.services.compare import METRICS
 from backend.services.glossary import METRIC_TERMS, TERMS, markdown
+from tests.ui.factories import lab_pages
 
 REPO = Path(__file__).resolve().parents[2]
 ANCHORS = {t.anchor for t in TERMS}
@@ -33,16 +34,6 @@ def test_the_terms_have_one_anchor_each_and_every_help_icon_in_the_templates_nam
     assert set(METRIC_TERMS) <= {key for key, *_ in METRICS}, set(METRIC_TERMS) - {key for key, *_ in METRICS}
 
 
-def _sweep(client) -> str:
-    from tests.ui.test_pages import csrf_token
-
-    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
-    form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
-    response = client.post("/sweeps/new", data=form, follow_redirects=False)
-    assert response.status_code == 303, response.text[:500]
-    return response.headers["location"]
-
-
 # page → the terms its help icons must include (beyond those, every icon must land on a term)
 EXPECTED = {
     "run": {"tokens-per-s", "step-time", "mfu", "peak-memory", "comm-fraction", "exposed-comm", "loss-vs-reference", "gradient-check"},
@@ -57,16 +48,8 @@ EXPECTED = {
 
 @pytest.fixture()
 def pages(client, lab) -> dict[str, str]:
-    ids = ",".join(lab[k].id for k in ("ddp2", "fsdp2", "pp4"))
-    return {
-        "run": f"/runs/{lab['ddp2'].id}",
-        "run-pipeline": f"/runs/{lab['pp4'].id}",
-        "compare": f"/compare?ids={ids}",
-        "leaderboard": "/leaderboard",
-        "scaling": "/scaling",
-        "plan": "/plan?model=small&device=h100&nodes=1&gpus_per_node=8",
-        "sweep": _sweep(client),
-    }
+    every = lab_pages(client, lab)
+    return {name: every[name] for name in EXPECTED}
 
 
 def test_every_help_icon_on_every_page_links_to_a_glossary_entry(client, pages) -> None:

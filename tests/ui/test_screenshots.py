@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.factories import lab_pages
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
 
@@ -40,33 +41,7 @@ def pages(live_server, lab, lab_series, app) -> dict[str, str]:
 
 
 def _pages(client, lab, series_id: str) -> dict[str, str]:
-    from tests.ui.test_planning_pages import csrf_token
-
-    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
-    form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
-    sweep = client.post("/sweeps/new", data=form, follow_redirects=False).headers["location"]
-    ids = ",".join(lab[k].id for k in ("ddp2", "fsdp2", "pp4"))
-    out = {
-        "runs": "/",
-        "submit": "/runs/new",
-        "run": f"/runs/{lab['ddp2'].id}",
-        "run-pipeline": f"/runs/{lab['pp4'].id}",
-        "compare": f"/compare?ids={ids}",
-        "leaderboard": "/leaderboard",
-        "scaling": "/scaling",
-        "plan": "/plan?model=small&device=h100&nodes=1&gpus_per_node=8",
-        "workers": "/workers",
-        "series-list": "/series",
-        "series": f"/series/{series_id}",
-        "sweeps": "/sweeps",
-        "sweep-new": "/sweeps/new",
-        "sweep": sweep,
-        "api-docs": "/docs",
-        "glossary": "/glossary",
-        "login": "/login",
-        "tokens": "/tokens",
-        "users": "/users",  # local mode acts as an admin
-    }
+    out = lab_pages(client, lab, series_id)
     assert f'href="{out["series"]}"' in client.get("/series").text, "the series list links to the series"
     return out
 
