@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,6 +50,17 @@ log = logging.getLogger(__name__)
 
 class NoSuchPool(LookupError):
     """The agent was started for a pool that is not a declared Slurm pool."""
+
+
+def read_noise(path: Path) -> HostNoise | None:
+    """The host noise the batch script sampled, or None where it wrote none or nothing readable:
+    the run's result stands without it (`noise` is optional), never fails for it."""
+    try:
+        return HostNoise.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        if path.exists():
+            log.warning("ignoring the host noise in %s: %s", path, exc)
+        return None
 
 
 class SlurmAgent:
@@ -179,7 +191,7 @@ class SlurmAgent:
         with self._db() as session:
             profile = latest_profile(session=session, pool=self.pool)  # the pool's calibration, for the step-time estimate
         files = self.engine.run_dir(handle.run_id)
-        noise = HostNoise.model_validate_json(files.noise.read_text()) if files.noise.exists() else None
+        noise = read_noise(files.noise)
         records = merge_nodes([found.records], job.world_size)
         document = build_result(job, records, hosts=hosts, profile=profile, catalogue=catalogue, noise=noise)
         hardware = {**document.hardware, "slurm_job_id": handle.job_id, "slurm_nodes": nodes, "slurm_pool": self.pool}

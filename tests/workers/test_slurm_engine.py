@@ -98,3 +98,15 @@ def test_slurm_refuses_an_unknown_partition_in_its_own_words(tmp_path: Path, slu
 def test_a_job_slurm_does_not_know_has_vanished(tmp_path: Path, slurm_conf: str) -> None:
     state = engine(tmp_path).state(SlurmHandle(RUN_ID, "987654"))
     assert state.status == "failed" and "vanished from Slurm" in (state.reason or "")
+
+
+def test_the_agent_reads_the_batch_scripts_noise_and_does_without_a_bad_one(tmp_path: Path) -> None:
+    from workers.slurm_agent import read_noise
+
+    path = tmp_path / "noise.json"
+    assert read_noise(path) is None, "none written: none recorded"
+    path.write_text('{"load_avg_1m_start": 0.5, "load_avg_1m_end": 2.5, "logical_cpus": 2, "ranks_on_host": 2}')
+    noise = read_noise(path)
+    assert noise is not None and noise.load_avg_1m_end == 2.5 and noise.ranks_on_host == 2
+    path.write_text('{"load_avg_1m_start": -1}')  # cut short, or out of range: the result stands without it
+    assert read_noise(path) is None
