@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from parallab.core.families import param_counts
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with
 from parallab.core.spec import KEY_NEUTRAL
+from parallab.core.strategies import REGISTRY
 
 MLP_NAMES = {"swiglu": "SwiGLU", "gelu": "GELU"}
 
@@ -101,10 +102,21 @@ def describe(workload: dict[str, Any], *, params_total: int | None = None) -> st
 
 def document_architecture(document: dict[str, Any] | None, spec: dict[str, Any] | None = None) -> str | None:
     """The architecture line of a run: from its result's workload and stored parameter count,
-    else from its spec's workload; None when it has neither (nothing to describe)."""
+    else from its spec's workload; None when it has neither (nothing to describe), or when its
+    job kind trains no model (a collectives sweep, a calibration: the workload only sizes their
+    messages and GEMMs, and a model line would read as if one had been trained)."""
     doc, spec = document or {}, spec or {}
+    if not _trains(doc.get("strategy") if isinstance(doc.get("strategy"), dict) else spec.get("strategy")):
+        return None
     workload = doc.get("workload") if isinstance(doc.get("workload"), dict) else spec.get("workload")
     if not isinstance(workload, dict) or not workload:
         return None
     params = (doc.get("prediction") or {}).get("params_total") if doc.get("workload") else None
     return describe(workload, params_total=params)
+
+
+def _trains(strategy: Any) -> bool:
+    """Whether the strategy block names a job kind that trains a model (an unknown name: assumed so)."""
+    name = strategy.get("name") if isinstance(strategy, dict) else None
+    descriptor = REGISTRY.get(name) if isinstance(name, str) else None
+    return descriptor is None or descriptor.trains

@@ -80,6 +80,16 @@ def test_the_stored_parameter_count_is_the_one_shown():
     assert document_architecture(None, None) is None
 
 
+@pytest.mark.parametrize("kind", ["collectives", "calibrate"])
+def test_a_job_kind_that_trains_nothing_has_no_architecture_line(kind):
+    """Its workload only sizes messages or GEMMs: no model line, from the document or the spec."""
+    workload = block("tiny")
+    assert document_architecture({"strategy": {"name": kind, "world_size": 2}, "workload": workload}) is None
+    assert document_architecture(None, {"strategy": {"name": kind, "world_size": 2}, "workload": {"model": "tiny"}}) is None
+    trained = {"strategy": {"name": "ddp", "world_size": 2}, "workload": workload}
+    assert document_architecture(trained) == describe(workload), "a training run keeps its line"
+
+
 def test_an_unreadable_shape_says_which_field():
     assert "num_heads" in describe(block("tiny", num_heads=5))
     assert "no known preset" in describe({"model": "nope", "hidden_size": 64})
