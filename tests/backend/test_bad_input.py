@@ -213,10 +213,19 @@ def test_echoed_input_in_a_422_is_capped(client) -> None:
 
 
 def test_the_number_of_errors_listed_is_capped(client) -> None:
-    response = client.post("/api/v1/runs", json={**SPEC, "tags": [""] * 20, "unknown": 1, "trace": "x", "name": 5})
+    response = client.post("/api/v1/runs", json={**SPEC, "tags": [""] * 20, "trace": "x", "name": 5})
     detail = response.json()["detail"]
     assert response.status_code == 422
     assert len(detail) <= 21 and detail[-1]["type"] == "too_many_errors"
+
+
+def test_an_unknown_field_is_named_first_with_the_valid_ones(client) -> None:
+    """Unknown keys are refused before the known ones are read (one error naming them and every
+    valid name), so a misspelt field is never lost among the errors its misspelling caused."""
+    response = client.post("/api/v1/runs", json={**SPEC, "tags": [""] * 20, "unknown": 1, "trace": "x", "name": 5})
+    detail = response.json()["detail"]
+    assert response.status_code == 422 and len(detail) == 1, detail
+    assert "unknown job spec field 'unknown'" in detail[0]["msg"] and "strategy" in detail[0]["msg"]
 
 
 def test_a_bad_cursor_on_the_runs_page_is_422_not_500(client) -> None:

@@ -36,6 +36,7 @@ from backend.services import pools
 from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import SlurmPool
 from tests.conftest import TABLES, worker_env
+from tests.e2e.fleet import live_hosts, wait_until
 from workers.engines.slurm import SlurmHandle
 from workers.launcher import stop_process_group
 from workers.slurm_agent import SlurmAgent
@@ -118,6 +119,7 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
     shared = tmp_path_factory.mktemp("slurm-shared")  # the cluster's shared filesystem: one node here
     settings = Settings(home=home, database_url=postgres_url, max_world_size=4, max_steps=200_000, slurm_poll_s=1, max_job_seconds=600)
     settings.ensure_home()
+    empty_tables(settings)  # what earlier tests left on the session's database (their workers' pools) is not this lab's
     with session_scope(settings.sqlalchemy_url) as session:
         for name, extra in ((POOL, {}), (SHORT, {"time_limit": "1"}), (NOPE, {"partition": "no-such-partition"})):
             config = SlurmPool.model_validate({"python": sys.executable, "run_root": str(shared / name), **extra})
@@ -137,9 +139,13 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
                 for job in engine.jobs().values():
                     if job.state in ("PENDING", "RUNNING") and job.run_id:
                         engine.cancel(SlurmHandle(job.run_id, job.job_id))
-            with get_engine(settings.sqlalchemy_url).begin() as conn:  # the session's database as the next tests expect it
-                for table in TABLES:
-                    conn.execute(text(f"DELETE FROM {table}"))
+            empty_tables(settings)  # the session's database as the next tests expect it
+
+
+def empty_tables(settings: Settings) -> None:
+    with get_engine(settings.sqlalchemy_url).begin() as conn:
+        for table in TABLES:
+            conn.execute(text(f"DELETE FROM {table}"))
 
 
 def test_ddp_on_slurm_matches_a_celery_run_and_survives_its_agent_killed_mid_run(lab: Lab) -> None:
@@ -147,6 +153,9 @@ def test_ddp_on_slurm_matches_a_celery_run_and_survives_its_agent_killed_mid_run
     # stores in the lab database, which the agent then copies into the pool's cache.
     worker = lab.worker()
     try:
+        # Registered first: a run submitted before any worker of the default pool is live is placed
+        # on whichever live pool can take it.
+        wait_until(lambda: any(w["pool"] == "cpu" for w in live_hosts(lab.client).values()), "the worker to register", timeout=60)
         celery_id = lab.client.post("/api/v1/runs", json=DDP).json()["id"]
         celery = lab.wait(celery_id, {"succeeded", "failed", "cancelled"}, timeout=240)
     finally:

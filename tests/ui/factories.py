@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from backend.api import csrf
 from backend.models import Run
 from backend.services.ingest import attach_result, ingest_upload
 from parallab.core.checks import summary_inputs
@@ -316,8 +318,6 @@ def seed_series(session: Session, *, results: int = 6) -> str:
 def lab_pages(client: Any, lab: dict[str, Run], series_id: str | None = None) -> dict[str, str]:
     """Name → path of every page of the seeded lab (`seed_lab`; a series page with `series_id`),
     with a sweep made through its form (`client`: a TestClient) so the sweep page has content."""
-    from tests.ui.test_pages import csrf_token
-
     form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "2", "top": "3", "controls": "1", "steps": "2"}
     form.update({"precisions": "fp32", "checkpointing": ["none", "full"], "accumulation": "1"})
     response = client.post("/sweeps/new", data=form, follow_redirects=False)
@@ -344,3 +344,13 @@ def lab_pages(client: Any, lab: dict[str, Run], series_id: str | None = None) ->
         "tokens": "/tokens",
         "users": "/users",  # local mode acts as an admin
     }
+
+
+def csrf_token(client: Any) -> str:
+    """The CSRF token the submit form carries (and the cookie it sets beside it)."""
+    page = client.get("/runs/new")
+    assert page.status_code == 200
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert match, "the form carries a CSRF token"
+    assert client.cookies.get(csrf.COOKIE), "and sets its cookie"
+    return match.group(1)

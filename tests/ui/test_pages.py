@@ -10,7 +10,6 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from backend.api import csrf
 from backend.api.formatting import fmt_bytes
 from backend.models import Run
 from backend.services import compare as compare_service
@@ -22,18 +21,9 @@ from parallab.core.model import PRESETS
 from parallab.core.result import ResultDocument
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import REGISTRY
-from tests.ui.factories import make_document, store_run
+from tests.ui.factories import csrf_token, make_document, store_run
 
 XSS = "<script>alert(1)</script>"
-
-
-def csrf_token(client) -> str:
-    page = client.get("/runs/new")
-    assert page.status_code == 200
-    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
-    assert match, "the form carries a CSRF token"
-    assert client.cookies.get(csrf.COOKIE), "and sets its cookie"
-    return match.group(1)
 
 
 def count_runs(session_factory) -> int:

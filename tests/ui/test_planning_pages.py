@@ -9,8 +9,7 @@ import re
 from backend.models import Run
 from backend.services.ingest import attach_result
 from parallab.core.result import ResultDocument
-from tests.ui.factories import make_document, store_run
-from tests.ui.test_pages import csrf_token
+from tests.ui.factories import csrf_token, make_document, store_run
 
 
 def test_the_plan_page_ranks_what_fits_and_lists_why_the_rest_dont(client):
