@@ -21,7 +21,9 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.services import workers as fleet
+from backend.services.json_body import parse_json
 from backend.services.runs import check_spec
+from parallab.core.hf_config import MAX_CONFIG_BYTES, SUPPORTED
 from parallab.core.model import PRESETS, SHAPE_FIELDS
 from parallab.core.problems import SpecError
 from parallab.core.spec import MAX_REPEATS, JobSpec, workload_fields
@@ -31,6 +33,12 @@ TRACE_HELP: str = JobSpec.model_fields["trace"].description or ""
 """What the trace box switches (the spec's own description, as the CLI's --trace/--no-trace says)."""
 REPEATS_HELP: str = f"{JobSpec.model_fields['repeats'].description} At most {MAX_REPEATS}."
 """What the repeats box does (the spec's own description)."""
+HF_CONFIG_HELP = (
+    f"Paste a Hugging Face config.json ({', '.join(SUPPORTED)}): the model takes its shape, built as the hf family. "
+    "A shape field filled in below overrides the config's; seq_len, the batch and the recipe stay the preset's "
+    "(seq_len cut to the config's max_position_embeddings). Unknown keys are refused, naming them."
+)
+"""What the config box does."""
 JOB_FIELDS = ("model", "steps")
 """Workload fields shown at the top of the form, beside the strategy (the rest sit in sections)."""
 
@@ -171,6 +179,8 @@ def form_to_spec(form: Any) -> dict[str, Any]:
     for name in WORKLOAD_FIELDS:
         if get(name):
             workload[name] = get(name)
+    if get("hf_config"):
+        workload["hf_config"] = get("hf_config")  # the pasted text: parsed by `check_form`
     options: dict[str, Any] = {}
     for opt in option_fields().get(strategy, []):
         if opt.kind == "bool":
@@ -204,7 +214,7 @@ def field_for(loc: tuple[Any, ...], strategy: str) -> str:
     if not loc:
         return "__all__"
     if loc[0] == "workload" and len(loc) > 1:
-        return str(loc[1])
+        return str(loc[1])  # a key inside the pasted config: the config box (`_message` names the key)
     if loc[0] == "strategy" and len(loc) > 1:
         if loc[1] == "name":
             return "strategy"
@@ -216,6 +226,27 @@ def field_for(loc: tuple[Any, ...], strategy: str) -> str:
     if loc[0] in ("name", "trace", "tags", "repeats"):
         return str(loc[0])
     return "__all__"
+
+
+def _message(loc: tuple[Any, ...], msg: str) -> str:
+    """An error's message as the form shows it beside its field: a problem inside the field (a key
+    of the pasted config) says which key."""
+    loc = tuple(p for p in loc if p != "body")
+    if len(loc) > 2 and loc[0] == "workload":
+        return f"{'.'.join(map(str, loc[2:]))}: {msg}"
+    return msg
+
+
+def pasted_config(text: str) -> tuple[Any, str | None]:
+    """The pasted config.json's JSON value, or the reason it is none (too large, not JSON) — the
+    same bounded parse the API gives a body."""
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_CONFIG_BYTES:
+        return None, f"{size:,} bytes; a config.json may have at most {MAX_CONFIG_BYTES:,}"
+    try:
+        return parse_json(text), None
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
 
 
 @dataclass
@@ -240,17 +271,24 @@ def check_form(*, form: Any, settings: Settings, local: bool, session: Session |
     errors: dict[str, list[str]] = {}
     if strategy not in REGISTRY:
         return FormCheck(None, {"strategy": [f"choose a strategy: {', '.join(STRATEGY_NAMES)}"]})
+    pasted = raw["workload"].get("hf_config")
+    if isinstance(pasted, str):
+        value, why = pasted_config(pasted)
+        if why is not None:
+            return FormCheck(None, {"hf_config": [why]})
+        raw["workload"]["hf_config"] = value
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
         for err in exc.errors():
-            errors.setdefault(field_for(tuple(err["loc"]), strategy), []).append(err["msg"])
+            loc = tuple(err["loc"])
+            errors.setdefault(field_for(loc, strategy), []).append(_message(loc, err["msg"]))
         return FormCheck(None, errors)
     try:
         checked = check_spec(spec=spec, settings=settings, local=local)
     except SpecError as exc:
         for problem in exc.problems:
-            errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
+            errors.setdefault(field_for(problem.loc, strategy), []).append(_message(problem.loc, problem.msg))
         return FormCheck(spec, errors)
     if session is not None:
         try:

@@ -17,7 +17,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from parallab.commands.jobspec import fail, layout_flags, parse_options, resolve, spec_document, with_workload_flags
+from parallab.commands.jobspec import (
+    HF_CONFIG_HELP,
+    fail,
+    layout_flags,
+    parse_options,
+    read_hf_config_file,
+    resolve,
+    spec_document,
+    with_workload_flags,
+)
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.stats import median_interval
@@ -44,6 +53,7 @@ def bench(
     spec: Annotated[
         Path | None, typer.Option(help="A whole job spec (the API's JSON); the flags override it.", exists=True, dir_okay=False)
     ] = None,
+    hf_config: Annotated[Path | None, typer.Option("--hf-config", help=HF_CONFIG_HELP, dir_okay=False)] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
     layout: Annotated[
         str | None,
@@ -71,6 +81,8 @@ def bench(
         fail(str(exc))
     if layout is not None:
         strategy, world_size, options = layout_flags(layout, strategy=strategy, world_size=world_size, options=options)
+    if hf_config is not None:
+        workload = {**workload, "hf_config": read_hf_config_file(hf_config)[0]}
     base = read_spec(spec) if spec else {"strategy": {"name": "single"}}
     doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
     if repeats is not None:

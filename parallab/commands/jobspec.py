@@ -16,12 +16,14 @@ import json
 import math
 import types
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, Optional, Union, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
+from parallab.core.hf_config import MAX_CONFIG_BYTES, HFShape, read_hf_config
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.layout import parse_layout
 from parallab.core.problems import SpecError
@@ -100,6 +102,38 @@ def with_workload_flags(fields: Sequence[WorkloadField]) -> Callable[[Callable[.
         return wrapper
 
     return decorate
+
+
+HF_CONFIG_HELP = (
+    "A Hugging Face config.json (llama, mistral, qwen2): the model's shape, built as the hf family; "
+    "shape flags given as well override its fields (docs/models.md)."
+)
+
+
+def read_hf_config_file(path: Path) -> tuple[dict[str, Any], HFShape]:
+    """`--hf-config FILE`: the file's JSON object and the shape it describes. At most
+    MAX_CONFIG_BYTES are read, the parse is the server's bounded one (`json_body.parse_json`: no
+    nesting reaches a recursion limit), and the config is checked as a job spec's `hf_config` is;
+    exits 2 naming the file, or the key at fault."""
+    from backend.services.json_body import parse_json
+
+    flag = f"--hf-config {path}"
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        fail(f"{flag}: {exc.strerror or exc}")
+    if len(raw) > MAX_CONFIG_BYTES:
+        fail(f"{flag}: larger than {MAX_CONFIG_BYTES:,} bytes; a config.json is a few KiB")
+    try:
+        doc = parse_json(raw)
+    except ValueError as exc:
+        fail(f"{flag}: not JSON: {exc}")
+    try:
+        shape = read_hf_config(doc)
+    except SpecError as exc:
+        fail(*(f"{flag}: {p}" for p in exc.problems))
+    return doc, shape
 
 
 def parse_options(items: Iterable[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ the world size nor the steps have a limit here. `--pool` plans on a pool's calib
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -24,7 +25,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from parallab.commands.jobspec import fail, layout_flags, parse_options, resolve, spec_document, with_workload_flags
+from parallab.commands.jobspec import (
+    HF_CONFIG_HELP,
+    fail,
+    layout_flags,
+    parse_options,
+    read_hf_config_file,
+    resolve,
+    spec_document,
+    with_workload_flags,
+)
 from parallab.core.costs import precision_recipe
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
@@ -48,6 +58,7 @@ def plan(
         str | None, typer.Option("--strategy", "-s", help=f"{', '.join(TRAINING_STRATEGIES)}. Without it: rank every configuration.")
     ] = None,
     world_size: Annotated[int | None, typer.Option("--world-size", "-n", help="Ranks (default 1; ranking: every device).")] = None,
+    hf_config: Annotated[Path | None, typer.Option("--hf-config", help=HF_CONFIG_HELP, dir_okay=False)] = None,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Strategy option key=value (JSON value); repeat.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     device: Annotated[
@@ -74,6 +85,11 @@ def plan(
     workload: dict[str, Any],
 ) -> None:
     """Predict one job (--strategy), or rank every configuration of the workload on a cluster (--device / --pool)."""
+    given = dict(workload)  # what the flags set, and (below) what the config file does
+    if hf_config is not None:
+        doc, shape = read_hf_config_file(hf_config)
+        given = {**shape.fields, **workload, "hf_config": f"{hf_config} (model_type {shape.model_type})"}
+        workload = {**workload, "hf_config": doc}
     if layout is not None:
         try:
             options = parse_options(option or [])
@@ -106,7 +122,7 @@ def plan(
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
         return
-    _print_table(job, workload, prediction)
+    _print_table(job, given, prediction)
 
 
 def _notes(job: ResolvedJob, given: dict[str, Any]) -> list[str]:
@@ -121,6 +137,8 @@ def _notes(job: ResolvedJob, given: dict[str, Any]) -> list[str]:
             else f"SwiGLU: 8/3·h rounded up to a multiple of {FFN_MULTIPLE}"
         )
         notes.append(f"ffn_hidden_size {wl['ffn_hidden_size']:,} derived from hidden_size ({rule}); set it with --ffn-hidden")
+    if "hf_config" in given:
+        notes.append(f"shape from --hf-config {given['hf_config']}")
     if job.custom_fields:
         kept = [f"{name} {wl[name]:,}" for name in ("seq_len", "global_batch_size", "num_experts") if name not in given]
         if kept:
@@ -237,8 +255,10 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
 
     console = Console(width=max(Console().width, 150))
     wl = ranking.workload
+    config = wl.get("hf_config")
+    model = f"{config.get('model_type')} (config.json, from {wl.get('model')})" if isinstance(config, dict) else wl.get("model")
     title = (
-        f"{wl.get('model')} on {ranking.hardware}: {len(ranking.fits)} of {len(ranking.fits) + len(ranking.rejected)} "
+        f"{model} on {ranking.hardware}: {len(ranking.fits)} of {len(ranking.fits) + len(ranking.rejected)} "
         f"configurations fit (global batch {wl.get('global_batch_size')}, {ranking.world_size} ranks)"
     )
     table = Table(title=title, show_header=True)

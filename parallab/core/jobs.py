@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parallab.core.data import DEFAULT_LR, data_problems
 from parallab.core.families import family_of
+from parallab.core.hf_config import HFShape, read_hf_config
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
@@ -261,14 +262,26 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         raise SpecError(problems + _options_problems(exc)) from None
 
     preset = PRESETS[wl.model]
-    fields = model_with(wl.model, descriptor.model_defaults(preset, wl.shape_overrides()))
+    given = wl.shape_overrides()
+    hf: HFShape | None = None
+    if wl.hf_config is not None:  # a config.json: its shape under the fields given beside it
+        try:
+            hf = read_hf_config(wl.hf_config)
+        except SpecError as exc:
+            raise SpecError(problems + exc.problems) from None
+    overrides = hf.overrides(given, preset.config.seq_len) if hf is not None else given
+    fields = model_with(wl.model, descriptor.model_defaults(preset, overrides))
     try:
         model = ModelConfig.model_validate(fields)
     except ValidationError:
-        # the bounds were checked with the spec: what is left ties fields together
+        # the bounds were checked with the spec (or the config): what is left ties fields together
         shape = ModelConfig.model_construct(**fields)
-        problems += [SpecProblem(("workload", name), msg) for name, msg in shape_problems(shape)]
+        problems += [
+            SpecProblem(hf.loc_of(name, given) if hf is not None else ("workload", name), msg) for name, msg in shape_problems(shape)
+        ]
         raise SpecError(problems) from None
+    if hf is not None:
+        problems += hf.seq_len_problems(model.seq_len)
 
     dp = descriptor.dp_degree(world, options)
     accum = wl.grad_accumulation_steps
@@ -291,7 +304,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         raise SpecError(problems)
 
     lr = wl.lr if wl.lr is not None else DEFAULT_LR[wl.data]
-    workload = wl.model_copy(update={**model.model_dump(), "global_batch_size": gbs, "lr": lr})
+    workload = wl.model_copy(update={**model.model_dump(), "global_batch_size": gbs, "lr": lr, "hf_config": None})
     strategy = st.model_copy(update={"options": options.model_dump(mode="json")})
     job = ResolvedJob(spec=spec.model_copy(update={"workload": workload, "strategy": strategy}))
     problems = limits.problems(job)

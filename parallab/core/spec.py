@@ -13,11 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    create_model,
+    model_serializer,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from parallab.core.bounds import JSONObject, Label, SafeStr
 from parallab.core.data import DEFAULT_DATA, DEFAULT_LR, TEXT_MIN_VOCAB, DataKind
+from parallab.core.hf_config import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, SUPPORTED, check_document
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.options import KnownKeys, known_keys_only
 from parallab.core.strategies import REGISTRY
@@ -51,6 +62,13 @@ def _shape_overrides() -> type[BaseModel]:
         for name, info in ModelConfig.model_fields.items()
     }
     return create_model("ShapeOverrides", __config__=STRICT, **fields)
+
+
+HFConfigDocument = Annotated[dict[str, Any], AfterValidator(check_document)]
+"""A Hugging Face `config.json` object, bounded (`parallab.core.hf_config.document_problem`)."""
+INPUT_FIELDS = ("hf_config",)
+"""Workload inputs that resolution turns into other fields (not workload fields of their own: no
+flag, no form input, no key; a resolved workload never holds them)."""
 
 
 if TYPE_CHECKING:
@@ -110,6 +128,24 @@ class Workload(ShapeOverrides):
         key=True,
         neutral=DEFAULT_DATA,
     )
+    hf_config: HFConfigDocument | None = Field(
+        None,
+        description=(
+            "A Hugging Face config.json (the object) whose shape the workload takes: the hf family, "
+            f"model_type {', '.join(SUPPORTED)}. Resolution turns it into the shape fields (those given here as well "
+            "override it) and drops it, so a resolved workload is the same as one with those fields. "
+            f"At most {MAX_CONFIG_BYTES:,} bytes and {MAX_CONFIG_DEPTH} levels; unknown keys are refused (docs/models.md)."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_inputs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `hf_config: null` in a dumped workload: documents stay as they were before it existed."""
+        out: dict[str, Any] = handler(self)
+        for name in INPUT_FIELDS:
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +177,8 @@ def workload_fields() -> tuple[WorkloadField, ...]:
     """Every workload field — recipe first, then the shape — with its flag and whether it is keyed."""
     out = []
     for name, info in Workload.model_fields.items():
+        if name in INPUT_FIELDS:
+            continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         out.append(
             WorkloadField(

@@ -11,7 +11,7 @@ import pytest
 from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.problems import SpecError
-from parallab.core.spec import WORKLOAD_KEY_FIELDS, JobSpec, Workload, workload_fields
+from parallab.core.spec import INPUT_FIELDS, WORKLOAD_KEY_FIELDS, JobSpec, Workload, workload_fields
 from parallab.core.strategies import REGISTRY, STRATEGY_NAMES, TRAINING_STRATEGIES
 
 CONTRACTUAL = ("single", "ddp", "fsdp", "tp", "pp", "ring", "moe", "hybrid")  # shared/DESIGN.md
@@ -134,7 +134,7 @@ def test_every_options_model_refuses_unknown_keys_and_is_frozen(strategy):
 def test_workload_fields_list_every_field_once_with_a_unique_flag():
     fields = workload_fields()
     assert [f.name for f in fields if f.group == "shape"] == list(SHAPE_FIELDS) == list(ModelConfig.model_fields)
-    assert {f.name for f in fields} == set(Workload.model_fields)
+    assert {f.name for f in fields} == set(Workload.model_fields) - set(INPUT_FIELDS)  # a config.json is resolved away
     flags = [f.cli for f in fields]
     assert len(set(flags)) == len(flags) and all(flag.startswith("--") for flag in flags)
     assert tuple(f.name for f in fields if f.workload_key) == WORKLOAD_KEY_FIELDS

@@ -4,6 +4,7 @@ and no JavaScript errors on any page."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.models import Run
+from tests.core.hf_configs import TINY_LLAMA
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
@@ -91,6 +93,18 @@ def test_form_shows_options_for_the_chosen_strategy_and_refuses_what_cannot_divi
     with session_factory() as s:
         run = s.get(Run, run_id)
         assert run.source == "form" and run.strategy == "tp" and run.world_size == 2
+
+
+def test_a_pasted_config_json_is_checked_live_beside_its_box(page, live_server):
+    page.goto(live_server.url + "/runs/new")
+    page.click("details:has(#f-hf_config) > summary")
+    page.fill("#f-hf_config", json.dumps({**TINY_LLAMA, "num_hidden_layers": 10**6}, indent=2))
+    page.wait_for_selector('[data-errors-for="hf_config"] .field-error')
+    assert "num_hidden_layers: num_layers 1000000" in page.inner_text('[data-errors-for="hf_config"]')
+    assert page.locator("#submit-run").is_disabled()
+    page.fill("#f-hf_config", json.dumps(TINY_LLAMA, indent=2))
+    page.wait_for_function("!document.querySelector('#submit-run').disabled")
+    assert page.locator('[data-errors-for="hf_config"] .field-error').count() == 0
 
 
 def add_running_run(session_factory, *, name: str, strategy: str, step: int) -> str:

@@ -97,6 +97,7 @@ def form_page(
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "max_world_size": settings.max_world_size,
             "trace_help": run_form.TRACE_HELP,
+            "hf_config_help": run_form.HF_CONFIG_HELP,
             "repeats_help": run_form.REPEATS_HELP,
             "pools": pools or [],
         },

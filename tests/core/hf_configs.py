@@ -1,0 +1,141 @@
+"""Hugging Face `config.json` documents as the hub publishes them (written out here: the tests never
+reach the hub), for the config-file input's tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LLAMA_3_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+"""meta-llama/Meta-Llama-3-8B config.json."""
+
+LLAMA_3_1_8B: dict[str, Any] = {
+    **LLAMA_3_8B,
+    "eos_token_id": [128001, 128008, 128009],
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "rope_scaling": {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "transformers_version": "4.43.0.dev0",
+}
+"""meta-llama/Llama-3.1-8B config.json: Llama 3's shape, a longer context and scaled rotary positions."""
+
+QWEN2_5_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_mrope": False,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+"""Qwen/Qwen2.5-7B config.json."""
+
+MISTRAL_7B_V0_3: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32768,
+}
+"""mistralai/Mistral-7B-v0.3 config.json (no sliding window)."""
+
+MISTRAL_7B_V0_1: dict[str, Any] = {**MISTRAL_7B_V0_3, "sliding_window": 4096, "rope_theta": 10000.0, "vocab_size": 32000}
+"""mistralai/Mistral-7B-v0.1 config.json: a 4,096-token sliding window."""
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """An object nested `depth` levels deep ({"a": {"a": ... {}}})."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+TINY_LLAMA: dict[str, Any] = {
+    **LLAMA_3_8B,
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+"""A config.json of Llama 3's kind at `tiny`'s width (hidden 64, 4 heads over 2 KV heads, 2 layers,
+vocabulary 256): what a CPU runs."""
+
+
+TINY_MISTRAL: dict[str, Any] = {
+    **MISTRAL_7B_V0_1,
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+    "sliding_window": 16,
+}
+"""Mistral at `tiny`'s width with a 16-token sliding window."""

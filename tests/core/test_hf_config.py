@@ -1,0 +1,173 @@
+"""A Hugging Face `config.json` as the workload's model: the published Llama-3-8B and Qwen2.5-7B
+configs resolve to their presets' exact parameter counts and to the same workload (and key) as
+the equivalent explicit fields; a bad config is refused naming its key — an unknown model_type,
+heads not divisible by KV heads, 10⁶ layers, a 200-level nesting, an oversize file, an unknown key."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from parallab.core.families import param_counts
+from parallab.core.hf_config import MAX_CONFIG_BYTES, METADATA, SUPPORTED, read_hf_config
+from parallab.core.jobs import ResolvedJob, resolve_job
+from parallab.core.model import PRESETS
+from parallab.core.problems import SpecError
+from parallab.core.spec import JobSpec, key_fields, workload_fields
+from tests.core.hf_configs import LLAMA_3_1_8B, LLAMA_3_8B, MISTRAL_7B_V0_1, MISTRAL_7B_V0_3, QWEN2_5_7B, nested
+
+LLAMA_3_8B_PARAMS = 8_030_261_248
+QWEN2_5_7B_PARAMS = 7_615_616_512
+
+
+def resolve(config: Any, strategy: str = "fsdp", world: int = 8, **workload: Any) -> ResolvedJob:
+    spec = {"workload": {"hf_config": config, **workload}, "strategy": {"name": strategy, "world_size": world}}
+    return resolve_job(JobSpec.model_validate(spec))
+
+
+def refusal(config: Any, **workload: Any) -> dict[str, str]:
+    """{location: message} of each problem the config's job is refused with."""
+    with pytest.raises(SpecError) as caught:
+        resolve(config, **workload)
+    return {".".join(map(str, p.loc)): p.msg for p in caught.value.problems}
+
+
+@pytest.mark.parametrize(
+    ("config", "preset", "count"), [(LLAMA_3_8B, "llama-3-8b", LLAMA_3_8B_PARAMS), (QWEN2_5_7B, "qwen2.5-7b", QWEN2_5_7B_PARAMS)]
+)
+def test_a_published_config_is_its_preset_in_the_hf_family_with_the_pinned_count(config, preset, count):
+    job = resolve(config)
+    assert job.model.family == "hf"
+    assert param_counts(job.model).total == count == param_counts(PRESETS[preset].config).total
+    expected = PRESETS[preset].config.model_dump()
+    got = job.model.model_dump()
+    assert {k: v for k, v in got.items() if k not in ("family", "seq_len")} == {
+        k: v for k, v in expected.items() if k not in ("family", "seq_len")
+    }
+
+
+def test_the_qwen2_config_has_its_biases_norm_epsilon_and_rotary_base():
+    shape = read_hf_config(QWEN2_5_7B)
+    assert shape.fields["attention_bias"] is True and shape.fields["num_kv_heads"] == 4
+    assert (shape.fields["norm_eps"], shape.fields["rope_theta"]) == (1e-6, 1e6)
+    assert shape.seq_limit == ("max_position_embeddings", 131072)  # sliding_window: unused without use_sliding_window
+
+
+def test_a_config_resolves_to_the_same_workload_and_key_as_the_explicit_fields():
+    """The config is resolved away: the stored spec (hence the leaderboard key) is the explicit one's."""
+    from_file = resolve(LLAMA_3_8B, model="tiny")
+    fields = {k: v for k, v in read_hf_config(LLAMA_3_8B).fields.items()}
+    explicit = resolve_job(JobSpec.model_validate({"workload": {"model": "tiny", **fields}, "strategy": {"name": "fsdp", "world_size": 8}}))
+    assert from_file.spec == explicit.spec
+    assert key_fields(from_file.workload_document()) == key_fields(explicit.workload_document())
+    document = from_file.workload_document()
+    assert "hf_config" not in document and "hf_config" not in from_file.spec.model_dump(mode="json")["workload"]
+    assert resolve_job(from_file.spec) == from_file  # it resubmits as the same job
+
+
+def test_fields_given_beside_the_config_override_it():
+    job = resolve(LLAMA_3_8B, num_layers=2, hidden_size=256, ffn_hidden_size=896)
+    assert (job.model.num_layers, job.model.hidden_size, job.model.ffn_hidden_size) == (2, 256, 896)
+    assert (job.model.num_heads, job.model.kv_heads, job.model.vocab_size) == (32, 8, 128256)
+
+
+def test_the_sequence_is_the_workloads_within_the_configs_positions():
+    assert resolve(LLAMA_3_8B, model="tiny").model.seq_len == 64  # the preset's
+    assert resolve({**LLAMA_3_8B, "max_position_embeddings": 32}, model="tiny").model.seq_len == 32  # cut to the config's
+    found = refusal(LLAMA_3_8B, seq_len=16384)
+    assert "max_position_embeddings 8192" in found["workload.seq_len"]
+
+
+def test_rotary_scaling_and_metadata_are_ignored_an_unknown_key_is_refused():
+    assert read_hf_config(LLAMA_3_1_8B).fields == read_hf_config(LLAMA_3_8B).fields
+    assert {"architectures", "torch_dtype", "transformers_version", "rope_scaling"} <= METADATA
+    found = refusal({**LLAMA_3_8B, "quantization_config": {"bits": 4}})
+    assert "not a key the hf family knows for model_type 'llama'" in found["workload.hf_config.quantization_config"]
+
+
+def test_a_mistral_config_is_llama_while_its_window_covers_the_sequence():
+    assert read_hf_config(MISTRAL_7B_V0_3).seq_limit == ("max_position_embeddings", 32768)
+    job = resolve(MISTRAL_7B_V0_3, model="tiny")
+    assert (job.model.family, job.model.attention_bias, job.model.vocab_size, job.model.kv_heads) == ("hf", False, 32768, 8)
+    assert resolve(MISTRAL_7B_V0_1, model="tiny").model.seq_len == 64  # a 4,096-token window over 64 tokens: no window
+    found = refusal(MISTRAL_7B_V0_1, seq_len=8192)
+    assert "sliding_window 4096" in found["workload.seq_len"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        ({"hidden_act": "gelu"}, "hidden_act", 'must be "silu"'),
+        ({"attention_bias": True}, "attention_bias", "o_proj"),
+        ({"mlp_bias": True}, "mlp_bias", "must be false"),
+        ({"attention_dropout": 0.1}, "attention_dropout", "must be 0"),
+        ({"head_dim": 64}, "head_dim", "is not hidden_size / num_attention_heads"),
+        ({"hidden_size": "4096"}, "hidden_size", 'hidden_size "4096": Input should be a valid integer'),
+        ({"num_hidden_layers": True}, "num_hidden_layers", "valid integer"),
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings", "valid boolean"),
+        ({"vocab_size": None}, "vocab_size", "missing"),
+    ],
+)
+def test_a_key_that_would_build_another_model_is_refused_by_name(change, key, words):
+    found = refusal({**LLAMA_3_8B, **change})
+    assert words in found[f"workload.hf_config.{key}"], found
+
+
+def test_a_qwen2_sliding_window_is_refused():
+    found = refusal({**QWEN2_5_7B, "use_sliding_window": True})
+    assert "full attention" in found["workload.hf_config.use_sliding_window"]
+
+
+# ---- the refusals the brief lists ----
+
+
+def test_an_unknown_model_type_is_refused_listing_the_supported_ones():
+    found = refusal({**LLAMA_3_8B, "model_type": "gpt_neox"})
+    msg = found["workload.hf_config.model_type"]
+    assert 'model_type "gpt_neox"' in msg and all(name in msg for name in SUPPORTED) and SUPPORTED == ("llama", "mistral", "qwen2")
+    assert "no model_type" in refusal({k: v for k, v in LLAMA_3_8B.items() if k != "model_type"})["workload.hf_config.model_type"]
+
+
+def test_heads_not_divisible_by_kv_heads_is_refused_at_the_configs_key():
+    found = refusal({**LLAMA_3_8B, "num_key_value_heads": 6})
+    assert found == {"workload.hf_config.num_key_value_heads": "num_heads 32 is not divisible by num_kv_heads 6"}
+    # a KV-head count given as a field beside the config is located at that field
+    assert "workload.num_kv_heads" in refusal(LLAMA_3_8B, num_kv_heads=6)
+
+
+def test_a_million_layers_is_refused_by_the_shape_bounds_naming_the_key():
+    found = refusal({**LLAMA_3_8B, "num_hidden_layers": 10**6})
+    assert found == {"workload.hf_config.num_hidden_layers": "num_layers 1000000: Input should be less than or equal to 1024"}
+
+
+def test_a_200_level_nesting_is_refused_naming_the_key():
+    config = {**LLAMA_3_8B, "rope_scaling": nested(200)}
+    with pytest.raises(SpecError) as caught:
+        read_hf_config(config)
+    (problem,) = caught.value.problems
+    assert problem.loc == ("workload", "hf_config", "rope_scaling") and "nested deeper than 32 levels" in problem.msg
+    with pytest.raises(ValidationError) as invalid:  # the spec refuses it before resolution
+        JobSpec.model_validate({"workload": {"hf_config": config}, "strategy": {"name": "fsdp", "world_size": 8}})
+    (error,) = invalid.value.errors()
+    assert error["loc"] == ("workload", "hf_config") and "rope_scaling: nested deeper than 32 levels" in error["msg"]
+
+
+def test_an_oversize_config_is_refused():
+    config = {**LLAMA_3_8B, "architectures": ["x" * MAX_CONFIG_BYTES]}
+    assert len(json.dumps(config)) > MAX_CONFIG_BYTES
+    with pytest.raises(SpecError) as caught:
+        read_hf_config(config)
+    (problem,) = caught.value.problems
+    assert problem.loc == ("workload", "hf_config") and f"at most {MAX_CONFIG_BYTES:,}" in problem.msg
+    with pytest.raises(ValidationError) as invalid:
+        JobSpec.model_validate({"workload": {"hf_config": config}, "strategy": {"name": "fsdp", "world_size": 8}})
+    assert invalid.value.errors()[0]["loc"] == ("workload", "hf_config")
+
+
+def test_the_config_is_an_input_not_a_workload_field():
+    """No flag, no form input and no key of its own: it is resolved into the shape fields."""
+    assert "hf_config" not in {f.name for f in workload_fields()}
+    assert "hf_config" not in JobSpec.model_validate({"strategy": {"name": "single"}}).model_dump()["workload"]
