@@ -8,7 +8,8 @@ import json
 
 from backend.models import Run
 from tests.core.hf_configs import TINY_LLAMA, nested
-from tests.ui.test_pages import count_runs, csrf_token
+from tests.ui.factories import csrf_token
+from tests.ui.test_pages import count_runs
 
 
 def block(html: str, field: str) -> str:
