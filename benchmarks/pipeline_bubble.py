@@ -1,13 +1,15 @@
 """The pipeline bubble against its theory, (p−1)/(m+p−1): GPipe and 1F1B at m = 4 and 8, p = 2.
 
-    python benchmarks/pipeline_bubble.py [--steps 5] [--model tiny|small] [--cases gpipe:4,1f1b:8]
+    python benchmarks/pipeline_bubble.py [--steps 5] [--model tiny|small] [--cases gpipe:4,1f1b:8] [--set seq_len=512]
 
 Each job runs as the worker runs it (`tests/workers/conftest.py`'s `make_job`/`run_job`: torchrun,
 gloo, `tiny`, traced) and is merged by `workers.aggregate.build_result`; the table is read from the
 result document: each stage's idle time within the step's window (first action on any stage to
 the last on any, `parallab.core.metrics.pipeline_bubble`), their mean (the summary's
 `bubble_fraction`), theory, and the stage imbalance (max/mean − 1 of the stages' busy time).
-Prints a markdown table with the load average before and after.
+Prints a markdown table with the load average before and after. `--set field=value` overrides a
+workload field (e.g. a longer sequence, so each action is longer against the schedule's fixed cost
+per action: the P2P hand-off and the dispatch, which the formula takes as free).
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--model", default="tiny", help="a model preset")
     parser.add_argument("--cases", default=",".join(f"{s}:{m}" for s, m in CASES), help="schedule:microbatches, comma-separated")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a workload field override (repeatable)")
     args = parser.parse_args()
+    overrides = {k: int(v) if v.isdigit() else v for k, _, v in (o.partition("=") for o in args.set)}
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
-    print(f"model {args.model}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
+    print(f"model {args.model} {overrides or ''}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
     columns = ["theory", "stage 0", "stage 1", "mean", "mean − theory", "stage imbalance", "theory, measured stages", "mean − that"]
     print(f"| schedule, m | {' | '.join(columns)} | mean action |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for schedule, m in cases:
-        workload = {"model": args.model, "steps": args.steps, "global_batch_size": 16}
+        workload = {"model": args.model, "steps": args.steps, "global_batch_size": 16, **overrides}
         job = make_job("pp", 2, {"schedule": schedule, "microbatches": m}, workload)
         with tempfile.TemporaryDirectory() as tmp:
             doc = run_job(job, Path(tmp) / "run", cache_dir=Path(tmp) / "cache")
