@@ -34,7 +34,8 @@ def main() -> None:
     args = parser.parse_args()
     overrides = {k: int(v) if v.isdigit() else v for k, _, v in (o.partition("=") for o in args.set)}
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
-    print(f"model {args.model} {overrides or ''}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cores")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"model {args.model} {overrides or ''}; load average before: {load}, {os.cpu_count()} cores")
     columns = ["theory", "stage 0", "stage 1", "mean", "mean − theory", "stage imbalance", "theory, measured stages", "mean − that"]
     print(f"| schedule, m | {' | '.join(columns)} | mean action |")
     print("|---|---|---|---|---|---|---|---|---|---|")
