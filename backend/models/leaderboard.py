@@ -125,9 +125,14 @@ for _name in SORTED_COLUMNS:
 
 
 class LeaderboardCell(Base):
-    """One (workload, hardware, strategy, world size) config: how many ranked runs it has, its
-    best and median throughput — recomputed from `leaderboard_entries` whenever one of its runs changes, in
-    the same transaction, so the best-per-config board never aggregates every run."""
+    """One (workload, hardware, strategy, world size) config over one subset of its runs: how many
+    ranked runs it has, its best and median throughput — recomputed from `leaderboard_entries`
+    whenever one of its runs changes, in the same transaction, so the best-per-config board never
+    aggregates every run.
+
+    A config has one cell per non-empty subset (`backend.store.leaderboard.SUBSETS`, migration
+    0020): all its runs, those that passed their checks, those whose checks the lab made itself
+    (none stated by an uploader), and both — so the board's check filters read cells too."""
 
     __tablename__ = "leaderboard_cells"
 
@@ -153,5 +158,6 @@ class LeaderboardCell(Base):
     median_run_id: Mapped[str | None] = mapped_column(String(32))
     failed_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs that failed a correctness check.")
     stated_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs whose checks the uploader stated.")
+    subset: Mapped[str] = mapped_column(String(16), default="all", server_default="all", doc="Which of the config's runs it counts.")
 
-    __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size"),)
+    __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size", "subset"),)

@@ -1,7 +1,8 @@
 """SQL for the leaderboard and the scaling page: the maintained narrow tables, never result documents.
 
-`leaderboard_entries` holds one row per ranked run and `leaderboard_cells` one per config, both
-kept in the run's own transaction (MLflow's `latest_metrics` lesson). Nothing here ranks or
+`leaderboard_entries` holds one row per ranked run and `leaderboard_cells` one per config and
+subset of its runs (`SUBSETS`: all, checks passed, checks verified, both), both kept in the run's
+own transaction (MLflow's `latest_metrics` lesson). Nothing here ranks or
 sorts every run (measured at 100,000 runs by benchmarks/queries.py): a page of every
 run comes from an index in the board's whole order, or — for the two sorts no index holds, by
 rank and by runs per config — is planned from the group and config sizes and reads only the
@@ -21,7 +22,6 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     and_,
-    bindparam,
     case,
     cast,
     column,
@@ -35,7 +35,6 @@ from sqlalchemy import (
     select,
     text,
     true,
-    update,
     values,
 )
 from sqlalchemy.orm import Session, aliased
@@ -94,7 +93,15 @@ CELL_FILTERS = frozenset({"model", "hardware_key", "strategy", "world_size", *RE
 """Filters the cells can answer; the others (source, branch, user) aggregate the filtered runs."""
 CHECK_FILTERS = ("checks", "verified")
 """Filters on a run's checks (`checks="passed"`: none failed; `verified=True`: none stated by its
-uploader). Not the cells': a config's median over the runs they keep comes from the runs."""
+uploader). The cells answer them too: a config has a cell per subset they can keep (`SUBSETS`)."""
+SUBSETS: dict[str, tuple[bool, bool]] = {
+    "all": (False, False),
+    "passed": (True, False),
+    "verified": (False, True),
+    "passed_verified": (True, True),
+}
+"""A config's cells, each over a subset of its runs: (only runs that failed no check, only runs
+whose checks the lab made itself). A subset with no runs has no cell."""
 SORT_WORK_MEM = "64MB"
 RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
 
@@ -197,31 +204,63 @@ def _cell_lock_key(key: tuple[Any, ...]) -> str:
 
 
 def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
-    """Bring one config's cell up to date from its entries, under a lock on that config on
+    """Bring one config's cells up to date from its entries, under a lock on that config on
     Postgres so that two ingests of one config never both miss the other's run.
 
-    Two reads of the config's index range: the counts and attributes (an aggregate), and its
-    throughputs in order, from which the median, its interval and the run at the median come
-    (`config_figures`)."""
+    Two reads of the config's index range: its attributes (an aggregate), and its runs in
+    throughput order with their checks, from which every subset's counts, median, interval and
+    run at the median come (`subset_cells`)."""
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _cell_lock_key(key)})
     match = [getattr(Entry, c) == v if v is not None else getattr(Entry, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
-    agg = conn.execute(
-        select(
-            func.count().label("runs"),
-            func.max(Entry.tokens_per_s).label("best_tokens_per_s"),
-            *(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES),
-            func.count(Entry.checks_failed).label("failed_runs"),
-            func.count(Entry.checks_stated).label("stated_runs"),
-        ).where(*match)
-    ).one()
+    attributes = conn.execute(select(*(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES)).where(*match)).one()
     cell_match = [getattr(Cell, c) == v if v is not None else getattr(Cell, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
     conn.execute(delete(Cell).where(*cell_match))
-    if agg.runs:
-        ordered = conn.execute(select(Entry.id, Entry.tokens_per_s).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
-        figures = config_figures(len(ordered), {pos: (run_id, tps) for pos, (run_id, tps) in enumerate(ordered, start=1)})
-        conn.execute(insert(Cell).values(**dict(zip(CONFIG, key, strict=True)), **agg._mapping, **figures))
+    ordered = conn.execute(select(*RUN_CHECKS).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
+    cells = [{**dict(zip(CONFIG, key, strict=True)), **attributes._mapping, **cell} for cell in subset_cells(ordered)]
+    if cells:
+        conn.execute(insert(Cell), cells)
+
+
+RUN_CHECKS = (Entry.id, Entry.tokens_per_s, Entry.checks_failed.is_not(None), Entry.checks_stated.is_not(None))
+"""What `subset_cells` reads of a run: its id, throughput, whether it failed a check and whether its checks were stated."""
+
+
+def subset_cells(members: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """A config's cells, one per non-empty subset (`SUBSETS`): its runs' count, best, failed and
+    stated counts and median figures (`config_figures`), from its runs in ascending (throughput,
+    id) order as `RUN_CHECKS` reads them."""
+    cells: list[dict[str, Any]] = []
+    for subset, (passed_only, verified_only) in SUBSETS.items():
+        kept = [m for m in members if not (passed_only and m[2]) and not (verified_only and m[3])]
+        if not kept:
+            continue
+        figures = config_figures(len(kept), {pos: (m[0], m[1]) for pos, m in enumerate(kept, start=1)})
+        counts = {"runs": len(kept), "best_tokens_per_s": kept[-1][1], "failed_runs": sum(bool(m[2]) for m in kept)}
+        cells.append({"subset": subset, **counts, "stated_runs": sum(bool(m[3]) for m in kept), **figures})
+    return cells
+
+
+def subset_of(filters: dict[str, Any]) -> str:
+    """The cells' subset that holds the runs the check filters keep."""
+    wanted = (filters.get("checks") == "passed", bool(filters.get("verified")))
+    return next(name for name, rule in SUBSETS.items() if rule == wanted)
+
+
+def grouped_by_config(rows: Any, width: int) -> Any:
+    """(key, its rows) for rows ordered by their first `width` columns (one config after another)."""
+    key: tuple[Any, ...] | None = None
+    members: list[Any] = []
+    for row in rows:
+        here = tuple(row[:width])
+        if here != key:
+            if key is not None:
+                yield key, members
+            key, members = here, []
+        members.append(row)
+    if key is not None:
+        yield key, members
 
 
 def median_positions(n: int) -> set[int]:
@@ -260,46 +299,31 @@ def rebuild(session: Session) -> int:
         Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)
     )
     session.execute(insert(Entry).from_select(list(ENTRY_COLUMNS), ranked))
-    config = [getattr(Entry, c) for c in CONFIG]
-    cells = select(
-        *config,
-        *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES),
-        func.count(),
-        func.max(Entry.tokens_per_s),
-        func.count(Entry.checks_failed),
-        func.count(Entry.checks_stated),
-    ).group_by(*config)
-    session.execute(insert(Cell).from_select([*CONFIG, *CELL_ATTRIBUTES, "runs", "best_tokens_per_s", "failed_runs", "stated_runs"], cells))
-    _fill_medians(session)
+    _fill_cells(session)
     return session.execute(select(func.count()).select_from(Entry)).scalar_one()
 
 
-def _fill_medians(session: Session) -> None:
-    """Every cell's median figures, from one ordered pass over the entries (a bulk load's rebuild)."""
-    ids = {tuple(r[:-1]): r[-1] for r in session.execute(select(*(getattr(Cell, c) for c in CONFIG), Cell.id))}
-    order = [getattr(Entry, c) for c in CONFIG]
-    rows = session.execute(select(*order, Entry.id, Entry.tokens_per_s).order_by(*order, Entry.tokens_per_s, Entry.id))
-    updates: list[dict[str, Any]] = []
+def _fill_cells(session: Session) -> None:
+    """Every config's cells (`subset_cells`), from one aggregate of its attributes and one ordered
+    pass over the entries (a bulk load's rebuild), written CELL_BATCH at a time."""
+    config = [getattr(Entry, c) for c in CONFIG]
+    attributes = {
+        tuple(r[: len(CONFIG)]): dict(zip(CELL_ATTRIBUTES, r[len(CONFIG) :], strict=True))
+        for r in session.execute(select(*config, *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES)).group_by(*config))
+    }
+    rows = session.execute(select(*config, *RUN_CHECKS).order_by(*config, Entry.tokens_per_s, Entry.id))
+    batch: list[dict[str, Any]] = []
+    for key, members in grouped_by_config(rows, len(CONFIG)):
+        fixed = {**dict(zip(CONFIG, key, strict=True)), **attributes[key]}
+        batch += [{**fixed, **cell} for cell in subset_cells([m[len(CONFIG) :] for m in members])]
+        if len(batch) >= CELL_BATCH:
+            session.connection().execute(insert(Cell), batch)
+            batch = []
+    if batch:
+        session.connection().execute(insert(Cell), batch)
 
-    def flush(key: tuple[Any, ...], runs: list[tuple[str, float]]) -> None:
-        if key in ids:
-            figures = config_figures(len(runs), dict(enumerate(runs, start=1)))
-            updates.append({"cell_id": ids[key], **{f"new_{k}": v for k, v in figures.items()}})
 
-    key: tuple[Any, ...] | None = None
-    runs: list[tuple[str, float]] = []
-    for row in rows:
-        here = tuple(row[: len(CONFIG)])
-        if here != key:
-            if key is not None:
-                flush(key, runs)
-            key, runs = here, []
-        runs.append((row.id, row.tokens_per_s))
-    if key is not None:
-        flush(key, runs)
-    if updates:
-        statement = update(Cell).where(Cell.id == bindparam("cell_id")).values({c: bindparam(f"new_{c}") for c in FIGURES})
-        session.connection().execute(statement, updates)
+CELL_BATCH = 5000
 
 
 def _conditions(filters: dict[str, Any], table: Any = Entry) -> list[ColumnElement[bool]]:
@@ -358,8 +382,8 @@ class Board:
 
     @property
     def cellable(self) -> bool:
-        """Whether the cells answer every filter (CELL_FILTERS), so counts come from them."""
-        return {n for n, v in self.filters.items() if v is not None and v != ""} <= CELL_FILTERS
+        """Whether the cells answer every filter (CELL_FILTERS and the check filters), so counts come from them."""
+        return {n for n, v in self.filters.items() if v is not None and v != ""} <= CELL_FILTERS | set(CHECK_FILTERS)
 
     @property
     def group_cols(self) -> tuple[str, ...]:
@@ -376,8 +400,8 @@ def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     median throughput of its runs (never the luckiest run), with n and the median's 95 % interval.
 
     The figures come from the maintained cells when they answer the filters (no filter on the
-    runs themselves: source, branch, user, checks), else from the runs the filters keep, of which
-    only a few per config are read (`_config_medians`). The row's other columns
+    runs themselves: source, branch, user; the check filters pick a cell subset), else from the
+    runs the filters keep, of which only a few per config are read (`_config_medians`). The row's other columns
     are the run at the median's. Configs are a few hundred: they are ranked, sorted and paged
     here, and only the runs standing for them are read.
     """
@@ -577,8 +601,10 @@ def _entry_conditions(filters: dict[str, Any], group: str, table: Any = Entry) -
 
 
 def _cell_conditions(filters: dict[str, Any], group: str) -> list[ColumnElement[bool]]:
-    """The cells that hold the runs `_entry_conditions` keeps, when every filter is a cell's (CELL_FILTERS)."""
-    return _entry_conditions({k: v for k, v in filters.items() if k in CELL_FILTERS}, group, Cell)
+    """The cells that hold the runs `_entry_conditions` keeps, when every filter is a cell's
+    (CELL_FILTERS; the check filters choose the subset)."""
+    kept = {k: v for k, v in filters.items() if k in CELL_FILTERS}
+    return [*_entry_conditions(kept, group, Cell), Cell.subset == subset_of(filters)]
 
 
 def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[ColumnElement[bool]]:
@@ -781,7 +807,7 @@ def filter_values(session: Session) -> dict[str, list[Any]]:
     their index — never a pass over every run."""
     out: dict[str, list[Any]] = {}
     cell_columns = [name for name in FILTERS if name in CELL_FILTERS]
-    combos = session.execute(select(*(getattr(Cell, name) for name in cell_columns)).distinct()).all()
+    combos = session.execute(select(*(getattr(Cell, name) for name in cell_columns)).where(Cell.subset == "all").distinct()).all()
     for i, name in enumerate(cell_columns):
         out[name] = sorted({row[i] for row in combos if row[i] is not None})
     for name in FILTERS:

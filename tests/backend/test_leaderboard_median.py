@@ -98,11 +98,17 @@ def test_n_and_the_interval_are_the_statistics_modules(settings, lab, path) -> N
         assert lone["n"] == 1 and lone["interval"] is None and lone["interval_note"] == "n=1, no interval"
 
 
+CHECK_FILTERS = [{}, {"checks": "passed"}, {"verified": True}, {"checks": "passed", "verified": True}]
+
+
+@pytest.mark.parametrize("filters", CHECK_FILTERS, ids=["all", "passed", "verified", "passed+verified"])
 @pytest.mark.parametrize("group", ["workload", "shape", "precision"])
-def test_the_cells_and_the_runs_give_the_same_figures(settings, lab, group) -> None:
-    """The two sources of a config's figures agree, for every config and a chosen few (`only`)."""
+def test_the_cells_and_the_runs_give_the_same_figures(settings, lab, group, filters) -> None:
+    """The two sources of a config's figures agree, for every config and a chosen few (`only`),
+    under each combination of the check filters (a cell subset each)."""
     with session_scope(settings.sqlalchemy_url) as session:
-        request = leaderboard_store.Board(filters={}, group=group, sort=None, descending=True, limit=500, offset=0)
+        request = leaderboard_store.Board(filters=filters, group=group, sort=None, descending=True, limit=500, offset=0)
+        assert request.cellable
 
         def keyed(figures: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             return {f["median_run_id"]: f for f in figures}
@@ -115,12 +121,28 @@ def test_the_cells_and_the_runs_give_the_same_figures(settings, lab, group) -> N
         assert leaderboard_store._config_medians(session, request, only=[tp_key]) == [tp]
 
 
+SUBSET_RULES = {
+    "all": lambda e: True,
+    "passed": lambda e: e.checks_failed is None,
+    "verified": lambda e: e.checks_stated is None,
+    "passed_verified": lambda e: e.checks_failed is None and e.checks_stated is None,
+}
+"""Which entries each cell subset counts, written from the filters' meaning (not from the store)."""
+
+
 def assert_cells_hold_the_medians(session) -> None:
-    """Every cell's figures are `median_interval` of its config's entries."""
+    """Every cell's figures are `median_interval` of its config's entries in its subset, and
+    every non-empty subset of every config has its cell."""
     values: dict[tuple[Any, ...], list[float]] = {}
+    tallies: dict[tuple[Any, ...], tuple[int, int]] = {}
     for e in session.execute(select(LeaderboardEntry)).scalars():
-        values.setdefault(tuple(getattr(e, c) for c in leaderboard_store.CONFIG), []).append(e.tokens_per_s)
-    cells = {tuple(getattr(c, k) for k in leaderboard_store.CONFIG): c for c in session.execute(select(LeaderboardCell)).scalars()}
+        for subset, keeps in SUBSET_RULES.items():
+            if keeps(e):
+                key = (*(getattr(e, c) for c in leaderboard_store.CONFIG), subset)
+                values.setdefault(key, []).append(e.tokens_per_s)
+                failed, stated = tallies.get(key, (0, 0))
+                tallies[key] = (failed + (e.checks_failed is not None), stated + (e.checks_stated is not None))
+    cells = {(*(getattr(c, k) for k in leaderboard_store.CONFIG), c.subset): c for c in session.execute(select(LeaderboardCell)).scalars()}
     assert set(cells) == set(values)
     for key, cell in cells.items():
         iv = median_interval(values[key])
@@ -131,6 +153,7 @@ def assert_cells_hold_the_medians(session) -> None:
             iv.high,
             pytest.approx(iv.coverage),
         ), key
+        assert (cell.best_tokens_per_s, (cell.failed_runs, cell.stated_runs)) == (max(values[key]), tallies[key]), key
         median_run = session.get(LeaderboardEntry, cell.median_run_id)
         assert median_run is not None and median_run.tokens_per_s == sorted(values[key])[len(values[key]) // 2]
 
@@ -144,18 +167,19 @@ def test_the_cells_keep_the_median_through_ingest_delete_and_rebuild(settings, l
         session.commit()
         assert_cells_hold_the_medians(session)
         maintained = {
-            (c.strategy, c.world_size): (c.median_tokens_per_s, c.failed_runs, c.stated_runs)
+            (c.strategy, c.world_size, c.subset): (c.median_tokens_per_s, c.failed_runs, c.stated_runs)
             for c in session.execute(select(LeaderboardCell)).scalars()
         }
         leaderboard_store.rebuild(session)
         session.flush()
         assert_cells_hold_the_medians(session)
         rebuilt = {
-            (c.strategy, c.world_size): (c.median_tokens_per_s, c.failed_runs, c.stated_runs)
+            (c.strategy, c.world_size, c.subset): (c.median_tokens_per_s, c.failed_runs, c.stated_runs)
             for c in session.execute(select(LeaderboardCell)).scalars()
         }
         assert rebuilt == maintained
-        assert maintained[("fsdp", 2)][1] == 1 and maintained[("ddp", 2)][2] == 1
+        assert maintained[("fsdp", 2, "all")][1] == 1 and maintained[("ddp", 2, "all")][2] == 1
+        assert maintained[("fsdp", 2, "passed")][1] == 0 and maintained[("ddp", 2, "verified")][2] == 0
 
 
 def test_failed_checks_are_flagged_and_checks_passed_hides_them(settings, lab) -> None:
@@ -236,14 +260,21 @@ def test_failed_checks_follow_the_stored_flags_rule() -> None:
 
 
 def _snapshot(url: str) -> dict[str, Any]:
+    """Every row of the leaderboard's tables and what they derive from (a cell without its
+    surrogate id: a config's cells are rewritten whenever one of its runs changes)."""
     with get_engine(url).connect() as conn:
-        return {
+        snapshot = {
             table: sorted(tuple(r) for r in conn.execute(text(f"SELECT * FROM {table}")))
-            for table in ("runs", "run_results", "leaderboard_entries", "leaderboard_cells")
+            for table in ("runs", "run_results", "leaderboard_entries")
         }
+        cells = conn.execute(text("SELECT * FROM leaderboard_cells")).mappings()
+        snapshot["leaderboard_cells"] = sorted(tuple(sorted((k, v) for k, v in c.items() if k != "id")) for c in cells)
+        return snapshot
 
 
-def test_migration_0019_moves_a_populated_database_down_and_up_with_nothing_lost(scratch_url: str) -> None:
+@pytest.mark.parametrize(("down_to", "added"), [("0018", "median_tokens_per_s"), ("0019", "subset")])
+def test_migrations_move_a_populated_database_down_and_up_with_nothing_lost(scratch_url: str, down_to: str, added: str) -> None:
+    """0019 (medians, checks) and 0020 (a cell per subset of a config's runs), each walked down and up again."""
     upgrade(scratch_url)
     with get_sessionmaker(scratch_url)() as session:
         for i, tps in enumerate(TEN[:7]):
@@ -251,8 +282,8 @@ def test_migration_0019_moves_a_populated_database_down_and_up_with_nothing_lost
         store_run(session, doc(strategy="ddp", world_size=2, tokens_per_s=1.0, gradient_error=1e-3), source="form")
         store_run(session, doc(strategy="ddp", world_size=2, tokens_per_s=2.0, seed=1), source="ci")
     before = _snapshot(scratch_url)
-    downgrade(scratch_url, "0018")
-    assert "median_tokens_per_s" not in {c["name"] for c in inspect(get_engine(scratch_url)).get_columns("leaderboard_cells")}
+    downgrade(scratch_url, down_to)
+    assert added not in {c["name"] for c in inspect(get_engine(scratch_url)).get_columns("leaderboard_cells")}
     with get_engine(scratch_url).connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM runs")).scalar_one() == len(before["runs"])
         assert conn.execute(text("SELECT sum(runs) FROM leaderboard_cells")).scalar_one() == len(before["leaderboard_entries"])
