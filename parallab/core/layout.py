@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 MESH_ORDER: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
-"""Every dimension, outer first (the device mesh's order; `ep` last: it is never composed with the
-others yet, see `parallab.core.dims.ep`)."""
+"""Every dimension, outer first (the device mesh's order; `ep` last: a data-like dim of its own whose
+all-to-all takes the closest ranks, composed with dp_shard only so far, see `parallab.core.dims.ep`)."""
 DEGREE_NAMES: frozenset[str] = frozenset(MESH_ORDER)
 
 

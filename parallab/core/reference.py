@@ -35,9 +35,10 @@ ReferenceSource = Literal["computed", "own", "host cache", "lab database"]
 
 
 def aux_loss_coef(job: ResolvedJob) -> float:
-    """The MoE load-balancing weight: the moe strategy's option, else its default (dense-MoE under ddp/fsdp)."""
-    options = job.options
-    return options.aux_loss_coef if isinstance(options, MoEOptions) else MoEOptions().aux_loss_coef
+    """The MoE load-balancing weight: the layout's (the moe strategy's option, a layout's ep option),
+    else its default (dense-MoE under ddp/fsdp, whose layouts keep the default)."""
+    layout = job.layout
+    return layout.aux_loss_coef if layout is not None else MoEOptions().aux_loss_coef
 
 
 def reference_job(job: ResolvedJob) -> ResolvedJob:

@@ -69,11 +69,11 @@ def test_an_explicit_layout_is_the_same_job_as_its_preset():
 
 @pytest.mark.parametrize(("strategy", "world", "options"), [("ddp", 4, {}), ("fsdp", 4, {}), ("fsdp", 2, {"reshard_after_forward": False}),
                                                             ("tp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}),
-                                                            ("pp", 4, {"microbatches": 4}), ("ring", 2, {})])  # fmt: skip
+                                                            ("pp", 4, {"microbatches": 4}), ("ring", 2, {}), ("moe", 2, {})])  # fmt: skip
 def test_the_composed_dimensions_reproduce_each_1d_strategys_own_formulas(strategy, world, options):
     """The dims are not a second model of the costs: on a 1-D layout they give what the strategy's
     descriptor gives (bytes by op, per-rank parameters, the bubble)."""
-    job = resolve(strategy, world, options)
+    job = resolve(strategy, world, options, **({"num_experts": 4} if strategy == "moe" else {}))
     assert job.layout is not None
     composed = dims.compose(job, job.layout)
     assert composed.comm_bytes_per_step() == job.descriptor.comm_bytes_per_step(job)
@@ -88,6 +88,21 @@ def test_hsdp_holds_a_dp_shard_share_and_all_reduces_the_shard_over_the_replicas
     assert comm == {**inner, "all_reduce": inner["reduce_scatter"] // 2}
     groups = {(i.op, i.group_size, i.stride) for i in hsdp.descriptor.comm_items(hsdp)}
     assert groups == {("all_gather", 2, 1), ("reduce_scatter", 2, 1), ("all_reduce", 2, 2)}
+
+
+@pytest.mark.parametrize(("options", "workload", "inner"), [({"cp": 2}, {}, "ring"), ({"ep": 2}, {"num_experts": 4}, "moe")])
+def test_cp_or_ep_beside_dp_shard_all_reduce_the_fsdp_shard_of_what_they_replicate(options, workload, inner):
+    """Beside dp_shard, cp and ep keep their own traffic (the ring's hops at a data-parallel group's
+    tokens, the all-to-alls at a rank's rows) and all-reduce, over their own dim, only the FSDP
+    shard of the gradients they replicate: half of what they all-reduce alone at half the batch."""
+    job = resolve("layout", 4, {**options, "dp_shard": 2}, **workload)
+    alone = resolve(inner, 2, {}, **workload, global_batch_size=job.global_batch_size // 2)
+    comm, own = job.descriptor.comm_bytes_per_step(job), alone.descriptor.comm_bytes_per_step(alone)
+    assert {op: comm[op] for op in own if op != "all_reduce"} == {op: b for op, b in own.items() if op != "all_reduce"}
+    assert comm["all_reduce"] == own["all_reduce"] // 2
+    groups = {(i.op, i.group_size, i.stride) for i in job.descriptor.comm_items(job)}
+    assert {("all_gather", 2, 2), ("reduce_scatter", 2, 2), ("all_reduce", 2, 1)} <= groups
+    assert len(job.mesh) == 2 and job.mesh[0].name == "dp_shard" and job.dp_degree == (2 if inner == "ring" else 4)
 
 
 def test_pp_by_tp_does_one_end_of_tp_per_stage_and_3d_cuts_state_three_ways():
@@ -108,7 +123,11 @@ def test_pp_by_tp_does_one_end_of_tp_per_stage_and_3d_cuts_state_three_ways():
         ("layout", 4, {"ep": 4}, {}, ("workload", "num_experts"), "ep=4 needs a model with experts; 0 experts is a dense model"),
         ("layout", 4, {"pp": 2, "dp_shard": 2}, {"global_batch_size": 6}, ("workload", "global_batch_size"), "global batch size (6)"),
         ("layout", 4, {"pp": 2, "dp_shard": 2, "microbatches": 1}, {}, ("strategy", "options", "microbatches"), "at least pp=2"),
-        ("layout", 4, {"cp": 2, "dp_shard": 2}, {}, ("strategy", "options", "cp"), "cp=2 runs alone for now (the ring strategy)"),
+        ("layout", 4, {"cp": 2, "tp": 2}, {}, ("strategy", "options", "cp"), "cp=2 is composed with dp_shard only for now, not with tp=2"),
+        ("layout", 8, {"cp": 2, "ep": 2, "dp_shard": 2}, {"num_experts": 4}, ("strategy", "options", "ep"),
+         "ep=2 is composed with dp_shard only for now, not with cp=2"),
+        ("layout", 4, {"ep": 2, "pp": 2}, {"num_experts": 4}, ("strategy", "options", "ep"),
+         "ep=2 is composed with dp_shard only for now, not with pp=2"),
         ("hsdp", 4, {"dp_replicate": 4}, {}, ("strategy", "options", "dp_replicate"), "dp_replicate=4 on 4 ranks"),
         ("3d", 4, {}, {}, ("strategy", "options"), "pp=2 × tp=2 on 4 ranks"),
         ("3d", 8, {}, {"precision": "fp8"}, ("workload", "precision"), "fp8 with 3d needs torchao's Float8 tensor-parallel styles"),

@@ -4,17 +4,18 @@ The loss curve cannot catch a constant-factor gradient error: AdamW divides each
 by its own running RMS, so a strategy that sums gradients where it should average them (a missing
 1/N) trains the same curve to about 1e-7. The gradients themselves show it at once.
 
-How (`METHOD`): before warm-up every rank runs one extra forward, backward and `sync_grads` on
-step 0's global batch — exactly the loop's step (`loop.train`), accumulation and the recipe
-included — but never steps the optimizer, so training is unchanged; this step is neither timed
-nor profiled. Each parameter's gradient is then made whole under its full, unsharded name (a
-DTensor's — FSDP, TP, hybrid — by `full_tensor()`, an expert-parallel MoE layer's expert slices
-by an all-gather over the "ep" dim, a pipeline stage's by sending to rank 0 what rank 0 lacks;
-DDP's `module.` prefix dropped). Rank 0 keeps the whole set on disk in the run directory while the
-run trains (no copy held during the measured steps), then — with the trained model freed, where
-the reference loss curve is computed — runs the same step on the fp32 `single` model of the
-reference workload (`main.reference_job`, MoE routed in the same dp groups) and compares, per
-parameter, ‖g − g_ref‖ / ‖g_ref‖ in float64. A parameter one side lacks counts as error 1.
+How (`METHOD`): before warm-up every rank runs one extra forward, backward and `sync_grads` on step
+0's global batch — exactly the loop's step (`loop.train`), accumulation and the recipe included —
+but never steps the optimizer, so training is unchanged; this step is neither timed nor profiled.
+Each parameter's gradient is then made whole under its full, unsharded name (a DTensor's — FSDP, TP,
+hybrid — by `full_tensor()`, an expert-parallel MoE layer's expert slices by an all-gather over the
+"ep" dim (after FSDP's `full_tensor()` where FSDP shards them too), a pipeline stage's by sending to
+rank 0 what rank 0 lacks; DDP's `module.` prefix dropped). Rank 0 keeps the whole set on disk in the
+run directory while the run trains (no copy held during the measured steps), then — with the trained
+model freed, where the reference loss curve is computed — runs the same step on the fp32 `single`
+model of the reference workload (`main.reference_job`, MoE routed in the same dp groups) and
+compares, per parameter, ‖g − g_ref‖ / ‖g_ref‖ in float64. A parameter one side lacks counts as
+error 1.
 
 Tolerance (`GRADIENT_TOLERANCE`): fp32 1e-5 — only the order of sums differs (measured: a few
 1e-7 on the tiny preset). Autocast formats compare the rounded gradients with fp32's: 5e-2 for
@@ -101,14 +102,13 @@ def gather_gradients(model: nn.Module, ctx: RunContext, *, scale: float = 1.0) -
         grad = p.grad
         if isinstance(p, DTensor) or isinstance(grad, DTensor):
             full = grad.full_tensor() if isinstance(grad, DTensor) else torch.zeros(p.shape)
-        elif id(p) in experts:
-            group = _ep_group(ctx)
-            local = grad if grad is not None else torch.zeros_like(p)
-            parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(parts, local.contiguous(), group=group)
-            full = torch.cat(parts, dim=0)
         else:
             full = grad if grad is not None else torch.zeros(p.shape)
+        if id(p) in experts:  # this rank's experts (whole over FSDP's dims, above): all of them over "ep"
+            group = _ep_group(ctx)
+            parts = [torch.empty_like(full) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, full.contiguous(), group=group)
+            full = torch.cat(parts, dim=0)
         mine[canonical(name)] = full.detach().float().cpu() / scale
     if not (dist.is_initialized() and ctx.world_size > 1):
         return mine

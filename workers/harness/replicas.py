@@ -81,8 +81,8 @@ def _copies(model: nn.Module, ctx: RunContext, *, grads: bool) -> dict[Key, torc
             # `_StridedShard`, which does not say `is_shard()`): its coordinate is part of the key.
             shard = [f"{names[i]}={coordinate[i]}" for i, placement in enumerate(value.placements) if not placement.is_replicate()]
             value = value.to_local()
-        elif id(p) in experts:
-            shard = [f"ep={ctx.mesh_dim('ep').get_local_rank()}"]
+        if id(p) in experts:  # its slice of the experts, FSDP-sharded over other dims or not
+            shard.append(f"ep={ctx.mesh_dim('ep').get_local_rank()}")
         out[canonical(name) + (f"[{','.join(shard)}]" if shard else "")] = value.detach()
     return out
 

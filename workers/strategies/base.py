@@ -36,6 +36,7 @@ from typing import ClassVar, Generic, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from parallab.core.strategies.base import StrategyOptions
 from workers.harness.amp import Amp
@@ -116,6 +117,12 @@ def place(model: M, device: torch.device) -> M:
     if any(p.device != device for p in model.parameters()):
         model = model.to(device)
     return model
+
+
+def local_grad(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient: a DTensor's local shard (FSDP, TP: a view, so writing it
+    writes the gradient), a plain tensor as it is."""
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def flat_all_reduce_(tensors: list[torch.Tensor], group: dist.ProcessGroup, *, scale: float = 1.0) -> None:

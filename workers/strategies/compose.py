@@ -4,18 +4,26 @@
    applied as it is built, `workers.harness.main.new_model`, before any wrapper);
 2. pp: keep this stage's blocks (`pipeline.split`);
 3. tp (+SP): the Megatron plan on the "tp" dim (`tensor_parallel.parallelize`);
-4. ep and 5. cp: not composed yet — the core refuses them beside other dims (they run alone as
-   the `moe` and `ring` strategies);
+4. ep: keep this rank's slice of every MoE layer's experts, route by all-to-all over "ep"
+   (`expert_parallel.shard_experts`);
+5. cp: every attention runs over the ring of "cp" (`ring_attention.parallelize`);
 6. activation checkpointing: done at build (1.);
 7. dp_shard: FSDP2 per block and the root over "dp_shard", or HSDP over the 2-D
-   ("dp_replicate", "dp_shard") mesh when both are on (`fsdp.shard`);
+   ("dp_replicate", "dp_shard") mesh when both are on (`fsdp.shard`) — an expert slice is sharded
+   like any other tensor;
 8. dp_replicate alone: DDP; beside tp or pp (no FSDP to reduce it): one flat all-reduce of the
    local gradient shards over "dp_replicate" after backward.
 
+After backward, cp and ep average what they replicate over their own dim (`sync_grads`): cp every
+gradient, ep the non-expert ones (its experts' gradients are divided by ep) — beside FSDP, the
+shards its reduce-scatter left, so each dimension's traffic is on its own sub-mesh as
+`parallab.core.dims` predicts it. The core composes cp and ep with dp_shard only so far.
+
 A degree of 1 is a no-op: its dim is not in the mesh and its step is skipped. The pipeline
 schedule is built last, over the stage module as the later steps left it (FSDP2's hooks run inside
-the schedule's backward). Data is split over dp_replicate × dp_shard (replica-major); every tp and
-pp rank of a data-parallel group sees the same rows.
+the schedule's backward). Data is split over dp_replicate × dp_shard × ep (in mesh order); every
+tp and pp rank of a data-parallel group sees the same rows, and every cp rank the same rows but
+its own part of the sequence (`ring_attention.shard_sequence`, zig-zag when asked).
 """
 
 from __future__ import annotations
@@ -27,10 +35,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from parallab.core.layout import Layout
+from parallab.core.dims import DIMENSIONS
+from parallab.core.layout import MESH_ORDER, Layout
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.hsdp import HSDPOptions
 from parallab.core.strategies.hybrid import HybridOptions
@@ -40,8 +48,12 @@ from workers.harness.amp import Amp
 from workers.harness.data import micro_batch
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies import ddp, fsdp, pipeline, tensor_parallel
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, place
+from workers.strategies import ddp, expert_parallel, fsdp, pipeline, ring_attention, tensor_parallel
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad, place
+
+DATA_DIMS: tuple[str, ...] = tuple(name for name in MESH_ORDER if DIMENSIONS[name].splits_batch)
+"""The dims whose ranks take different rows of the batch (dp_replicate, dp_shard, ep), in mesh
+order: the digits of a rank's data-parallel index."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,10 @@ class Composed(Strategy[Any, ComposedApplied]):
         model = place(model, ctx.device)
         if layout.tp > 1:
             tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=layout.sequence_parallel)
+        if layout.ep > 1:
+            expert_parallel.shard_experts(model, ctx.mesh_dim("ep").get_group())
+        if layout.cp > 1:
+            ring_attention.parallelize(model, ctx.mesh_dim("cp"), ctx.device, zigzag=layout.zigzag)
         trained: nn.Module = model
         if layout.dp_shard > 1:
             assert ctx.mesh is not None, "a sharded layout has a mesh"
@@ -89,16 +105,21 @@ class Composed(Strategy[Any, ComposedApplied]):
         return ComposedApplied(model=trained, layout=layout, pipe=pipe)
 
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
-        """Rows of data-parallel rank replica × dp_shard + shard (every tp and pp rank of it alike)."""
+        """Rows of the data-parallel rank indexed over dp_replicate, dp_shard and ep in mesh order
+        (every tp and pp rank of it alike; each ep rank is one of the reference's MoE routing
+        groups); under cp, this rank's part of the sequence of those rows."""
         layout, index = self.layout(ctx, options), 0
-        for name in ("dp_replicate", "dp_shard"):
+        for name in DATA_DIMS:
             if layout.degrees[name] > 1:
                 rank, size = _coordinate(ctx, name)
                 index = index * size + rank
         rows = [
             micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=layout.dp, dp_rank=index) for t in (inputs, labels)
         ]
-        return MicroBatch(rows[0], rows[1])
+        batch = MicroBatch(rows[0], rows[1])
+        if layout.cp > 1:
+            batch = ring_attention.shard_sequence(batch, ctx.mesh_dim("cp"), zigzag=layout.zigzag)
+        return batch
 
     def accumulate(self, applied: ComposedApplied, last: bool) -> AbstractContextManager[object]:
         if isinstance(applied.model, DistributedDataParallel) and not last:
@@ -113,14 +134,19 @@ class Composed(Strategy[Any, ComposedApplied]):
     def sync_grads(self, applied: ComposedApplied, ctx: RunContext, options: Any) -> None:
         """Lay every gradient out like its parameter (`tensor_parallel.lay_out_grads`: the
         vocab-parallel embedding's keeps its rows, SP's norm gradients are all-reduced over tp),
-        then, for replicas beside tp or pp, average the local gradient shards over "dp_replicate"
-        in one flat all-reduce (FSDP/HSDP and DDP average their own)."""
+        average what ep and cp replicate over their dims, then, for replicas beside tp or pp,
+        average the local gradient shards over "dp_replicate" in one flat all-reduce (FSDP/HSDP and
+        DDP average their own)."""
         layout = applied.layout
         tensor_parallel.lay_out_grads(applied.model)
         with torch.no_grad():
+            if layout.ep > 1:
+                expert_parallel.average_grads(applied.model, ctx.mesh_dim("ep"))
+            if layout.cp > 1:
+                ring_attention.average_grads(applied.model, ctx.mesh_dim("cp"))
             if layout.dp_replicate == 1 or layout.dp_shard > 1 or isinstance(applied.model, DistributedDataParallel):
                 return
-            grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in applied.model.parameters() if p.grad is not None]
+            grads = [local_grad(p.grad) for p in applied.model.parameters() if p.grad is not None]
             flat_all_reduce_(grads, ctx.mesh_dim("dp_replicate").get_group(), scale=1.0 / layout.dp_replicate)
 
     def loss_weight(self, ctx: RunContext, options: Any) -> float:

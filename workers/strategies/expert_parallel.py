@@ -18,6 +18,9 @@ each micro-step's rows in dp equal groups, and `data.micro_batch` lays rows out 
 exactly rank g's rows. The reference therefore keeps and drops the same slots, uses the same
 capacities and averages the same aux losses; the loss is mean CE + coef × Σ_layers mean-group-aux
 on both sides, equal up to float summation order.
+
+`shard_experts` and `average_grads` are the ep step of a composed layout too (`compose`: beside
+FSDP, which then shards each rank's expert slice over dp_shard like any other tensor).
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from parallab.core.strategies.moe import MoEOptions
 from workers.harness.data import micro_batch
 from workers.harness.model import MoE, Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad
 
 
 class _AllToAll(torch.autograd.Function):
@@ -97,6 +101,19 @@ def _is_expert(model: nn.Module) -> dict[int, bool]:
     return {id(p): id(p) in experts for p in model.parameters()}
 
 
+def average_grads(model: nn.Module, ep: DeviceMesh) -> None:
+    """The gradient of the global mean loss over the ep ranks (module docstring): the non-expert
+    gradients averaged in one flat all-reduce, the expert gradients (already summed over the ranks
+    by the all-to-all's backward) divided by n. Under FSDP both are the rank's local shards."""
+    n = ep.size()
+    expert = _is_expert(model)
+    grads = [(local_grad(p.grad), expert[id(p)]) for p in model.parameters() if p.grad is not None]
+    flat_all_reduce_([g for g, is_expert in grads if not is_expert], ep.get_group(), scale=1.0 / n)
+    for g, is_expert in grads:
+        if is_expert:
+            g.div_(n)
+
+
 class ExpertParallel(Strategy[MoEOptions, Applied]):
     name = "moe"
 
@@ -113,13 +130,7 @@ class ExpertParallel(Strategy[MoEOptions, Applied]):
         return MicroBatch(rows[0], rows[1])
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: MoEOptions) -> None:
-        ep = ctx.mesh_dim("ep")
-        n, params = ep.size(), list(applied.model.parameters())
-        expert = _is_expert(applied.model)
-        flat_all_reduce_([p.grad for p in params if p.grad is not None and not expert[id(p)]], ep.get_group(), scale=1.0 / n)
-        for p in params:
-            if p.grad is not None and expert[id(p)]:
-                p.grad.div_(n)
+        average_grads(applied.model, ctx.mesh_dim("ep"))
 
 
 STRATEGY = ExpertParallel()

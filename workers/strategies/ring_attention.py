@@ -13,6 +13,8 @@ queries' contribution and passes both on; after n hops the accumulator is back o
 
 Everything outside attention is replicated (rotary tables from the global positions); each rank's
 loss is over its tokens, and `sync_grads` averages all gradients over the ring in one all-reduce.
+`parallelize`, `shard_sequence` and `average_grads` are the cp step of a composed layout too
+(`compose`: beside FSDP, every cp rank of a data-parallel group takes the group's rows).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from parallab.core.strategies.ring import RingOptions
 from workers.harness.data import micro_batch, sequence_positions
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_
+from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad
 
 
 def _exchange(send: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, list[dist.Work]]:
@@ -144,34 +148,43 @@ def ring_attention(
     return out
 
 
-def _layout(ctx: RunContext, seq_len: int, options: RingOptions) -> list[torch.Tensor]:
-    n = ctx.mesh_dim("cp").size()
-    return [sequence_positions(seq_len, ring_size=n, ring_rank=i, zigzag=options.zigzag).to(ctx.device) for i in range(n)]
+def parallelize(model: Transformer, cp: DeviceMesh, device: torch.device, *, zigzag: bool) -> Transformer:
+    """Every attention of `model` runs over the ring of `cp` (a 1-D mesh), rank i holding the
+    global positions `sequence_positions` gives it (what `shard_sequence` cuts each batch to)."""
+    n = cp.size()
+    positions = [sequence_positions(model.cfg.seq_len, ring_size=n, ring_rank=i, zigzag=zigzag).to(device) for i in range(n)]
+    attn = functools.partial(ring_attention, group=cp.get_group(), positions=positions, causal=True)
+    for attention in model.attentions():
+        attention.attn_fn = attn
+    return model
+
+
+def shard_sequence(batch: MicroBatch, cp: DeviceMesh, *, zigzag: bool) -> MicroBatch:
+    """Every row of `batch`, only this rank's sequence positions (inputs, labels and rotary)."""
+    pos = sequence_positions(batch.inputs.shape[1], ring_size=cp.size(), ring_rank=cp.get_local_rank(), zigzag=zigzag)
+    return MicroBatch(batch.inputs[:, pos], batch.labels[:, pos], pos)
+
+
+def average_grads(model: nn.Module, cp: DeviceMesh) -> None:
+    """Each rank's loss covers 1/n of the tokens: the gradient of the global mean is the ring
+    average, in one flat all-reduce (of the local shards, where FSDP holds the parameters)."""
+    grads = [local_grad(p.grad) for p in model.parameters() if p.grad is not None]
+    flat_all_reduce_(grads, cp.get_group(), scale=1.0 / cp.size())
 
 
 class Ring(Strategy[RingOptions, Applied]):
     name = "ring"
 
     def apply(self, model: Transformer, ctx: RunContext, options: RingOptions) -> Applied:
-        model = model.to(ctx.device)
-        positions = _layout(ctx, model.cfg.seq_len, options)
-        attn = functools.partial(ring_attention, group=ctx.mesh_dim("cp").get_group(), positions=positions, causal=True)
-        for attention in model.attentions():
-            attention.attn_fn = attn
-        return Applied(model)
+        return Applied(parallelize(model.to(ctx.device), ctx.mesh_dim("cp"), ctx.device, zigzag=options.zigzag))
 
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: RingOptions, micro_step: int) -> MicroBatch:
-        """Every row of the micro-step, only this rank's sequence positions (inputs, labels and rotary)."""
-        cp = ctx.mesh_dim("cp")
-        pos = sequence_positions(inputs.shape[1], ring_size=cp.size(), ring_rank=cp.get_local_rank(), zigzag=options.zigzag)
-        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step)[:, pos] for t in (inputs, labels)]
-        return MicroBatch(rows[0], rows[1], pos)
+        """Every row of the micro-step, only this rank's sequence positions."""
+        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step) for t in (inputs, labels)]
+        return shard_sequence(MicroBatch(rows[0], rows[1]), ctx.mesh_dim("cp"), zigzag=options.zigzag)
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: RingOptions) -> None:
-        """Each rank's loss covers 1/n of the tokens: the gradient of the global mean is the ring average."""
-        cp = ctx.mesh_dim("cp")
-        grads = [p.grad for p in applied.model.parameters() if p.grad is not None]
-        flat_all_reduce_(grads, cp.get_group(), scale=1.0 / cp.size())
+        average_grads(applied.model, ctx.mesh_dim("cp"))
 
 
 STRATEGY = Ring()

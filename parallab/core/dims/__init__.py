@@ -31,6 +31,7 @@ __all__ = [
     "Draft",
     "Plan",
     "compose",
+    "composition_rule",
     "dense_only_dims",
     "fp8_refused_by",
     "rules",
@@ -38,8 +39,22 @@ __all__ = [
 
 
 def rules(draft: Draft) -> list[SpecProblem]:
-    """Every on dimension's rules (a degree of 1 has none)."""
-    return [p for dim in APPLY_ORDER if dim.degree(draft.layout) > 1 for p in dim.rules(draft)]
+    """Every on dimension's rules (a degree of 1 has none), after whether the rank side composes it
+    with the others that are on."""
+    return [p for dim in APPLY_ORDER if dim.degree(draft.layout) > 1 for p in (*composition_rule(dim, draft), *dim.rules(draft))]
+
+
+def composition_rule(dim: Dimension, draft: Draft) -> list[SpecProblem]:
+    """A problem naming `dim` and the on dimensions it does not run beside yet (`Dimension.composes_with`)."""
+    layout = draft.layout
+    if dim.composes_with is None:
+        return []
+    others = [f"{name}={layout.degrees[name]}" for name in layout.on if name != dim.name and name not in dim.composes_with]
+    if not others:
+        return []
+    allowed = " or ".join(sorted(dim.composes_with)) or "no other dimension"
+    msg = f"{dim.name}={dim.degree(layout)} is composed with {allowed} only for now, not with {' × '.join(others)}"
+    return [SpecProblem((*draft.loc, dim.name), msg)]
 
 
 def dense_only_dims(layout: Layout) -> list[str]:

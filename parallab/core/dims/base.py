@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from parallab.core.costs import numel
+from parallab.core.costs import chunk, numel
 from parallab.core.families import ModelFamily, Tensor, family_of, model_tensors
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
@@ -162,6 +162,8 @@ class Dimension:
     """Whether it needs a dense model (experts: only ep splits them)."""
     splits_batch: ClassVar[bool] = False
     """Whether its ranks take different rows of the batch (the data-parallel dimensions)."""
+    composes_with: ClassVar[frozenset[str] | None] = None
+    """The other dimensions the rank side runs it beside (None: every one); `rules` refuses the rest."""
 
     def degree(self, layout: Layout) -> int:
         return int(getattr(layout, self.name))
@@ -183,6 +185,14 @@ class Dimension:
 
     def bubble(self, plan: Plan) -> float | None:
         return None
+
+
+def held_grad_elements(shapes: list[tuple[int, ...]], layout: Layout) -> int:
+    """Gradient elements a rank holds after backward of tensors of `shapes` (what the dimensions
+    before FSDP left): FSDP2 reduce-scatters them, so under dp_shard only the rank's dim-0 chunk
+    (torch.chunk's ceil: the busiest rank) — what a dimension that replicates the FSDP shards
+    (HSDP's dp_replicate, cp, ep) then all-reduces over its own ranks."""
+    return sum(numel(chunk(s, 0, layout.dp_shard)) for s in shapes)
 
 
 def divisible(loc: Loc, what: str, value: int, dim: str, degree: int) -> list[SpecProblem]:

@@ -1,16 +1,21 @@
 """ep: expert parallelism — each rank owns num_experts/ep experts; tokens travel by all-to-all.
 
-Rules and costs on its own; on the rank side it runs alone for now (the `moe` preset, whose ranks
-also split the batch). Composing it with dp_shard (torchtitan borrows the expert ranks from the
-data and context dims) is refused at resolution until the rank module can.
+Its ranks also split the batch (each routes its own rows), alone (the `moe` preset) or beside
+dp_shard (`composes_with`) — torchtitan borrows the expert ranks from the data dims; here they
+are a mesh dim of their own, innermost, and the data-parallel degree counts them. Beside
+dp_shard, FSDP shards every tensor over dp_shard as the ep step left it (an expert slice is one
+more tensor to shard). After backward the non-expert gradients (router included) are averaged
+over ep in one flat all-reduce — of the FSDP shards the reduce-scatter left
+(`held_grad_elements`) — and the expert gradients, which the all-to-all's backward already summed
+over ep, are divided by ep: each dimension's traffic stays on its own sub-mesh.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from parallab.core.costs import GRAD_BYTES, Tensor, activation_dtype_bytes, chunk, numel
-from parallab.core.dims.base import CommItem, Dimension, Draft, Plan, divisible
+from parallab.core.costs import GRAD_BYTES, Tensor, activation_dtype_bytes, chunk
+from parallab.core.dims.base import CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
 
@@ -19,6 +24,7 @@ class Expert(Dimension):
     name = "ep"
     title = "expert parallel, all-to-all dispatch"
     splits_batch: ClassVar[bool] = True
+    composes_with: ClassVar[frozenset[str] | None] = frozenset({"dp_shard"})
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         ep, model = draft.layout.ep, draft.model
@@ -38,12 +44,13 @@ class Expert(Dimension):
         if n == 1:
             return []
         act = activation_dtype_bytes(plan.precision)
-        rows = plan.tokens_per_replica // n * cfg.top_k
+        rows = plan.tokens_per_replica * cfg.top_k  # a replica is one ep rank's rows: it sends each of its slots
         a2a = cfg.moe_layers * (4 * rows * cfg.hidden_size * act + 8 * cfg.num_experts)
-        dense = sum(numel(s) for t, s in zip(plan.stages[0], plan.local_shapes("dp_shard")[0], strict=True) if not t.expert)
+        dense = [s for t, s in zip(plan.stages[0], plan.local_shapes("dp_shard")[0], strict=True) if not t.expert]
+        stride = plan.layout.inner("ep")
         return [
-            CommItem("all_to_all", a2a, 6 * cfg.moe_layers * plan.job.accum_steps, n),
-            CommItem("all_reduce", dense * GRAD_BYTES, 1, n),
+            CommItem("all_to_all", a2a, 6 * cfg.moe_layers * plan.job.accum_steps, n, stride),
+            CommItem("all_reduce", held_grad_elements(dense, plan.layout) * GRAD_BYTES, 1, n, stride),
         ]
 
 

@@ -121,15 +121,7 @@ class LayoutDescriptor(StrategyDescriptor[OptT]):
         if problems:
             return problems
         layout = self.layout(draft.world_size, draft.options)
-        out = [
-            SpecProblem(
-                (*OPTIONS, name),
-                f"{name}={layout.degrees[name]} runs alone for now (the {preset} strategy), not with {'×'.join(layout.on)}",
-            )
-            for name, preset in (("cp", "ring"), ("ep", "moe"))
-            if layout.degrees[name] > 1
-        ]
-        out += dims.rules(dims.Draft(draft.model, layout, draft.global_batch_size, draft.grad_accumulation_steps, OPTIONS))
+        out = dims.rules(dims.Draft(draft.model, layout, draft.global_batch_size, draft.grad_accumulation_steps, OPTIONS))
         if draft.model.is_moe and not self.dense_only and (dense := dims.dense_only_dims(layout)):
             msg = f"{', '.join(dense)} supports dense models only ({draft.model.num_experts} experts)"
             out.append(SpecProblem(("workload", "num_experts"), msg))
