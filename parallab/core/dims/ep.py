@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from parallab.core.costs import GRAD_BYTES, Tensor, activation_dtype_bytes, chunk
+from parallab.core.costs import A2A_CALLS, GRAD_BYTES, Tensor, activation_dtype_bytes, chunk
 from parallab.core.dims.base import CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
@@ -49,7 +49,7 @@ class Expert(Dimension):
         dense = [s for t, s in zip(plan.stages[0], plan.local_shapes("dp_shard")[0], strict=True) if not t.expert]
         stride = plan.layout.inner("ep")
         return [
-            CommItem("all_to_all", a2a, 6 * cfg.moe_layers * plan.job.accum_steps, n, stride),
+            CommItem("all_to_all", a2a, A2A_CALLS * cfg.moe_layers * plan.job.accum_steps, n, stride),
             CommItem("all_reduce", held_grad_elements(dense, plan.layout) * GRAD_BYTES, 1, n, stride),
         ]
 

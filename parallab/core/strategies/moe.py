@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from parallab.core.costs import GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
+from parallab.core.costs import A2A_CALLS, GRAD_BYTES, activation_dtype_bytes, chunk, model_tensors, numel
 from parallab.core.families import param_counts
 from parallab.core.layout import Layout
 from parallab.core.model import Preset
@@ -72,11 +72,12 @@ class MoE(StrategyDescriptor[MoEOptions]):
         return ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens, experts_local=experts)
 
     def comm_items(self, job: ResolvedJob) -> list[CommItem]:
-        """Per MoE layer and micro-step: the counts, then rows out and back, forward and backward
-        (6 all-to-alls, each waited on before the experts or the combine); one gradient all-reduce."""
+        """Per MoE layer and micro-step: the counts (forward only: they carry no gradient), rows out
+        and back forward, the reverse of both backward — 5 all-to-alls (`A2A_CALLS`), each waited on
+        before the experts or the combine; one gradient all-reduce."""
         comm, n = self.comm_bytes_per_step(job), job.world_size
         return [
-            CommItem("all_to_all", comm["all_to_all"], 6 * job.model.moe_layers * job.accum_steps, n),
+            CommItem("all_to_all", comm["all_to_all"], A2A_CALLS * job.model.moe_layers * job.accum_steps, n),
             CommItem("all_reduce", comm["all_reduce"], 1, n),
         ]
 
