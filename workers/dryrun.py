@@ -22,7 +22,9 @@ are symmetric (same shapes, same group sizes), and a stage is what differs. Each
 child (a fresh process group; the imports are shared). Under a pipeline the schedule's shape
 handshake with its peers is answered on their behalf (`answered_handshake`), and the step that
 does it is a warm-up before the recorded one. fp16 is refused: its loss-scale check reads a value
-(`.item()`) that a fake tensor does not have (bf16 moves the same bytes).
+(`.item()`) that a fake tensor does not have (bf16 moves the same bytes). So are cp and ep: ring
+attention skips the K/V blocks its causal mask hides and MoE splits its rows by the router's
+per-expert counts, decisions read from values a fake tensor has none of.
 """
 
 from __future__ import annotations
@@ -176,6 +178,12 @@ def as_layout_job(job: ResolvedJob) -> ResolvedJob:
         raise DryRunRefused(
             "workload.precision: fp16's loss-scale check reads a gradient value, which a fake tensor has none of; "
             "dry-run bf16 (the same bytes)"
+        )
+    valued = [f"{name}={degree}" for name, degree in (("cp", layout.cp), ("ep", layout.ep)) if degree > 1]
+    if valued:
+        raise DryRunRefused(
+            f"strategy.options: {' and '.join(valued)} decide by values a fake tensor has none of (ring attention's causal "
+            "blocks, MoE's per-expert row counts); run them on real ranks (`parallab bench`)"
         )
     doc = job.spec.model_dump(mode="json")
     doc["workload"].update(steps=1, warmup_steps=0)

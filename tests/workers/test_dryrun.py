@@ -64,6 +64,15 @@ def test_the_cli_refuses_a_wrong_layout_naming_the_dimension_and_the_numbers():
     assert "tp" in result.output and "3" in result.output and "heads" in result.output
 
 
+@pytest.mark.parametrize(("layout", "model"), [("cp=2,dp_shard=2", []), ("ep=2,dp_shard=2", ["--experts", "4"])])
+def test_the_cli_refuses_a_dimension_that_decides_by_values_naming_it(layout, model):
+    """Ring attention's causal block skips and MoE's row counts read values fake tensors lack: a
+    clear refusal, not a traceback from the ranks."""
+    result = CliRunner().invoke(app, ["plan", "--dry-run", "--layout", layout, "--model", "small", *model])
+    assert result.exit_code == 2, result.output
+    assert layout.split(",")[0] in result.output and "fake tensor" in result.output, result.output
+
+
 def test_a_composition_that_drops_a_dimensions_reduction_fails_the_dry_run(monkeypatch):
     """dp_replicate beside tp averages the local gradient shards in one flat all-reduce of its own
     (no DDP or FSDP to do it); drop it, and the dry run sees that dimension's bytes missing.
