@@ -7,10 +7,11 @@ beside tp, pp × dp_shard and pp × tp. The `3d` composer (pp × dp_shard × tp)
 three dimensions' reductions are the ones the pp × dp_shard and pp × tp cases break, through the
 same composition (`workers.strategies.compose.Composed`).
 
-A clean run passes both checks at the fp32 tolerance; a mutant fails exactly the check named
-for it in `CAUGHT_BY` (error above the tolerance) and passes the other: faults the gradient check
-sees sit in rank 0's copy, the one it reads; the replica check's fault leaves rank 0's copy
-right and another replica's wrong.
+A clean run passes both checks at the fp32 tolerance; a mutant fails exactly the checks named
+for it in `CAUGHT_BY` (error above the tolerance) and passes the other: the gradient check sees
+what is wrong in rank 0's copy, the one it reads; the replica check sees copies that should be
+equal and are not — alone for HSDP's wrong replica (rank 0's is right), beside the gradient check
+where TP leaves a block's input gradient unreduced (it names the norm where the partial sums land).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.workers.conftest import make_job, torchrun
-from tests.workers.gradcheck_driver import COMPOSED_CASES, W1, W2
+from tests.workers.gradcheck_driver import COMPOSED_CASES, W1
 from workers.harness.gradcheck import canonical
 from workers.harness.main import new_model
 from workers.strategies import pipeline
@@ -31,14 +32,15 @@ from workers.strategies import pipeline
 # One launch of 4 ranks on 2 shared cores: about 30 s idle, several times that under load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-CAUGHT_BY: dict[str, str] = {
-    "dp_replicate×dp_shard": "replicas",
-    "dp_shard×tp": "gradients",
-    "dp_replicate×tp": "gradients",
-    "pp×dp_shard": "gradients",
-    "pp×tp": "gradients",
+GRADIENTS, REPLICAS = "gradients", "replicas"
+CAUGHT_BY: dict[str, frozenset[str]] = {
+    "dp_replicate×dp_shard": frozenset({REPLICAS}),
+    "dp_shard×tp": frozenset({GRADIENTS}),
+    "dp_replicate×tp": frozenset({GRADIENTS}),
+    "pp×dp_shard": frozenset({GRADIENTS}),
+    "pp×tp": frozenset({GRADIENTS, REPLICAS}),
 }
-"""Which check each composed mutant fails: the gradient check, or the replica check only."""
+"""Which checks each composed mutant fails."""
 FULL_PARAMS = 39
 """Parameters of the plain `tiny` model, each checked by its full name."""
 
@@ -92,7 +94,7 @@ def test_each_mutant_fails_exactly_the_check_named_for_it(composed_results, key)
     copies = check["replicas"]
     gradients_caught = not check["passed"] and check["max_rel_err"] > 0.5
     replicas_caught = not copies["passed"] and copies["max_rel_diff"] > 0.5
-    assert (gradients_caught, replicas_caught) == (CAUGHT_BY[key] == "gradients", CAUGHT_BY[key] == "replicas"), check
+    assert (gradients_caught, replicas_caught) == (GRADIENTS in CAUGHT_BY[key], REPLICAS in CAUGHT_BY[key]), check
     if not gradients_caught:
         assert check["max_rel_err"] <= check["tolerance"] and check["failing"] == [], "rank 0's copy is right"
     if not replicas_caught:
@@ -108,11 +110,23 @@ def test_hsdp_one_replica_without_its_one_over_n_diverges_from_the_other(compose
     assert all(d["rel_diff"] == pytest.approx(1.0, abs=1e-5) for d in copies["divergent"]), "2 × mean − mean, over the mean"
 
 
-@pytest.mark.parametrize(("key", "param"), [("dp_shard×tp", W1), ("pp×tp", W2)])
-def test_a_lost_tp_shard_fails_that_parameter_only(composed_results, key, param):
-    check = composed_results[key]["broken"]
-    assert check["failing"] == [param] and check["worst_param"] == param, check
+def test_a_lost_tp_shard_under_fsdp_fails_that_parameter_only(composed_results):
+    check = composed_results["dp_shard×tp"]["broken"]
+    assert check["failing"] == [W1] and check["worst_param"] == W1, check
     assert check["max_rel_err"] == pytest.approx(0.5**0.5, abs=0.1), "half the weight's gradient (one of two tp shards) zeroed"
+
+
+def test_an_unreduced_tp_input_gradient_in_the_last_stage_fails_everything_upstream(composed_results):
+    """The last block's attention input gradient left partial on each tp rank: every parameter
+    before it (its norm, the earlier blocks, the first stage through the pipeline's send) is
+    wrong; nothing after it is. Its norm is the only replicated copy that differs between the tp
+    ranks: the next upstream all-reduce (the previous block's MLP input) makes the others' equal."""
+    check = composed_results["pp×tp"]["broken"]
+    norm = "layers.3.attention_norm.weight"
+    upstream = stage_params("pp×tp", 0) | {n for n in stage_params("pp×tp", 1) if n.startswith("layers.2.")} | {norm}
+    assert set(check["failing"]) == upstream and check["max_rel_err"] > 0.5, check
+    copies = check["replicas"]
+    assert [d["param"] for d in copies["divergent"]] == [norm] and copies["worst_ranks"] == [2, 3], copies
 
 
 def test_replicas_beside_tp_without_one_over_n_double_every_gradient(composed_results):
