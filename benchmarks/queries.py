@@ -59,7 +59,7 @@ FIRST_PAGES = (
 )
 """The first pages: under 200 ms p95 at every scale."""
 COPY_CHUNK = 20_000
-TABLES = ("runs", "run_results", "run_result_parts", "leaderboard_entries", "leaderboard_cells")
+TABLES = ("runs", "run_results", "run_result_parts", "leaderboard_entries", "leaderboard_cells", "leaderboard_counts")
 SCRATCH_DB = "parallab_bench_queries"
 DEEP_OFFSET = 49_950
 # Every column the every-run leaderboard is sorted by in the UI, with the direction its header asks first.

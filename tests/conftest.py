@@ -27,6 +27,7 @@ TABLES = (
     "pools",
     "reference_curves",
     "leaderboard_cells",
+    "leaderboard_counts",
     "leaderboard_entries",
     "run_nodes",
     "workers",

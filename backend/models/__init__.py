@@ -6,7 +6,7 @@ New areas add a module here and re-export their tables below.
 
 from backend.models.auth import ROLES, LoginSession, User
 from backend.models.base import NAMING_CONVENTION, Base, JSONDoc, new_id, utcnow
-from backend.models.leaderboard import LeaderboardCell, LeaderboardEntry
+from backend.models.leaderboard import LeaderboardCell, LeaderboardCount, LeaderboardEntry
 from backend.models.planning import SWEEP_STATUSES, HardwareProfileRow, Sweep
 from backend.models.pools import EngineJob, Pool
 from backend.models.references import ReferenceCurve
@@ -46,6 +46,7 @@ __all__ = [
     "RunTrace",
     "LeaderboardEntry",
     "LeaderboardCell",
+    "LeaderboardCount",
     "ApiToken",
     "ROLES",
     "LoginSession",

@@ -161,3 +161,32 @@ class LeaderboardCell(Base):
     subset: Mapped[str] = mapped_column(String(16), default="all", server_default="all", doc="Which of the config's runs it counts.")
 
     __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size", "subset"),)
+
+
+class LeaderboardCount(Base):
+    """How many ranked runs of one config share one source, branch, uploader and pair of check
+    outcomes (migration 0021): every count the every-run board plans a page from — group sizes,
+    config sizes, the total — is a sum over these few thousand rows whatever the filters, never a
+    count of the runs they keep. Rewritten with the config's cells, under the same lock."""
+
+    __tablename__ = "leaderboard_counts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_key: Mapped[str] = mapped_column(String(64))
+    hardware_key: Mapped[str | None] = mapped_column(String(200))
+    strategy: Mapped[str] = mapped_column(String(32))
+    world_size: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(64))
+    shape_key: Mapped[str | None] = mapped_column(String(64))
+    precision: Mapped[str | None] = mapped_column(String(8))
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(16))
+    branch: Mapped[str | None] = mapped_column(String(200))
+    user_id: Mapped[int | None] = mapped_column(Integer)
+    checks_failed: Mapped[str | None] = mapped_column(String(64))
+    checks_stated: Mapped[str | None] = mapped_column(String(64))
+    runs: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_leaderboard_counts_config", "workload_key", "hardware_key", "strategy", "world_size"),)

@@ -1,13 +1,14 @@
 """SQL for the leaderboard and the scaling page: the maintained narrow tables, never result documents.
 
-`leaderboard_entries` holds one row per ranked run and `leaderboard_cells` one per config and
-subset of its runs (`SUBSETS`: all, checks passed, checks verified, both), both kept in the run's
-own transaction (MLflow's `latest_metrics` lesson). Nothing here ranks or
+`leaderboard_entries` holds one row per ranked run, `leaderboard_cells` one per config and
+subset of its runs (`SUBSETS`: all, checks passed, checks verified, both) and `leaderboard_counts`
+a config's runs per source, branch, uploader and check outcome (`COUNT_KEY`), all kept in the
+run's own transaction (MLflow's `latest_metrics` lesson). Nothing here ranks or
 sorts every run (measured at 100,000 runs by benchmarks/queries.py): a page of every
 run comes from an index in the board's whole order, or — for the two sorts no index holds, by
 rank and by runs per config — is planned from the group and config sizes and reads only the
-runs it can reach; best-per-config reads the cells. Only the page's rows get their rank and
-counts. Postgres gets the plans that need LATERAL and FETCH ... WITH TIES; SQLite (an embedded
+runs it can reach, its sizes summed from the counts; best-per-config reads the cells. Only the
+page's rows get their rank and counts. Postgres gets the plans that need LATERAL and FETCH ... WITH TIES; SQLite (an embedded
 lab's few runs) simpler windows over what the filters keep, with the same results.
 """
 
@@ -40,6 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
+from backend.models import LeaderboardCount as Count
 from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
 from parallab.core.stats import median_ranks
@@ -102,6 +104,8 @@ SUBSETS: dict[str, tuple[bool, bool]] = {
 }
 """A config's cells, each over a subset of its runs: (only runs that failed no check, only runs
 whose checks the lab made itself). A subset with no runs has no cell."""
+COUNT_KEY = (*CONFIG, *CELL_ATTRIBUTES, "source", "branch", "user_id", "checks_failed", "checks_stated")
+"""What one `leaderboard_counts` row counts the runs of: a config and every run column a filter reads."""
 SORT_WORK_MEM = "64MB"
 RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
 
@@ -213,14 +217,27 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _cell_lock_key(key)})
-    match = [getattr(Entry, c) == v if v is not None else getattr(Entry, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
+    match = _key_match(Entry, key)
     attributes = conn.execute(select(*(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES)).where(*match)).one()
-    cell_match = [getattr(Cell, c) == v if v is not None else getattr(Cell, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
-    conn.execute(delete(Cell).where(*cell_match))
+    conn.execute(delete(Cell).where(*_key_match(Cell, key)))
     ordered = conn.execute(select(*RUN_CHECKS).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
     cells = [{**dict(zip(CONFIG, key, strict=True)), **attributes._mapping, **cell} for cell in subset_cells(ordered)]
     if cells:
         conn.execute(insert(Cell), cells)
+    conn.execute(delete(Count).where(*_key_match(Count, key)))
+    conn.execute(insert(Count).from_select([*COUNT_KEY, "runs"], counts_of(Entry.__table__, match)))
+
+
+def _key_match(table: Any, key: tuple[Any, ...]) -> list[ColumnElement[bool]]:
+    """One config's rows of `table` (a null hardware key matches null)."""
+    return [getattr(table, c) == v if v is not None else getattr(table, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
+
+
+def counts_of(entries: Any, where: Sequence[ColumnElement[bool]] = ()) -> Any:
+    """The `leaderboard_counts` rows of the entries `where` keeps: one per distinct COUNT_KEY
+    (the config's attributes are one value per config: grouping by them adds no rows)."""
+    key = [entries.c[c] for c in COUNT_KEY]
+    return select(*key, func.count().label("runs")).where(*where).group_by(*key)
 
 
 RUN_CHECKS = (Entry.id, Entry.tokens_per_s, Entry.checks_failed.is_not(None), Entry.checks_stated.is_not(None))
@@ -294,12 +311,14 @@ def rebuild(session: Session) -> int:
     """Refill both tables from `runs` (what migration 0010 backfills; for bulk loads that bypass
     ingest). Returns the entries written."""
     session.execute(delete(Cell))
+    session.execute(delete(Count))
     session.execute(delete(Entry))
     ranked = select(*(getattr(Run, c) for c in ENTRY_COLUMNS)).where(
         Run.status == "succeeded", Run.tokens_per_s.is_not(None), Run.workload_key.is_not(None)
     )
     session.execute(insert(Entry).from_select(list(ENTRY_COLUMNS), ranked))
     _fill_cells(session)
+    session.execute(insert(Count).from_select([*COUNT_KEY, "runs"], counts_of(Entry.__table__)))
     return session.execute(select(func.count()).select_from(Entry)).scalar_one()
 
 
@@ -382,7 +401,7 @@ class Board:
 
     @property
     def cellable(self) -> bool:
-        """Whether the cells answer every filter (CELL_FILTERS and the check filters), so counts come from them."""
+        """Whether the cells answer every filter (CELL_FILTERS and the check filters), so the configs' figures come from them."""
         return {n for n, v in self.filters.items() if v is not None and v != ""} <= CELL_FILTERS | set(CHECK_FILTERS)
 
     @property
@@ -526,10 +545,8 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
     if known_sizes:  # a planner's sizes cover every competing run
         total = sum(next(iter(known_sizes.values())).values())
-    elif board.cellable:  # the cells' counts, not a count of every run
-        total = session.execute(select(func.coalesce(func.sum(Cell.runs), 0)).where(*_cell_conditions(filters, group))).scalar_one()
-    else:
-        total = session.execute(select(func.count()).select_from(Entry).where(*board.conds)).scalar_one()
+    else:  # the counts' sum, not a count of every run
+        total = session.execute(select(func.coalesce(func.sum(Count.runs), 0)).where(*_count_conditions(board))).scalar_one()
     total = int(total)
     if not page_ids:
         return [], total
@@ -615,17 +632,17 @@ def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[C
 
 
 def _sizes(session: Session, board: Board, columns: Sequence[str], only: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], int]:
-    """How many competing runs each value of `columns` (a group or a config) has: summed from the
-    cells where they answer the filters (a few hundred rows), else counted over the filtered runs;
-    `only` restricts it to a few values (a page's)."""
-    source: Any = Cell if board.cellable else Entry
-    cols = [getattr(source, c) for c in columns]
-    which = [] if only is None else [or_(*(and_(*_equals(source, columns, key)) for key in only))]
-    if board.cellable:
-        query = select(*cols, cast(func.sum(Cell.runs), Integer)).where(*_cell_conditions(board.filters, board.group), *which)
-    else:
-        query = select(*cols, func.count()).where(*board.conds, *which)
+    """How many competing runs each value of `columns` (a group or a config) has, summed from the
+    counts (a few thousand rows, whatever the filters); `only` restricts it to a few values (a page's)."""
+    cols = [getattr(Count, c) for c in columns]
+    which = [] if only is None else [or_(*(and_(*_equals(Count, columns, key)) for key in only))]
+    query = select(*cols, cast(func.sum(Count.runs), Integer)).where(*_count_conditions(board), *which)
     return {tuple(r[:-1]): int(r[-1]) for r in session.execute(query.group_by(*cols))}
+
+
+def _count_conditions(board: Board) -> list[ColumnElement[bool]]:
+    """The counts rows of the runs `board.conds` keeps (every filter is a counts column)."""
+    return _entry_conditions(board.filters, board.group, Count)
 
 
 def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tuple[Any, ...], int]]:
@@ -634,14 +651,10 @@ def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tup
     the configs' order, so only the blocks the page overlaps are read. Returns the page's ids and
     every config's size."""
     config, group_cols, conds, offset, limit = board.config, board.group_cols, board.conds, board.offset, board.limit
-    source: Any = Cell if board.cellable else Entry
-    cols = [getattr(source, c) for c in config]
-    if board.cellable:
-        sized = select(cast(func.sum(Cell.runs), Integer).label("runs"), func.min(Cell.model).label("model"), *cols).where(
-            *_cell_conditions(board.filters, board.group)
-        )
-    else:
-        sized = select(func.count().label("runs"), func.min(Entry.model).label("model"), *cols).where(*conds)
+    cols = [getattr(Count, c) for c in config]
+    sized = select(cast(func.sum(Count.runs), Integer).label("runs"), func.min(Count.model).label("model"), *cols).where(
+        *_count_conditions(board)
+    )
     configs = sized.group_by(*cols).subquery("configs")
     ordered = select(configs).order_by(
         configs.c.runs.desc() if board.descending else configs.c.runs.asc(),

@@ -1,7 +1,8 @@
 """The leaderboard's maintained tables (issue 12) agree with a direct recompute from `runs`.
 
 `leaderboard_entries` holds exactly the ranked runs (succeeded, with a throughput and a workload
-key) and `leaderboard_cells` their per-config counts and best throughput, through ingest, cancel,
+key), `leaderboard_cells` their per-config counts and best throughput and `leaderboard_counts`
+each config's runs per source, branch, uploader and check outcome, through ingest, cancel,
 a status change after success and delete, on SQLite and Postgres; and the leaderboard read from
 them ranks, counts and orders rows as a recompute over the runs does, filters (the user's too)
 included.
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from backend.db import session_scope
-from backend.models import LeaderboardCell, LeaderboardEntry, Run
+from backend.models import LeaderboardCell, LeaderboardCount, LeaderboardEntry, Run
 from backend.services import leaderboard as leaderboard_service
 from backend.services.ingest import attach_result
 from backend.store import accounts as accounts_store
@@ -51,6 +52,12 @@ def assert_consistent(session) -> None:
         for c in session.execute(select(LeaderboardCell).where(LeaderboardCell.subset == "all")).scalars()
     }
     assert cells == expected
+    # the counts: how many runs of each config share a source, branch, uploader and check outcome
+    tallied = Counter(tuple(getattr(run, c) for c in leaderboard_store.COUNT_KEY) for run in runs)
+    counts = Counter()
+    for row in session.execute(select(LeaderboardCount)).scalars():
+        counts[tuple(getattr(row, c) for c in leaderboard_store.COUNT_KEY)] += row.runs
+    assert counts == tallied
 
 
 def add_run(session, doc, *, user_id: int | None = None, status: str = "running") -> Run:

@@ -1,25 +1,35 @@
-"""torchrun script (not a test module): the gradient check against strategies broken on purpose.
+"""torchrun script (not a test module): the gradient and replica checks against strategies broken on purpose.
 
-Launched once by test_gradcheck.py at 2 ranks. For each strategy it builds the test job's model,
-applies the strategy as a run does, and runs the check's own code (`workers.harness.gradcheck`:
-step 0's forward, backward and sync, whole gradients on rank 0, compared with the fp32 `single`
-reference of `workers.harness.main.reference_gradients`) twice: on the strategy as it is, and on
-a mutant with one realistic fault injected here and nowhere else:
+Launched once at 2 ranks by test_gradcheck.py (the strategies) and once at 4 by
+test_composed_mutants.py (the composed layouts of test_layouts.py): it runs the cases of the
+world size it was launched at (`CASES`). For each it builds the test job's model, applies the
+strategy as a run does, and runs the check's own code (`workers.harness.gradcheck`: step 0's
+forward, backward and sync, whole gradients on rank 0, compared with the fp32 `single` reference
+of `workers.harness.main.reference_gradients`; beside it the replica check,
+`workers.harness.replicas`, its step-0 scan of the synced gradients) twice: on the strategy as it
+is, and on a mutant with one realistic fault injected here and nowhere else.
+
+At 2 ranks:
 
 - ddp: a comm hook that sums the gradient buckets instead of averaging them (missing 1/N);
-- fsdp: every reduce-scattered gradient shard multiplied by N (a sum, missing 1/N);
+- fsdp: the reduce-scatter summed (every shard N times the mean, missing 1/N);
 - tp: rank 1's shard of one column-parallel weight gradient dropped (zeroed);
-- ring: `sync_grads` all-reduces without the 1/ring scale (missing 1/N);
+- ring: the ring's gradient all-reduce without the 1/ring scale (missing 1/N);
 - moe: expert gradients not divided by the EP size (missing 1/N on experts only);
-- pp: the last micro-batch of each step dropped (its loss, and so its gradients, zeroed).
+- pp: the last micro-batch of each step dropped (its loss, and so its gradients, zeroed);
 
-Faults that only a copy on another rank shows — what the replica check
-(`workers.harness.replicas`, its step-0 scan of the synced gradients) is for — run as their own
-cases (`REPLICA_CASES`), each with a mutant:
+and faults that only a copy on another rank shows (what the replica check is for):
 
 - ddp_unreduced: rank 1 keeps its own, never all-reduced, gradient of one weight;
 - tp_norm: a replicated norm of sequence-parallel TP whose gradient is reduced on rank 0 only
   (rank 1 keeps its own partial one).
+
+At 4 ranks, one fault in one dimension's reduction of each composed layout (`COMPOSED_MUTANTS`):
+HSDP's replica all-reduce missing its 1/N on one replica only, a TP shard lost under FSDP, the
+composer's flat all-reduce of replicas beside TP missing its 1/N, one pipeline stage's FSDP
+reduce-scatter summed, and TP's all-reduce of a block's input gradient skipped in a pipeline's
+last stage (sequence-parallel norms, whose reduction the 2-rank tp_norm case breaks, are not
+composed with pp).
 
 Every check's verdict, worst parameter and error go to --out as JSON from rank 0 (the replica
 check's beside the gradient check's).
@@ -27,7 +37,8 @@ check's beside the gradient check's).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +49,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
 from tests.workers.driver_context import finish, gloo_context, start
+from tests.workers.test_layouts import LAYOUTS
 from workers import strategies
 from workers.harness import gradcheck, replicas
 from workers.harness.main import new_model, reference_gradients
@@ -45,7 +57,8 @@ from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy, flat_all_reduce_
 from workers.strategies.expert_parallel import _is_expert
 
-Mutant = Callable[[Applied, RunContext, Strategy[Any, Any]], Strategy[Any, Any]]
+Mutant = Callable[[Applied, RunContext, Strategy[Any, Any]], Any]
+"""Injects a fault into an applied strategy; returns the strategy to run (itself, or a `Wrapped` one)."""
 
 
 def _sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -73,30 +86,48 @@ class Wrapped:
         return getattr(self.inner, name)
 
 
-class ShardSum(Wrapped):
-    """Wraps a strategy: after its sync, every sharded gradient is N times its mean — a reduce-scatter
-    that sums (FSDP2's own divide factor needs ReduceOp.PREMUL_SUM, which gloo lacks)."""
+def at(ctx: RunContext, where: Mapping[str, int]) -> bool:
+    """Whether this rank sits at every coordinate of `where` (mesh dim → index); `{}`: every rank."""
+    return all(ctx.mesh_dim(dim).get_local_rank() == index for dim, index in where.items())
+
+
+class Unscaled(Wrapped):
+    """Wraps a strategy: after its sync, the ranks at `where` hold every gradient `dim`'s size times
+    the mean — the reduction over `dim` summed where it should average (the missing 1/N of FSDP's
+    reduce-scatter, HSDP's replica all-reduce or the composer's flat one). Multiplying afterwards
+    gives the same numbers as a sum would (FSDP2's own divide factor needs ReduceOp.PREMUL_SUM,
+    which gloo lacks) and breaks no collective: the other ranks keep the right mean."""
+
+    def __init__(self, inner: Strategy[Any, Any], dim: str, where: Mapping[str, int] | None = None):
+        super().__init__(inner)
+        self.dim, self.where = dim, dict(where or {})
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         self.inner.sync_grads(applied, ctx, options)
+        if not at(ctx, self.where):
+            return
+        size = ctx.mesh_dim(self.dim).size()
         for p in applied.model.parameters():
-            if isinstance(p.grad, DTensor):
-                p.grad.to_local().mul_(ctx.world_size)
+            if p.grad is not None:
+                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(size)
 
 
 class DropShard(Wrapped):
-    """Wraps a strategy: after its sync, rank 1 loses its shard of `param`'s gradient."""
+    """Wraps a strategy: after its sync, the ranks at `where` lose their shard of `param`'s gradient
+    (the stages that do not hold `param` have nothing to lose)."""
 
-    def __init__(self, inner: Strategy[Any, Any], param: str):
+    def __init__(self, inner: Strategy[Any, Any], param: str, where: Mapping[str, int]):
         super().__init__(inner)
-        self.param = param
+        self.param, self.where = param, dict(where)
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         self.inner.sync_grads(applied, ctx, options)
-        grad = dict(applied.model.named_parameters())[self.param].grad
+        held = {gradcheck.canonical(n): p for n, p in applied.model.named_parameters()}
+        if self.param not in held or not at(ctx, self.where):
+            return
+        grad = held[self.param].grad
         assert isinstance(grad, DTensor), f"{self.param} is not sharded"
-        if ctx.rank == 1:
-            grad.to_local().zero_()
+        grad.to_local().zero_()
 
 
 class KeepLocal(Wrapped):
@@ -136,6 +167,35 @@ def drop_microbatch(applied: Applied, ctx: RunContext, strategy: Strategy[Any, A
     return strategy
 
 
+class Unreduced(torch.autograd.Function):
+    """Identity forward; backward relabels a pending sum (Partial) as already reduced (Replicate)
+    without reducing it, so the all-reduce that would have made it whole never runs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: DTensor) -> DTensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: DTensor) -> DTensor:
+        return DTensor.from_local(grad.to_local(), grad.device_mesh, [Replicate()] * grad.device_mesh.ndim, run_check=False)
+
+
+def skip_input_reduce(module: str) -> Mutant:
+    """TP's all-reduce of `module`'s input gradient skipped (by every tp rank, so no collective is
+    left unpaired): each keeps its own heads' partial sum, and everything upstream — the norm before
+    `module`, earlier blocks, a previous pipeline stage — trains on it. The stages that do not hold
+    `module` run as they are."""
+
+    def mutant(applied: Applied, ctx: RunContext, strategy: Strategy[Any, Any]) -> Strategy[Any, Any]:
+        held = dict(applied.model.named_modules())
+        if module in held:
+            # After the input preparation's hook (registered first), which made the input a replicated DTensor.
+            held[module].register_forward_pre_hook(lambda _, args: (Unreduced.apply(args[0]), *args[1:]))
+        return strategy
+
+    return mutant
+
+
 class ReduceOnRankZero(Wrapped):
     """Wraps sequence-parallel TP: `param`'s gradient (a pending sum over the TP ranks) is reduced,
     but only rank 0 keeps the sum — rank 1 keeps its own part, both then held as replicated copies.
@@ -156,14 +216,6 @@ class ReduceOnRankZero(Wrapped):
         self.inner.sync_grads(applied, ctx, options)
 
 
-class RingSum(Wrapped):
-    """Ring attention whose gradient all-reduce forgets the 1/ring scale."""
-
-    def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
-        grads = [p.grad for p in applied.model.parameters() if p.grad is not None]
-        flat_all_reduce_(grads, ctx.mesh_dim("cp").get_group(), scale=1.0)
-
-
 class MoESum(Wrapped):
     """Expert parallelism that averages the replicated gradients but not the experts'."""
 
@@ -173,18 +225,43 @@ class MoESum(Wrapped):
         flat_all_reduce_([p.grad for p in params if p.grad is not None and not expert[id(p)]], ep.get_group(), scale=1.0 / ep.size())
 
 
-MUTANTS: dict[str, Mutant | None] = {
-    "ddp": ddp_mutant,
-    "fsdp": lambda applied, ctx, s: ShardSum(s),  # type: ignore[return-value]
-    "tp": lambda applied, ctx, s: DropShard(s, "layers.0.feed_forward.w1.weight"),  # type: ignore[return-value]
-    "ring": lambda applied, ctx, s: RingSum(s),  # type: ignore[return-value]
-    "moe": lambda applied, ctx, s: MoESum(s),  # type: ignore[return-value]
-    "pp": drop_microbatch,
+@dataclass(frozen=True)
+class Case:
+    """One strategy and its options, checked as it is and with `mutant`'s fault injected."""
+
+    strategy: str
+    options: dict[str, Any]
+    mutant: Mutant
+
+
+W1 = "layers.0.feed_forward.w1.weight"
+"""A column-parallel weight (of the first block)."""
+STRATEGY_CASES: dict[str, Case] = {
+    "ddp": Case("ddp", {}, ddp_mutant),
+    "fsdp": Case("fsdp", {}, lambda applied, ctx, s: Unscaled(s, "dp")),
+    "tp": Case("tp", {}, lambda applied, ctx, s: DropShard(s, W1, where={"tp": 1})),
+    "ring": Case("ring", {}, lambda applied, ctx, s: Unscaled(s, "cp")),
+    "moe": Case("moe", {}, lambda applied, ctx, s: MoESum(s)),
+    "pp": Case("pp", {}, drop_microbatch),
+    # Faults only another rank's copy shows.
+    "ddp_unreduced": Case("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, W1)),
+    "tp_norm": Case("tp", {"sequence_parallel": True}, lambda applied, ctx, s: ReduceOnRankZero(s, "layers.0.ffn_norm.weight")),
 }
-REPLICA_CASES: dict[str, tuple[str, dict[str, Any], Mutant]] = {
-    "ddp_unreduced": ("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, "layers.0.feed_forward.w1.weight")),  # type: ignore[dict-item]
-    "tp_norm": ("tp", {"sequence_parallel": True}, lambda applied, ctx, s: ReduceOnRankZero(s, "layers.0.ffn_norm.weight")),  # type: ignore[dict-item]
+COMPOSED_MUTANTS: dict[str, Mutant] = {
+    # HSDP: replica 1's all-reduce over dp_replicate forgets its 1/dp_replicate; replica 0's is right.
+    "dp_replicate×dp_shard": lambda applied, ctx, s: Unscaled(s, "dp_replicate", where={"dp_replicate": 1}),
+    # FSDP over TP: tp rank 1's shard (on both FSDP ranks) of a column-parallel gradient lost.
+    "dp_shard×tp": lambda applied, ctx, s: DropShard(s, W1, where={"tp": 1}),
+    # Replicas beside tp: the composer's flat all-reduce over dp_replicate without its 1/N.
+    "dp_replicate×tp": lambda applied, ctx, s: Unscaled(s, "dp_replicate"),
+    # FSDP inside a pipeline: stage 0's reduce-scatter sums where it should average.
+    "pp×dp_shard": lambda applied, ctx, s: Unscaled(s, "dp_shard", where={"pp": 0}),
+    # TP inside a pipeline: the last block's attention input gradient never all-reduced over tp.
+    "pp×tp": skip_input_reduce("layers.3.attention"),
 }
+COMPOSED_CASES: dict[str, Case] = {key: Case(LAYOUTS[key][0], LAYOUTS[key][2], mutant) for key, mutant in COMPOSED_MUTANTS.items()}
+CASES: dict[int, dict[str, Case]] = {2: STRATEGY_CASES, 4: COMPOSED_CASES}
+"""The cases of each world size the driver is launched at: the strategies at 2, the composed layouts at 4."""
 
 
 def check(job: ResolvedJob, ctx: RunContext, reference: gradcheck.Gradients | None, mutant: Mutant | None) -> dict[str, Any] | None:
@@ -206,31 +283,23 @@ def check(job: ResolvedJob, ctx: RunContext, reference: gradcheck.Gradients | No
         return None
     result = gradcheck.compare(grads, reference, tol=tol)
     copies = replicas.verdict(scans, tol=tol)
-    return {**result.model_dump(exclude={"per_param", "method"}), "replicas": copies.model_dump(exclude={"method"})}
+    failing = sorted(name for name, err in result.per_param.items() if err > tol)
+    return {**result.model_dump(exclude={"per_param", "method"}), "failing": failing, "replicas": copies.model_dump(exclude={"method"})}
 
 
 def main() -> None:
     out = start()
+    world = dist.get_world_size()
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, gradcheck.Gradients] = {}
-    for name, mutant in MUTANTS.items():
-        job = make_job(name, 2, trace=False)
+    for name, case in CASES[world].items():
+        job = make_job(case.strategy, world, case.options, trace=False)
         ctx = gloo_context(job)
         key = reference_key(job)
         if ctx.rank == 0 and key not in references:
             references[key] = reference_gradients(job, ctx)
         reference = references.get(key)
-        results[name] = {"unbroken": check(job, ctx, reference, None)}
-        if mutant is not None:
-            results[name]["broken"] = check(job, ctx, reference, mutant)
-    for case, (name, options, mutant) in REPLICA_CASES.items():
-        job = make_job(name, 2, options, trace=False)
-        ctx = gloo_context(job)
-        key = reference_key(job)
-        if ctx.rank == 0 and key not in references:
-            references[key] = reference_gradients(job, ctx)
-        reference = references.get(key)
-        results[case] = {"unbroken": check(job, ctx, reference, None), "broken": check(job, ctx, reference, mutant)}
+        results[name] = {"unbroken": check(job, ctx, reference, None), "broken": check(job, ctx, reference, case.mutant)}
     finish(results, out)
 
 

@@ -1,0 +1,141 @@
+"""Each composed layout broken in one dimension's reduction: the gradient check or the replica check catches it.
+
+One 4-rank torchrun of gradcheck_driver.py (session fixture) runs the 2 × 2 layouts of
+test_layouts.py through the checks' own code, as they are and with one fault each (driver
+docstring, `COMPOSED_MUTANTS`): the hsdp, hybrid and `layout` composers, the last over replicas
+beside tp, pp × dp_shard and pp × tp. The `3d` composer (pp × dp_shard × tp) needs 8 ranks; its
+three dimensions' reductions are the ones the pp × dp_shard and pp × tp cases break, through the
+same composition (`workers.strategies.compose.Composed`).
+
+A clean run passes both checks at the fp32 tolerance; a mutant fails exactly the checks named
+for it in `CAUGHT_BY` (error above the tolerance) and passes the other: the gradient check sees
+what is wrong in rank 0's copy, the one it reads; the replica check sees copies that should be
+equal and are not — alone for HSDP's wrong replica (rank 0's is right), beside the gradient check
+where TP leaves a block's input gradient unreduced (it names the norm where the partial sums land).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.workers.conftest import make_job, torchrun
+from tests.workers.gradcheck_driver import COMPOSED_CASES, W1
+from workers.harness.gradcheck import canonical
+from workers.harness.main import new_model
+from workers.strategies import pipeline
+
+# One launch of 4 ranks on 2 shared cores: about 30 s idle, several times that under load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+GRADIENTS, REPLICAS = "gradients", "replicas"
+CAUGHT_BY: dict[str, frozenset[str]] = {
+    "dp_replicate×dp_shard": frozenset({REPLICAS}),
+    "dp_shard×tp": frozenset({GRADIENTS}),
+    "dp_replicate×tp": frozenset({GRADIENTS}),
+    "pp×dp_shard": frozenset({GRADIENTS}),
+    "pp×tp": frozenset({GRADIENTS, REPLICAS}),
+}
+"""Which checks each composed mutant fails."""
+FULL_PARAMS = 39
+"""Parameters of the plain `tiny` model, each checked by its full name."""
+
+
+@pytest.fixture(scope="session")
+def composed_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("composed-mutants") / "results.json"
+    began = time.monotonic()
+    proc = torchrun(4, [str(Path(__file__).with_name("gradcheck_driver.py")), "--out", str(out)], timeout=600)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    print(f"composed mutants: one 4-rank launch, {time.monotonic() - began:.1f} s")
+    results: dict[str, dict[str, Any]] = json.loads(out.read_text())
+    return results
+
+
+def stage_params(key: str, stage: int) -> set[str]:
+    """The plain-model names pipeline stage `stage` of layout `key` holds (the composer's split)."""
+    case = COMPOSED_CASES[key]
+    job = make_job(case.strategy, 4, case.options, trace=False)
+    model = new_model(job)
+    stages = job.strategy_document()["options"]["pp"]
+    per = model.cfg.num_layers // stages
+    held = pipeline.split(model, stage=stage, stages=stages, layers=range(stage * per, (stage + 1) * per))
+    return {canonical(name) for name, _ in held.named_parameters()}
+
+
+def test_every_composer_is_covered():
+    assert set(CAUGHT_BY) == set(COMPOSED_CASES)
+    assert {case.strategy for case in COMPOSED_CASES.values()} == {"hsdp", "hybrid", "layout"}
+
+
+@pytest.mark.parametrize("key", list(CAUGHT_BY))
+def test_a_clean_composition_passes_both_checks(composed_results, key):
+    check = composed_results[key]["unbroken"]
+    assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= check["tolerance"], check
+    assert check["params_checked"] == FULL_PARAMS and check["failing"] == [], check
+    copies = check["replicas"]
+    assert copies["passed"] and copies["divergent"] == [] and copies["max_rel_diff"] <= copies["tolerance"], copies
+
+
+@pytest.mark.parametrize(("key", "shared"), [("dp_replicate×dp_shard", 2 * FULL_PARAMS), ("dp_replicate×tp", FULL_PARAMS), ("pp×tp", 1)])
+def test_the_replica_check_compares_the_copies_a_layout_replicates(composed_results, key, shared):
+    """Replicas hold a copy of every shard (hsdp: each parameter's two dp_shard halves; beside tp,
+    every parameter); tp in a pipeline stage replicates at least that stage's norms."""
+    assert composed_results[key]["unbroken"]["replicas"]["copies_compared"] >= shared
+
+
+@pytest.mark.parametrize("key", list(CAUGHT_BY))
+def test_each_mutant_fails_exactly_the_check_named_for_it(composed_results, key):
+    check = composed_results[key]["broken"]
+    copies = check["replicas"]
+    gradients_caught = not check["passed"] and check["max_rel_err"] > 0.5
+    replicas_caught = not copies["passed"] and copies["max_rel_diff"] > 0.5
+    assert (gradients_caught, replicas_caught) == (GRADIENTS in CAUGHT_BY[key], REPLICAS in CAUGHT_BY[key]), check
+    if not gradients_caught:
+        assert check["max_rel_err"] <= check["tolerance"] and check["failing"] == [], "rank 0's copy is right"
+    if not replicas_caught:
+        assert copies["passed"] and copies["divergent"] == [], copies
+
+
+def test_hsdp_one_replica_without_its_one_over_n_diverges_from_the_other(composed_results):
+    """Replica 1 holds twice the mean of every shard: each dp_shard position's two replicas
+    (ranks r and r + 2, replica-major) differ by the missing factor, everywhere."""
+    copies = composed_results["dp_replicate×dp_shard"]["broken"]["replicas"]
+    assert len(copies["divergent"]) == copies["copies_compared"] == 2 * FULL_PARAMS, copies
+    assert {tuple(d["ranks"]) for d in copies["divergent"]} == {(0, 2), (1, 3)}
+    assert all(d["rel_diff"] == pytest.approx(1.0, abs=1e-5) for d in copies["divergent"]), "2 × mean − mean, over the mean"
+
+
+def test_a_lost_tp_shard_under_fsdp_fails_that_parameter_only(composed_results):
+    check = composed_results["dp_shard×tp"]["broken"]
+    assert check["failing"] == [W1] and check["worst_param"] == W1, check
+    assert check["max_rel_err"] == pytest.approx(0.5**0.5, abs=0.1), "half the weight's gradient (one of two tp shards) zeroed"
+
+
+def test_an_unreduced_tp_input_gradient_in_the_last_stage_fails_everything_upstream(composed_results):
+    """The last block's attention input gradient left partial on each tp rank: every parameter
+    before it (its norm, the earlier blocks, the first stage through the pipeline's send) is
+    wrong; nothing after it is. Its norm is the only replicated copy that differs between the tp
+    ranks: the next upstream all-reduce (the previous block's MLP input) makes the others' equal."""
+    check = composed_results["pp×tp"]["broken"]
+    norm = "layers.3.attention_norm.weight"
+    upstream = stage_params("pp×tp", 0) | {n for n in stage_params("pp×tp", 1) if n.startswith("layers.2.")} | {norm}
+    assert set(check["failing"]) == upstream and check["max_rel_err"] > 0.5, check
+    copies = check["replicas"]
+    assert [d["param"] for d in copies["divergent"]] == [norm] and copies["worst_ranks"] == [2, 3], copies
+
+
+def test_replicas_beside_tp_without_one_over_n_double_every_gradient(composed_results):
+    check = composed_results["dp_replicate×tp"]["broken"]
+    assert len(check["failing"]) == FULL_PARAMS and check["max_rel_err"] == pytest.approx(1.0, abs=1e-5), check
+
+
+def test_a_summed_reduce_scatter_in_one_stage_fails_that_stage_only(composed_results):
+    check = composed_results["pp×dp_shard"]["broken"]
+    first, last = stage_params("pp×dp_shard", 0), stage_params("pp×dp_shard", 1)
+    assert first and not first & last
+    assert set(check["failing"]) == first and check["max_rel_err"] == pytest.approx(1.0, abs=1e-5), check
