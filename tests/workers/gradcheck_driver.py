@@ -27,9 +27,10 @@ and faults that only a copy on another rank shows (what the replica check is for
 At 4 ranks, one fault in one dimension's reduction of each composed layout (`COMPOSED_MUTANTS`):
 HSDP's replica all-reduce missing its 1/N on one replica only, a TP shard lost under FSDP, the
 composer's flat all-reduce of replicas beside TP missing its 1/N, one pipeline stage's FSDP
-reduce-scatter summed, and TP's all-reduce of a block's input gradient skipped in a pipeline's
+reduce-scatter summed, TP's all-reduce of a block's input gradient skipped in a pipeline's
 last stage (sequence-parallel norms, whose reduction the 2-rank tp_norm case breaks, are not
-composed with pp).
+composed with pp), cp's all-reduce of the FSDP shards missing its 1/N on one cp rank only, and
+the expert gradients beside FSDP left undivided by the EP size.
 
 Every check's verdict, worst parameter and error go to --out as JSON from rank 0 (the replica
 check's beside the gradient check's).
@@ -38,7 +39,7 @@ check's beside the gradient check's).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ from workers import strategies
 from workers.harness import gradcheck, replicas
 from workers.harness.main import new_model, reference_gradients
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy, flat_all_reduce_
+from workers.strategies.base import Applied, Strategy
 from workers.strategies.expert_parallel import _is_expert
 
 Mutant = Callable[[Applied, RunContext, Strategy[Any, Any]], Any]
@@ -216,13 +217,17 @@ class ReduceOnRankZero(Wrapped):
         self.inner.sync_grads(applied, ctx, options)
 
 
-class MoESum(Wrapped):
-    """Expert parallelism that averages the replicated gradients but not the experts'."""
+class ExpertsSummed(Wrapped):
+    """Wraps expert parallelism (alone or beside FSDP): after its sync the expert gradients hold ep
+    times the mean — their division by the EP size forgotten — while the replicated gradients are
+    averaged as they should be."""
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
-        ep = ctx.mesh_dim("ep")
-        params, expert = list(applied.model.parameters()), _is_expert(applied.model)
-        flat_all_reduce_([p.grad for p in params if p.grad is not None and not expert[id(p)]], ep.get_group(), scale=1.0 / ep.size())
+        self.inner.sync_grads(applied, ctx, options)
+        size, expert = ctx.mesh_dim("ep").size(), _is_expert(applied.model)
+        for p in applied.model.parameters():
+            if p.grad is not None and expert[id(p)]:
+                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(size)
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,8 @@ class Case:
     strategy: str
     options: dict[str, Any]
     mutant: Mutant
+    workload: dict[str, Any] = field(default_factory=dict)
+    """On top of the test workload (a model with experts for ep)."""
 
 
 W1 = "layers.0.feed_forward.w1.weight"
@@ -241,7 +248,7 @@ STRATEGY_CASES: dict[str, Case] = {
     "fsdp": Case("fsdp", {}, lambda applied, ctx, s: Unscaled(s, "dp")),
     "tp": Case("tp", {}, lambda applied, ctx, s: DropShard(s, W1, where={"tp": 1})),
     "ring": Case("ring", {}, lambda applied, ctx, s: Unscaled(s, "cp")),
-    "moe": Case("moe", {}, lambda applied, ctx, s: MoESum(s)),
+    "moe": Case("moe", {}, lambda applied, ctx, s: ExpertsSummed(s)),
     "pp": Case("pp", {}, drop_microbatch),
     # Faults only another rank's copy shows.
     "ddp_unreduced": Case("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, W1)),
@@ -258,8 +265,14 @@ COMPOSED_MUTANTS: dict[str, Mutant] = {
     "pp×dp_shard": lambda applied, ctx, s: Unscaled(s, "dp_shard", where={"pp": 0}),
     # TP inside a pipeline: the last block's attention input gradient never all-reduced over tp.
     "pp×tp": skip_input_reduce("layers.3.attention"),
+    # cp beside FSDP: cp rank 1's all-reduce of the FSDP shards forgets its 1/cp; cp rank 0's is right.
+    "cp×dp_shard": lambda applied, ctx, s: Unscaled(s, "cp", where={"cp": 1}),
+    # ep beside FSDP: the expert shards left at ep times the mean.
+    "ep×dp_shard": lambda applied, ctx, s: ExpertsSummed(s),
 }
-COMPOSED_CASES: dict[str, Case] = {key: Case(LAYOUTS[key][0], LAYOUTS[key][2], mutant) for key, mutant in COMPOSED_MUTANTS.items()}
+COMPOSED_CASES: dict[str, Case] = {
+    key: Case(LAYOUTS[key][0], LAYOUTS[key][2], mutant, LAYOUTS[key][3]) for key, mutant in COMPOSED_MUTANTS.items()
+}
 CASES: dict[int, dict[str, Case]] = {2: STRATEGY_CASES, 4: COMPOSED_CASES}
 """The cases of each world size the driver is launched at: the strategies at 2, the composed layouts at 4."""
 
@@ -293,7 +306,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, gradcheck.Gradients] = {}
     for name, case in CASES[world].items():
-        job = make_job(case.strategy, world, case.options, trace=False)
+        job = make_job(case.strategy, world, case.options, case.workload, trace=False)
         ctx = gloo_context(job)
         key = reference_key(job)
         if ctx.rank == 0 and key not in references:

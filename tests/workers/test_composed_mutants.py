@@ -1,11 +1,11 @@
 """Each composed layout broken in one dimension's reduction: the gradient check or the replica check catches it.
 
 One 4-rank torchrun of gradcheck_driver.py (session fixture) runs the 2 × 2 layouts of
-test_layouts.py through the checks' own code, as they are and with one fault each (driver
-docstring, `COMPOSED_MUTANTS`): the hsdp, hybrid and `layout` composers, the last over replicas
-beside tp, pp × dp_shard and pp × tp. The `3d` composer (pp × dp_shard × tp) needs 8 ranks; its
-three dimensions' reductions are the ones the pp × dp_shard and pp × tp cases break, through the
-same composition (`workers.strategies.compose.Composed`).
+test_layouts.py through the checks' own code, as they are and with one fault each (driver docstring,
+`COMPOSED_MUTANTS`): the hsdp, hybrid and `layout` composers, the last over replicas beside tp, pp ×
+dp_shard, pp × tp, cp × dp_shard and ep × dp_shard (on `tiny` with experts). The `3d` composer (pp ×
+dp_shard × tp) needs 8 ranks; its three dimensions' reductions are the ones the pp × dp_shard and pp
+× tp cases break, through the same composition (`workers.strategies.compose.Composed`).
 
 A clean run passes both checks at the fp32 tolerance; a mutant fails exactly the checks named
 for it in `CAUGHT_BY` (error above the tolerance) and passes the other: the gradient check sees
@@ -39,6 +39,8 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "dp_replicate×tp": frozenset({GRADIENTS}),
     "pp×dp_shard": frozenset({GRADIENTS}),
     "pp×tp": frozenset({GRADIENTS, REPLICAS}),
+    "cp×dp_shard": frozenset({REPLICAS}),
+    "ep×dp_shard": frozenset({GRADIENTS}),
 }
 """Which checks each composed mutant fails."""
 FULL_PARAMS = 39
@@ -54,6 +56,12 @@ def composed_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     print(f"composed mutants: one 4-rank launch, {time.monotonic() - began:.1f} s")
     results: dict[str, dict[str, Any]] = json.loads(out.read_text())
     return results
+
+
+def plain_params(key: str) -> list[str]:
+    """The plain-model names of layout `key`'s model (the dense `tiny`, or with experts for ep)."""
+    case = COMPOSED_CASES[key]
+    return [name for name, _ in new_model(make_job(case.strategy, 4, case.options, case.workload, trace=False)).named_parameters()]
 
 
 def stage_params(key: str, stage: int) -> set[str]:
@@ -76,7 +84,7 @@ def test_every_composer_is_covered():
 def test_a_clean_composition_passes_both_checks(composed_results, key):
     check = composed_results[key]["unbroken"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= check["tolerance"], check
-    assert check["params_checked"] == FULL_PARAMS and check["failing"] == [], check
+    assert check["params_checked"] == len(plain_params(key)) >= FULL_PARAMS and check["failing"] == [], check
     copies = check["replicas"]
     assert copies["passed"] and copies["divergent"] == [] and copies["max_rel_diff"] <= copies["tolerance"], copies
 
@@ -139,3 +147,22 @@ def test_a_summed_reduce_scatter_in_one_stage_fails_that_stage_only(composed_res
     first, last = stage_params("pp×dp_shard", 0), stage_params("pp×dp_shard", 1)
     assert first and not first & last
     assert set(check["failing"]) == first and check["max_rel_err"] == pytest.approx(1.0, abs=1e-5), check
+
+
+def test_one_cp_rank_without_its_one_over_n_diverges_from_the_other(composed_results):
+    """cp rank 1 holds twice the mean of every FSDP shard: each shard's two cp copies (ranks r and
+    r + 1, cp inside dp_shard on the mesh) differ by the missing factor; rank 0's copy, the one
+    the gradient check reads, is right."""
+    copies = composed_results["cp×dp_shard"]["broken"]["replicas"]
+    assert len(copies["divergent"]) == copies["copies_compared"] == 2 * FULL_PARAMS, copies
+    assert {tuple(d["ranks"]) for d in copies["divergent"]} == {(0, 1), (2, 3)}
+    assert all(d["rel_diff"] == pytest.approx(1.0, abs=1e-5) for d in copies["divergent"]), "2 × mean − mean, over the mean"
+
+
+def test_experts_left_summed_over_ep_beside_fsdp_fail_the_experts_only(composed_results):
+    """Every expert weight (each rank's FSDP shard of its ep slice, gathered whole over both) at
+    twice its gradient, every replicated weight right: the experts fail, by exactly the factor."""
+    check = composed_results["ep×dp_shard"]["broken"]
+    experts = {n for n in plain_params("ep×dp_shard") if n.rsplit(".", 1)[-1] in ("w1", "w2", "w3") and ".feed_forward." in n}
+    assert experts and set(check["failing"]) == experts, check
+    assert check["max_rel_err"] == pytest.approx(1.0, abs=1e-5), check
