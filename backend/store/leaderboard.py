@@ -401,7 +401,7 @@ class Board:
 
     @property
     def cellable(self) -> bool:
-        """Whether the cells answer every filter (CELL_FILTERS and the check filters), so the configs' figures come from them."""
+        """Whether the cells answer every filter (CELL_FILTERS and the check filters), so the configs' figures and sizes come from them."""
         return {n for n, v in self.filters.items() if v is not None and v != ""} <= CELL_FILTERS | set(CHECK_FILTERS)
 
     @property
@@ -545,15 +545,16 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
     if known_sizes:  # a planner's sizes cover every competing run
         total = sum(next(iter(known_sizes.values())).values())
-    else:  # the counts' sum, not a count of every run
-        total = session.execute(select(func.coalesce(func.sum(Count.runs), 0)).where(*_count_conditions(board))).scalar_one()
+    else:  # a sum of the cells or the counts, not a count of every run
+        source, conds = _tallies(board)
+        total = session.execute(select(func.coalesce(func.sum(source.runs), 0)).where(*conds)).scalar_one()
     total = int(total)
     if not page_ids:
         return [], total
     query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(page_ids))
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     rows = [by_id[i] for i in page_ids if i in by_id]
-    ranks = known_ranks if known_ranks is not None else _page_ranks(session, board, page_ids)
+    ranks = known_ranks if known_ranks is not None else _page_ranks(session, board, rows)
     for row in rows:
         row["rank"] = ranks[row["id"]]
     for label, columns in (("config_runs", board.config), ("group_size", group_cols)):
@@ -563,14 +564,20 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     return rows, total
 
 
-def _page_ranks(session: Session, board: Board, page_ids: list[str]) -> dict[str, int]:
+def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]]) -> dict[str, int]:
     """The rank of each run on a page: one plus the faster runs of its group.
 
-    On Postgres each group on the page is read once from its fastest run down to the page's
-    slowest run of it, ranked as it streams (a page of one config's runs reads its group once,
-    not once per row); elsewhere each run's faster runs are counted.
+    On Postgres each group on the page is read from whichever end is nearer to its runs on the
+    page, ranked as it streams: the runs above the group's middle from its fastest run down to
+    the slowest of them (rank = one plus the runs read before, ties shared), the runs below it
+    from its slowest run up to the fastest of them (rank = one plus the group's size minus the
+    runs at most as fast). A page of random runs then reads about 0.4 of each of its groups rather
+    than 0.67 (all of it at worst, half at worst per end). The middle is an estimate, the cells'
+    median of medians (`_middles`): it only picks an end; every rank is exact either way.
+    Elsewhere (SQLite: an embedded lab's few runs) each run's faster runs are counted.
     """
     filters, group, group_cols = board.filters, board.group, board.group_cols
+    page_ids = [row["id"] for row in rows]
     if session.get_bind().dialect.name != "postgresql":
         other = aliased(Entry, name="other")
         faster = (
@@ -579,21 +586,65 @@ def _page_ranks(session: Session, board: Board, page_ids: list[str]) -> dict[str
             .scalar_subquery()
         )
         return {run_id: int(n) + 1 for run_id, n in session.execute(select(Entry.id, faster).where(Entry.id.in_(page_ids)))}
-    floors = (
-        select(*(getattr(Entry, c) for c in group_cols), func.min(Entry.tokens_per_s).label("floor"))
-        .where(Entry.id.in_(page_ids))
-        .group_by(*(getattr(Entry, c) for c in group_cols))
-        .subquery("floors")
-    )
-    e = Entry.__table__.alias("e")
-    reached = (
+    on_page: dict[tuple[Any, ...], list[float]] = {}
+    for row in rows:
+        on_page.setdefault(tuple(row[c] for c in group_cols), []).append(row["tokens_per_s"])
+    sizes = _sizes(session, board, group_cols, only=set(on_page))
+    middles = _middles(session, group_cols, set(on_page))
+    table = Entry.__table__
+    plan = []
+    for key, speeds in on_page.items():
+        middle = middles.get(key, float("-inf"))
+        upper, lower = [v for v in speeds if v >= middle], [v for v in speeds if v < middle]
+        # (an end with none of the page's runs reads nothing: a floor above every run, a ceiling below)
+        plan.append((*key, sizes.get(key, 0), min(upper, default=float("inf")), max(lower, default=float("-inf"))))
+    groups = values(
+        *(column(c, table.c[c].type) for c in group_cols),
+        column("n", Integer),
+        column("floor", table.c.tokens_per_s.type),
+        column("ceiling", table.c.tokens_per_s.type),
+        name="groups",
+    ).data(plan)
+    e = table.alias("e")
+    competing = [*_entry_conditions(filters, group, e.c), *_match(e.c, groups.c, group_cols)]
+    from_top = (
         select(e.c.id, func.rank().over(order_by=e.c.tokens_per_s.desc()).label("rank"))
-        .where(*_entry_conditions(filters, group, e.c), *_match(e.c, floors.c, group_cols), e.c.tokens_per_s >= floors.c.floor)
+        .where(*competing, e.c.tokens_per_s >= groups.c.floor)
         .order_by(e.c.tokens_per_s.desc())
-        .lateral("reached")
+        .lateral("from_top")
     )
-    query = select(reached.c.id, reached.c.rank).select_from(floors.join(reached, true())).where(reached.c.id.in_(page_ids))
-    return {run_id: int(rank) for run_id, rank in session.execute(query)}
+    from_bottom = (
+        select(e.c.id, (1 + groups.c.n - func.count().over(order_by=e.c.tokens_per_s.asc())).label("rank"))  # peers included
+        .where(*competing, e.c.tokens_per_s <= groups.c.ceiling)
+        .order_by(e.c.tokens_per_s.asc())
+        .lateral("from_bottom")
+    )
+    ranks: dict[str, int] = {}
+    for reached in (from_top, from_bottom):
+        query = select(reached.c.id, reached.c.rank).select_from(groups.join(reached, true())).where(reached.c.id.in_(page_ids))
+        ranks.update({run_id: int(rank) for run_id, rank in session.execute(query)})
+    return ranks
+
+
+def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:
+    """An estimate of each group's middle throughput: the median of its configs' medians, each
+    weighted by its runs (every run's cells: a few rows a group)."""
+    cols = [getattr(Cell, c) for c in group_cols]
+    which = or_(*(and_(*_equals(Cell, group_cols, key)) for key in keys))
+    query = select(*cols, Cell.runs, Cell.median_tokens_per_s).where(Cell.subset == "all", Cell.median_tokens_per_s.is_not(None), which)
+    configs: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+    for row in session.execute(query):
+        configs.setdefault(tuple(row[: len(cols)]), []).append((row.median_tokens_per_s, row.runs))
+    middles: dict[tuple[Any, ...], float] = {}
+    for key, medians in configs.items():
+        medians.sort()
+        half, seen = sum(n for _, n in medians) / 2, 0
+        for median, n in medians:
+            seen += n
+            if seen >= half:
+                middles[key] = median
+                break
+    return middles
 
 
 def _any_shapeless(session: Session, filters: dict[str, Any]) -> bool:
@@ -633,16 +684,21 @@ def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[C
 
 def _sizes(session: Session, board: Board, columns: Sequence[str], only: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], int]:
     """How many competing runs each value of `columns` (a group or a config) has, summed from the
-    counts (a few thousand rows, whatever the filters); `only` restricts it to a few values (a page's)."""
-    cols = [getattr(Count, c) for c in columns]
-    which = [] if only is None else [or_(*(and_(*_equals(Count, columns, key)) for key in only))]
-    query = select(*cols, cast(func.sum(Count.runs), Integer)).where(*_count_conditions(board), *which)
+    cells or the counts (`_tallies`); `only` restricts it to a few values (a page's)."""
+    source, conds = _tallies(board)
+    cols = [getattr(source, c) for c in columns]
+    which = [] if only is None else [or_(*(and_(*_equals(source, columns, key)) for key in only))]
+    query = select(*cols, cast(func.sum(source.runs), Integer)).where(*conds, *which)
     return {tuple(r[:-1]): int(r[-1]) for r in session.execute(query.group_by(*cols))}
 
 
-def _count_conditions(board: Board) -> list[ColumnElement[bool]]:
-    """The counts rows of the runs `board.conds` keeps (every filter is a counts column)."""
-    return _entry_conditions(board.filters, board.group, Count)
+def _tallies(board: Board) -> tuple[Any, list[ColumnElement[bool]]]:
+    """Where the board's run counts are summed from, and which of its rows: the cells when they
+    answer every filter (a few hundred rows), else the counts (a few thousand: every filter is a
+    counts column) — never the runs."""
+    if board.cellable:
+        return Cell, _cell_conditions(board.filters, board.group)
+    return Count, _entry_conditions(board.filters, board.group, Count)
 
 
 def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tuple[Any, ...], int]]:
@@ -651,10 +707,9 @@ def _by_config_runs(session: Session, board: Board) -> tuple[list[str], dict[tup
     the configs' order, so only the blocks the page overlaps are read. Returns the page's ids and
     every config's size."""
     config, group_cols, conds, offset, limit = board.config, board.group_cols, board.conds, board.offset, board.limit
-    cols = [getattr(Count, c) for c in config]
-    sized = select(cast(func.sum(Count.runs), Integer).label("runs"), func.min(Count.model).label("model"), *cols).where(
-        *_count_conditions(board)
-    )
+    source, tallied = _tallies(board)
+    cols = [getattr(source, c) for c in config]
+    sized = select(cast(func.sum(source.runs), Integer).label("runs"), func.min(source.model).label("model"), *cols).where(*tallied)
     configs = sized.group_by(*cols).subquery("configs")
     ordered = select(configs).order_by(
         configs.c.runs.desc() if board.descending else configs.c.runs.asc(),
