@@ -428,8 +428,8 @@ def render(
     lines = [
         f"`python benchmarks/queries.py --runs {args.runs}` — {args.runs:,} finished runs, each with a result document "
         "(its heavy parts stored apart, compressed, as ingest stores them), in Postgres, populated in bulk (COPY)"
-        + (f" in {populate_s:.0f} s (VACUUM ANALYZE included)" if populate_s is not None else "")
-        + f" ({platform.machine()}, {os.cpu_count()} CPUs shared with other work, Python {platform.python_version()}; "
+        + (f" in {populate_s:.0f} s (VACUUM ANALYZE included)" if populate_s is not None else " by an earlier `--keep` run and reused")
+        + f" ({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
         f"load average {loads[0]:.1f} before populating, {loads[1]:.1f} before timing, {loads[-1]:.1f} after). "
         f"Server time in-process through the ASGI app, {args.repeat} rounds round-robin after a warm-up round; p95 is the "
         f"nearest-rank 95th percentile. Target: every case under {target:.0f} ms p95, the first pages under 200 ms. "
