@@ -124,7 +124,25 @@ for _name in SORTED_COLUMNS:
     Index(f"ix_leaderboard_entries_{_name}_asc", _column.asc().nulls_last(), *_tail, postgresql_include=_covered)
 
 
-class LeaderboardCell(Base):
+class ConfigColumns:
+    """A config's key and attributes (the same for each of its runs), as each of the tables kept
+    per config carries them, under a surrogate id (the rows are rewritten whenever one of the
+    config's runs changes), first in each table's columns as in its migration."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, sort_order=-1)
+    workload_key: Mapped[str] = mapped_column(String(64), sort_order=-1)
+    hardware_key: Mapped[str | None] = mapped_column(String(200), sort_order=-1)
+    strategy: Mapped[str] = mapped_column(String(32), sort_order=-1)
+    world_size: Mapped[int] = mapped_column(Integer, sort_order=-1)
+    model: Mapped[str] = mapped_column(String(64), sort_order=-1)
+    shape_key: Mapped[str | None] = mapped_column(String(64), sort_order=-1)
+    precision: Mapped[str | None] = mapped_column(String(8), sort_order=-1)
+    activation_checkpointing: Mapped[str | None] = mapped_column(String(16), sort_order=-1)
+    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer, sort_order=-1)
+    micro_batch_size: Mapped[int | None] = mapped_column(Integer, sort_order=-1)
+
+
+class LeaderboardCell(ConfigColumns, Base):
     """One (workload, hardware, strategy, world size) config over one subset of its runs: how many
     ranked runs it has, its best and median throughput — recomputed from `leaderboard_entries`
     whenever one of its runs changes, in the same transaction, so the best-per-config board never
@@ -136,17 +154,6 @@ class LeaderboardCell(Base):
 
     __tablename__ = "leaderboard_cells"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    workload_key: Mapped[str] = mapped_column(String(64))
-    hardware_key: Mapped[str | None] = mapped_column(String(200))
-    strategy: Mapped[str] = mapped_column(String(32))
-    world_size: Mapped[int] = mapped_column(Integer)
-    model: Mapped[str] = mapped_column(String(64))
-    shape_key: Mapped[str | None] = mapped_column(String(64))
-    precision: Mapped[str | None] = mapped_column(String(8))
-    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
-    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
-    micro_batch_size: Mapped[int | None] = mapped_column(Integer)
     runs: Mapped[int] = mapped_column(Integer)
     best_tokens_per_s: Mapped[float] = mapped_column(Float)
     # migration 0019: the config's figure — the median over its runs with its order-statistic
@@ -163,7 +170,7 @@ class LeaderboardCell(Base):
     __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size", "subset"),)
 
 
-class LeaderboardCount(Base):
+class LeaderboardCount(ConfigColumns, Base):
     """How many ranked runs of one config share one source, branch, uploader and pair of check
     outcomes (migration 0021): every count the every-run board plans a page from — group sizes,
     config sizes, the total — is a sum over these few thousand rows whatever the filters, never a
@@ -171,17 +178,6 @@ class LeaderboardCount(Base):
 
     __tablename__ = "leaderboard_counts"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    workload_key: Mapped[str] = mapped_column(String(64))
-    hardware_key: Mapped[str | None] = mapped_column(String(200))
-    strategy: Mapped[str] = mapped_column(String(32))
-    world_size: Mapped[int] = mapped_column(Integer)
-    model: Mapped[str] = mapped_column(String(64))
-    shape_key: Mapped[str | None] = mapped_column(String(64))
-    precision: Mapped[str | None] = mapped_column(String(8))
-    activation_checkpointing: Mapped[str | None] = mapped_column(String(16))
-    grad_accumulation_steps: Mapped[int | None] = mapped_column(Integer)
-    micro_batch_size: Mapped[int | None] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String(16))
     branch: Mapped[str | None] = mapped_column(String(200))
     user_id: Mapped[int | None] = mapped_column(Integer)
