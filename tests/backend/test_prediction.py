@@ -16,10 +16,9 @@ PSI = 16384 + 4 * 65664 + 16448
 BSH = 8 * 64 * 64 * 4  # one (b, s, h) fp32 activation of the whole global batch
 
 
-def job(strategy: str, n: int, precision: str = "fp32", **options):
-    spec = JobSpec.model_validate(
-        {"workload": {"model": "tiny", "precision": precision}, "strategy": {"name": strategy, "world_size": n, "options": options}}
-    )
+def job(strategy: str, n: int, precision: str = "fp32", accum: int = 1, **options):
+    workload = {"model": "tiny", "precision": precision, "grad_accumulation_steps": accum}
+    spec = JobSpec.model_validate({"workload": workload, "strategy": {"name": strategy, "world_size": n, "options": options}})
     return resolve_job(spec)
 
 
@@ -42,6 +41,30 @@ def test_fsdp_state_is_one_nth_and_gathers_twice_when_resharding(n):
     no_reshard = predict(job("fsdp", n, reshard_after_forward=False))
     assert no_reshard["model_state_bytes_per_rank"] == p["model_state_bytes_per_rank"]  # FSDP2 rests sharded either way
     assert no_reshard["comm_bytes_per_step"] == {"all_gather": 4 * PSI, "reduce_scatter": 4 * PSI}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "n", "options", "per_micro_step"),
+    [
+        ("ddp", 2, {}, set()),  # no_sync until the last micro-step: one all-reduce a step
+        ("fsdp", 2, {}, {"all_gather", "reduce_scatter"}),
+        ("hsdp", 4, {"dp_replicate": 2}, {"all_gather", "reduce_scatter", "all_reduce"}),
+        ("layout", 4, {"dp_replicate": 2, "tp": 2}, set()),  # one flat all-reduce of the replicas after the last micro-step
+    ],
+)
+def test_sharded_data_parallel_communicates_once_per_accumulation_micro_step(strategy, n, options, per_micro_step):
+    """FSDP2 gathers and reduces on every backward (nothing tells it to skip), HSDP all-reduces its
+    shards each time too; DDP waits for the last micro-step (no_sync), as does the replicas' flat
+    all-reduce beside tp. Two micro-steps of half the rows: twice the bytes, or the same."""
+    once, twice = (
+        predict(job(strategy, n, **options))["comm_bytes_per_step"],
+        predict(job(strategy, n, accum=2, **options))["comm_bytes_per_step"],
+    )
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
+        if op in per_micro_step:
+            assert twice[op] == 2 * once[op], op
+    if strategy == "ddp":
+        assert twice == once
 
 
 def test_tp_state_and_megatron_all_reduces():

@@ -125,6 +125,9 @@ def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
     assert doc.loss.reference_source in ("computed", "host cache")  # never its own: not the reference recipe
     check = doc.summary.gradient_check  # bf16 gradients against fp32's, at bf16's tolerance
     assert check.tolerance == 5e-2 and check.passed and check.max_rel_err > 1e-5, check
+    # FSDP2 gathers and reduce-scatters on each of the 2 micro-steps: measured, op by op, as predicted
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert predicted and measured == predicted, (measured, predicted)
 
 
 def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):

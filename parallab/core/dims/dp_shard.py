@@ -24,26 +24,31 @@ def fsdp_comm(
     *,
     reshard_after_forward: bool,
     param_bytes: int,
+    micro_steps: int,
     local: Callable[[Tensor], tuple[int, ...]] = lambda t: t.shape,
 ) -> dict[str, int]:
     """FSDP2 per step: all-gather every group (blocks and root) forward, and again in backward when
     they reshard after forward — the root too, since the harness passes the option explicitly
     (FSDP2's "root never reshards" heuristic applies only to the default); reduce-scatter every
-    gradient (fp32). Buffers are dim-0 padded to a multiple of N; `local` is the shape the
+    gradient (fp32). All of it once per accumulation micro-step: FSDP2 reduces every backward
+    unless told not to, and the harness keeps no unsharded gradients between micro-steps (the
+    memory ZeRO-3 is for). Buffers are dim-0 padded to a multiple of N; `local` is the shape the
     sharded rank group holds before FSDP (hybrid: the TP-local shape)."""
-    total = sum(fsdp_padded(local(t), n) for t in tensors)
+    total = sum(fsdp_padded(local(t), n) for t in tensors) * micro_steps
     return {"all_gather": total * param_bytes * (2 if reshard_after_forward else 1), "reduce_scatter": total * GRAD_BYTES}
 
 
-def fsdp_items(comm: dict[str, int], *, groups: int, reshard_after_forward: bool, n: int, stride: int = 1) -> list[CommItem]:
-    """FSDP2's calls: one all-gather per group (blocks and root) forward, again in backward when
-    resharding, one reduce-scatter per group; each group's is prefetched or issued while another
-    group computes, so all but one group's hide under compute."""
+def fsdp_items(
+    comm: dict[str, int], *, groups: int, reshard_after_forward: bool, n: int, micro_steps: int, stride: int = 1
+) -> list[CommItem]:
+    """FSDP2's calls, per accumulation micro-step: one all-gather per group (blocks and root)
+    forward, again in backward when resharding, one reduce-scatter per group; each group's is
+    prefetched or issued while another group computes, so all but one group's hide under compute."""
     hidden = (groups - 1) / groups
-    gathers = groups * (2 if reshard_after_forward else 1)
+    gathers = groups * (2 if reshard_after_forward else 1) * micro_steps
     return [
         CommItem("all_gather", comm["all_gather"], gathers, n, stride, overlap=hidden),
-        CommItem("reduce_scatter", comm["reduce_scatter"], groups, n, stride, overlap=hidden),
+        CommItem("reduce_scatter", comm["reduce_scatter"], groups * micro_steps, n, stride, overlap=hidden),
     ]
 
 
@@ -65,21 +70,27 @@ class DataShard(Dimension):
             lay.dp_shard,
             reshard_after_forward=lay.reshard_after_forward,
             param_bytes=gathered_param_bytes(plan.precision),
+            micro_steps=plan.job.accum_steps,
         )
         groups = plan.model.num_layers // lay.pp + 1
         items = fsdp_items(
-            comm, groups=groups, reshard_after_forward=lay.reshard_after_forward, n=lay.dp_shard, stride=lay.inner("dp_shard")
+            comm,
+            groups=groups,
+            reshard_after_forward=lay.reshard_after_forward,
+            n=lay.dp_shard,
+            micro_steps=plan.job.accum_steps,
+            stride=lay.inner("dp_shard"),
         )
         if lay.pp == 1 or not lay.reshard_after_forward:
             return items
         # Under a pipeline schedule, FSDP2 keeps the gathered parameters through backward until the
         # stage's last micro-batch (the stage turns reshard-after-backward off), but a stage that
         # reshards after forward gathers again for each micro-batch's forward: m forward passes
-        # and one backward pass of all-gathers per schedule step (measured on gloo, torch 2.13).
+        # and one backward pass of all-gathers per schedule step (measured on gloo, torch 2.13), one
+        # schedule step per accumulation micro-step.
         passes = lay.microbatches + 1
-        return [
-            replace(i, bytes_per_step=i.bytes_per_step // 2 * passes, calls=groups * passes) if i.op == "all_gather" else i for i in items
-        ]
+        calls = groups * passes * plan.job.accum_steps
+        return [replace(i, bytes_per_step=i.bytes_per_step // 2 * passes, calls=calls) if i.op == "all_gather" else i for i in items]
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
         """FSDP gathers 16-bit weights (its param_dtype): no autocast copies of the block weights."""

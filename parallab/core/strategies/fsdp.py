@@ -44,6 +44,7 @@ class FSDP(StrategyDescriptor[FSDPOptions]):
             job.world_size,
             reshard_after_forward=self.opts(job).reshard_after_forward,
             param_bytes=gathered_param_bytes(job.workload.precision),
+            micro_steps=job.accum_steps,
         )
 
     def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
@@ -54,7 +55,9 @@ class FSDP(StrategyDescriptor[FSDPOptions]):
     def comm_items(self, job: ResolvedJob) -> list[CommItem]:
         reshard = self.opts(job).reshard_after_forward
         comm = self.comm_bytes_per_step(job)
-        return fsdp_items(comm, groups=job.model.num_layers + 1, reshard_after_forward=reshard, n=job.world_size)
+        return fsdp_items(
+            comm, groups=job.model.num_layers + 1, reshard_after_forward=reshard, n=job.world_size, micro_steps=job.accum_steps
+        )
 
 
 DESCRIPTOR = FSDP()
