@@ -12,10 +12,11 @@ over ep, are divided by ep: each dimension's traffic stays on its own sub-mesh.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from parallab.core.costs import A2A_CALLS, GRAD_BYTES, Tensor, activation_dtype_bytes, chunk
-from parallab.core.dims.base import CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
+from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
 
@@ -52,6 +53,12 @@ class Expert(Dimension):
             CommItem("all_to_all", a2a, A2A_CALLS * cfg.moe_layers * plan.job.accum_steps, n, stride),
             CommItem("all_reduce", held_grad_elements(dense, plan.layout) * GRAD_BYTES, 1, n, stride),
         ]
+
+    def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
+        """Each rank's experts compute as many rows as it routes (even routing): num_experts/ep of them."""
+        if plan.layout.ep == 1:
+            return layouts
+        return [replace(a, experts_local=plan.model.num_experts // plan.layout.ep) for a in layouts]
 
 
 DIMENSION = Expert()

@@ -1,8 +1,10 @@
 """The strategy registry: every name a job spec may carry, mapped to its descriptor.
 
 Every training strategy is a preset of a layout (`StrategyDescriptor.layout`); `layout` is any
-layout written out, and `hybrid`, `hsdp` and `3d` take all their costs from the composed
-dimensions (`parallab.core.dims`).
+layout written out. Each of them takes all its costs — model state, communication, activations,
+the bubble — from the composed dimensions (`parallab.core.dims`, through `composed.ComposedCosts`),
+so a formula is written once, in its dimension's module; a descriptor keeps its options, mesh and
+rules.
 
 Adding a strategy is one descriptor module here (options, mesh, rules, costs) and one rank
 module in `workers/strategies/` (apply it to a model on a mesh); everything that lists

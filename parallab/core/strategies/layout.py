@@ -17,10 +17,11 @@ from parallab.core import dims
 from parallab.core.layout import MESH_ORDER, Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
-from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
+from parallab.core.strategies.composed import ComposedCosts
 
 if TYPE_CHECKING:
-    from parallab.core.jobs import ResolvedJob
+    pass
 
 OPTIONS: Loc = ("strategy", "options")
 
@@ -88,8 +89,8 @@ class LayoutOptions(PresetOptions):
 OptT = TypeVar("OptT", bound=PresetOptions)
 
 
-class LayoutDescriptor(StrategyDescriptor[OptT]):
-    """A descriptor whose every cost is `dims.compose` of its options' layout."""
+class LayoutDescriptor(ComposedCosts[OptT]):
+    """A descriptor whose layout is its options' degrees, and whose every cost is their composition (`ComposedCosts`)."""
 
     def layout(self, world_size: int, options: OptT) -> Layout:
         return options.to_layout(world_size)
@@ -133,31 +134,6 @@ class LayoutDescriptor(StrategyDescriptor[OptT]):
             return None
         per = model.num_layers // p
         return [range(s * per, (s + 1) * per) for s in range(p)]
-
-    def _composed(self, job: ResolvedJob) -> dims.Composition:
-        return dims.compose(job, self.layout(job.world_size, self.opts(job)))
-
-    def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
-        return self._composed(job).param_elements_per_rank()
-
-    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
-        return self._composed(job).comm_bytes_per_step()
-
-    def comm_groups(self, job: ResolvedJob) -> list[tuple[dict[str, int], int]]:
-        return self._composed(job).comm_groups()
-
-    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
-        return self._composed(job).comm_items() if job.world_size > 1 else []
-
-    def activation_layouts(self, job: ResolvedJob) -> list[ActivationLayout]:
-        tokens = job.micro_batch_size * job.model.seq_len
-        return self._composed(job).activation_layouts(ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens))
-
-    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
-        return self.activation_layouts(job)[0]
-
-    def bubble_fraction(self, job: ResolvedJob) -> float | None:
-        return self._composed(job).bubble_fraction()
 
 
 class ExplicitLayout(LayoutDescriptor[LayoutOptions]):

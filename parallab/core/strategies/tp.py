@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from parallab.core.costs import activation_dtype_bytes, model_tensors, numel, tp_local
-from parallab.core.dims.base import residual_stream_bytes
-from parallab.core.dims.tp import norm_grad_bytes, shape_rules, tp_comm, tp_items
+from parallab.core.dims.tp import shape_rules
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, MeshDim, StrategyDescriptor, StrategyOptions
+from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
+from parallab.core.strategies.composed import ComposedCosts
 
 if TYPE_CHECKING:
-    from parallab.core.jobs import ResolvedJob
+    pass
 
 
 class TPOptions(StrategyOptions):
@@ -39,7 +38,7 @@ def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[Sp
     return out
 
 
-class TP(StrategyDescriptor[TPOptions]):
+class TP(ComposedCosts[TPOptions]):
     name = "tp"
     title = "Megatron column/row tensor parallel"
     options_model = TPOptions
@@ -54,30 +53,6 @@ class TP(StrategyDescriptor[TPOptions]):
 
     def rules(self, draft: Draft[TPOptions]) -> list[SpecProblem]:
         return tp_rules(draft.model, draft.world_size, sequence_parallel=draft.options.sequence_parallel)
-
-    def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
-        return [sum(numel(tp_local(t, job.world_size)) for t in model_tensors(job.model))]
-
-    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
-        act = activation_dtype_bytes(job.workload.precision)
-        stream = residual_stream_bytes(job.workload.precision, fsdp=False)
-        grad = norm_grad_bytes(job.workload.precision, fsdp=False)
-        sp = self.opts(job).sequence_parallel
-        return tp_comm(job.model, job.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream)
-
-    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
-        sp = self.opts(job).sequence_parallel
-        return tp_items(self.comm_bytes_per_step(job), job.model, micro_steps=job.accum_steps, sequence_parallel=sp, n=job.world_size)
-
-    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
-        tokens = job.micro_batch_size * job.model.seq_len
-        return ActivationLayout(
-            tokens=tokens,
-            layers=job.model.num_layers,
-            head_tokens=tokens,
-            tp=job.world_size,
-            sequence_parallel=self.opts(job).sequence_parallel,
-        )
 
 
 DESCRIPTOR = TP()
