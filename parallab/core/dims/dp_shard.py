@@ -3,8 +3,8 @@ dp_replicate is on too).
 
 At rest a rank keeps a dim-0 chunk of what the dimensions before it left (the TP-local shard of
 its stage's tensors). Per step it all-gathers every group forward (and again backward when it
-reshards after forward) and reduce-scatters every gradient (`fsdp_comm`, here, which the `fsdp`
-strategy uses too, on the stage's tensors). Its groups are `cp × tp` ranks apart on the mesh.
+reshards after forward) and reduce-scatters every gradient (`fsdp_comm`, on the stage's
+tensors), once per accumulation micro-step. Its groups are `cp × tp` ranks apart on the mesh.
 """
 
 from __future__ import annotations
