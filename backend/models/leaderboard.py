@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.models.base import Base
@@ -79,7 +79,8 @@ class LeaderboardEntry(Base):
             "hardware_key",
             "strategy",
             "world_size",
-            postgresql_include=["tokens_per_s", "id", "model", "source", "branch", "user_id"],
+            "tokens_per_s",  # migration 0022: a key, so a rank's count between two marks is a range
+            postgresql_include=["id", "model", "source", "branch", "user_id"],
         ),
         Index("ix_leaderboard_entries_user", "user_id"),
         # the filter menus' distinct values (a skip scan each)
@@ -166,6 +167,9 @@ class LeaderboardCell(ConfigColumns, Base):
     failed_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs that failed a correctness check.")
     stated_runs: Mapped[int] = mapped_column(Integer, default=0, doc="Its runs whose checks the uploader stated.")
     subset: Mapped[str] = mapped_column(String(16), default="all", server_default="all", doc="Which of the config's runs it counts.")
+    # migration 0022: [throughput, runs faster than it] at evenly spaced positions of its runs
+    # (`backend.store.leaderboard.rank_marks`), so a run's rank reads only the runs up to the next mark
+    marks: Mapped[list[list[float]] | None] = mapped_column(JSON)
 
     __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size", "subset"),)
 

@@ -23,6 +23,7 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     and_,
+    bindparam,
     case,
     cast,
     column,
@@ -38,6 +39,7 @@ from sqlalchemy import (
     true,
     values,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
 from backend.models import LeaderboardCell as Cell
@@ -255,8 +257,23 @@ def subset_cells(members: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
             continue
         figures = config_figures(len(kept), {pos: (m[0], m[1]) for pos, m in enumerate(kept, start=1)})
         counts = {"runs": len(kept), "best_tokens_per_s": kept[-1][1], "failed_runs": sum(bool(m[2]) for m in kept)}
-        cells.append({"subset": subset, **counts, "stated_runs": sum(bool(m[3]) for m in kept), **figures})
+        marks = rank_marks([m[1] for m in kept])
+        cells.append({"subset": subset, **counts, "stated_runs": sum(bool(m[3]) for m in kept), **figures, "marks": marks})
     return cells
+
+
+RANK_MARKS = 32
+"""Marks a cell keeps: a run's rank then reads at most 1/32 of each config of its group."""
+
+
+def rank_marks(speeds: Sequence[float]) -> list[list[float]]:
+    """[throughput, how many runs are faster] at RANK_MARKS evenly spaced positions of a config's
+    runs in ascending throughput (the last is its fastest). A run at x is slower than exactly
+    `faster + the runs in (x, mark]` of them, for the first mark at or above x — one short index
+    range — so the rank never counts a whole group."""
+    n = len(speeds)
+    positions = sorted({-(-k * n // RANK_MARKS) - 1 for k in range(1, RANK_MARKS + 1)})
+    return [[speeds[p], n - bisect_right(speeds, speeds[p])] for p in positions]
 
 
 def subset_of(filters: dict[str, Any]) -> str:
@@ -589,6 +606,10 @@ def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]]) -> d
     on_page: dict[tuple[Any, ...], list[float]] = {}
     for row in rows:
         on_page.setdefault(tuple(row[c] for c in group_cols), []).append(row["tokens_per_s"])
+    if board.cellable:
+        marked = _ranks_by_marks(session, board, rows, set(on_page))
+        if marked is not None:
+            return marked
     sizes = _sizes(session, board, group_cols, only=set(on_page))
     middles = _middles(session, group_cols, set(on_page))
     table = Entry.__table__
@@ -624,6 +645,59 @@ def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]]) -> d
         query = select(reached.c.id, reached.c.rank).select_from(groups.join(reached, true())).where(reached.c.id.in_(page_ids))
         ranks.update({run_id: int(rank) for run_id, rank in session.execute(query)})
     return ranks
+
+
+def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]], groups: set[tuple[Any, ...]]) -> dict[str, int] | None:
+    """The page's ranks from its groups' cells' marks (`rank_marks`), when the cells answer the
+    filters: for each run and each config of its group, the runs faster than the first mark at or
+    above the run's throughput, plus the runs between the two — one short index range per
+    (run, config), all counted in one statement. None when a config has no hardware key (its
+    range is not indexable) or no marks yet: the caller reads the groups instead."""
+    group_cols = board.group_cols
+    cols = [getattr(Cell, c) for c in (*group_cols, *CONFIG)]
+    which = or_(*(and_(*_equals(Cell, group_cols, key)) for key in groups))
+    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[list[float]]]]] = {}
+    for cell in session.execute(select(*cols, Cell.marks).where(*_cell_conditions(board.filters, board.group), which)):
+        config = tuple(cell[len(group_cols) : len(group_cols) + len(CONFIG)])
+        if cell.marks is None or any(v is None for v in config):
+            return None
+        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, cell.marks))
+    faster: dict[str, int] = {}
+    bands: list[tuple[Any, ...]] = []
+    for row in rows:
+        faster[row["id"]] = 0
+        x = row["tokens_per_s"]
+        for config, marks in configs.get(tuple(row[c] for c in group_cols), []):
+            i = bisect_left([m[0] for m in marks], x)
+            if i == len(marks):  # faster than every run of this config
+                continue
+            mark, above = marks[i]
+            faster[row["id"]] += int(above)
+            if mark > x:
+                bands.append((row["id"], *config, x, mark))
+    if bands:
+        table = Entry.__table__
+        names = ("run_id", *CONFIG, "lo", "hi")
+        types = (table.c.id.type, *(table.c[c].type for c in CONFIG), table.c.tokens_per_s.type, table.c.tokens_per_s.type)
+        columns = list(zip(*bands, strict=True))  # one array per column: a few parameters, not one per value
+        arrays = [
+            bindparam(f"band_{name}", list(values), type_=ARRAY(kind)) for name, values, kind in zip(names, columns, types, strict=True)
+        ]
+        band = func.unnest(*arrays).table_valued(*names).render_derived(name="band")
+        e = table.alias("e")
+        between = (
+            select(func.count())
+            .where(
+                *_conditions(board.filters, e.c),
+                *(e.c[c] == band.c[c] for c in CONFIG),
+                e.c.tokens_per_s > band.c.lo,
+                e.c.tokens_per_s <= band.c.hi,
+            )
+            .scalar_subquery()
+        )
+        for run_id, n in session.execute(select(band.c.run_id, between)):
+            faster[run_id] += int(n)
+    return {run_id: n + 1 for run_id, n in faster.items()}
 
 
 def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:

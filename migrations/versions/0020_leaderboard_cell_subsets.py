@@ -68,7 +68,7 @@ def upgrade() -> None:
             continue
         fixed = {**dict(zip(CONFIG, key, strict=True)), **attributes[key]}
         derived = [cell for cell in subset_cells([m[len(CONFIG) :] for m in members]) if cell["subset"] != "all"]
-        batch_rows += [{**fixed, **cell} for cell in derived]
+        batch_rows += [{**fixed, **{k: v for k, v in cell.items() if k in cells.c}} for cell in derived]  # (0022 adds the marks)
         if len(batch_rows) >= BATCH:
             conn.execute(sa.insert(cells), batch_rows)
             batch_rows = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from typing import Any
 
 import pytest
@@ -269,17 +270,28 @@ def _snapshot(url: str) -> dict[str, Any]:
         }
         for table in ("leaderboard_cells", "leaderboard_counts"):
             rows = conn.execute(text(f"SELECT * FROM {table}")).mappings()
-            snapshot[table] = sorted((tuple(sorted((k, v) for k, v in r.items() if k != "id")) for r in rows), key=repr)
+            snapshot[table] = sorted((tuple(sorted((k, _value(k, v)) for k, v in r.items() if k != "id")) for r in rows), key=repr)
         return snapshot
+
+
+def _value(column: str, value: Any) -> Any:
+    """A column's value for comparison: JSON as what it holds (SQLite keeps its text, spaced as
+    whichever connection wrote it)."""
+    return repr(json.loads(value)) if column == "marks" and isinstance(value, str) else repr(value) if column == "marks" else value
 
 
 @pytest.mark.parametrize(
     ("down_to", "added"),
-    [("0018", "leaderboard_cells.median_tokens_per_s"), ("0019", "leaderboard_cells.subset"), ("0020", "leaderboard_counts")],
+    [
+        ("0018", "leaderboard_cells.median_tokens_per_s"),
+        ("0019", "leaderboard_cells.subset"),
+        ("0020", "leaderboard_counts"),
+        ("0021", "leaderboard_cells.marks"),
+    ],
 )
 def test_migrations_move_a_populated_database_down_and_up_with_nothing_lost(scratch_url: str, down_to: str, added: str) -> None:
-    """0019 (medians, checks), 0020 (a cell per subset of a config's runs) and 0021 (the counts),
-    each walked down and up again."""
+    """0019 (medians, checks), 0020 (a cell per subset of a config's runs), 0021 (the counts) and
+    0022 (the rank marks), each walked down and up again."""
     upgrade(scratch_url)
     with get_sessionmaker(scratch_url)() as session:
         for i, tps in enumerate(TEN[:7]):
