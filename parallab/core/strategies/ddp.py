@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from parallab.core.layout import Layout
 from parallab.core.strategies.base import StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class DDPOptions(StrategyOptions):

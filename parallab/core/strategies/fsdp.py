@@ -9,16 +9,11 @@ the resting state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from parallab.core.layout import Layout
 from parallab.core.strategies.base import StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class FSDPOptions(StrategyOptions):

@@ -9,7 +9,7 @@ The rank side runs all of them through one module (`workers.strategies.compose`)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -19,9 +19,6 @@ from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 OPTIONS: Loc = ("strategy", "options")
 

@@ -6,7 +6,7 @@ parameters (router included) are replicated.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
@@ -15,9 +15,6 @@ from parallab.core.model import Preset
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class MoEOptions(StrategyOptions):

@@ -7,7 +7,7 @@ micro-batches; every rank sees every row (no data parallelism on this mesh).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -17,9 +17,6 @@ from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class PPOptions(StrategyOptions):

@@ -6,17 +6,12 @@ the gradients are averaged over the ring in one all-reduce.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class RingOptions(StrategyOptions):

@@ -7,8 +7,6 @@ are replicated. Every rank sees the whole batch (no data parallelism on this mes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from parallab.core.dims.tp import shape_rules
@@ -17,9 +15,6 @@ from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
-
-if TYPE_CHECKING:
-    pass
 
 
 class TPOptions(StrategyOptions):
