@@ -55,7 +55,7 @@ from workers import strategies
 from workers.harness import gradcheck, replicas
 from workers.harness.main import new_model, reference_gradients
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy
+from workers.strategies.base import Applied, Strategy, local_grad
 from workers.strategies.expert_parallel import _is_expert
 
 Mutant = Callable[[Applied, RunContext, Strategy[Any, Any]], Any]
@@ -110,7 +110,7 @@ class Unscaled(Wrapped):
         size = ctx.mesh_dim(self.dim).size()
         for p in applied.model.parameters():
             if p.grad is not None:
-                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(size)
+                local_grad(p.grad).mul_(size)
 
 
 class DropShard(Wrapped):
@@ -143,14 +143,13 @@ class KeepLocal(Wrapped):
         self.param.register_hook(self._keep)
 
     def _keep(self, grad: torch.Tensor) -> None:
-        local = grad.to_local() if isinstance(grad, DTensor) else grad
-        self.local = local.detach().clone()
+        self.local = local_grad(grad).detach().clone()
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
         self.inner.sync_grads(applied, ctx, options)
         grad = self.param.grad
         if self.rank == 1 and grad is not None and self.local is not None:
-            (grad.to_local() if isinstance(grad, DTensor) else grad).copy_(self.local)
+            local_grad(grad).copy_(self.local)
 
 
 def drop_microbatch(applied: Applied, ctx: RunContext, strategy: Strategy[Any, Any]) -> Strategy[Any, Any]:
@@ -227,7 +226,7 @@ class ExpertsSummed(Wrapped):
         size, expert = ctx.mesh_dim("ep").size(), _is_expert(applied.model)
         for p in applied.model.parameters():
             if p.grad is not None and expert[id(p)]:
-                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(size)
+                local_grad(p.grad).mul_(size)
 
 
 @dataclass(frozen=True)
