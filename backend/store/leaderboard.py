@@ -15,8 +15,9 @@ lab's few runs) simpler windows over what the filters keep, with the same result
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 from sqlalchemy import (
@@ -94,7 +95,8 @@ ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.columns)
 CELL_ATTRIBUTES = ("model", "shape_key", *RECIPE_FILTERS)
 """What a config's cell carries besides its key and counts (the same for each of its runs)."""
 CELL_FILTERS = frozenset({"model", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS})
-"""Filters the cells can answer; the others (source, branch, user) aggregate the filtered runs."""
+"""Filters the cells can answer; under the others (source, branch, user) the sizes come from the
+counts and a config's figures from its filtered runs."""
 CHECK_FILTERS = ("checks", "verified")
 """Filters on a run's checks (`checks="passed"`: none failed; `verified=True`: none stated by its
 uploader). The cells answer them too: a config has a cell per subset they can keep (`SUBSETS`)."""
@@ -219,20 +221,15 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _cell_lock_key(key)})
-    match = _key_match(Entry, key)
+    match = _equals(Entry, CONFIG, key)
     attributes = conn.execute(select(*(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES)).where(*match)).one()
-    conn.execute(delete(Cell).where(*_key_match(Cell, key)))
+    conn.execute(delete(Cell).where(*_equals(Cell, CONFIG, key)))
     ordered = conn.execute(select(*RUN_CHECKS).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
     cells = [{**dict(zip(CONFIG, key, strict=True)), **attributes._mapping, **cell} for cell in subset_cells(ordered)]
     if cells:
         conn.execute(insert(Cell), cells)
-    conn.execute(delete(Count).where(*_key_match(Count, key)))
+    conn.execute(delete(Count).where(*_equals(Count, CONFIG, key)))
     conn.execute(insert(Count).from_select([*COUNT_KEY, "runs"], counts_of(Entry.__table__, match)))
-
-
-def _key_match(table: Any, key: tuple[Any, ...]) -> list[ColumnElement[bool]]:
-    """One config's rows of `table` (a null hardware key matches null)."""
-    return [getattr(table, c) == v if v is not None else getattr(table, c).is_(None) for c, v in zip(CONFIG, key, strict=True)]
 
 
 def counts_of(entries: Any, where: Sequence[ColumnElement[bool]] = ()) -> Any:
@@ -284,17 +281,7 @@ def subset_of(filters: dict[str, Any]) -> str:
 
 def grouped_by_config(rows: Any, width: int) -> Any:
     """(key, its rows) for rows ordered by their first `width` columns (one config after another)."""
-    key: tuple[Any, ...] | None = None
-    members: list[Any] = []
-    for row in rows:
-        here = tuple(row[:width])
-        if here != key:
-            if key is not None:
-                yield key, members
-            key, members = here, []
-        members.append(row)
-    if key is not None:
-        yield key, members
+    return groupby(rows, key=lambda row: tuple(row[:width]))
 
 
 def median_positions(n: int) -> set[int]:
@@ -506,7 +493,7 @@ def _config_medians(session: Session, board: Board, only: Sequence[tuple[Any, ..
     `median_positions` come back."""
     config = board.config
     cols = [getattr(Entry, c) for c in config]
-    conds = [*board.conds, *([or_(*(and_(*_equals(Entry, config, key)) for key in only))] if only is not None else [])]
+    conds = [*board.conds, *([_any_of(Entry, config, only)] if only is not None else [])]
     sizes = {n for (n,) in session.execute(select(func.count()).select_from(Entry).where(*conds).group_by(*cols))}
     if not sizes:
         return []
@@ -571,20 +558,25 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(page_ids))
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     rows = [by_id[i] for i in page_ids if i in by_id]
-    ranks = known_ranks if known_ranks is not None else _page_ranks(session, board, rows)
+    counted = {"config_runs": board.config, "group_size": group_cols}
+    tallies = {  # the planner's whole sizes, else the page's groups and configs (read once: the ranks use the groups')
+        label: known_sizes.get(label) or _sizes(session, board, columns, only={tuple(row[c] for c in columns) for row in rows})
+        for label, columns in counted.items()
+    }
+    ranks = known_ranks if known_ranks is not None else _page_ranks(session, board, rows, tallies["group_size"])
     for row in rows:
         row["rank"] = ranks[row["id"]]
-    for label, columns in (("config_runs", board.config), ("group_size", group_cols)):
-        tallies = known_sizes.get(label) or _sizes(session, board, columns, only={tuple(row[c] for c in columns) for row in rows})
-        for row in rows:
-            row[label] = tallies.get(tuple(row[c] for c in columns), 0)
+        for label, columns in counted.items():
+            row[label] = tallies[label].get(tuple(row[c] for c in columns), 0)
     return rows, total
 
 
-def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]]) -> dict[str, int]:
-    """The rank of each run on a page: one plus the faster runs of its group.
+def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes: dict[tuple[Any, ...], int]) -> dict[str, int]:
+    """The rank of each run on a page: one plus the faster runs of its group (`sizes`: the
+    competing runs of each group on the page).
 
-    On Postgres each group on the page is read from whichever end is nearer to its runs on the
+    On Postgres, when the cells answer the filters, from their rank marks (`_ranks_by_marks`).
+    Otherwise each group on the page is read from whichever end is nearer to its runs on the
     page, ranked as it streams: the runs above the group's middle from its fastest run down to
     the slowest of them (rank = one plus the runs read before, ties shared), the runs below it
     from its slowest run up to the fastest of them (rank = one plus the group's size minus the
@@ -610,7 +602,6 @@ def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]]) -> d
         marked = _ranks_by_marks(session, board, rows, set(on_page))
         if marked is not None:
             return marked
-    sizes = _sizes(session, board, group_cols, only=set(on_page))
     middles = _middles(session, group_cols, set(on_page))
     table = Entry.__table__
     plan = []
@@ -655,20 +646,20 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]], 
     range is not indexable) or no marks yet: the caller reads the groups instead."""
     group_cols = board.group_cols
     cols = [getattr(Cell, c) for c in (*group_cols, *CONFIG)]
-    which = or_(*(and_(*_equals(Cell, group_cols, key)) for key in groups))
-    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[list[float]]]]] = {}
+    which = _any_of(Cell, group_cols, groups)
+    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[float], list[list[float]]]]] = {}
     for cell in session.execute(select(*cols, Cell.marks).where(*_cell_conditions(board.filters, board.group), which)):
         config = tuple(cell[len(group_cols) : len(group_cols) + len(CONFIG)])
         if cell.marks is None or any(v is None for v in config):
             return None
-        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, cell.marks))
+        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, [m[0] for m in cell.marks], cell.marks))
     faster: dict[str, int] = {}
     bands: list[tuple[Any, ...]] = []
     for row in rows:
         faster[row["id"]] = 0
         x = row["tokens_per_s"]
-        for config, marks in configs.get(tuple(row[c] for c in group_cols), []):
-            i = bisect_left([m[0] for m in marks], x)
+        for config, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
+            i = bisect_left(speeds, x)
             if i == len(marks):  # faster than every run of this config
                 continue
             mark, above = marks[i]
@@ -704,7 +695,7 @@ def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, .
     """An estimate of each group's middle throughput: the median of its configs' medians, each
     weighted by its runs (every run's cells: a few rows a group)."""
     cols = [getattr(Cell, c) for c in group_cols]
-    which = or_(*(and_(*_equals(Cell, group_cols, key)) for key in keys))
+    which = _any_of(Cell, group_cols, keys)
     query = select(*cols, Cell.runs, Cell.median_tokens_per_s).where(Cell.subset == "all", Cell.median_tokens_per_s.is_not(None), which)
     configs: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
     for row in session.execute(query):
@@ -756,12 +747,17 @@ def _equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[C
     ]
 
 
+def _any_of(table: Any, columns: Sequence[str], keys: Iterable[Sequence[Any]]) -> ColumnElement[bool]:
+    """Rows whose `columns` equal one of `keys` (`_equals` each)."""
+    return or_(*(and_(*_equals(table, columns, key)) for key in keys))
+
+
 def _sizes(session: Session, board: Board, columns: Sequence[str], only: set[tuple[Any, ...]] | None = None) -> dict[tuple[Any, ...], int]:
     """How many competing runs each value of `columns` (a group or a config) has, summed from the
     cells or the counts (`_tallies`); `only` restricts it to a few values (a page's)."""
     source, conds = _tallies(board)
     cols = [getattr(source, c) for c in columns]
-    which = [] if only is None else [or_(*(and_(*_equals(source, columns, key)) for key in only))]
+    which = [] if only is None else [_any_of(source, columns, only)]
     query = select(*cols, cast(func.sum(source.runs), Integer)).where(*conds, *which)
     return {tuple(r[:-1]): int(r[-1]) for r in session.execute(query.group_by(*cols))}
 
