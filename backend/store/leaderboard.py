@@ -279,6 +279,15 @@ def subset_of(filters: dict[str, Any]) -> str:
     return next(name for name, rule in SUBSETS.items() if rule == wanted)
 
 
+def runs_by_config(entries: Any) -> Any:
+    """Every entry as its config then what `subset_cells` reads (`RUN_CHECKS`), one config after
+    another in (throughput, id) order — the one pass the bulk rebuild and the migrations that
+    derive cells make (`entries`: the table, or a migration's snapshot of it)."""
+    config = [entries.c[c] for c in CONFIG]
+    checks = (entries.c.id, entries.c.tokens_per_s, entries.c.checks_failed.is_not(None), entries.c.checks_stated.is_not(None))
+    return select(*config, *checks).order_by(*config, entries.c.tokens_per_s, entries.c.id)
+
+
 def grouped_by_config(rows: Any, width: int) -> Any:
     """(key, its rows) for rows ordered by their first `width` columns (one config after another)."""
     return groupby(rows, key=lambda row: tuple(row[:width]))
@@ -334,7 +343,7 @@ def _fill_cells(session: Session) -> None:
         tuple(r[: len(CONFIG)]): dict(zip(CELL_ATTRIBUTES, r[len(CONFIG) :], strict=True))
         for r in session.execute(select(*config, *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES)).group_by(*config))
     }
-    rows = session.execute(select(*config, *RUN_CHECKS).order_by(*config, Entry.tokens_per_s, Entry.id))
+    rows = session.execute(runs_by_config(Entry.__table__))
     batch: list[dict[str, Any]] = []
     for key, members in grouped_by_config(rows, len(CONFIG)):
         fixed = {**dict(zip(CONFIG, key, strict=True)), **attributes[key]}

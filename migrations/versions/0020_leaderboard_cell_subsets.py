@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from backend.store.leaderboard import grouped_by_config, subset_cells
+from backend.store.leaderboard import grouped_by_config, runs_by_config, subset_cells
 
 revision = "0020"
 down_revision = "0019"
@@ -56,12 +56,7 @@ def upgrade() -> None:
         tuple(r[: len(CONFIG)]): dict(zip(ATTRIBUTES, r[len(CONFIG) :], strict=True))
         for r in conn.execute(sa.select(*(cells.c[c] for c in (*CONFIG, *ATTRIBUTES))).where(cells.c.subset == "all"))
     }
-    order = [entries.c[c] for c in CONFIG]
-    rows = conn.execute(
-        sa.select(
-            *order, entries.c.id, entries.c.tokens_per_s, entries.c.checks_failed.is_not(None), entries.c.checks_stated.is_not(None)
-        ).order_by(*order, entries.c.tokens_per_s, entries.c.id)
-    )
+    rows = conn.execute(runs_by_config(entries))
     batch_rows: list[dict[str, Any]] = []
     for key, members in grouped_by_config(rows, len(CONFIG)):
         if key not in attributes:  # (an entry without a cell: nothing the board showed)

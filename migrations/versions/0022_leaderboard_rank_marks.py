@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from backend.store.leaderboard import grouped_by_config, subset_cells
+from backend.store.leaderboard import grouped_by_config, runs_by_config, subset_cells
 
 revision = "0022"
 down_revision = "0021"
@@ -58,12 +58,7 @@ def upgrade() -> None:
     with op.batch_alter_table("leaderboard_cells") as batch:
         batch.add_column(sa.Column("marks", sa.JSON(), nullable=True))
     conn = op.get_bind()
-    order = [entries.c[c] for c in CONFIG]
-    rows = conn.execute(
-        sa.select(
-            *order, entries.c.id, entries.c.tokens_per_s, entries.c.checks_failed.is_not(None), entries.c.checks_stated.is_not(None)
-        ).order_by(*order, entries.c.tokens_per_s, entries.c.id)
-    )
+    rows = conn.execute(runs_by_config(entries))
     statement = (
         sa.update(cells)
         .where(*(cells.c[c].is_not_distinct_from(sa.bindparam(f"key_{c}")) for c in CONFIG), cells.c.subset == sa.bindparam("key_subset"))
