@@ -95,9 +95,17 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each test that takes this runs once on SQLite and once on Postgres; tables are emptied after."""
+    """Each test that takes this runs once on SQLite and once on Postgres, on empty tables: emptied
+    before (a module-scoped fixture on the session's database, the API fuzzer's or an e2e lab's,
+    leaves its rows behind) and after."""
     url = request.getfixturevalue(f"{request.param}_url")
+    empty_tables(url)
     yield url
+    empty_tables(url)
+
+
+def empty_tables(url: str) -> None:
+    """Delete every row of the app's tables (`TABLES`), in one transaction."""
     from backend.db import get_engine
 
     with get_engine(url).begin() as conn:
