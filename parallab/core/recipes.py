@@ -33,7 +33,7 @@ LOSS_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 1e-2, "f
 """Max relative loss difference from the fp32 reference, per precision (see the module docstring)."""
 ACCUMULATION_TOLERANCE = 1e-6
 """fp32 accumulation against none: the same sums in another order (a few ulps of fp32)."""
-RECIPE_DEFAULTS: dict[str, Any] = {"precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1}
+RECIPE_DEFAULTS: dict[str, Any] = {"precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1, "compile": False}
 """The recipe of the reference run."""
 
 

@@ -112,6 +112,14 @@ class Workload(ShapeOverrides):
     grad_accumulation_steps: int = recipe_field(
         1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096
     )
+    compile: bool = recipe_field(
+        False,
+        "torch.compile each transformer block (torchtitan's per-block compile; the first steps pay the compilation, "
+        "so give it warm-up steps). The reference and the gradient check's reference stay eager.",
+        cli="--compile",
+        key=True,
+        neutral=False,
+    )
     lr: float | None = recipe_field(
         None,
         "AdamW learning rate (default: " + ", ".join(f"{v:g} on {k} data" for k, v in DEFAULT_LR.items()) + ").",

@@ -46,7 +46,7 @@ from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
 from workers.harness import amp, divergence, gradcheck, loop, measure, replicas
 from workers.harness.families import build_model
-from workers.harness.model import Transformer, apply_activation_checkpointing
+from workers.harness.model import Transformer, apply_activation_checkpointing, compile_blocks
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
 GRADIENTS_FILE = "gradients.rank0.pt"
@@ -68,12 +68,14 @@ def load_job(path: Path) -> ResolvedJob:
 
 
 def new_model(job: ResolvedJob, *, route_groups: int = 1) -> Transformer:
-    """The seeded model with the job's recipe applied: recomputation, and fp8's Float8Linear layers."""
+    """The seeded model with the job's recipe applied: recomputation, fp8's Float8Linear layers, compiled blocks."""
     model = build_model(job.model, seed=job.workload.seed, aux_loss_coef=aux_loss_coef(job), route_groups=route_groups)
     apply_activation_checkpointing(model, job.workload.activation_checkpointing)
     if job.workload.precision == "fp8":
         layout = job.layout
         amp.convert_to_fp8(model, fsdp_all_gather=layout is not None and layout.dp_shard > 1)
+    if job.workload.compile:
+        compile_blocks(model)
     return model
 
 

@@ -18,6 +18,7 @@ import resource
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -173,8 +174,19 @@ class StepMemTracker(MemTracker):
 
 
 def live_tensors() -> list[torch.Tensor]:
-    """Every dense tensor with memory that the Python heap holds now (plain tensors and subclasses such as DTensor)."""
-    return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and obj.device.type != "meta"]
+    """Every dense tensor with memory that the Python heap holds now (plain tensors and subclasses such as DTensor).
+
+    The heap can hold weak proxies whose referent is gone (torch.compile leaves some): `isinstance`
+    on one raises ReferenceError, so proxies are skipped by their own type, which reads nothing through them.
+    """
+    return [
+        obj
+        for obj in gc.get_objects()
+        if type(obj) not in weakref.ProxyTypes
+        and isinstance(obj, torch.Tensor)
+        and obj.layout == torch.strided
+        and obj.device.type != "meta"
+    ]
 
 
 @contextmanager

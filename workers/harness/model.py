@@ -367,6 +367,18 @@ selective_contexts = functools.partial(create_selective_checkpoint_contexts, _ke
 """The `context_fn` of selective recomputation (the calibrate job times its overhead)."""
 
 
+def compile_blocks(model: Transformer) -> int:
+    """torch.compile every block in place (`nn.Module.compile`), as torchtitan compiles each
+    TransformerBlock: the blocks share one code object, so one compiled graph serves them all, and
+    in place the parameter names stay the plain model's (the gradient check and the FSDP/TP plans
+    read them). Called before the strategy wraps the model, after recomputation and fp8 are set, so
+    the compiled code covers both; compilation itself is lazy (the first forward). Returns the count."""
+    blocks = list(model.blocks())
+    for block in blocks:
+        block.compile()
+    return len(blocks)
+
+
 def apply_activation_checkpointing(model: Transformer, mode: str) -> None:
     """Set each block's recomputation: none; selective (op level, see the module docstring) on every
     block; alternate = every other block recomputed whole (torchtitan's layer SAC); full = every block."""
