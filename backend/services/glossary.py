@@ -44,7 +44,9 @@ TERMS: tuple[Term, ...] = (
         "peak-memory",
         "Peak memory (allocated)",
         "The most memory the allocator held on a rank during the measured steps, parameters included: the CUDA "
-        "allocator's peak on GPU, the profiler's allocated total on CPU. Shown for the busiest rank, in binary units (GiB).",
+        "allocator's peak on GPU, the profiler's allocated total on CPU. Shown for the busiest rank, in binary units (GiB). "
+        "On GPU the card also gives what the caching allocator reserved from the device (allocated plus its cached, "
+        "unused blocks): what another process on that GPU could not have.",
     ),
     Term(
         "peak-rss",
