@@ -3,10 +3,16 @@
 `read_hf_config` maps the dict a model's `config.json` holds onto `ModelConfig`'s fields
 (family `hf`, vocab_size, hidden_size, ffn_hidden_size, num_layers, num_heads, num_kv_heads,
 tie_embeddings, attention_bias, norm_eps, rope_theta) for the `model_type`s the family builds
-exactly (`ARCHITECTURES`): `llama`, `qwen2`, and `mistral` — the rank side builds it as
+exactly (`ARCHITECTURES`): `llama`, `qwen2`, `mistral` — the rank side builds it as
 `LlamaForCausalLM`, which is Mistral's module for module (same names, same tensors) with full
 causal attention, so a Mistral config is accepted only where its sliding window covers the whole
-sequence (the window is then no window at all).
+sequence (the window is then no window at all) — and `mixtral`, Mistral's attention with MoE
+blocks: `num_local_experts` → num_experts, `num_experts_per_tok` → top_k (its `sliding_window`
+bounds the sequence as Mistral's does). Mixtral's router settings are held to what the rank side
+computes: `router_jitter_noise` must be 0 (noise multiplies the router's input in training) and
+`output_router_logits` false (true adds the load-balancing loss to the library's loss, changing
+the gradients); `router_aux_loss_coef` is then unused by the model and ignored. The run's loss is
+the harness's mean cross-entropy, with no load-balancing term.
 
 What a config does not decide: `seq_len`, the batch and the recipe are the workload's. A config's
 `max_position_embeddings` (and Mistral's `sliding_window`) is the most tokens a sequence may
@@ -61,7 +67,7 @@ MAX_CONFIG_DEPTH = MAX_JSON_DEPTH
 LOC: Loc = ("workload", "hf_config")
 """Where a job spec carries a config."""
 
-READ: dict[str, str] = {
+READ: dict[str, str] = {  # every model_type's (an architecture adds its own: `Architecture.reads`)
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "intermediate_size": "ffn_hidden_size",
@@ -75,9 +81,6 @@ READ: dict[str, str] = {
 """Config key → the shape field it sets."""
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 """Keys a config must have: the shape itself (every config `transformers` saves has them)."""
-DEFAULT_NORM_EPS = 1e-6
-DEFAULT_ROPE_THETA = 10_000.0
-"""`rms_norm_eps` and `rope_theta` when a config has none: every supported config class's defaults."""
 LIMITS = ("max_position_embeddings", "sliding_window")
 """Keys that bound the sequence length (`HFShape.seq_limit`), not a field."""
 
@@ -156,6 +159,10 @@ def _is_false(value: Any) -> bool:
     return value is False
 
 
+def _is_false_or_null(value: Any) -> bool:
+    return value is None or value is False
+
+
 def _is_zero(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
@@ -204,6 +211,13 @@ class Architecture:
     ignored: frozenset[str] = frozenset()
     window_key: str | None = None
     """The key whose window must cover the sequence (Mistral's `sliding_window`)."""
+    reads: dict[str, str] = field(default_factory=dict)
+    """Shape keys of this model_type only (Mixtral's experts), as `READ`: key → field."""
+    read_defaults: dict[str, Any] = field(default_factory=dict)
+    """Values of `reads` keys the config lacks (the config class's defaults)."""
+    norm_eps_default: float = 1e-6
+    rope_theta_default: float = 10_000.0
+    """`rms_norm_eps` and `rope_theta` when the config has none (the config class's defaults)."""
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -233,6 +247,24 @@ ARCHITECTURES: dict[str, Architecture] = {
             "use_mrope": (_is_false, "false (multimodal rotary positions are Qwen2-VL's)"),
         },
         ignored=frozenset({"sliding_window", "max_window_layers"}),  # used only with use_sliding_window
+    ),
+    "mixtral": Architecture(
+        attention_bias=False,
+        kv_heads_default=8,
+        max_positions_default=4096 * 32,
+        window_key="sliding_window",
+        reads={"num_local_experts": "num_experts", "num_experts_per_tok": "top_k"},
+        read_defaults={"num_local_experts": 8, "num_experts_per_tok": 2},
+        norm_eps_default=1e-5,
+        rope_theta_default=1e6,
+        must_hold={
+            "router_jitter_noise": (_is_zero, "0 (jitter multiplies the router's input by noise in training)"),
+            "output_router_logits": (
+                _is_false_or_null,
+                "false (true adds the load-balancing loss to the library's loss; the run's loss is cross-entropy only)",
+            ),
+        },
+        ignored=frozenset({"router_aux_loss_coef"}),  # the load-balancing loss's weight: unused without output_router_logits
     ),
 }
 """The `model_type`s the hf family builds, by name."""
@@ -367,9 +399,10 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     fields: dict[str, Any] = {}
     source: dict[str, str] = {}
     must_hold = {**COMMON_MUST_HOLD, **arch.must_hold}
+    reads = {**READ, **arch.reads}
     rope_parameters: Any = None
     for key, value in config.items():
-        if key in READ or key in LIMITS or key in METADATA or key in arch.ignored:
+        if key in reads or key in LIMITS or key in METADATA or key in arch.ignored:
             continue
         if key == "rope_parameters":
             rope_parameters = value
@@ -390,10 +423,17 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     for key in REQUIRED:
         if config.get(key) is None:
             problems.append(SpecProblem((*loc, key), f"missing: a {model_type} config.json names its {READ[key]} here"))
-    for key, name in READ.items():
+    for key, name in reads.items():
         value = config.get(key)
+        if value is None:  # absent or null: the config class's default, if it has one
+            value = arch.read_defaults.get(key)
         if value is None:
             continue
+        if key in arch.reads:  # a model_type's own shape keys say what it is: Mixtral with no expert is none
+            _, bad = _positive_int(key, value, loc)
+            if bad:
+                problems += bad
+                continue
         checked, bad = _field_value(key, name, value, loc)
         problems += bad
         if not bad:
@@ -442,15 +482,16 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     fields.update(
         family="hf",
         mlp="swiglu",
-        num_experts=0,
+        num_experts=fields.get("num_experts", 0),
         num_shared_experts=0,
         first_dense_layers=0,
         attention_bias=arch.attention_bias,
         tie_embeddings=fields.get("tie_embeddings", False),
-        norm_eps=fields.get("norm_eps", DEFAULT_NORM_EPS),
-        rope_theta=fields.get("rope_theta", DEFAULT_ROPE_THETA),
+        norm_eps=fields.get("norm_eps", arch.norm_eps_default),
+        rope_theta=fields.get("rope_theta", arch.rope_theta_default),
     )
     source.setdefault("attention_bias", "model_type")
+    source.setdefault("num_experts", "model_type")
     for name in ("tie_embeddings", "norm_eps", "rope_theta"):
         source.setdefault(name, next(k for k, v in READ.items() if v == name))
     return HFShape(model_type=model_type, fields=fields, source=source, seq_limit=min(limits, key=lambda kv: kv[1]) if limits else None)

@@ -40,13 +40,15 @@ class ModelConfig(BaseModel):
     """A decoder-only transformer's shape, built by its `family` (`parallab.core.families`): RMSNorm,
     rotary positions, multi-head or grouped-query attention, a SwiGLU or GELU MLP or an MoE MLP
     (top-k routed experts, shared experts, dense first layers), tied or untied embeddings. The
-    `hf` family builds the dense SwiGLU subset as Hugging Face's Llama (Qwen2 with q/k/v biases)."""
+    `hf` family builds the SwiGLU subset as Hugging Face's Llama (Qwen2 with q/k/v biases, Mixtral
+    with routed experts)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     family: Family = shape_field(
         "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
-        "from its config with random weights: Llama, or Qwen2 with attention_bias; the worker needs parallab[hf]).",
+        "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts; the worker needs "
+        "parallab[hf]).",
         cli="--family",
         default="parallab",
         neutral="parallab",
@@ -165,8 +167,14 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
     if cfg.family == "hf":
         if cfg.mlp != "swiglu":
             out.append(("mlp", f"the hf family builds Llama's SwiGLU MLP; mlp {cfg.mlp!r} is the parallab family's only"))
-        if cfg.num_experts:
-            out.append(("num_experts", "the hf family builds dense Llama and Qwen2 models; experts are the parallab family's only"))
+        if cfg.num_experts:  # Mixtral: routed experts only, in every block, attention without biases
+            for name, why in (
+                ("num_shared_experts", "shared experts"),
+                ("first_dense_layers", "dense first layers"),
+                ("attention_bias", "q/k/v biases"),
+            ):
+                if getattr(cfg, name):
+                    out.append((name, f"the hf family's MoE model is Mixtral, which has no {why}; they are the parallab family's only"))
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
             ("first_dense_layers", f"first_dense_layers {cfg.first_dense_layers} leaves no MoE block of num_layers {cfg.num_layers}")

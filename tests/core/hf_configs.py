@@ -139,3 +139,47 @@ TINY_MISTRAL: dict[str, Any] = {
     "sliding_window": 16,
 }
 """Mistral at `tiny`'s width with a 16-token sliding window."""
+
+
+MIXTRAL_8X7B: dict[str, Any] = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+"""mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, top-2, no sliding window."""
+
+TINY_MIXTRAL: dict[str, Any] = {
+    **MIXTRAL_8X7B,
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+"""Mixtral at `tiny`'s width: 2 layers of 4 experts (top-2, inner width 256), hidden 64, 4 heads over
+2 KV heads, vocabulary 256."""

@@ -156,6 +156,8 @@ HF_VARIANTS = [
     {"num_kv_heads": 1, "attention_bias": True},
     {"tie_embeddings": True, "num_layers": 3},
     {"model": "llama-3-8b"},
+    {"num_layers": 2, "num_kv_heads": 2, "num_experts": 4, "top_k": 2},
+    {"model": "mixtral-8x7b"},
 ]
 
 
@@ -179,6 +181,28 @@ def test_the_hf_count_by_hand_and_at_llama_3_8b():
     llama = job("fsdp", 8, model="llama-3-8b", family="hf").model
     assert param_counts(llama).total == 8_030_261_248 == param_counts(PRESETS["llama-3-8b"].config).total
     assert model_flops_per_token(llama) == model_flops_per_token(PRESETS["llama-3-8b"].config)
+
+
+def test_the_hf_mixtral_count_by_hand_and_at_mixtral_8x7b():
+    """Mixtral at tiny's width, 2 blocks of 4 experts top-2: attention 2·64² + 2·64·32, norms 2·64,
+    router 4·64, experts 4·3·64·256 per block; embedding and head 256·64 each, final norm 64:
+    451,392. A token multiplies 2 of the 4 experts. Mixtral-8x7B as hf is its published
+    46,702,792,704 and the parallab family's FLOPs (the same closed form, other module names)."""
+    h, kv, f, v, e, k = 64, 32, 256, 256, 4, 2
+    cfg = job("single", 1, family="hf", num_layers=2, num_kv_heads=2, num_experts=e, top_k=k).model
+    shared = 2 * h * h + 2 * h * kv + 2 * h + e * h
+    counts = param_counts(cfg)
+    assert counts.total == 2 * (shared + e * 3 * h * f) + 2 * v * h + h == 451_392
+    assert counts.active_non_embedding == 2 * (shared + k * 3 * h * f) + h + v * h
+    assert model_flops_per_token(cfg) == 6 * counts.active_non_embedding + 12 * 2 * 4 * 16 * cfg.seq_len
+    mixtral = job("fsdp", 8, model="mixtral-8x7b", family="hf").model
+    assert param_counts(mixtral).total == 46_702_792_704 == param_counts(PRESETS["mixtral-8x7b"].config).total
+    assert model_flops_per_token(mixtral) == model_flops_per_token(PRESETS["mixtral-8x7b"].config)
+    experts = [t for t in model_tensors(cfg) if t.expert]
+    assert [t.name for t in experts[:2]] == ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"]
+    assert [t.shape for t in experts[:2]] == [(e, 2 * f, h), (e, h, f)] and len(experts) == 4
+    plan = family_of(cfg).block_plan(cfg, 0)
+    assert not [p for p in plan if p.startswith("mlp")], "the MoE block is left whole: attention part only"
 
 
 def test_the_hf_family_names_hugging_faces_modules():
@@ -211,8 +235,12 @@ def test_the_parallab_family_stays_the_default():
     ("strategy", "n", "options", "workload", "loc", "says"),
     [
         ("ddp", 2, {}, {"mlp": "gelu"}, ("workload", "mlp"), "the hf family builds Llama's SwiGLU MLP"),
-        ("ddp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "the hf family builds dense"),
-        ("moe", 2, {}, {}, ("workload", "num_experts"), "the hf family builds dense"),
+        ("ddp", 2, {}, {"num_experts": 4, "num_shared_experts": 1}, ("workload", "num_shared_experts"), "Mixtral, which has no shared"),
+        ("ddp", 2, {}, {"num_experts": 4, "first_dense_layers": 1}, ("workload", "first_dense_layers"), "no dense first layers"),
+        ("ddp", 2, {}, {"num_experts": 4, "attention_bias": True}, ("workload", "attention_bias"), "no q/k/v biases"),
+        ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); Mixtral (4 experts) runs under ddp"),
+        ("tp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2); Mixtral"),
+        ("tp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "tp supports dense models only"),
         ("pp", 2, {}, {}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
         ("ring", 2, {}, {}, ("strategy", "name"), "context parallelism yet (cp=2)"),
     ],

@@ -17,10 +17,20 @@ from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.model import PRESETS
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, key_fields, workload_fields
-from tests.core.hf_configs import LLAMA_3_1_8B, LLAMA_3_8B, MISTRAL_7B_V0_1, MISTRAL_7B_V0_3, QWEN2_5_7B, nested
+from tests.core.hf_configs import (
+    LLAMA_3_1_8B,
+    LLAMA_3_8B,
+    MISTRAL_7B_V0_1,
+    MISTRAL_7B_V0_3,
+    MIXTRAL_8X7B,
+    QWEN2_5_7B,
+    TINY_MIXTRAL,
+    nested,
+)
 
 LLAMA_3_8B_PARAMS = 8_030_261_248
 QWEN2_5_7B_PARAMS = 7_615_616_512
+MIXTRAL_8X7B_PARAMS = 46_702_792_704
 
 
 def resolve(config: Any, strategy: str = "fsdp", world: int = 8, **workload: Any) -> ResolvedJob:
@@ -121,13 +131,78 @@ def test_a_qwen2_sliding_window_is_refused():
     assert "full attention" in found["workload.hf_config.use_sliding_window"]
 
 
+# ---- Mixtral: Mistral's attention with MoE blocks ----
+
+
+def test_a_mixtral_config_reads_its_experts_and_mixtrals_defaults():
+    shape = read_hf_config(MIXTRAL_8X7B)
+    assert (shape.fields["num_experts"], shape.fields["top_k"], shape.fields["ffn_hidden_size"]) == (8, 2, 14336)
+    assert (shape.source["num_experts"], shape.source["top_k"]) == ("num_local_experts", "num_experts_per_tok")
+    assert (shape.fields["num_shared_experts"], shape.fields["first_dense_layers"], shape.fields["attention_bias"]) == (0, 0, False)
+    assert shape.seq_limit == ("max_position_embeddings", 32768)  # sliding_window null: no window
+    # MixtralConfig's defaults where the file is silent: 8 experts, top-2, 8 KV heads, eps 1e-5, base 10⁶
+    bare = read_hf_config(
+        {
+            k: v
+            for k, v in MIXTRAL_8X7B.items()
+            if k not in ("num_local_experts", "num_experts_per_tok", "num_key_value_heads", "rms_norm_eps", "rope_theta")
+        }
+    )
+    assert {k: bare.fields[k] for k in ("num_experts", "top_k", "num_kv_heads", "norm_eps", "rope_theta")} == {
+        "num_experts": 8,
+        "top_k": 2,
+        "num_kv_heads": 8,
+        "norm_eps": 1e-5,
+        "rope_theta": 1e6,
+    }
+    assert read_hf_config({**MIXTRAL_8X7B, "num_local_experts": None}).fields["num_experts"] == 8, "null is the default, not dense"
+
+
+def test_a_mixtral_window_bounds_the_sequence_as_mistrals_does():
+    found = refusal({**TINY_MIXTRAL, "sliding_window": 16}, seq_len=32)
+    assert "sliding_window 16" in found["workload.seq_len"]
+    assert resolve({**TINY_MIXTRAL, "sliding_window": 16}, model="tiny").model.seq_len == 16
+
+
+def test_the_router_loss_weight_is_ignored_while_the_router_settings_that_change_the_step_are_refused():
+    """router_aux_loss_coef weighs a loss the model adds only with output_router_logits: unused, ignored."""
+    assert read_hf_config({**MIXTRAL_8X7B, "router_aux_loss_coef": 0.5}).fields == read_hf_config(MIXTRAL_8X7B).fields
+    assert read_hf_config({**MIXTRAL_8X7B, "router_jitter_noise": 0.0}).fields == read_hf_config(MIXTRAL_8X7B).fields
+    found = refusal({**MIXTRAL_8X7B, "router_jitter_noise": 0.01, "output_router_logits": True})
+    assert "must be 0 (jitter" in found["workload.hf_config.router_jitter_noise"]
+    assert "load-balancing loss" in found["workload.hf_config.output_router_logits"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        ({"num_experts_per_tok": 5}, "num_experts_per_tok", "top_k 5 must be between 1 and num_experts 4"),
+        ({"num_local_experts": 0}, "num_local_experts", "must be a positive integer, not 0"),
+        ({"num_local_experts": "8"}, "num_local_experts", 'must be a positive integer, not "8"'),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok", "must be a positive integer, not 0"),
+        ({"num_local_experts": 2048}, "num_local_experts", "num_experts 2048: Input should be less than or equal to 1024"),
+        ({"moe_layer_freq": 2}, "moe_layer_freq", "not a key the hf family knows for model_type 'mixtral'"),
+        ({"attention_bias": False}, "attention_bias", "not a key the hf family knows for model_type 'mixtral'"),
+    ],
+)
+def test_a_bad_mixtral_config_is_refused_naming_its_key(change, key, words):
+    found = refusal({**TINY_MIXTRAL, **change}, model="tiny")
+    assert words in found[f"workload.hf_config.{key}"], found
+
+
+def test_the_experts_keys_are_mixtrals_only():
+    found = refusal({**LLAMA_3_8B, "num_local_experts": 8})
+    assert "not a key the hf family knows for model_type 'llama'" in found["workload.hf_config.num_local_experts"]
+
+
 # ---- the refusals the brief lists ----
 
 
 def test_an_unknown_model_type_is_refused_listing_the_supported_ones():
     found = refusal({**LLAMA_3_8B, "model_type": "gpt_neox"})
     msg = found["workload.hf_config.model_type"]
-    assert 'model_type "gpt_neox"' in msg and all(name in msg for name in SUPPORTED) and SUPPORTED == ("llama", "mistral", "qwen2")
+    assert 'model_type "gpt_neox"' in msg and all(name in msg for name in SUPPORTED)
+    assert SUPPORTED == ("llama", "mistral", "qwen2", "mixtral")
     assert "no model_type" in refusal({k: v for k, v in LLAMA_3_8B.items() if k != "model_type"})["workload.hf_config.model_type"]
 
 

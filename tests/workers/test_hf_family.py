@@ -28,10 +28,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the hub: a config builds t
 
 LLAMA = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
 """The tiny Llama of the brief: `tiny`'s hidden 64, 4 heads and vocabulary 256, 2 layers, 2 KV heads."""
+MIXTRAL = {**LLAMA, "num_experts": 4, "top_k": 2}
+"""The same as Mixtral: every block's MLP 4 experts (inner width 256), each token routed to 2."""
 SHAPES = {
     "llama-gqa": LLAMA,
     "llama-mha-tied": {"family": "hf", "num_layers": 3, "tie_embeddings": True},
     "qwen2-bias": {**LLAMA, "attention_bias": True, "num_kv_heads": 1},
+    "mixtral": MIXTRAL,
+    "mixtral-top1-tied": {**MIXTRAL, "num_experts": 8, "top_k": 1, "tie_embeddings": True, "num_kv_heads": 1},
 }
 
 
@@ -50,11 +54,16 @@ def test_the_built_module_is_exactly_the_declared_tensors(name):
     assert type(model).__name__ == "HFCausalLM"
 
 
-def test_the_architecture_follows_attention_bias_and_the_tied_head_is_one_parameter():
+def test_the_architecture_follows_attention_bias_and_experts_and_the_tied_head_is_one_parameter():
     from workers.harness.families import build_meta
 
     assert HF.architecture(cfg_of(SHAPES["qwen2-bias"])) == "Qwen2ForCausalLM"
     assert HF.architecture(cfg_of(LLAMA)) == "LlamaForCausalLM"
+    assert HF.architecture(cfg_of(MIXTRAL)) == "MixtralForCausalLM"
+    mixtral = build_meta(cfg_of(MIXTRAL))
+    assert type(mixtral.model).__name__ == "MixtralModel"
+    moe = mixtral.model.layers["0"].mlp
+    assert (moe.gate.top_k, moe.experts.num_experts, moe.jitter_noise) == (2, 4, 0.0)
     tied = build_meta(cfg_of(SHAPES["llama-mha-tied"]))
     assert tied.lm_head.weight is tied.model.embed_tokens.weight and "lm_head.weight" not in dict(tied.named_parameters())
 
@@ -73,6 +82,29 @@ def test_a_wrong_declaration_is_caught_against_the_module():
     found = mismatches(BiasedO(), cfg, build_meta(cfg))
     assert "model.layers.0.self_attn.o_proj.bias: module None, declared (64,)" in found
     assert "the parameter formula disagrees with the module" not in found  # the formula is HF's own, unchanged
+
+
+def test_a_wrong_mixtral_declaration_is_caught_against_the_module():
+    """The holding test can fail for the experts too: transformers 4.x's per-expert Linear layers
+    (experts.0.w1 ...) or an unfused gate/up pair are not what 5.x builds."""
+    from parallab.core.families.base import Param
+    from parallab.core.families.hf import HFFamily
+    from workers.harness.families import build_meta
+
+    class Unfused(HFFamily):
+        def block_params(self, cfg: ModelConfig, layer: int) -> list[Param]:
+            e, f, h = cfg.num_experts, cfg.ffn_hidden_size, cfg.hidden_size
+            out = [p for p in super().block_params(cfg, layer) if p.param != "gate_up_proj"]
+            return [
+                *out,
+                Param("mlp.experts", "gate_proj", (e, f, h), expert=True),
+                Param("mlp.experts", "up_proj", (e, f, h), expert=True),
+            ]
+
+    cfg = cfg_of(MIXTRAL)
+    found = mismatches(Unfused(), cfg, build_meta(cfg))
+    assert "model.layers.0.mlp.experts.gate_proj: module None, declared (4, 256, 64)" in found
+    assert "model.layers.0.mlp.experts.gate_up_proj: module (4, 512, 64), declared None" in found, found
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -7,6 +7,11 @@ paths; this module only builds. `transformers` is an optional extra (`parallab[h
 here and nowhere else, only when an `hf` model is built; the hub is never asked for anything
 (`HF_HUB_OFFLINE`: a config, not a checkpoint, so there is nothing to download).
 
+The same build serves Llama, Qwen2 and Mixtral (the descriptor's `architecture`): a Mixtral
+block's MoE is the library's own (its router, its dropless loop over the hit experts), so the
+experts the harness's `MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is
+empty, and the strategies that would split experts are refused for this family at resolution.
+
 The wrapper holds the library's own `model` (embed_tokens, layers, norm, rotary_emb) and
 `lm_head`, so parameter names are the library's. Its forward runs those modules itself rather
 than `LlamaModel.forward`: the blocks are kept in a dict keyed "0".."L-1" (the family's block
@@ -85,7 +90,7 @@ class HFCausalLM(Transformer):
         return []  # no `attn_fn` to swap: context parallelism is refused for this family
 
     def moe_layers(self) -> list[MoE]:
-        return []
+        return []  # Mixtral's MoE blocks are the library's (no capacity, no aux loss, never dispatched)
 
     def _block(self, block: nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
         def run(x: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,27 @@ class ParamCounts:
         return self.embedding + self.non_embedding
 
 
+def decoder_param_counts(cfg: ModelConfig) -> ParamCounts:
+    """Closed form of every family's decoder (the same maths under different module names):
+    attention 2h² + 2h·(kv_heads·head_dim) (+ the q, k, v biases), two norms, an MLP of m·h·f
+    (m = 3 SwiGLU, 2 GELU); an MoE block E·m·h·f + the router h·E + the shared experts' m·h·(S·f),
+    of which a token multiplies top_k experts; embedding V·h, final norm h and an untied head V·h."""
+    h, f, v, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.kv_dim
+    attention = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0)
+    mlp = cfg.mlp_matrices * h * f
+    dense = attention + 2 * h + mlp
+    moe = dense - mlp + h * cfg.num_experts + cfg.num_shared_experts * mlp
+    moe_total, moe_active = moe + cfg.num_experts * mlp, moe + cfg.top_k * mlp
+    m = cfg.moe_layers
+    head = v * h
+    return ParamCounts(
+        embedding=v * h,
+        non_embedding=(cfg.num_layers - m) * dense + m * moe_total + h + (0 if cfg.tie_embeddings else head),
+        active_non_embedding=(cfg.num_layers - m) * dense + m * moe_active + h + head,
+        per_layer=moe_total if m else dense,
+    )
+
+
 class ModelFamily:
     """A family's declarations; subclasses fill them in (see the module docstring)."""
 
@@ -113,10 +134,16 @@ class ModelFamily:
         return {}
 
     def param_counts(self, cfg: ModelConfig) -> ParamCounts:
-        raise NotImplementedError
+        """The decoder's closed form (`decoder_param_counts`): a family whose tensors are another's
+        overrides it."""
+        return decoder_param_counts(cfg)
 
     def flops_per_token(self, cfg: ModelConfig) -> int:
-        raise NotImplementedError
+        """6·N + 12·L·H·Q·T (PaLM appendix B): training FLOPs per token, attention included; N the
+        active non-embedding parameters (MoE: the router and top_k experts), H·Q the query heads'
+        width (K/V sharing changes the projections, counted in N, not QKᵀ and PV)."""
+        n = self.param_counts(cfg).active_non_embedding
+        return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_len
 
     def tensors(self, cfg: ModelConfig) -> list[Tensor]:
         """Every parameter with its qualified name, in the module's order, and the dim TP splits."""

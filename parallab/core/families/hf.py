@@ -1,15 +1,21 @@
 """The `hf` family: a Hugging Face `transformers` causal LM of a `ModelConfig`'s shape, built
 offline from its config with random weights (the rank side, `workers.harness.hf`, builds it).
 
-Which model: `LlamaForCausalLM`, or `Qwen2ForCausalLM` when `attention_bias` is set — Qwen2 is
+Which model: `LlamaForCausalLM`; `Qwen2ForCausalLM` when `attention_bias` is set — Qwen2 is
 Llama with biases on q, k and v only (Llama's own `attention_bias` would bias o_proj too), which
-is what the field means in every family. Dense SwiGLU models only (the shape rules refuse a GELU
-MLP or experts for this family).
+is what the field means in every family; `MixtralForCausalLM` when `num_experts` is set — Llama's
+attention with every MLP an MoE block (a top-k softmax router renormalised over the chosen
+experts, no shared experts, no dense first layer, no capacity: every routed token is computed).
+SwiGLU only (the shape rules refuse a GELU MLP, and for experts shared ones, dense first layers
+and q/k/v biases).
 
 Module paths are the library's own, so parameter names are those of its checkpoints: the root
 holds `model` (embed_tokens, layers, norm) and `lm_head`; the blocks are `model.layers`, kept as
 a container keyed "0".."L-1" (the library's list becomes a dict of the same names). Per block:
-self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm.
+self_attn.{q,k,v,o}_proj, input_layernorm, post_attention_layernorm, and mlp.{gate,up,down}_proj
+— or, for Mixtral, mlp.gate (the router, E×h) and mlp.experts' two fused 3-D parameters as
+transformers 5 declares them: gate_up_proj (E, 2f, h: each expert's gate rows then its up rows)
+and down_proj (E, h, f), the expert tensors (stacked on dim 0).
 
 The TP plan is the library's `base_model_tp_plan` (q/k/v and gate/up column-parallel, o and down
 row-parallel) plus what makes it Megatron's, as the parallab family's: each attention and MLP
@@ -17,14 +23,21 @@ input prepared once (the attention's by keyword, `input_kwarg`: the library's bl
 `hidden_states=`), so a block all-reduces its input gradient once per attention and once per MLP
 rather than once per column-parallel linear; the embedding vocab-parallel, the head
 column-parallel with gathered logits; the norms on a sequence shard under sequence parallelism.
-The communication is then the parallab family's, which the prediction counts.
+The communication is then the parallab family's, which the prediction counts. An MoE block's
+plan is the attention part only, as the parallab family's (and the library's own Mixtral plan);
+tensor parallelism runs dense models only, so it is refused for Mixtral (`workload.num_experts`
+by the strategy's rule, `strategy.name` here), as is expert parallelism.
+
+Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`): the
+library's tensors are the parallab family's under other names (Mixtral's fused gate_up_proj is w1
+and w3 stacked), so the formulas are shared, not restated.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from parallab.core.families.base import ModelFamily, Param, ParamCounts, TPStyle
+from parallab.core.families.base import ModelFamily, Param, TPStyle
 from parallab.core.problems import SpecProblem
 
 if TYPE_CHECKING:
@@ -35,6 +48,9 @@ UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "pp": "pipeline
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
 attention swaps the parallab attention's `attn_fn`, the pipeline's stages and expert parallelism's
 experts are the parallab modules'."""
+DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
+"""Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
+whole: every strategy with tp is dense-only, and this says why for this family)."""
 
 
 class HFFamily(ModelFamily):
@@ -46,6 +62,8 @@ class HFFamily(ModelFamily):
 
     def architecture(self, cfg: ModelConfig) -> str:
         """The `transformers` class this shape is built as."""
+        if cfg.is_moe:
+            return "MixtralForCausalLM"
         return "Qwen2ForCausalLM" if cfg.attention_bias else "LlamaForCausalLM"
 
     def hf_config(self, cfg: ModelConfig) -> dict[str, Any]:
@@ -67,7 +85,15 @@ class HFFamily(ModelFamily):
             "initializer_range": 0.02,
             "use_cache": False,
         }
-        if not cfg.attention_bias:
+        if cfg.is_moe:  # Mixtral: routing as trained, no window, no jitter, no router loss in the output
+            out.update(
+                num_local_experts=cfg.num_experts,
+                num_experts_per_tok=cfg.top_k,
+                sliding_window=None,
+                router_jitter_noise=0.0,
+                output_router_logits=False,
+            )
+        elif not cfg.attention_bias:
             out.update(attention_bias=False, mlp_bias=False)
         return out
 
@@ -84,14 +110,23 @@ class HFFamily(ModelFamily):
             if cfg.attention_bias:
                 out.append(Param(f"self_attn.{name}", "bias", (width,)))
         out.append(Param("self_attn.o_proj", "weight", (h, h)))
-        out += [Param("mlp.gate_proj", "weight", (f, h)), Param("mlp.up_proj", "weight", (f, h)), Param("mlp.down_proj", "weight", (h, f))]
+        if cfg.block_is_moe(layer):
+            e = cfg.num_experts
+            out += [
+                Param("mlp.gate", "weight", (e, h)),
+                Param("mlp.experts", "gate_up_proj", (e, 2 * f, h), expert=True),
+                Param("mlp.experts", "down_proj", (e, h, f), expert=True),
+            ]
+        else:
+            mlp = (("gate_proj", (f, h)), ("up_proj", (f, h)), ("down_proj", (h, f)))
+            out += [Param(f"mlp.{name}", "weight", shape) for name, shape in mlp]
         return out + [Param("input_layernorm", "weight", (h,)), Param("post_attention_layernorm", "weight", (h,))]
 
     def root_plan(self, cfg: ModelConfig) -> dict[str, TPStyle]:
         return {"model.embed_tokens": "embedding", "model.norm": "norm", "lm_head": "head"}
 
     def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
-        return {
+        plan: dict[str, TPStyle] = {
             "input_layernorm": "norm",
             "self_attn": "input_kwarg",
             "self_attn.q_proj": "colwise",
@@ -99,41 +134,21 @@ class HFFamily(ModelFamily):
             "self_attn.v_proj": "colwise",
             "self_attn.o_proj": "rowwise",
             "post_attention_layernorm": "norm",
-            "mlp": "input",
-            "mlp.gate_proj": "colwise",
-            "mlp.up_proj": "colwise",
-            "mlp.down_proj": "rowwise",
         }
-
-    def param_counts(self, cfg: ModelConfig) -> ParamCounts:
-        """Closed form of a dense block: attention 2h² + 2h·kv (+ h + 2kv of q/k/v biases), the
-        SwiGLU MLP 3·h·f, two norms 2h; around L blocks the embedding V·h, the final norm h and an
-        untied head V·h."""
-        h, f, v, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.kv_dim
-        block = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0) + 3 * h * f + 2 * h
-        blocks = cfg.num_layers * block
-        return ParamCounts(
-            embedding=v * h,
-            non_embedding=blocks + h + (0 if cfg.tie_embeddings else v * h),
-            active_non_embedding=blocks + h + v * h,
-            per_layer=block,
-        )
-
-    def flops_per_token(self, cfg: ModelConfig) -> int:
-        """6·N + 12·L·H·Q·T (PaLM appendix B), as for the parallab family (the same dense maths)."""
-        n = self.param_counts(cfg).active_non_embedding
-        return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_len
+        if cfg.block_is_moe(layer):
+            return plan
+        return {**plan, "mlp": "input", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
-        out = [
-            SpecProblem(
-                ("strategy", "name"),
-                f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); use ddp, fsdp, tp or a layout of them",
-            )
-            for dim, what in UNSUPPORTED_DIMS.items()
+        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp or a layout of them"
+        if cfg.is_moe:
+            unsupported.update(DENSE_ONLY_DIMS)
+            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp or a layout of them"
+        return [
+            SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
+            for dim, what in unsupported.items()
             if getattr(layout, dim) > 1
         ]
-        return out
 
 
 FAMILY = HFFamily()

@@ -10,14 +10,15 @@ which may be the embedding's own matrix (tied).
 Its TP plan is Megatron's (Shoeybi et al. 2019): q/k/v and w1/w3 column-parallel, o and w2
 row-parallel, each attention and MLP input prepared once; the embedding vocab-parallel, the head
 column-parallel with gathered logits. MoE blocks get the attention part only (tensor parallelism
-runs dense models).
+runs dense models). Its parameter and FLOP counts are the decoder's closed form
+(`base.decoder_param_counts`, `ModelFamily.flops_per_token`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from parallab.core.families.base import ModelFamily, Param, ParamCounts, TPStyle
+from parallab.core.families.base import ModelFamily, Param, TPStyle
 
 if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
@@ -82,32 +83,6 @@ class ParallabFamily(ModelFamily):
             "ffn_norm": "norm",
         }
         return plan if cfg.block_is_moe(layer) else {**plan, **_mlp_plan(cfg)}
-
-    def param_counts(self, cfg: ModelConfig) -> ParamCounts:
-        """Closed form: attention 2h² + 2h·(kv_heads·head_dim) (+ the q, k, v biases), two norms, an
-        MLP of m·h·f (m = 3 SwiGLU, 2 GELU); an MoE block E·m·h·f + the router h·E + the shared
-        experts' m·h·(S·f); embedding V·h, final norm h and an untied head V·h."""
-        h, f, v, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.kv_dim
-        attention = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0)
-        mlp = cfg.mlp_matrices * h * f
-        dense = attention + 2 * h + mlp
-        moe = dense - mlp + h * cfg.num_experts + cfg.num_shared_experts * mlp
-        moe_total, moe_active = moe + cfg.num_experts * mlp, moe + cfg.top_k * mlp
-        m = cfg.moe_layers
-        head = v * h
-        return ParamCounts(
-            embedding=v * h,
-            non_embedding=(cfg.num_layers - m) * dense + m * moe_total + h + (0 if cfg.tie_embeddings else head),
-            active_non_embedding=(cfg.num_layers - m) * dense + m * moe_active + h + head,
-            per_layer=moe_total if m else dense,
-        )
-
-    def flops_per_token(self, cfg: ModelConfig) -> int:
-        """6·N + 12·L·H·Q·T (PaLM appendix B): training FLOPs per token, attention included; N the
-        active non-embedding parameters, H·Q the query heads' width (K/V sharing changes the
-        projections, counted in N, not QKᵀ and PV)."""
-        n = self.param_counts(cfg).active_non_embedding
-        return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_len
 
 
 FAMILY = ParallabFamily()
