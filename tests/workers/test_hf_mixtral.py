@@ -13,6 +13,7 @@ exactly as the whole batch does, and ddp/fsdp match `single` to float summation 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -76,3 +77,15 @@ def test_single_mixtral_is_its_own_reference(harness_job):
     assert doc.loss.values == doc.loss.reference and doc.loss.reference_source == "own"
     assert doc.summary.gradient_check is not None and doc.summary.gradient_check.max_rel_err == 0
     assert doc.prediction.params_total == HF.param_counts(cfg_of(MIXTRAL)).total == 451_392
+
+
+def test_a_config_transformers_5_saves_reads_back_as_the_same_shape():
+    """Every key `MixtralConfig.to_json_string` writes (rope_parameters, head_dim null, the router's
+    settings at their defaults) is one the reader knows: the saved file is accepted whole."""
+    import transformers
+
+    from parallab.core.hf_config import read_hf_config
+
+    saved = json.loads(transformers.MixtralConfig(**{k: v for k, v in TINY_MIXTRAL.items() if k != "torch_dtype"}).to_json_string())
+    assert {"rope_parameters", "router_jitter_noise", "output_router_logits", "router_aux_loss_coef"} <= set(saved)
+    assert read_hf_config(saved).fields == read_hf_config(TINY_MIXTRAL).fields
