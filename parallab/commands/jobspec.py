@@ -105,7 +105,7 @@ def with_workload_flags(fields: Sequence[WorkloadField]) -> Callable[[Callable[.
 
 
 HF_CONFIG_HELP = (
-    "A Hugging Face config.json (llama, mistral, qwen2): the model's shape, built as the hf family; "
+    "A Hugging Face config.json (llama, mistral, qwen2, mixtral): the model's shape, built as the hf family; "
     "shape flags given as well override its fields (docs/models.md)."
 )
 

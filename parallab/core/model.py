@@ -175,6 +175,9 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
             ):
                 if getattr(cfg, name):
                     out.append((name, f"the hf family's MoE model is Mixtral, which has no {why}; they are the parallab family's only"))
+            default = ModelConfig.model_fields["capacity_factor"].default
+            if cfg.capacity_factor != default:  # a key field that would split identical runs apart
+                out.append(("capacity_factor", f"Mixtral's experts take every routed token (no capacity): leave it at {default}"))
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
             ("first_dense_layers", f"first_dense_layers {cfg.first_dense_layers} leaves no MoE block of num_layers {cfg.num_layers}")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from parallab.commands.plan import plan
 from parallab.core.hf_config import MAX_CONFIG_BYTES
 from tests.backend.test_api_runs import run_count
-from tests.core.hf_configs import LLAMA_3_8B, TINY_LLAMA, nested
+from tests.core.hf_configs import LLAMA_3_8B, MIXTRAL_8X7B, TINY_LLAMA, TINY_MIXTRAL, nested
 
 runner = CliRunner()
 plan_app = typer.Typer()
@@ -51,6 +51,17 @@ def test_the_api_takes_a_config_and_stores_the_explicit_fields(client, settings)
     assert run_count(settings.sqlalchemy_url) == 2
 
 
+def test_the_api_takes_a_mixtral_config_as_the_hf_familys_experts(client, settings) -> None:
+    response = client.post("/api/v1/runs", json=job(hf_config=TINY_MIXTRAL))
+    assert response.status_code == 202, response.text
+    workload = response.json()["spec"]["workload"]
+    assert (workload["family"], workload["num_experts"], workload["top_k"], workload["rope_theta"]) == ("hf", 4, 2, 1e6)
+    assert "hf_config" not in workload and run_count(settings.sqlalchemy_url) == 1
+    refused = client.post("/api/v1/runs", json={**job(hf_config=TINY_MIXTRAL), "strategy": {"name": "tp", "world_size": 2}})
+    assert refused.status_code == 422 and ["body", "strategy", "name"] in [d["loc"] for d in refused.json()["detail"]], refused.text
+    assert run_count(settings.sqlalchemy_url) == 1
+
+
 @pytest.mark.parametrize(
     ("config", "loc", "words"),
     [
@@ -68,6 +79,17 @@ def test_the_api_takes_a_config_and_stores_the_explicit_fields(client, settings)
         ({**TINY_LLAMA, "rope_scaling": nested(40)}, ["body", "workload", "hf_config"], "rope_scaling: nested deeper than 32 levels"),
         ({**TINY_LLAMA, "architectures": ["x" * MAX_CONFIG_BYTES]}, ["body", "workload", "hf_config"], "at most 65,536"),
         ({**TINY_LLAMA, "flash": True}, ["body", "workload", "hf_config", "flash"], "not a key the hf family knows"),
+        (
+            {**TINY_MIXTRAL, "num_experts_per_tok": 6},
+            ["body", "workload", "hf_config", "num_experts_per_tok"],
+            "top_k 6 must be between 1 and num_experts 4",
+        ),
+        (
+            {**TINY_MIXTRAL, "moe_intermediate_size": 128},
+            ["body", "workload", "hf_config", "moe_intermediate_size"],
+            "not a key the hf family knows for model_type 'mixtral'",
+        ),
+        ({**TINY_MIXTRAL, "router_jitter_noise": 0.1}, ["body", "workload", "hf_config", "router_jitter_noise"], "must be 0"),
     ],
 )
 def test_a_bad_config_is_422_naming_its_key_and_nothing_is_queued(client, settings, config, loc, words) -> None:
@@ -121,6 +143,8 @@ def test_plan_takes_a_config_file(tmp_path) -> None:
         (nested(250), "not JSON: JSON nested deeper than 200 levels"),
         ({**LLAMA_3_8B, "architectures": ["x" * MAX_CONFIG_BYTES]}, "larger than 65,536 bytes"),
         ([LLAMA_3_8B], "a config.json is a JSON object, not list"),
+        ({**MIXTRAL_8X7B, "num_experts_per_tok": 9}, "workload.hf_config.num_experts_per_tok: top_k 9 must be between 1 and num_experts 8"),
+        ({**MIXTRAL_8X7B, "expert_capacity": 2}, "workload.hf_config.expert_capacity: not a key the hf family knows"),
     ],
 )
 def test_bench_refuses_a_bad_config_file_naming_its_key_and_launches_nothing(tmp_path, monkeypatch, config, words) -> None:

@@ -238,6 +238,7 @@ def test_the_parallab_family_stays_the_default():
         ("ddp", 2, {}, {"num_experts": 4, "num_shared_experts": 1}, ("workload", "num_shared_experts"), "Mixtral, which has no shared"),
         ("ddp", 2, {}, {"num_experts": 4, "first_dense_layers": 1}, ("workload", "first_dense_layers"), "no dense first layers"),
         ("ddp", 2, {}, {"num_experts": 4, "attention_bias": True}, ("workload", "attention_bias"), "no q/k/v biases"),
+        ("ddp", 2, {}, {"num_experts": 4, "capacity_factor": 2.0}, ("workload", "capacity_factor"), "no capacity): leave it at 1.25"),
         ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); Mixtral (4 experts) runs under ddp"),
         ("tp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2); Mixtral"),
         ("tp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "tp supports dense models only"),

@@ -1,0 +1,91 @@
+"""The `hf` family's Mixtral from a config.json: in one process, the module the rank side builds
+from the resolved config is `MixtralForCausalLM`'s parameter for parameter and, with its weights,
+gives its logits; then run as the worker runs it — `single`, `ddp` and `fsdp` at 2 ranks on gloo
+(real torchrun jobs through the launcher, traced), each step's loss held against `single`'s
+curve, step 0's gradients against `single`'s, and the communication measured from the trace equal
+to what the family predicts for it.
+
+The model is TINY_MIXTRAL (hidden 64, 2 layers of 4 experts top-2 of inner width 256, 4 heads
+over 2 KV heads, vocabulary 256). Its MoE blocks are the library's: dropless, routing each token
+alone, so unlike the parallab family's capacity-bound experts a rank's share of the batch routes
+exactly as the whole batch does, and ddp/fsdp match `single` to float summation order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from parallab.core.families import HF, model_tensors
+from tests.core.hf_configs import TINY_MIXTRAL
+from tests.workers.test_hf_family import cfg_of
+
+pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config, never the hub
+
+MIXTRAL = {"hf_config": TINY_MIXTRAL}
+"""The workload: the config file, resolved into the hf family's fields."""
+PARALLEL = ("ddp", "fsdp")
+
+
+def test_the_configs_model_is_the_librarys_mixtral_tensor_for_tensor_and_logit_for_logit():
+    import torch
+    import transformers
+
+    from workers.harness.families import build_model
+
+    cfg = cfg_of(MIXTRAL)
+    assert (cfg.family, cfg.num_experts, cfg.top_k, cfg.ffn_hidden_size, cfg.rope_theta) == ("hf", 4, 2, 256, 1e6)
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in TINY_MIXTRAL.items() if k != "torch_dtype"})
+    reference = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    assert type(reference).__name__ == "MixtralForCausalLM"
+    model = build_model(cfg, seed=1).eval()
+    assert {n: tuple(p.shape) for n, p in model.named_parameters()} == {n: tuple(p.shape) for n, p in reference.named_parameters()}
+    model.load_state_dict(reference.state_dict(), strict=True)
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), reference(tokens).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", PARALLEL)
+def test_mixtral_matches_single_in_loss_and_gradients(harness_job, strategy):
+    doc, _ = harness_job(strategy, 2, workload=MIXTRAL)
+    assert doc.workload["family"] == "hf" and doc.workload["num_experts"] == 4
+    assert len(doc.loss.values) == doc.workload["steps"] == len(doc.loss.reference)
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    check = doc.summary.gradient_check
+    assert check is not None and check.passed and check.max_rel_err <= check.tolerance, check
+    assert check.params_checked == len(model_tensors(cfg_of(MIXTRAL))) == 21
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", PARALLEL)
+def test_mixtral_communicates_exactly_what_the_family_predicts(harness_job, strategy):
+    doc, _ = harness_job(strategy, 2, workload=MIXTRAL)
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert predicted and measured == predicted, (measured, predicted)
+    assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "wire_bytes", "model_state"))], doc.flags
+
+
+@pytest.mark.slow
+def test_single_mixtral_is_its_own_reference(harness_job):
+    doc, _ = harness_job("single", 1, workload=MIXTRAL)
+    assert doc.loss.values == doc.loss.reference and doc.loss.reference_source == "own"
+    assert doc.summary.gradient_check is not None and doc.summary.gradient_check.max_rel_err == 0
+    assert doc.prediction.params_total == HF.param_counts(cfg_of(MIXTRAL)).total == 451_392
+
+
+def test_a_config_transformers_5_saves_reads_back_as_the_same_shape():
+    """Every key `MixtralConfig.to_json_string` writes (rope_parameters, head_dim null, the router's
+    settings at their defaults) is one the reader knows: the saved file is accepted whole."""
+    import transformers
+
+    from parallab.core.hf_config import read_hf_config
+
+    saved = json.loads(transformers.MixtralConfig(**{k: v for k, v in TINY_MIXTRAL.items() if k != "torch_dtype"}).to_json_string())
+    assert {"rope_parameters", "router_jitter_noise", "output_router_logits", "router_aux_loss_coef"} <= set(saved)
+    assert read_hf_config(saved).fields == read_hf_config(TINY_MIXTRAL).fields
