@@ -20,6 +20,7 @@ for every family, so a run is checked against `single` on the same quantity.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import torch
@@ -144,6 +145,8 @@ def build(cfg: ModelConfig, *, seed: int) -> LabModel:
     torch.manual_seed(seed)
     model = _built(cfg)
     model.train()
+    source = "declared" if model.spec.flops_per_token else "6·Ψ"
+    print(f"parallab: {cfg.module}: {model.params:,} parameters, {model.flops_per_token:,} FLOPs/token ({source})", file=sys.stderr)
     return model
 
 
