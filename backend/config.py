@@ -10,9 +10,10 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from parallab.core.spec import POOL_PATTERN
 
@@ -151,6 +152,21 @@ class Settings(BaseSettings):
     )
     upload_rate_per_minute: float = Field(120.0, ge=0, description="Uploads one token may make per minute, sustained (0: no limit).")
     upload_burst: int = Field(120, ge=1, description="Uploads one token may make at once before the rate applies.")
+
+    # Code a lab submits: the module family runs an entry point only from a module listed here.
+    allowed_modules: Annotated[frozenset[str], NoDecode] = Field(
+        frozenset(),
+        description="Modules (comma-separated, e.g. examples.lab_model,mylab.models) whose entry points the module family may "
+        "run on this worker; empty: none. Listing one lets anyone who may submit run that module's build function here.",
+    )
+
+    @field_validator("allowed_modules", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`a.b, c` → {"a.b", "c"} (the environment's form); a list or set passes as it is."""
+        if isinstance(value, str):
+            return frozenset(name.strip() for name in value.split(",") if name.strip())
+        return value
 
     # The planner.
     hardware_catalogue: Path | None = Field(

@@ -232,14 +232,18 @@ def launch(
     on_start: Callable[[int], None] | None = None,
     node: NodeLaunch | None = None,
     poll_s: float = 0.5,
+    allowed_modules: frozenset[str] = frozenset(),
 ) -> LaunchOutcome:
     """Run the job's ranks to completion (or until the limit, a cancel or a stop) and say how it ended.
 
     `should_stop` returns why the ranks must stop now (a cancel, another node's fault, a lapsed
-    lease), or None; `on_start` gets the ranks' process group id as soon as it exists."""
+    lease), or None; `on_start` gets the ranks' process group id as soon as it exists.
+    `allowed_modules`: this worker's allow-list of lab modules — a job was checked against the
+    submitting side's at resolution, and is checked again here, against the host that would run it."""
     run_dir.create()
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
-    if (missing := extras.missing_extra(job.model)) is not None:  # refused before any rank starts
+    missing = extras.missing_extra(job.model) or extras.refused_module(job.model, allowed_modules)
+    if missing is not None:  # refused before any rank starts
         run_dir.log.write_text(missing + "\n")
         return LaunchOutcome(returncode=None, reason=missing, log_tail=missing)
     deadline = time.monotonic() + timeout_s

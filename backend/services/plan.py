@@ -10,19 +10,20 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.services import hardware
-from parallab.core.jobs import resolve_job
+from parallab.core.jobs import Limits, resolve_job
 from parallab.core.planner import Hardware
 from parallab.core.prediction import predict
 from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
 from parallab.core.spec import JobSpec
 
 
-def plan(*, spec: JobSpec) -> dict[str, Any]:
+def plan(*, spec: JobSpec, settings: Settings) -> dict[str, Any]:
     """The resolved workload and strategy and their prediction (raises SpecError).
 
-    Planning is for any cluster, not just this deployment's workers: no limits apply.
+    Planning is for any cluster, not just this deployment's workers: no ceilings apply. The
+    allow-list of lab modules does: what this deployment will not run, it does not plan either.
     """
-    job = resolve_job(spec)
+    job = resolve_job(spec, Limits(allowed_modules=settings.allowed_modules))
     return {"workload": job.workload_document(), "strategy": job.strategy_document(), "prediction": predict(job)}
 
 

@@ -23,6 +23,7 @@ from backend.config import Settings
 from backend.services import workers as fleet
 from backend.services.json_body import parse_json
 from backend.services.runs import check_spec
+from parallab.core.families import FAMILIES
 from parallab.core.hf_config import MAX_CONFIG_BYTES, SUPPORTED
 from parallab.core.model import PRESETS, SHAPE_FIELDS
 from parallab.core.problems import SpecError
@@ -84,17 +85,27 @@ class InputField:
         return self.name.replace("_", " ")
 
 
+FORM_FAMILIES = tuple(name for name, family in FAMILIES.items() if family.offered_by_form)
+"""The model families the form offers: not the module family, whose entry point runs a lab's code
+(submitted through the API or the CLI, against the worker's allow-list)."""
+NOT_IN_FORM = frozenset({"module"})
+"""Workload fields the form neither shows nor reads: the module family's entry point."""
+
+
 def workload_inputs() -> list[InputField]:
-    """Every workload field of the job spec, in the core's order, as the form renders it."""
+    """Every workload field of the job spec the form offers, in the core's order, as it renders them."""
     out = []
     for f in workload_fields():
+        if f.name in NOT_IN_FORM:
+            continue
+        choices = _choices(f.info.annotation)
         out.append(
             InputField(
                 name=f.name,
                 group=f.group,
                 help=f.description,
                 default=f.info.default,
-                choices=_choices(f.info.annotation),
+                choices=[c for c in choices if c in FORM_FAMILIES] if f.name == "family" else choices,
                 step="any" if _is_float(f.info.annotation) else "1",
                 min=_lower_bound(f.info),
             )
@@ -106,7 +117,7 @@ RECIPE_FIELDS = tuple(f.name for f in workload_inputs() if f.group == "recipe" a
 """Recipe fields entered as numbers."""
 CHOICE_FIELDS = tuple(f.name for f in workload_inputs() if f.group == "recipe" and f.choices)
 """Recipe fields chosen from a list (precision, activation checkpointing)."""
-WORKLOAD_FIELDS = (*RECIPE_FIELDS, *CHOICE_FIELDS, *SHAPE_FIELDS)
+WORKLOAD_FIELDS = (*RECIPE_FIELDS, *CHOICE_FIELDS, *(name for name in SHAPE_FIELDS if name not in NOT_IN_FORM))
 """Every workload field the form reads besides `model`."""
 
 

@@ -67,6 +67,7 @@ def limits(settings: Settings) -> Limits:
         max_num_experts=settings.max_num_experts,
         max_tokens_per_step=settings.max_tokens_per_step,
         max_microbatches=settings.max_microbatches,
+        allowed_modules=settings.allowed_modules,
     )
 
 

@@ -88,7 +88,10 @@ def bench(
     if repeats is not None:
         doc["repeats"] = repeats
     whose = "parallab bench's (PARALLAB_MAX_WORLD_SIZE / PARALLAB_MAX_STEPS raise it)"
-    job = resolve(doc, Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps, whose=whose))
+    limits = Limits(
+        max_world_size=settings.max_world_size, max_steps=settings.max_steps, whose=whose, allowed_modules=settings.allowed_modules
+    )
+    job = resolve(doc, limits)
 
     directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
     repeats = job.spec.repeats

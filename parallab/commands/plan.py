@@ -110,7 +110,7 @@ def plan(
     except ValueError as exc:
         fail(str(exc))
     doc = spec_document({}, strategy=strategy, world_size=world_size, options=options, workload=workload)
-    job = resolve(doc, Limits())
+    job = resolve(doc, Limits(allowed_modules=_allowed_modules()))
     if not job.trains:
         fail(f"strategy.name: {strategy} trains nothing, so there is nothing to predict; plan one of {', '.join(TRAINING_STRATEGIES)}")
     if dry_run:
@@ -190,6 +190,13 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper, {zero})", format_bytes(value))
     Console().print(table)
+
+
+def _allowed_modules() -> frozenset[str]:
+    """This deployment's allow-list of lab modules: a plan of one it will not run is refused too."""
+    from backend.config import get_settings
+
+    return get_settings().allowed_modules
 
 
 # ---- ranking ----

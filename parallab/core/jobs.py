@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from parallab.core.data import DEFAULT_LR, data_problems
 from parallab.core.families import family_of
+from parallab.core.families.module import allow_list_problem
 from parallab.core.hf_config import HFShape, read_hf_config
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
@@ -56,6 +57,9 @@ class Limits:
     """Pipeline micro-batches per accumulation micro-step (pp)."""
     whose: str = "this deployment's"
     """Whose limits these are, as the refusal says it: "the server's", "parallab bench's"."""
+    allowed_modules: frozenset[str] = frozenset()
+    """Modules whose entry points the module family may run (`PARALLAB_ALLOWED_MODULES`). Empty by
+    default, unlike the ceilings: a submitted entry point is code, and code runs only when allowed."""
 
     def problems(self, job: ResolvedJob) -> list[SpecProblem]:
         """One problem per ceiling the resolved job is above."""
@@ -83,11 +87,14 @@ class Limits:
         microbatches = getattr(job.options, "microbatches", None)
         if isinstance(microbatches, int):
             asked.append((("strategy", "options", "microbatches"), "micro-batches", microbatches, self.max_microbatches))
-        return [
+        out = [
             SpecProblem(loc, f"{what} {value} is above {self.whose} limit of {limit}")
             for loc, what, value, limit in asked
             if limit is not None and value > limit
         ]
+        if wl.module is not None and (refused := allow_list_problem(wl.module, self.allowed_modules, self.whose)) is not None:
+            out.append(refused)
+        return out
 
 
 class ResolvedJob(BaseModel):
@@ -300,6 +307,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
     layout = descriptor.layout(world, options)
     if layout is not None:
         problems += family_of(model).layout_problems(model, layout)
+    problems += family_of(model).recipe_problems(model, precision=wl.precision, activation_checkpointing=wl.activation_checkpointing)
     if problems:
         raise SpecError(problems)
 

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from parallab.core.families.module import module_problems
+
 _UNSET: Any = object()
 
 
@@ -33,7 +35,7 @@ def shape_field(
 
 
 Mlp = Literal["swiglu", "gelu"]
-Family = Literal["parallab", "hf"]
+Family = Literal["parallab", "hf", "module"]
 
 
 class ModelConfig(BaseModel):
@@ -48,10 +50,20 @@ class ModelConfig(BaseModel):
     family: Family = shape_field(
         "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
         "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts; the worker needs "
-        "parallab[hf]).",
+        "parallab[hf]) or module (a lab's own nn.Module from the entry point `module`, which the worker's allow-list must "
+        "name; docs/models.md).",
         cli="--family",
         default="parallab",
         neutral="parallab",
+    )
+    module: str | None = shape_field(
+        "The module family's entry point, package.module:function (it gets this shape and returns the model and its spec); "
+        "only modules on the worker's allow-list (PARALLAB_ALLOWED_MODULES) run.",
+        cli="--module",
+        default=None,
+        neutral=None,
+        min_length=3,
+        max_length=200,
     )
     vocab_size: int = shape_field("Tokens in the (synthetic) vocabulary (V).", cli="--vocab", ge=2, le=1 << 21)
     hidden_size: int = shape_field("Width of the residual stream (h).", cli="--hidden", ge=2, le=1 << 16)
@@ -178,6 +190,7 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
             default = ModelConfig.model_fields["capacity_factor"].default
             if cfg.capacity_factor != default:  # a key field that would split identical runs apart
                 out.append(("capacity_factor", f"Mixtral's experts take every routed token (no capacity): leave it at {default}"))
+    out += module_problems(cfg)
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
             ("first_dense_layers", f"first_dense_layers {cfg.first_dense_layers} leaves no MoE block of num_layers {cfg.num_layers}")

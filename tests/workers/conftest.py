@@ -32,6 +32,8 @@ THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
 """(strategy, world size, options, workload, tokens/s) of every job this session launched."""
 # tiny, a few steps: seconds on 2 cores. lr 1e-2 so the curve moves enough for the comparison to bite.
 TEST_WORKLOAD: dict[str, Any] = {"model": "tiny", "steps": 3, "warmup_steps": 1, "lr": 1e-2, "seed": 0}
+TEST_ALLOWED_MODULES = frozenset({"examples.lab_model", "tests.workers.lab_builds"})
+"""The lab modules these tests put on the allow-list: the shipped example and the wrong builds."""
 TRACE_CAP_BYTES: int = Settings.model_fields["max_trace_bytes"].default
 """The worker's default cap on a stored trace."""
 
@@ -64,13 +66,13 @@ def make_job(
             "trace": trace,
         }
     )
-    return resolve_job(spec, Limits(max_world_size=max(world_size, 8)))
+    return resolve_job(spec, Limits(max_world_size=max(world_size, 8), allowed_modules=TEST_ALLOWED_MODULES))
 
 
 def run_job(job: ResolvedJob, run_dir: Path, *, cache_dir: Path | None, trace_cap_bytes: int = TRACE_CAP_BYTES) -> ResultDocument:
     """Launch `job` as the worker does and merge its ranks' records."""
     files = RunDir(run_dir)
-    outcome = launch(job, files, timeout_s=600, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
+    outcome = launch(job, files, timeout_s=600, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, allowed_modules=TEST_ALLOWED_MODULES)
     assert outcome.ok, f"torchrun failed ({outcome.reason}):\n{outcome.log_tail}"
     return build_result(job, read_rank_records(files, job.world_size))
 

@@ -28,11 +28,7 @@ from parallab.core import families
 from parallab.core.families.base import TPStyle
 from parallab.core.families.hf import HFFamily
 from parallab.core.model import ModelConfig
-from tests.workers.conftest import make_job
-from tests.workers.driver_context import finish, gloo_context, start
-from workers import strategies
-from workers.harness import gradcheck, loop
-from workers.harness.main import compute_reference, new_model, reference_gradients
+from tests.workers.driver_context import family_case, family_reference, finish, start
 
 HF_WORKLOAD: dict[str, Any] = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
 """`tiny` (hidden 64, 4 heads, vocabulary 256) as a 2-layer Llama with 2 KV heads."""
@@ -65,39 +61,12 @@ BROKEN = {"tp_o_proj_colwise": ("tp", OProjColwise()), "tp_kv_replicated": ("tp"
 
 
 def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
-    job = make_job(strategy_name, 2, options, workload=HF_WORKLOAD, trace=False)
-    ctx = gloo_context(job)
-    strategy = strategies.get(job.strategy)
-    model = new_model(job)
-    params = sum(p.numel() for p in model.parameters())
-    applied = strategy.apply(model, ctx, job.options)
-    grads = gradcheck.strategy_gradients(applied, strategy, job.options, ctx, job)
-    result = loop.train(applied=applied, strategy=strategy, options=job.options, ctx=ctx, job=job, progress=loop.Progress(None, False))
-    losses = loop.global_losses(result, weight=strategy.loss_weight(ctx, job.options), ctx=ctx)
-    if reference is None or grads is None:
-        return None
-    check = gradcheck.compare(grads, reference["gradients"], tol=gradcheck.tolerance(job.workload.precision))
-    curve = reference["curve"]
-    return {
-        "params": params,
-        "gradient_check": check.model_dump(exclude={"per_param", "method"}),
-        "losses": losses,
-        "reference": curve,
-        "loss_max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, curve, strict=True)),
-    }
+    return family_case(HF_WORKLOAD, strategy_name, options, reference)
 
 
 def main() -> None:
     out = start()
-    job = make_job("single", 1, workload=HF_WORKLOAD, trace=False)
-    reference = None
-    if dist.get_rank() == 0:
-        solo = gloo_context(make_job("ddp", 2, workload=HF_WORKLOAD, trace=False))
-        reference = {
-            "gradients": reference_gradients(job, solo),
-            "curve": compute_reference(job, solo, loop.Progress(None, False)),
-            "params": sum(p.numel() for p in new_model(job).parameters()),
-        }
+    reference = family_reference(HF_WORKLOAD)
     results: dict[str, Any] = {}
     for case, (name, options) in CASES.items():
         results[case] = run_case(name, options, reference)

@@ -29,7 +29,7 @@ def plan(query: Annotated[PlanQuery, Query()], session: SessionDep, settings: Se
     and every one that does not, with why.
     """
     if query.mode != "rank":
-        return plan_service.plan(spec=query.to_spec())
+        return plan_service.plan(spec=query.to_spec(), settings=settings)
     try:
         hw = plan_service.ranking_hardware(
             session=session, settings=settings, device=query.device, pool=query.pool, nodes=query.nodes, gpus_per_node=query.gpus_per_node

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 from parallab.core.families.base import ModelFamily, ParamCounts, Tensor
 from parallab.core.families.hf import FAMILY as HF
+from parallab.core.families.module import FAMILY as MODULE
 from parallab.core.families.parallab import FAMILY as PARALLAB
 
 if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
 
-FAMILIES: dict[str, ModelFamily] = {PARALLAB.name: PARALLAB, HF.name: HF}
+FAMILIES: dict[str, ModelFamily] = {PARALLAB.name: PARALLAB, HF.name: HF, MODULE.name: MODULE}
 
 
 def family_of(cfg: ModelConfig) -> ModelFamily:
@@ -50,6 +51,7 @@ def tensor_count(cfg: ModelConfig) -> int:
 __all__ = [
     "FAMILIES",
     "HF",
+    "MODULE",
     "PARALLAB",
     "ModelFamily",
     "ParamCounts",

@@ -120,6 +120,8 @@ class ModelFamily:
     """Root modules on the last pipeline stage (final norm, head)."""
     attention: ClassVar[str] = "attention"
     """The block module whose `attn_fn` (q, k, v → out) context parallelism replaces."""
+    offered_by_form: ClassVar[bool] = True
+    """Whether the browser's run form offers this family (not one that runs a lab's own code)."""
 
     def root_params(self, cfg: ModelConfig) -> list[Param]:
         raise NotImplementedError
@@ -170,4 +172,8 @@ class ModelFamily:
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
         """What this family cannot run of a layout (resolution refuses it, naming the field)."""
+        return []
+
+    def recipe_problems(self, cfg: ModelConfig, *, precision: str, activation_checkpointing: str) -> list[SpecProblem]:
+        """What this family cannot run of the recipe (resolution refuses it, naming the field)."""
         return []

@@ -1,0 +1,133 @@
+"""The `module` family: a lab's own `nn.Module`, built by an allow-listed entry point
+(`workload.module`, "package.module:function").
+
+Running a submitted entry point is running the lab's code on a shared worker, so only modules on
+the deployment's allow-list run (`PARALLAB_ALLOWED_MODULES`, empty by default): resolution refuses
+any other (`parallab.core.jobs.Limits.allowed_modules`, at submission and again on the worker).
+
+The core never imports the lab's code (it is torch code, and it is not the core's to run), so what
+the formulas know before the build is the workload's shape: parameters, FLOPs and tensors are
+those of the parallab decoder of the same shape fields — an estimate for the prediction. The build
+function gets that `ModelConfig` and should build its model of that shape; the spec it returns
+(`ModuleSpec`) says what it built, and the rank side holds the spec against the module.
+
+Only data parallelism runs (single, ddp, fsdp): tensor, pipeline, context and expert parallelism
+are refused naming `strategy.name` (the spec's TP plan and pipeline ends are declared and checked
+against the module, not applied yet), as are activation checkpointing (the blocks' forward is the
+lab's own) and fp8 (its head is not known to be kept out).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from parallab.core.families.base import TPStyle
+from parallab.core.families.parallab import ParallabFamily
+from parallab.core.problems import SpecProblem
+
+if TYPE_CHECKING:
+    from parallab.core.layout import Layout
+    from parallab.core.model import ModelConfig
+
+UNSUPPORTED_DIMS: dict[str, str] = {
+    "tp": "tensor parallelism",
+    "pp": "pipeline parallelism",
+    "cp": "context parallelism",
+    "ep": "expert parallelism",
+}
+"""Dimensions the rank side does not apply to a lab's module yet (refused at resolution)."""
+
+
+def entry_point_problem(entry: str) -> str | None:
+    """Why `entry` is not "package.module:function" (dotted identifiers, one colon), or None."""
+    module, colon, function = entry.partition(":")
+    if not colon:
+        return f"{entry!r} is not an entry point: write package.module:function (no ':' found)"
+    if ":" in function:
+        return f"{entry!r} is not an entry point: write package.module:function (one ':' only)"
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts) or not function.isidentifier():
+        return f"{entry!r} is not an entry point: the module path and the function must be Python identifiers"
+    return None
+
+
+def module_name(entry: str) -> str:
+    """The module an entry point imports (what the allow-list names)."""
+    return entry.partition(":")[0]
+
+
+def allow_list_problem(entry: str, allowed: frozenset[str], whose: str) -> SpecProblem | None:
+    """The refusal of an entry point whose module is not on the allow-list, or None."""
+    name = module_name(entry)
+    if name in allowed:
+        return None
+    listed = ", ".join(sorted(allowed)) or "none"
+    return SpecProblem(
+        ("workload", "module"),
+        f"module {name!r} is not on {whose} allow-list of modules that may run (PARALLAB_ALLOWED_MODULES; listed: {listed})",
+    )
+
+
+def module_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(field, message) for the module family's shape rules: the entry point is given, well formed,
+    and only with this family; the lab's model is dense."""
+    if cfg.family != "module":
+        return [("module", f"an entry point needs the module family (family is {cfg.family!r})")] if cfg.module is not None else []
+    if cfg.module is None:
+        return [("module", "the module family needs an entry point: package.module:function")]
+    out: list[tuple[str, str]] = []
+    if (why := entry_point_problem(cfg.module)) is not None:
+        out.append(("module", why))
+    if cfg.num_experts:
+        out.append(("num_experts", "the module family runs the lab's dense model; experts are the parallab family's only"))
+    return out
+
+
+class ModuleSpec(BaseModel):
+    """What a build function says about the model it returns (a dict of these keys will do)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    blocks: str = Field(min_length=1, description="Attribute path of the container of repeated blocks (ModuleDict or ModuleList).")
+    tp_plan: dict[str, TPStyle] = Field(default_factory=dict, description="Root module paths → TP style.")
+    block_tp_plan: dict[str, TPStyle] = Field(default_factory=dict, description="Module paths within each block → TP style.")
+    first_stage: tuple[str, ...] = Field((), description="Root modules on the first pipeline stage (the embedding).")
+    last_stage: tuple[str, ...] = Field((), description="Root modules on the last pipeline stage (final norm, head).")
+    params: int | None = Field(None, ge=1, description="Parameters the module holds; held against its count. None: counted.")
+    flops_per_token: int | None = Field(None, ge=1, description="Training FLOPs per token. None: 6 × the parameters.")
+
+    def training_flops_per_token(self, params: int) -> int:
+        """The declared FLOPs per token, or 6·Ψ (forward 2Ψ, backward 4Ψ; attention's QKᵀ and PV left out)."""
+        return self.flops_per_token or 6 * params
+
+
+class ModuleFamily(ParallabFamily):
+    """The lab's module: the formulas estimate it as the parallab decoder of the workload's shape."""
+
+    name = "module"
+    offered_by_form: ClassVar[bool] = False
+
+    def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
+        return [
+            SpecProblem(
+                ("strategy", "name"),
+                f"the module family does not run {what} yet ({dim}={getattr(layout, dim)}); use single, ddp or fsdp",
+            )
+            for dim, what in UNSUPPORTED_DIMS.items()
+            if getattr(layout, dim) > 1
+        ]
+
+    def recipe_problems(self, cfg: ModelConfig, *, precision: str, activation_checkpointing: str) -> list[SpecProblem]:
+        out = []
+        if activation_checkpointing != "none":
+            out.append(
+                SpecProblem(("workload", "activation_checkpointing"), "the module family runs the lab's blocks as they are: use none")
+            )
+        if precision == "fp8":
+            out.append(SpecProblem(("workload", "precision"), "the module family does not run fp8: use fp32, bf16 or fp16"))
+        return out
+
+
+FAMILY = ModuleFamily()

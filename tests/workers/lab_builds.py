@@ -1,0 +1,68 @@
+"""Entry points that break the module family's contract, each in its own way (put on the
+allow-list by the tests, as a lab would put its module): the rank side must refuse each with an
+error naming `workload.module` and what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from examples.lab_model import build as example
+
+
+def returns_a_module_alone(cfg: Any) -> Any:
+    return example(cfg)[0]
+
+
+def returns_a_tensor_first(cfg: Any) -> Any:
+    return torch.zeros(1), example(cfg)[1]
+
+
+def declares_one_parameter_too_many(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "params": spec["params"] + 1}
+
+
+def declares_missing_blocks(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "blocks": "layers"}
+
+
+def declares_a_block_that_is_no_container(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "blocks": "norm"}
+
+
+def declares_an_unknown_style(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "tp_plan": {"head": "diagonal"}}
+
+
+def declares_a_missing_plan_path(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "block_tp_plan": {"attn.qkv": "colwise"}}
+
+
+class Summed(nn.Module):
+    """Returns one number per sequence, not logits."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(tokens).sum(dim=(1, 2))
+        return out
+
+
+def returns_no_logits(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return Summed(model), {**spec, "blocks": "inner.blocks", "tp_plan": {}, "first_stage": (), "last_stage": ()}
+
+
+def counted(cfg: Any) -> Any:
+    """No declared counts: the parameters are counted, FLOPs are 6·Ψ."""
+    model, spec = example(cfg)
+    return model, {"blocks": spec["blocks"]}

@@ -1,0 +1,127 @@
+"""The `module` family: a lab's own module built by an allow-listed entry point, held against its
+contract, and trained under ddp and fsdp against `single`.
+
+In one process: the example (`examples.lab_model:build`) builds exactly the parameters it
+declares; each way of breaking the contract (`lab_builds`) is refused with an error naming
+`workload.module` and what is wrong; the launcher refuses a module this worker does not list
+before any rank starts, and a listed one whose build is wrong fails in the ranks with that error.
+One 2-rank torchrun (module_driver.py, module fixture) runs ddp and fsdp on a 2-layer example.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallab.core.model import ModelConfig
+from parallab.core.rundir import RunDir
+from tests.workers.conftest import make_job, torchrun
+from tests.workers.module_driver import MODULE_WORKLOAD
+from workers.launcher import launch
+
+EXAMPLE_PARAMS = 136_960
+"""The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 4·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
+
+
+def cfg_of(entry: str) -> ModelConfig:
+    return make_job("single", 1, workload={**MODULE_WORKLOAD, "module": entry}, trace=False).model
+
+
+def test_the_example_holds_the_parameters_it_declares():
+    from examples.lab_model import build, param_count
+    from workers.harness.families import build_meta
+
+    cfg = cfg_of("examples.lab_model:build")
+    model = build_meta(cfg)
+    assert all(p.is_meta for p in model.parameters())
+    assert model.params == build(cfg)[1]["params"] == param_count(256, 64, 2, 256, 64) == EXAMPLE_PARAMS
+    assert len(model.blocks()) == 2 and {n.split(".")[1] for n, _ in model.named_parameters()} >= {"tok", "pos", "blocks", "head"}
+    assert model.flops_per_token == 6 * (EXAMPLE_PARAMS - (256 + 64) * 64) + 12 * 2 * 64 * 64, "the declared FLOPs"
+
+
+def test_without_declared_counts_the_parameters_are_counted_and_flops_are_six_psi():
+    from workers.harness.families import build_meta
+
+    model = build_meta(cfg_of("tests.workers.lab_builds:counted"))
+    assert model.spec.params is None and model.params == EXAMPLE_PARAMS
+    assert model.flops_per_token == 6 * EXAMPLE_PARAMS
+
+
+WRONG_BUILDS = {
+    "returns_a_module_alone": "must return (module, spec); it returned LabGPT",
+    "returns_a_tensor_first": "must return an nn.Module first; it returned Tensor",
+    "declares_one_parameter_too_many": f"declares {EXAMPLE_PARAMS + 1:,} parameters; the module it built holds {EXAMPLE_PARAMS:,}",
+    "declares_missing_blocks": "declares blocks 'layers', which the built module does not have",
+    "declares_a_block_that_is_no_container": "declares blocks 'norm', which is not a non-empty ModuleDict or ModuleList",
+    "declares_an_unknown_style": "returned a spec that is not valid: tp_plan.head: Input should be 'colwise'",
+    "declares_a_missing_plan_path": "declares block module 'attn.qkv', which the built module does not have",
+    "no_such_function": "names nothing callable: module 'tests.workers.lab_builds' has no function 'no_such_function'",
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG_BUILDS))
+def test_a_build_that_breaks_the_contract_is_refused_naming_the_field(name):
+    from workers.harness.families import build_model
+    from workers.harness.module import ModuleBuildError
+
+    entry = f"tests.workers.lab_builds:{name}"
+    with pytest.raises(ModuleBuildError) as caught:
+        build_model(cfg_of(entry), seed=0)
+    assert str(caught.value).startswith(f"workload.module: {entry!r} "), caught.value
+    assert WRONG_BUILDS[name] in str(caught.value)
+
+
+def test_a_module_whose_forward_returns_no_logits_is_refused_at_its_first_step():
+    import torch
+
+    from workers.harness.families import build_model
+    from workers.harness.module import ModuleBuildError
+
+    model = build_model(cfg_of("tests.workers.lab_builds:returns_no_logits"), seed=0)
+    with pytest.raises(ModuleBuildError, match=r"forward must return logits of shape \(2, 8, 256\); it returned \(2,\)"):
+        model(torch.zeros(2, 8, dtype=torch.long), labels=torch.zeros(2, 8, dtype=torch.long))
+
+
+def test_the_launcher_refuses_a_module_this_worker_does_not_list(tmp_path):
+    job = make_job("ddp", 2, workload=MODULE_WORKLOAD, trace=False)  # listed where it was resolved
+    outcome = launch(job, RunDir(tmp_path / "run"), timeout_s=60, trace_cap_bytes=1 << 20, allowed_modules=frozenset({"other.module"}))
+    assert not outcome.ok and outcome.returncode is None, "no rank was started"
+    assert outcome.reason is not None and outcome.reason.startswith("workload.module: module 'examples.lab_model' is not on this worker's")
+    assert "listed: other.module" in outcome.reason
+    default = launch(job, RunDir(tmp_path / "default"), timeout_s=60, trace_cap_bytes=1 << 20)
+    assert default.returncode is None and default.reason is not None and "listed: none" in default.reason, "empty by default"
+
+
+@pytest.mark.slow
+def test_a_listed_module_whose_build_is_wrong_fails_in_the_ranks_with_the_error(tmp_path):
+    from tests.workers.conftest import TEST_ALLOWED_MODULES
+
+    entry = "tests.workers.lab_builds:declares_one_parameter_too_many"
+    job = make_job("single", 1, workload={**MODULE_WORKLOAD, "module": entry}, trace=False)
+    outcome = launch(job, RunDir(tmp_path / "run"), timeout_s=300, trace_cap_bytes=1 << 20, allowed_modules=TEST_ALLOWED_MODULES)
+    assert not outcome.ok and outcome.returncode not in (None, 0)
+    assert f"ModuleBuildError: workload.module: {entry!r} declares {EXAMPLE_PARAMS + 1:,} parameters" in outcome.log_tail
+
+
+@pytest.fixture(scope="module")
+def module_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("module") / "results.json"
+    proc = torchrun(2, [str(Path(__file__).with_name("module_driver.py")), "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_each_strategy_matches_single_in_loss_and_gradients(module_results, name):
+    case = module_results[name]
+    check = case["gradient_check"]
+    assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
+    assert check["params_checked"] == 2 + 2 * 16 + 3, "tok, pos; 16 tensors per block; the final norm's 2 and the head"
+    assert case["loss_max_rel_diff"] <= 1e-4, (case["losses"], case["reference"])
+    assert len(case["losses"]) == 3
+    assert case["params"] == module_results["reference_params"] == EXAMPLE_PARAMS

@@ -1,0 +1,156 @@
+"""The `module` family on the rank side: a lab's own `nn.Module`, built by its entry point
+(`workload.module`, "package.module:function") and wrapped so the strategies and the loop see the
+workload model's interface (`Transformer`: `cfg`, `blocks()`, `forward(tokens, labels=, positions=)`).
+
+The entry point was checked against the allow-list at submission and by the launcher on this
+host; this module imports it and holds what it returns against its contract, failing with an
+error that names `workload.module` rather than a traceback deep in a strategy:
+
+- `build(cfg)` returns `(module, spec)`: an `nn.Module` mapping token ids (B, T) to logits
+  (B, T, V) and a `ModuleSpec` (or a dict of its keys);
+- the spec's `blocks` is the module's container of repeated blocks (a ModuleDict or ModuleList:
+  FSDP shards each block as a unit), its TP plan and pipeline ends name modules that exist, and
+  its `params`, when given, is the module's own count.
+
+The wrapper keeps the lab's module as `lab`, so parameter names are `lab.<the lab's names>`; the
+loss is the harness's (mean cross-entropy of the logits against the already shifted labels), as
+for every family, so a run is checked against `single` on the same quantity.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+from torch import nn
+
+from parallab.core.families.module import ModuleSpec
+from parallab.core.model import ModelConfig
+from workers.harness.model import Attention, MoE, Transformer
+
+
+class ModuleBuildError(ValueError):
+    """The entry point cannot be imported, or what it built breaks the family's contract."""
+
+    def __init__(self, entry: str, why: str):
+        super().__init__(f"workload.module: {entry!r} {why}")
+
+
+def entry_point(entry: str) -> Any:
+    """The function `entry` names, imported (its module on the allow-list: checked before the ranks)."""
+    name, _, function = entry.partition(":")
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise ModuleBuildError(entry, f"cannot be imported on this worker ({exc})") from exc
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ModuleBuildError(entry, f"names nothing callable: module {name!r} has no function {function!r}")
+    return fn
+
+
+def _submodule(entry: str, root: nn.Module, path: str, what: str) -> nn.Module:
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        raise ModuleBuildError(entry, f"declares {what} {path!r}, which the built module does not have") from None
+
+
+def checked_spec(entry: str, built: Any) -> tuple[nn.Module, ModuleSpec]:
+    """(module, spec) from what the build function returned, or a ModuleBuildError saying what is wrong."""
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise ModuleBuildError(entry, f"must return (module, spec); it returned {type(built).__name__}")
+    module, raw = built
+    if not isinstance(module, nn.Module):
+        raise ModuleBuildError(entry, f"must return an nn.Module first; it returned {type(module).__name__}")
+    try:
+        spec = raw if isinstance(raw, ModuleSpec) else ModuleSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
+        raise ModuleBuildError(entry, f"returned a spec that is not valid: {problems}") from None
+    blocks = _submodule(entry, module, spec.blocks, "blocks")
+    if not isinstance(blocks, nn.ModuleDict | nn.ModuleList) or len(blocks) == 0:
+        raise ModuleBuildError(entry, f"declares blocks {spec.blocks!r}, which is not a non-empty ModuleDict or ModuleList")
+    for path in (*spec.tp_plan, *spec.first_stage, *spec.last_stage):
+        _submodule(entry, module, path, "module")
+    for path in spec.block_tp_plan:
+        _submodule(entry, next(iter(blocks.children())), path, "block module")
+    counted = sum(p.numel() for p in module.parameters())
+    if spec.params is not None and spec.params != counted:
+        raise ModuleBuildError(entry, f"declares {spec.params:,} parameters; the module it built holds {counted:,}")
+    return module, spec
+
+
+class LabModel(Transformer):
+    """A lab's module as the workload model (a `Transformer` to the strategies: the same
+    interface, none of the parallab modules — `nn.Module.__init__` only)."""
+
+    def __init__(self, cfg: ModelConfig, lab: nn.Module, spec: ModuleSpec):
+        nn.Module.__init__(self)
+        self.cfg, self.spec = cfg, spec
+        self.lab = lab
+        self.aux_loss_coef = 0.0
+
+    @property
+    def params(self) -> int:
+        """The parameters the module holds (what the spec's count was held against)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: the spec's, or 6·Ψ."""
+        return self.spec.training_flops_per_token(self.params)
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError("a lab's module is initialised by its build function")
+
+    def blocks(self) -> list[Any]:
+        container = self.lab.get_submodule(self.spec.blocks)
+        return list(container.children())  # a ModuleDict's or ModuleList's blocks, in order (checked at the build)
+
+    def attentions(self) -> list[Attention]:
+        return []  # context parallelism is refused for this family
+
+    def moe_layers(self) -> list[MoE]:
+        return []
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V), or with `labels` the mean cross-entropy (the harness's loss)."""
+        logits: Any = self.lab(tokens)
+        want = (*tokens.shape, self.cfg.vocab_size)
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
+            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise ModuleBuildError(
+                self.cfg.module or "", f"built a module whose forward must return logits of shape {want}; it returned {got}"
+            )
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def _built(cfg: ModelConfig) -> LabModel:
+    entry = cfg.module
+    if entry is None:
+        raise ModuleBuildError("", "is missing: the module family needs an entry point")
+    lab, spec = checked_spec(entry, entry_point(entry)(cfg))
+    return LabModel(cfg, lab, spec)
+
+
+def build(cfg: ModelConfig, *, seed: int) -> LabModel:
+    """The model on CPU, identical on every rank for a seed (the build function draws from torch's RNG)."""
+    torch.manual_seed(seed)
+    model = _built(cfg)
+    model.train()
+    source = "declared" if model.spec.flops_per_token else "6·Ψ"
+    print(f"parallab: {cfg.module}: {model.params:,} parameters, {model.flops_per_token:,} FLOPs/token ({source})", file=sys.stderr)
+    return model
+
+
+def build_meta(cfg: ModelConfig) -> LabModel:
+    """The model on the meta device: names and shapes, no memory."""
+    with torch.device("meta"):
+        return _built(cfg)
