@@ -42,7 +42,17 @@ def test_a_known_workload_keeps_its_stored_key() -> None:
 def test_fields_added_later_keep_stored_keys_at_their_neutral_value() -> None:
     """A run written today carries the architecture fields added after `TINY` was stored (GQA, MLP
     kind, tied head, ...); at the values every stored run had, the key is the stored one."""
-    assert set(KEY_NEUTRAL) == {"data", "family", "mlp", "tie_embeddings", "attention_bias", "num_shared_experts", "first_dense_layers"}
+    assert set(KEY_NEUTRAL) == {
+        "data",
+        "compile",
+        "family",
+        "module",
+        "mlp",
+        "tie_embeddings",
+        "attention_bias",
+        "num_shared_experts",
+        "first_dense_layers",
+    }
     assert KEY_NEUTRAL_AS == {"num_kv_heads": "num_heads"}
     today = {**TINY, **KEY_NEUTRAL, "num_kv_heads": TINY["num_heads"]}
     assert workload_key(today) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
@@ -56,6 +66,8 @@ NEW_VALUES = {
     "attention_bias": True,
     "num_shared_experts": 1,
     "first_dense_layers": 1,
+    "compile": True,
+    "module": "examples.lab_model:build",
 }
 """A value off the neutral one for each field added later."""
 
