@@ -33,7 +33,7 @@ def test_the_reference_is_the_same_workload_in_fp32_without_recomputation_or_acc
         "global_batch_size": 16,
     }
     ref = reference_workload(wl)
-    assert ref == {**wl, "precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1}
+    assert ref == {**wl, "precision": "fp32", "activation_checkpointing": "none", "grad_accumulation_steps": 1, "compile": False}
     Workload.model_validate(ref)
 
 
