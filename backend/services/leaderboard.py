@@ -165,8 +165,8 @@ def config_figures(row: dict[str, Any]) -> None:
 
 def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = True) -> str:
     """A readable name for a workload: preset (`custom (from tiny)` when a shape field differs from
-    it), shape, sequence length, global batch, and the recipe (precision, recomputation,
-    accumulation) unless the group spans recipes."""
+    it), shape, sequence length, global batch, the data and compilation when not the default, and
+    the recipe (precision, recomputation, accumulation) unless the group spans recipes."""
     wl = (spec or {}).get("workload") or {}
     strategy = ((spec or {}).get("strategy") or {}).get("name")
     preset = str(wl.get("model") or model)
@@ -184,6 +184,8 @@ def workload_label(spec: dict[str, Any] | None, model: str, *, recipe: bool = Tr
         parts.append(f"batch {wl['global_batch_size']}")
     if wl.get("data") not in (None, DEFAULT_DATA):
         parts.append(f"{wl['data']} data")
+    if wl.get("compile"):  # keyed: every run of a group shares it, whatever the recipe
+        parts.append("compiled")
     if recipe and wl.get("precision"):
         parts.append(str(wl["precision"]))
     if recipe and wl.get("activation_checkpointing") not in (None, "none"):
