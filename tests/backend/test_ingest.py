@@ -94,7 +94,7 @@ def test_the_data_field_at_its_default_keeps_the_stored_keys() -> None:
     assert shape_key({**TINY, "data": "text"}) != shape_key(TINY)
 
 
-def test_a_text_workload_says_so_in_its_label_and_random_stays_unlabelled() -> None:
+def test_a_text_or_compiled_workload_says_so_in_its_label_and_the_defaults_stay_unlabelled() -> None:
     assert workload_label({"workload": {**TINY, "data": "text"}}, "tiny").endswith("batch 8 · text data · fp32")
     assert "data" not in workload_label({"workload": {**TINY, "data": "random"}}, "tiny")
     assert workload_label({"workload": {**TINY, "compile": True}}, "tiny", recipe=False).endswith("batch 8 · compiled")
