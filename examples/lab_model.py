@@ -8,8 +8,15 @@ tensor-parallel plan and pipeline ends in parallab's module-path → style form,
 and FLOP counts (docs/models.md, "The module family").
 
 Unlike the parallab decoder it has learned positions, LayerNorm with biases, biased projections and
-a GELU MLP; the attention reshapes by head width, not by head count, so a column-parallel shard of
-q/k/v runs its own heads.
+a GELU MLP. What makes it run under tensor parallelism (`tp`, on the plan `build` declares):
+
+- the attention splits q/k/v by head *width* (`head_dim`, which TP does not change) into as many
+  heads as the projection's output holds: a column-parallel shard of q/k/v is heads/tp whole heads,
+  and the local count comes from the width it is given — never from a head count stored at
+  construction (that one would be the whole model's, and the shard would be split wrongly);
+- the key projection has no bias (as Whisper's): q·b_k is the same for every key of a query, so
+  softmax ignores it and its gradient is zero but for rounding — a parameter the gradient check
+  would hold a ratio of rounding noises against.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int):
         super().__init__()
         self.head_dim = hidden // heads
-        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.q, self.k, self.v = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden, bias=False), nn.Linear(hidden, hidden)
         self.o = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
 
         def heads(y: torch.Tensor) -> torch.Tensor:
+            # -1 heads: the local count, from the width (heads/tp under tensor parallelism, all of them on one rank).
             return y.view(b, t, -1, self.head_dim).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True)
@@ -82,9 +90,9 @@ class LabGPT(nn.Module):
 
 
 def param_count(v: int, h: int, layers: int, f: int, t: int) -> int:
-    """Closed form: embeddings (V + T)·h; per block q/k/v/o 4h² + 4h, the MLP 2hf + f + h, two
-    LayerNorms 4h; the final LayerNorm 2h and the head V·h."""
-    block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    """Closed form: embeddings (V + T)·h; per block q/k/v/o 4h² + 3h (no key bias), the MLP
+    2hf + f + h, two LayerNorms 4h; the final LayerNorm 2h and the head V·h."""
+    block = 4 * h * h + 3 * h + 2 * h * f + f + h + 4 * h
     return (v + t) * h + layers * block + 2 * h + v * h
 
 

@@ -64,7 +64,7 @@ def test_the_entry_point_and_the_family_go_together():
 @pytest.mark.parametrize(
     ("strategy", "options", "loc", "says"),
     [
-        ("tp", {}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2)"),
+        ("tp", {"sequence_parallel": True}, ("strategy", "options", "sequence_parallel"), "without sequence parallelism"),
         ("pp", {}, ("strategy", "name"), "does not run pipeline parallelism yet (pp=2)"),
         ("ring", {}, ("strategy", "name"), "does not run context parallelism yet (cp=2)"),
     ],
@@ -74,6 +74,12 @@ def test_what_the_family_does_not_run_is_refused_naming_the_field(strategy, opti
     assert (loc, next(m for l_, m in problems if says in m)) in problems, problems
     recipe = refusals({**SPEC, "workload": {**WORKLOAD, "activation_checkpointing": "full", "precision": "fp8"}})
     assert {loc for loc, _ in recipe} == {("workload", "activation_checkpointing"), ("workload", "precision")}
+
+
+def test_tensor_parallelism_is_accepted_alone_and_beside_sharded_data_parallelism():
+    for strategy in ({"name": "tp", "world_size": 2}, {"name": "layout", "world_size": 4, "options": {"tp": 2, "dp_shard": 2}}):
+        job = resolve_job(JobSpec.model_validate({**SPEC, "strategy": strategy}), LISTED)
+        assert job.model.module == ENTRY and job.world_size == strategy["world_size"]
 
 
 def test_the_api_refuses_an_unlisted_module_with_422_and_queues_nothing(client, settings) -> None:

@@ -1,14 +1,17 @@
 """Entry points that break the module family's contract, each in its own way (put on the
 allow-list by the tests, as a lab would put its module): the rank side must refuse each with an
-error naming `workload.module` and what is wrong."""
+error naming `workload.module` and what is wrong — and one (`stores_its_head_count`) that no
+declaration check can see, which tensor parallelism's gradient check must catch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from examples.lab_model import Attention
 from examples.lab_model import build as example
 
 
@@ -66,3 +69,41 @@ def counted(cfg: Any) -> Any:
     """No declared counts: the parameters are counted, FLOPs are 6·Ψ."""
     model, spec = example(cfg)
     return model, {"blocks": spec["blocks"]}
+
+
+def declares_a_rowwise_layer_colwise(cfg: Any) -> Any:
+    """The MLP's down projection declared colwise: the pair has no end, its output would stay sharded."""
+    model, spec = example(cfg)
+    return model, {**spec, "block_tp_plan": {**spec["block_tp_plan"], "mlp.proj": "colwise"}}
+
+
+def declares_a_norm_colwise(cfg: Any) -> Any:
+    model, spec = example(cfg)
+    return model, {**spec, "tp_plan": {**spec["tp_plan"], "norm": "colwise"}}
+
+
+class StoredHeads(Attention):
+    """The example's attention reshaped by a head count stored at construction: right on one rank;
+    under tensor parallelism its column shard holds heads/tp heads, which this splits into `heads`
+    narrower ones — it runs, and computes something else."""
+
+    heads: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.reshape(b, t, self.heads, -1).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
+        result: torch.Tensor = self.o(out.transpose(1, 2).reshape(b, t, -1))
+        return result
+
+
+def stores_its_head_count(cfg: Any) -> Any:
+    """The example with `StoredHeads` attention (the same parameters, the same numbers on one rank)."""
+    model, spec = example(cfg)
+    for block in model.blocks.values():
+        block.attn.__class__ = StoredHeads
+        block.attn.heads = cfg.num_heads
+    return model, spec

@@ -1,11 +1,13 @@
 """The `module` family: a lab's own module built by an allow-listed entry point, held against its
-contract, and trained under ddp and fsdp against `single`.
+contract, and trained under ddp, fsdp and tp (on the plan its spec declares) against `single`.
 
 In one process: the example (`examples.lab_model:build`) builds exactly the parameters it
 declares; each way of breaking the contract (`lab_builds`) is refused with an error naming
 `workload.module` and what is wrong; the launcher refuses a module this worker does not list
 before any rank starts, and a listed one whose build is wrong fails in the ranks with that error.
-One 2-rank torchrun (module_driver.py, module fixture) runs ddp and fsdp on a 2-layer example.
+One 2-rank torchrun (module_driver.py, module fixture) runs ddp, fsdp and tp on a 2-layer example,
+and tp on a module that keeps a stored head count (its gradient check must fail); one tp job through
+the launcher (the session's `harness_job`) measures its communication against the prediction.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from tests.workers.conftest import make_job, torchrun
 from tests.workers.module_driver import MODULE_WORKLOAD
 from workers.launcher import launch
 
-EXAMPLE_PARAMS = 136_960
-"""The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 4·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
+EXAMPLE_PARAMS = 136_832
+"""The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 3·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
 
 
 def cfg_of(entry: str) -> ModelConfig:
@@ -59,7 +61,20 @@ WRONG_BUILDS = {
     "declares_an_unknown_style": "returned a spec that is not valid: tp_plan.head: Input should be 'colwise'",
     "declares_a_missing_plan_path": "declares block module 'attn.qkv', which the built module does not have",
     "no_such_function": "names nothing callable: module 'tests.workers.lab_builds' has no function 'no_such_function'",
+    "declares_a_rowwise_layer_colwise": "declares a block_tp_plan tensor parallelism cannot apply: 'mlp' prepares its input but "
+    "no module beneath it is rowwise: its output would stay sharded",
+    "declares_a_norm_colwise": "declares 'norm' colwise, which needs a Linear or Embedding; it is a LayerNorm",
 }
+
+
+def test_the_other_families_plans_are_megatron_plans_too():
+    """The rule a lab's plan is held to (`plan_problems`) holds of the plans the harness's own families declare."""
+    from parallab.core.families import FAMILIES
+    from parallab.core.families.base import plan_problems
+
+    cfg = cfg_of("examples.lab_model:build").model_copy(update={"family": "parallab", "module": None})
+    for family in FAMILIES.values():
+        assert plan_problems(family.root_plan(cfg)) == [] and plan_problems(family.block_plan(cfg, 0)) == [], family.name
 
 
 @pytest.mark.parametrize("name", list(WRONG_BUILDS))
@@ -116,12 +131,33 @@ def module_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "tp"])
 def test_each_strategy_matches_single_in_loss_and_gradients(module_results, name):
     case = module_results[name]
     check = case["gradient_check"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
-    assert check["params_checked"] == 2 + 2 * 16 + 3, "tok, pos; 16 tensors per block; the final norm's 2 and the head"
+    assert check["params_checked"] == 2 + 2 * 15 + 3, "tok, pos; 15 tensors per block; the final norm's 2 and the head"
     assert case["loss_max_rel_diff"] <= 1e-4, (case["losses"], case["reference"])
     assert len(case["losses"]) == 3
     assert case["params"] == module_results["reference_params"] == EXAMPLE_PARAMS
+
+
+@pytest.mark.slow
+def test_a_module_that_stores_its_head_count_fails_the_gradient_check_under_tp(module_results):
+    """No declaration check sees a forward that splits its q/k/v shard into the whole model's head
+    count; it runs, and the gradient check against `single` says it computes something else."""
+    check = module_results["tp-stored-heads"]["gradient_check"]
+    assert not check["passed"] and check["max_rel_err"] > 0.1, check
+    assert check["worst_param"].startswith("lab.blocks.") and ".attn." in check["worst_param"], check
+
+
+@pytest.mark.slow
+def test_tp_communicates_exactly_what_is_predicted(harness_job):
+    """The spec's plan is Megatron's, so the module's step runs the prediction's collectives to the
+    byte: (4L + 2) all-reduces of b·s·h and the logits' all-gather (`parallab.core.dims.tp`)."""
+    doc, _ = harness_job("tp", 2, workload=MODULE_WORKLOAD)
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert predicted and measured == predicted, (measured, predicted)
+    assert set(measured) == {"all_reduce", "all_gather"}, measured
+    assert doc.summary.gradient_check is not None and doc.summary.gradient_check.passed, doc.summary.gradient_check
+    assert doc.summary.loss_max_rel_diff_vs_reference is not None and doc.summary.loss_max_rel_diff_vs_reference <= 1e-4

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -254,6 +255,16 @@ class Block(nn.Module):
         return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
 
 
+@dataclass(frozen=True)
+class TPPlan:
+    """Where tensor parallelism puts its styles on a model: root-module paths → style name, the
+    path of the blocks' container, and each block's paths → style (by the block's index)."""
+
+    root: Mapping[str, str]
+    blocks: str
+    block: Callable[[int], Mapping[str, str]]
+
+
 class Transformer(nn.Module):
     """The decoder. `tok_embeddings`, `norm` and `output` may be None in a pipeline stage."""
 
@@ -293,6 +304,12 @@ class Transformer(nn.Module):
 
     def moe_layers(self) -> list[MoE]:
         return [blk.feed_forward for blk in self.blocks() if isinstance(blk.feed_forward, MoE)]
+
+    def tp_plan(self) -> TPPlan:
+        """The TP plan its family declares (`parallab.core.families`); a model whose plan comes with
+        it rather than from the family (a lab's module: its spec's) overrides this."""
+        family, cfg = family_of(self.cfg), self.cfg
+        return TPPlan(family.root_plan(cfg), family.blocks, lambda layer: family.block_plan(cfg, layer))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or with `labels` the loss: mean cross-entropy (+ MoE aux loss).

@@ -10,7 +10,13 @@ error that names `workload.module` rather than a traceback deep in a strategy:
   (B, T, V) and a `ModuleSpec` (or a dict of its keys);
 - the spec's `blocks` is the module's container of repeated blocks (a ModuleDict or ModuleList:
   FSDP shards each block as a unit), its TP plan and pipeline ends name modules that exist, and
-  its `params`, when given, is the module's own count.
+  its `params`, when given, is the module's own count;
+- its TP plan is one tensor parallelism can apply: each style on a module it fits (colwise and
+  rowwise on a Linear or Embedding, head on a Linear, embedding on an Embedding), and Megatron's
+  shape (`parallab.core.families.base.plan_problems`: each column/row pair beneath a prepared
+  input, ending in a rowwise layer). `tp` applies it (`LabModel.tp_plan`); what it cannot check
+  is the module's own forward, which must take its local head count from the width it is given
+  (docs/models.md).
 
 The wrapper keeps the lab's module as `lab`, so parameter names are `lab.<the lab's names>`; the
 loss is the harness's (mean cross-entropy of the logits against the already shifted labels), as
@@ -28,9 +34,18 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
 
+from parallab.core.families.base import plan_problems
 from parallab.core.families.module import ModuleSpec
 from parallab.core.model import ModelConfig
-from workers.harness.model import Attention, MoE, Transformer
+from workers.harness.model import Attention, MoE, TPPlan, Transformer
+
+STYLE_MODULES: dict[str, tuple[type[nn.Module], ...]] = {
+    "colwise": (nn.Linear, nn.Embedding),
+    "rowwise": (nn.Linear, nn.Embedding),
+    "head": (nn.Linear,),
+    "embedding": (nn.Embedding,),
+}
+"""The modules torch's column/row styles shard, by style (input and norm styles fit any module)."""
 
 
 class ModuleBuildError(ValueError):
@@ -75,14 +90,26 @@ def checked_spec(entry: str, built: Any) -> tuple[nn.Module, ModuleSpec]:
     blocks = _submodule(entry, module, spec.blocks, "blocks")
     if not isinstance(blocks, nn.ModuleDict | nn.ModuleList) or len(blocks) == 0:
         raise ModuleBuildError(entry, f"declares blocks {spec.blocks!r}, which is not a non-empty ModuleDict or ModuleList")
-    for path in (*spec.tp_plan, *spec.first_stage, *spec.last_stage):
+    for path in (*spec.first_stage, *spec.last_stage):
         _submodule(entry, module, path, "module")
-    for path in spec.block_tp_plan:
-        _submodule(entry, next(iter(blocks.children())), path, "block module")
+    first = next(iter(blocks.children()))
+    for root, plan, what in ((module, spec.tp_plan, "module"), (first, spec.block_tp_plan, "block module")):
+        for path, style in plan.items():
+            _fits(entry, _submodule(entry, root, path, what), path, style)
+    for key, plan in (("tp_plan", spec.tp_plan), ("block_tp_plan", spec.block_tp_plan)):
+        if unfit := plan_problems(plan):
+            raise ModuleBuildError(entry, f"declares a {key} tensor parallelism cannot apply: {'; '.join(unfit)}")
     counted = sum(p.numel() for p in module.parameters())
     if spec.params is not None and spec.params != counted:
         raise ModuleBuildError(entry, f"declares {spec.params:,} parameters; the module it built holds {counted:,}")
     return module, spec
+
+
+def _fits(entry: str, module: nn.Module, path: str, style: str) -> None:
+    kinds = STYLE_MODULES.get(style)
+    if kinds is not None and not isinstance(module, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ModuleBuildError(entry, f"declares {path!r} {style}, which needs a {names}; it is a {type(module).__name__}")
 
 
 class LabModel(Transformer):
@@ -117,6 +144,11 @@ class LabModel(Transformer):
 
     def moe_layers(self) -> list[MoE]:
         return []
+
+    def tp_plan(self) -> TPPlan:
+        """The spec's plan, on the wrapper's paths (`lab.` first); the same plan in every block."""
+        block = dict(self.spec.block_tp_plan)
+        return TPPlan({f"lab.{p}": s for p, s in self.spec.tp_plan.items()}, f"lab.{self.spec.blocks}", lambda _layer: block)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or with `labels` the mean cross-entropy (the harness's loss)."""

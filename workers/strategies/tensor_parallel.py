@@ -1,6 +1,7 @@
 """`tp`: Megatron tensor parallelism with `torch.distributed.tensor.parallel`, on the plan the
 model family declares (`parallab.core.families`: module path → style name; `style` turns a name
-into torch's style). For the `parallab` family, per block: wq/wk/wv column-parallel (each rank
+into torch's style) — or, for a lab's own module, the plan its spec declares (`Transformer.tp_plan`).
+For the `parallab` family, per block: wq/wk/wv column-parallel (each rank
 holds heads/tp whole heads and kv_heads/tp K/V heads — `Attention` infers its local head counts
 from the projections' widths), wo row-parallel; w1/w3 column-parallel, w2
 row-parallel, and each attention and MLP block's input is prepared once (PrepareModuleInput). So
@@ -39,7 +40,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from parallab.core.families import family_of
 from parallab.core.strategies.tp import TPOptions
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
@@ -98,17 +98,18 @@ def _held(root: nn.Module, path: str) -> bool:
 
 
 def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool) -> Transformer:
-    """Apply the model family's plan to `model` (root modules, then each block) on the 1-D `mesh`;
-    a pipeline stage holds some of the root modules and some blocks: the plan covers what it holds."""
-    family, cfg = family_of(model.cfg), model.cfg
+    """Apply the model's plan (`Transformer.tp_plan`: its family's, or a lab module's spec's) to
+    `model` (root modules, then each block) on the 1-D `mesh`; a pipeline stage holds some of the
+    root modules and some blocks: the plan covers what it holds."""
+    plan = model.tp_plan()
     residual: Placement = Shard(1) if sequence_parallel else Replicate()
-    root_plan = {path: name for path, name in family.root_plan(cfg).items() if _held(model, path)}
+    root_plan = {path: name for path, name in plan.root.items() if _held(model, path)}
     _apply(model, root_plan, mesh, residual=residual, sequence_parallel=sequence_parallel)
-    blocks = model.get_submodule(family.blocks)
-    assert isinstance(blocks, nn.ModuleDict), "a family keeps its blocks in a ModuleDict"
-    for key, block in blocks.items():
+    blocks = model.get_submodule(plan.blocks)
+    assert isinstance(blocks, nn.ModuleDict | nn.ModuleList), "blocks are kept in a ModuleDict or a ModuleList"
+    for key, block in blocks.named_children():  # keys "0".."L-1" either way (a pipeline stage keeps its blocks' keys)
         # Norms run on the sequence shard under SP (the attention's rotary tables are plain, full-sequence tensors).
-        _apply(block, family.block_plan(cfg, int(key)), mesh, residual=residual, sequence_parallel=sequence_parallel)
+        _apply(block, plan.block(int(key)), mesh, residual=residual, sequence_parallel=sequence_parallel)
     return model
 
 

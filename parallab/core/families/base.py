@@ -34,6 +34,35 @@ made replicated once (its gradient all-reduced once); input_kwarg: the same for 
 calls with the residual stream as the keyword `hidden_states` (Hugging Face's attention); norm:
 runs on a sequence shard under SP."""
 
+PREPARED_INPUTS: frozenset[str] = frozenset({"input", "input_kwarg"})
+"""The styles that make a module's input replicated once for the column/row pair beneath it."""
+
+
+def plan_problems(plan: dict[str, TPStyle]) -> list[str]:
+    """Why `plan` (module paths → style, relative to one root) is not a Megatron plan, or []:
+    every colwise or rowwise module lies beneath a module whose input is prepared ("input",
+    "input_kwarg": its gradient all-reduced once, as the prediction counts it), and beneath each
+    prepared module there is at least one colwise module (the pair's split) and one rowwise module
+    (the pair's end, which reduces its output back onto the residual stream). A plan with a rowwise
+    layer declared colwise has no end: the sub-block's output would stay sharded."""
+    prepared = [path for path, style in plan.items() if style in PREPARED_INPUTS]
+    out = [
+        f"{path!r} is {style} but no module above it prepares its input (declare the attention or MLP module 'input')"
+        for path, style in plan.items()
+        if style in ("colwise", "rowwise") and not any(path.startswith(f"{p}.") for p in prepared)
+    ]
+    for path in prepared:
+        beneath = {style for p, style in plan.items() if p.startswith(f"{path}.")}
+        if "colwise" not in beneath:
+            out.append(f"{path!r} prepares its input but no module beneath it is colwise (the pair's split)")
+        if "rowwise" not in beneath:
+            out.append(
+                f"{path!r} prepares its input but no module beneath it is rowwise: its output would stay sharded "
+                "(a column/row pair ends in one rowwise layer)"
+            )
+    return out
+
+
 SHARD_DIM: dict[str, int] = {"colwise": 0, "embedding": 0, "head": 0}
 """The dim every parameter of a module in that style is split on (rowwise: see `tp_dim`)."""
 

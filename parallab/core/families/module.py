@@ -11,10 +11,14 @@ those of the parallab decoder of the same shape fields — an estimate for the p
 function gets that `ModelConfig` and should build its model of that shape; the spec it returns
 (`ModuleSpec`) says what it built, and the rank side holds the spec against the module.
 
-Only data parallelism runs (single, ddp, fsdp): tensor, pipeline, context and expert parallelism
-are refused naming `strategy.name` (the spec's TP plan and pipeline ends are declared and checked
-against the module, not applied yet), as are activation checkpointing (the blocks' forward is the
-lab's own) and fp8 (its head is not known to be kept out).
+Data parallelism (single, ddp, fsdp) and tensor parallelism run: `tp` applies the spec's own plan
+(`tp_plan`, `block_tp_plan`) through the same styles as the other families, alone or in a layout
+with data parallelism. Sequence parallelism is refused naming `strategy.options.sequence_parallel`
+(a lab's module adds what it likes to the residual stream — learned positions, say — which a
+sequence shard would not match, and its norms' parameters are its own). Pipeline, context and
+expert parallelism are refused naming `strategy.name` (the spec's pipeline ends are declared and
+checked against the module, not applied yet), as are activation checkpointing (the blocks' forward
+is the lab's own) and fp8 (its head is not known to be kept out).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
 
 UNSUPPORTED_DIMS: dict[str, str] = {
-    "tp": "tensor parallelism",
     "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
@@ -110,14 +113,22 @@ class ModuleFamily(ParallabFamily):
     offered_by_form: ClassVar[bool] = False
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
-        return [
+        out = [
             SpecProblem(
                 ("strategy", "name"),
-                f"the module family does not run {what} yet ({dim}={getattr(layout, dim)}); use single, ddp or fsdp",
+                f"the module family does not run {what} yet ({dim}={getattr(layout, dim)}); use single, ddp, fsdp, tp or a layout of them",
             )
             for dim, what in UNSUPPORTED_DIMS.items()
             if getattr(layout, dim) > 1
         ]
+        if layout.sequence_parallel:
+            out.append(
+                SpecProblem(
+                    ("strategy", "options", "sequence_parallel"),
+                    "the module family runs tensor parallelism without sequence parallelism: the lab's residual stream is its own",
+                )
+            )
+        return out
 
     def recipe_problems(self, cfg: ModelConfig, *, precision: str, activation_checkpointing: str) -> list[SpecProblem]:
         out = []
