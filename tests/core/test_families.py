@@ -227,6 +227,13 @@ def test_the_hf_family_names_hugging_faces_modules():
     assert family.on_first_stage(model_tensors(cfg)[0]) and not family.on_first_stage(model_tensors(cfg)[-2])
 
 
+def test_a_dense_hf_model_resolves_under_a_pipeline_alone_and_beside_fsdp():
+    """pp runs for the hf family's dense models (Mixtral's refusal is in the table below)."""
+    assert job("pp", 2, family="hf").options.microbatches == 4
+    layout = job("layout", 4, {"pp": 2, "dp_shard": 2}, family="hf").options
+    assert (layout.pp, layout.dp_shard) == (2, 2)
+
+
 def test_the_parallab_family_stays_the_default():
     assert job().model.family == "parallab" and family_of(job().model).name == "parallab"
 
@@ -242,7 +249,10 @@ def test_the_parallab_family_stays_the_default():
         ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); Mixtral (4 experts) runs under ddp"),
         ("tp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2); Mixtral"),
         ("tp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "tp supports dense models only"),
-        ("pp", 2, {}, {}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
+        ("pp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run pipeline parallelism yet (pp=2); Mixtral"),
+        ("pp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "pp supports dense models only"),
+        ("layout", 4, {"pp": 2, "dp_shard": 2}, {"num_experts": 4}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
+        ("pp", 2, {}, {"tie_embeddings": True}, ("workload", "tie_embeddings"), "tied embeddings need the embedding and the head"),
         ("ring", 2, {}, {}, ("strategy", "name"), "context parallelism yet (cp=2)"),
     ],
 )

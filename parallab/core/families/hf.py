@@ -28,6 +28,11 @@ plan is the attention part only, as the parallab family's (and the library's own
 tensor parallelism runs dense models only, so it is refused for Mixtral (`workload.num_experts`
 by the strategy's rule, `strategy.name` here), as is expert parallelism.
 
+Pipeline stages are cut by `blocks`, `first_stage` and `last_stage` as the parallab family's
+are: the first stage holds embed_tokens, the last norm and lm_head, every stage the rotary
+embedding (no parameters: each stage recomputes cos/sin), so only the residual stream crosses a
+boundary. pp is dense-only in every family, so Mixtral under a pipeline is refused.
+
 Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`): the
 library's tensors are the parallab family's under other names (Mixtral's fused gate_up_proj is w1
 and w3 stacked), so the formulas are shared, not restated.
@@ -44,13 +49,14 @@ if TYPE_CHECKING:
     from parallab.core.layout import Layout
     from parallab.core.model import ModelConfig
 
-UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "pp": "pipeline parallelism", "ep": "expert parallelism"}
+UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "ep": "expert parallelism"}
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
-attention swaps the parallab attention's `attn_fn`, the pipeline's stages and expert parallelism's
-experts are the parallab modules'."""
-DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
-"""Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
-whole: every strategy with tp is dense-only, and this says why for this family)."""
+attention swaps the parallab attention's `attn_fn` and expert parallelism's experts are the
+parallab modules'."""
+DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism", "pp": "pipeline parallelism"}
+"""Dimensions it applies to its dense models only, not to Mixtral: tp's plan leaves the MoE blocks
+whole, and pp is a dense-only dimension in every family (`parallab.core.dims.pp`); every strategy
+with either is dense-only, and this says why for this family."""
 
 
 class HFFamily(ModelFamily):
@@ -140,7 +146,7 @@ class HFFamily(ModelFamily):
         return {**plan, "mlp": "input", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
-        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp or a layout of them"
+        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp, pp or a layout of them"
         if cfg.is_moe:
             unsupported.update(DENSE_ONLY_DIMS)
             runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp or a layout of them"
