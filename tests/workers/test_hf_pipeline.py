@@ -3,11 +3,13 @@ family's declarations (embed_tokens on the first stage, norm and lm_head on the 
 layers by the stage layout) and run by `torch.distributed.pipelining`, held against `single`.
 
 Real launches (the session's `harness_job`, as a worker runs them) of the tiny Llama of
-test_hf_family.py: `pp` at 2 ranks (1F1B, 4 micro-batches) and the layout pp=2 × dp_shard=2 at 4
-ranks pass the loss and gradient checks, and the pipeline's measured P2P is exactly the
-prediction — each micro-batch's residual stream (batch × sequence × hidden, fp32) sent forward and
-its gradient sent back. One 2-rank torchrun of hf_pp_driver.py (module fixture) shows the checks
-can fail: a family that puts the final norm on the first stage trains, and fails both.
+test_hf_family.py: `pp` at 2 ranks (1F1B, 4 micro-batches), the layout pp=2 × dp_shard=2 at 4
+ranks, and `pp` at 2 ranks of the same shape as Mixtral (4 experts, top-2: the library's router
+routes each token alone, so a micro-batch routes as the batch does). Each passes the loss and
+gradient checks, and the pipeline's measured P2P is exactly the prediction — each micro-batch's
+residual stream (batch × sequence × hidden, fp32) sent forward and its gradient sent back. One
+2-rank torchrun of hf_pp_driver.py (module fixture) shows the checks can fail: a family that puts
+the final norm on the first stage trains, and fails both.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from tests.workers.test_hf_family import LLAMA, MIXTRAL, cfg_of
 pytest.importorskip("transformers")
 
 
-RUNS: dict[str, tuple[str, int, dict[str, Any]]] = {
-    "pp": ("pp", 2, {}),
-    "pp×dp_shard": ("layout", 4, {"pp": 2, "dp_shard": 2}),
+RUNS: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
+    "pp": ("pp", 2, {}, LLAMA),
+    "pp×dp_shard": ("layout", 4, {"pp": 2, "dp_shard": 2}, LLAMA),
+    "mixtral pp": ("pp", 2, {}, MIXTRAL),
 }
-"""The runs: (strategy, world size, options) on the tiny Llama."""
+"""The runs: (strategy, world size, options, workload): the tiny Llama, and the same as Mixtral."""
 
 
-def boundary_bytes(strategy: str, n: int, options: dict[str, Any]) -> int:
+def boundary_bytes(strategy: str, n: int, options: dict[str, Any], workload: dict[str, Any]) -> int:
     """One step's residual stream across the stage boundary per replica: the replica's rows ×
     sequence × hidden, fp32 (each micro-batch's slice of it, summed over the micro-batches)."""
-    job = make_job(strategy, n, options, LLAMA, trace=False)
+    job = make_job(strategy, n, options, workload, trace=False)
     replicas = n // 2  # pp=2: the rest of the world is data parallel
     return job.workload.global_batch_size // replicas * job.model.seq_len * job.model.hidden_size * 4
 
@@ -60,24 +63,24 @@ def test_each_stage_holds_exactly_the_tensors_the_prediction_puts_on_it(stage):
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(RUNS))
 def test_the_pipeline_matches_single_in_loss_and_gradients(harness_job, key):
-    strategy, n, options = RUNS[key]
-    doc, _ = harness_job(strategy, n, options, LLAMA)
+    strategy, n, options, workload = RUNS[key]
+    doc, _ = harness_job(strategy, n, options, workload)
     assert doc.workload["family"] == "hf" and len(doc.loss.values) == doc.workload["steps"] == 3
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
     check = doc.summary.gradient_check
     assert check is not None and check.passed and check.max_rel_err <= check.tolerance == 1e-5, check
-    assert check.params_checked == len(model_tensors(cfg_of(LLAMA))) == 21, "every tensor, gathered from both stages"
+    assert check.params_checked == len(model_tensors(cfg_of(workload))) == 21, "every tensor, gathered from both stages"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(RUNS))
 def test_the_pipeline_sends_exactly_the_residual_stream_predicted(harness_job, key):
-    strategy, n, options = RUNS[key]
-    doc, _ = harness_job(strategy, n, options, LLAMA)
+    strategy, n, options, workload = RUNS[key]
+    doc, _ = harness_job(strategy, n, options, workload)
     measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
     assert predicted and measured == predicted, (measured, predicted)
     # 2 stages: each rank sends one way (activations forward, or their gradients back) and receives the other
-    assert measured["send"] == measured["recv"] == boundary_bytes(strategy, n, options), measured
+    assert measured["send"] == measured["recv"] == boundary_bytes(strategy, n, options, workload), measured
     assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "wire_bytes", "model_state"))], doc.flags
 
 
@@ -119,11 +122,13 @@ def test_the_final_norm_on_the_wrong_stage_trains_and_fails_both_checks(broken_r
     assert outcome["loss_max_rel_diff"] > 1e-4, (outcome["losses"], outcome["reference"])
 
 
-def test_mixtral_under_a_pipeline_is_refused_naming_the_fields():
+def test_mixtral_resolves_under_a_pipeline_and_tp_beside_it_stays_refused():
+    """The library's Mixtral routes each token alone: pp runs it; tp still leaves its MoE blocks whole."""
     from parallab.core.problems import SpecError
 
+    assert make_job("pp", 2, workload=MIXTRAL, trace=False).model.num_experts == 4
     with pytest.raises(SpecError) as exc:
-        make_job("pp", 2, workload=MIXTRAL, trace=False)
+        make_job("layout", 4, {"pp": 2, "tp": 2}, MIXTRAL, trace=False)
     found = {p.loc: p.msg for p in exc.value.problems}
-    assert "pp supports dense models only" in found[("workload", "num_experts")], found
-    assert "the hf family does not run pipeline parallelism yet (pp=2); Mixtral" in found[("strategy", "name")], found
+    assert "tp=2 supports dense models only" in found[("workload", "num_experts")], found
+    assert "does not run tensor parallelism yet (tp=2); Mixtral (4 experts) runs under ddp, fsdp, pp" in found[("strategy", "name")], found

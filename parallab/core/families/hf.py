@@ -31,7 +31,10 @@ by the strategy's rule, `strategy.name` here), as is expert parallelism.
 Pipeline stages are cut by `blocks`, `first_stage` and `last_stage` as the parallab family's
 are: the first stage holds embed_tokens, the last norm and lm_head, every stage the rotary
 embedding (no parameters: each stage recomputes cos/sin), so only the residual stream crosses a
-boundary. pp is dense-only in every family, so Mixtral under a pipeline is refused.
+boundary. Mixtral runs under a pipeline too (`routes_per_token`): the library's router picks each
+token's experts alone and computes every routed token, and the loss has no auxiliary term, so a
+micro-batch routes as the whole batch does — what makes pp dense-only for the parallab family's
+MoE (capacity and the load-balancing loss are the batch's) does not hold here.
 
 Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`): the
 library's tensors are the parallab family's under other names (Mixtral's fused gate_up_proj is w1
@@ -53,10 +56,9 @@ UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "ep": "expert p
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
 attention swaps the parallab attention's `attn_fn` and expert parallelism's experts are the
 parallab modules'."""
-DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism", "pp": "pipeline parallelism"}
-"""Dimensions it applies to its dense models only, not to Mixtral: tp's plan leaves the MoE blocks
-whole, and pp is a dense-only dimension in every family (`parallab.core.dims.pp`); every strategy
-with either is dense-only, and this says why for this family."""
+DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
+"""Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
+whole: every strategy with tp is dense-only, and this says why for this family)."""
 
 
 class HFFamily(ModelFamily):
@@ -65,6 +67,7 @@ class HFFamily(ModelFamily):
     first_stage = ("model.embed_tokens",)
     last_stage = ("model.norm", "lm_head")
     attention = "self_attn"
+    routes_per_token = True
 
     def architecture(self, cfg: ModelConfig) -> str:
         """The `transformers` class this shape is built as."""
@@ -149,7 +152,7 @@ class HFFamily(ModelFamily):
         unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp, pp or a layout of them"
         if cfg.is_moe:
             unsupported.update(DENSE_ONLY_DIMS)
-            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp or a layout of them"
+            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
         return [
             SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
             for dim, what in unsupported.items()
