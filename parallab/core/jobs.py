@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from parallab.core import dims
 from parallab.core.data import DEFAULT_LR, data_problems
 from parallab.core.families import family_of
 from parallab.core.families.module import allow_list_problem
@@ -298,13 +299,14 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
     problems += descriptor.rules(
         Draft(model=model, world_size=world, options=options, global_batch_size=gbs, grad_accumulation_steps=accum)
     )
-    if descriptor.dense_only and model.is_moe:
+    layout = descriptor.layout(world, options)
+    per_token = family_of(model).routes_per_token
+    if descriptor.dense_only and model.is_moe and (layout is None or dims.dense_only_dims(layout, routes_per_token=per_token)):
         problems.append(
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
     problems += recipe_problems(descriptor, options, world, wl.precision)
     problems += data_problems(wl.data, model.vocab_size)
-    layout = descriptor.layout(world, options)
     if layout is not None:
         problems += family_of(model).layout_problems(model, layout)
     problems += family_of(model).recipe_problems(model, precision=wl.precision, activation_checkpointing=wl.activation_checkpointing)

@@ -227,6 +227,22 @@ def test_the_hf_family_names_hugging_faces_modules():
     assert family.on_first_stage(model_tensors(cfg)[0]) and not family.on_first_stage(model_tensors(cfg)[-2])
 
 
+@pytest.mark.parametrize("experts", [{}, {"num_experts": 4}])
+def test_an_hf_model_resolves_under_a_pipeline_alone_and_beside_fsdp(experts):
+    """pp runs for the hf family's Llama and its Mixtral: the library's router routes each token
+    alone (`routes_per_token`), so a micro-batch routes as the batch does."""
+    assert job("pp", 2, family="hf", **experts).options.microbatches == 4
+    layout = job("layout", 4, {"pp": 2, "dp_shard": 2}, family="hf", **experts).options
+    assert (layout.pp, layout.dp_shard) == (2, 2)
+
+
+@pytest.mark.parametrize(("strategy", "n", "options"), [("pp", 2, {}), ("layout", 4, {"pp": 2, "dp_shard": 2})])
+def test_the_parallab_familys_experts_stay_refused_under_a_pipeline(strategy, n, options):
+    """Its MoE's capacity and load-balancing loss are the whole batch's: a micro-batch would route otherwise."""
+    problems = refused(strategy, n, options, num_experts=4)
+    assert "supports dense models only" in problems[("workload", "num_experts")], problems
+
+
 def test_the_parallab_family_stays_the_default():
     assert job().model.family == "parallab" and family_of(job().model).name == "parallab"
 
@@ -242,7 +258,8 @@ def test_the_parallab_family_stays_the_default():
         ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); Mixtral (4 experts) runs under ddp"),
         ("tp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2); Mixtral"),
         ("tp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "tp supports dense models only"),
-        ("pp", 2, {}, {}, ("strategy", "name"), "pipeline parallelism yet (pp=2)"),
+        ("layout", 4, {"pp": 2, "tp": 2}, {"num_experts": 4}, ("workload", "num_experts"), "tp=2 supports dense models only"),
+        ("pp", 2, {}, {"tie_embeddings": True}, ("workload", "tie_embeddings"), "tied embeddings need the embedding and the head"),
         ("ring", 2, {}, {}, ("strategy", "name"), "context parallelism yet (cp=2)"),
     ],
 )

@@ -64,6 +64,19 @@ def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, A
     return family_case(HF_WORKLOAD, strategy_name, options, reference)
 
 
+def run_broken(strategy_name: str, family: HFFamily, reference: dict[str, Any] | None) -> dict[str, Any]:
+    """`strategy_name` with `family` installed as the `hf` family for this case only: the error's
+    message if it raises, else the checks' outcome (None off rank 0)."""
+    right = families.FAMILIES["hf"]
+    families.FAMILIES["hf"] = family
+    try:
+        return {"outcome": run_case(strategy_name, {}, reference)}
+    except Exception as exc:  # noqa: BLE001 — what a wrong declaration does is the result
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        families.FAMILIES["hf"] = right
+
+
 def main() -> None:
     out = start()
     reference = family_reference(HF_WORKLOAD)
@@ -71,14 +84,7 @@ def main() -> None:
     for case, (name, options) in CASES.items():
         results[case] = run_case(name, options, reference)
     for case, (name, family) in BROKEN.items():
-        right = families.FAMILIES["hf"]
-        families.FAMILIES["hf"] = family
-        try:
-            results[case] = {"outcome": run_case(name, {}, reference)}
-        except Exception as exc:  # noqa: BLE001 — what a wrong plan does is the result
-            results[case] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            families.FAMILIES["hf"] = right
+        results[case] = run_broken(name, family, reference)
     if dist.get_rank() == 0:
         assert reference is not None
         results["reference_params"] = reference["params"]

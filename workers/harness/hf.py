@@ -19,6 +19,12 @@ container, what FSDP and TP walk), which the library's forward cannot slice; no 
 made (SDPA's causal flag does it), and the loss is the harness's — mean cross-entropy of the
 logits against the already shifted labels, the parallab family's definition — not the library's
 internal shift-and-loss, so a run is checked against `single` on the same quantity.
+
+The same wrapper is a pipeline stage's module (`workers.strategies.pipeline.split` sets the roots
+another stage holds to None): without `embed_tokens` its input is the residual stream, without
+`norm` and `lm_head` its output is. `rotary_emb` (buffers only) stays on every stage and each
+stage recomputes cos/sin from the positions, and SDPA's causal flag stands for the mask, so the
+residual stream is all that crosses a stage boundary — what the pipeline's P2P is predicted to be.
 """
 
 from __future__ import annotations

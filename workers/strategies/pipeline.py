@@ -93,7 +93,8 @@ def _stage(ctx: RunContext) -> tuple[int, int]:
 
 def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Transformer:
     """Keep this stage's blocks (`layers`) and the root modules the model family puts on it (the
-    first stage's: the embedding; the last's: final norm and head); the others become None."""
+    first stage's: the embedding; the last's: final norm and head); the others become None where
+    they are held (a dotted path, "model.norm", names the library model's attribute)."""
     family = family_of(model.cfg)
     keep = {str(i) for i in layers}
     blocks = model.get_submodule(family.blocks)
@@ -102,8 +103,11 @@ def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Tran
         if name not in keep:
             del blocks[name]
     dropped = (family.first_stage if stage != 0 else ()) + (family.last_stage if stage != stages - 1 else ())
-    for name in dropped:
-        setattr(model, name, None)
+    for path in dropped:  # a module path: "norm" on the root, or "model.norm" inside the library's model
+        parent, _, name = path.rpartition(".")
+        holder = model.get_submodule(parent)
+        assert isinstance(getattr(holder, name, None), nn.Module), f"{family.name} declares no module {path!r} to drop"
+        setattr(holder, name, None)
     return model
 
 

@@ -57,9 +57,14 @@ def composition_rule(dim: Dimension, draft: Draft) -> list[SpecProblem]:
     return [SpecProblem((*draft.loc, dim.name), msg)]
 
 
-def dense_only_dims(layout: Layout) -> list[str]:
-    """The on dimensions that cannot split a model with experts."""
-    return [f"{d.name}={d.degree(layout)}" for d in APPLY_ORDER if d.degree(layout) > 1 and d.dense_only]
+def dense_only_dims(layout: Layout, *, routes_per_token: bool = False) -> list[str]:
+    """The on dimensions that cannot split a model with experts (those that can when its family
+    routes each token alone left out, `Dimension.experts_by_family`)."""
+    return [
+        f"{d.name}={d.degree(layout)}"
+        for d in APPLY_ORDER
+        if d.degree(layout) > 1 and d.dense_only and not (routes_per_token and d.experts_by_family)
+    ]
 
 
 def fp8_refused_by(layout: Layout) -> list[str]:

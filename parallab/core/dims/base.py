@@ -160,6 +160,10 @@ class Dimension:
     """Whether the rank side runs it with fp8 (torchao's Float8Linear) — a capability fact."""
     dense_only: ClassVar[bool] = False
     """Whether it needs a dense model (experts: only ep splits them)."""
+    experts_by_family: ClassVar[bool] = False
+    """Whether a dense-only dimension runs experts anyway for a model family whose experts route
+    each token alone, drop none and add no auxiliary loss (`ModelFamily.routes_per_token`): true
+    where all it changes for an MoE block is how many rows its router sees at once."""
     splits_batch: ClassVar[bool] = False
     """Whether its ranks take different rows of the batch (the data-parallel dimensions)."""
     composes_with: ClassVar[frozenset[str] | None] = None

@@ -27,6 +27,9 @@ class Pipeline(Dimension):
     name = "pp"
     title = "pipeline stages over layers (GPipe, 1F1B)"
     dense_only = True
+    experts_by_family = True
+    """A micro-batch through an MoE block: the parallab family's capacity and auxiliary loss are
+    the whole batch's (and the schedule's loss is cross-entropy alone), a per-token router's not."""
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         p, m = draft.layout.pp, draft.layout.microbatches

@@ -149,6 +149,9 @@ class ModelFamily:
     """Root modules on the last pipeline stage (final norm, head)."""
     attention: ClassVar[str] = "attention"
     """The block module whose `attn_fn` (q, k, v → out) context parallelism replaces."""
+    routes_per_token: ClassVar[bool] = False
+    """Whether its MoE blocks route each token alone, drop none and add no auxiliary loss, so a
+    micro-batch routes as the batch does: a pipeline then runs its experts (`Dimension.experts_by_family`)."""
     offered_by_form: ClassVar[bool] = True
     """Whether the browser's run form offers this family (not one that runs a lab's own code)."""
 

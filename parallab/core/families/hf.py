@@ -28,6 +28,14 @@ plan is the attention part only, as the parallab family's (and the library's own
 tensor parallelism runs dense models only, so it is refused for Mixtral (`workload.num_experts`
 by the strategy's rule, `strategy.name` here), as is expert parallelism.
 
+Pipeline stages are cut by `blocks`, `first_stage` and `last_stage` as the parallab family's
+are: the first stage holds embed_tokens, the last norm and lm_head, every stage the rotary
+embedding (no parameters: each stage recomputes cos/sin), so only the residual stream crosses a
+boundary. Mixtral runs under a pipeline too (`routes_per_token`): the library's router picks each
+token's experts alone and computes every routed token, and the loss has no auxiliary term, so a
+micro-batch routes as the whole batch does — what makes pp dense-only for the parallab family's
+MoE (capacity and the load-balancing loss are the batch's) does not hold here.
+
 Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`): the
 library's tensors are the parallab family's under other names (Mixtral's fused gate_up_proj is w1
 and w3 stacked), so the formulas are shared, not restated.
@@ -44,10 +52,10 @@ if TYPE_CHECKING:
     from parallab.core.layout import Layout
     from parallab.core.model import ModelConfig
 
-UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "pp": "pipeline parallelism", "ep": "expert parallelism"}
+UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "ep": "expert parallelism"}
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
-attention swaps the parallab attention's `attn_fn`, the pipeline's stages and expert parallelism's
-experts are the parallab modules'."""
+attention swaps the parallab attention's `attn_fn` and expert parallelism's experts are the
+parallab modules'."""
 DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
 """Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
 whole: every strategy with tp is dense-only, and this says why for this family)."""
@@ -59,6 +67,7 @@ class HFFamily(ModelFamily):
     first_stage = ("model.embed_tokens",)
     last_stage = ("model.norm", "lm_head")
     attention = "self_attn"
+    routes_per_token = True
 
     def architecture(self, cfg: ModelConfig) -> str:
         """The `transformers` class this shape is built as."""
@@ -140,10 +149,10 @@ class HFFamily(ModelFamily):
         return {**plan, "mlp": "input", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
-        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp or a layout of them"
+        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp, pp or a layout of them"
         if cfg.is_moe:
             unsupported.update(DENSE_ONLY_DIMS)
-            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp or a layout of them"
+            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
         return [
             SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
             for dim, what in unsupported.items()

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field
 
 from parallab.core import dims
+from parallab.core.families import family_of
 from parallab.core.layout import MESH_ORDER, Layout
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
@@ -120,7 +121,8 @@ class LayoutDescriptor(ComposedCosts[OptT]):
             return problems
         layout = self.layout(draft.world_size, draft.options)
         out = dims.rules(dims.Draft(draft.model, layout, draft.global_batch_size, draft.grad_accumulation_steps, OPTIONS))
-        if draft.model.is_moe and not self.dense_only and (dense := dims.dense_only_dims(layout)):
+        per_token = family_of(draft.model).routes_per_token
+        if draft.model.is_moe and not self.dense_only and (dense := dims.dense_only_dims(layout, routes_per_token=per_token)):
             msg = f"{', '.join(dense)} supports dense models only ({draft.model.num_experts} experts)"
             out.append(SpecProblem(("workload", "num_experts"), msg))
         return out
