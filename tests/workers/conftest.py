@@ -50,6 +50,17 @@ def torchrun(nproc: int, args: list[str], *, timeout: float = 400) -> subprocess
     return subprocess.run(cmd, cwd=REPO, env=torchrun_env(), capture_output=True, text=True, check=False, timeout=timeout)
 
 
+def run_driver(tmp_path_factory: pytest.TempPathFactory, driver: str, *, nproc: int = 2, timeout: float = 400) -> Any:
+    """Run the test driver `driver` (a script beside this file) under torchrun on `nproc` ranks and
+    return the JSON it wrote to `--out`; a failed launch fails the fixture with the ranks' stderr."""
+    import json
+
+    out = tmp_path_factory.mktemp(Path(driver).stem) / "results.json"
+    proc = torchrun(nproc, [str(Path(__file__).with_name(driver)), "--out", str(out)], timeout=timeout)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    return json.loads(out.read_text())
+
+
 def make_job(
     strategy: str,
     world_size: int,
@@ -117,12 +128,7 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
 @pytest.fixture(scope="session")
 def ring_moe_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
     """One 4-rank torchrun of ring_moe_driver.py: ring attention and EP MoE cases at n=4 and n=2."""
-    import json
-
-    out = tmp_path_factory.mktemp("ring-moe") / "results.json"
-    proc = torchrun(4, [str(Path(__file__).with_name("ring_moe_driver.py")), "--out", str(out)])
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    results: dict[str, dict[str, float]] = json.loads(out.read_text())
+    results: dict[str, dict[str, float]] = run_driver(tmp_path_factory, "ring_moe_driver.py", nproc=4)
     return results
 
 

@@ -16,14 +16,12 @@ where TP leaves a block's input gradient unreduced (it names the norm where the 
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import make_job, run_driver
 from tests.workers.gradcheck_driver import COMPOSED_CASES, W1
 from workers.harness.gradcheck import canonical
 from workers.harness.main import new_model
@@ -49,12 +47,9 @@ FULL_PARAMS = 39
 
 @pytest.fixture(scope="session")
 def composed_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("composed-mutants") / "results.json"
     began = time.monotonic()
-    proc = torchrun(4, [str(Path(__file__).with_name("gradcheck_driver.py")), "--out", str(out)], timeout=600)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    results: dict[str, dict[str, Any]] = run_driver(tmp_path_factory, "gradcheck_driver.py", nproc=4, timeout=600)
     print(f"composed mutants: one 4-rank launch, {time.monotonic() - began:.1f} s")
-    results: dict[str, dict[str, Any]] = json.loads(out.read_text())
     return results
 
 

@@ -9,13 +9,11 @@ one rank only): the gradient check misses them, the replica check names them.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.workers.conftest import torchrun
+from tests.workers.conftest import run_driver
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +23,7 @@ REPLICA_MUTANTS = {"ddp_unreduced": "layers.0.feed_forward.w1.weight", "tp_norm"
 
 @pytest.fixture(scope="module")
 def gradcheck_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("gradcheck") / "results.json"
-    proc = torchrun(2, [str(Path(__file__).with_name("gradcheck_driver.py")), "--out", str(out)], timeout=300)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    results: dict[str, dict[str, Any]] = json.loads(out.read_text())
+    results: dict[str, dict[str, Any]] = run_driver(tmp_path_factory, "gradcheck_driver.py", timeout=300)
     return results
 
 

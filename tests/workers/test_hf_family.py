@@ -11,16 +11,14 @@ plans. Without `transformers` the launcher refuses the job naming the field and 
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from parallab.core.families import HF, family_of, model_tensors
 from parallab.core.model import ModelConfig
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import make_job, run_driver
 from tests.workers.declared import mismatches, tp_split
 
 pytest.importorskip("transformers")
@@ -135,10 +133,7 @@ def test_without_transformers_the_launcher_refuses_the_job_naming_the_field_and_
 
 @pytest.fixture(scope="module")
 def hf_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("hf") / "results.json"
-    proc = torchrun(2, [str(Path(__file__).with_name("hf_driver.py")), "--out", str(out)], timeout=300)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    results: dict[str, Any] = json.loads(out.read_text())
+    results: dict[str, Any] = run_driver(tmp_path_factory, "hf_driver.py", timeout=300)
     return results
 
 

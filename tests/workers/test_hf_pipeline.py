@@ -14,14 +14,12 @@ the final norm on the first stage trains, and fails both.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from parallab.core.families import model_tensors
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import make_job, run_driver
 from tests.workers.test_hf_family import LLAMA, MIXTRAL, cfg_of
 
 pytest.importorskip("transformers")
@@ -97,10 +95,7 @@ def test_the_stages_hold_the_declared_halves_of_the_model(harness_job):
 
 @pytest.fixture(scope="module")
 def broken_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("hf-pp") / "results.json"
-    proc = torchrun(2, [str(Path(__file__).with_name("hf_pp_driver.py")), "--out", str(out)], timeout=300)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    results: dict[str, Any] = json.loads(out.read_text())
+    results: dict[str, Any] = run_driver(tmp_path_factory, "hf_pp_driver.py", timeout=300)
     return results
 
 

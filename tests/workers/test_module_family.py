@@ -12,15 +12,13 @@ the launcher (the session's `harness_job`) measures its communication against th
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from parallab.core.model import ModelConfig
 from parallab.core.rundir import RunDir
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import make_job, run_driver
 from tests.workers.module_driver import MODULE_WORKLOAD
 from workers.launcher import launch
 
@@ -123,10 +121,7 @@ def test_a_listed_module_whose_build_is_wrong_fails_in_the_ranks_with_the_error(
 
 @pytest.fixture(scope="module")
 def module_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("module") / "results.json"
-    proc = torchrun(2, [str(Path(__file__).with_name("module_driver.py")), "--out", str(out)], timeout=300)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    results: dict[str, Any] = json.loads(out.read_text())
+    results: dict[str, Any] = run_driver(tmp_path_factory, "module_driver.py", timeout=300)
     return results
 
 

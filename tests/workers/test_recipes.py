@@ -11,14 +11,11 @@ measurement a run's `memory_breakdown.activations` carries.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from parallab.core.recipes import ACCUMULATION_TOLERANCE, loss_tolerance
 from parallab.core.rundir import RunDir
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import make_job, run_driver
 from workers.launcher import launch
 
 pytestmark = pytest.mark.slow
@@ -35,10 +32,7 @@ where the recompute frees it block by block (0.19 against 0.34). docs/recipes.md
 
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("recipes") / "results.json"
-    proc = torchrun(2, [str(Path(__file__).with_name("recipes_driver.py")), "--out", str(out)])
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    return json.loads(out.read_text())
+    return run_driver(tmp_path_factory, "recipes_driver.py")
 
 
 def rel_diff(values: list[float], reference: list[float]) -> float:
