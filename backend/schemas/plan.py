@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.spec import Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
+from parallab.core.spec import POOL_PATTERN, Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
 from parallab.core.strategies import REGISTRY
 
 RANK_PARAMS: tuple[str, ...] = ("mode", "device", "nodes", "gpus_per_node", "pool", "top", "checkpointing", "accumulation")
@@ -74,7 +74,7 @@ class _PlanBase(BaseModel):
     device: str | None = Field(None, max_length=64, description="rank: a catalogue device (h100, a100, mi300x, cpu, ...).")
     nodes: int = Field(1, ge=1, le=4096, description="rank: nodes of `device`.")
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="rank: devices per node (default: the catalogue's).")
-    pool: str | None = Field(None, max_length=100, description="rank: plan on this pool's calibrated hardware instead of a device.")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="rank: plan on this pool's calibrated hardware instead of a device.")
     top: int = Field(20, ge=1, le=10_000, description="rank: how many of the fitting configurations to list.")
     checkpointing: list[Checkpointing] | None = Field(None, description="rank: recomputation modes to plan (default: all).")
     accumulation: list[int] | None = Field(None, description="rank: accumulation steps to plan (default: 1, 2, 4).")

@@ -37,7 +37,7 @@ from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
-from parallab.core.spec import MAX_REPEATS, JobSpec, RepeatOf, Workload
+from parallab.core.spec import MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
 
@@ -78,7 +78,7 @@ class SweepRequest(KnownKeys):
     precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=4)
     checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
     accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
-    pool: str | None = Field(None, max_length=100, description="The pool to run on (default: this deployment's queue).")
+    pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool to run on (default: this deployment's queue).")
     repeats: int = Field(
         1,
         ge=1,
