@@ -43,7 +43,6 @@ def test_a_sweep_refusal_always_carries_its_reason(client) -> None:
     assert "the strategies a sweep plans are: single, ddp" in collectives.json()["detail"][0]["msg"]
 
 
-
 def test_a_pool_name_outside_the_pool_pattern_is_a_422_on_the_sweep_and_the_plan(client) -> None:
     # The sweep's calibration run is a job spec whose pool must match the pattern: checked at the
     # request (it was a 500 when the calibration's spec refused it; found by the API fuzzer).
