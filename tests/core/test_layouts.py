@@ -139,8 +139,8 @@ def test_bad_degrees_name_the_dimension_and_the_numbers(strategy, world, options
 
 
 def test_a_dense_only_dimension_refuses_experts_and_ep_takes_them():
-    assert problems("layout", 4, {"dp_shard": 2, "tp": 2}, num_experts=4) == [
-        (("workload", "num_experts"), "tp=2 supports dense models only (4 experts)")
+    assert problems("layout", 4, {"dp_shard": 2, "cp": 2}, num_experts=4) == [
+        (("workload", "num_experts"), "cp=2 supports dense models only (4 experts)")
     ]
     assert resolve("hsdp", 4, num_experts=4).model.is_moe  # FSDP shards experts like any tensor
 
@@ -195,6 +195,27 @@ def test_sequence_parallel_all_reduces_the_norms_gradients_once_per_step():
     plain = resolve("tp", 2, {}, global_batch_size=8)
     bsh = plain.global_batch_size * cfg.seq_len * cfg.hidden_size * 4
     assert plain.descriptor.comm_bytes_per_step(plain)["all_reduce"] == (4 * cfg.num_layers + 2) * bsh
+
+
+def test_tp_on_an_moe_model_all_reduces_around_the_attention_only():
+    """Megatron's count per layer is 4 all-reduces of b·s·h: attention and MLP, forward and backward.
+    An MoE block's experts stay whole on every tp rank, so its MLP adds none: 2 per MoE layer, 4 per
+    dense first layer, and the two ends."""
+    moe = resolve("tp", 2, {}, global_batch_size=8, num_experts=4, first_dense_layers=1)
+    cfg = moe.model
+    assert (cfg.num_layers, cfg.moe_layers) == (4, 3)
+    bsh = moe.global_batch_size * cfg.seq_len * cfg.hidden_size * 4
+    assert moe.descriptor.comm_bytes_per_step(moe)["all_reduce"] == (4 * 1 + 2 * 3 + 2) * bsh
+    items = {i.op: i for i in moe.descriptor.comm_items(moe)}
+    assert items["all_reduce"].calls == 4 * 1 + 2 * 3 + 2
+    # the router and the experts are not split: every tp rank holds them whole; the attention is split
+    from parallab.core.costs import tp_local
+    from parallab.core.families import model_tensors
+
+    tensors = {t.name: t for t in model_tensors(cfg)}
+    whole = [t for name, t in tensors.items() if t.expert or ".router." in name]
+    assert len(whole) == 3 * 4 and all(tp_local(t, 2) == t.shape for t in whole)
+    assert tp_local(tensors["layers.1.attention.wq.weight"], 2) == (cfg.hidden_size // 2, cfg.hidden_size)
 
 
 def test_under_fsdp_in_16_bits_the_norms_gradients_are_all_reduced_in_16_bits():

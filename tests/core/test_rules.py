@@ -101,8 +101,13 @@ def test_dense_only_strategies_refuse_experts(strategy):
 
 
 def test_dense_only_covers_the_strategies_that_cannot_route_experts():
-    assert set(DENSE_ONLY) == {"tp", "pp", "ring", "hybrid"}
-    resolve_job(JobSpec.model_validate(spec("moe", 2, num_experts=4)))  # the one that can
+    assert set(DENSE_ONLY) == {"pp", "ring"}
+    resolve_job(JobSpec.model_validate(spec("moe", 2, num_experts=4)))  # the one that splits them
+    # tp keeps every expert whole on each rank, so an MoE model runs it, alone or beside FSDP
+    for strategy, world, options in (("tp", 2, {}), ("hybrid", 4, {"tp": 2})):
+        assert resolve_job(JobSpec.model_validate(spec(strategy, world, options, num_experts=4))).model.is_moe
+    sp = problems_of(spec("tp", 2, {"sequence_parallel": True}, num_experts=4))
+    assert [p.loc for p in sp] == [("strategy", "options", "sequence_parallel")], sp
 
 
 def test_fp8_is_a_spec_the_device_decides_except_under_tensor_parallelism():
@@ -122,8 +127,9 @@ def test_every_problem_is_reported_at_once_and_reads_field_first():
         ("workload", "precision"),
     }
     heads = next(p for p in problems if p.loc == ("workload", "num_heads"))
-    assert str(heads) == "workload.num_heads: heads (4) is not divisible by 3"
-    assert heads.as_detail() == {"loc": ["body", "workload", "num_heads"], "msg": "heads (4) is not divisible by 3", "type": "value_error"}
+    assert str(heads) == "workload.num_heads: heads (4) is not divisible by 3 (tp=3)"
+    detail = {"loc": ["body", "workload", "num_heads"], "msg": "heads (4) is not divisible by 3 (tp=3)", "type": "value_error"}
+    assert heads.as_detail() == detail
 
 
 def test_bounds_and_unknown_strategies_fail_in_the_spec_itself():

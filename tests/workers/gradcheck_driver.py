@@ -14,6 +14,8 @@ At 2 ranks:
 - ddp: a comm hook that sums the gradient buckets instead of averaging them (missing 1/N);
 - fsdp: the reduce-scatter summed (every shard N times the mean, missing 1/N);
 - tp: rank 1's shard of one column-parallel weight gradient dropped (zeroed);
+- tp_moe: tp on an MoE model, whose experts stay whole on each rank: the last MoE block's input
+  gradient all-reduced over tp as a split MLP's would be (twice the true gradient upstream);
 - ring: the ring's gradient all-reduce without the 1/ring scale (missing 1/N);
 - moe: expert gradients not divided by the EP size (missing 1/N on experts only);
 - pp: the last micro-batch of each step dropped (its loss, and so its gradients, zeroed);
@@ -196,6 +198,35 @@ def skip_input_reduce(module: str) -> Mutant:
     return mutant
 
 
+class SummedOverTP(torch.autograd.Function):
+    """Identity forward; backward all-reduces the (already whole) gradient over the tp group."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def moe_input_reduced(module: str) -> Mutant:
+    """The MoE block `module` treated like a split MLP: its input gradient all-reduced over tp.
+    Each tp rank computed the whole block, so that gradient was already whole: the sum doubles it,
+    and everything upstream (the attention, the norms, earlier blocks, the embedding) trains on it."""
+
+    def mutant(applied: Applied, ctx: RunContext, strategy: Strategy[Any, Any]) -> Strategy[Any, Any]:
+        group = ctx.mesh_dim("tp").get_group()
+        held = dict(applied.model.named_modules())
+        held[module].register_forward_pre_hook(lambda _, args: (SummedOverTP.apply(args[0], group), *args[1:]))
+        return strategy
+
+    return mutant
+
+
 class ReduceOnRankZero(Wrapped):
     """Wraps sequence-parallel TP: `param`'s gradient (a pending sum over the TP ranks) is reduced,
     but only rank 0 keeps the sum — rank 1 keeps its own part, both then held as replicated copies.
@@ -252,6 +283,8 @@ STRATEGY_CASES: dict[str, Case] = {
     # Faults only another rank's copy shows.
     "ddp_unreduced": Case("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, W1)),
     "tp_norm": Case("tp", {"sequence_parallel": True}, lambda applied, ctx, s: ReduceOnRankZero(s, "layers.0.ffn_norm.weight")),
+    # tp on an MoE model (experts whole on each rank): the last MoE block's input gradient summed over tp.
+    "tp_moe": Case("tp", {}, moe_input_reduced("layers.3.feed_forward"), {"num_experts": 4, "first_dense_layers": 1}),
 }
 COMPOSED_MUTANTS: dict[str, Mutant] = {
     # HSDP: replica 1's all-reduce over dp_replicate forgets its 1/dp_replicate; replica 0's is right.

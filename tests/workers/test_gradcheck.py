@@ -17,7 +17,7 @@ from tests.workers.conftest import run_driver
 
 pytestmark = pytest.mark.slow
 
-MUTATED = ("ddp", "fsdp", "tp", "ring", "moe")
+MUTATED = ("ddp", "fsdp", "tp", "ring", "moe", "tp_moe")
 REPLICA_MUTANTS = {"ddp_unreduced": "layers.0.feed_forward.w1.weight", "tp_norm": "layers.0.ffn_norm.weight"}
 
 

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config, never the hub
 
 MIXTRAL = {"hf_config": TINY_MIXTRAL}
 """The workload: the config file, resolved into the hf family's fields."""
-PARALLEL = ("ddp", "fsdp")
+PARALLEL = ("ddp", "fsdp", "tp")
 
 
 def test_the_configs_model_is_the_librarys_mixtral_tensor_for_tensor_and_logit_for_logit():

@@ -117,13 +117,14 @@ def test_the_final_norm_on_the_wrong_stage_trains_and_fails_both_checks(broken_r
     assert outcome["loss_max_rel_diff"] > 1e-4, (outcome["losses"], outcome["reference"])
 
 
-def test_mixtral_resolves_under_a_pipeline_and_tp_beside_it_stays_refused():
-    """The library's Mixtral routes each token alone: pp runs it; tp still leaves its MoE blocks whole."""
+def test_mixtral_resolves_under_a_pipeline_and_beside_tp():
+    """The library's Mixtral routes each token alone: pp runs it, and tp beside it splits the
+    attention and leaves the MoE blocks whole; expert parallelism stays refused for the family."""
     from parallab.core.problems import SpecError
 
     assert make_job("pp", 2, workload=MIXTRAL, trace=False).model.num_experts == 4
+    assert make_job("layout", 4, {"pp": 2, "tp": 2}, MIXTRAL, trace=False).layout.label() == "pp=2,tp=2"
     with pytest.raises(SpecError) as exc:
-        make_job("layout", 4, {"pp": 2, "tp": 2}, MIXTRAL, trace=False)
+        make_job("layout", 4, {"pp": 2, "ep": 2}, MIXTRAL, trace=False)
     found = {p.loc: p.msg for p in exc.value.problems}
-    assert "tp=2 supports dense models only" in found[("workload", "num_experts")], found
-    assert "does not run tensor parallelism yet (tp=2); Mixtral (4 experts) runs under ddp, fsdp, pp" in found[("strategy", "name")], found
+    assert "does not run expert parallelism yet (ep=2)" in found[("strategy", "name")], found

@@ -51,3 +51,19 @@ def sum_params(doc) -> int:
     from parallab.core.model import SHAPE_FIELDS, ModelConfig
 
     return param_counts(ModelConfig.model_validate({k: doc.workload[k] for k in SHAPE_FIELDS})).total
+
+
+def test_tp_keeps_the_experts_whole_and_matches_single(harness_job):
+    """Tensor parallelism splits an MoE model's attention and leaves its router and experts whole
+    on each rank: both ranks route the same rows as `single` does (the capacity drops included), so
+    loss and every gradient match it, and the all-reduces are the attention's alone in MoE blocks
+    (2 per MoE layer, 4 per dense first layer: `parallab.core.dims.tp.split_blocks`)."""
+    doc, _ = harness_job("tp", 2, workload={"num_experts": 4, "first_dense_layers": 1})
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-5, doc.loss
+    check = doc.summary.gradient_check
+    assert check is not None and check.passed, check
+    assert {f"layers.1.feed_forward.{w}" for w in ("w1", "w2", "w3", "router.weight")} <= set(check.per_param), check
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert predicted and measured == predicted, (measured, predicted)
+    # the experts are whole on each rank: the measured model state is the prediction's, which counts them unsplit
+    assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "model_state"))], doc.flags

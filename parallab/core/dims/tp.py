@@ -5,6 +5,14 @@ Each rank holds `tp_local` of every tensor. Per step it runs `tp_comm` for the t
 data-parallel replica over the blocks of its pipeline stage; under a pipeline only the first stage
 has the embedding's all-reduce and only the last the head's, so the busiest (last) stage does one
 end, not two.
+
+An MoE block's experts (and its router and shared experts) stay whole on every tp rank — the
+families' plans shard its attention only, as Mixtral's own plan in `transformers` does. Every tp
+rank then routes the same replicated rows and computes the same experts: routing, capacity and the
+auxiliary loss are the unsplit model's, the block's input gradient is whole on each rank (nothing
+to all-reduce), and only the attention's two all-reduces remain. The cost is that each tp rank
+holds and computes all the experts: expert parallelism is what splits them. Sequence parallelism
+would hand each rank a sequence shard to route (other capacity groups), so it stays dense-only.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from parallab.core.costs import Tensor, activation_dtype_bytes, state_bytes_per_
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
-from parallab.core.problems import SpecProblem
+from parallab.core.problems import Loc, SpecProblem
 
 TP_ALL_REDUCES_PER_LAYER = 4
 """Megatron-LM (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.1): per transformer layer and
@@ -74,22 +82,30 @@ def tp_comm(
     stream = act if stream is None else stream
     bsh = tokens * cfg.hidden_size
     logits = tokens * cfg.vocab_size * act
-    layers = cfg.num_layers
-    residual = (2 * layers + 2) * bsh * stream  # block inputs (2 per layer) and the two ends
-    outputs = 2 * layers * bsh * act  # the row-parallel outputs
+    blocks = split_blocks(cfg)
+    residual = (blocks + 2) * bsh * stream  # the split blocks' inputs and the two ends
+    outputs = blocks * bsh * act  # the row-parallel outputs
     if not sequence_parallel:
         return {"all_reduce": outputs + residual, "all_gather": logits}
     norms = norm_elements(cfg) * grad_bytes
     return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual, "all_reduce": norms}
 
 
+def split_blocks(cfg: ModelConfig) -> int:
+    """The attention and MLP blocks tensor parallelism splits: two per dense layer, the attention
+    alone per MoE layer (its experts stay whole: module docstring). Each split block costs one
+    row-parallel output in forward and one input gradient in backward — Megatron's
+    `TP_ALL_REDUCES_PER_LAYER` = 4 per dense layer, 2 per MoE layer."""
+    return 2 * cfg.num_layers - cfg.moe_layers
+
+
 def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
     """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives);
     under SP the norms' gradient all-reduces are per optimizer step, not here (`tp_items`)."""
-    layers = cfg.num_layers
+    blocks = split_blocks(cfg)
     if not sequence_parallel:
-        return {"all_reduce": TP_ALL_REDUCES_PER_LAYER * layers + 2, "all_gather": 1}
-    return {"all_gather": 4 * layers + 3, "reduce_scatter": 4 * layers + 2}
+        return {"all_reduce": 2 * blocks + 2, "all_gather": 1}
+    return {"all_gather": 2 * blocks + 3, "reduce_scatter": 2 * blocks + 2}
 
 
 def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequence_parallel: bool, n: int) -> list[CommItem]:
@@ -104,13 +120,20 @@ def tp_items(comm: dict[str, int], cfg: ModelConfig, *, micro_steps: int, sequen
     return [CommItem(op, nbytes, calls[op] * micro[op], n) for op, nbytes in comm.items()]
 
 
-def shape_rules(model: ModelConfig, tp: int) -> list[SpecProblem]:
-    """What the model's shape must allow beyond heads and MLP width: whole K/V heads per rank under
-    grouped-query attention, and no tied head (the vocab-parallel embedding and the column-parallel
-    head would each distribute the one matrix, untying it)."""
+def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Loc) -> list[SpecProblem]:
+    """What the model's shape must allow: whole heads and K/V heads per rank, an even split of any
+    dense MLP (an all-MoE model has none to split), no tied head (the vocab-parallel embedding and
+    the column-parallel head would each distribute the one matrix, untying it), and no sequence
+    parallelism beside experts (each rank would route a sequence shard: module docstring); `loc`
+    is where the options live, for the last."""
     if tp == 1:
         return []
-    out = []
+    out = divisible(("workload", "num_heads"), "heads", model.num_heads, "tp", tp)
+    if model.moe_layers < model.num_layers:
+        out += divisible(("workload", "ffn_hidden_size"), "ffn hidden size", model.ffn_hidden_size, "tp", tp)
+    if sequence_parallel and model.is_moe:
+        msg = f"sequence parallel with tp={tp} would route each rank's sequence shard apart; an MoE model runs tp without it"
+        out.append(SpecProblem((*loc, "sequence_parallel"), msg))
     if model.kv_heads != model.num_heads:  # else the heads' own rule says it
         out += divisible(("workload", "num_kv_heads"), "kv heads", model.kv_heads, "tp", tp)
     if model.tie_embeddings:
@@ -122,13 +145,10 @@ class TensorParallel(Dimension):
     name = "tp"
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
     fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan
-    dense_only: ClassVar[bool] = True
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         tp, model = draft.layout.tp, draft.model
-        out = divisible(("workload", "num_heads"), "heads", model.num_heads, "tp", tp)
-        out += divisible(("workload", "ffn_hidden_size"), "ffn hidden size", model.ffn_hidden_size, "tp", tp)
-        out += shape_rules(model, tp)
+        out = shape_rules(model, tp, sequence_parallel=draft.layout.sequence_parallel, loc=draft.loc)
         if draft.layout.sequence_parallel:
             out += divisible(("workload", "seq_len"), "sequence length", model.seq_len, "tp", tp)
             if draft.layout.pp > 1:

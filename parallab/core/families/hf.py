@@ -24,9 +24,9 @@ input prepared once (the attention's by keyword, `input_kwarg`: the library's bl
 rather than once per column-parallel linear; the embedding vocab-parallel, the head
 column-parallel with gathered logits; the norms on a sequence shard under sequence parallelism.
 The communication is then the parallab family's, which the prediction counts. An MoE block's
-plan is the attention part only, as the parallab family's (and the library's own Mixtral plan);
-tensor parallelism runs dense models only, so it is refused for Mixtral (`workload.num_experts`
-by the strategy's rule, `strategy.name` here), as is expert parallelism.
+plan is the attention part only, as the parallab family's (and the library's own Mixtral plan):
+its router and experts stay whole on every tp rank (`parallab.core.dims.tp`). Expert parallelism
+is refused for this family.
 
 Pipeline stages are cut by `blocks`, `first_stage` and `last_stage` as the parallab family's
 are: the first stage holds embed_tokens, the last norm and lm_head, every stage the rotary
@@ -56,9 +56,6 @@ UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "ep": "expert p
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
 attention swaps the parallab attention's `attn_fn` and expert parallelism's experts are the
 parallab modules'."""
-DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
-"""Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
-whole: every strategy with tp is dense-only, and this says why for this family)."""
 
 
 class HFFamily(ModelFamily):
@@ -149,13 +146,10 @@ class HFFamily(ModelFamily):
         return {**plan, "mlp": "input", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
     def layout_problems(self, cfg: ModelConfig, layout: Layout) -> list[SpecProblem]:
-        unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp, pp or a layout of them"
-        if cfg.is_moe:
-            unsupported.update(DENSE_ONLY_DIMS)
-            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
+        runs = "ddp, fsdp, tp, pp or a layout of them"
         return [
-            SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
-            for dim, what in unsupported.items()
+            SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); it runs {runs}")
+            for dim, what in UNSUPPORTED_DIMS.items()
             if getattr(layout, dim) > 1
         ]
 

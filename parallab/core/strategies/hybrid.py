@@ -35,7 +35,6 @@ class Hybrid(LayoutDescriptor[HybridOptions]):
     title = "TP × FSDP on a 2-D mesh"
     options_model = HybridOptions
     plan_options = tuple({"tp": t, "sequence_parallel": sp} for t in (2, 4, 8, 16) for sp in (False, True))
-    dense_only = True
 
 
 DESCRIPTOR = Hybrid()

@@ -24,10 +24,8 @@ class TPOptions(StrategyOptions):
 
 
 def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[SpecProblem]:
-    """Heads and the MLP split evenly over `tp` ranks; with SP, so does the sequence."""
-    out = divides(("workload", "num_heads"), model.num_heads, tp, "heads")
-    out += divides(("workload", "ffn_hidden_size"), model.ffn_hidden_size, tp, "ffn hidden size")
-    out += shape_rules(model, tp)
+    """Heads and the MLP split evenly over `tp` ranks (`shape_rules`); with SP, so does the sequence."""
+    out = shape_rules(model, tp, sequence_parallel=sequence_parallel, loc=("strategy", "options"))
     if sequence_parallel:
         out += divides(("workload", "seq_len"), model.seq_len, tp, "sequence length")
     return out
@@ -37,7 +35,6 @@ class TP(ComposedCosts[TPOptions]):
     name = "tp"
     title = "Megatron column/row tensor parallel"
     options_model = TPOptions
-    dense_only = True
     plan_options = ({"sequence_parallel": False}, {"sequence_parallel": True})
 
     def layout(self, world_size: int, options: TPOptions) -> Layout:
