@@ -34,9 +34,8 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--global-batch-size", type=int, default=64)
     args = parser.parse_args()
-    print(
-        f"model {args.model}, world {args.world}, bf16, global batch {args.global_batch_size}; load before: {load()}, {os.cpu_count()} cores"
-    )
+    what = f"model {args.model}, world {args.world}, bf16, global batch {args.global_batch_size}"
+    print(f"{what}; load before: {load()}, {os.cpu_count()} cores")
     print("| layout | ranks run | figures | largest gap | within tolerance | dry run (s) | slowest rank (s) |")
     print("|---|---|---|---|---|---|---|")
     for degrees in LAYOUTS:
