@@ -141,6 +141,20 @@ TINY_MISTRAL: dict[str, Any] = {
 """Mistral at `tiny`'s width with a 16-token sliding window."""
 
 
+TINY_QWEN2: dict[str, Any] = {
+    **QWEN2_5_7B,
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+"""Qwen2.5 at `tiny`'s width: Llama's shape with biases on q, k and v, hidden 64, 4 heads over 2 KV
+heads, 2 layers, vocabulary 256."""
+
+
 MIXTRAL_8X7B: dict[str, Any] = {
     "architectures": ["MixtralForCausalLM"],
     "attention_dropout": 0.0,
