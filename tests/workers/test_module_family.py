@@ -27,6 +27,8 @@ from workers.launcher import launch
 
 EXAMPLE_PARAMS = 136_832
 """The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 3·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
+EXAMPLE_TENSORS = 2 + 2 * 15 + 3
+"""Its tensors: tok, pos; 15 per block; the final norm's 2 and the head."""
 
 
 def cfg_of(entry: str) -> ModelConfig:
@@ -174,13 +176,26 @@ def test_each_stage_holds_its_end_and_its_block_and_runs_from_the_previous_stage
     assert tuple(held(given).shape) == ((b, t, h) if stage == 0 else (b, t, v))
 
 
+def test_a_stage_whose_forward_returns_no_residual_stream_is_refused_at_its_first_step():
+    import torch
+
+    from workers.harness.families import build_meta
+    from workers.harness.module import ModuleBuildError
+    from workers.strategies.pipeline import split
+
+    held = split(build_meta(cfg_of("examples.lab_model:build")), stage=0, stages=2, layers=range(1))
+    held.lab.get_submodule("blocks.0").forward = lambda x: x[..., :1]  # a block that narrows the stream
+    with pytest.raises(ModuleBuildError, match=r"must return the residual stream .* of shape \(2, 64, 64\); it returned \(2, 64, 1\)"):
+        held(torch.zeros(2, 64, dtype=torch.long, device="meta"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "tp", "pp"])
 def test_each_strategy_matches_single_in_loss_and_gradients(module_results, name):
     case = module_results[name]
     check = case["gradient_check"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
-    assert check["params_checked"] == 2 + 2 * 15 + 3, "tok, pos; 15 tensors per block; the final norm's 2 and the head"
+    assert check["params_checked"] == EXAMPLE_TENSORS, "every tensor (under pp: gathered from both stages)"
     assert case["loss_max_rel_diff"] <= 1e-4, (case["losses"], case["reference"])
     assert len(case["losses"]) == 3
     assert case["params"] == module_results["reference_params"] == EXAMPLE_PARAMS
@@ -230,5 +245,5 @@ def test_a_split_that_drops_a_block_fails_the_gradient_check(module_results):
     case = module_results["pp-drops-a-block"]
     check = case["gradient_check"]
     assert not check["passed"] and check["max_rel_err"] >= 1.0 and check["worst_param"].startswith("lab.blocks."), check
-    assert check["params_checked"] == 35, "every tensor of the reference, the dropped block's too"
+    assert check["params_checked"] == EXAMPLE_TENSORS, "every tensor of the reference, the dropped block's too"
     assert case["loss_max_rel_diff"] > 1e-4, (case["losses"], case["reference"])

@@ -17,6 +17,11 @@ error that names `workload.module` rather than a traceback deep in a strategy:
   input, ending in a rowwise layer). `tp` applies it (`LabModel.tp_plan`); what it cannot check
   is the module's own forward, which must take its local head count from the width it is given
   (docs/models.md).
+- under pipeline parallelism (`LabModel.pipeline_split`, checked when a pipeline cuts it): both
+  ends declared, the blocks a ModuleDict keyed "0".."L-1", every parameter in a block or one end;
+  and a forward that runs what a stage holds — with its first-stage modules None it takes the
+  residual stream (B, T, h), with its last-stage modules None it returns that stream
+  (`LabModel.forward` holds the stage's output to that shape).
 
 The wrapper keeps the lab's module as `lab`, so parameter names are `lab.<the lab's names>`; the
 loss is the harness's (mean cross-entropy of the logits against the already shifted labels), as
