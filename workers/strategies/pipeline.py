@@ -1,9 +1,9 @@
 """`pp`: pipeline parallelism over contiguous layer stages with `torch.distributed.pipelining`.
 
 Stage s keeps the blocks the descriptor's stage layout gives it (`stage_layers`: [s·L/p,
-(s+1)·L/p)); the first stage also keeps the root modules the model puts first (the embedding),
-the last those it puts last (final norm, LM head) — its `pipeline_split`, which its family or a
-lab's spec declares; the others drop them, so blocks keep their names: "layers.5" stays "layers.5". Each rank builds
+(s+1)·L/p)); the first stage also keeps the root modules the model family puts first (the
+embedding), the last those it puts last (final norm, LM head); the others drop them, so blocks
+keep their names: "layers.5" stays "layers.5". Each rank builds
 its own `PipelineStage` by hand (no tracing) and a `ScheduleGPipe` or `Schedule1F1B` over
 `microbatches` micro-batches of every accumulation micro-step. The schedule runs forward and
 backward itself, so this module replaces the loop's `forward_backward`, and runs it under
@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
+from parallab.core.families import family_of
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.pp import PPOptions
 from workers.harness.amp import Amp
@@ -106,7 +107,7 @@ def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Tran
     for path in dropped:  # a module path: "norm" on the root, or "model.norm" inside the library's model
         parent, _, name = path.rpartition(".")
         holder = model.get_submodule(parent)
-        assert isinstance(getattr(holder, name, None), nn.Module), f"{model.cfg.family} declares no module {path!r} to drop"
+        assert isinstance(getattr(holder, name, None), nn.Module), f"{family_of(model.cfg).name} declares no module {path!r} to drop"
         setattr(holder, name, None)
     return model
 
