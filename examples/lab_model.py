@@ -17,6 +17,16 @@ a GELU MLP. What makes it run under tensor parallelism (`tp`, on the plan `build
 - the key projection has no bias (as Whisper's): q·b_k is the same for every key of a query, so
   softmax ignores it and its gradient is zero but for rounding — a parameter the gradient check
   would hold a ratio of rounding noises against.
+
+What makes it run under pipeline parallelism (`pp`, cut where `build` declares): a stage keeps
+the blocks the stage layout gives it and sets the roots of the other stages' ends to None, then
+calls this forward with the previous stage's output. So the blocks are a ModuleDict keyed
+"0".."L-1" (a stage keeps their names), every parameter is in a block or in an end
+(`first_stage`: tok, pos; `last_stage`: norm, head), and the forward runs what it holds: without
+its embeddings it takes the residual stream (B, T, h) for its input, without its norm and head it
+returns that stream rather than logits — the parallab decoder's contract when split. Nothing else
+crosses a stage boundary (the positions are added on the first stage; attention is causal by
+SDPA's flag, not a mask), which is what the pipeline's P2P is predicted to be.
 """
 
 from __future__ import annotations
@@ -74,19 +84,25 @@ class LabGPT(nn.Module):
 
     def __init__(self, vocab: int, hidden: int, layers: int, heads: int, ffn: int, seq_len: int):
         super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, hidden), nn.Embedding(seq_len, hidden)
+        self.tok: nn.Module | None = nn.Embedding(vocab, hidden)
+        self.pos: nn.Module | None = nn.Embedding(seq_len, hidden)
         self.blocks = nn.ModuleDict({str(i): Block(hidden, heads, ffn) for i in range(layers)})
-        self.norm, self.head = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
+        self.norm: nn.Module | None = nn.LayerNorm(hidden)
+        self.head: nn.Module | None = nn.Linear(hidden, vocab, bias=False)
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        for block in self.blocks.values():
+        """Logits; as a pipeline stage, from and to the residual stream where its ends are dropped."""
+        x = tokens
+        if self.tok is not None and self.pos is not None:  # the first stage's (`first_stage`)
+            x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks.values():  # the blocks this stage holds, in order
             x = block(x)
-        logits: torch.Tensor = self.head(self.norm(x))
-        return logits
+        if self.norm is not None and self.head is not None:  # the last stage's (`last_stage`)
+            x = self.head(self.norm(x))
+        return x
 
 
 def param_count(v: int, h: int, layers: int, f: int, t: int) -> int:

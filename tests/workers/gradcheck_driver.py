@@ -32,7 +32,9 @@ composer's flat all-reduce of replicas beside TP missing its 1/N, one pipeline s
 reduce-scatter summed, TP's all-reduce of a block's input gradient skipped in a pipeline's
 last stage (sequence-parallel norms, whose reduction the 2-rank tp_norm case breaks, are not
 composed with pp), cp's all-reduce of the FSDP shards missing its 1/N on one cp rank only, and
-the expert gradients beside FSDP left undivided by the EP size.
+the expert gradients beside FSDP left undivided by the EP size; and pp × tp on a lab's module
+(the module family's example, cut by its spec and sharded by its plan) with its last block's
+attention input gradient left unreduced.
 
 Every check's verdict, worst parameter and error go to --out as JSON from rank 0 (the replica
 check's beside the gradient check's).
@@ -52,6 +54,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
 from tests.workers.conftest import make_job
 from tests.workers.driver_context import finish, gloo_context, start
+from tests.workers.module_driver import MODULE_WORKLOAD
 from tests.workers.test_layouts import LAYOUTS
 from workers import strategies
 from workers.harness import gradcheck, replicas
@@ -302,8 +305,13 @@ COMPOSED_MUTANTS: dict[str, Mutant] = {
     # ep beside FSDP: the expert shards left at ep times the mean.
     "ep×dp_shard": lambda applied, ctx, s: ExpertsSummed(s),
 }
+MODULE_PP_TP = "module pp×tp"
+"""pp × tp on a lab's module (the module family's example: its spec's split and plan)."""
 COMPOSED_CASES: dict[str, Case] = {
     key: Case(LAYOUTS[key][0], LAYOUTS[key][2], mutant, LAYOUTS[key][3]) for key, mutant in COMPOSED_MUTANTS.items()
+} | {
+    # The lab's module cut by its spec, its plan in each stage: block 1's attention input gradient never all-reduced over tp.
+    MODULE_PP_TP: Case("layout", {"pp": 2, "tp": 2}, skip_input_reduce("lab.blocks.1.attn"), MODULE_WORKLOAD),
 }
 CASES: dict[int, dict[str, Case]] = {2: STRATEGY_CASES, 4: COMPOSED_CASES}
 """The cases of each world size the driver is launched at: the strategies at 2, the composed layouts at 4."""

@@ -1,7 +1,8 @@
 """Entry points that break the module family's contract, each in its own way (put on the
 allow-list by the tests, as a lab would put its module): the rank side must refuse each with an
-error naming `workload.module` and what is wrong — and one (`stores_its_head_count`) that no
-declaration check can see, which tensor parallelism's gradient check must catch."""
+error naming `workload.module` and what is wrong (the last four only when a pipeline cuts
+them: their splits are wrong) — and one (`stores_its_head_count`) that no declaration check can
+see, which tensor parallelism's gradient check must catch."""
 
 from __future__ import annotations
 
@@ -107,3 +108,29 @@ def stores_its_head_count(cfg: Any) -> Any:
         block.attn.__class__ = StoredHeads
         block.attn.heads = cfg.num_heads
     return model, spec
+
+
+def declares_no_last_stage(cfg: Any) -> Any:
+    """Builds and trains unsplit; a pipeline cannot tell which modules the last stage keeps."""
+    model, spec = example(cfg)
+    return model, {**spec, "last_stage": ()}
+
+
+def leaves_positions_off_the_first_stage(cfg: Any) -> Any:
+    """The position table in no end: every stage would keep a copy of it."""
+    model, spec = example(cfg)
+    return model, {**spec, "first_stage": ("tok",)}
+
+
+def keeps_its_blocks_in_a_list(cfg: Any) -> Any:
+    """Blocks in a ModuleList: a stage that dropped the first ones would renumber the rest."""
+    model, spec = example(cfg)
+    model.blocks = nn.ModuleList(model.blocks.values())
+    return model, spec
+
+
+def ties_its_head_to_the_embedding(cfg: Any) -> Any:
+    """One matrix on the first stage's embedding and the last stage's head."""
+    model, spec = example(cfg)
+    model.head.weight = model.tok.weight
+    return model, {**spec, "params": None}

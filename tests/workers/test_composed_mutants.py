@@ -3,7 +3,8 @@
 One 4-rank torchrun of gradcheck_driver.py (session fixture) runs the 2 × 2 layouts of
 test_layouts.py through the checks' own code, as they are and with one fault each (driver docstring,
 `COMPOSED_MUTANTS`): the hsdp, hybrid and `layout` composers, the last over replicas beside tp, pp ×
-dp_shard, pp × tp, cp × dp_shard and ep × dp_shard (on `tiny` with experts). The `3d` composer (pp ×
+dp_shard, pp × tp, cp × dp_shard and ep × dp_shard (on `tiny` with experts), and pp × tp on a lab's
+module (the module family's example, cut by its spec and sharded by its plan). The `3d` composer (pp ×
 dp_shard × tp) needs 8 ranks; its three dimensions' reductions are the ones the pp × dp_shard and pp
 × tp cases break, through the same composition (`workers.strategies.compose.Composed`).
 
@@ -22,7 +23,8 @@ from typing import Any
 import pytest
 
 from tests.workers.conftest import make_job, run_driver
-from tests.workers.gradcheck_driver import COMPOSED_CASES, W1
+from tests.workers.gradcheck_driver import COMPOSED_CASES, MODULE_PP_TP, W1
+from tests.workers.test_module_family import EXAMPLE_TENSORS
 from workers.harness.gradcheck import canonical
 from workers.harness.main import new_model
 from workers.strategies import pipeline
@@ -39,6 +41,7 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
     "pp×tp": frozenset({GRADIENTS, REPLICAS}),
     "cp×dp_shard": frozenset({REPLICAS}),
     "ep×dp_shard": frozenset({GRADIENTS}),
+    MODULE_PP_TP: frozenset({GRADIENTS, REPLICAS}),
 }
 """Which checks each composed mutant fails."""
 FULL_PARAMS = 39
@@ -62,7 +65,7 @@ def plain_params(key: str) -> list[str]:
 def stage_params(key: str, stage: int) -> set[str]:
     """The plain-model names pipeline stage `stage` of layout `key` holds (the composer's split)."""
     case = COMPOSED_CASES[key]
-    job = make_job(case.strategy, 4, case.options, trace=False)
+    job = make_job(case.strategy, 4, case.options, case.workload, trace=False)
     model = new_model(job)
     stages = job.strategy_document()["options"]["pp"]
     per = model.cfg.num_layers // stages
@@ -79,7 +82,8 @@ def test_every_composer_is_covered():
 def test_a_clean_composition_passes_both_checks(composed_results, key):
     check = composed_results[key]["unbroken"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= check["tolerance"], check
-    assert check["params_checked"] == len(plain_params(key)) >= FULL_PARAMS and check["failing"] == [], check
+    tensors = EXAMPLE_TENSORS if key == MODULE_PP_TP else FULL_PARAMS
+    assert check["params_checked"] == len(plain_params(key)) >= tensors and check["failing"] == [], check
     copies = check["replicas"]
     assert copies["passed"] and copies["divergent"] == [] and copies["max_rel_diff"] <= copies["tolerance"], copies
 
@@ -130,6 +134,20 @@ def test_an_unreduced_tp_input_gradient_in_the_last_stage_fails_everything_upstr
     assert set(check["failing"]) == upstream and check["max_rel_err"] > 0.5, check
     copies = check["replicas"]
     assert [d["param"] for d in copies["divergent"]] == [norm] and copies["worst_ranks"] == [2, 3], copies
+
+
+def test_an_unreduced_tp_input_gradient_in_a_lab_modules_last_stage_fails_everything_upstream(composed_results):
+    """The same fault in the lab's module, cut by its spec and sharded by its plan: every
+    parameter upstream of block 1's attention is wrong (its LayerNorm, stage 0 through the send),
+    nothing after it. Its LayerNorm's copies differ between the last stage's tp ranks, and on the
+    first stage so do the replicated parameters no all-reduce comes after — the rowwise layers'
+    biases and the position table — since each tp rank there receives its own partial gradient."""
+    check = composed_results[MODULE_PP_TP]["broken"]
+    norm = {"lab.blocks.1.ln1.weight", "lab.blocks.1.ln1.bias"}
+    assert set(check["failing"]) == stage_params(MODULE_PP_TP, 0) | norm and check["max_rel_err"] > 0.5, check
+    copies = check["replicas"]
+    last = {d["param"] for d in copies["divergent"] if d["ranks"] == [2, 3]}
+    assert last == norm and copies["worst_param"] in norm, copies
 
 
 def test_replicas_beside_tp_without_one_over_n_double_every_gradient(composed_results):

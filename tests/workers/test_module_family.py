@@ -5,9 +5,12 @@ In one process: the example (`examples.lab_model:build`) builds exactly the para
 declares; each way of breaking the contract (`lab_builds`) is refused with an error naming
 `workload.module` and what is wrong; the launcher refuses a module this worker does not list
 before any rank starts, and a listed one whose build is wrong fails in the ranks with that error.
-One 2-rank torchrun (module_driver.py, module fixture) runs ddp, fsdp and tp on a 2-layer example,
-and tp on a module that keeps a stored head count (its gradient check must fail); one tp job through
-the launcher (the session's `harness_job`) measures its communication against the prediction.
+One 2-rank torchrun (module_driver.py, module fixture) runs ddp, fsdp, tp and pp on a 2-layer
+example (pp with its P2P recorded per step), tp on a module that keeps a stored head count and pp
+under a split that drops the last stage's block (the gradient check must fail both); one tp job
+through the launcher (the session's `harness_job`) measures its communication against the
+prediction. In one process, the split cuts the example where its spec says, each stage's forward
+runs from the previous stage's output, and a spec a pipeline cannot cut is refused naming its field.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from workers.launcher import launch
 
 EXAMPLE_PARAMS = 136_832
 """The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 3·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
+EXAMPLE_TENSORS = 2 + 2 * 15 + 3
+"""Its tensors: tok, pos; 15 per block; the final norm's 2 and the head."""
 
 
 def cfg_of(entry: str) -> ModelConfig:
@@ -125,13 +130,72 @@ def module_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
+PP_WRONG_BUILDS = {
+    "declares_no_last_stage": "declares no last_stage: pipeline parallelism needs the last stage's (final norm, head) root modules",
+    "leaves_positions_off_the_first_stage": "puts pos.weight in neither blocks, first_stage nor last_stage",
+    "keeps_its_blocks_in_a_list": "declares blocks 'blocks' (ModuleList): pipeline parallelism needs a ModuleDict keyed '0'..'1'",
+    "ties_its_head_to_the_embedding": "shares one parameter as tok.weight (first_stage) and head.weight (last_stage)",
+}
+
+
+@pytest.mark.parametrize("name", list(PP_WRONG_BUILDS))
+def test_a_spec_a_pipeline_cannot_cut_is_refused_naming_the_field(name):
+    """These build, and run unsplit; the pipeline's split asks for the spec's ends and refuses."""
+    from workers.harness.families import build_meta
+    from workers.harness.module import ModuleBuildError
+    from workers.strategies.pipeline import split
+
+    entry = f"tests.workers.lab_builds:{name}"
+    model = build_meta(cfg_of(entry))
+    with pytest.raises(ModuleBuildError) as caught:
+        split(model, stage=0, stages=2, layers=range(1))
+    assert str(caught.value).startswith(f"workload.module: {entry!r} ") and PP_WRONG_BUILDS[name] in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_each_stage_holds_its_end_and_its_block_and_runs_from_the_previous_stage(stage):
+    """The spec's split on the wrapper's paths: stage 0 the embeddings and block 0, stage 1 block 1,
+    the final norm and the head — every parameter on exactly one stage; stage 0 maps token ids to
+    the residual stream, stage 1 that stream to logits."""
+    import torch
+
+    from workers.harness.families import build_meta
+    from workers.strategies.pipeline import split
+
+    cfg = cfg_of("examples.lab_model:build")
+    whole = {name for name, _ in build_meta(cfg).named_parameters()}
+    held = split(build_meta(cfg), stage=stage, stages=2, layers=range(stage, stage + 1))
+    names = {name for name, _ in held.named_parameters()}
+    ends = ("lab.tok.", "lab.pos.") if stage == 0 else ("lab.norm.", "lab.head.")
+    assert {n for n in names if not n.startswith("lab.blocks.")} == {n for n in whole if n.startswith(ends)}
+    assert {n.split(".")[2] for n in names if n.startswith("lab.blocks.")} == {str(stage)}
+    other = {name for name, _ in split(build_meta(cfg), stage=1 - stage, stages=2, layers=range(1 - stage, 2 - stage)).named_parameters()}
+    assert names | other == whole and not names & other
+    b, t, h, v = 2, cfg.seq_len, cfg.hidden_size, cfg.vocab_size
+    given = torch.zeros(b, t, dtype=torch.long, device="meta") if stage == 0 else torch.zeros(b, t, h, device="meta")
+    assert tuple(held(given).shape) == ((b, t, h) if stage == 0 else (b, t, v))
+
+
+def test_a_stage_whose_forward_returns_no_residual_stream_is_refused_at_its_first_step():
+    import torch
+
+    from workers.harness.families import build_meta
+    from workers.harness.module import ModuleBuildError
+    from workers.strategies.pipeline import split
+
+    held = split(build_meta(cfg_of("examples.lab_model:build")), stage=0, stages=2, layers=range(1))
+    held.lab.get_submodule("blocks.0").forward = lambda x: x[..., :1]  # a block that narrows the stream
+    with pytest.raises(ModuleBuildError, match=r"must return the residual stream .* of shape \(2, 64, 64\); it returned \(2, 64, 1\)"):
+        held(torch.zeros(2, 64, dtype=torch.long, device="meta"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp", "fsdp", "tp"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "tp", "pp"])
 def test_each_strategy_matches_single_in_loss_and_gradients(module_results, name):
     case = module_results[name]
     check = case["gradient_check"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
-    assert check["params_checked"] == 2 + 2 * 15 + 3, "tok, pos; 15 tensors per block; the final norm's 2 and the head"
+    assert check["params_checked"] == EXAMPLE_TENSORS, "every tensor (under pp: gathered from both stages)"
     assert case["loss_max_rel_diff"] <= 1e-4, (case["losses"], case["reference"])
     assert len(case["losses"]) == 3
     assert case["params"] == module_results["reference_params"] == EXAMPLE_PARAMS
@@ -156,3 +220,30 @@ def test_tp_communicates_exactly_what_is_predicted(harness_job):
     assert set(measured) == {"all_reduce", "all_gather"}, measured
     assert doc.summary.gradient_check is not None and doc.summary.gradient_check.passed, doc.summary.gradient_check
     assert doc.summary.loss_max_rel_diff_vs_reference is not None and doc.summary.loss_max_rel_diff_vs_reference <= 1e-4
+
+
+@pytest.mark.slow
+def test_pp_sends_exactly_the_residual_stream_predicted(module_results):
+    """Each step, stage 0 sends each micro-batch's residual stream (rows × sequence × hidden,
+    fp32) and receives its gradient; stage 1 the reverse: the prediction to the byte, on every
+    rank and every step after the first (which also sends the stage's shape metadata once)."""
+    case = module_results["pp"]
+    predicted = case["predicted"]
+    job = make_job("pp", 2, workload=MODULE_WORKLOAD, trace=False)
+    stream = job.workload.global_batch_size * job.model.seq_len * job.model.hidden_size * 4
+    assert predicted == {"send": stream, "recv": stream}, predicted
+    for rank, steps in enumerate(case["p2p_per_step"]):
+        assert len(steps) == 1 + 1 + 3, "the gradient check's step, the warm-up step and 3 steps"
+        assert all(step == predicted for step in steps[1:]), (rank, steps)
+        assert all(0 < steps[0][op] - predicted[op] < 1024 for op in predicted), (rank, steps[0])
+
+
+@pytest.mark.slow
+def test_a_split_that_drops_a_block_fails_the_gradient_check(module_results):
+    """The last stage keeps no block: the pipeline trains, and the gradient check (block 1's
+    gradients missing, block 0's wrong) and the loss curve both see it."""
+    case = module_results["pp-drops-a-block"]
+    check = case["gradient_check"]
+    assert not check["passed"] and check["max_rel_err"] >= 1.0 and check["worst_param"].startswith("lab.blocks."), check
+    assert check["params_checked"] == EXAMPLE_TENSORS, "every tensor of the reference, the dropped block's too"
+    assert case["loss_max_rel_diff"] > 1e-4, (case["losses"], case["reference"])

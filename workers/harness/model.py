@@ -265,6 +265,17 @@ class TPPlan:
     block: Callable[[int], Mapping[str, str]]
 
 
+@dataclass(frozen=True)
+class PipelineSplit:
+    """Where pipeline stages cut a model: the path of the blocks' container (keyed "0".."L-1", so
+    a stage drops blocks without renaming the rest) and the root-module paths that go with the
+    first stage (the embedding) and with the last (final norm, head); every other stage drops them."""
+
+    blocks: str
+    first_stage: tuple[str, ...]
+    last_stage: tuple[str, ...]
+
+
 class Transformer(nn.Module):
     """The decoder. `tok_embeddings`, `norm` and `output` may be None in a pipeline stage."""
 
@@ -310,6 +321,12 @@ class Transformer(nn.Module):
         it rather than from the family (a lab's module: its spec's) overrides this."""
         family, cfg = family_of(self.cfg), self.cfg
         return TPPlan(family.root_plan(cfg), family.blocks, lambda layer: family.block_plan(cfg, layer))
+
+    def pipeline_split(self) -> PipelineSplit:
+        """The pipeline split its family declares; a model whose split comes with it (a lab's
+        module: its spec's) overrides this."""
+        family = family_of(self.cfg)
+        return PipelineSplit(family.blocks, family.first_stage, family.last_stage)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V), or with `labels` the loss: mean cross-entropy (+ MoE aux loss).

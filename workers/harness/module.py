@@ -17,6 +17,11 @@ error that names `workload.module` rather than a traceback deep in a strategy:
   input, ending in a rowwise layer). `tp` applies it (`LabModel.tp_plan`); what it cannot check
   is the module's own forward, which must take its local head count from the width it is given
   (docs/models.md).
+- under pipeline parallelism (`LabModel.pipeline_split`, checked when a pipeline cuts it): both
+  ends declared, the blocks a ModuleDict keyed "0".."L-1", every parameter in a block or one end;
+  and a forward that runs what a stage holds — with its first-stage modules None it takes the
+  residual stream (B, T, h), with its last-stage modules None it returns that stream
+  (`LabModel.forward` holds the stage's output to that shape).
 
 The wrapper keeps the lab's module as `lab`, so parameter names are `lab.<the lab's names>`; the
 loss is the harness's (mean cross-entropy of the logits against the already shifted labels), as
@@ -37,7 +42,7 @@ from torch import nn
 from parallab.core.families.base import plan_problems
 from parallab.core.families.module import ModuleSpec
 from parallab.core.model import ModelConfig
-from workers.harness.model import Attention, MoE, TPPlan, Transformer
+from workers.harness.model import Attention, MoE, PipelineSplit, TPPlan, Transformer
 
 STYLE_MODULES: dict[str, tuple[type[nn.Module], ...]] = {
     "colwise": (nn.Linear, nn.Embedding),
@@ -150,18 +155,65 @@ class LabModel(Transformer):
         block = dict(self.spec.block_tp_plan)
         return TPPlan({f"lab.{p}": s for p, s in self.spec.tp_plan.items()}, f"lab.{self.spec.blocks}", lambda _layer: block)
 
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, V), or with `labels` the mean cross-entropy (the harness's loss)."""
-        logits: Any = self.lab(tokens)
-        want = (*tokens.shape, self.cfg.vocab_size)
-        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != want:
-            got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    def pipeline_split(self) -> PipelineSplit:
+        """The spec's split on the wrapper's paths (`lab.` first), once it is one a pipeline can cut.
+
+        A stage keeps blocks by their keys and sets the other stages' roots to None, so the spec
+        must declare both ends, keep the blocks in a ModuleDict keyed "0".."L-1" (L = num_layers:
+        the stages are laid out by the workload's shape; a ModuleList would renumber the blocks a
+        stage keeps), and put every parameter in a block or in an end: one left out would stay
+        on every stage, trained by each on its own share of the gradient; one in both ends (a head
+        tied to the embedding) likewise."""
+        entry, spec, lab = self.cfg.module or "", self.spec, self.lab
+        for field, where in (("first_stage", "first stage's (the embedding)"), ("last_stage", "last stage's (final norm, head)")):
+            if not getattr(spec, field):
+                raise ModuleBuildError(entry, f"declares no {field}: pipeline parallelism needs the {where} root modules")
+        blocks = lab.get_submodule(spec.blocks)
+        keys = [str(i) for i in range(self.cfg.num_layers)]
+        if not isinstance(blocks, nn.ModuleDict) or list(blocks.keys()) != keys:
+            held = list(blocks.keys()) if isinstance(blocks, nn.ModuleDict) else type(blocks).__name__
             raise ModuleBuildError(
-                self.cfg.module or "", f"built a module whose forward must return logits of shape {want}; it returned {got}"
+                entry,
+                f"declares blocks {spec.blocks!r} ({held}): pipeline parallelism needs a ModuleDict keyed "
+                f"'0'..'{self.cfg.num_layers - 1}' (num_layers), so a stage keeps its blocks' names",
             )
-        if labels is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        ends = (spec.blocks, *spec.first_stage, *spec.last_stage)
+        stray = [n for n, _ in lab.named_parameters() if not any(n.startswith(f"{path}.") for path in ends)]
+        if stray:
+            why = "pipeline parallelism puts each parameter on one stage"
+            raise ModuleBuildError(entry, f"puts {', '.join(stray)} in neither blocks, first_stage nor last_stage: {why}")
+        every = list(lab.named_parameters(remove_duplicate=False))
+        first = {id(p): n for n, p in every if n.startswith(tuple(f"{e}." for e in spec.first_stage))}
+        for name, param in every:
+            if id(param) in first and name.startswith(tuple(f"{e}." for e in spec.last_stage)):
+                why = "the first and the last stage cannot both hold it (a tied head)"
+                raise ModuleBuildError(entry, f"shares one parameter as {first[id(param)]} (first_stage) and {name} (last_stage): {why}")
+        return PipelineSplit(f"lab.{spec.blocks}", tuple(f"lab.{p}" for p in spec.first_stage), tuple(f"lab.{p}" for p in spec.last_stage))
+
+    def _holds(self, path: str) -> bool:
+        try:
+            self.lab.get_submodule(path)
+        except AttributeError:  # a pipeline stage set it to None
+            return False
+        return True
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V), or with `labels` the mean cross-entropy (the harness's loss).
+
+        As a pipeline stage without the last stage's modules, the residual stream (B, T, h) the
+        next stage takes as its input (and the first stage's input is token ids, the others' that
+        stream: `tokens` is whichever this stage gets)."""
+        out: Any = self.lab(tokens)
+        last = all(self._holds(path) for path in self.spec.last_stage)
+        want = (*tokens.shape[:2], self.cfg.vocab_size if last else self.cfg.hidden_size)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            what = "logits" if last else "the residual stream (its last_stage modules dropped by a pipeline stage)"
+            why = f"built a module whose forward must return {what} of shape {want}; it returned {got}"
+            raise ModuleBuildError(self.cfg.module or "", why)
+        if labels is None or not last:
+            return out
+        return F.cross_entropy(out.flatten(0, 1).float(), labels.flatten())
 
 
 def _built(cfg: ModelConfig) -> LabModel:

@@ -92,21 +92,22 @@ def _stage(ctx: RunContext) -> tuple[int, int]:
 
 
 def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Transformer:
-    """Keep this stage's blocks (`layers`) and the root modules the model family puts on it (the
-    first stage's: the embedding; the last's: final norm and head); the others become None where
-    they are held (a dotted path, "model.norm", names the library model's attribute)."""
-    family = family_of(model.cfg)
+    """Keep this stage's blocks (`layers`) and the root modules the model puts on it (the first
+    stage's: the embedding; the last's: final norm and head; `Transformer.pipeline_split`, its
+    family's or a lab's spec's); the others become None where they are held (a dotted path,
+    "model.norm", names the library model's attribute)."""
+    ends = model.pipeline_split()
     keep = {str(i) for i in layers}
-    blocks = model.get_submodule(family.blocks)
-    assert isinstance(blocks, nn.ModuleDict), "a family keeps its blocks in a ModuleDict"
+    blocks = model.get_submodule(ends.blocks)
+    assert isinstance(blocks, nn.ModuleDict), "a model keeps its blocks in a ModuleDict"
     for name in list(blocks.keys()):
         if name not in keep:
             del blocks[name]
-    dropped = (family.first_stage if stage != 0 else ()) + (family.last_stage if stage != stages - 1 else ())
+    dropped = (ends.first_stage if stage != 0 else ()) + (ends.last_stage if stage != stages - 1 else ())
     for path in dropped:  # a module path: "norm" on the root, or "model.norm" inside the library's model
         parent, _, name = path.rpartition(".")
         holder = model.get_submodule(parent)
-        assert isinstance(getattr(holder, name, None), nn.Module), f"{family.name} declares no module {path!r} to drop"
+        assert isinstance(getattr(holder, name, None), nn.Module), f"{family_of(model.cfg).name} declares no module {path!r} to drop"
         setattr(holder, name, None)
     return model
 

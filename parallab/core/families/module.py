@@ -11,14 +11,25 @@ those of the parallab decoder of the same shape fields — an estimate for the p
 function gets that `ModelConfig` and should build its model of that shape; the spec it returns
 (`ModuleSpec`) says what it built, and the rank side holds the spec against the module.
 
-Data parallelism (single, ddp, fsdp) and tensor parallelism run: `tp` applies the spec's own plan
-(`tp_plan`, `block_tp_plan`) through the same styles as the other families, alone or in a layout
+Data parallelism (single, ddp, fsdp), tensor and pipeline parallelism run: `tp` applies the
+spec's own plan (`tp_plan`, `block_tp_plan`) through the same styles as the other families, `pp`
+cuts the module where the spec says (`blocks`, `first_stage`, `last_stage`), alone or in a layout
 with data parallelism. Sequence parallelism is refused naming `strategy.options.sequence_parallel`
 (a lab's module adds what it likes to the residual stream — learned positions, say — which a
-sequence shard would not match, and its norms' parameters are its own). Pipeline, context and
-expert parallelism are refused naming `strategy.name` (the spec's pipeline ends are declared and
-checked against the module, not applied yet), as are activation checkpointing (the blocks' forward
-is the lab's own) and fp8 (its head is not known to be kept out).
+sequence shard would not match, and its norms' parameters are its own). Context and expert
+parallelism are refused naming `strategy.name`, as are activation checkpointing (the blocks'
+forward is the lab's own) and fp8 (its head is not known to be kept out).
+
+What `pp` needs of the lab's module, which the core cannot see before the build (the ranks check
+the spec, `workers.harness.module.LabModel.pipeline_split`, and stop naming the field it lacks):
+both ends declared (`first_stage`: the embedding and whatever else feeds the first block;
+`last_stage`: the final norm and head), the blocks in a ModuleDict keyed "0".."L-1" with
+L = num_layers, and every parameter in a block or an end. A stage keeps its blocks and sets the
+other stages' ends to None, then calls the module's forward with the previous stage's output, so
+the forward must run what it holds — the parallab decoder's contract when split: without its
+first-stage modules it takes the residual stream (B, T, h) as its input, and without its
+last-stage modules it returns that stream rather than logits. Nothing else may cross a stage
+boundary: the prediction's P2P is that stream, fp32, for every micro-batch each way.
 """
 
 from __future__ import annotations
@@ -36,7 +47,6 @@ if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
 
 UNSUPPORTED_DIMS: dict[str, str] = {
-    "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
@@ -116,7 +126,8 @@ class ModuleFamily(ParallabFamily):
         out = [
             SpecProblem(
                 ("strategy", "name"),
-                f"the module family does not run {what} yet ({dim}={getattr(layout, dim)}); use single, ddp, fsdp, tp or a layout of them",
+                f"the module family does not run {what} yet ({dim}={getattr(layout, dim)}); "
+                "use single, ddp, fsdp, tp, pp or a layout of them",
             )
             for dim, what in UNSUPPORTED_DIMS.items()
             if getattr(layout, dim) > 1
