@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from parallab.core.families import HF, model_tensors
+from parallab.core.families import HF
 from tests.core.hf_configs import TINY_MIXTRAL
 from tests.workers.test_hf_family import cfg_of
 
