@@ -65,3 +65,14 @@ def test_a_config_transformers_5_saves_reads_back_as_the_same_shape():
     saved = json.loads(transformers.MixtralConfig(**{k: v for k, v in TINY_MIXTRAL.items() if k != "torch_dtype"}).to_json_string())
     assert {"rope_parameters", "router_jitter_noise", "output_router_logits", "router_aux_loss_coef"} <= set(saved)
     assert read_hf_config(saved).fields == read_hf_config(TINY_MIXTRAL).fields
+
+
+@pytest.mark.slow
+def test_single_mixtral_in_bf16_passes_against_fp32_with_the_runs_routing(harness_job):
+    """A bf16 run on one rank records its experts in the check's step and the fp32 reference replays
+    them (`workers.harness.routing`): without it some tokens' top-2 flip and the check failed at
+    0.098 on this model (0.126 on an H200), above the 5e-2 tolerance."""
+    doc, _ = harness_job("single", 1, workload={**MIXTRAL, "precision": "bf16"}, trace=False)
+    check = doc.summary.gradient_check
+    assert check is not None and check.tolerance == 5e-2 and check.passed, check
+    assert check.max_rel_err < 0.03, "what is left is bf16 rounding, as the dense models show"

@@ -41,6 +41,7 @@ from parallab.core.families.hf import FAMILY
 from parallab.core.model import ModelConfig
 from workers import extras
 from workers.harness.model import Attention, MoE, Transformer, selective_contexts
+from workers.harness.routing import Tape, set_tape
 
 
 class MissingExtra(RuntimeError):
@@ -68,6 +69,32 @@ def hf_module(cfg: ModelConfig) -> nn.Module:
     return module
 
 
+TAPED_ROUTERS = frozenset({"MixtralTopKRouter"})
+"""The library's top-k routers whose forward returns (logits, scores, indices), the scores the
+chosen experts' softmax probabilities renormalised over the k (transformers 5): the gradient
+check's routing replay takes part through them (`taped_router`)."""
+
+
+def taped_router(router: nn.Module) -> None:
+    """Let the routing replay (`workers.harness.routing`) see and set `router`'s choices: a forward
+    hook hands the chosen experts to the router's `tape` (None: untouched) and, where the tape
+    replays other experts, recomputes the scores from the router's own logits for those experts."""
+    set_tape(router, None)
+
+    def hook(module: nn.Module, args: object, output: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> object:
+        tape: Tape | None = getattr(module, "tape", None)
+        if tape is None:
+            return None
+        logits, scores, indices = output
+        chosen = tape.choose(indices)
+        if chosen is indices:
+            return None
+        top = torch.softmax(logits.float(), dim=-1).gather(1, chosen)
+        return logits, (top / top.sum(dim=-1, keepdim=True)).to(scores.dtype), chosen
+
+    router.register_forward_hook(hook)
+
+
 class HFCausalLM(Transformer):
     """A `transformers` causal LM as the workload model (a `Transformer` to the strategies: the
     same interface, none of the parallab modules — `nn.Module.__init__` only)."""
@@ -84,6 +111,9 @@ class HFCausalLM(Transformer):
         self.aux_loss_coef = 0.0
         for block in self.blocks():
             block.recompute = "none"
+        for module in self.modules():
+            if type(module).__name__ in TAPED_ROUTERS:
+                taped_router(module)
 
     def reset_parameters(self) -> None:
         raise NotImplementedError("an hf model is initialised by the library when it is built")

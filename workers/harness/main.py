@@ -19,6 +19,7 @@ Any exception exits non-zero with its traceback on stderr; the process group is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import importlib.metadata
@@ -45,8 +46,10 @@ from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
 from workers.harness import amp, divergence, gradcheck, loop, measure, replicas
+from workers.harness import routing as routing_module
 from workers.harness.families import build_model
 from workers.harness.model import Transformer, apply_activation_checkpointing, compile_blocks
+from workers.harness.routing import Routing
 from workers.harness.runtime import RunContext, init_runtime, shutdown
 
 GRADIENTS_FILE = "gradients.rank0.pt"
@@ -95,15 +98,23 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
     return [float(x) for x in torch.stack(result.losses).cpu()]
 
 
-def reference_gradients(job: ResolvedJob, ctx: RunContext) -> gradcheck.Gradients:
-    """Step 0's gradients of the reference model (plain fp32 `single`, MoE routed in dp groups), whole."""
+def replays_routing(job: ResolvedJob) -> bool:
+    """Whether the reference takes the run's experts (`workers.harness.routing`): an MoE model on
+    one rank, where rank 0 saw every routing decision of the check's step."""
+    return job.model.is_moe and job.world_size == 1
+
+
+def reference_gradients(job: ResolvedJob, ctx: RunContext, routing: Routing | None = None) -> gradcheck.Gradients:
+    """Step 0's gradients of the reference model (plain fp32 `single`, MoE routed in dp groups, or
+    to the experts the run chose where `routing` has them), whole."""
     single = strategies.get("single")
     ref = reference_job(job)
     solo = dataclasses.replace(
         ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None, accum_steps=1, precision="fp32"
     )
     applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, NoOptions())
-    grads = gradcheck.strategy_gradients(applied, single, NoOptions(), solo, ref)
+    with routing_module.replaying(applied.model, routing or {}):
+        grads = gradcheck.strategy_gradients(applied, single, NoOptions(), solo, ref)
     assert grads is not None, "a one-process context is its own rank 0"
     return grads
 
@@ -222,14 +233,18 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     progress.phase("gradcheck")
     tol = gradcheck.tolerance(job.workload.precision)
     scans: list[replicas.Scan] = []
-    grads = gradcheck.strategy_gradients(
-        applied,
-        strategy,
-        options,
-        ctx,
-        job,
-        on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
+    recorder: contextlib.AbstractContextManager[Routing] = (
+        routing_module.recording(applied.model) if replays_routing(job) else contextlib.nullcontext({})
     )
+    with recorder as routing:
+        grads = gradcheck.strategy_gradients(
+            applied,
+            strategy,
+            options,
+            ctx,
+            job,
+            on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
+        )
     if grads is not None:
         gradcheck.save(grads, grads_file)
     del grads
@@ -268,7 +283,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         lead_progress = loop.Progress(run_dir, True)
         reference, source = reference_curve(job, ctx, cache_dir, lead_progress, own=losses)
         lead_progress.phase("gradcheck")
-        check = gradcheck.compare(gradcheck.load(grads_file), reference_gradients(job, ctx), tol=tol)
+        check = gradcheck.compare(gradcheck.load(grads_file), reference_gradients(job, ctx, routing), tol=tol)
         grads_file.unlink()
         record = record.model_copy(
             update={

@@ -32,7 +32,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from parallab.core.families import family_of
 from parallab.core.model import ModelConfig
+
+if TYPE_CHECKING:
+    from workers.harness.routing import Tape
 
 
 class RMSNorm(nn.Module):
@@ -167,6 +170,8 @@ class MoE(nn.Module):
         self.expert_offset = 0
         self.num_local_experts = e
         self.route_groups = 1
+        self.tape: Tape | None = None
+        """The gradient check's routing replay (`workers.harness.routing`): records or sets the choices."""
         self.dispatch: Callable[[MoE, torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.reset_stats()
@@ -195,6 +200,8 @@ class MoE(nn.Module):
         t, e, k = x.shape[0], self.num_experts, self.top_k
         probs = torch.softmax(self.router(x).float(), dim=-1)
         gate, idx = probs.topk(k, dim=-1)
+        if self.tape is not None and (chosen := self.tape.choose(idx)) is not idx:
+            idx, gate = chosen, probs.gather(1, chosen)
         experts = idx.t().reshape(-1)  # slot order: every token's 1st choice, then 2nd, ...
         gates = gate.t().reshape(-1)
         tokens = torch.arange(t, device=x.device).repeat(k)

@@ -1,0 +1,112 @@
+"""The gradient check's routing replay: the fp32 reference routes each token to the experts the run chose.
+
+A top-k router is a discontinuity. Under a 16-bit recipe the router's logits differ from fp32's
+by rounding, and where a token's k-th and (k+1)-th experts are nearly tied the run and the fp32
+reference pick different experts: that token's gradient then flows through other weights, and
+the gradient check measures the flip, not the strategy. On the tiny Mixtral, bf16 `single`
+failed its check at 0.107 on CPU and 0.126 on an H200 against the 5e-2 tolerance, where the
+dense models pass at a tenth of it. So, where rank 0 saw every routing decision of the check's
+step — a one-rank run — the run records each MoE block's choice (`recording`) and the reference
+replays it (`replaying`): the reference keeps its own fp32 router probabilities, and so its own
+gates and their gradients, but takes the run's experts. What is left is the rounding the
+tolerance is for. A wrong gradient still shows: the replay fixes which experts, not what they
+compute.
+
+A block's choices are kept per call in order, and the replay hands them out by rows: the run's
+accumulation micro-steps are consecutive rows of the global batch, which the reference takes in
+one forward. A forward rerun inside backward (activation checkpointing) is neither recorded nor
+handed a second slice: it chose before, in the forward, and the tape gives it the same rows.
+
+Both MoE blocks the harness runs take part: the parallab family's `MoE` (its `tape` attribute,
+read in `MoE.route`) and the hf family's Mixtral router (`transformers`' `MixtralTopKRouter`,
+whose forward `hf.replay_router` wraps). A model with another router (none today) is checked
+without replay, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workers.harness.gradcheck import canonical
+
+Routing = dict[str, torch.Tensor]
+"""Per MoE block (its module name): the experts chosen, (tokens, k), in the global batch's token order."""
+
+
+def in_backward() -> bool:
+    """Whether autograd is running a backward now (a checkpointed forward recomputed inside it)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+@dataclass
+class Tape:
+    """One block's choices: recorded call by call, or replayed row by row (and rewound at each forward)."""
+
+    replay: torch.Tensor | None = None
+    recorded: list[torch.Tensor] = field(default_factory=list)
+    offset: int = 0
+    last: tuple[int, int] = (0, 0)
+
+    def choose(self, indices: torch.Tensor) -> torch.Tensor:
+        """The experts the block uses for these tokens: its own (recorded) or the run's (replayed)."""
+        if self.replay is None:
+            if not in_backward():
+                self.recorded.append(indices.detach().cpu())
+            return indices
+        rows = indices.shape[0]
+        start, end = self.last if in_backward() else (self.offset, self.offset + rows)
+        if end > self.replay.shape[0] or end - start != rows:
+            raise RuntimeError(f"routing replay: {rows} tokens asked at row {start} of a recorded {self.replay.shape[0]}")
+        if not in_backward():
+            self.offset, self.last = end, (start, end)
+        return self.replay[start:end].to(indices.device)
+
+
+def set_tape(router: nn.Module, tape: Tape | None) -> None:
+    """Give `router` a tape (None: none), kept as a plain attribute (`nn.Module.__setattr__` types
+    attributes as tensors and modules)."""
+    router.__dict__["tape"] = tape
+
+
+def routers(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's top-k routers by module name (wrappers' name parts dropped, as for the gradients):
+    every module that takes a tape (`tape` attribute)."""
+    return {canonical(name): m for name, m in model.named_modules() if hasattr(m, "tape")}
+
+
+@contextmanager
+def recording(model: nn.Module) -> Iterator[Routing]:
+    """Record every router's choices while inside; the yielded dict is filled on exit."""
+    found = routers(model)
+    tapes = {name: Tape() for name in found}
+    for name, m in found.items():
+        set_tape(m, tapes[name])
+    out: Routing = {}
+    try:
+        yield out
+    finally:
+        for name, m in found.items():
+            set_tape(m, None)
+            if tapes[name].recorded:
+                out[name] = torch.cat(tapes[name].recorded)
+
+
+@contextmanager
+def replaying(model: nn.Module, routing: Routing) -> Iterator[None]:
+    """Give every router the recorded choices of its block (by name) while inside."""
+    found = routers(model)
+    missing = sorted(set(routing) - set(found))
+    if missing:
+        raise RuntimeError(f"routing replay: the reference model has no router {missing[0]!r}")
+    for name, m in found.items():
+        set_tape(m, Tape(replay=routing[name]) if name in routing else None)
+    try:
+        yield
+    finally:
+        for m in found.values():
+            set_tape(m, None)
