@@ -71,6 +71,8 @@ class HFFamily(ModelFamily):
 
     def architecture(self, cfg: ModelConfig) -> str:
         """The `transformers` class this shape is built as."""
+        if cfg.is_mla:
+            return "DeepseekV2ForCausalLM"
         if cfg.is_moe:
             return "MixtralForCausalLM"
         return "Qwen2ForCausalLM" if cfg.attention_bias else "LlamaForCausalLM"
@@ -94,6 +96,8 @@ class HFFamily(ModelFamily):
             "initializer_range": 0.02,
             "use_cache": False,
         }
+        if cfg.is_mla:
+            return self._deepseek_config(cfg, out)
         if cfg.is_moe:  # Mixtral: routing as trained, no window, no jitter, no router loss in the output
             out.update(
                 num_local_experts=cfg.num_experts,
@@ -106,6 +110,36 @@ class HFFamily(ModelFamily):
             out.update(attention_bias=False, mlp_bias=False)
         return out
 
+    @staticmethod
+    def _deepseek_config(cfg: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
+        """DeepSeek-V2's config: Llama's keys less head_dim (the library sets it to the rotary
+        width), the latent attention's widths (q_lora_rank None: one q_proj), and the MoE — greedy
+        top-k over a softmax, unscaled and unnormalised weights (DeepSeek-V2-Lite's router), experts
+        `moe_intermediate_size` wide, the first `first_k_dense_replace` blocks dense (all of them
+        in a dense model)."""
+        out = {k: v for k, v in common.items() if k != "head_dim"}
+        out.update(
+            attention_bias=False,
+            mlp_bias=False,
+            q_lora_rank=cfg.q_lora_rank or None,
+            kv_lora_rank=cfg.kv_lora_rank,
+            qk_nope_head_dim=cfg.qk_nope_head_dim,
+            qk_rope_head_dim=cfg.qk_rope_head_dim,
+            v_head_dim=cfg.v_head_dim,
+            n_routed_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.top_k,
+            n_shared_experts=cfg.num_shared_experts,
+            moe_intermediate_size=cfg.expert_ffn,
+            first_k_dense_replace=cfg.first_dense_layers if cfg.is_moe else cfg.num_layers,
+            topk_method="greedy",
+            n_group=None,
+            topk_group=None,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            output_router_logits=False,
+        )
+        return out
+
     def root_params(self, cfg: ModelConfig) -> list[Param]:
         v, h = cfg.vocab_size, cfg.hidden_size
         out = [Param("model.embed_tokens", "weight", (v, h)), Param("model.norm", "weight", (h,))]
@@ -114,36 +148,42 @@ class HFFamily(ModelFamily):
     def block_params(self, cfg: ModelConfig, layer: int) -> list[Param]:
         h, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn_hidden_size
         out: list[Param] = []
-        for name, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
-            out.append(Param(f"self_attn.{name}", "weight", (width, h)))
-            if cfg.attention_bias:
-                out.append(Param(f"self_attn.{name}", "bias", (width,)))
-        out.append(Param("self_attn.o_proj", "weight", (h, h)))
+        if cfg.is_mla:
+            out += _mla_params(cfg)
+        else:
+            for name, width in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
+                out.append(Param(f"self_attn.{name}", "weight", (width, h)))
+                if cfg.attention_bias:
+                    out.append(Param(f"self_attn.{name}", "bias", (width,)))
+            out.append(Param("self_attn.o_proj", "weight", (h, h)))
         if cfg.block_is_moe(layer):
-            e = cfg.num_experts
+            e, fe = cfg.num_experts, cfg.expert_ffn
             out += [
                 Param("mlp.gate", "weight", (e, h)),
-                Param("mlp.experts", "gate_up_proj", (e, 2 * f, h), expert=True),
-                Param("mlp.experts", "down_proj", (e, h, f), expert=True),
+                Param("mlp.experts", "gate_up_proj", (e, 2 * fe, h), expert=True),
+                Param("mlp.experts", "down_proj", (e, h, fe), expert=True),
             ]
+            if cfg.is_mla:  # DeepSeek-V2: the shared experts are one SwiGLU MLP S·f_e wide
+                out += _swiglu_params("mlp.shared_experts", h, cfg.num_shared_experts * fe)
         else:
-            mlp = (("gate_proj", (f, h)), ("up_proj", (f, h)), ("down_proj", (h, f)))
-            out += [Param(f"mlp.{name}", "weight", shape) for name, shape in mlp]
+            out += _swiglu_params("mlp", h, f)
         return out + [Param("input_layernorm", "weight", (h,)), Param("post_attention_layernorm", "weight", (h,))]
 
     def root_plan(self, cfg: ModelConfig) -> dict[str, TPStyle]:
         return {"model.embed_tokens": "embedding", "model.norm": "norm", "lm_head": "head"}
 
     def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
-        plan: dict[str, TPStyle] = {
-            "input_layernorm": "norm",
-            "self_attn": "input_kwarg",
-            "self_attn.q_proj": "colwise",
-            "self_attn.k_proj": "colwise",
-            "self_attn.v_proj": "colwise",
-            "self_attn.o_proj": "rowwise",
-            "post_attention_layernorm": "norm",
-        }
+        plan: dict[str, TPStyle] = {"input_layernorm": "norm", "post_attention_layernorm": "norm"}
+        if not cfg.is_mla:  # latent attention has no plan: tensor parallelism is refused for it
+            plan.update(
+                {
+                    "self_attn": "input_kwarg",
+                    "self_attn.q_proj": "colwise",
+                    "self_attn.k_proj": "colwise",
+                    "self_attn.v_proj": "colwise",
+                    "self_attn.o_proj": "rowwise",
+                }
+            )
         if cfg.block_is_moe(layer):
             return plan
         return {**plan, "mlp": "input", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
@@ -152,12 +192,56 @@ class HFFamily(ModelFamily):
         unsupported, runs = dict(UNSUPPORTED_DIMS), "ddp, fsdp, tp, pp or a layout of them"
         if cfg.is_moe:
             unsupported.update(DENSE_ONLY_DIMS)
-            runs = f"Mixtral ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
-        return [
+            model = "DeepSeek-V2" if cfg.is_mla else "Mixtral"
+            runs = f"{model} ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
+        out = [
             SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
             for dim, what in unsupported.items()
             if getattr(layout, dim) > 1
         ]
+        if cfg.is_mla and not cfg.is_moe and layout.tp > 1:
+            out.append(
+                SpecProblem(
+                    ("workload", "kv_lora_rank"),
+                    f"tensor parallelism (tp={layout.tp}) does not split multi-head latent attention: its latent "
+                    "(kv_a_proj_with_mqa) feeds every head, so its gradient would be partial on each rank; "
+                    "DeepSeek-V2 runs under ddp, fsdp, pp or a layout of them",
+                )
+            )
+        return out
+
+
+def _swiglu_params(module: str, h: int, f: int) -> list[Param]:
+    """A library SwiGLU MLP's three matrices (gate and up h → f, down f → h) under `module`."""
+    return [
+        Param(f"{module}.gate_proj", "weight", (f, h)),
+        Param(f"{module}.up_proj", "weight", (f, h)),
+        Param(f"{module}.down_proj", "weight", (h, f)),
+    ]
+
+
+def _mla_params(cfg: ModelConfig) -> list[Param]:
+    """DeepSeek-V2's attention tensors (`DeepseekV2Attention`, in its order): the query — q_proj,
+    or q_a_proj, q_a_layernorm and q_b_proj when it is compressed —, kv_a_proj_with_mqa (the
+    latent and the shared rotary key), kv_a_layernorm, kv_b_proj (each head's key without
+    rotary part and its value) and o_proj."""
+    h, a, rank, q_rank = cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank, cfg.q_lora_rank
+    query = a * cfg.qk_head_dim
+    if q_rank:
+        q = [
+            Param("self_attn.q_a_proj", "weight", (q_rank, h)),
+            Param("self_attn.q_a_layernorm", "weight", (q_rank,)),
+            Param("self_attn.q_b_proj", "weight", (query, q_rank)),
+        ]
+    else:
+        q = [Param("self_attn.q_proj", "weight", (query, h))]
+    return [
+        *q,
+        Param("self_attn.kv_a_proj_with_mqa", "weight", (rank + cfg.qk_rope_head_dim, h)),
+        Param("self_attn.kv_a_layernorm", "weight", (rank,)),
+        Param("self_attn.kv_b_proj", "weight", (a * (cfg.qk_nope_head_dim + cfg.v_head_dim), rank)),
+        Param("self_attn.o_proj", "weight", (h, a * cfg.v_head_dim)),
+    ]
 
 
 FAMILY = HFFamily()
