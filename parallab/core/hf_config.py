@@ -354,6 +354,7 @@ class HFShape:
         """The shape overrides of a workload with this config: the config's fields under the
         explicitly `given` ones, and the preset's `seq_len` cut to `seq_limit` unless one is given."""
         out = {**self.fields, **given}
+        out.setdefault("moe_ffn_hidden_size", out.get("ffn_hidden_size"))  # no expert width of its own: the MLP's
         if "seq_len" not in given and self.seq_limit is not None and preset_seq_len > self.seq_limit[1]:
             out["seq_len"] = self.seq_limit[1]
         return out
@@ -555,7 +556,6 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
         num_experts=fields.get("num_experts", 0),
         num_shared_experts=fields.get("num_shared_experts", 0),
         first_dense_layers=fields.get("first_dense_layers", 0),
-        moe_ffn_hidden_size=fields.get("moe_ffn_hidden_size", fields.get("ffn_hidden_size")),
         **{name: fields.get(name, 0) for name in MLA_FIELDS},
         attention_bias=arch.attention_bias,
         tie_embeddings=fields.get("tie_embeddings", False),

@@ -296,9 +296,10 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
                     )
         if cfg.num_experts and cfg.is_mla and not cfg.num_shared_experts:
             out.append(("num_shared_experts", "DeepSeek-V2's MoE blocks always have shared experts: at least 1"))
-            default = ModelConfig.model_fields["capacity_factor"].default
-            if cfg.capacity_factor != default:  # a key field that would split identical runs apart
-                out.append(("capacity_factor", f"Mixtral's experts take every routed token (no capacity): leave it at {default}"))
+        default = ModelConfig.model_fields["capacity_factor"].default
+        if cfg.num_experts and cfg.capacity_factor != default:  # a key field that would split identical runs apart
+            model = "DeepSeek-V2" if cfg.is_mla else "Mixtral"
+            out.append(("capacity_factor", f"{model}'s experts take every routed token (no capacity): leave it at {default}"))
     out += module_problems(cfg)
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
