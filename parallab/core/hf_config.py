@@ -12,7 +12,14 @@ bounds the sequence as Mistral's does). Mixtral's router settings are held to wh
 computes: `router_jitter_noise` must be 0 (noise multiplies the router's input in training) and
 `output_router_logits` false (true adds the load-balancing loss to the library's loss, changing
 the gradients); `router_aux_loss_coef` is then unused by the model and ignored. The run's loss is
-the harness's mean cross-entropy, with no load-balancing term.
+the harness's mean cross-entropy, with no load-balancing term. And `deepseek_v2`: multi-head
+latent attention (`kv_lora_rank`, `q_lora_rank` — null: no query compression; absent: the
+library's 1536 —, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`) and DeepSeekMoE
+(`n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`, `first_k_dense_replace`,
+`moe_intermediate_size`), its router held to the one the library builds (`topk_method` greedy,
+`scoring_func` softmax, `routed_scaling_factor` 1, `norm_topk_prob` false — DeepSeek-V2-Lite's);
+the groups greedy routing does not use and the auxiliary losses' weights the library does not
+apply are ignored. `deepseek_v3` is refused saying why (`REFUSED`: another router).
 
 What a config does not decide: `seq_len`, the batch and the recipe are the workload's. A config's
 `max_position_embeddings` (and Mistral's `sliding_window`) is the most tokens a sequence may
@@ -316,7 +323,10 @@ ARCHITECTURES: dict[str, Architecture] = {
                 '"greedy" (DeepSeek-V2-Lite\'s router; group-limited routing is not a field of the workload)',
             ),
             "scoring_func": (lambda v: v in (None, "softmax"), '"softmax" (the router DeepSeek-V2 has)'),
-            "routed_scaling_factor": (lambda v: v in (None, 1, 1.0) and not isinstance(v, bool), "1.0 (the routed experts' output unscaled)"),
+            "routed_scaling_factor": (
+                lambda v: v in (None, 1, 1.0) and not isinstance(v, bool),
+                "1.0 (the routed experts' output unscaled)",
+            ),
             "norm_topk_prob": (_is_false_or_null, "false (DeepSeek-V2's top-k weights are the softmax's, not renormalised)"),
             "output_router_logits": (_is_false_or_null, "false (the run's loss is cross-entropy only)"),
         },

@@ -43,13 +43,15 @@ class ModelConfig(BaseModel):
     rotary positions, multi-head or grouped-query attention, a SwiGLU or GELU MLP or an MoE MLP
     (top-k routed experts, shared experts, dense first layers), tied or untied embeddings. The
     `hf` family builds the SwiGLU subset as Hugging Face's Llama (Qwen2 with q/k/v biases, Mixtral
-    with routed experts)."""
+    with routed experts), and with `kv_lora_rank` DeepSeek-V2 (multi-head latent attention, shared
+    experts, dense first layers, experts `moe_ffn_hidden_size` wide)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     family: Family = shape_field(
         "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
-        "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts; the worker needs "
+        "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts, DeepSeek-V2 with "
+        "kv_lora_rank; the worker needs "
         "parallab[hf]) or module (a lab's own nn.Module from the entry point `module`, which the worker's allow-list must "
         "name; docs/models.md).",
         cli="--family",

@@ -261,6 +261,8 @@ TINY_DEEPSEEK_V2: dict[str, Any] = {
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
     "vocab_size": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
     "max_position_embeddings": 128,
 }
 """DeepSeek-V2-Lite's architecture at `tiny`'s width: 2 blocks (the first dense, 128 wide; the

@@ -293,7 +293,9 @@ def test_deepseek_resolves_under_a_pipeline_alone_and_beside_fsdp():
 
 def test_the_planner_plans_deepseek_v2_lite_at_its_true_size():
     j = resolve_job(
-        JobSpec.model_validate({"workload": {"model": "deepseek-v2-lite", "precision": "bf16"}, "strategy": {"name": "fsdp", "world_size": 8}})
+        JobSpec.model_validate(
+            {"workload": {"model": "deepseek-v2-lite", "precision": "bf16"}, "strategy": {"name": "fsdp", "world_size": 8}}
+        )
     )
     prediction = predict(j)
     assert prediction["params_total"] == 15_706_484_224 and j.model.family == "hf" and j.model.kv_lora_rank == 512

@@ -18,12 +18,12 @@ from parallab.core.model import PRESETS
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, key_fields, workload_fields
 from tests.core.hf_configs import (
+    DEEPSEEK_V2_LITE,
     LLAMA_3_1_8B,
     LLAMA_3_8B,
     MISTRAL_7B_V0_1,
     MISTRAL_7B_V0_3,
     MIXTRAL_8X7B,
-    DEEPSEEK_V2_LITE,
     QWEN2_5_7B,
     TINY_DEEPSEEK_V2,
     TINY_MIXTRAL,

@@ -7,10 +7,12 @@ paths; this module only builds. `transformers` is an optional extra (`parallab[h
 here and nowhere else, only when an `hf` model is built; the hub is never asked for anything
 (`HF_HUB_OFFLINE`: a config, not a checkpoint, so there is nothing to download).
 
-The same build serves Llama, Qwen2 and Mixtral (the descriptor's `architecture`): a Mixtral
-block's MoE is the library's own (its router, its dropless loop over the hit experts), so the
-experts the harness's `MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is
-empty, and the strategies that would split experts are refused for this family at resolution.
+The same build serves Llama, Qwen2, Mixtral and DeepSeek-V2 (the descriptor's `architecture`;
+DeepSeek-V2's rotary embedding returns one complex table rather than cos and sin, which the
+wrapper hands to its blocks as it gets it): a Mixtral or DeepSeek-V2 block's MoE is the
+library's own (its router, its dropless loop over the hit experts), so the experts the harness's
+`MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is empty, and the
+strategies that would split experts are refused for this family at resolution.
 
 The wrapper holds the library's own `model` (embed_tokens, layers, norm, rotary_emb) and
 `lm_head`, so parameter names are the library's. Its forward runs those modules itself rather

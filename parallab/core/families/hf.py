@@ -6,8 +6,18 @@ Llama with biases on q, k and v only (Llama's own `attention_bias` would bias o_
 is what the field means in every family; `MixtralForCausalLM` when `num_experts` is set — Llama's
 attention with every MLP an MoE block (a top-k softmax router renormalised over the chosen
 experts, no shared experts, no dense first layer, no capacity: every routed token is computed).
-SwiGLU only (the shape rules refuse a GELU MLP, and for experts shared ones, dense first layers
-and q/k/v biases).
+SwiGLU only (the shape rules refuse a GELU MLP, and for Mixtral shared experts, dense first
+layers and q/k/v biases). `DeepseekV2ForCausalLM` when `kv_lora_rank` is set: multi-head latent
+attention (DeepSeek-V2 §2.1) — the query from q_proj, or compressed (q_a_proj, q_a_layernorm,
+q_b_proj) when `q_lora_rank` is set; keys and values from one latent, kv_a_proj_with_mqa (h →
+kv_lora_rank + qk_rope_head_dim: the latent and the rotary key every head shares),
+kv_a_layernorm and kv_b_proj (latent → heads·(qk_nope_head_dim + v_head_dim)); o_proj from
+heads·v_head_dim — and DeepSeekMoE blocks after `first_dense_layers` dense ones (the first
+`first_k_dense_replace` blocks are Llama's MLP, `ffn_hidden_size` wide): the router (mlp.gate, E×h:
+a softmax, greedy top-k per token, weights neither renormalised nor scaled: DeepSeek-V2-Lite's),
+the routed experts as Mixtral's fused pair `moe_ffn_hidden_size` wide, and the shared experts as
+one SwiGLU MLP (mlp.shared_experts, `num_shared_experts`·moe_ffn_hidden_size wide) every token
+passes through. A dense shape with `kv_lora_rank` is DeepSeek-V2 with every block dense.
 
 Module paths are the library's own, so parameter names are those of its checkpoints: the root
 holds `model` (embed_tokens, layers, norm) and `lm_head`; the blocks are `model.layers`, kept as
@@ -36,9 +46,16 @@ token's experts alone and computes every routed token, and the loss has no auxil
 micro-batch routes as the whole batch does — what makes pp dense-only for the parallab family's
 MoE (capacity and the load-balancing loss are the batch's) does not hold here.
 
-Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`): the
-library's tensors are the parallab family's under other names (Mixtral's fused gate_up_proj is w1
-and w3 stacked), so the formulas are shared, not restated.
+DeepSeek-V2's router is per token in the same sense (no capacity, no auxiliary loss in the
+library's model: its `aux_loss_alpha` is a training recipe the library does not implement), so it
+runs under a pipeline too. Tensor parallelism is refused for latent attention (`workload.kv_lora_rank`;
+for the MoE shapes also at `strategy.name` as Mixtral's): the latent feeds every head, so with the
+heads split its weight's gradient is partial on each rank — a reduction this plan does not make.
+
+Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`,
+`base.attention_params` for latent attention): the library's tensors are the parallab family's
+under other names (Mixtral's fused gate_up_proj is w1 and w3 stacked), so the formulas are
+shared, not restated.
 """
 
 from __future__ import annotations
