@@ -271,12 +271,24 @@ def test_the_mla_fields_are_neutral_so_stored_workload_keys_stay():
         ("ddp", 2, {}, {"num_experts": 4, "moe_ffn_hidden_size": 32}, ("workload", "moe_ffn_hidden_size"), "DeepSeek-V2's"),
         ("tp", 2, {}, DEEPSEEK, ("workload", "kv_lora_rank"), "does not split multi-head latent attention"),
         ("tp", 2, {}, DEEPSEEK_MOE, ("strategy", "name"), "tensor parallelism yet (tp=2); DeepSeek-V2 (4 experts) runs under ddp"),
-        ("moe", 2, {}, DEEPSEEK_MOE, ("strategy", "name"), "expert parallelism yet (ep=2)"),
+        ("moe", 2, {}, DEEPSEEK_MOE, ("strategy", "options", "aux_loss_coef"), "aux_loss_coef 0.01 would not be applied"),
     ],
 )
 def test_what_the_hf_deepseek_cannot_run_is_refused_naming_the_field(strategy, n, options, workload, loc, says):
     problems = refused(strategy, n, options, family="hf", **workload)
     assert loc in problems and says in problems[loc], problems
+
+
+@pytest.mark.parametrize("workload", [{"num_experts": 4}, DEEPSEEK_MOE], ids=["mixtral", "deepseek-v2"])
+def test_hf_experts_resolve_under_expert_parallelism_without_a_load_balancing_loss(workload):
+    """The library's experts split over ep (2 a rank), alone or beside FSDP; the all-to-all carries
+    every routed slot (tokens · top_k rows, there and back, forward and backward) in each MoE block."""
+    moe = job("moe", 2, {"aux_loss_coef": 0}, family="hf", **workload)
+    assert (moe.options.aux_loss_coef, moe.model.num_experts) == (0, 4)
+    comm = predict(moe)["comm_bytes_per_step"]
+    rows = 8 * 64 // 2 * 2  # each rank's half of the batch (8 × 64 tokens), top-2
+    assert comm["all_to_all"] == moe.model.moe_layers * (4 * rows * 64 * 4 + 8 * 4)
+    assert job("layout", 4, {"ep": 2, "dp_shard": 2, "aux_loss_coef": 0}, family="hf", **workload).options.ep == 2
 
 
 def test_latent_attention_is_the_hf_familys_only():
@@ -352,7 +364,8 @@ def test_the_parallab_family_stays_the_default():
         ("ddp", 2, {}, {"num_experts": 4, "first_dense_layers": 1}, ("workload", "first_dense_layers"), "no dense first layers"),
         ("ddp", 2, {}, {"num_experts": 4, "attention_bias": True}, ("workload", "attention_bias"), "no q/k/v biases"),
         ("ddp", 2, {}, {"num_experts": 4, "capacity_factor": 2.0}, ("workload", "capacity_factor"), "no capacity): leave it at 1.25"),
-        ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); Mixtral (4 experts) runs under ddp"),
+        ("moe", 2, {}, {}, ("strategy", "options", "aux_loss_coef"), "no load-balancing loss"),
+        ("layout", 4, {"ep": 2, "dp_shard": 2}, {"num_experts": 4}, ("strategy", "options", "aux_loss_coef"), "set it to 0"),
         ("tp", 2, {}, {"num_experts": 4}, ("strategy", "name"), "does not run tensor parallelism yet (tp=2); Mixtral"),
         ("tp", 2, {}, {"num_experts": 4}, ("workload", "num_experts"), "tp supports dense models only"),
         ("layout", 4, {"pp": 2, "tp": 2}, {"num_experts": 4}, ("workload", "num_experts"), "tp=2 supports dense models only"),

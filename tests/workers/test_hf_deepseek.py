@@ -10,12 +10,15 @@ The model is TINY_DEEPSEEK_V2 (hidden 64, 4 heads over a 32-wide key/value laten
 shared expert, 32 wide; vocabulary 256). Its router is the library's: a softmax over the experts,
 greedy top-k per token, no capacity and no auxiliary loss in the model, so a rank's share of the
 batch (or a micro-batch) routes exactly as the whole batch does — ddp, fsdp and pp match `single`
-to float summation order. Tensor parallelism is refused for it (its latent feeds every head).
+to float summation order. Under expert parallelism (`moe`, ep=2) each rank holds 2 of the 4
+experts and every routed slot travels to its expert's rank by all-to-all. Tensor parallelism is
+refused for it (its latent feeds every head).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -28,8 +31,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config, never the hub
 
 DEEPSEEK = {"hf_config": TINY_DEEPSEEK_V2}
 """The workload: the config file, resolved into the hf family's fields."""
-RUNS = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "pp": ("pp", {})}
-"""Each 2-rank job: strategy and options (pp: 2 stages of one block each, 4 micro-batches)."""
+RUNS = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "pp": ("pp", {}), "ep": ("moe", {"aux_loss_coef": 0.0})}
+"""Each 2-rank job: strategy and options (pp: 2 stages of one block each, 4 micro-batches; ep: 2
+experts a rank, no load-balancing loss — the library's model has none)."""
+ROUTED = frozenset({"all_to_all"})
+"""Ops whose bytes on one rank follow the router: a rank sends every slot it routes (nothing is
+dropped) but receives what its experts were sent, so the ranks' mean is the prediction and the
+summary's max over ranks is above it by the routing's imbalance (as tests/workers/test_layouts.py)."""
+
+
+def assert_comm_is_predicted(doc: Any) -> None:
+    """The traced bytes per step are the prediction's: exactly for every op, the routed ones as
+    the ranks' mean (each rank's per-step figure is rounded to a byte)."""
+    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
+    assert predicted and set(measured) == set(predicted), (measured, predicted)
+    assert {op: b for op, b in measured.items() if op not in ROUTED} == {op: b for op, b in predicted.items() if op not in ROUTED}
+    for op in ROUTED & set(predicted):
+        per_rank = [sum(o.bytes for o in r.comm if o.op == op) for r in doc.ranks]
+        assert sum(per_rank) / len(per_rank) == pytest.approx(predicted[op], abs=len(per_rank)), (op, per_rank, predicted[op])
+    assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "wire_bytes", "model_state"))], doc.flags
+
+
 TENSORS = 26
 """Embedding, head, final norm; block 0: q, kv_a, kv_a norm, kv_b, o, gate/up/down, 2 norms (10);
 block 1: the same attention and norms (7), the router, the two expert tensors, the shared expert's 3 (13)."""
@@ -89,9 +111,32 @@ def test_deepseek_matches_single_in_loss_and_gradients(harness_job, key):
 def test_deepseek_communicates_exactly_what_the_family_predicts(harness_job, key):
     strategy, options = RUNS[key]
     doc, _ = harness_job(strategy, 2, options, DEEPSEEK)
-    measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
-    assert predicted and measured == predicted, (measured, predicted)
-    assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "wire_bytes", "model_state"))], doc.flags
+    assert_comm_is_predicted(doc)
+
+
+def test_the_expert_adapter_computes_the_librarys_experts_and_a_mis_sliced_one_does_not():
+    """What expert parallelism runs (`HFExperts` over the library's parameters, rows dispatched by
+    expert) gives the library's loss and gradients in one process; experts taken one slot off —
+    the slice a wrong `expert_offset` would hold — do not."""
+    import torch
+
+    from workers.harness.families import build_model
+    from workers.harness.hf import HFExperts
+
+    cfg = cfg_of(DEEPSEEK)
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    library, adapted, shifted = (build_model(cfg, seed=0) for _ in range(3))
+    assert [type(m) for m in adapted.expert_layers()] == [HFExperts]
+    assert type(library.model.layers["1"].mlp.experts).__name__ == "DeepseekV2Experts", "the library's until expert parallelism asks"
+    for m in shifted.expert_layers():
+        m.gate_up_proj.data = m.gate_up_proj.data.roll(1, dims=0)
+    losses = [model(tokens, labels=tokens) for model in (library, adapted, shifted)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
+    for (name, a), b in zip(library.named_parameters(), adapted.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert abs(losses[2].item() - losses[0].item()) > 1e-4
 
 
 @pytest.mark.slow

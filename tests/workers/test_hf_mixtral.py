@@ -20,6 +20,7 @@ import pytest
 
 from parallab.core.families import HF, model_tensors
 from tests.core.hf_configs import TINY_MIXTRAL
+from tests.workers.test_hf_deepseek import assert_comm_is_predicted
 from tests.workers.test_hf_family import cfg_of
 
 pytest.importorskip("transformers")
@@ -69,6 +70,17 @@ def test_mixtral_communicates_exactly_what_the_family_predicts(harness_job, stra
     measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
     assert predicted and measured == predicted, (measured, predicted)
     assert not [f for f in doc.flags if f.metric.startswith(("comm_bytes", "wire_bytes", "model_state"))], doc.flags
+
+
+@pytest.mark.slow
+def test_mixtral_under_expert_parallelism_matches_single_and_communicates_what_it_predicts(harness_job):
+    """ep=2: each rank holds 2 of the 4 experts (the library's fused tensors, sliced on dim 0) and
+    sends every routed slot to its expert's rank by all-to-all; no load-balancing loss (0)."""
+    doc, _ = harness_job("moe", 2, {"aux_loss_coef": 0.0}, MIXTRAL)
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    check = doc.summary.gradient_check
+    assert check is not None and check.passed and check.params_checked == 21, check
+    assert_comm_is_predicted(doc)
 
 
 @pytest.mark.slow

@@ -36,7 +36,13 @@ column-parallel with gathered logits; the norms on a sequence shard under sequen
 The communication is then the parallab family's, which the prediction counts. An MoE block's
 plan is the attention part only, as the parallab family's (and the library's own Mixtral plan);
 tensor parallelism runs dense models only, so it is refused for Mixtral (`workload.num_experts`
-by the strategy's rule, `strategy.name` here), as is expert parallelism.
+by the strategy's rule, `strategy.name` here).
+
+Expert parallelism (`moe`, `ep`) runs the library's experts: the rank side puts an adapter over
+the library's two fused expert parameters (`workers.harness.hf.HFExperts`, same names) that sends
+each routed slot to the rank holding its expert by the parallab family's all-to-all, after the
+library's own router. Every slot travels (no capacity, nothing dropped), as the ep dimension's
+prediction counts them; there is no load-balancing loss, so `aux_loss_coef` must be 0.
 
 Pipeline stages are cut by `blocks`, `first_stage` and `last_stage` as the parallab family's
 are: the first stage holds embed_tokens, the last norm and lm_head, every stage the rotary
@@ -69,10 +75,9 @@ if TYPE_CHECKING:
     from parallab.core.layout import Layout
     from parallab.core.model import ModelConfig
 
-UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism", "ep": "expert parallelism"}
+UNSUPPORTED_DIMS: dict[str, str] = {"cp": "context parallelism"}
 """Dimensions the rank side does not apply to this family yet (refused at resolution): ring
-attention swaps the parallab attention's `attn_fn` and expert parallelism's experts are the
-parallab modules'."""
+attention swaps the parallab attention's `attn_fn`."""
 DENSE_ONLY_DIMS: dict[str, str] = {"tp": "tensor parallelism"}
 """Dimensions it applies to its dense models only, not to Mixtral (whose MoE blocks the plan leaves
 whole: every strategy with tp is dense-only, and this says why for this family)."""
@@ -210,12 +215,20 @@ class HFFamily(ModelFamily):
         if cfg.is_moe:
             unsupported.update(DENSE_ONLY_DIMS)
             model = "DeepSeek-V2" if cfg.is_mla else "Mixtral"
-            runs = f"{model} ({cfg.num_experts} experts) runs under ddp, fsdp, pp or a layout of them"
+            runs = f"{model} ({cfg.num_experts} experts) runs under ddp, fsdp, pp, moe (ep) or a layout of them"
         out = [
             SpecProblem(("strategy", "name"), f"the hf family does not run {what} yet ({dim}={getattr(layout, dim)}); {runs}")
             for dim, what in unsupported.items()
             if getattr(layout, dim) > 1
         ]
+        if layout.ep > 1 and layout.aux_loss_coef:
+            out.append(
+                SpecProblem(
+                    ("strategy", "options", "aux_loss_coef"),
+                    f"the hf family's MoE has no load-balancing loss (the library's model adds none; the run's loss is "
+                    f"cross-entropy only): aux_loss_coef {layout.aux_loss_coef} would not be applied — set it to 0",
+                )
+            )
         if cfg.is_mla and not cfg.is_moe and layout.tp > 1:
             out.append(
                 SpecProblem(
