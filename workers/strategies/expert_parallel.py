@@ -83,11 +83,13 @@ def ep_dispatch(moe: ExpertLayer, xs: torch.Tensor, expert_ids: torch.Tensor, *,
     return returned[torch.argsort(order)]
 
 
-def shard_experts(model: Transformer, group: dist.ProcessGroup) -> Transformer:
-    """Keep this rank's contiguous slice of every MoE layer's experts (`expert_layers`: any
-    family's); route through all-to-all."""
+def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
+    """Keep this rank's contiguous slice of every MoE layer's experts (a workload model's
+    `expert_layers`, any family's; else the expert layers the module holds); route through
+    all-to-all."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    for moe in model.expert_layers():
+    layers = model.expert_layers() if isinstance(model, Transformer) else [m for m in model.modules() if isinstance(m, ExpertLayer)]
+    for moe in layers:
         local = moe.num_experts // world
         lo = rank * local
         for name, weight in moe.experts().items():
