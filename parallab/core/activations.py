@@ -110,6 +110,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from parallab.core.costs import activation_dtype_bytes
+from parallab.core.families.base import attention_params
 from parallab.core.model import ModelConfig
 
 Recompute = Literal["none", "selective", "full"]
@@ -173,6 +174,14 @@ def layer_terms(
     return _mixed(dense, moe, cfg)
 
 
+def _qkvo_width(cfg: ModelConfig) -> int:
+    """Per token, the widths of q, k, v and the attention's output together: 4h for multi-head
+    attention (A heads of h/A each), A·(2(d_h + d_R) + 2·d_v) under multi-head latent attention,
+    whose query and key heads are d_h + d_R wide and value heads d_v (the latent itself, d_c + d_R
+    per token, and its norm are not counted: an approximation for the hf family's DeepSeek-V2)."""
+    return cfg.num_heads * (2 * cfg.qk_head_dim + 2 * cfg.value_head_dim)
+
+
 def _mlp_terms(cfg: ModelConfig, a: int, *, width: int, tp: int, autocast: bool, shared: bool) -> tuple[float, float]:
     """(input copies, interior) bytes per token of one dense MLP of inner width `width`: SwiGLU's
     w1 and w3 each cast their input under autocast and keep w1 out, silu out, w3 out and the
@@ -195,7 +204,7 @@ def _block_terms(
     normalised = a * h if shared else RESIDUAL_BYTES * h
     terms = [
         Term("norms: fp32 inputs, normalised values, rsqrt", 2 * (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split),
-        Term("attention: q, k (after rotary), v, output", 4 * a * h / tp),
+        Term("attention: q, k (after rotary), v, output", a * _qkvo_width(cfg) / tp),
         Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
     ]
     if not moe:
@@ -207,7 +216,7 @@ def _block_terms(
         return terms
     k, e = cfg.top_k, cfg.num_experts
     router_input = a * h if autocast else RESIDUAL_BYTES * h
-    expert_input, expert = _mlp_terms(cfg, a, width=f, tp=1, autocast=autocast, shared=shared)
+    expert_input, expert = _mlp_terms(cfg, a, width=cfg.expert_ffn, tp=1, autocast=autocast, shared=shared)
     terms += [
         Term("projection inputs (wq, wk, wv, router)", attention_inputs + router_input),
         Term("router: probabilities (fp32), top-k indices", RESIDUAL_BYTES * e + 8 * k),
@@ -215,7 +224,7 @@ def _block_terms(
     ]
     if cfg.num_shared_experts:
         # in fp32 the shared MLP reads the very tensor the router keeps: no input of its own
-        shared_input, shared_mlp = _mlp_terms(cfg, a, width=cfg.num_shared_experts * f, tp=1, autocast=autocast, shared=shared)
+        shared_input, shared_mlp = _mlp_terms(cfg, a, width=cfg.num_shared_experts * cfg.expert_ffn, tp=1, autocast=autocast, shared=shared)
         terms.append(Term("shared experts: input copies, MLP interior", (shared_input if autocast else 0.0) + shared_mlp))
     return terms
 
@@ -226,12 +235,12 @@ def weight_copy_bytes(cfg: ModelConfig, precision: str, *, tp: int = 1, experts_
     if a == RESIDUAL_BYTES:
         return 0
     h, f, m = cfg.hidden_size, cfg.ffn_hidden_size, cfg.mlp_matrices
-    attention = 2 * h * h + 2 * h * cfg.kv_dim
+    attention = attention_params(cfg) if cfg.is_mla else 2 * h * h + 2 * h * cfg.kv_dim
     dense = a * (attention + m * h * f) // tp
     if not cfg.is_moe:
         return dense
     local = cfg.num_experts if experts_local is None else experts_local
-    moe = a * (attention // tp + m * h * f * (local + cfg.num_shared_experts) + h * cfg.num_experts)
+    moe = a * (attention // tp + m * h * cfg.expert_ffn * (local + cfg.num_shared_experts) + h * cfg.num_experts)
     return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) // cfg.num_layers
 
 
@@ -272,10 +281,21 @@ def selective_kept_bytes(
     block_input = checkpoint_input_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, precision=precision, params_16bit=params_16bit)
     reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
     attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
+    if cfg.is_mla:  # the matmuls' outputs: q_a (if any), q, kv_a (latent and rotary key), kv_b, o (no tp: refused)
+        heads = cfg.num_heads
+        attention = a * (
+            cfg.q_lora_rank
+            + heads * cfg.qk_head_dim
+            + cfg.kv_lora_rank
+            + cfg.qk_rope_head_dim
+            + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+            + h
+        )
     dense = block_input + attention + a * (readers * f / tp + h) + reduced
     if not cfg.is_moe:
         return dense
-    routed = cfg.top_k * a * (readers * f + h)  # each routed row's w1 (w3) and w2 outputs
-    shared = a * (readers * cfg.num_shared_experts * f + h) if cfg.num_shared_experts else 0.0
+    fe = cfg.expert_ffn
+    routed = cfg.top_k * a * (readers * fe + h)  # each routed row's w1 (w3) and w2 outputs
+    shared = a * (readers * cfg.num_shared_experts * fe + h) if cfg.num_shared_experts else 0.0
     moe = block_input + attention + a * cfg.num_experts + routed + shared + reduced
     return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) / cfg.num_layers

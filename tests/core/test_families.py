@@ -291,6 +291,22 @@ def test_hf_experts_resolve_under_expert_parallelism_without_a_load_balancing_lo
     assert job("layout", 4, {"ep": 2, "dp_shard": 2, "aux_loss_coef": 0}, family="hf", **workload).options.ep == 2
 
 
+def test_the_planner_times_deepseeks_narrow_experts_and_latent_projections():
+    """DeepSeek-V2-Lite's experts are 1408 wide, not the dense block's 10944: its estimated compute
+    is far below the same shape with experts as wide as the dense MLP, and its activations count
+    q, k, v and the output at the latent attention's widths (A·(2·192 + 2·128) per token)."""
+    from parallab.core.activations import layer_terms
+    from parallab.core.hardware import load_catalogue
+    from parallab.core.planner import Hardware, compute_seconds
+
+    hw = Hardware(spec=load_catalogue().get("h100"), nodes=1)
+    lite = job("fsdp", 8, model="deepseek-v2-lite", precision="bf16")
+    wide = job("fsdp", 8, model="deepseek-v2-lite", precision="bf16", moe_ffn_hidden_size=10944)
+    assert compute_seconds(lite, hw) < 0.5 * compute_seconds(wide, hw)
+    qkvo = [t.bytes_per_token for t in layer_terms(lite.model, "fp32") if "q, k (after rotary), v, output" in t.name]
+    assert len(qkvo) == 2 and sum(qkvo) == pytest.approx(4 * 16 * (2 * 192 + 2 * 128))  # dense and MoE blocks alike
+
+
 def test_latent_attention_is_the_hf_familys_only():
     problems = refused("ddp", 2, {}, **DEEPSEEK)
     assert "built by the hf family (DeepSeek-V2), not the parallab family" in problems[("workload", "kv_lora_rank")]
