@@ -182,6 +182,29 @@ def _qkvo_width(cfg: ModelConfig) -> int:
     return cfg.num_heads * (2 * cfg.qk_head_dim + 2 * cfg.value_head_dim)
 
 
+def _mla_bytes(cfg: ModelConfig, a: int) -> float:
+    """Per token, what DeepSeek-V2's latent attention keeps besides q, k, v and the output (the
+    library's `DeepseekV2Attention`, read for what backward saves): q_proj's output A·(d_h + d_R)
+    (the query concatenated after rotary is another tensor); the rotary inputs as complex pairs,
+    A·d_R for the query and d_R for the shared key; kv_a_proj_with_mqa's output d_c + d_R (the
+    latent norm's input is a view of it), the normalised latent d_c (kv_b's input) and the norm's
+    rsqrt (fp32); kv_b_proj's output is A·(d_h + d_v), of which the value (counted) is a view, so
+    its key half A·d_h stays too; a compressed query adds q_a's output and its normalised copy
+    (2·d_c') and a second rsqrt."""
+    heads, q_rank = cfg.num_heads, cfg.q_lora_rank
+    elements = (
+        heads * cfg.qk_head_dim
+        + heads * cfg.qk_rope_head_dim
+        + cfg.qk_rope_head_dim
+        + cfg.kv_lora_rank
+        + cfg.qk_rope_head_dim
+        + cfg.kv_lora_rank
+        + heads * cfg.qk_nope_head_dim
+        + 2 * q_rank
+    )
+    return a * elements + RESIDUAL_BYTES * (2 if q_rank else 1)
+
+
 def _mlp_terms(cfg: ModelConfig, a: int, *, width: int, tp: int, autocast: bool, shared: bool) -> tuple[float, float]:
     """(input copies, interior) bytes per token of one dense MLP of inner width `width`: SwiGLU's
     w1 and w3 each cast their input under autocast and keep w1 out, silu out, w3 out and the
@@ -207,6 +230,8 @@ def _block_terms(
         Term("attention: q, k (after rotary), v, output", a * _qkvo_width(cfg) / tp),
         Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
     ]
+    if cfg.is_mla:
+        terms.append(Term("latent attention: q before rotary, latent, its norm, kv_b's key half, rotary inputs", _mla_bytes(cfg, a)))
     if not moe:
         mlp_inputs, mlp = _mlp_terms(cfg, a, width=f, tp=tp, autocast=autocast, shared=shared)
         terms += [

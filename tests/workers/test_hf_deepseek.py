@@ -104,6 +104,8 @@ def test_deepseek_matches_single_in_loss_and_gradients(harness_job, key):
     check = doc.summary.gradient_check
     assert check is not None and check.passed and check.max_rel_err <= check.tolerance, check
     assert check.params_checked == TENSORS, "every tensor (both stages' under pp)"
+    # the latent attention's own saved tensors are predicted (without them: 19% under, flagged)
+    assert not [f for f in doc.flags if f.metric == "activation_bytes_per_rank"], doc.flags
 
 
 @pytest.mark.slow
