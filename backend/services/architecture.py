@@ -53,6 +53,9 @@ def fmt_params(n: int) -> str:
 
 
 def _heads(cfg: ModelConfig) -> str:
+    if cfg.is_mla:
+        query = f", query rank {cfg.q_lora_rank}" if cfg.q_lora_rank else ""
+        return f"{cfg.num_heads} heads (MLA: latent {cfg.kv_lora_rank}{query})"
     kv = cfg.kv_heads
     if kv == cfg.num_heads:
         return f"{cfg.num_heads} heads (MHA)"
@@ -86,6 +89,8 @@ def describe(workload: dict[str, Any], *, params_total: int | None = None) -> st
     parts.append(f"{MLP_NAMES.get(cfg.mlp, cfg.mlp)} ffn {cfg.ffn_hidden_size}")
     if cfg.is_moe:
         experts = f"{cfg.num_experts} experts top-{cfg.top_k}"
+        if cfg.moe_ffn_hidden_size:
+            experts += f" of {cfg.moe_ffn_hidden_size}"
         if cfg.num_shared_experts:
             experts += f" (+{cfg.num_shared_experts} shared)"
         if cfg.first_dense_layers:

@@ -110,6 +110,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from parallab.core.costs import activation_dtype_bytes
+from parallab.core.families.base import attention_params
 from parallab.core.model import ModelConfig
 
 Recompute = Literal["none", "selective", "full"]
@@ -173,6 +174,37 @@ def layer_terms(
     return _mixed(dense, moe, cfg)
 
 
+def _qkvo_width(cfg: ModelConfig) -> int:
+    """Per token, the widths of q, k, v and the attention's output together: 4h for multi-head
+    attention (A heads of h/A each), A·(2(d_h + d_R) + 2·d_v) under multi-head latent attention,
+    whose query and key heads are d_h + d_R wide and value heads d_v (the latent itself, d_c + d_R
+    per token, and its norm are not counted: an approximation for the hf family's DeepSeek-V2)."""
+    return cfg.num_heads * (2 * cfg.qk_head_dim + 2 * cfg.value_head_dim)
+
+
+def _mla_bytes(cfg: ModelConfig, a: int) -> float:
+    """Per token, what DeepSeek-V2's latent attention keeps besides q, k, v and the output (the
+    library's `DeepseekV2Attention`, read for what backward saves): q_proj's output A·(d_h + d_R)
+    (the query concatenated after rotary is another tensor); the rotary inputs as complex pairs,
+    A·d_R for the query and d_R for the shared key; kv_a_proj_with_mqa's output d_c + d_R (the
+    latent norm's input is a view of it), the normalised latent d_c (kv_b's input) and the norm's
+    rsqrt (fp32); kv_b_proj's output is A·(d_h + d_v), of which the value (counted) is a view, so
+    its key half A·d_h stays too; a compressed query adds q_a's output and its normalised copy
+    (2·d_c') and a second rsqrt."""
+    heads, q_rank = cfg.num_heads, cfg.q_lora_rank
+    elements = (
+        heads * cfg.qk_head_dim
+        + heads * cfg.qk_rope_head_dim
+        + cfg.qk_rope_head_dim
+        + cfg.kv_lora_rank
+        + cfg.qk_rope_head_dim
+        + cfg.kv_lora_rank
+        + heads * cfg.qk_nope_head_dim
+        + 2 * q_rank
+    )
+    return a * elements + RESIDUAL_BYTES * (2 if q_rank else 1)
+
+
 def _mlp_terms(cfg: ModelConfig, a: int, *, width: int, tp: int, autocast: bool, shared: bool) -> tuple[float, float]:
     """(input copies, interior) bytes per token of one dense MLP of inner width `width`: SwiGLU's
     w1 and w3 each cast their input under autocast and keep w1 out, silu out, w3 out and the
@@ -195,9 +227,11 @@ def _block_terms(
     normalised = a * h if shared else RESIDUAL_BYTES * h
     terms = [
         Term("norms: fp32 inputs, normalised values, rsqrt", 2 * (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split),
-        Term("attention: q, k (after rotary), v, output", 4 * a * h / tp),
+        Term("attention: q, k (after rotary), v, output", a * _qkvo_width(cfg) / tp),
         Term("attention: logsumexp (fp32, one per head)", RESIDUAL_BYTES * heads / tp, core_attention=True),
     ]
+    if cfg.is_mla:
+        terms.append(Term("latent attention: q before rotary, latent, its norm, kv_b's key half, rotary inputs", _mla_bytes(cfg, a)))
     if not moe:
         mlp_inputs, mlp = _mlp_terms(cfg, a, width=f, tp=tp, autocast=autocast, shared=shared)
         terms += [
@@ -207,7 +241,7 @@ def _block_terms(
         return terms
     k, e = cfg.top_k, cfg.num_experts
     router_input = a * h if autocast else RESIDUAL_BYTES * h
-    expert_input, expert = _mlp_terms(cfg, a, width=f, tp=1, autocast=autocast, shared=shared)
+    expert_input, expert = _mlp_terms(cfg, a, width=cfg.expert_ffn, tp=1, autocast=autocast, shared=shared)
     terms += [
         Term("projection inputs (wq, wk, wv, router)", attention_inputs + router_input),
         Term("router: probabilities (fp32), top-k indices", RESIDUAL_BYTES * e + 8 * k),
@@ -215,7 +249,7 @@ def _block_terms(
     ]
     if cfg.num_shared_experts:
         # in fp32 the shared MLP reads the very tensor the router keeps: no input of its own
-        shared_input, shared_mlp = _mlp_terms(cfg, a, width=cfg.num_shared_experts * f, tp=1, autocast=autocast, shared=shared)
+        shared_input, shared_mlp = _mlp_terms(cfg, a, width=cfg.num_shared_experts * cfg.expert_ffn, tp=1, autocast=autocast, shared=shared)
         terms.append(Term("shared experts: input copies, MLP interior", (shared_input if autocast else 0.0) + shared_mlp))
     return terms
 
@@ -226,12 +260,12 @@ def weight_copy_bytes(cfg: ModelConfig, precision: str, *, tp: int = 1, experts_
     if a == RESIDUAL_BYTES:
         return 0
     h, f, m = cfg.hidden_size, cfg.ffn_hidden_size, cfg.mlp_matrices
-    attention = 2 * h * h + 2 * h * cfg.kv_dim
+    attention = attention_params(cfg) if cfg.is_mla else 2 * h * h + 2 * h * cfg.kv_dim
     dense = a * (attention + m * h * f) // tp
     if not cfg.is_moe:
         return dense
     local = cfg.num_experts if experts_local is None else experts_local
-    moe = a * (attention // tp + m * h * f * (local + cfg.num_shared_experts) + h * cfg.num_experts)
+    moe = a * (attention // tp + m * h * cfg.expert_ffn * (local + cfg.num_shared_experts) + h * cfg.num_experts)
     return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) // cfg.num_layers
 
 
@@ -272,10 +306,21 @@ def selective_kept_bytes(
     block_input = checkpoint_input_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, precision=precision, params_16bit=params_16bit)
     reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
     attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
+    if cfg.is_mla:  # the matmuls' outputs: q_a (if any), q, kv_a (latent and rotary key), kv_b, o (no tp: refused)
+        heads = cfg.num_heads
+        attention = a * (
+            cfg.q_lora_rank
+            + heads * cfg.qk_head_dim
+            + cfg.kv_lora_rank
+            + cfg.qk_rope_head_dim
+            + heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+            + h
+        )
     dense = block_input + attention + a * (readers * f / tp + h) + reduced
     if not cfg.is_moe:
         return dense
-    routed = cfg.top_k * a * (readers * f + h)  # each routed row's w1 (w3) and w2 outputs
-    shared = a * (readers * cfg.num_shared_experts * f + h) if cfg.num_shared_experts else 0.0
+    fe = cfg.expert_ffn
+    routed = cfg.top_k * a * (readers * fe + h)  # each routed row's w1 (w3) and w2 outputs
+    shared = a * (readers * cfg.num_shared_experts * fe + h) if cfg.num_shared_experts else 0.0
     moe = block_input + attention + a * cfg.num_experts + routed + shared + reduced
     return (dense * (cfg.num_layers - cfg.moe_layers) + moe * cfg.moe_layers) / cfg.num_layers

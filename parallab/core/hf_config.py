@@ -12,7 +12,14 @@ bounds the sequence as Mistral's does). Mixtral's router settings are held to wh
 computes: `router_jitter_noise` must be 0 (noise multiplies the router's input in training) and
 `output_router_logits` false (true adds the load-balancing loss to the library's loss, changing
 the gradients); `router_aux_loss_coef` is then unused by the model and ignored. The run's loss is
-the harness's mean cross-entropy, with no load-balancing term.
+the harness's mean cross-entropy, with no load-balancing term. And `deepseek_v2`: multi-head
+latent attention (`kv_lora_rank`, `q_lora_rank` — null: no query compression; absent: the
+library's 1536 —, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`) and DeepSeekMoE
+(`n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`, `first_k_dense_replace`,
+`moe_intermediate_size`), its router held to the one the library builds (`topk_method` greedy,
+`scoring_func` softmax, `routed_scaling_factor` 1, `norm_topk_prob` false — DeepSeek-V2-Lite's);
+the groups greedy routing does not use and the auxiliary losses' weights the library does not
+apply are ignored. `deepseek_v3` is refused saying why (`REFUSED`: another router).
 
 What a config does not decide: `seq_len`, the batch and the recipe are the workload's. A config's
 `max_position_embeddings` (and Mistral's `sliding_window`) is the most tokens a sequence may
@@ -81,6 +88,8 @@ READ: dict[str, str] = {  # every model_type's (an architecture adds its own: `A
 """Config key → the shape field it sets."""
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 """Keys a config must have: the shape itself (every config `transformers` saves has them)."""
+MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""Multi-head latent attention's fields: 0 (none) unless the config is DeepSeek-V2's."""
 LIMITS = ("max_position_embeddings", "sliding_window")
 """Keys that bound the sequence length (`HFShape.seq_limit`), not a field."""
 
@@ -215,6 +224,14 @@ class Architecture:
     """Shape keys of this model_type only (Mixtral's experts), as `READ`: key → field."""
     read_defaults: dict[str, Any] = field(default_factory=dict)
     """Values of `reads` keys the config lacks (the config class's defaults)."""
+    null_reads: dict[str, Any] = field(default_factory=dict)
+    """Values of `reads` keys the config sets to null (DeepSeek's `q_lora_rank` null: no query
+    compression, 0), where null means other than the default."""
+    zero_reads: frozenset[str] = frozenset()
+    """`reads` keys that may be 0 (the others are positive integers: a model_type's own shape keys
+    say what it is)."""
+    required: tuple[str, ...] = ()
+    """Keys of this model_type a config must have besides `REQUIRED` (the config class has no usable default)."""
     norm_eps_default: float = 1e-6
     rope_theta_default: float = 10_000.0
     """`rms_norm_eps` and `rope_theta` when the config has none (the config class's defaults)."""
@@ -266,8 +283,67 @@ ARCHITECTURES: dict[str, Architecture] = {
         },
         ignored=frozenset({"router_aux_loss_coef"}),  # the load-balancing loss's weight: unused without output_router_logits
     ),
+    "deepseek_v2": Architecture(
+        attention_bias=False,
+        kv_heads_default=None,
+        max_positions_default=2048,
+        reads={
+            "kv_lora_rank": "kv_lora_rank",
+            "q_lora_rank": "q_lora_rank",
+            "qk_nope_head_dim": "qk_nope_head_dim",
+            "qk_rope_head_dim": "qk_rope_head_dim",
+            "v_head_dim": "v_head_dim",
+            "n_routed_experts": "num_experts",
+            "num_experts_per_tok": "top_k",
+            "n_shared_experts": "num_shared_experts",
+            "first_k_dense_replace": "first_dense_layers",
+            "moe_intermediate_size": "moe_ffn_hidden_size",
+        },
+        read_defaults={
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "n_routed_experts": 64,
+            "n_shared_experts": 2,
+            "first_k_dense_replace": 0,
+            "moe_intermediate_size": 1407,
+        },
+        null_reads={"q_lora_rank": 0},
+        zero_reads=frozenset({"q_lora_rank", "first_k_dense_replace"}),
+        required=("num_experts_per_tok",),
+        must_hold={
+            "attention_bias": (_is_false, "false (DeepSeek-V2's bias is on q_a, kv_a and o: not a shape the hf family builds)"),
+            "mlp_bias": (_is_false, "false"),
+            "pretraining_tp": (_is_one_or_null, "1"),
+            "moe_layer_freq": (_is_one_or_null, "1 (every block after the first_k_dense_replace dense ones is MoE)"),
+            "topk_method": (
+                lambda v: v in (None, "greedy"),
+                '"greedy" (DeepSeek-V2-Lite\'s router; group-limited routing is not a field of the workload)',
+            ),
+            "scoring_func": (lambda v: v in (None, "softmax"), '"softmax" (the router DeepSeek-V2 has)'),
+            "routed_scaling_factor": (
+                lambda v: v in (None, 1, 1.0) and not isinstance(v, bool),
+                "1.0 (the routed experts' output unscaled)",
+            ),
+            "norm_topk_prob": (_is_false_or_null, "false (DeepSeek-V2's top-k weights are the softmax's, not renormalised)"),
+            "output_router_logits": (_is_false_or_null, "false (the run's loss is cross-entropy only)"),
+        },
+        # head_dim and qk_head_dim the library derives (the rotary width; nope + rope); the groups
+        # are unused by greedy routing; the auxiliary losses' weights are unused (the library's model
+        # adds none, as Mixtral's without output_router_logits); ep_size is a deployment setting
+        ignored=frozenset({"head_dim", "qk_head_dim", "n_group", "topk_group", "aux_loss_alpha", "seq_aux", "ep_size"}),
+    ),
 }
 """The `model_type`s the hf family builds, by name."""
+REFUSED: dict[str, str] = {
+    "deepseek_v3": (
+        "DeepSeek-V3 is not built: its router (sigmoid scores with a score-correction bias, group-limited top-k, "
+        "renormalised and scaled weights) is another model's than DeepSeek-V2's, which the hf family builds (deepseek_v2)"
+    ),
+}
+"""`model_type`s refused with their own reason (a neighbour of a supported one)."""
 SUPPORTED: tuple[str, ...] = tuple(ARCHITECTURES)
 
 
@@ -288,6 +364,7 @@ class HFShape:
         """The shape overrides of a workload with this config: the config's fields under the
         explicitly `given` ones, and the preset's `seq_len` cut to `seq_limit` unless one is given."""
         out = {**self.fields, **given}
+        out.setdefault("moe_ffn_hidden_size", out.get("ffn_hidden_size"))  # no expert width of its own: the MLP's
         if "seq_len" not in given and self.seq_limit is not None and preset_seq_len > self.seq_limit[1]:
             out["seq_len"] = self.seq_limit[1]
         return out
@@ -388,6 +465,8 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     assert isinstance(config, dict)
     model_type = config.get("model_type")
     arch = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(model_type, str) and model_type in REFUSED:
+        raise SpecError([SpecProblem((*loc, "model_type"), f"model_type {model_type!r}: {REFUSED[model_type]}")])
     if arch is None:
         what = "no model_type" if model_type is None else f"model_type {json.dumps(model_type)[:60]}"
         raise SpecError(
@@ -420,16 +499,18 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
                     "refused rather than ignored (remove it to run the shape without it)",
                 )
             )
-    for key in REQUIRED:
+    for key in (*REQUIRED, *arch.required):
         if config.get(key) is None:
-            problems.append(SpecProblem((*loc, key), f"missing: a {model_type} config.json names its {READ[key]} here"))
+            problems.append(SpecProblem((*loc, key), f"missing: a {model_type} config.json names its {reads[key]} here"))
     for key, name in reads.items():
         value = config.get(key)
+        if value is None and key in config:  # null: what null means for this key, else the default
+            value = arch.null_reads.get(key)
         if value is None:  # absent or null: the config class's default, if it has one
             value = arch.read_defaults.get(key)
         if value is None:
             continue
-        if key in arch.reads:  # a model_type's own shape keys say what it is: Mixtral with no expert is none
+        if key in arch.reads and key not in arch.zero_reads:  # a model_type's own shape keys say what it is
             _, bad = _positive_int(key, value, loc)
             if bad:
                 problems += bad
@@ -450,7 +531,7 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     if "num_kv_heads" not in fields and "num_heads" in fields:
         fields["num_kv_heads"] = arch.kv_heads_default or fields["num_heads"]  # the config class's default
         source["num_kv_heads"] = "num_key_value_heads"
-    head_dim = config.get("head_dim")
+    head_dim = None if "head_dim" in arch.ignored else config.get("head_dim")
     if head_dim is not None and "hidden_size" in fields and "num_heads" in fields:
         derived = fields["hidden_size"] // fields["num_heads"]
         if head_dim != derived or fields["hidden_size"] % fields["num_heads"]:
@@ -483,8 +564,9 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
         family="hf",
         mlp="swiglu",
         num_experts=fields.get("num_experts", 0),
-        num_shared_experts=0,
-        first_dense_layers=0,
+        num_shared_experts=fields.get("num_shared_experts", 0),
+        first_dense_layers=fields.get("first_dense_layers", 0),
+        **{name: fields.get(name, 0) for name in MLA_FIELDS},
         attention_bias=arch.attention_bias,
         tie_embeddings=fields.get("tie_embeddings", False),
         norm_eps=fields.get("norm_eps", arch.norm_eps_default),

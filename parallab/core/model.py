@@ -43,13 +43,15 @@ class ModelConfig(BaseModel):
     rotary positions, multi-head or grouped-query attention, a SwiGLU or GELU MLP or an MoE MLP
     (top-k routed experts, shared experts, dense first layers), tied or untied embeddings. The
     `hf` family builds the SwiGLU subset as Hugging Face's Llama (Qwen2 with q/k/v biases, Mixtral
-    with routed experts)."""
+    with routed experts), and with `kv_lora_rank` DeepSeek-V2 (multi-head latent attention, shared
+    experts, dense first layers, experts `moe_ffn_hidden_size` wide)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     family: Family = shape_field(
         "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
-        "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts; the worker needs "
+        "from its config with random weights: Llama, Qwen2 with attention_bias, Mixtral with num_experts, DeepSeek-V2 with "
+        "kv_lora_rank; the worker needs "
         "parallab[hf]) or module (a lab's own nn.Module from the entry point `module`, which the worker's allow-list must "
         "name; docs/models.md).",
         cli="--family",
@@ -101,6 +103,45 @@ class ModelConfig(BaseModel):
     first_dense_layers: int = shape_field(
         "Leading blocks with a dense MLP in an MoE model.", cli="--first-dense-layers", ge=0, le=1024, default=0, neutral=0
     )
+    moe_ffn_hidden_size: int | None = shape_field(
+        "Inner width of each routed and shared expert where it differs from the dense MLP's ffn_hidden_size "
+        "(DeepSeek-V2's moe_intermediate_size; the hf family with kv_lora_rank only); default: ffn_hidden_size.",
+        cli="--moe-ffn-hidden",
+        ge=1,
+        le=1 << 18,
+        default=None,
+        neutral_as="ffn_hidden_size",
+    )
+    kv_lora_rank: int = shape_field(
+        "Multi-head latent attention (DeepSeek-V2, the hf family): width of the compressed key/value latent "
+        "(kv_a_proj_with_mqa h → rank + qk_rope_head_dim, RMSNorm, kv_b_proj rank → heads·(qk_nope_head_dim + v_head_dim)); "
+        "0: plain q, k, v projections of hidden_size / num_heads per head.",
+        cli="--kv-lora-rank",
+        ge=0,
+        le=1 << 16,
+        default=0,
+        neutral=0,
+    )
+    q_lora_rank: int = shape_field(
+        "MLA: rank of the query's compression (q_a_proj h → rank, RMSNorm, q_b_proj); 0: one q_proj (DeepSeek-V2-Lite).",
+        cli="--q-lora-rank",
+        ge=0,
+        le=1 << 16,
+        default=0,
+        neutral=0,
+    )
+    qk_nope_head_dim: int = shape_field(
+        "MLA: each head's query/key width without rotary positions.", cli="--qk-nope-head-dim", ge=0, le=4096, default=0, neutral=0
+    )
+    qk_rope_head_dim: int = shape_field(
+        "MLA: each head's query/key width with rotary positions (the key's part is one, shared by every head).",
+        cli="--qk-rope-head-dim",
+        ge=0,
+        le=4096,
+        default=0,
+        neutral=0,
+    )
+    v_head_dim: int = shape_field("MLA: each head's value width.", cli="--v-head-dim", ge=0, le=4096, default=0, neutral=0)
     capacity_factor: float = shape_field(
         "Tokens an expert accepts = ceil(capacity_factor · tokens · top_k / num_experts).",
         cli="--capacity-factor",
@@ -121,9 +162,15 @@ class ModelConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _multi_head_by_default(cls, data: Any) -> Any:
-        """No num_kv_heads: multi-head attention, as many K/V heads as query heads (stored as a number)."""
-        if isinstance(data, dict) and data.get("num_kv_heads") is None and "num_heads" in data:
-            return {**data, "num_kv_heads": data["num_heads"]}
+        """No num_kv_heads: multi-head attention, as many K/V heads as query heads (stored as a
+        number). Experts as wide as the dense MLP are stored as no expert width of their own
+        (None), however they were given: one model, one workload."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("num_kv_heads") is None and "num_heads" in data:
+            data = {**data, "num_kv_heads": data["num_heads"]}
+        if data.get("moe_ffn_hidden_size") is not None and data.get("moe_ffn_hidden_size") == data.get("ffn_hidden_size"):
+            data = {**data, "moe_ffn_hidden_size": None}
         return data
 
     @property
@@ -138,6 +185,26 @@ class ModelConfig(BaseModel):
     def kv_dim(self) -> int:
         """Width of the K (and of the V) projection: kv_heads × head_dim."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2): keys and values from a compressed latent."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Each head's query/key width (what QKᵀ contracts): head_dim, or MLA's nope + rope parts."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Each head's value width (what PV produces and o_proj reads): head_dim, or MLA's v_head_dim."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def expert_ffn(self) -> int:
+        """Inner width of each routed and shared expert (moe_ffn_hidden_size, else ffn_hidden_size)."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     @property
     def mlp_matrices(self) -> int:
@@ -161,6 +228,33 @@ SHAPE_FIELDS: tuple[str, ...] = tuple(ModelConfig.model_fields)
 """Every shape field, in declaration order (the form's and the CLI's order)."""
 
 
+def _mla_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """Multi-head latent attention's rules: its widths only with kv_lora_rank, which only the hf
+    family builds (as DeepSeek-V2); per-head K/V from the latent (no K/V head sharing), rotary on an
+    even width, no q/k/v biases (DeepSeek-V2's attention_bias is on q_a, kv_a and o)."""
+    widths = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    if not cfg.is_mla:
+        return [(name, f"{name} is multi-head latent attention's: it needs kv_lora_rank") for name in widths if getattr(cfg, name)]
+    if cfg.family != "hf":
+        return [("kv_lora_rank", f"multi-head latent attention is built by the hf family (DeepSeek-V2), not the {cfg.family} family")]
+    out: list[tuple[str, str]] = []
+    if cfg.qk_rope_head_dim < 2 or cfg.qk_rope_head_dim % 2:
+        out.append(("qk_rope_head_dim", f"must be even and at least 2 for rotary positions, not {cfg.qk_rope_head_dim}"))
+    if cfg.v_head_dim < 1:
+        out.append(("v_head_dim", "multi-head latent attention needs a value width of at least 1"))
+    if cfg.kv_heads != cfg.num_heads:
+        out.append(
+            (
+                "num_kv_heads",
+                f"multi-head latent attention expands its latent into every head's key and value: num_kv_heads {cfg.kv_heads} "
+                f"must equal num_heads {cfg.num_heads}",
+            )
+        )
+    if cfg.attention_bias:
+        out.append(("attention_bias", "DeepSeek-V2's attention has no q/k/v biases (its attention_bias is on q_a, kv_a and o)"))
+    return out
+
+
 def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(field, message) for each rule that ties shape fields together."""
     out: list[tuple[str, str]] = []
@@ -176,20 +270,38 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
     if not cfg.num_experts and (cfg.num_shared_experts or cfg.first_dense_layers):
         field = "num_shared_experts" if cfg.num_shared_experts else "first_dense_layers"
         out.append((field, f"{field} needs an MoE model (num_experts is 0)"))
+    out += _mla_problems(cfg)
+    if cfg.moe_ffn_hidden_size not in (None, cfg.ffn_hidden_size) and not (cfg.family == "hf" and cfg.is_mla and cfg.is_moe):
+        out.append(
+            (
+                "moe_ffn_hidden_size",
+                "experts narrower or wider than the dense MLP are DeepSeek-V2's (the hf family with kv_lora_rank and "
+                "num_experts); other models' experts are ffn_hidden_size wide",
+            )
+        )
     if cfg.family == "hf":
         if cfg.mlp != "swiglu":
             out.append(("mlp", f"the hf family builds Llama's SwiGLU MLP; mlp {cfg.mlp!r} is the parallab family's only"))
-        if cfg.num_experts:  # Mixtral: routed experts only, in every block, attention without biases
+        if cfg.num_experts and not cfg.is_mla:  # Mixtral: routed experts only, in every block, attention without biases
             for name, why in (
                 ("num_shared_experts", "shared experts"),
                 ("first_dense_layers", "dense first layers"),
                 ("attention_bias", "q/k/v biases"),
             ):
                 if getattr(cfg, name):
-                    out.append((name, f"the hf family's MoE model is Mixtral, which has no {why}; they are the parallab family's only"))
-            default = ModelConfig.model_fields["capacity_factor"].default
-            if cfg.capacity_factor != default:  # a key field that would split identical runs apart
-                out.append(("capacity_factor", f"Mixtral's experts take every routed token (no capacity): leave it at {default}"))
+                    out.append(
+                        (
+                            name,
+                            f"the hf family's MoE model without kv_lora_rank is Mixtral, which has no {why} (DeepSeek-V2, "
+                            "with kv_lora_rank, has shared experts and dense first layers)",
+                        )
+                    )
+        if cfg.num_experts and cfg.is_mla and not cfg.num_shared_experts:
+            out.append(("num_shared_experts", "DeepSeek-V2's MoE blocks always have shared experts: at least 1"))
+        default = ModelConfig.model_fields["capacity_factor"].default
+        if cfg.num_experts and cfg.capacity_factor != default:  # a key field that would split identical runs apart
+            model = "DeepSeek-V2" if cfg.is_mla else "Mixtral"
+            out.append(("capacity_factor", f"{model}'s experts take every routed token (no capacity): leave it at {default}"))
     out += module_problems(cfg)
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(
@@ -280,6 +392,29 @@ PRESETS: dict[str, Preset] = {
         moe_experts=8,
         source="Qwen Team 2024, Qwen2.5 technical report; Qwen/Qwen2.5-7B config.json",
     ),
+    "deepseek-v2-lite": Preset(
+        _cfg(
+            family="hf",
+            vocab_size=102400,
+            hidden_size=2048,
+            num_layers=27,
+            num_heads=16,
+            ffn_hidden_size=10944,
+            num_experts=64,
+            top_k=6,
+            num_shared_experts=2,
+            first_dense_layers=1,
+            moe_ffn_hidden_size=1408,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            seq_len=4096,
+            norm_eps=1e-6,
+        ),
+        moe_experts=64,
+        source="DeepSeek-AI 2024, DeepSeek-V2 (appendix B: DeepSeek-V2-Lite); deepseek-ai/DeepSeek-V2-Lite config.json",
+    ),
 }
 
 
@@ -302,10 +437,21 @@ SCALED_FFN_MULTIPLE = 8
 """What a scaled-down published MLP width is rounded up to: every tensor-parallel degree up to 8 divides it."""
 
 
+def scaled_width(cfg: ModelConfig, width: int, hidden_size: int, multiple: int = SCALED_FFN_MULTIPLE) -> int:
+    """`width`'s ratio to `cfg`'s hidden size at another hidden size, rounded up to a multiple of
+    `multiple` (exact fractions: no float)."""
+    scaled = -(-width * hidden_size // cfg.hidden_size)
+    return multiple * -(-scaled // multiple)
+
+
 def scaled_ffn(cfg: ModelConfig, hidden_size: int) -> int:
-    """`cfg`'s MLP ratio f/h at another width, rounded up to a multiple of 8 (exact fractions: no float)."""
-    width = -(-cfg.ffn_hidden_size * hidden_size // cfg.hidden_size)
-    return SCALED_FFN_MULTIPLE * -(-width // SCALED_FFN_MULTIPLE)
+    """`cfg`'s MLP ratio f/h at another width, rounded up to a multiple of 8."""
+    return scaled_width(cfg, cfg.ffn_hidden_size, hidden_size)
+
+
+MLA_WIDTHS: dict[str, int] = {"kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 2}
+"""Multi-head latent attention's widths, each with what its scaled-down value is rounded up to
+(the rotary part stays even)."""
 
 
 def model_with(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -330,6 +476,11 @@ def model_with(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     if "ffn_hidden_size" not in given and hidden != fields["hidden_size"] and isinstance(hidden, int):
         if base.source:
             given["ffn_hidden_size"] = scaled_ffn(base.config, hidden)
+            if base.config.moe_ffn_hidden_size and "moe_ffn_hidden_size" not in given:
+                given["moe_ffn_hidden_size"] = scaled_width(base.config, base.config.moe_ffn_hidden_size, hidden)
+            for name, multiple in MLA_WIDTHS.items():  # latent attention keeps its ratios to h too
+                if fields[name] and name not in given:
+                    given[name] = scaled_width(base.config, fields[name], hidden, multiple)
         else:
             given["ffn_hidden_size"] = 4 * hidden if given.get("mlp", fields["mlp"]) == "gelu" else swiglu_ffn(hidden)
     fields.update(given)

@@ -237,26 +237,44 @@ def _block_parts(job: ResolvedJob, hw: Hardware, lay: Layout) -> tuple[float, fl
     """One block's forward on this rank: (weight GEMMs, attention core, memory-bound) seconds."""
     cfg, precision, t, tp = job.model, job.workload.precision, lay.tokens, lay.tp
     h, f, up = cfg.hidden_size, cfg.ffn_hidden_size, cfg.mlp_matrices - 1
-    gemms = _gemm(hw, precision, t, h, h // tp) + 2 * _gemm(hw, precision, t, h, cfg.kv_dim // tp) + _gemm(hw, precision, t, h // tp, h)
+    if cfg.is_mla:
+        gemms = _mla_gemms(job, hw, t)
+    else:
+        gemms = _gemm(hw, precision, t, h, h // tp) + 2 * _gemm(hw, precision, t, h, cfg.kv_dim // tp) + _gemm(hw, precision, t, h // tp, h)
     dense = up * _gemm(hw, precision, t, h, f // tp) + _gemm(hw, precision, t, f // tp, h)
     if cfg.is_moe:
+        fe = cfg.expert_ffn
         local_experts = max(cfg.num_experts // lay.ep, 1)
         rows = max(t * cfg.top_k // local_experts, 1)
-        shared = cfg.num_shared_experts * f
+        shared = cfg.num_shared_experts * fe
         moe = _gemm(hw, precision, t, h, cfg.num_experts)
-        moe += local_experts * (up * _gemm(hw, precision, rows, h, f) + _gemm(hw, precision, rows, f, h))
+        moe += local_experts * (up * _gemm(hw, precision, rows, h, fe) + _gemm(hw, precision, rows, fe, h))
         moe += up * _gemm(hw, precision, t, h, shared) + _gemm(hw, precision, t, shared, h)
         share = cfg.moe_layers / cfg.num_layers  # the average block: the first blocks may be dense
         gemms += share * moe + (1 - share) * dense
-        width = share * (f * cfg.top_k + shared) + (1 - share) * f
+        width = share * (fe * cfg.top_k + shared) + (1 - share) * f
     else:
         gemms += dense
         width = f // tp
     heads = max(cfg.num_heads // tp, 1)
-    attention = 0.5 * heads * 2 * _gemm(hw, precision, t, cfg.head_dim, lay.context)  # QKᵀ and PV, causal half
+    qk, pv = _gemm(hw, precision, t, cfg.qk_head_dim, lay.context), _gemm(hw, precision, t, cfg.value_head_dim, lay.context)
+    attention = 0.5 * heads * (qk + pv)  # QKᵀ and PV (d_qk and d_v wide: head_dim both without MLA), causal half
     a, b = ELEMENTWISE_ACCESSES
     memory = t * (a * h + b * width) * activation_dtype_bytes(precision) / hw.memory_bandwidth
     return gemms, attention, memory
+
+
+def _mla_gemms(job: ResolvedJob, hw: Hardware, t: int) -> float:
+    """Multi-head latent attention's projections, forward (tensor parallelism is refused for it):
+    the query (q_proj, or q_a_proj then q_b_proj), kv_a_proj_with_mqa, kv_b_proj and o_proj."""
+    cfg, precision = job.model, job.workload.precision
+    h, heads, rank, q_rank = cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank, cfg.q_lora_rank
+    query = heads * cfg.qk_head_dim
+    q = _gemm(hw, precision, t, h, q_rank) + _gemm(hw, precision, t, q_rank, query) if q_rank else _gemm(hw, precision, t, h, query)
+    latent = _gemm(hw, precision, t, h, rank + cfg.qk_rope_head_dim) + _gemm(
+        hw, precision, t, rank, heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    )
+    return q + latent + _gemm(hw, precision, t, heads * cfg.v_head_dim, h)
 
 
 def _recomputed_blocks(mode: str, layers: int) -> float:

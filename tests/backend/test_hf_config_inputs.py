@@ -57,7 +57,7 @@ def test_the_api_takes_a_mixtral_config_as_the_hf_familys_experts(client, settin
     workload = response.json()["spec"]["workload"]
     assert (workload["family"], workload["num_experts"], workload["top_k"], workload["rope_theta"]) == ("hf", 4, 2, 1e6)
     assert "hf_config" not in workload and run_count(settings.sqlalchemy_url) == 1
-    refused = client.post("/api/v1/runs", json={**job(hf_config=TINY_MIXTRAL), "strategy": {"name": "moe", "world_size": 2}})
+    refused = client.post("/api/v1/runs", json={**job(hf_config=TINY_MIXTRAL), "strategy": {"name": "ring", "world_size": 2}})
     assert refused.status_code == 422 and ["body", "strategy", "name"] in [d["loc"] for d in refused.json()["detail"]], refused.text
     assert run_count(settings.sqlalchemy_url) == 1
 

@@ -52,9 +52,15 @@ def test_fields_added_later_keep_stored_keys_at_their_neutral_value() -> None:
         "attention_bias",
         "num_shared_experts",
         "first_dense_layers",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
     }
-    assert KEY_NEUTRAL_AS == {"num_kv_heads": "num_heads"}
-    today = {**TINY, **KEY_NEUTRAL, "num_kv_heads": TINY["num_heads"]}
+    assert KEY_NEUTRAL_AS == {"num_kv_heads": "num_heads", "moe_ffn_hidden_size": "ffn_hidden_size"}
+    today = {**TINY, **KEY_NEUTRAL, "num_kv_heads": TINY["num_heads"], "moe_ffn_hidden_size": None}
+    assert workload_key(today) == workload_key({**today, "moe_ffn_hidden_size": TINY["ffn_hidden_size"]})
     assert workload_key(today) == workload_key(TINY) == "62751979ba356666b11be7942c48f4dd"
 
 
@@ -68,6 +74,12 @@ NEW_VALUES = {
     "first_dense_layers": 1,
     "compile": True,
     "module": "examples.lab_model:build",
+    "moe_ffn_hidden_size": 32,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
 }
 """A value off the neutral one for each field added later."""
 

@@ -197,3 +197,88 @@ TINY_MIXTRAL: dict[str, Any] = {
 }
 """Mixtral at `tiny`'s width: 2 layers of 4 experts (top-2, inner width 256), hidden 64, 4 heads over
 2 KV heads, vocabulary 256."""
+
+DEEPSEEK_V2_LITE: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV2Config",
+        "AutoModel": "modeling_deepseek.DeepseekV2Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM",
+    },
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+    "ep_size": 1,
+    "first_k_dense_replace": 1,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 10944,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "norm_topk_prob": False,
+    "num_attention_heads": 16,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 27,
+    "num_key_value_heads": 16,
+    "pretraining_tp": 1,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 102400,
+}
+"""deepseek-ai/DeepSeek-V2-Lite config.json: MLA without query compression (q_lora_rank null), 64
+routed experts (top-6, 1408 wide) and 2 shared, the first block dense (10944 wide)."""
+
+TINY_DEEPSEEK_V2: dict[str, Any] = {
+    **DEEPSEEK_V2_LITE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "vocab_size": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "max_position_embeddings": 128,
+}
+"""DeepSeek-V2-Lite's architecture at `tiny`'s width: 2 blocks (the first dense, 128 wide; the
+second 4 routed experts top-2 and 1 shared, 32 wide), hidden 64, 4 heads over a 32-wide latent
+(query/key 16 + 8 rotary, value 16), vocabulary 256."""

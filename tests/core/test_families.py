@@ -158,6 +158,9 @@ HF_VARIANTS = [
     {"model": "llama-3-8b"},
     {"num_layers": 2, "num_kv_heads": 2, "num_experts": 4, "top_k": 2},
     {"model": "mixtral-8x7b"},
+    {"model": "deepseek-v2-lite"},
+    {"model": "deepseek-v2-lite", "q_lora_rank": 384},
+    {"model": "deepseek-v2-lite", "num_layers": 3, "hidden_size": 256, "num_experts": 8},
 ]
 
 
@@ -203,6 +206,128 @@ def test_the_hf_mixtral_count_by_hand_and_at_mixtral_8x7b():
     assert [t.shape for t in experts[:2]] == [(e, 2 * f, h), (e, h, f)] and len(experts) == 4
     plan = family_of(cfg).block_plan(cfg, 0)
     assert not [p for p in plan if p.startswith("mlp")], "the MoE block is left whole: attention part only"
+
+
+DEEPSEEK = {"num_layers": 2, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+"""Multi-head latent attention at tiny's width (hidden 64, 4 heads): a 32-wide latent, query/key 16 + 8, value 16."""
+DEEPSEEK_MOE = {**DEEPSEEK, "num_experts": 4, "top_k": 2, "num_shared_experts": 1, "first_dense_layers": 1, "moe_ffn_hidden_size": 32}
+
+
+def test_the_hf_deepseek_count_by_hand_and_at_deepseek_v2_lite():
+    """DeepSeek-V2 at tiny's width, written out from the paper's §2.1 (not from the family's code):
+    q h·A(d_h + d_R) = 64·4·24, the latent h·(d_c + d_R) = 64·40 and its norm 32, the
+    up-projection d_c·A(d_h + d_v) = 32·4·32, o A·d_v·h = 4·16·64; block 0 a dense SwiGLU 3·64·256,
+    block 1 a router 4·64, 4 experts and 1 shared expert of 3·64·32; norms 2·64 per block;
+    embedding and head 256·64, final norm 64. FLOPs: QKᵀ contracts 24, PV produces 16 per head.
+    DeepSeek-V2-Lite (27 blocks, hidden 2048, 16 heads, a 512 latent, 64 routed experts top-6 and
+    2 shared of 1408, the first block dense 10944 wide) is 15,706,484,224 — the paper's 15.7B
+    (its §B: 15.7B total, 2.4B activated), pinned against the module in tests/workers/test_families.py."""
+    h, a, f, fe, v, e, k = 64, 4, 256, 32, 256, 4, 2
+    attention = h * a * 24 + h * 40 + 32 + 32 * a * 32 + a * 16 * h
+    dense, moe = attention + 2 * h + 3 * h * f, attention + 2 * h + e * h + 3 * h * fe
+    cfg = job("single", 1, family="hf", **DEEPSEEK_MOE).model
+    counts = param_counts(cfg)
+    assert counts.total == dense + moe + e * 3 * h * fe + 2 * v * h + h
+    assert counts.active_non_embedding == dense + moe + k * 3 * h * fe + h + v * h
+    assert model_flops_per_token(cfg) == 6 * counts.active_non_embedding + 6 * 2 * a * (24 + 16) * cfg.seq_len
+    lite = PRESETS["deepseek-v2-lite"].config
+    assert param_counts(lite).total == 15_706_484_224
+    assert round(param_counts(lite).active_non_embedding / 1e9, 1) == 2.5  # 2.45e9 with the head: the paper's 2.4B activated
+    # compressed queries: q_a_proj h·d_c' + its norm d_c' + q_b_proj d_c'·A(d_h + d_R) in place of q_proj
+    compressed = job("single", 1, family="hf", **DEEPSEEK_MOE, q_lora_rank=16).model
+    assert param_counts(compressed).total - counts.total == 2 * (h * 16 + 16 + 16 * a * 24 - h * a * 24)
+    tensors = {t.name: t.shape for t in model_tensors(cfg)}
+    assert tensors["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (32 + 8, h)
+    assert tensors["model.layers.0.self_attn.kv_b_proj.weight"] == (a * (16 + 16), 32)
+    assert tensors["model.layers.1.mlp.shared_experts.gate_proj.weight"] == (fe, h)
+    assert tensors["model.layers.1.mlp.experts.gate_up_proj"] == (e, 2 * fe, h) and "model.layers.0.mlp.gate_proj.weight" in tensors
+
+
+def test_a_scaled_down_deepseek_keeps_its_latent_and_expert_ratios():
+    cfg = job("single", 1, model="deepseek-v2-lite", num_layers=2, hidden_size=256, num_experts=8).model
+    assert (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == (64, 16, 8, 16)
+    assert (cfg.ffn_hidden_size, cfg.moe_ffn_hidden_size, cfg.num_heads, cfg.num_kv_heads) == (1368, 176, 16, 16)
+
+
+def test_the_mla_fields_are_neutral_so_stored_workload_keys_stay():
+    from parallab.core.spec import key_fields
+
+    plain = job(family="hf").workload_document()
+    assert not {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "moe_ffn_hidden_size"} & set(
+        key_fields(plain)
+    )
+    same = job(family="hf", num_experts=4, moe_ffn_hidden_size=256).model
+    assert same.moe_ffn_hidden_size is None == job(family="hf", num_experts=4).model.moe_ffn_hidden_size
+
+
+@pytest.mark.parametrize(
+    ("strategy", "n", "options", "workload", "loc", "says"),
+    [
+        ("ddp", 2, {}, {**DEEPSEEK, "num_kv_heads": 2}, ("workload", "num_kv_heads"), "num_kv_heads 2 must equal num_heads 4"),
+        ("ddp", 2, {}, {**DEEPSEEK, "qk_rope_head_dim": 7}, ("workload", "qk_rope_head_dim"), "must be even"),
+        ("ddp", 2, {}, {**DEEPSEEK, "attention_bias": True}, ("workload", "attention_bias"), "no q/k/v biases"),
+        ("ddp", 2, {}, {"v_head_dim": 16}, ("workload", "v_head_dim"), "it needs kv_lora_rank"),
+        ("ddp", 2, {}, {**DEEPSEEK_MOE, "num_shared_experts": 0}, ("workload", "num_shared_experts"), "always have shared experts"),
+        ("ddp", 2, {}, {"num_experts": 4, "moe_ffn_hidden_size": 32}, ("workload", "moe_ffn_hidden_size"), "DeepSeek-V2's"),
+        ("tp", 2, {}, DEEPSEEK, ("workload", "kv_lora_rank"), "does not split multi-head latent attention"),
+        ("tp", 2, {}, DEEPSEEK_MOE, ("workload", "kv_lora_rank"), "does not split multi-head latent attention"),
+        ("moe", 2, {}, DEEPSEEK_MOE, ("strategy", "options", "aux_loss_coef"), "aux_loss_coef 0.01 would not be applied"),
+    ],
+)
+def test_what_the_hf_deepseek_cannot_run_is_refused_naming_the_field(strategy, n, options, workload, loc, says):
+    problems = refused(strategy, n, options, family="hf", **workload)
+    assert loc in problems and says in problems[loc], problems
+
+
+@pytest.mark.parametrize("workload", [{"num_experts": 4}, DEEPSEEK_MOE], ids=["mixtral", "deepseek-v2"])
+def test_hf_experts_resolve_under_expert_parallelism_without_a_load_balancing_loss(workload):
+    """The library's experts split over ep (2 a rank), alone or beside FSDP; the all-to-all carries
+    every routed slot (tokens · top_k rows, there and back, forward and backward) in each MoE block."""
+    moe = job("moe", 2, {"aux_loss_coef": 0}, family="hf", **workload)
+    assert (moe.options.aux_loss_coef, moe.model.num_experts) == (0, 4)
+    comm = predict(moe)["comm_bytes_per_step"]
+    rows = 8 * 64 // 2 * 2  # each rank's half of the batch (8 × 64 tokens), top-2
+    assert comm["all_to_all"] == moe.model.moe_layers * (4 * rows * 64 * 4 + 8 * 4)
+    assert job("layout", 4, {"ep": 2, "dp_shard": 2, "aux_loss_coef": 0}, family="hf", **workload).options.ep == 2
+
+
+def test_the_planner_times_deepseeks_narrow_experts_and_latent_projections():
+    """DeepSeek-V2-Lite's experts are 1408 wide, not the dense block's 10944: its estimated compute
+    is far below the same shape with experts as wide as the dense MLP, and its activations count
+    q, k, v and the output at the latent attention's widths (A·(2·192 + 2·128) per token)."""
+    from parallab.core.activations import layer_terms
+    from parallab.core.hardware import load_catalogue
+    from parallab.core.planner import Hardware, compute_seconds
+
+    hw = Hardware(spec=load_catalogue().get("h100"), nodes=1)
+    lite = job("fsdp", 8, model="deepseek-v2-lite", precision="bf16")
+    wide = job("fsdp", 8, model="deepseek-v2-lite", precision="bf16", moe_ffn_hidden_size=10944)
+    assert compute_seconds(lite, hw) < 0.5 * compute_seconds(wide, hw)
+    qkvo = [t.bytes_per_token for t in layer_terms(lite.model, "fp32") if "q, k (after rotary), v, output" in t.name]
+    assert len(qkvo) == 2 and sum(qkvo) == pytest.approx(4 * 16 * (2 * 192 + 2 * 128))  # dense and MoE blocks alike
+
+
+def test_latent_attention_is_the_hf_familys_only():
+    problems = refused("ddp", 2, {}, **DEEPSEEK)
+    assert "built by the hf family (DeepSeek-V2), not the parallab family" in problems[("workload", "kv_lora_rank")]
+
+
+def test_deepseek_resolves_under_a_pipeline_alone_and_beside_fsdp():
+    """Its router (softmax, greedy top-k per token, no capacity, no auxiliary loss in the library's
+    model) routes a micro-batch as the batch: pp runs its experts."""
+    assert job("pp", 2, family="hf", **DEEPSEEK_MOE).options.microbatches == 4
+    assert job("layout", 4, {"pp": 2, "dp_shard": 2}, family="hf", **DEEPSEEK_MOE).options.pp == 2
+
+
+def test_the_planner_plans_deepseek_v2_lite_at_its_true_size():
+    j = resolve_job(
+        JobSpec.model_validate(
+            {"workload": {"model": "deepseek-v2-lite", "precision": "bf16"}, "strategy": {"name": "fsdp", "world_size": 8}}
+        )
+    )
+    prediction = predict(j)
+    assert prediction["params_total"] == 15_706_484_224 and j.model.family == "hf" and j.model.kv_lora_rank == 512
+    assert sum(prediction["model_state_bytes_per_rank"].values()) == 16 * 15_706_484_224 // 8
 
 
 def test_the_hf_family_names_hugging_faces_modules():
@@ -255,7 +380,8 @@ def test_the_parallab_family_stays_the_default():
         ("ddp", 2, {}, {"num_experts": 4, "first_dense_layers": 1}, ("workload", "first_dense_layers"), "no dense first layers"),
         ("ddp", 2, {}, {"num_experts": 4, "attention_bias": True}, ("workload", "attention_bias"), "no q/k/v biases"),
         ("ddp", 2, {}, {"num_experts": 4, "capacity_factor": 2.0}, ("workload", "capacity_factor"), "no capacity): leave it at 1.25"),
-        ("moe", 2, {}, {}, ("strategy", "name"), "does not run expert parallelism yet (ep=2); it runs ddp, fsdp, tp, pp"),
+        ("moe", 2, {}, {}, ("strategy", "options", "aux_loss_coef"), "no load-balancing loss"),
+        ("layout", 4, {"ep": 2, "dp_shard": 2}, {"num_experts": 4}, ("strategy", "options", "aux_loss_coef"), "set it to 0"),
         (
             "tp",
             2,

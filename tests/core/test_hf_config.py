@@ -18,12 +18,14 @@ from parallab.core.model import PRESETS
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec, key_fields, workload_fields
 from tests.core.hf_configs import (
+    DEEPSEEK_V2_LITE,
     LLAMA_3_1_8B,
     LLAMA_3_8B,
     MISTRAL_7B_V0_1,
     MISTRAL_7B_V0_3,
     MIXTRAL_8X7B,
     QWEN2_5_7B,
+    TINY_DEEPSEEK_V2,
     TINY_MIXTRAL,
     nested,
 )
@@ -195,6 +197,70 @@ def test_the_experts_keys_are_mixtrals_only():
     assert "not a key the hf family knows for model_type 'llama'" in found["workload.hf_config.num_local_experts"]
 
 
+# ---- DeepSeek-V2: latent attention, shared experts, dense first layers ----
+
+DEEPSEEK_V2_LITE_PARAMS = 15_706_484_224
+
+
+def test_the_deepseek_v2_lite_config_is_its_preset_with_the_pinned_count():
+    """The published config (q_lora_rank null: one q_proj; yarn rope_scaling ignored as every
+    rotary variant is; the router's unused groups and auxiliary-loss weight ignored) is the preset."""
+    job = resolve(DEEPSEEK_V2_LITE)
+    assert param_counts(job.model).total == DEEPSEEK_V2_LITE_PARAMS == param_counts(PRESETS["deepseek-v2-lite"].config).total
+    got, expected = job.model.model_dump(), PRESETS["deepseek-v2-lite"].config.model_dump()
+    assert {k: v for k, v in got.items() if k != "seq_len"} == {k: v for k, v in expected.items() if k != "seq_len"}
+    assert (job.model.q_lora_rank, job.model.moe_ffn_hidden_size, job.model.first_dense_layers) == (0, 1408, 1)
+
+
+def test_an_absent_q_lora_rank_is_the_librarys_default_compression():
+    """Absent is DeepseekV2Config's default (1536: DeepSeek-V2's compressed query), null is none."""
+    config = {k: v for k, v in DEEPSEEK_V2_LITE.items() if k != "q_lora_rank"}
+    assert read_hf_config(config).fields["q_lora_rank"] == 1536
+    assert read_hf_config(DEEPSEEK_V2_LITE).fields["q_lora_rank"] == 0
+
+
+def test_a_config_transformers_saves_for_deepseek_reads_back_as_the_same_shape():
+    """head_dim (the library's rotary width, not hidden / heads) and qk_head_dim are derived, not read."""
+    import transformers
+
+    keys = set(transformers.DeepseekV2Config.__dataclass_fields__)  # the file's keys the class takes (not auto_map, seq_aux, ...)
+    saved = json.loads(transformers.DeepseekV2Config(**{k: v for k, v in TINY_DEEPSEEK_V2.items() if k in keys}).to_json_string())
+    assert saved["head_dim"] == 8 and saved["qk_head_dim"] == 24
+    assert read_hf_config(saved).fields == read_hf_config(TINY_DEEPSEEK_V2).fields
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        ({"num_key_value_heads": 8}, "num_key_value_heads", "num_kv_heads 8 must equal num_heads 16"),
+        ({"topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3}, "topk_method", '"greedy"'),
+        ({"norm_topk_prob": True}, "norm_topk_prob", "not renormalised"),
+        ({"routed_scaling_factor": 16.0}, "routed_scaling_factor", "unscaled"),
+        ({"scoring_func": "sigmoid"}, "scoring_func", '"softmax"'),
+        ({"n_shared_experts": 0}, "n_shared_experts", "must be a positive integer"),
+        ({"num_experts_per_tok": None}, "num_experts_per_tok", "missing"),
+        ({"qk_rope_head_dim": 63}, "qk_rope_head_dim", "must be even"),
+        ({"first_k_dense_replace": 27}, "first_k_dense_replace", "leaves no MoE block"),
+        ({"kv_lora_rank": 1 << 20}, "kv_lora_rank", "less than or equal"),
+    ],
+)
+def test_a_bad_deepseek_config_is_refused_naming_its_key(change, key, words):
+    found = refusal({**DEEPSEEK_V2_LITE, **change})
+    assert words in found[f"workload.hf_config.{key}"], found
+
+
+def test_deepseek_v3_is_refused_saying_why():
+    found = refusal({**DEEPSEEK_V2_LITE, "model_type": "deepseek_v3"})
+    assert "DeepSeek-V3 is not built: its router" in found["workload.hf_config.model_type"]
+
+
+def test_deepseek_under_tensor_parallelism_is_refused_naming_the_field():
+    found = refusal(TINY_DEEPSEEK_V2, strategy="tp", world=2)
+    assert "does not split multi-head latent attention" in found["workload.kv_lora_rank"], found
+    found = refusal({**TINY_DEEPSEEK_V2, "n_routed_experts": 4, "first_k_dense_replace": 2})
+    assert "leaves no MoE block" in found["workload.hf_config.first_k_dense_replace"]
+
+
 # ---- the refusals the brief lists ----
 
 
@@ -202,7 +268,7 @@ def test_an_unknown_model_type_is_refused_listing_the_supported_ones():
     found = refusal({**LLAMA_3_8B, "model_type": "gpt_neox"})
     msg = found["workload.hf_config.model_type"]
     assert 'model_type "gpt_neox"' in msg and all(name in msg for name in SUPPORTED)
-    assert SUPPORTED == ("llama", "mistral", "qwen2", "mixtral")
+    assert SUPPORTED == ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2")
     assert "no model_type" in refusal({k: v for k, v in LLAMA_3_8B.items() if k != "model_type"})["workload.hf_config.model_type"]
 
 

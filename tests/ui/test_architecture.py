@@ -14,7 +14,21 @@ from parallab.core.families import param_counts
 from parallab.core.model import PRESETS
 from tests.ui.factories import make_document, store_run
 
-NEWER_FIELDS = ("family", "num_kv_heads", "mlp", "tie_embeddings", "attention_bias", "num_shared_experts", "first_dense_layers")
+NEWER_FIELDS = (
+    "family",
+    "num_kv_heads",
+    "mlp",
+    "tie_embeddings",
+    "attention_bias",
+    "num_shared_experts",
+    "first_dense_layers",
+    "moe_ffn_hidden_size",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 
 
 def block(preset: str, **overrides: object) -> dict[str, object]:
@@ -52,6 +66,12 @@ def test_moe_with_shared_experts_and_dense_first_layers():
     assert "8 experts top-2 (+1 shared), first 1 dense" in line
     plain = describe(block("mixtral-8x7b"))
     assert "8 experts top-2 · " in plain and "shared" not in plain and "46.7 B params" in plain
+
+
+def test_deepseek_v2_lite_says_latent_attention_and_its_narrow_experts():
+    line = describe(block("deepseek-v2-lite"))
+    assert "hf family" in line and "16 heads (MLA: latent 512)" in line and "KV" not in line
+    assert "SwiGLU ffn 10944 · 64 experts top-6 of 1408 (+2 shared), first 1 dense" in line and "15.7 B params" in line
 
 
 def test_hf_family_is_named():

@@ -28,12 +28,30 @@ LLAMA = {"family": "hf", "num_layers": 2, "num_kv_heads": 2}
 """The tiny Llama of the brief: `tiny`'s hidden 64, 4 heads and vocabulary 256, 2 layers, 2 KV heads."""
 MIXTRAL = {**LLAMA, "num_experts": 4, "top_k": 2}
 """The same as Mixtral: every block's MLP 4 experts (inner width 256), each token routed to 2."""
+DEEPSEEK = {
+    "family": "hf",
+    "num_layers": 2,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_experts": 4,
+    "top_k": 2,
+    "num_shared_experts": 2,
+    "first_dense_layers": 1,
+    "moe_ffn_hidden_size": 32,
+}
+"""DeepSeek-V2 at tiny's width: multi-head latent attention (a 32-wide latent, query/key 16 + 8
+rotary, value 16), block 0 dense, block 1 4 routed experts top-2 and 2 shared, 32 wide."""
 SHAPES = {
     "llama-gqa": LLAMA,
     "llama-mha-tied": {"family": "hf", "num_layers": 3, "tie_embeddings": True},
     "qwen2-bias": {**LLAMA, "attention_bias": True, "num_kv_heads": 1},
     "mixtral": MIXTRAL,
     "mixtral-top1-tied": {**MIXTRAL, "num_experts": 8, "top_k": 1, "tie_embeddings": True, "num_kv_heads": 1},
+    "deepseek-v2": DEEPSEEK,
+    "deepseek-v2-q-lora-tied": {**DEEPSEEK, "q_lora_rank": 24, "tie_embeddings": True, "num_layers": 3, "first_dense_layers": 2},
+    "deepseek-v2-dense": {**DEEPSEEK, "num_experts": 0, "num_shared_experts": 0, "first_dense_layers": 0, "moe_ffn_hidden_size": None},
 }
 
 
@@ -103,6 +121,29 @@ def test_a_wrong_mixtral_declaration_is_caught_against_the_module():
     found = mismatches(Unfused(), cfg, build_meta(cfg))
     assert "model.layers.0.mlp.experts.gate_proj: module None, declared (4, 256, 64)" in found
     assert "model.layers.0.mlp.experts.gate_up_proj: module (4, 512, 64), declared None" in found, found
+
+
+def test_a_wrong_deepseek_declaration_is_caught_against_the_module():
+    """The holding test can fail for latent attention: kv_b_proj declared heads·(nope + rope) wide —
+    the key's full width, where the library's up-projection makes the key without its rotary part
+    and the value — disagrees with the module, and so does its count."""
+    from parallab.core.families.base import Param
+    from parallab.core.families.hf import HFFamily
+    from workers.harness.families import build_meta
+
+    class RopeInKvB(HFFamily):
+        def block_params(self, cfg: ModelConfig, layer: int) -> list[Param]:
+            wrong = (cfg.num_heads * cfg.qk_head_dim, cfg.kv_lora_rank)
+            return [Param(p.module, p.param, wrong) if p.module == "self_attn.kv_b_proj" else p for p in super().block_params(cfg, layer)]
+
+    cfg = cfg_of(DEEPSEEK)
+    found = mismatches(RopeInKvB(), cfg, build_meta(cfg))
+    assert "model.layers.0.self_attn.kv_b_proj.weight: module (128, 32), declared (96, 32)" in found, found
+    assert (
+        HF.architecture(cfg) == "DeepseekV2ForCausalLM" and HF.architecture(cfg_of(SHAPES["deepseek-v2-dense"])) == "DeepseekV2ForCausalLM"
+    )
+    model = build_meta(cfg)
+    assert type(model.model.layers["1"].mlp).__name__ == "DeepseekV2Moe" and type(model.model.layers["0"].mlp).__name__ == "DeepseekV2MLP"
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -18,6 +18,7 @@ import pytest
 
 from parallab.core.families import HF
 from tests.core.hf_configs import TINY_MIXTRAL
+from tests.workers.test_hf_deepseek import assert_comm_is_predicted
 from tests.workers.test_hf_family import cfg_of
 
 pytest.importorskip("transformers")
@@ -45,6 +46,17 @@ def test_the_configs_model_is_the_librarys_mixtral_tensor_for_tensor_and_logit_f
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), reference(tokens).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_mixtral_under_expert_parallelism_matches_single_and_communicates_what_it_predicts(harness_job):
+    """ep=2: each rank holds 2 of the 4 experts (the library's fused tensors, sliced on dim 0) and
+    sends every routed slot to its expert's rank by all-to-all; no load-balancing loss (0)."""
+    doc, _ = harness_job("moe", 2, {"aux_loss_coef": 0.0}, MIXTRAL)
+    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
+    check = doc.summary.gradient_check
+    assert check is not None and check.passed and check.params_checked == 21, check
+    assert_comm_is_predicted(doc)
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.result import GradientCheck
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
-from workers.harness.model import MoE
+from workers.harness.model import ExpertLayer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, Strategy
 
@@ -83,9 +83,14 @@ def first_step_backward(applied: Applied, strategy: Strategy[Any, Any], options:
     return amp
 
 
-def expert_slices(model: nn.Module) -> dict[int, MoE]:
-    """id(parameter) → its MoE layer, for expert weights sliced over ranks (expert parallelism)."""
-    return {id(w): m for m in model.modules() if isinstance(m, MoE) and m.num_local_experts < m.num_experts for w in m.experts().values()}
+def expert_slices(model: nn.Module) -> dict[int, ExpertLayer]:
+    """id(parameter) → its expert layer, for expert weights sliced over ranks (expert parallelism)."""
+    return {
+        id(w): m
+        for m in model.modules()
+        if isinstance(m, ExpertLayer) and m.num_local_experts < m.num_experts
+        for w in m.experts().values()
+    }
 
 
 def _ep_group(ctx: RunContext) -> dist.ProcessGroup:

@@ -7,10 +7,12 @@ paths; this module only builds. `transformers` is an optional extra (`parallab[h
 here and nowhere else, only when an `hf` model is built; the hub is never asked for anything
 (`HF_HUB_OFFLINE`: a config, not a checkpoint, so there is nothing to download).
 
-The same build serves Llama, Qwen2 and Mixtral (the descriptor's `architecture`): a Mixtral
-block's MoE is the library's own (its router, its dropless loop over the hit experts), so the
-experts the harness's `MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is
-empty, and the strategies that would split experts are refused for this family at resolution.
+The same build serves Llama, Qwen2, Mixtral and DeepSeek-V2 (the descriptor's `architecture`;
+DeepSeek-V2's rotary embedding returns one complex table rather than cos and sin, which the
+wrapper hands to its blocks as it gets it): a Mixtral or DeepSeek-V2 block's MoE is the
+library's own (its router, its dropless loop over the hit experts), so the experts the harness's
+`MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is empty, and the
+strategies that would split experts are refused for this family at resolution.
 
 The wrapper holds the library's own `model` (embed_tokens, layers, norm, rotary_emb) and
 `lm_head`, so parameter names are the library's. Its forward runs those modules itself rather
@@ -37,10 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from parallab.core.families import model_tensors
 from parallab.core.families.hf import FAMILY
 from parallab.core.model import ModelConfig
 from workers import extras
-from workers.harness.model import Attention, MoE, Transformer, selective_contexts
+from workers.harness.model import Attention, ExpertLayer, MoE, Transformer, local_dispatch, selective_contexts
 from workers.harness.routing import Tape, set_tape
 
 
@@ -95,6 +98,44 @@ def taped_router(router: nn.Module) -> None:
     router.register_forward_hook(hook)
 
 
+class HFExperts(ExpertLayer):
+    """The library's experts (Mixtral's, DeepSeek-V2's: `gate_up_proj` (E, 2f, h) and `down_proj`
+    (E, h, f), fused as transformers 5 declares them) as an `ExpertLayer`, so expert parallelism
+    slices and re-routes them as it does the parallab `MoE`'s. It holds the library module's two
+    parameters under the same names — the block's parameter names stay the checkpoint's — and its
+    activation, and is called as the library calls its experts, `(hidden_states, top_k_index,
+    top_k_weights)` from the library's own router: each token's k slots go through `dispatch`
+    (every routed slot: the library drops none), come back in slot order, and are summed weighted
+    onto their token."""
+
+    def __init__(self, library: nn.Module):
+        super().__init__()
+        gate_up, down = library.get_parameter("gate_up_proj"), library.get_parameter("down_proj")
+        self.gate_up_proj, self.down_proj = gate_up, down
+        self.act_fn: Any = library.act_fn
+        self.num_experts = self.num_local_experts = int(self.gate_up_proj.shape[0])
+        self.expert_offset = 0
+        self.dispatch = local_dispatch
+
+    def experts(self) -> dict[str, nn.Parameter]:
+        return {"gate_up_proj": self.gate_up_proj, "down_proj": self.down_proj}
+
+    def run_experts(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        outs = []
+        for i, rows in enumerate(xs.split(counts)):
+            if counts[i]:
+                gate, up = F.linear(rows, self.gate_up_proj[i]).chunk(2, dim=-1)
+                outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[i]))
+        return torch.cat(outs) if outs else xs.new_zeros((0, xs.shape[-1]))
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        tokens, k = top_k_index.shape
+        slots = torch.arange(tokens, device=hidden_states.device).repeat_interleave(k)  # token-major, as the router gives them
+        out = self.dispatch(self, hidden_states[slots], top_k_index.reshape(-1))
+        weighted = out * top_k_weights.reshape(-1, 1).to(out.dtype)
+        return torch.zeros_like(hidden_states).index_add_(0, slots, weighted.to(hidden_states.dtype))
+
+
 class HFCausalLM(Transformer):
     """A `transformers` causal LM as the workload model (a `Transformer` to the strategies: the
     same interface, none of the parallab modules — `nn.Module.__init__` only)."""
@@ -126,7 +167,26 @@ class HFCausalLM(Transformer):
         return []  # no `attn_fn` to swap: context parallelism is refused for this family
 
     def moe_layers(self) -> list[MoE]:
-        return []  # Mixtral's MoE blocks are the library's (no capacity, no aux loss, never dispatched)
+        return []  # the MoE blocks are the library's (no capacity, no aux loss, no routing statistics)
+
+    def expert_layers(self) -> list[ExpertLayer]:
+        """The library's experts modules (the family's expert tensors name them) replaced by
+        `HFExperts` over the same parameters, on the blocks this module holds; what expert
+        parallelism slices. Until it is asked, a run computes with the library's own modules."""
+        paths = dict.fromkeys(t.name.rsplit(".", 1)[0] for t in model_tensors(self.cfg) if t.expert)
+        out: list[ExpertLayer] = []
+        for path in paths:
+            parent, _, name = path.rpartition(".")
+            try:
+                holder = self.get_submodule(parent)
+            except AttributeError:
+                continue  # a block another pipeline stage holds
+            experts = holder.get_submodule(name)
+            if not isinstance(experts, HFExperts):
+                experts = HFExperts(experts)
+                holder.register_module(name, experts)
+            out.append(experts)
+        return out
 
     def _block(self, block: nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
         def run(x: torch.Tensor) -> torch.Tensor:

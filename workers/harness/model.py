@@ -134,7 +134,29 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None, w2: t
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
-def local_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+class ExpertLayer(nn.Module):
+    """What expert parallelism slices and re-routes, whichever family's MoE holds the experts (the
+    parallab `MoE`; the hf family's library experts, `workers.harness.hf.HFExperts`): stacked
+    expert weights (dim 0: the expert, `experts()`), the slice this rank holds (`expert_offset`,
+    `num_local_experts` of `num_experts`), a way to run rows on the local experts (`run_experts`),
+    and `dispatch`, which moves routed rows to their experts and back — `local_dispatch` here,
+    an all-to-all under expert parallelism (`workers.strategies.expert_parallel`)."""
+
+    num_experts: int
+    num_local_experts: int
+    expert_offset: int
+    dispatch: Callable[[ExpertLayer, torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def experts(self) -> dict[str, nn.Parameter]:
+        """The stacked expert weights by attribute, what expert parallelism slices on dim 0."""
+        raise NotImplementedError
+
+    def run_experts(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows sorted by local expert, `counts[i]` rows for local expert i."""
+        raise NotImplementedError
+
+
+def local_dispatch(moe: ExpertLayer, xs: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
     """Every expert is on this rank: group the routed rows by expert, run each, restore the order."""
     order = torch.argsort(expert_ids, stable=True)
     counts = torch.bincount(expert_ids - moe.expert_offset, minlength=moe.num_local_experts)
@@ -142,7 +164,7 @@ def local_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor) -> torc
     return out[torch.argsort(order)]
 
 
-class MoE(nn.Module):
+class MoE(ExpertLayer):
     """Top-k softmax router over E experts with a capacity per expert and Switch's aux loss, plus
     the shared experts every token passes through (`shared`: one MLP of width S·f, or None).
 
@@ -172,7 +194,7 @@ class MoE(nn.Module):
         self.route_groups = 1
         self.tape: Tape | None = None
         """The gradient check's routing replay (`workers.harness.routing`): records or sets the choices."""
-        self.dispatch: Callable[[MoE, torch.Tensor, torch.Tensor], torch.Tensor] = local_dispatch
+        self.dispatch = local_dispatch
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.reset_stats()
 
@@ -322,6 +344,11 @@ class Transformer(nn.Module):
 
     def moe_layers(self) -> list[MoE]:
         return [blk.feed_forward for blk in self.blocks() if isinstance(blk.feed_forward, MoE)]
+
+    def expert_layers(self) -> list[ExpertLayer]:
+        """The layers expert parallelism slices (`ExpertLayer`): here the MoE layers themselves; a
+        model whose experts are another library's puts its adapters in place first."""
+        return list(self.moe_layers())
 
     def tp_plan(self) -> TPPlan:
         """The TP plan its family declares (`parallab.core.families`); a model whose plan comes with

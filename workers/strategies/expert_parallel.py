@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from parallab.core.strategies.moe import MoEOptions
 from workers.harness.data import micro_batch
-from workers.harness.model import MoE, Transformer
+from workers.harness.model import ExpertLayer, Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad
 
@@ -64,7 +64,7 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gro
     return out
 
 
-def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: dist.ProcessGroup) -> torch.Tensor:
+def ep_dispatch(moe: ExpertLayer, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: dist.ProcessGroup) -> torch.Tensor:
     """Run each routed row on its expert's rank; rows come back in the order they were given."""
     world, local = dist.get_world_size(group), moe.num_local_experts
     order = torch.argsort(expert_ids, stable=True)  # by expert, hence by owner rank
@@ -84,9 +84,12 @@ def ep_dispatch(moe: MoE, xs: torch.Tensor, expert_ids: torch.Tensor, *, group: 
 
 
 def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
-    """Keep this rank's contiguous slice of every MoE layer's experts; route through all-to-all."""
+    """Keep this rank's contiguous slice of every MoE layer's experts (a workload model's
+    `expert_layers`, any family's; else the expert layers the module holds); route through
+    all-to-all."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+    layers = model.expert_layers() if isinstance(model, Transformer) else [m for m in model.modules() if isinstance(m, ExpertLayer)]
+    for moe in layers:
         local = moe.num_experts // world
         lo = rank * local
         for name, weight in moe.experts().items():
@@ -97,7 +100,7 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
 
 
 def _is_expert(model: nn.Module) -> dict[int, bool]:
-    experts = {id(w) for m in model.modules() if isinstance(m, MoE) for w in m.experts().values()}
+    experts = {id(w) for m in model.modules() if isinstance(m, ExpertLayer) for w in m.experts().values()}
     return {id(p): id(p) in experts for p in model.parameters()}
 
 

@@ -117,17 +117,36 @@ class ParamCounts:
         return self.embedding + self.non_embedding
 
 
+def attention_params(cfg: ModelConfig) -> int:
+    """One block's attention parameters.
+
+    Multi-head (grouped-query) attention: q and o h×h, k and v h×(kv_heads·head_dim), plus the
+    q, k, v biases. Multi-head latent attention (DeepSeek-V2 §2.1; A heads, d_c = kv_lora_rank,
+    d_c' = q_lora_rank, d_h = qk_nope_head_dim, d_R = qk_rope_head_dim, d_v = v_head_dim): the
+    query h·A(d_h + d_R), or compressed, h·d_c' + its RMSNorm d_c' + d_c'·A(d_h + d_R); the joint
+    key/value compression with the shared rotary key, h·(d_c + d_R), its RMSNorm d_c; the
+    up-projection of keys and values, d_c·A(d_h + d_v); the output A·d_v·h."""
+    h, a = cfg.hidden_size, cfg.num_heads
+    if not cfg.is_mla:
+        kv = cfg.kv_dim
+        return 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0)
+    qk, rank, q_rank = cfg.qk_head_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    query = (h * q_rank + q_rank + q_rank * a * qk) if q_rank else h * a * qk
+    latent = h * (rank + cfg.qk_rope_head_dim) + rank + rank * a * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    return query + latent + a * cfg.v_head_dim * h
+
+
 def decoder_param_counts(cfg: ModelConfig) -> ParamCounts:
     """Closed form of every family's decoder (the same maths under different module names):
-    attention 2h² + 2h·(kv_heads·head_dim) (+ the q, k, v biases), two norms, an MLP of m·h·f
-    (m = 3 SwiGLU, 2 GELU); an MoE block E·m·h·f + the router h·E + the shared experts' m·h·(S·f),
-    of which a token multiplies top_k experts; embedding V·h, final norm h and an untied head V·h."""
-    h, f, v, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.kv_dim
-    attention = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0)
-    mlp = cfg.mlp_matrices * h * f
-    dense = attention + 2 * h + mlp
-    moe = dense - mlp + h * cfg.num_experts + cfg.num_shared_experts * mlp
-    moe_total, moe_active = moe + cfg.num_experts * mlp, moe + cfg.top_k * mlp
+    attention (`attention_params`), two norms, an MLP of m·h·f (m = 3 SwiGLU, 2 GELU); an MoE
+    block E·m·h·f_e + the router h·E + the shared experts' m·h·(S·f_e) (f_e the experts' width,
+    `expert_ffn`: f unless DeepSeek's narrower experts), of which a token multiplies top_k
+    experts; embedding V·h, final norm h and an untied head V·h."""
+    h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
+    mlp, expert = cfg.mlp_matrices * h * f, cfg.mlp_matrices * h * cfg.expert_ffn
+    dense = attention_params(cfg) + 2 * h + mlp
+    moe = dense - mlp + h * cfg.num_experts + cfg.num_shared_experts * expert
+    moe_total, moe_active = moe + cfg.num_experts * expert, moe + cfg.top_k * expert
     m = cfg.moe_layers
     head = v * h
     return ParamCounts(
@@ -173,11 +192,14 @@ class ModelFamily:
         return decoder_param_counts(cfg)
 
     def flops_per_token(self, cfg: ModelConfig) -> int:
-        """6·N + 12·L·H·Q·T (PaLM appendix B): training FLOPs per token, attention included; N the
-        active non-embedding parameters (MoE: the router and top_k experts), H·Q the query heads'
-        width (K/V sharing changes the projections, counted in N, not QKᵀ and PV)."""
+        """6·N + 6·L·H·(d_qk + d_v)·T — PaLM appendix B's 6N + 12·L·H·Q·T where a head's query/key
+        and value widths are both Q: training FLOPs per token, attention included; N the active
+        non-embedding parameters (MoE: the router, top_k and the shared experts), H heads whose QKᵀ
+        contracts d_qk and whose PV produces d_v (head_dim both; under MLA d_h + d_R and d_v — the
+        latent's up-projections are parameters, counted in N). K/V sharing changes the
+        projections only, counted in N, not QKᵀ and PV."""
         n = self.param_counts(cfg).active_non_embedding
-        return 6 * n + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * cfg.seq_len
+        return 6 * n + 6 * cfg.num_layers * cfg.num_heads * (cfg.qk_head_dim + cfg.value_head_dim) * cfg.seq_len
 
     def tensors(self, cfg: ModelConfig) -> list[Tensor]:
         """Every parameter with its qualified name, in the module's order, and the dim TP splits."""
