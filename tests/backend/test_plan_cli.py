@@ -162,7 +162,7 @@ def test_shape_and_recipe_flags_reach_the_resolved_workload():
     assert wl["ffn_hidden_size"] == 512  # not given: derived from the new hidden size, 8/3·128 rounded up to 256s
     assert wl["custom"] is True
     assert (wl["grad_accumulation_steps"], wl["activation_checkpointing"]) == (2, "full")
-    assert doc["strategy"]["options"] == {"schedule": "1f1b", "microbatches": 2}
+    assert doc["strategy"]["options"] == {"schedule": "1f1b", "virtual_stages": 1, "microbatches": 2}
     assert doc["bubble_fraction"] == pytest.approx(1 / 3)  # (2−1)/(2+2−1)
 
 

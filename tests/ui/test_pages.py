@@ -81,8 +81,8 @@ def test_an_interleaved_run_page_shows_each_ranks_bubble_with_its_stages_and_the
     for rank, bubble in zip(doc["ranks"], [0.52, 0.46], strict=True):
         rank["bubble_fraction"] = bubble
     doc["summary"].update(bubble_per_stage=[0.52, 0.46], bubble_fraction=0.52, stage_imbalance=0.05)
-    pipeline = {"schedule": "interleaved_1f1b", "pp": 2, "virtual_stages": 2, "microbatches": 4}
-    doc["prediction"].update(bubble_fraction=1 / 9, pipeline={**pipeline, "bubble_formula": "(p−1)/(v·m+p−1)", "stages_per_rank": [[0, 2], [1, 3]]})
+    pipeline = {"schedule": "interleaved_1f1b", "pp": 2, "virtual_stages": 2, "microbatches": 4, "stages_per_rank": [[0, 2], [1, 3]]}
+    doc["prediction"].update(bubble_fraction=1 / 9, pipeline={**pipeline, "bubble_formula": "(p−1)/(v·m+p−1)"})
     with session_factory() as s:
         run = store_run(s, ResultDocument.model_validate(doc))
     text = " ".join(client.get(f"/runs/{run.id}").text.split())

@@ -1,7 +1,10 @@
 """`pp`: pipeline parallelism over contiguous layer stages: GPipe, 1F1B, interleaved 1F1B, zero bubble.
 
-Stage s keeps blocks [s·L/p, (s+1)·L/p); the first stage also keeps the embedding, the last the
-final norm and the LM head. Each accumulation micro-step is cut into `microbatches` pipeline
+The model is cut into p·v stages of L/(p·v) blocks (v = `virtual_stages`, above 1 under the
+interleaved and ZB-V schedules), placed on the ranks as the schedule says
+(`parallab.core.layout.rank_stages`); the first stage also keeps the embedding, the last the
+final norm and the LM head. The schedules' rules and formulas are the pp dimension's
+(`parallab.core.dims.pp`). Each accumulation micro-step is cut into `microbatches` pipeline
 micro-batches; every rank sees every row (no data parallelism on this mesh).
 """
 
@@ -46,7 +49,8 @@ class PP(ComposedCosts[PPOptions]):
         )
 
     def plan_grid(self, world_size: int) -> list[dict[str, Any]]:
-        """Both schedules, with 1, 2 and 4 micro-batches per stage."""
+        """GPipe and 1F1B, with 1, 2 and 4 micro-batches per stage (the multi-chunk schedules run,
+        but the planner does not rank them yet)."""
         if world_size < self.min_world_size:
             return []
         return [{"schedule": s, "microbatches": k * world_size} for s in ("1f1b", "gpipe") for k in (1, 2, 4)]
