@@ -48,9 +48,9 @@ def tied_head_rule(model: ModelConfig, pp: int) -> list[SpecProblem]:
     return []
 
 
-def schedule_field(**kwargs: Any) -> Any:
+def schedule_field() -> Any:
     """The `schedule` option of every preset that has a pipeline."""
-    return Field("1f1b", description="pp: " + "; ".join(f"{s.name}: {s.title}" for s in SCHEDULES.values()), **kwargs)
+    return Field("1f1b", description="pp: " + "; ".join(f"{s.name}: {s.title}" for s in SCHEDULES.values()))
 
 
 def virtual_stages_field() -> Any:
