@@ -185,6 +185,11 @@ def as_layout_job(job: ResolvedJob) -> ResolvedJob:
             f"strategy.options: {' and '.join(valued)} decide by values a fake tensor has none of (ring attention's causal "
             "blocks, MoE's per-expert row counts); run them on real ranks (`parallab bench`)"
         )
+    if layout.pp > 1 and layout.virtual_stages > 1:
+        raise DryRunRefused(
+            f"strategy.options.virtual_stages: the dry run answers one stage's shape handshake per rank, not "
+            f"{layout.virtual_stages} chunks' (schedule {layout.schedule}); run it on real ranks (`parallab bench`)"
+        )
     doc = job.spec.model_dump(mode="json")
     doc["workload"].update(steps=1, warmup_steps=0)
     options = {k: v for k, v in layout.as_dict().items() if k in strategies_layout_fields()}

@@ -328,19 +328,34 @@ def moe_load(doc: dict[str, Any]) -> Figure | None:
 
 
 def pipeline_bubble(doc: dict[str, Any]) -> Figure | None:
-    """Measured idle fraction of each pipeline stage against theory (p−1)/(m+p−1) (pp runs only)."""
+    """Measured idle fraction of each pipeline rank against the schedule's theory (pp runs only):
+    (p−1)/(m+p−1) for GPipe and 1F1B, (p−1)/(v·m+p−1) interleaved, as the prediction names it.
+    A rank holding several chunks (virtual stages) is one bar, named by the stages it holds."""
     ranks = [r for r in doc.get("ranks") or [] if r.get("bubble_fraction") is not None]
     if not ranks:
         return None
-    fig = figure("Pipeline bubble", x="stage (rank)", y="idle fraction of the step [%]")
-    names = [f"stage {r['rank']}" for r in ranks]
+    prediction = doc.get("prediction") or {}
+    pipeline = prediction.get("pipeline") or {}
+    held = pipeline.get("stages_per_rank") or []
+    fig = figure("Pipeline bubble", x="pipeline rank", y="idle fraction of the step [%]")
+    names = [stage_label(r["rank"], held, world_size=len(doc.get("ranks") or [])) for r in ranks]
     fig.add_bar(name="measured", x=names, y=[r["bubble_fraction"] * 100 for r in ranks], marker_color=palette.TIME["idle / bubble"])
-    theory = (doc.get("prediction") or {}).get("bubble_fraction")
+    theory = prediction.get("bubble_fraction")
     if theory is not None:
+        formula = pipeline.get("bubble_formula") or "(p−1)/(m+p−1)"
         fig.add_scatter(
-            name="theory (p−1)/(m+p−1)", x=names, y=[theory * 100] * len(names), mode="lines", line={"dash": "dash", "color": palette.INK}
+            name=f"theory {formula}", x=names, y=[theory * 100] * len(names), mode="lines", line={"dash": "dash", "color": palette.INK}
         )
     return fig
+
+
+def stage_label(rank: int, stages_per_rank: list[list[int]], *, world_size: int) -> str:
+    """ "stage 1" for a rank holding one stage, "rank 0: stages 0, 2" for one holding several
+    (virtual stages). pp is the outermost mesh dim: rank r is pp rank r // (world size / pp)."""
+    if not stages_per_rank or all(len(s) == 1 for s in stages_per_rank):
+        return f"stage {rank}"
+    inner = max(world_size // len(stages_per_rank), 1)
+    return f"rank {rank}: stages {', '.join(map(str, stages_per_rank[min(rank // inner, len(stages_per_rank) - 1)]))}"
 
 
 def run_figures(doc: dict[str, Any]) -> dict[str, Figure | None]:

@@ -88,7 +88,8 @@ TERMS: tuple[Term, ...] = (
         "bubble",
         "Bubble / idle",
         "Time a rank waits with nothing to do. In a pipeline, the bubble is the stages' wait for micro-batches, theory "
-        "(p−1)/(m+p−1) for p stages and m micro-batches; parallab measures it per stage and shows both.",
+        "(p−1)/(m+p−1) for p stages and m micro-batches (GPipe, 1F1B), (p−1)/(v·m+p−1) for interleaved 1F1B with v "
+        "stages a rank; parallab measures it per rank (all its stages together) and shows both.",
     ),
     Term(
         "stage-imbalance",

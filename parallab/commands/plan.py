@@ -184,7 +184,8 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
         if op in wire:
             table.add_row(f"comm: {op} (on the wire)", format_bytes(wire[op]))
     if prediction.get("bubble_fraction") is not None:
-        table.add_row("pipeline bubble", f"{prediction['bubble_fraction']:.1%}")
+        formula = (prediction.get("pipeline") or {}).get("bubble_formula")
+        table.add_row("pipeline bubble", f"{prediction['bubble_fraction']:.1%}" + (f"  {formula}" if formula else ""))
     table.add_row("model FLOPs per token", f"{prediction['flops_per_token']:,}")
     zero = "2+2+12" if job.workload.precision != "fp32" else "4+4+8"
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():

@@ -9,6 +9,21 @@ resolve to a layout (`StrategyDescriptor.layout`); the dimensions' descriptors
 The ranks build one device mesh whose dims are the degrees above one, in torchtitan's order:
 pipeline outermost (its P2P tolerates the slowest links), then replication, sharding, context,
 and tensor parallel innermost (it talks the most, so it gets the closest ranks).
+
+Pipeline schedules (`SCHEDULES`) and where each puts its stages: with v model chunks (virtual
+stages) per rank the model is cut into p·v stages of L/(p·v) contiguous blocks each; stage k
+keeps blocks [k·L/(p·v), (k+1)·L/(p·v)), the first stage the embedding and the last the final
+norm and head. Which rank holds stage k is the schedule's:
+
+- GPipe, 1F1B: one stage per rank, stage k on rank k;
+- interleaved 1F1B and interleaved zero bubble (torch's `ScheduleInterleaved1F1B`,
+  `ScheduleInterleavedZeroBubble`): loop placement, stage k on rank k mod p, so rank r holds
+  r, r+p, r+2p, … (Narayanan et al. 2021, §2.2.2);
+- ZB-V (`ScheduleZBVZeroBubble`): exactly two chunks per rank in a V, rank r holds stages r and
+  2p−1−r, so rank 0 holds the first and the last (Qi et al. 2024, §6; torch's
+  `generate_stage_to_rank_mapping(style="v")`).
+
+The core's formulas and the ranks read the same table, so the stage layout is written once.
 """
 
 from __future__ import annotations
@@ -45,8 +60,10 @@ class Layout:
     """dp_shard: True ≈ ZeRO-3, False ≈ ZeRO-2."""
     bucket_cap_mb: float = 25.0
     """dp_replicate: DDP's gradient bucket size (MB)."""
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Schedule = "1f1b"
     """pp: the pipeline schedule."""
+    virtual_stages: int = 1
+    """pp: model chunks (virtual stages) per rank; above 1 only under a multi-chunk schedule."""
     microbatches: int = 1
     """pp: micro-batches per accumulation micro-step (filled in at resolution)."""
     zigzag: bool = False
@@ -84,6 +101,15 @@ class Layout:
         """`pp=2,dp_shard=2,tp=2`: the dimensions that are on ("single" when none is)."""
         return ",".join(f"{name}={d}" for name, d in self.degrees.items() if d > 1) or "single"
 
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: pp × virtual stages per rank."""
+        return self.pp * self.virtual_stages
+
+    def stage_layer_ranges(self, num_layers: int) -> list[range]:
+        """Every pipeline stage's blocks, stage 0 first (`rank_stages` says which rank holds each)."""
+        return [stage_layers(num_layers, self.stages, k) for k in range(self.stages)]
+
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
@@ -113,3 +139,83 @@ def parse_layout(text: str) -> dict[str, int]:
     if not out:
         raise ValueError("an empty layout: give DIM=DEGREE pairs such as pp=2,dp_shard=2,tp=2")
     return out
+
+
+# ---- pipeline schedules: where each puts its stages ----
+
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv"]
+"""pp's schedules (`torch.distributed.pipelining`): GPipe and 1F1B hold one stage per rank; the
+interleaved ones (`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`) `virtual_stages`
+per rank in loop order, ZB-V (`ScheduleZBVZeroBubble`) two per rank in V order
+(`parallab.core.dims.pp`)."""
+
+
+@dataclass(frozen=True)
+class ScheduleFacts:
+    """What the descriptor's rules and formulas, and the ranks, need to know of one schedule."""
+
+    name: str
+    title: str
+    chunks: int | None
+    """Chunks per rank the schedule takes: 1 (a single-stage schedule), 2 (ZB-V), None (any v ≥ 1)."""
+    v_shape: bool = False
+    """Stages placed in a V (rank r: r and 2p−1−r) rather than in a loop (rank r: r, r+p, …)."""
+    split_backward: bool = False
+    """Backward split into input and weight gradients (the zero-bubble schedules)."""
+    rounds: bool = False
+    """torch's interleaved schedules run m in max(1, m // p) rounds, and m must be a multiple of
+    the number of rounds (`ScheduleInterleaved1F1B.__init__`)."""
+
+
+SCHEDULES: dict[str, ScheduleFacts] = {
+    s.name: s
+    for s in (
+        ScheduleFacts("gpipe", "GPipe: all forwards, then all backwards", chunks=1),
+        ScheduleFacts("1f1b", "1F1B: one forward, one backward in the steady state", chunks=1),
+        ScheduleFacts("interleaved_1f1b", "interleaved 1F1B over virtual stages (loop placement)", chunks=None, rounds=True),
+        ScheduleFacts(
+            "interleaved_zb",
+            "interleaved zero bubble (ZB1P)",
+            chunks=None,
+            split_backward=True,
+            rounds=True,
+        ),
+        ScheduleFacts("zbv", "ZB-V zero bubble: two chunks per rank in a V", chunks=2, v_shape=True, split_backward=True),
+    )
+}
+
+
+def stage_rank(stage: int, pp: int, schedule: str) -> int:
+    """The pp rank that holds pipeline stage `stage`."""
+    if SCHEDULES[schedule].v_shape and stage >= pp:
+        return 2 * pp - 1 - stage
+    return stage % pp
+
+
+def rank_stages(rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
+    """The stages pp rank `rank` holds, in ascending order (its chunks)."""
+    return [k for k in range(pp * virtual_stages) if stage_rank(k, pp, schedule) == rank]
+
+
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The blocks of stage `stage` of `stages` equal contiguous stages."""
+    per = num_layers // stages
+    return range(stage * per, (stage + 1) * per)
+
+
+def last_stage_rank(pp: int, virtual_stages: int, schedule: str) -> int:
+    """The pp rank that holds the last stage (the head and the loss): p−1, or 0 under ZB-V."""
+    return stage_rank(pp * virtual_stages - 1, pp, schedule)
+
+
+def p2p_per_microbatch(rank: int, pp: int, virtual_stages: int, schedule: str) -> int:
+    """Sends (equally, receives) pp rank `rank` makes per micro-batch: per stage boundary k→k+1
+    held on two different ranks, the activation goes forward from k's rank and its gradient comes
+    back from k+1's. With one stage per rank a micro-batch crosses p−1 boundaries; with v chunks
+    in a loop, v·p−1 (every one between ranks); in a V, 2p−2 (stages p−1 and p share a rank)."""
+    sends = 0
+    for k in range(pp * virtual_stages - 1):
+        here, there = stage_rank(k, pp, schedule), stage_rank(k + 1, pp, schedule)
+        if here != there:
+            sends += (here == rank) + (there == rank)
+    return sends

@@ -40,6 +40,7 @@ from parallab.core.activations import (
     weight_copy_bytes,
 )
 from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_paper_bytes_per_param, zero_paper_recipe
+from parallab.core.dims.pp import pipeline_facts
 from parallab.core.families import model_flops_per_token, param_counts
 from parallab.core.jobs import ResolvedJob
 from parallab.core.planner import Hardware, estimate_step_time
@@ -87,7 +88,7 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
         kept_per_token = selective_kept_bytes(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     else:
         kept_per_token = input_bytes
-    kept = layout.layers * layout.tokens * kept_per_token
+    kept = layout.held_layers * layout.tokens * kept_per_token
     # Under recomputation the step's peak is one of two moments, never both: the head's backward
     # (every block's kept set, the head's activations and the logits' gradient) or a block's
     # recomputation after the head's tensors are freed (every kept set and that block's full set,
@@ -162,6 +163,9 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any
         "zero_stages_bytes_per_rank": zero_stages(psi, max(job.dp_degree, 1), precision),
         "zero_stages_recipe": zero_paper_recipe(precision),
     }
+    layout = job.descriptor.layout(job.world_size, job.options)
+    if layout is not None and (pipeline := pipeline_facts(layout)) is not None:
+        out["pipeline"] = pipeline
     if job.descriptor.stage_layers(job.model, job.world_size, job.options) is not None:
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)

@@ -84,7 +84,22 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
         (
             {"strategy": {"name": "pp", "world_size": 4, "options": {"microbatches": 2}}},
             ["body", "strategy", "options", "microbatches"],
-            "at least the number of stages",
+            "at least pp=4 stages",
+        ),
+        (
+            {"strategy": {"name": "pp", "world_size": 2, "options": {"schedule": "interleaved_1f1b", "virtual_stages": 4}}},
+            ["body", "workload", "num_layers"],
+            "layers (4) is not divisible by 8 stages (pp=2 × virtual_stages=4)",
+        ),
+        (
+            {"strategy": {"name": "layout", "world_size": 2, "options": {"pp": 2, "schedule": "1f1b", "virtual_stages": 2}}},
+            ["body", "strategy", "options", "virtual_stages"],
+            "schedule 1f1b runs 1 stage(s) per rank, not virtual_stages=2",
+        ),
+        (
+            {"strategy": {"name": "pp", "world_size": 2, "options": {"schedule": "looped_bfs"}}},
+            ["body", "strategy", "options", "schedule"],
+            "interleaved_1f1b",
         ),
         ({"workload": {"seq_len": 66}, "strategy": {"name": "ring", "world_size": 4}}, ["body", "workload", "seq_len"], "sequence length"),
         (

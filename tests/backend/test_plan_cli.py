@@ -162,7 +162,7 @@ def test_shape_and_recipe_flags_reach_the_resolved_workload():
     assert wl["ffn_hidden_size"] == 512  # not given: derived from the new hidden size, 8/3·128 rounded up to 256s
     assert wl["custom"] is True
     assert (wl["grad_accumulation_steps"], wl["activation_checkpointing"]) == (2, "full")
-    assert doc["strategy"]["options"] == {"schedule": "1f1b", "microbatches": 2}
+    assert doc["strategy"]["options"] == {"schedule": "1f1b", "virtual_stages": 1, "microbatches": 2}
     assert doc["bubble_fraction"] == pytest.approx(1 / 3)  # (2−1)/(2+2−1)
 
 
@@ -262,6 +262,9 @@ def test_bench_takes_a_layout_of_degrees_and_refuses_a_bad_one_naming_the_dimens
             (["--layout", "tp=8"], "workload.num_heads: heads (4) is not divisible by 8 (tp=8)"),
             (["--layout", "ep=2,dp_shard=2"], "ep=2 needs a model with experts"),
             (["--layout", "dp=2"], "'dp=2' is not DIM=DEGREE"),
+            (["--layout", "pp=2", "-o", "virtual_stages=2"], "strategy.options.virtual_stages: schedule 1f1b runs 1 stage(s) per rank"),
+            (["--layout", "pp=2", "-o", "schedule=interleaved_1f1b", "-o", "virtual_stages=4"], "layers (4) is not divisible by 8 stages"),
+            (["--layout", "pp=2", "-o", "schedule=interleaved_1f1b", "-o", "microbatches=5"], "in 2 rounds of pp=2"),
             (["--layout", "tp=2", "--strategy", "ddp"], "give one of --layout or --strategy"),
         ]:
             result = runner.invoke(cli, ["bench", *args, "--out", str(out)])

@@ -41,7 +41,7 @@ CASES = [
          spec("tp", 2, {"sequence_parallel": False}, seq_len=63)),
     case("layers/stages", spec("pp", 3), f"{W}.num_layers", "layers (4) is not divisible by 3", spec("pp", 3, num_layers=6)),
     case("micro-batches < stages", spec("pp", 2, {"microbatches": 1}), f"{OPT}.microbatches",
-         "micro-batches (1) must be at least the number of stages (2)", spec("pp", 2, {"microbatches": 2})),
+         "micro-batches (1) must be at least pp=2 stages", spec("pp", 2, {"microbatches": 2})),
     case("batch/dp", spec("ddp", 2, global_batch_size=7), f"{W}.global_batch_size", "global batch size (7) is not divisible by 2",
          spec("ddp", 2, global_batch_size=6)),
     case("batch/accumulation", spec("ddp", 2, global_batch_size=6, grad_accumulation_steps=2), f"{W}.global_batch_size",

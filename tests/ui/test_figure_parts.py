@@ -100,3 +100,21 @@ def test_compare_figures_show_exposed_communication_and_the_gradient_check() -> 
     assert list(gradients.data[0]["marker"]["color"]) == [palette.VERDICT["passed"], palette.VERDICT["failed"]]
     steps = figures["steps"]
     assert "exposed comm" in [t["name"] for t in steps.data]
+
+
+def test_an_interleaved_pipelines_bubble_is_drawn_per_rank_with_its_stages_and_formula() -> None:
+    """Two chunks a rank at pp=2 beside dp_shard=2 (pp outermost: ranks 0, 1 are pp rank 0)."""
+    pipeline = {"virtual_stages": 2, "stages_per_rank": [[0, 2], [1, 3]], "bubble_formula": "(p−1)/(v·m+p−1)"}
+    doc = {
+        "ranks": [{"rank": r, "bubble_fraction": b} for r, b in enumerate([0.4, 0.5, 0.3, 0.2])],
+        "prediction": {"bubble_fraction": 1 / 9, "pipeline": pipeline},
+    }
+    fig = run_figs.pipeline_bubble(doc)
+    assert fig is not None
+    bars, theory = fig.data
+    assert list(bars["x"]) == ["rank 0: stages 0, 2", "rank 1: stages 0, 2", "rank 2: stages 1, 3", "rank 3: stages 1, 3"]
+    assert list(bars["y"]) == pytest.approx([40, 50, 30, 20])
+    assert theory["name"] == "theory (p−1)/(v·m+p−1)" and list(theory["y"]) == pytest.approx([100 / 9] * 4)
+    one_stage = run_figs.pipeline_bubble({"ranks": doc["ranks"][:2], "prediction": {"bubble_fraction": 0.2}})
+    assert one_stage is not None and list(one_stage.data[0]["x"]) == ["stage 0", "stage 1"]
+    assert one_stage.data[1]["name"] == "theory (p−1)/(m+p−1)"

@@ -75,6 +75,21 @@ def test_run_page_shows_results_and_figures(client, lab):
     assert 'id="fig-moe"' in moe
 
 
+def test_an_interleaved_run_page_shows_each_ranks_bubble_with_its_stages_and_the_formula(client, session_factory, lab):
+    doc = make_document(strategy="pp", world_size=2).model_dump(mode="json")
+    doc["strategy"]["options"] = {"schedule": "interleaved_1f1b", "virtual_stages": 2, "microbatches": 4}
+    for rank, bubble in zip(doc["ranks"], [0.52, 0.46], strict=True):
+        rank["bubble_fraction"] = bubble
+    doc["summary"].update(bubble_per_stage=[0.52, 0.46], bubble_fraction=0.52, stage_imbalance=0.05)
+    pipeline = {"schedule": "interleaved_1f1b", "pp": 2, "virtual_stages": 2, "microbatches": 4, "stages_per_rank": [[0, 2], [1, 3]]}
+    doc["prediction"].update(bubble_fraction=1 / 9, pipeline={**pipeline, "bubble_formula": "(p−1)/(v·m+p−1)"})
+    with session_factory() as s:
+        run = store_run(s, ResultDocument.model_validate(doc))
+    text = " ".join(client.get(f"/runs/{run.id}").text.split())
+    assert "interleaved_1f1b, 2 stages a rank; per rank: rank 0 (stages 0, 2) 52.0%, rank 1 (stages 1, 3) 46.0%" in text, text
+    assert "beside theory (p−1)/(v·m+p−1) = 11.1%" in text
+
+
 def test_failed_run_shows_log_tail_and_live_status(client, lab):
     text = client.get(f"/runs/{lab['failed'].id}").text
     assert "CUDA out of memory" in text

@@ -19,6 +19,8 @@ At 2 ranks:
 - ring: the ring's gradient all-reduce without the 1/ring scale (missing 1/N);
 - moe: expert gradients not divided by the EP size (missing 1/N on experts only);
 - pp: the last micro-batch of each step dropped (its loss, and so its gradients, zeroed);
+- pp_interleaved (interleaved 1F1B, two chunks a rank): rank 0's second chunk (stage 2) left
+  with twice its gradient (a chunk's loss share counted twice);
 
 and faults that only a copy on another rank shows (what the replica check is for):
 
@@ -172,6 +174,23 @@ def drop_microbatch(applied: Applied, ctx: RunContext, strategy: Strategy[Any, A
     return strategy
 
 
+class ChunkScaled(Wrapped):
+    """Wraps a pipeline whose ranks hold several chunks: after its sync, pp rank 0's chunk
+    `chunk` holds twice its gradient; every other chunk, and every other rank, is right."""
+
+    def __init__(self, inner: Strategy[Any, Any], chunk: int):
+        super().__init__(inner)
+        self.chunk = chunk
+
+    def sync_grads(self, applied: Applied, ctx: RunContext, options: Any) -> None:
+        self.inner.sync_grads(applied, ctx, options)
+        if ctx.rank != 0:
+            return
+        for p in applied.model.chunks[self.chunk].parameters():  # type: ignore[union-attr,index]
+            if p.grad is not None:
+                local_grad(p.grad).mul_(2.0)
+
+
 class Unreduced(torch.autograd.Function):
     """Identity forward; backward relabels a pending sum (Partial) as already reduced (Replicate)
     without reducing it, so the all-reduce that would have made it whole never runs."""
@@ -283,6 +302,9 @@ STRATEGY_CASES: dict[str, Case] = {
     "ring": Case("ring", {}, lambda applied, ctx, s: Unscaled(s, "cp")),
     "moe": Case("moe", {}, lambda applied, ctx, s: ExpertsSummed(s)),
     "pp": Case("pp", {}, drop_microbatch),
+    "pp_interleaved": Case(
+        "pp", {"schedule": "interleaved_1f1b", "virtual_stages": 2, "microbatches": 4}, lambda applied, ctx, s: ChunkScaled(s, chunk=1)
+    ),
     # Faults only another rank's copy shows.
     "ddp_unreduced": Case("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, W1)),
     "tp_norm": Case("tp", {"sequence_parallel": True}, lambda applied, ctx, s: ReduceOnRankZero(s, "layers.0.ffn_norm.weight")),

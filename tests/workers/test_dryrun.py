@@ -73,6 +73,14 @@ def test_the_cli_refuses_a_dimension_that_decides_by_values_naming_it(layout, mo
     assert layout.split(",")[0] in result.output and "fake tensor" in result.output, result.output
 
 
+def test_the_cli_refuses_a_pipeline_of_several_chunks_a_rank_naming_the_option():
+    """The dry run answers one stage's shape handshake per rank: several chunks a rank is refused, not guessed."""
+    args = ["plan", "--dry-run", "--layout", "pp=2,dp_shard=2", "-o", "schedule=interleaved_1f1b", "-o", "virtual_stages=2"]
+    result = CliRunner().invoke(app, [*args, "--model", "small"])
+    assert result.exit_code == 2, result.output
+    assert "strategy.options.virtual_stages" in result.output and "2 chunks" in result.output, result.output
+
+
 def test_a_composition_that_drops_a_dimensions_reduction_fails_the_dry_run(monkeypatch):
     """dp_replicate beside tp averages the local gradient shards in one flat all-reduce of its own
     (no DDP or FSDP to do it); drop it, and the dry run sees that dimension's bytes missing.

@@ -1,8 +1,8 @@
 """The gradient check catches what the loss cannot: each strategy broken on purpose fails it.
 
-One 2-rank torchrun of gradcheck_driver.py (session fixture) runs ddp, fsdp, tp, ring, moe and pp
-as they are and a mutant of each (driver docstring: a missing 1/N, a dropped shard, a dropped
-micro-batch), through the check's own code; the tests read its JSON. The same launch runs the
+One 2-rank torchrun of gradcheck_driver.py (session fixture) runs ddp, fsdp, tp, ring, moe, pp
+and interleaved pp as they are and a mutant of each (driver docstring: a missing 1/N, a dropped
+shard, a dropped micro-batch, one chunk's gradient doubled), through the check's own code; the tests read its JSON. The same launch runs the
 faults only another rank's copy shows (an un-reduced DDP gradient on rank 1, a TP norm reduced on
 one rank only): the gradient check misses them, the replica check names them.
 """
@@ -27,7 +27,7 @@ def gradcheck_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dic
     return results
 
 
-@pytest.mark.parametrize("name", [*MUTATED, "pp", *REPLICA_MUTANTS])
+@pytest.mark.parametrize("name", [*MUTATED, "pp", "pp_interleaved", *REPLICA_MUTANTS])
 def test_every_strategy_as_it_is_passes_at_fp32_tolerance(gradcheck_results, name):
     check = gradcheck_results[name]["unbroken"]
     assert check["passed"] and check["tolerance"] == 1e-5 and check["max_rel_err"] <= 1e-5, check
@@ -55,6 +55,13 @@ def test_a_copy_left_behind_on_one_rank_passes_the_gradient_check_and_fails_the_
 def test_a_pipeline_that_drops_a_micro_batch_fails_the_gradient_check(gradcheck_results):
     broken = gradcheck_results["pp"]["broken"]
     assert not broken["passed"] and broken["max_rel_err"] > 0.1, broken
+
+
+def test_an_interleaved_pipeline_with_one_chunks_gradient_doubled_fails_on_that_chunks_blocks(gradcheck_results):
+    """Rank 0 holds stages 0 and 2 (one block each of tiny's 4); its second chunk, block 2, is doubled."""
+    broken = gradcheck_results["pp_interleaved"]["broken"]
+    assert not broken["passed"] and broken["max_rel_err"] == pytest.approx(1.0, abs=1e-4), broken
+    assert broken["failing"] and all(name.startswith("layers.2.") for name in broken["failing"]), broken["failing"]
 
 
 @pytest.mark.parametrize("name", MUTATED)

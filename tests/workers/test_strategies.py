@@ -13,6 +13,7 @@ import math
 import pytest
 
 from parallab.core.jobs import ResolvedJob
+from parallab.core.layout import SCHEDULES
 from parallab.core.rundir import RunDir
 from tests.workers.conftest import make_job, torchrun
 
@@ -30,6 +31,10 @@ CASES = [
     ("ddp", 4, {}),
     ("fsdp", 4, {}),
     ("pp", 4, {"schedule": "1f1b"}),
+    # interleaved 1F1B: two chunks a rank in a loop (stages 0, 2 | 1, 3); m = 4, as gpipe's above
+    ("pp", 2, {"schedule": "interleaved_1f1b", "virtual_stages": 2}),
+    # ZB-V: the weight gradients split off, two chunks a rank in a V (stages 0, 3 | 1, 2): the head and the loss on rank 0
+    ("pp", 2, {"schedule": "zbv", "virtual_stages": 2}),
     ("ddp", 2, {}, {"data": "text"}),  # data with structure: the loss moves, parity must still hold
 ]
 
@@ -178,15 +183,36 @@ def test_the_pipeline_bubble_comes_from_each_stages_actions(harness_job, case):
     action on any stage to the last on any), and the schedule's is their mean."""
     name, n, options, *workload = case
     doc, _ = harness_job(name, n, options, *workload)
-    per_step = doc.strategy.options["microbatches"] * doc.workload["grad_accumulation_steps"]
+    opts = doc.strategy.options
+    # one forward and one backward of every micro-batch on every chunk; the zero-bubble schedules' weight half beside it
+    per_step = opts["microbatches"] * doc.workload["grad_accumulation_steps"] * opts["virtual_stages"]
+    weights = per_step if SCHEDULES[opts["schedule"]].split_backward else 0
     for rank in doc.ranks:
         ops = [e.op for e in doc.timeline if e.rank == rank.rank]
-        assert ops.count("forward") == ops.count("backward") == per_step, ops
+        assert ops.count("forward") == ops.count("backward") == per_step and ops.count("weight") == weights, ops
         assert 0 < rank.bubble_fraction < 1
         assert rank.exposed_comm_time_s == 0.0, "a stage's P2P wait is its bubble, not exposed comm"
     assert doc.summary.bubble_per_stage == [r.bubble_fraction for r in doc.ranks]
     assert doc.summary.bubble_fraction == pytest.approx(sum(r.bubble_fraction for r in doc.ranks) / n)
     assert doc.summary.stage_imbalance is not None and doc.summary.stage_imbalance >= 0
+
+
+def test_interleaving_reports_each_ranks_bubble_beside_its_formula(harness_job):
+    """Interleaved 1F1B at p = 2, v = 2, m = 4: theory (p−1)/(v·m+p−1) = 1/9, GPipe's and 1F1B's
+    (p−1)/(m+p−1) = 1/5 at the same p and m. Each rank's measured bubble is recorded beside the
+    stages it holds. On this machine's 2 shared cores every stage's P2P wait is idle time, and
+    interleaving triples the P2P, so the measured figure is far above theory, and not reliably
+    below GPipe's (measured: 0.46-0.58 interleaved against 0.35-0.37 for 1F1B): only a wide
+    band is asserted, and any flag holds the measurement against the formula."""
+    doc, _ = harness_job("pp", 2, {"schedule": "interleaved_1f1b", "virtual_stages": 2})
+    gpipe, _ = harness_job("pp", 2, {"schedule": "gpipe"})
+    pipeline = doc.prediction.model_dump()["pipeline"]
+    assert pipeline["stages_per_rank"] == [[0, 2], [1, 3]] and pipeline["bubble_formula"] == "(p−1)/(v·m+p−1)"
+    assert doc.prediction.bubble_fraction == pytest.approx(1 / 9) and gpipe.prediction.bubble_fraction == pytest.approx(1 / 5)
+    per_rank = doc.summary.bubble_per_stage
+    assert per_rank is not None and len(per_rank) == 2 and all(0.0 < b < 0.9 for b in per_rank), per_rank
+    assert [r.bubble_fraction for r in doc.ranks] == per_rank
+    assert all(f.predicted == pytest.approx(1 / 9) for f in doc.flags if f.metric == "bubble_fraction"), "held against the formula"
 
 
 def test_a_failing_rank_exits_non_zero_with_its_traceback(tmp_path):

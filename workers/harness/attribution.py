@@ -438,9 +438,10 @@ def busy(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str) -
 # ---- the pipeline's schedule actions ----
 
 ACTION_PREFIX = "parallab.pp::"
-"""The pipeline strategy wraps each stage action (a micro-batch's forward, backward, or the last
-stage's loss) in a profiler range named `parallab.pp::<kind> <micro-batch>`."""
-ACTION_KINDS = ("forward", "backward", "loss")
+"""The pipeline strategy wraps each stage action (a micro-batch's forward, backward — under the
+zero-bubble schedules its input half — its weight half, or the last stage's loss) in a profiler
+range named `parallab.pp::<kind> <micro-batch>`."""
+ACTION_KINDS = ("forward", "backward", "weight", "loss")
 
 
 def action_name(kind: str, microbatch: int | None = None) -> str:
@@ -499,7 +500,7 @@ def timeline(
     device: str = "cpu",
 ) -> list[TimelineEvent]:
     """Events of one step `span`: comm ops (by requested kind), a pipeline stage's actions
-    ("forward", "backward", "loss"), and the `busy` intervals (`cpu_busy`/`gpu_busy`: what the
+    ("forward", "backward", "weight", "loss"), and the `busy` intervals (`cpu_busy`/`gpu_busy`: what the
     step-time split counts as compute) as "compute"; at most `max_events` — communication
     first, then the actions, then the earliest compute. Times are relative to the step's start."""
     t0, t1 = _span(span)

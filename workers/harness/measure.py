@@ -29,9 +29,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from parallab.core.result import CommOp, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
@@ -156,20 +158,44 @@ times are per process, and the pipeline's bubble compares every stage's actions 
 MEMORY_KEYS = ("params", "grads", "optimizer", "activations", "temporaries", "other")
 
 
+class _NonLeafInputsModTracker(ModTracker):
+    """ModTracker that hooks a module's backward on its non-leaf inputs only.
+
+    Its hook on the inputs fires once all of their gradients are computed, which autograd finds
+    out by asking, of each input, whether the engine will run its node — a question
+    `torch.autograd.grad` refuses for a leaf. The zero-bubble pipeline schedules compute a stage's
+    input gradient with `autograd.grad` over its input, a leaf (the activation received from the
+    previous stage). A module whose inputs are all leaves gets its post-backward call at the end
+    of the backward instead (ModTracker's own fallback for inputs without gradients)."""
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: object) -> None:
+        args, _ = tree_flatten(input)
+        kept = tuple(a for a in args if not (isinstance(a, torch.Tensor) and a.is_leaf))
+        super()._fw_pre_hook(mod, kept)
+
+
 class StepMemTracker(MemTracker):
     """MemTracker over one optimizer step whose root module may run forward more than once.
 
     MemTracker refuses a root module's second forward ("multiple iterative calls"): it takes it for
     the next iteration, whose per-module snapshots would mix with this one's. Within one step the
     root runs once per accumulation micro-step, and a pipeline stage once per micro-batch. Only
-    the global peak is used here, so the per-module stats are cleared before such a forward
-    (`reset_mod_stats`, MemTracker's own remedy); the tensors tracked, and the peak, are kept.
+    the global peak is used here, so the per-module stats of that root's modules are cleared before
+    such a forward (what `reset_mod_stats`, MemTracker's own remedy, does for all of them); the
+    tensors tracked, and the peak, are kept. Only that root's: a rank holding several pipeline
+    chunks runs each as a root, and another chunk's pending backward still needs its stats.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _NonLeafInputsModTracker()
 
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: object) -> None:
         name = self._mod_tracker.get_known_fqn(module)
         if module in self.memory_tracking and not self._mod_tracker.is_bw and set(self._mod_tracker.parents) - {name} == {"Global"}:
-            self.reset_mod_stats()
+            for sub in module.modules():
+                if sub in self.memory_tracking:
+                    del self.memory_tracking[sub]
         super()._pre_fw_hook(module, inputs)
 
 

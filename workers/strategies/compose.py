@@ -2,7 +2,8 @@
 
 1. the model is built (seeded, on CPU, identical everywhere; activation checkpointing and fp8 are
    applied as it is built, `workers.harness.main.new_model`, before any wrapper);
-2. pp: keep this stage's blocks (`pipeline.split`);
+2. pp: keep this rank's stages' blocks, one model chunk per stage (`pipeline.chunks`: v under
+   the interleaved schedules); steps 3–7 then apply to each chunk;
 3. tp (+SP): the Megatron plan on the "tp" dim (`tensor_parallel.parallelize`);
 4. ep: keep this rank's slice of every MoE layer's experts, route by all-to-all over "ep"
    (`expert_parallel.shard_experts`);
@@ -80,11 +81,21 @@ class Composed(Strategy[Any, ComposedApplied]):
 
     def apply(self, model: Transformer, ctx: RunContext, options: PresetOptions) -> ComposedApplied:
         layout = self.layout(ctx, options)
-        stage = stages = 0
+        parts = {0: model}
         if layout.pp > 1:
-            stage, stages = _coordinate(ctx, "pp")
-            per = model.cfg.num_layers // stages
-            model = pipeline.split(model, stage=stage, stages=stages, layers=range(stage * per, (stage + 1) * per))
+            parts = pipeline.chunks(model, rank=_coordinate(ctx, "pp")[0], layout=layout)
+        parts = {k: self._apply_chunk(chunk, ctx, layout) for k, chunk in parts.items()}
+        if layout.pp > 1:
+            pipe = pipeline.schedule(parts, ctx, layout)
+            return ComposedApplied(model=pipe.model, layout=layout, pipe=pipe)
+        trained: nn.Module = parts[0]
+        if layout.on == ("dp_replicate",):
+            trained = ddp.wrap(trained, ctx, group=ctx.mesh_dim("dp_replicate").get_group(), bucket_cap_mb=layout.bucket_cap_mb)
+        return ComposedApplied(model=trained, layout=layout)
+
+    @staticmethod
+    def _apply_chunk(model: Transformer, ctx: RunContext, layout: Layout) -> Transformer:
+        """Steps 3–7 on one model (a pipeline chunk, or the whole model): tp, ep, cp, FSDP/HSDP."""
         model = place(model, ctx.device)
         if layout.tp > 1:
             tensor_parallel.parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=layout.sequence_parallel)
@@ -92,17 +103,11 @@ class Composed(Strategy[Any, ComposedApplied]):
             expert_parallel.shard_experts(model, ctx.mesh_dim("ep").get_group())
         if layout.cp > 1:
             ring_attention.parallelize(model, ctx.mesh_dim("cp"), ctx.device, zigzag=layout.zigzag)
-        trained: nn.Module = model
         if layout.dp_shard > 1:
             assert ctx.mesh is not None, "a sharded layout has a mesh"
             mesh = ctx.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else ctx.mesh_dim("dp_shard")
             fsdp.shard(model, mesh, reshard_after_forward=layout.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx.precision))
-        elif layout.on == ("dp_replicate",):
-            trained = ddp.wrap(model, ctx, group=ctx.mesh_dim("dp_replicate").get_group(), bucket_cap_mb=layout.bucket_cap_mb)
-        pipe = None
-        if layout.pp > 1:
-            pipe = pipeline.schedule(model, ctx, stage=stage, stages=stages, kind=layout.schedule, microbatches=layout.microbatches)
-        return ComposedApplied(model=trained, layout=layout, pipe=pipe)
+        return model
 
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
         """Rows of the data-parallel rank indexed over dp_replicate, dp_shard and ep in mesh order
@@ -154,14 +159,15 @@ class Composed(Strategy[Any, ComposedApplied]):
         layout = self.layout(ctx, options)
         if layout.pp == 1:
             return 1.0 / ctx.world_size
-        stage, stages = _coordinate(ctx, "pp")
-        return layout.pp / ctx.world_size if stage == stages - 1 else 0.0
+        return layout.pp / ctx.world_size if pipeline.last_stage_holder(ctx, layout) else 0.0
 
     def progress_rank(self, ctx: RunContext, options: Any) -> int:
-        """Under a pipeline, the last stage of rank 0's replica (pp is the outermost mesh dim); else rank 0."""
-        if self.layout(ctx, options).pp == 1 or ctx.mesh is None:
+        """Under a pipeline, the rank holding the last stage in rank 0's replica (pp is the outermost
+        mesh dim); else rank 0."""
+        layout = self.layout(ctx, options)
+        if layout.pp == 1 or ctx.mesh is None:
             return 0
-        corner = (-1,) + (0,) * (ctx.mesh.ndim - 1)
+        corner = (pipeline.last_stage_coordinate(layout),) + (0,) * (ctx.mesh.ndim - 1)
         return int(ctx.mesh.mesh[corner].item())
 
 

@@ -1,34 +1,51 @@
 """`pp`: pipeline parallelism over contiguous layer stages with `torch.distributed.pipelining`.
 
-Stage s keeps the blocks the descriptor's stage layout gives it (`stage_layers`: [s·L/p,
-(s+1)·L/p)); the first stage also keeps the root modules the model family puts first (the
+The model is cut into p·v stages (`Layout.stage_layer_ranges`; v virtual stages per rank under
+the interleaved and ZB-V schedules, 1 otherwise) and each rank keeps the stages the schedule
+places on it (`parallab.core.layout.rank_stages`: loop placement r, r+p, … or ZB-V's V), one
+model chunk per stage (`chunks`: a copy of the built model per chunk past the first, `split` to
+its blocks). The first stage also keeps the root modules the model family puts first (the
 embedding), the last those it puts last (final norm, LM head); the others drop them, so blocks
-keep their names: "layers.5" stays "layers.5". Each rank builds
-its own `PipelineStage` by hand (no tracing) and a `ScheduleGPipe` or `Schedule1F1B` over
-`microbatches` micro-batches of every accumulation micro-step. The schedule runs forward and
-backward itself, so this module replaces the loop's `forward_backward`, and runs it under
-`pipeline_comm()` so the profiler knows its P2P for the pipeline's. While a profiler runs, each
-stage action — a micro-batch's forward (`PipelineStage.forward_one_chunk`), its backward
-(`backward_one_chunk`), the last stage's loss — is a profiler range (`attribution.action_name`):
-the bubble is the stage's idle time between its first and last action. The loss lives
-on the last stage: each micro-batch's loss is scaled by its share of the step, and `loss_weight`
-gives the last stage the whole global loss.
+keep their names: "layers.5" stays "layers.5", and a rank's chunks together (`held`) have the
+plain model's parameter names for the optimizer and the gradient check. Each chunk is its own
+`PipelineStage` (built by hand, no tracing) under one schedule over `microbatches` micro-batches
+of every accumulation micro-step: `ScheduleGPipe` or `Schedule1F1B` over one stage,
+`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble` or `ScheduleZBVZeroBubble` over the
+rank's chunks. The schedule runs forward and backward itself, so this module replaces the loop's
+`forward_backward`, and runs it under `pipeline_comm()` so the profiler knows its P2P for the
+pipeline's. While a profiler runs, each stage action — a micro-batch's forward on a chunk
+(`PipelineStage.forward_one_chunk`), its backward (`backward_one_chunk`, and under the zero-bubble
+schedules the weight half, `backward_weight_one_chunk`), the last stage's loss — is a profiler
+range (`attribution.action_name`): a rank's bubble is its idle time between the pipeline's first
+and last action, whichever of its chunks ran. The loss lives on the rank holding the last stage
+(p−1, or 0 under ZB-V): each micro-batch's loss is scaled by its share of the step, and
+`loss_weight` gives that rank the whole global loss.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle, _PipelineSchedule
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from parallab.core.families import family_of
+from parallab.core.layout import Layout, last_stage_rank, rank_stages
 from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.pp import PPOptions
 from workers.harness.amp import Amp
@@ -37,11 +54,19 @@ from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies.base import Applied, MicroBatch, Strategy
 
-SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-STAGE_ACTIONS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward"}
-"""The `PipelineStage` methods every schedule calls once per micro-batch (first argument: its
-index), and the action each is. Both schedules call them on the stage (torch 2.13,
-torch/distributed/pipelining/schedules.py: `self._stage.forward_one_chunk(i, ...)`)."""
+SCHEDULES: dict[str, type[_PipelineSchedule]] = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "interleaved_zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+}
+"""torch's class for each schedule the core knows (`parallab.core.layout.SCHEDULES`; a test holds the keys equal)."""
+STAGE_ACTIONS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward", "backward_weight_one_chunk": "weight"}
+"""The `PipelineStage` methods the schedules call once per micro-batch and chunk (first argument:
+the micro-batch's index), and the action each is; the zero-bubble schedules split a backward into
+its input half (`backward_one_chunk(full_backward=False)`) and its weight half, both work a bubble
+does not count (torch 2.13, torch/distributed/pipelining/schedules.py: `stage.forward_one_chunk(mb_index, ...)`)."""
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 
@@ -74,19 +99,35 @@ class LossScale:
 
 @dataclass(frozen=True)
 class PipelineApplied(Applied):
-    """The stage's module, its schedule, and the loss scale the schedule's loss function reads."""
+    """The rank's module(s), its schedule, and the loss scale the schedule's loss function reads."""
 
-    schedule: PipelineScheduleSingle
+    schedule: _PipelineSchedule
     loss_scale: LossScale
-    stage: int
-    stages: int
-
-    @property
-    def last(self) -> bool:
-        return self.stage == self.stages - 1
+    first: bool
+    """This rank holds the first stage: the schedule's step takes the inputs here."""
+    last: bool
+    """This rank holds the last stage: the targets go here, and the losses come back."""
 
 
-def _stage(ctx: RunContext) -> tuple[int, int]:
+class Chunks(nn.Module):
+    """A rank's model chunks as one module for the optimizer, the loop and the checks: their
+    parameters under the plain model's names (the chunks hold disjoint blocks and roots)."""
+
+    def __init__(self, chunks: list[nn.Module]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[tuple[str, nn.Parameter]]:
+        for chunk in self.chunks:
+            yield from chunk.named_parameters(prefix, recurse, remove_duplicate)
+
+
+def held(parts: Mapping[int, nn.Module]) -> nn.Module:
+    """The module a rank trains: its one stage, or its chunks together (`Chunks`)."""
+    return next(iter(parts.values())) if len(parts) == 1 else Chunks(list(parts.values()))
+
+
+def _pp_rank(ctx: RunContext) -> tuple[int, int]:
     mesh = ctx.mesh_dim("pp")
     return mesh.get_local_rank(), mesh.size()
 
@@ -112,23 +153,55 @@ def split(model: Transformer, *, stage: int, stages: int, layers: range) -> Tran
     return model
 
 
-def schedule(model: Transformer, ctx: RunContext, *, stage: int, stages: int, kind: str, microbatches: int) -> PipelineApplied:
-    """The stage's `PipelineStage` over the "pp" mesh dim and its schedule, on a model already
-    split, placed (and sharded by the dimensions applied after the split)."""
+def chunks(model: Transformer, *, rank: int, layout: Layout) -> dict[int, Transformer]:
+    """This pp rank's stages → their modules, each `split` from the built model (a copy per stage
+    but the last one held: every rank built the same seeded model, so the copies are identical)."""
+    mine = rank_stages(rank, layout.pp, layout.virtual_stages, layout.schedule)
+    ranges = layout.stage_layer_ranges(model.cfg.num_layers)
+    out = {}
+    for i, k in enumerate(mine):
+        source = model if i == len(mine) - 1 else copy.deepcopy(model)
+        out[k] = split(source, stage=k, stages=layout.stages, layers=ranges[k])
+    return out
+
+
+def schedule(parts: Mapping[int, nn.Module], ctx: RunContext, layout: Layout) -> PipelineApplied:
+    """The `PipelineStage` of every chunk over the "pp" mesh dim and the layout's schedule over
+    them, on chunks already split, placed (and sharded by the dimensions applied after the split)."""
     # Each micro-batch's loss carries its share 1/(microbatches × accumulation) itself, and the
     # schedule's own scale_grads stays off: it rescales *all* held grads at every step() and so
     # would shrink the earlier accumulation micro-steps' gradients again.
     # fp16: the loop's loss scale must reach the backward the schedule runs, so loss_fn reads it.
-    share = 1.0 / (ctx.accum_steps * microbatches)
+    m = layout.microbatches
+    share = 1.0 / (ctx.accum_steps * m)
     scale = LossScale()
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) * (share * scale.value)
 
     loss_fn = _profiled_action("loss", loss, indexed=False)
-    pipe_stage = mark_actions(PipelineStage(model, stage, stages, ctx.device, group=ctx.mesh_dim("pp").get_group()))
-    steps = SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False)
-    return PipelineApplied(model=model, schedule=steps, loss_scale=scale, stage=stage, stages=stages)
+    group = ctx.mesh_dim("pp").get_group()
+    stages: list[_PipelineStageBase] = [
+        mark_actions(PipelineStage(module, k, layout.stages, ctx.device, group=group)) for k, module in sorted(parts.items())
+    ]
+    kind = SCHEDULES[layout.schedule]
+    if issubclass(kind, PipelineScheduleSingle):
+        assert len(stages) == 1, "a single-stage schedule runs one stage per rank"
+        steps: _PipelineSchedule = kind(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+    else:
+        assert issubclass(kind, PipelineScheduleMulti), f"{kind.__name__} is a single- or a multi-stage schedule"
+        steps = kind(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+    return PipelineApplied(model=held(parts), schedule=steps, loss_scale=scale, first=0 in parts, last=layout.stages - 1 in parts)
+
+
+def last_stage_holder(ctx: RunContext, layout: Layout) -> bool:
+    """Whether this rank holds the last stage (its loss is the replica's)."""
+    return _pp_rank(ctx)[0] == last_stage_coordinate(layout)
+
+
+def last_stage_coordinate(layout: Layout) -> int:
+    """The pp index of the rank holding the last stage (the progress rank's coordinate)."""
+    return last_stage_rank(layout.pp, layout.virtual_stages, layout.schedule)
 
 
 def forward_backward(applied: PipelineApplied, batch: MicroBatch, ctx: RunContext, amp: Amp) -> torch.Tensor:
@@ -137,7 +210,7 @@ def forward_backward(applied: PipelineApplied, batch: MicroBatch, ctx: RunContex
     losses: list[torch.Tensor] = []
     target = batch.labels if applied.last else None
     with amp.autocast(), pipeline_comm():
-        if applied.stage == 0:
+        if applied.first:
             applied.schedule.step(batch.inputs, target=target, losses=losses, return_outputs=False)
         else:
             applied.schedule.step(target=target, losses=losses, return_outputs=False)
@@ -149,23 +222,25 @@ def forward_backward(applied: PipelineApplied, batch: MicroBatch, ctx: RunContex
 class Pipeline(Strategy[PPOptions, PipelineApplied]):
     name = "pp"
 
-    def apply(self, model: Transformer, ctx: RunContext, options: PPOptions) -> PipelineApplied:
-        stage, stages = _stage(ctx)
-        layout = get_descriptor(self.name).stage_layers(model.cfg, stages, options)
+    def layout(self, ctx: RunContext, options: PPOptions) -> Layout:
+        layout = get_descriptor(self.name).layout(ctx.world_size, options)
         assert layout is not None, "the pp descriptor lays out stages"
-        model = split(model, stage=stage, stages=stages, layers=layout[stage]).to(ctx.device)
-        return schedule(model, ctx, stage=stage, stages=stages, kind=options.schedule, microbatches=options.n_microbatches)
+        return layout
+
+    def apply(self, model: Transformer, ctx: RunContext, options: PPOptions) -> PipelineApplied:
+        layout = self.layout(ctx, options)
+        parts = {k: m.to(ctx.device) for k, m in chunks(model, rank=_pp_rank(ctx)[0], layout=layout).items()}
+        return schedule(parts, ctx, layout)
 
     def forward_backward(self, applied: PipelineApplied, batch: MicroBatch, ctx: RunContext, options: PPOptions, amp: Amp) -> torch.Tensor:
         return forward_backward(applied, batch, ctx, amp)
 
     def loss_weight(self, ctx: RunContext, options: PPOptions) -> float:
-        stage, stages = _stage(ctx)
-        return 1.0 if stage == stages - 1 else 0.0
+        return 1.0 if last_stage_holder(ctx, self.layout(ctx, options)) else 0.0
 
     def progress_rank(self, ctx: RunContext, options: PPOptions) -> int:
-        """The last stage writes the live progress: it is the one with a loss to show."""
-        return int(ctx.mesh_dim("pp").mesh.flatten()[-1].item())
+        """The rank holding the last stage writes the live progress: it is the one with a loss to show."""
+        return int(ctx.mesh_dim("pp").mesh.flatten()[last_stage_coordinate(self.layout(ctx, options))].item())
 
 
 STRATEGY = Pipeline()

@@ -8,12 +8,13 @@ bubble it adds. `parallab.core.dims.compose` sums them over a layout; a degree o
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from parallab.core.costs import chunk, numel
 from parallab.core.families import ModelFamily, Tensor, family_of, model_tensors
-from parallab.core.layout import Layout
+from parallab.core.layout import Layout, last_stage_rank, rank_stages, stage_layers
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 
@@ -34,6 +35,9 @@ class ActivationLayout:
     tp: int = 1
     """Ways the attention and MLP interiors are split (tensor parallel degree)."""
     sequence_parallel: bool = False
+    chunk_layers: int | None = None
+    """Blocks one in-flight micro-batch's activations span (an interleaved pipeline's chunk,
+    L/(p·v), where `tokens` counts chunk-micro-batches in flight); None: `layers`."""
     micro_tokens: int | None = None
     """Tokens of one micro-batch: what is recomputed at once under full checkpointing, and whose
     logits' gradient exists at once in backward (None: `tokens`, one micro-batch in flight)."""
@@ -43,6 +47,10 @@ class ActivationLayout:
     """Whether autocast casts this rank's block weights (False where FSDP gathers them in 16 bits)."""
     name: str = ""
     """Which rank this layout is, when ranks differ (a pipeline stage)."""
+
+    @property
+    def held_layers(self) -> int:
+        return self.layers if self.chunk_layers is None else self.chunk_layers
 
     @property
     def micro(self) -> int:
@@ -105,14 +113,21 @@ class Plan:
 
     @property
     def stages(self) -> list[list[Tensor]]:
-        """The tensors of each pipeline stage (one stage without a pipeline)."""
-        p = self.layout.pp
+        """The tensors each pipeline rank holds (one rank kind without a pipeline): the blocks of
+        its stages (`schedules.rank_stages`: v chunks under an interleaved schedule), and the root
+        tensors of the ranks holding the first and the last stage."""
+        lay = self.layout
+        p, v = lay.pp, lay.virtual_stages
         tensors = model_tensors(self.model)
         if p == 1:
             return [tensors]
-        per = self.model.num_layers // p
         family = family_of(self.model)
-        return [[t for t in tensors if on_stage(t, s, range(s * per, (s + 1) * per), last=p - 1, family=family)] for s in range(p)]
+        last = last_stage_rank(p, v, lay.schedule)
+        out = []
+        for r in range(p):
+            layers = {i for k in rank_stages(r, p, v, lay.schedule) for i in stage_layers(self.model.num_layers, p * v, k)}
+            out.append([t for t in tensors if on_stage(t, r, layers, last=last, family=family)])
+        return out
 
     def local_shapes(self, upto: str | None = None) -> list[list[tuple[int, ...]]]:
         """Per stage, the shape of each tensor one rank keeps once every dimension before `upto`
@@ -144,11 +159,12 @@ def residual_stream_bytes(precision: str, *, fsdp: bool) -> int:
     return 2 if fsdp and precision != "fp32" else 4
 
 
-def on_stage(t: Tensor, stage: int, layers: range, *, last: int, family: ModelFamily) -> bool:
-    """Blocks by layer; a root tensor on the first stage or the last, as the model family puts it."""
+def on_stage(t: Tensor, rank: int, layers: Container[int], *, last: int, family: ModelFamily) -> bool:
+    """Blocks by layer; a root tensor on the first stage's rank (0) or the last's (`last`), as
+    the model family puts it."""
     if t.layer is not None:
         return t.layer in layers
-    return stage == (0 if family.on_first_stage(t) else last)
+    return rank == (0 if family.on_first_stage(t) else last)
 
 
 class Dimension:

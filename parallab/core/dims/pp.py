@@ -1,19 +1,44 @@
 """pp: pipeline stages over contiguous layers, outermost on the mesh (`torch.distributed.pipelining`).
 
-Stage s keeps blocks [s·L/p, (s+1)·L/p), the first stage the embedding, the last the final norm
-and head (`Plan.stages`). Each accumulation micro-step is cut into `microbatches`; a middle stage
-sends every micro-batch's residual stream on and its gradient back, and receives the same
-(`residual_stream_bytes`: fp32, or 16-bit under FSDP with a 16-bit recipe).
-The bubble is (p−1)/(m+p−1); under 1F1B stage s holds p−s micro-batches in flight, m under GPipe.
+The model is cut into p·v stages of L/(p·v) blocks (v = `virtual_stages`, 1 but under the
+interleaved and ZB-V schedules), placed on the ranks as the schedule says (`schedules`); the first
+stage keeps the embedding, the last the final norm and head (`Plan.stages`). Each accumulation
+micro-step is cut into `microbatches` (m); at every stage boundary between two ranks a micro-batch's
+residual stream goes forward and its gradient comes back (`residual_stream_bytes`: fp32, or 16-bit
+under FSDP with a 16-bit recipe).
+
+Bubble (the idle share of a step), from the papers, every pass of a stage taking the same time:
+- GPipe and 1F1B: (p−1)/(m+p−1) (Huang et al. 2019; Narayanan et al. 2021, §2.2.1);
+- interleaved 1F1B: (p−1)/(v·m+p−1) — the fill and drain take (p−1) chunk passes, each 1/v of
+  a stage's (Narayanan et al. 2021, §2.2.2);
+- interleaved zero bubble (torch's ZB1P, ZB-H1 with loop placement): ZB-H1's bubble is
+  (p−1)(T_F+T_B−T_W) against m(T_F+T_B+T_W) of work (Qi et al. 2024, "Zero Bubble Pipeline
+  Parallelism", §3.1); with T_F = T_B = T_W, per chunk of 1/v: (p−1)/(3·v·m+p−1). Not zero: only
+  a third of 1F1B's idle time at v = 1;
+- ZB-V: (p−1)(T_F+T_B−2T_W) (Qi et al. 2024, §6), zero when T_F = T_B = T_W — torch's own
+  docstring says so; on real models T_W differs, so a measured bubble above 0 is expected.
+
+Micro-batches in flight on pp rank r (what its activations hold at the peak):
+- GPipe: m, each L/p blocks; 1F1B: min(p−r, m) (Narayanan et al. 2021, §2.2.1);
+- interleaved (1F1B and ZB1P): min((v−1)·p + 2(p−1−r) + 1, v·m) chunk-micro-batches of L/(p·v)
+  blocks — Megatron-LM's interleaved warm-up count plus the one steady-state forward, which torch's
+  `_get_warmup_ops` also uses; on rank 0 that is L·(1 + (p−1)/(p·v)) blocks' worth, the first
+  stage's excess over 1F1B's L (Korthikanti et al. 2022, §4.2.3);
+- ZB-V: 2p chunk-micro-batches of L/(2p) on every rank, 1F1B's first-stage peak, balanced by
+  the V (Qi et al. 2024, §6).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
+
+from pydantic import Field
 
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
+from parallab.core.layout import SCHEDULES, Layout, last_stage_rank, p2p_per_microbatch, rank_stages
 from parallab.core.model import ModelConfig
-from parallab.core.problems import SpecProblem
+from parallab.core.problems import Loc, SpecProblem
 
 
 def tied_head_rule(model: ModelConfig, pp: int) -> list[SpecProblem]:
@@ -23,23 +48,107 @@ def tied_head_rule(model: ModelConfig, pp: int) -> list[SpecProblem]:
     return []
 
 
+def schedule_field() -> Any:
+    """The `schedule` option of every preset that has a pipeline."""
+    return Field("1f1b", description="pp: " + "; ".join(f"{s.name}: {s.title}" for s in SCHEDULES.values()))
+
+
+def virtual_stages_field() -> Any:
+    """The `virtual_stages` option of every preset that has a pipeline."""
+    return Field(
+        1, ge=1, le=64, description="pp: model chunks (virtual stages) per rank; >1 under interleaved_1f1b, interleaved_zb, 2 under zbv."
+    )
+
+
+def stage_split_rule(model: ModelConfig, layout: Layout) -> list[SpecProblem]:
+    """The layers cut into p·v equal stages."""
+    p, v = layout.pp, layout.virtual_stages
+    if v == 1 or p == 1:
+        return divisible(("workload", "num_layers"), "layers", model.num_layers, "pp", p)
+    if model.num_layers % (p * v):
+        msg = f"layers ({model.num_layers}) is not divisible by {p * v} stages (pp={p} × virtual_stages={v})"
+        return [SpecProblem(("workload", "num_layers"), msg)]
+    return []
+
+
+def schedule_rules(loc: Loc, layout: Layout) -> list[SpecProblem]:
+    """What the schedule asks of pp > 1, v and m: `loc` is where the pp options live in the spec."""
+    p, v, m, name = layout.pp, layout.virtual_stages, layout.microbatches, layout.schedule
+    facts = SCHEDULES[name]
+    out = []
+    if facts.chunks is not None and v != facts.chunks:
+        msg = f"schedule {name} runs {facts.chunks} stage(s) per rank, not virtual_stages={v}"
+        out.append(SpecProblem((*loc, "virtual_stages"), msg))
+    if m < p:
+        out.append(SpecProblem((*loc, "microbatches"), f"micro-batches ({m}) must be at least pp={p} stages"))
+    rounds = max(1, m // p)
+    if facts.rounds and m % rounds:
+        msg = f"schedule {name} runs micro-batches ({m}) in {rounds} rounds of pp={p}: it must be a multiple of {rounds}"
+        out.append(SpecProblem((*loc, "microbatches"), msg))
+    if facts.v_shape and m < 2 * p - 1:
+        msg = f"schedule {name} needs micro-batches ({m}) at least 2·pp−1 = {2 * p - 1} (torch's ZB-V plans that many)"
+        out.append(SpecProblem((*loc, "microbatches"), msg))
+    return out
+
+
+def in_flight(layout: Layout, rank: int) -> int:
+    """Micro-batches (chunk-micro-batches under several chunks) pp rank `rank` holds at its peak (module docstring)."""
+    p, v, m = layout.pp, layout.virtual_stages, layout.microbatches
+    facts = SCHEDULES[layout.schedule]
+    if facts.v_shape:
+        return min(2 * p, v * m)
+    if facts.chunks is None:
+        return min((v - 1) * p + 2 * (p - 1 - rank) + 1, v * m)
+    return m if layout.schedule == "gpipe" else min(p - rank, m)
+
+
+def bubble(layout: Layout) -> tuple[float, str]:
+    """The schedule's bubble (module docstring), every pass of a stage taking the same time, and
+    its formula as the run page and `parallab plan` show it."""
+    p, v, m = layout.pp, layout.virtual_stages, layout.microbatches
+    facts = SCHEDULES[layout.schedule]
+    if facts.v_shape:
+        return 0.0, "(p−1)(T_F+T_B−2T_W) = 0 at T_F = T_B = T_W"
+    if facts.split_backward:
+        return (p - 1) / (3 * v * m + p - 1), "(p−1)/(3·v·m+p−1)"
+    if facts.chunks is None:
+        return (p - 1) / (v * m + p - 1), "(p−1)/(v·m+p−1)"
+    return (p - 1) / (m + p - 1), "(p−1)/(m+p−1)"
+
+
+def pipeline_facts(layout: Layout) -> dict[str, Any] | None:
+    """What a run's page says of its pipeline beside the measured bubble per rank: the schedule,
+    p, v, m, the bubble's formula, and the stages each rank holds (None without a pipeline)."""
+    if layout.pp == 1:
+        return None
+    p, v = layout.pp, layout.virtual_stages
+    return {
+        "schedule": layout.schedule,
+        "pp": p,
+        "virtual_stages": v,
+        "microbatches": layout.microbatches,
+        "bubble_formula": bubble(layout)[1],
+        "stages_per_rank": [rank_stages(r, p, v, layout.schedule) for r in range(p)],
+    }
+
+
 class Pipeline(Dimension):
     name = "pp"
-    title = "pipeline stages over layers (GPipe, 1F1B)"
+    title = "pipeline stages over layers (GPipe, 1F1B, interleaved 1F1B, zero bubble)"
     dense_only = True
     experts_by_family = True
     """A micro-batch through an MoE block: the parallab family's capacity and auxiliary loss are
     the whole batch's (and the schedule's loss is cross-entropy alone), a per-token router's not."""
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
-        p, m = draft.layout.pp, draft.layout.microbatches
-        out = divisible(("workload", "num_layers"), "layers", draft.model.num_layers, "pp", p)
+        lay = draft.layout
+        p, m = lay.pp, lay.microbatches
+        out = stage_split_rule(draft.model, lay)
         out += tied_head_rule(draft.model, p)
-        if p > 1 and m < p:
-            out.append(SpecProblem((*draft.loc, "microbatches"), f"micro-batches ({m}) must be at least pp={p} stages"))
-        split = draft.layout.dp * m * draft.grad_accumulation_steps
+        out += schedule_rules(draft.loc, lay)
+        split = lay.dp * m * draft.grad_accumulation_steps
         if draft.global_batch_size % split:
-            what = f"dp={draft.layout.dp} × micro-batches {m} × accumulation {draft.grad_accumulation_steps}"
+            what = f"dp={lay.dp} × micro-batches {m} × accumulation {draft.grad_accumulation_steps}"
             out.append(
                 SpecProblem(
                     ("workload", "global_batch_size"), f"global batch size ({draft.global_batch_size}) is not divisible by {split} ({what})"
@@ -48,10 +157,12 @@ class Pipeline(Dimension):
         return out
 
     def comm(self, plan: Plan) -> list[CommItem]:
+        """The busiest rank's sends and receives: per micro-batch one of each per stage boundary
+        it stands at (`schedules.p2p_per_microbatch`: p−1 boundaries, v·p−1 with v chunks)."""
         lay = plan.layout
         if lay.pp == 1:
             return []
-        ways = 2 if lay.pp > 2 else 1
+        ways = max(p2p_per_microbatch(r, lay.pp, lay.virtual_stages, lay.schedule) for r in range(lay.pp))
         stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
         boundary = plan.tokens_per_replica * plan.model.hidden_size * stream * ways
         calls = lay.microbatches * plan.job.accum_steps * ways
@@ -60,29 +171,31 @@ class Pipeline(Dimension):
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
         lay = plan.layout
-        p, m = lay.pp, lay.microbatches
+        p, v, m = lay.pp, lay.virtual_stages, lay.microbatches
         if p == 1:
             return layouts
         base = layouts[0]
         per_micro = base.tokens // m
+        gpipe, last = lay.schedule == "gpipe", last_stage_rank(p, v, lay.schedule)
         out = []
-        for stage in range(p):
-            in_flight = m if lay.schedule == "gpipe" else min(p - stage, m)
+        for rank in range(p):
+            held = in_flight(lay, rank)
+            name = f"stage {rank}" if v == 1 else f"rank {rank} (stages {', '.join(map(str, rank_stages(rank, p, v, lay.schedule)))})"
             out.append(
                 replace(
                     base,
-                    tokens=per_micro * in_flight,
+                    tokens=per_micro * held,
                     layers=base.layers // p,
-                    head_tokens=per_micro * in_flight if stage == p - 1 else 0,
+                    chunk_layers=base.layers // (p * v) if v > 1 else None,
+                    head_tokens=per_micro * (m if gpipe else 1) if rank == last else 0,
                     micro_tokens=per_micro,
-                    name=f"stage {stage}",
+                    name=name,
                 )
             )
         return out
 
     def bubble(self, plan: Plan) -> float | None:
-        p, m = plan.layout.pp, plan.layout.microbatches
-        return (p - 1) / (m + p - 1) if p > 1 else None
+        return bubble(plan.layout)[0] if plan.layout.pp > 1 else None
 
 
 DIMENSION = Pipeline()

@@ -9,13 +9,14 @@ The rank side runs all of them through one module (`workers.strategies.compose`)
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field
 
 from parallab.core import dims
+from parallab.core.dims.pp import schedule_field, virtual_stages_field
 from parallab.core.families import family_of
-from parallab.core.layout import MESH_ORDER, Layout
+from parallab.core.layout import MESH_ORDER, Layout, Schedule
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
@@ -66,7 +67,8 @@ class LayoutOptions(PresetOptions):
     bucket_cap_mb: float = Field(
         25.0, gt=0, le=4096, description="dp_replicate alone: DDP's bucket size, in MiB (PyTorch's 1 MB is 1024 × 1024 bytes)."
     )
-    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="pp: the pipeline schedule.")
+    schedule: Schedule = schedule_field()
+    virtual_stages: int = virtual_stages_field()
     microbatches: int | None = Field(None, ge=1, le=4096, description="pp: micro-batches per step; default 2 × stages.")
     zigzag: bool = Field(False, description="cp: load-balanced causal sharding.")
     aux_loss_coef: float = Field(0.01, ge=0, le=100, description="ep: weight of the load-balancing loss.")
@@ -74,7 +76,15 @@ class LayoutOptions(PresetOptions):
     def to_layout(self, world_size: int) -> Layout:
         others = self.dp_replicate * self.cp * self.tp * self.pp * self.ep
         shard = self.dp_shard if self.dp_shard is not None else max(world_size // others, 1)
-        return Layout(**{**preset_fields(self), "dp_shard": shard, "microbatches": (self.microbatches or 1) if self.pp > 1 else 1})
+        piped = self.pp > 1  # without a pipeline its options are no part of the layout
+        return Layout(
+            **{
+                **preset_fields(self),
+                "dp_shard": shard,
+                "microbatches": (self.microbatches or 1) if piped else 1,
+                "virtual_stages": self.virtual_stages if piped else 1,
+            }
+        )
 
     def preset_problems(self, world_size: int) -> list[SpecProblem]:
         layout = self.to_layout(world_size)
@@ -128,11 +138,8 @@ class LayoutDescriptor(ComposedCosts[OptT]):
         return out
 
     def stage_layers(self, model: ModelConfig, world_size: int, options: OptT) -> list[range] | None:
-        p = self.layout(world_size, options).pp
-        if p == 1:
-            return None
-        per = model.num_layers // p
-        return [range(s * per, (s + 1) * per) for s in range(p)]
+        layout = self.layout(world_size, options)
+        return layout.stage_layer_ranges(model.num_layers) if layout.pp > 1 else None
 
 
 class ExplicitLayout(LayoutDescriptor[LayoutOptions]):

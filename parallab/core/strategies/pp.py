@@ -1,18 +1,21 @@
-"""`pp`: pipeline parallelism over contiguous layer stages, GPipe or 1F1B schedules.
+"""`pp`: pipeline parallelism over contiguous layer stages: GPipe, 1F1B, interleaved 1F1B, zero bubble.
 
-Stage s keeps blocks [s·L/p, (s+1)·L/p); the first stage also keeps the embedding, the last the
-final norm and the LM head. Each accumulation micro-step is cut into `microbatches` pipeline
+The model is cut into p·v stages of L/(p·v) blocks (v = `virtual_stages`, above 1 under the
+interleaved and ZB-V schedules), placed on the ranks as the schedule says
+(`parallab.core.layout.rank_stages`); the first stage also keeps the embedding, the last the
+final norm and the LM head. The schedules' rules and formulas are the pp dimension's
+(`parallab.core.dims.pp`). Each accumulation micro-step is cut into `microbatches` pipeline
 micro-batches; every rank sees every row (no data parallelism on this mesh).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
-from parallab.core.dims.pp import tied_head_rule
-from parallab.core.layout import Layout
+from parallab.core.dims.pp import schedule_field, schedule_rules, stage_split_rule, tied_head_rule, virtual_stages_field
+from parallab.core.layout import Layout, Schedule
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem, divides
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
@@ -20,7 +23,8 @@ from parallab.core.strategies.composed import ComposedCosts
 
 
 class PPOptions(StrategyOptions):
-    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="GPipe (all forwards, then all backwards) or 1F1B.")
+    schedule: Schedule = schedule_field()
+    virtual_stages: int = virtual_stages_field()
     microbatches: int | None = Field(None, ge=1, le=4096, description="Micro-batches per step; default 2 × stages.")
 
     @property
@@ -37,10 +41,16 @@ class PP(ComposedCosts[PPOptions]):
     dense_only = True
 
     def layout(self, world_size: int, options: PPOptions) -> Layout:
-        return Layout(pp=world_size, schedule=options.schedule, microbatches=options.microbatches or 2 * world_size)
+        return Layout(
+            pp=world_size,
+            schedule=options.schedule,
+            virtual_stages=options.virtual_stages,
+            microbatches=options.microbatches or 2 * world_size,
+        )
 
     def plan_grid(self, world_size: int) -> list[dict[str, Any]]:
-        """Both schedules, with 1, 2 and 4 micro-batches per stage."""
+        """GPipe and 1F1B, with 1, 2 and 4 micro-batches per stage (the multi-chunk schedules run,
+        but the planner does not rank them yet)."""
         if world_size < self.min_world_size:
             return []
         return [{"schedule": s, "microbatches": k * world_size} for s in ("1f1b", "gpipe") for k in (1, 2, 4)]
@@ -57,21 +67,21 @@ class PP(ComposedCosts[PPOptions]):
         return options.n_microbatches
 
     def rules(self, draft: Draft[PPOptions]) -> list[SpecProblem]:
-        stages, mb = draft.world_size, draft.options.n_microbatches
-        out = divides(("workload", "num_layers"), draft.model.num_layers, stages, "layers")
-        out += tied_head_rule(draft.model, stages)
-        if mb < stages:
-            out.append(
-                SpecProblem(
-                    ("strategy", "options", "microbatches"), f"micro-batches ({mb}) must be at least the number of stages ({stages})"
-                )
-            )
-        out += divides(("workload", "global_batch_size"), draft.global_batch_size, mb * draft.grad_accumulation_steps, "global batch size")
+        layout = self.layout(draft.world_size, draft.options)
+        out = stage_split_rule(draft.model, layout)
+        out += tied_head_rule(draft.model, draft.world_size)
+        out += schedule_rules(("strategy", "options"), layout)
+        out += divides(
+            ("workload", "global_batch_size"),
+            draft.global_batch_size,
+            layout.microbatches * draft.grad_accumulation_steps,
+            "global batch size",
+        )
         return out
 
     def stage_layers(self, model: ModelConfig, world_size: int, options: PPOptions) -> list[range]:
-        per = model.num_layers // world_size
-        return [range(s * per, (s + 1) * per) for s in range(world_size)]
+        """Every stage's blocks, p·v stages (`Layout.stage_ranks` says which rank holds each)."""
+        return self.layout(world_size, options).stage_layer_ranges(model.num_layers)
 
 
 DESCRIPTOR = PP()

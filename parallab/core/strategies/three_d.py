@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from parallab.core.layout import Layout
+from parallab.core.dims.pp import schedule_field, virtual_stages_field
+from parallab.core.layout import Layout, Schedule
 from parallab.core.problems import SpecProblem
 from parallab.core.strategies.layout import OPTIONS, LayoutDescriptor, PresetOptions, preset_fields
 
@@ -16,7 +15,8 @@ from parallab.core.strategies.layout import OPTIONS, LayoutDescriptor, PresetOpt
 class ThreeDOptions(PresetOptions):
     pp: int = Field(2, ge=1, le=1024, description="Pipeline stages (outer mesh dim).")
     tp: int = Field(2, ge=1, le=1024, description="Tensor-parallel degree (inner mesh dim); FSDP shards over world_size / (pp × tp).")
-    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="The pipeline schedule.")
+    schedule: Schedule = schedule_field()
+    virtual_stages: int = virtual_stages_field()
     microbatches: int | None = Field(None, ge=1, le=4096, description="Micro-batches per step; default 2 × stages.")
     reshard_after_forward: bool = Field(True, description="FSDP over dp_shard: True ≈ ZeRO-3, False ≈ ZeRO-2.")
 
