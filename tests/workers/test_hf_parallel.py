@@ -3,9 +3,10 @@ on gloo (real torchrun jobs through the launcher, traced): each step's loss held
 `single`'s curve, step 0's gradients against `single`'s, and the communication measured from the
 trace equal to what the family predicts.
 
-- TINY_QWEN2 (Qwen2.5's config at `tiny`'s width: q/k/v biases, 4 heads over 2 KV heads, 2
-  layers): ddp, fsdp, tp and pp — the dense runs the Llama of test_hf_family.py makes in one
-  untraced driver, here with their bytes.
+- TINY_LLAMA (Llama 3's config at `tiny`'s width: 4 heads over 2 KV heads, 2 layers): ddp, fsdp
+  and tp — the runs test_hf_family.py's untraced driver makes, here with their bytes (its pp is
+  test_hf_pipeline.py's).
+- TINY_QWEN2 (Qwen2.5's: the same with q/k/v biases): ddp, fsdp, tp and pp.
 - TINY_MIXTRAL (2 layers of 4 experts, top-2): ddp, fsdp and tp, whose plan splits the attention
   and leaves each MoE block whole on both ranks. Its experts are the library's: dropless, routing
   each token alone, so a rank's share of the batch routes exactly as the whole batch does. Its pp
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from parallab.core.families import HF, model_tensors
-from tests.core.hf_configs import TINY_MIXTRAL, TINY_QWEN2
+from tests.core.hf_configs import TINY_LLAMA, TINY_MIXTRAL, TINY_QWEN2
 from tests.workers.test_hf_family import cfg_of
 
 pytest.importorskip("transformers")
@@ -28,10 +29,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config, never the hub
 
 pytestmark = pytest.mark.slow
 
-CONFIGS: dict[str, dict[str, Any]] = {"qwen2": {"hf_config": TINY_QWEN2}, "mixtral": {"hf_config": TINY_MIXTRAL}}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"hf_config": TINY_LLAMA},
+    "qwen2": {"hf_config": TINY_QWEN2},
+    "mixtral": {"hf_config": TINY_MIXTRAL},
+}
 """Each workload: a config file, resolved into the hf family's fields."""
-RUNS = [("qwen2", s) for s in ("ddp", "fsdp", "tp", "pp")] + [("mixtral", s) for s in ("ddp", "fsdp", "tp")]
-ARCHITECTURES = {"qwen2": ("Qwen2ForCausalLM", 0, 27), "mixtral": ("MixtralForCausalLM", 4, 21)}
+RUNS = [("llama", s) for s in ("ddp", "fsdp", "tp")] + [("qwen2", s) for s in ("ddp", "fsdp", "tp", "pp")]
+RUNS += [("mixtral", s) for s in ("ddp", "fsdp", "tp")]
+ARCHITECTURES = {"llama": ("LlamaForCausalLM", 0, 21), "qwen2": ("Qwen2ForCausalLM", 0, 27), "mixtral": ("MixtralForCausalLM", 4, 21)}
 """What each config resolves to: the library's class, its experts, and its parameter tensors."""
 
 
