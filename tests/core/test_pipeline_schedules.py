@@ -133,3 +133,20 @@ def test_an_unknown_schedule_is_refused_naming_it():
     with pytest.raises(Exception) as caught:
         resolve({"schedule": "looped_bfs"})
     assert "schedule" in str(caught.value) and "interleaved_1f1b" in str(caught.value)
+
+
+def test_the_planner_ranks_interleaved_1f1b_and_each_such_candidate_resolves():
+    """The planner's grid is the runtime's: interleaved 1F1B over 2 chunks per rank is a candidate,
+    ranked by its own bubble, and every fitting one resolves as a job the ranks run."""
+    from parallab.core.hardware import load_catalogue
+    from parallab.core.planner import Hardware
+    from parallab.core.ranking import plan_cluster
+
+    hw = Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=2)
+    ranking = plan_cluster({"model": "tiny"}, hw, world_size=2, precisions=("fp32",), checkpointing=("none",), accumulation=(1,))
+    interleaved = [r for r in ranking.fits if r.strategy == "pp" and r.spec["strategy"]["options"]["schedule"] == "interleaved_1f1b"]
+    assert len(interleaved) == 3, [r.label for r in ranking.fits]
+    for row in interleaved:
+        job = resolve_job(JobSpec.model_validate(row.spec), Limits(max_world_size=2))
+        assert job.layout is not None and (job.layout.virtual_stages, job.layout.pp) == (2, 2), row.label
+        assert job.descriptor.bubble_fraction(job) == pytest.approx(1 / (2 * job.layout.microbatches + 1))

@@ -49,11 +49,14 @@ class PP(ComposedCosts[PPOptions]):
         )
 
     def plan_grid(self, world_size: int) -> list[dict[str, Any]]:
-        """GPipe and 1F1B, with 1, 2 and 4 micro-batches per stage (the multi-chunk schedules run,
-        but the planner does not rank them yet)."""
+        """GPipe, 1F1B and interleaved 1F1B over 2 chunks per rank, with 1, 2 and 4 micro-batches per
+        stage (the zero-bubble schedules run, but their formulas assume equal forward, input- and
+        weight-backward times, so the planner does not rank them yet)."""
         if world_size < self.min_world_size:
             return []
-        return [{"schedule": s, "microbatches": k * world_size} for s in ("1f1b", "gpipe") for k in (1, 2, 4)]
+        plain = [{"schedule": s, "microbatches": k * world_size} for s in ("1f1b", "gpipe") for k in (1, 2, 4)]
+        interleaved = [{"schedule": "interleaved_1f1b", "virtual_stages": 2, "microbatches": k * world_size} for k in (1, 2, 4)]
+        return plain + interleaved
 
     def complete_options(self, options: PPOptions, world_size: int) -> PPOptions:
         if options.microbatches is None:
