@@ -137,8 +137,8 @@ TERMS: tuple[Term, ...] = (
         "Gradient check",
         "The first step's gradients of every parameter, against the single-process reference's, within a tolerance for "
         "the precision. It catches errors the loss cannot (a gradient scaled by a constant under AdamW). For an MoE "
-        "model on one rank the fp32 reference takes the experts the run chose, so a token whose top-k flips under "
-        "16-bit rounding is not counted as a gradient error.",
+        "model the fp32 reference takes the experts the run's ranks chose (except under a pipeline or context "
+        "parallelism), so a token whose top-k flips under 16-bit rounding is not counted as a gradient error.",
     ),
     Term(
         "flags",

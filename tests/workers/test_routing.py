@@ -21,7 +21,7 @@ from workers.harness import gradcheck
 from workers.harness.data import global_batch
 from workers.harness.families import build_model
 from workers.harness.model import apply_activation_checkpointing
-from workers.harness.routing import Routing, Tape, recording, replaying, routers
+from workers.harness.routing import Routing, Tape, in_batch_order, recording, replaying, routers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -51,8 +51,9 @@ def bf16_against_fp32(name: str, *, replay: bool, micro_steps: int = 1) -> tuple
     cfg = MODELS[name]
     run = build_model(cfg, seed=1)
     reference = copy.deepcopy(run)
-    with recording(run) as routing:
+    with recording(run) as calls:
         grads = step_gradients(run, cfg, bf16=True, micro_steps=micro_steps)
+    routing = in_batch_order([calls])
     with replaying(reference, routing if replay else {}):
         ref = step_gradients(reference, cfg, bf16=False)
     return grads, ref, routing
@@ -96,8 +97,9 @@ def test_a_checkpointed_run_records_each_forward_once():
     run = build_model(cfg, seed=1)
     reference = copy.deepcopy(run)
     apply_activation_checkpointing(run, "full")
-    with recording(run) as routing:
+    with recording(run) as calls:
         grads = step_gradients(run, cfg, bf16=True)
+    routing = in_batch_order([calls])
     assert all(chosen.shape[0] == 8 * cfg.seq_len for chosen in routing.values())
     with replaying(reference, routing):
         ref = step_gradients(reference, cfg, bf16=False)
@@ -109,3 +111,11 @@ def test_a_tape_hands_out_rows_in_order_and_refuses_more_than_it_recorded():
     assert tape.choose(torch.zeros(4, 2, dtype=torch.long)).tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(RuntimeError, match="4 tokens asked at row 4 of a recorded 6"):
         tape.choose(torch.zeros(4, 2, dtype=torch.long))
+
+
+def test_ranks_calls_are_put_in_the_global_batchs_row_order():
+    """Micro-step i of dp rank r holds row block i·dp + r: two ranks, two micro-steps each."""
+    block = {(i, r): torch.full((2, 1), 10 * i + r) for i in range(2) for r in range(2)}
+    by_rank = [{"layers.0.feed_forward": [block[(0, r)], block[(1, r)]]} for r in range(2)]
+    order = in_batch_order(by_rank)["layers.0.feed_forward"].flatten().tolist()
+    assert order == [0, 0, 1, 1, 10, 10, 11, 11]

@@ -99,9 +99,11 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
 
 
 def replays_routing(job: ResolvedJob) -> bool:
-    """Whether the reference takes the run's experts (`workers.harness.routing`): an MoE model on
-    one rank, where rank 0 saw every routing decision of the check's step."""
-    return job.model.is_moe and job.world_size == 1
+    """Whether the reference takes the run's experts (`workers.harness.routing`): an MoE model whose
+    ranks hold whole sequences of whole rows of the batch in every block — no pipeline, no context
+    parallelism."""
+    layout = job.layout
+    return job.model.is_moe and (layout is None or (layout.pp == 1 and layout.cp == 1))
 
 
 def reference_gradients(job: ResolvedJob, ctx: RunContext, routing: Routing | None = None) -> gradcheck.Gradients:
@@ -233,10 +235,10 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     progress.phase("gradcheck")
     tol = gradcheck.tolerance(job.workload.precision)
     scans: list[replicas.Scan] = []
-    recorder: contextlib.AbstractContextManager[Routing] = (
+    recorder: contextlib.AbstractContextManager[routing_module.Calls] = (
         routing_module.recording(applied.model) if replays_routing(job) else contextlib.nullcontext({})
     )
-    with recorder as routing:
+    with recorder as calls:
         grads = gradcheck.strategy_gradients(
             applied,
             strategy,
@@ -245,6 +247,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
             job,
             on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
         )
+    routing = routing_module.gathered(calls, ctx, strategy.data_rank(ctx, options)) if replays_routing(job) else None  # collective
     if grads is not None:
         gradcheck.save(grads, grads_file)
     del grads

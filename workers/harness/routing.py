@@ -5,37 +5,44 @@ by rounding, and where a token's k-th and (k+1)-th experts are nearly tied the r
 reference pick different experts: that token's gradient then flows through other weights, and
 the gradient check measures the flip, not the strategy. On the tiny Mixtral, bf16 `single`
 failed its check at 0.107 on CPU and 0.126 on an H200 against the 5e-2 tolerance, where the
-dense models pass at a tenth of it. So, where rank 0 saw every routing decision of the check's
-step — a one-rank run — the run records each MoE block's choice (`recording`) and the reference
-replays it (`replaying`): the reference keeps its own fp32 router probabilities, and so its own
-gates and their gradients, but takes the run's experts. What is left is the rounding the
-tolerance is for. A wrong gradient still shows: the replay fixes which experts, not what they
+dense models pass at a tenth of it. So the run records each MoE block's choice in the check's
+step (`recording`), rank 0 gathers them in the global batch's order (`gathered`), and the
+reference replays them (`replaying`): the reference keeps its own fp32 router probabilities, and
+so its own gates and their gradients, but takes the run's experts. What is left is the rounding
+the tolerance is for. A wrong gradient still shows: the replay fixes which experts, not what they
 compute.
 
-A block's choices are kept per call in order, and the replay hands them out by rows: the run's
-accumulation micro-steps are consecutive rows of the global batch, which the reference takes in
-one forward. A forward rerun inside backward (activation checkpointing) is neither recorded nor
-handed a second slice: it chose before, in the forward, and the tape gives it the same rows.
+Where the rows are: micro-step i of data-parallel rank r holds row block i·dp + r of the global
+batch (`workers.harness.data.micro_batch`), which the reference takes in one forward; ranks of
+one dp coordinate (tp ranks, which route the same rows) recorded the same choices. A pipeline
+(stages hold different blocks, micro-batches cut otherwise) and context parallelism (a rank
+holds part of each sequence) are not replayed (`main.replays_routing`). A forward rerun inside
+backward (activation checkpointing) is neither recorded nor handed a second slice: it chose
+before, in the forward, and the tape gives it the same rows.
 
 Both MoE blocks the harness runs take part: the parallab family's `MoE` (its `tape` attribute,
 read in `MoE.route`) and the hf family's Mixtral router (`transformers`' `MixtralTopKRouter`,
-whose forward `hf.replay_router` wraps). A model with another router (none today) is checked
+whose output `hf.taped_router` hooks). A model with another router (DeepSeek-V2's) is checked
 without replay, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from workers.harness.gradcheck import canonical
+from workers.harness.runtime import RunContext
 
 Routing = dict[str, torch.Tensor]
 """Per MoE block (its module name): the experts chosen, (tokens, k), in the global batch's token order."""
+Calls = dict[str, list[torch.Tensor]]
+"""Per MoE block: the experts chosen at each of its forwards on one rank, in call order."""
 
 
 def in_backward() -> bool:
@@ -80,20 +87,52 @@ def routers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 @contextmanager
-def recording(model: nn.Module) -> Iterator[Routing]:
-    """Record every router's choices while inside; the yielded dict is filled on exit."""
+def recording(model: nn.Module) -> Iterator[Calls]:
+    """Record every router's choices while inside, call by call; the yielded dict is filled on exit."""
     found = routers(model)
     tapes = {name: Tape() for name in found}
     for name, m in found.items():
         set_tape(m, tapes[name])
-    out: Routing = {}
+    out: Calls = {}
     try:
         yield out
     finally:
         for name, m in found.items():
             set_tape(m, None)
             if tapes[name].recorded:
-                out[name] = torch.cat(tapes[name].recorded)
+                out[name] = tapes[name].recorded
+
+
+def in_batch_order(calls_by_dp_rank: Sequence[Calls]) -> Routing:
+    """The global batch's routing from each data-parallel rank's calls (index: its dp coordinate):
+    micro-step i of dp rank r holds row block i·dp + r (`workers.harness.data.micro_batch`), so
+    the blocks go micro-step by micro-step, rank by rank within each."""
+    names = calls_by_dp_rank[0].keys()
+    return {
+        name: torch.cat([calls[name][i] for i in range(len(calls_by_dp_rank[0][name])) for calls in calls_by_dp_rank]) for name in names
+    }
+
+
+def gathered(calls: Calls, ctx: RunContext, data_rank: tuple[int, int]) -> Routing | None:
+    """Every rank's recorded calls in the global batch's order, on rank 0 (None elsewhere);
+    `data_rank` is the rank's (data-parallel degree, index) as its strategy splits the rows
+    (`Strategy.data_rank`).
+
+    Collective over the world: each rank sends its index and its calls; ranks of one index (tp
+    ranks, which route the same rows) recorded the same choices, so the first of each is kept."""
+    dp, r = data_rank
+    if not (dist.is_initialized() and ctx.world_size > 1):
+        return in_batch_order([calls])
+    received: list[tuple[int, Calls] | None] = [None] * ctx.world_size
+    dist.gather_object((r, calls), received if ctx.rank == 0 else None, dst=0)
+    if ctx.rank != 0:
+        return None
+    by_dp: dict[int, Calls] = {}
+    for part in received:
+        assert part is not None, "every rank sends its routing"
+        by_dp.setdefault(part[0], part[1])
+    assert sorted(by_dp) == list(range(dp)), f"routing from dp ranks {sorted(by_dp)} of {dp}"
+    return in_batch_order([by_dp[i] for i in range(dp)])
 
 
 @contextmanager

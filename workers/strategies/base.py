@@ -12,8 +12,8 @@ pipeline, its schedule state (a subclass of `Applied`). The shared loop (`worker
 then calls the hooks below; the defaults are the plain data-parallel behaviour:
 
 - `local_batch(inputs, labels, ctx, options, micro_step) -> MicroBatch`: this rank's part of one
-  accumulation micro-step of the global batch (default: data-parallel split over the "dp" mesh
-  dim when the mesh has one, else the whole micro-step);
+  accumulation micro-step of the global batch (default: the row block `data_rank` names — the
+  data-parallel split over the "dp" mesh dim when the mesh has one, else the whole micro-step);
 - `accumulate(applied, last) -> context manager`: around a non-final micro-step (DDP's no_sync);
 - `forward_backward(applied, batch, ctx, options, amp) -> loss`: the pipeline's schedule step
   replaces the default forward + backward;
@@ -84,8 +84,13 @@ class Strategy(ABC, Generic[OptionsT, A]):
     def apply(self, model: Transformer, ctx: RunContext, options: OptionsT) -> A:
         """Place, shard or slice `model` on this rank's mesh."""
 
+    def data_rank(self, ctx: RunContext, options: OptionsT) -> tuple[int, int]:
+        """(data-parallel degree, this rank's index among them): which row block of each micro-step
+        the rank takes (`micro_batch`). Default: the mesh's "dp" dim, (1, 0) without one."""
+        return ctx.dp_coordinate()
+
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: OptionsT, micro_step: int) -> MicroBatch:
-        dp, r = ctx.dp_coordinate()
+        dp, r = self.data_rank(ctx, options)
         return MicroBatch(
             micro_batch(inputs, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=dp, dp_rank=r),
             micro_batch(labels, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=dp, dp_rank=r),

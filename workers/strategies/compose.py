@@ -46,7 +46,6 @@ from parallab.core.strategies.hybrid import HybridOptions
 from parallab.core.strategies.layout import LayoutOptions, PresetOptions
 from parallab.core.strategies.three_d import ThreeDOptions
 from workers.harness.amp import Amp
-from workers.harness.data import micro_batch
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
 from workers.strategies import ddp, expert_parallel, fsdp, pipeline, ring_attention, tensor_parallel
@@ -109,19 +108,19 @@ class Composed(Strategy[Any, ComposedApplied]):
             fsdp.shard(model, mesh, reshard_after_forward=layout.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx.precision))
         return model
 
-    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
-        """Rows of the data-parallel rank indexed over dp_replicate, dp_shard and ep in mesh order
-        (every tp and pp rank of it alike; each ep rank is one of the reference's MoE routing
-        groups); under cp, this rank's part of the sequence of those rows."""
+    def data_rank(self, ctx: RunContext, options: Any) -> tuple[int, int]:
+        """The data-parallel rank indexed over dp_replicate, dp_shard and ep in mesh order (every tp
+        and pp rank of it alike; each ep rank is one of the reference's MoE routing groups)."""
         layout, index = self.layout(ctx, options), 0
         for name in DATA_DIMS:
             if layout.degrees[name] > 1:
                 rank, size = _coordinate(ctx, name)
                 index = index * size + rank
-        rows = [
-            micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=layout.dp, dp_rank=index) for t in (inputs, labels)
-        ]
-        batch = MicroBatch(rows[0], rows[1])
+        return layout.dp, index
+
+    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
+        """The rows of this rank's `data_rank`; under cp, this rank's part of the sequence of those rows."""
+        batch, layout = super().local_batch(inputs, labels, ctx, options, micro_step), self.layout(ctx, options)
         if layout.cp > 1:
             batch = ring_attention.shard_sequence(batch, ctx.mesh_dim("cp"), zigzag=layout.zigzag)
         return batch

@@ -34,10 +34,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from parallab.core.strategies.moe import MoEOptions
-from workers.harness.data import micro_batch
 from workers.harness.model import ExpertLayer, Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad
+from workers.strategies.base import Applied, Strategy, flat_all_reduce_, local_grad
 
 
 class _AllToAll(torch.autograd.Function):
@@ -125,12 +124,10 @@ class ExpertParallel(Strategy[MoEOptions, Applied]):
         shard_experts(model, ctx.mesh_dim("ep").get_group())
         return Applied(model.to(ctx.device))
 
-    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: MoEOptions, micro_step: int) -> MicroBatch:
+    def data_rank(self, ctx: RunContext, options: MoEOptions) -> tuple[int, int]:
         """The "ep" dim is also the data-parallel dim: rank r takes rows [micro_step][r] (data.py)."""
         ep = ctx.mesh_dim("ep")
-        n, r = ep.size(), ep.get_local_rank()
-        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step, dp_degree=n, dp_rank=r) for t in (inputs, labels)]
-        return MicroBatch(rows[0], rows[1])
+        return ep.size(), ep.get_local_rank()
 
     def sync_grads(self, applied: Applied, ctx: RunContext, options: MoEOptions) -> None:
         average_grads(applied.model, ctx.mesh_dim("ep"))
