@@ -13,8 +13,8 @@ hybrid — by `full_tensor()`, an expert-parallel MoE layer's expert slices by a
 rank 0 what rank 0 lacks; DDP's `module.` prefix dropped). Rank 0 keeps the whole set on disk in the
 run directory while the run trains (no copy held during the measured steps), then — with the trained
 model freed, where the reference loss curve is computed — runs the same step on the fp32 `single`
-model of the reference workload (`main.reference_job`, MoE routed in the same dp groups, and on one
-rank to the experts the run chose: `workers.harness.routing`) and
+model of the reference workload (`main.reference_job`, MoE routed in the same dp groups, to the
+experts the run's ranks chose where they can be gathered: `workers.harness.routing`) and
 compares, per parameter, ‖g − g_ref‖ / ‖g_ref‖ in float64. A parameter one side lacks counts as
 error 1.
 
