@@ -269,8 +269,14 @@ def test_the_mla_fields_are_neutral_so_stored_workload_keys_stay():
         ("ddp", 2, {}, {"v_head_dim": 16}, ("workload", "v_head_dim"), "it needs kv_lora_rank"),
         ("ddp", 2, {}, {**DEEPSEEK_MOE, "num_shared_experts": 0}, ("workload", "num_shared_experts"), "always have shared experts"),
         ("ddp", 2, {}, {"num_experts": 4, "moe_ffn_hidden_size": 32}, ("workload", "moe_ffn_hidden_size"), "DeepSeek-V2's"),
-        ("tp", 2, {}, DEEPSEEK, ("workload", "kv_lora_rank"), "does not split multi-head latent attention"),
-        ("tp", 2, {}, DEEPSEEK_MOE, ("workload", "kv_lora_rank"), "does not split multi-head latent attention"),
+        (
+            "tp",
+            2,
+            {"sequence_parallel": True},
+            DEEPSEEK,
+            ("strategy", "options", "sequence_parallel"),
+            "not composed with multi-head latent attention",
+        ),
         ("moe", 2, {}, DEEPSEEK_MOE, ("strategy", "options", "aux_loss_coef"), "aux_loss_coef 0.01 would not be applied"),
     ],
 )

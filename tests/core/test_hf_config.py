@@ -254,9 +254,14 @@ def test_deepseek_v3_is_refused_saying_why():
     assert "DeepSeek-V3 is not built: its router" in found["workload.hf_config.model_type"]
 
 
-def test_deepseek_under_tensor_parallelism_is_refused_naming_the_field():
-    found = refusal(TINY_DEEPSEEK_V2, strategy="tp", world=2)
-    assert "does not split multi-head latent attention" in found["workload.kv_lora_rank"], found
+def test_deepseek_resolves_under_tensor_parallelism_and_is_refused_with_sequence_parallelism():
+    assert resolve(TINY_DEEPSEEK_V2, strategy="tp", world=2).model.is_mla
+    tp = {"name": "tp", "world_size": 2, "options": {"sequence_parallel": True}}
+    spec = {"workload": {"hf_config": TINY_DEEPSEEK_V2}, "strategy": tp}
+    with pytest.raises(SpecError) as caught:
+        resolve_job(JobSpec.model_validate(spec))
+    found = {".".join(map(str, p.loc)): p.msg for p in caught.value.problems}
+    assert "not composed with multi-head latent attention" in found["strategy.options.sequence_parallel"], found
     found = refusal({**TINY_DEEPSEEK_V2, "n_routed_experts": 4, "first_k_dense_replace": 2})
     assert "leaves no MoE block" in found["workload.hf_config.first_k_dense_replace"]
 

@@ -14,6 +14,8 @@ At 2 ranks:
 - ddp: a comm hook that sums the gradient buckets instead of averaging them (missing 1/N);
 - fsdp: the reduce-scatter summed (every shard N times the mean, missing 1/N);
 - tp: rank 1's shard of one column-parallel weight gradient dropped (zeroed);
+- tp_mla: tp on DeepSeek-V2's latent attention with the shared rotary key's gradient all-reduce
+  dropped;
 - tp_moe: tp on an MoE model, whose experts stay whole on each rank: the last MoE block's input
   gradient all-reduced over tp as a split MLP's would be (twice the true gradient upstream);
 - ring: the ring's gradient all-reduce without the 1/ring scale (missing 1/N);
@@ -54,6 +56,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import reference_key
+from tests.core.hf_configs import TINY_DEEPSEEK_V2
 from tests.workers.conftest import make_job
 from tests.workers.driver_context import finish, gloo_context, start
 from tests.workers.module_driver import MODULE_WORKLOAD
@@ -249,6 +252,17 @@ def moe_input_reduced(module: str) -> Mutant:
     return mutant
 
 
+def rotary_key_unreduced(applied: Applied, ctx: RunContext, strategy: Strategy[Any, Any]) -> Strategy[Any, Any]:
+    """Multi-head latent attention under tp with the rotary key's gradient all-reduce dropped (the
+    hook `RotaryKeyGradient` puts on kv_a_proj_with_mqa removed on every rank, so no collective is
+    left unpaired): each rank's kv_a_proj_with_mqa, and everything upstream, trains on its own
+    heads' part of that gradient."""
+    for name, module in applied.model.named_modules():
+        if name.endswith("kv_a_proj_with_mqa"):
+            module._forward_hooks.clear()
+    return strategy
+
+
 class ReduceOnRankZero(Wrapped):
     """Wraps sequence-parallel TP: `param`'s gradient (a pending sum over the TP ranks) is reduced,
     but only rank 0 keeps the sum — rank 1 keeps its own part, both then held as replicated copies.
@@ -308,6 +322,8 @@ STRATEGY_CASES: dict[str, Case] = {
     # Faults only another rank's copy shows.
     "ddp_unreduced": Case("ddp", {}, lambda applied, ctx, s: KeepLocal(s, applied, ctx, W1)),
     "tp_norm": Case("tp", {"sequence_parallel": True}, lambda applied, ctx, s: ReduceOnRankZero(s, "layers.0.ffn_norm.weight")),
+    # tp on DeepSeek-V2's latent attention: the shared rotary key's gradient never all-reduced.
+    "tp_mla": Case("tp", {}, rotary_key_unreduced, {"hf_config": TINY_DEEPSEEK_V2}),
     # tp on an MoE model (experts whole on each rank): the last MoE block's input gradient summed over tp.
     "tp_moe": Case("tp", {}, moe_input_reduced("layers.3.feed_forward"), {"num_experts": 4, "first_dense_layers": 1}),
 }

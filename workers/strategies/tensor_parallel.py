@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
@@ -40,6 +42,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from parallab.core.model import ModelConfig
 from parallab.core.strategies.tp import TPOptions
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
@@ -51,9 +54,47 @@ def _inputs(module: nn.Module) -> int:
     return len(inspect.signature(module.forward).parameters)
 
 
-def style(name: str, module: nn.Module, *, residual: Placement, sequence_parallel: bool) -> ParallelStyle | None:
+class _ReduceRotaryKeyGradient(torch.autograd.Function):
+    """Identity forward; backward all-reduces the last `width` columns of the gradient over `group`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.width, ctx.group = width, group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = grad.clone()
+        key = grad[..., -ctx.width :].contiguous()
+        dist.all_reduce(key, group=ctx.group)
+        grad[..., -ctx.width :] = key
+        return grad, None, None
+
+
+class RotaryKeyGradient(ParallelStyle):
+    """Multi-head latent attention's kv_a_proj_with_mqa, whole on every tp rank: its output ends in
+    the rotary key all heads share (`width` columns), which each rank's own heads read, so that
+    part of its gradient is a partial sum over the ranks and is all-reduced as it leaves; the
+    latent part arrives whole (kv_b_proj, column-parallel, all-reduced its input gradient)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group, width = device_mesh.get_group(), self.width
+
+        def reduce_key(_: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = _ReduceRotaryKeyGradient.apply(output, width, group)
+            return out
+
+        module.register_forward_hook(reduce_key)
+        return module
+
+
+def style(name: str, module: nn.Module, *, cfg: ModelConfig, residual: Placement, sequence_parallel: bool) -> ParallelStyle | None:
     """torch's parallel style for one of the family's style names (`parallab.core.families.base.TPStyle`)
-    on `module`; None: nothing to do (a norm without sequence parallelism)."""
+    on `module` of a model of shape `cfg`; None: nothing to do (a norm without sequence parallelism)."""
     if name == "colwise":
         return ColwiseParallel(use_local_output=True)
     if name == "rowwise":
@@ -77,12 +118,17 @@ def style(name: str, module: nn.Module, *, residual: Placement, sequence_paralle
         )
     if name == "norm":
         return SequenceParallel() if sequence_parallel else None
+    if name == "rotary_key":
+        return RotaryKeyGradient(cfg.qk_rope_head_dim)
     raise ValueError(f"unknown tensor-parallel style {name!r}")
 
 
-def _apply(root: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, residual: Placement, sequence_parallel: bool) -> None:
+def _apply(
+    root: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, cfg: ModelConfig, residual: Placement, sequence_parallel: bool
+) -> None:
     styles = {
-        path: style(name, root.get_submodule(path), residual=residual, sequence_parallel=sequence_parallel) for path, name in plan.items()
+        path: style(name, root.get_submodule(path), cfg=cfg, residual=residual, sequence_parallel=sequence_parallel)
+        for path, name in plan.items()
     }
     parallelize_module(root, mesh, {path: s for path, s in styles.items() if s is not None})
 
@@ -104,12 +150,12 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool
     plan = model.tp_plan()
     residual: Placement = Shard(1) if sequence_parallel else Replicate()
     root_plan = {path: name for path, name in plan.root.items() if _held(model, path)}
-    _apply(model, root_plan, mesh, residual=residual, sequence_parallel=sequence_parallel)
+    _apply(model, root_plan, mesh, cfg=model.cfg, residual=residual, sequence_parallel=sequence_parallel)
     blocks = model.get_submodule(plan.blocks)
     assert isinstance(blocks, nn.ModuleDict | nn.ModuleList), "blocks are kept in a ModuleDict or a ModuleList"
     for key, block in blocks.named_children():  # keys "0".."L-1" either way (a pipeline stage keeps its blocks' keys)
         # Norms run on the sequence shard under SP (the attention's rotary tables are plain, full-sequence tensors).
-        _apply(block, plan.block(int(key)), mesh, residual=residual, sequence_parallel=sequence_parallel)
+        _apply(block, plan.block(int(key)), mesh, cfg=model.cfg, residual=residual, sequence_parallel=sequence_parallel)
     return model
 
 

@@ -86,9 +86,25 @@ def tp_comm(
     residual = (blocks + 2) * bsh * stream  # the split blocks' inputs and the two ends
     outputs = blocks * bsh * act  # the row-parallel outputs
     if not sequence_parallel:
-        return {"all_reduce": outputs + residual, "all_gather": logits}
+        return {"all_reduce": outputs + residual + latent_input_bytes(cfg, tokens, act, stream), "all_gather": logits}
     norms = norm_elements(cfg) * grad_bytes
     return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual, "all_reduce": norms}
+
+
+def latent_input_bytes(cfg: ModelConfig, tokens: int, act: int, stream: int) -> int:
+    """What multi-head latent attention's input gradients add over a plain attention's one b·s·h,
+    per step (DeepSeek-V2 §2.1; the hf family's plan). Its split modules read three inputs, not
+    one prepared one: the query's (the block input, h wide — or the normed query latent,
+    q_lora_rank wide), the normed KV latent (kv_lora_rank), and the rotary key every head shares
+    (qk_rope_head_dim); each column-parallel one all-reduces its own input gradient, and the
+    rotary key's gradient is all-reduced where kv_a_proj_with_mqa emits it. The normed latents
+    are the norms' outputs, in the residual stream's dtype (`stream`); the rotary key is the
+    projection's output, autocast's `act`. Calls: 2 more per layer (`tp_calls`)."""
+    if not cfg.is_mla:
+        return 0
+    query = cfg.q_lora_rank or cfg.hidden_size
+    per_layer = (query + cfg.kv_lora_rank) * stream + cfg.qk_rope_head_dim * act - cfg.hidden_size * stream
+    return cfg.num_layers * tokens * per_layer
 
 
 def split_blocks(cfg: ModelConfig) -> int:
@@ -104,7 +120,8 @@ def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
     under SP the norms' gradient all-reduces are per optimizer step, not here (`tp_items`)."""
     blocks = split_blocks(cfg)
     if not sequence_parallel:
-        return {"all_reduce": 2 * blocks + 2, "all_gather": 1}
+        latent = 2 * cfg.num_layers if cfg.is_mla else 0  # the query's, the latent's and the rotary key's, not one
+        return {"all_reduce": 2 * blocks + 2 + latent, "all_gather": 1}
     return {"all_gather": 2 * blocks + 3, "reduce_scatter": 2 * blocks + 2}
 
 
@@ -133,6 +150,9 @@ def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Lo
         out += divisible(("workload", "ffn_hidden_size"), "ffn hidden size", model.ffn_hidden_size, "tp", tp)
     if sequence_parallel and model.is_moe:
         msg = f"sequence parallel with tp={tp} would route each rank's sequence shard apart; an MoE model runs tp without it"
+        out.append(SpecProblem((*loc, "sequence_parallel"), msg))
+    if sequence_parallel and model.is_mla:
+        msg = f"sequence parallel with tp={tp} is not composed with multi-head latent attention (its latents are whole on every rank)"
         out.append(SpecProblem((*loc, "sequence_parallel"), msg))
     if model.kv_heads != model.num_heads:  # else the heads' own rule says it
         out += divisible(("workload", "num_kv_heads"), "kv heads", model.kv_heads, "tp", tp)

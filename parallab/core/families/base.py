@@ -26,13 +26,15 @@ if TYPE_CHECKING:
     from parallab.core.model import ModelConfig
     from parallab.core.problems import SpecProblem
 
-TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "input_kwarg", "norm"]
+TPStyle = Literal["colwise", "rowwise", "embedding", "head", "input", "input_kwarg", "norm", "rotary_key"]
 """colwise: output features split (weight and bias dim 0), local output; rowwise: input features
 split (weight dim 1), output reduced onto the residual stream; embedding: rows of the vocabulary
 split, output reduced; head: vocabulary split, logits gathered; input: the module's first input
 made replicated once (its gradient all-reduced once); input_kwarg: the same for a module its block
 calls with the residual stream as the keyword `hidden_states` (Hugging Face's attention); norm:
-runs on a sequence shard under SP."""
+runs on a sequence shard under SP; rotary_key: whole on every rank (multi-head latent attention's
+kv_a_proj_with_mqa), the gradient of its output's last qk_rope_head_dim columns — the rotary key
+every head shares, which each rank's heads read — all-reduced."""
 
 PREPARED_INPUTS: frozenset[str] = frozenset({"input", "input_kwarg"})
 """The styles that make a module's input replicated once for the column/row pair beneath it."""

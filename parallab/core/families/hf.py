@@ -53,9 +53,9 @@ MoE (capacity and the load-balancing loss are the batch's) does not hold here.
 
 DeepSeek-V2's router is per token in the same sense (no capacity, no auxiliary loss in the
 library's model: its `aux_loss_alpha` is a training recipe the library does not implement), so it
-runs under a pipeline too. Tensor parallelism is refused for latent attention (`workload.kv_lora_rank`;
-for the MoE shapes also at `strategy.name` as Mixtral's): the latent feeds every head, so with the
-heads split its weight's gradient is partial on each rank — a reduction this plan does not make.
+runs under a pipeline too. Tensor parallelism splits its latent attention by heads and keeps the
+latents whole (`_mla_plan`): the rotary key every head shares has its gradient all-reduced where
+kv_a_proj_with_mqa emits it (`rotary_key`), since each rank's heads read it.
 
 Parameter and FLOP counts are the decoder's closed form (`base.decoder_param_counts`,
 `base.attention_params` for latent attention): the library's tensors are the parallab family's
@@ -192,7 +192,9 @@ class HFFamily(ModelFamily):
 
     def block_plan(self, cfg: ModelConfig, layer: int) -> dict[str, TPStyle]:
         plan: dict[str, TPStyle] = {"input_layernorm": "norm", "post_attention_layernorm": "norm"}
-        if not cfg.is_mla:  # latent attention has no plan: tensor parallelism is refused for it
+        if cfg.is_mla:
+            plan.update(_mla_plan(cfg))
+        else:
             plan.update(
                 {
                     "self_attn": "input_kwarg",
@@ -221,16 +223,19 @@ class HFFamily(ModelFamily):
                     f"cross-entropy only): aux_loss_coef {layout.aux_loss_coef} would not be applied — set it to 0",
                 )
             )
-        if cfg.is_mla and layout.tp > 1:
-            out.append(
-                SpecProblem(
-                    ("workload", "kv_lora_rank"),
-                    f"tensor parallelism (tp={layout.tp}) does not split multi-head latent attention: its latent "
-                    "(kv_a_proj_with_mqa) feeds every head, so its gradient would be partial on each rank; "
-                    "DeepSeek-V2 runs under ddp, fsdp, pp, moe (ep) or a layout of them",
-                )
-            )
         return out
+
+
+def _mla_plan(cfg: ModelConfig) -> dict[str, TPStyle]:
+    """Multi-head latent attention split by heads: the query projection (q_proj, or q_b_proj after
+    the query latent) and kv_b_proj column-parallel, o_proj row-parallel; the latent projections
+    and their norms whole on every rank. No input preparation: the block input feeds the query
+    and the whole kv_a_proj_with_mqa, whose gradient arrives whole (its latent's through
+    kv_b_proj's own all-reduce, its rotary key's through `rotary_key`), so a prepared input would
+    add it tp times. Each column-parallel projection all-reduces its own input gradient
+    (`dims.tp.latent_input_bytes`)."""
+    query = "self_attn.q_b_proj" if cfg.q_lora_rank else "self_attn.q_proj"
+    return {query: "colwise", "self_attn.kv_a_proj_with_mqa": "rotary_key", "self_attn.kv_b_proj": "colwise", "self_attn.o_proj": "rowwise"}
 
 
 def _swiglu_params(module: str, h: int, f: int) -> list[Param]:
