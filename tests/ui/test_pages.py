@@ -133,7 +133,7 @@ def test_form_error_is_inline_with_input_kept_and_nothing_stored(client, session
     )
     assert r.status_code == 422
     block = r.text[r.text.index('data-field="opt.pp.microbatches"') :][:1500]
-    assert "must be at least the number of stages" in block
+    assert "micro-batches (1) must be at least pp=2 stages" in block
     r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "0"})
     block = r.text[r.text.index('data-field="steps"') :][:1500]
     assert r.status_code == 422 and "greater than or equal to 1" in block
