@@ -113,8 +113,7 @@ def nested(depth: int) -> dict[str, Any]:
     return value
 
 
-TINY_LLAMA: dict[str, Any] = {
-    **LLAMA_3_8B,
+TINY_WIDTH: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 256,
     "num_attention_heads": 4,
@@ -122,6 +121,14 @@ TINY_LLAMA: dict[str, Any] = {
     "num_key_value_heads": 2,
     "vocab_size": 256,
     "max_position_embeddings": 128,
+}
+"""`tiny`'s width as config.json keys (hidden 64, MLP 256, 4 heads over 2 KV heads, 2 layers,
+vocabulary 256): what each TINY_ config below puts over its published config."""
+
+
+TINY_LLAMA: dict[str, Any] = {
+    **LLAMA_3_8B,
+    **TINY_WIDTH,
 }
 """A config.json of Llama 3's kind at `tiny`'s width (hidden 64, 4 heads over 2 KV heads, 2 layers,
 vocabulary 256): what a CPU runs."""
@@ -129,13 +136,7 @@ vocabulary 256): what a CPU runs."""
 
 TINY_MISTRAL: dict[str, Any] = {
     **MISTRAL_7B_V0_1,
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
+    **TINY_WIDTH,
     "sliding_window": 16,
 }
 """Mistral at `tiny`'s width with a 16-token sliding window."""
@@ -143,13 +144,7 @@ TINY_MISTRAL: dict[str, Any] = {
 
 TINY_QWEN2: dict[str, Any] = {
     **QWEN2_5_7B,
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
+    **TINY_WIDTH,
 }
 """Qwen2.5 at `tiny`'s width: Llama's shape with biases on q, k and v, hidden 64, 4 heads over 2 KV
 heads, 2 layers, vocabulary 256."""
@@ -186,14 +181,8 @@ MIXTRAL_8X7B: dict[str, Any] = {
 
 TINY_MIXTRAL: dict[str, Any] = {
     **MIXTRAL_8X7B,
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
-    "num_key_value_heads": 2,
+    **TINY_WIDTH,
     "num_local_experts": 4,
-    "vocab_size": 256,
-    "max_position_embeddings": 128,
 }
 """Mixtral at `tiny`'s width: 2 layers of 4 experts (top-2, inner width 256), hidden 64, 4 heads over
 2 KV heads, vocabulary 256."""

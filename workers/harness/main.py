@@ -235,8 +235,9 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     progress.phase("gradcheck")
     tol = gradcheck.tolerance(job.workload.precision)
     scans: list[replicas.Scan] = []
+    replay = replays_routing(job)
     recorder: contextlib.AbstractContextManager[routing_module.Calls] = (
-        routing_module.recording(applied.model) if replays_routing(job) else contextlib.nullcontext({})
+        routing_module.recording(applied.model) if replay else contextlib.nullcontext({})
     )
     with recorder as calls:
         grads = gradcheck.strategy_gradients(
@@ -247,7 +248,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
             job,
             on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
         )
-    routing = routing_module.gathered(calls, ctx, strategy.data_rank(ctx, options)) if replays_routing(job) else None  # collective
+    routing = routing_module.gathered(calls, ctx, strategy.data_rank(ctx, options)) if replay else None  # collective
     if grads is not None:
         gradcheck.save(grads, grads_file)
     del grads
