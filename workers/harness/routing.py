@@ -61,15 +61,16 @@ class Tape:
 
     def choose(self, indices: torch.Tensor) -> torch.Tensor:
         """The experts the block uses for these tokens: its own (recorded) or the run's (replayed)."""
+        recompute = in_backward()
         if self.replay is None:
-            if not in_backward():
+            if not recompute:
                 self.recorded.append(indices.detach().cpu())
             return indices
         rows = indices.shape[0]
-        start, end = self.last if in_backward() else (self.offset, self.offset + rows)
+        start, end = self.last if recompute else (self.offset, self.offset + rows)
         if end > self.replay.shape[0] or end - start != rows:
             raise RuntimeError(f"routing replay: {rows} tokens asked at row {start} of a recorded {self.replay.shape[0]}")
-        if not in_backward():
+        if not recompute:
             self.offset, self.last = end, (start, end)
         return self.replay[start:end].to(indices.device)
 
