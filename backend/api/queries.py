@@ -115,13 +115,14 @@ class LeaderboardParams(QueryParams):
     )
     checks: Literal["all", "passed"] = Field(
         "all",
-        description="`all`: runs that failed a correctness check (loss against the reference, gradient, replica) are shown "
-        "greyed with ⚑; `passed`: they are left out (of the configs' medians too).",
+        description="`all`: runs that failed a correctness check (loss against the reference, gradient, replica) or do not "
+        "carry one (not checked) are shown greyed with ⚑; `passed`: only runs with every check that applies present and "
+        "passed are kept (in the configs' medians too).",
     )
     verified: bool = Field(
         False,
-        description="Only runs whose checks the lab's own workers made: an upload whose gradient, replica or loss-reference "
-        "check was stated by the uploader (`summary.checks_stated`) is left out.",
+        description="Only runs the lab's own workers produced: every upload is left out, whatever checks it states "
+        "(its checks are the uploader's word or not checked).",
     )
     runs: Literal["best", "all"] = Field(
         "best",

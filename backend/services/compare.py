@@ -116,6 +116,10 @@ def _prediction(key: str) -> Callable[[ComparedRun], Any]:
     return lambda r: ((r.document or {}).get("prediction") or {}).get(key)
 
 
+NOT_CHECKED = "not checked"
+"""A check the run does not carry: never shown as passed."""
+
+
 def _check(summary_key: str, key: str) -> Callable[[ComparedRun], Any]:
     """A field of a check in the summary (`gradient_check`, `replica_check`); its "verdict" is
     passed / failed ⚑, marked when the uploader stated it and the lab could not recompute it."""
@@ -124,7 +128,7 @@ def _check(summary_key: str, key: str) -> Callable[[ComparedRun], Any]:
         summary = (r.document or {}).get("summary") or {}
         check = summary.get(summary_key)
         if not check:
-            return None
+            return NOT_CHECKED if summary_key in (summary.get("checks_not_checked") or []) else None
         if key == "verdict":
             verdict = "passed" if check.get("passed") else "failed ⚑"
             return f"{verdict} (stated by the uploader)" if summary_key in (summary.get("checks_stated") or []) else verdict
@@ -138,12 +142,21 @@ def _gradient(key: str) -> Callable[[ComparedRun], Any]:
 
 
 def _loss_check(r: ComparedRun) -> str | None:
-    """The loss against the fp32 reference, as the stored flags decided it."""
+    """The loss against the fp32 reference, as the stored flags decided it: "not checked" without a
+    reference, and whose reference it is when the lab's own did not decide it alone."""
     doc = r.document or {}
-    if ((doc.get("summary") or {}).get("loss_max_rel_diff_vs_reference")) is None:
+    summary = doc.get("summary") or {}
+    if "loss_reference" in (summary.get("checks_not_checked") or []):
+        return NOT_CHECKED
+    if summary.get("loss_max_rel_diff_vs_reference") is None:
         return None
     flagged = any(f.get("metric") == "loss_max_rel_diff_vs_reference" for f in doc.get("flags") or [])
-    return "beyond the recipe's tolerance ⚑" if flagged else "within the recipe's tolerance"
+    verdict = "beyond the recipe's tolerance ⚑" if flagged else "within the recipe's tolerance"
+    if "loss_reference" in (summary.get("checks_stated") or []):
+        return f"{verdict} (reference stated by the uploader)"
+    if (doc.get("loss") or {}).get("stated_reference"):
+        return f"{verdict} (the lab's reference; the uploader's kept beside it)"
+    return verdict
 
 
 def _options(r: ComparedRun) -> str:

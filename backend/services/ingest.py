@@ -23,11 +23,14 @@ from backend.services.hardware import record_profile
 from backend.services.recipes import recipe_columns
 from backend.store import references as references_store
 from backend.store import runs as store
-from parallab.core.checks import DocumentError, check_summary, reference_key_of
+from parallab.core.checks import RUN_CHECKS, DocumentError, check_summary, not_checked, reference_key_of
 from parallab.core.flags import failed_checks, prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
 from parallab.core.spec import key_fields
+
+UPLOAD_SOURCE = "ci"
+"""A run's `source` when it came in as an upload: every other source is a run of the lab's own workers."""
 
 
 def workload_key(workload: dict[str, Any]) -> str:
@@ -60,7 +63,7 @@ def hardware_key(hardware: dict[str, Any]) -> str:
     return key[:200]  # the column holds 200
 
 
-def summary_columns(doc: ResultDocument) -> dict[str, Any]:
+def summary_columns(doc: ResultDocument, *, uploaded: bool) -> dict[str, Any]:
     s = doc.summary
     return {
         "workload_key": workload_key(doc.workload),
@@ -76,17 +79,38 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
         "branch": doc.source.branch if doc.source else None,
         "commit": doc.source.commit if doc.source else None,
         **recipe_columns(doc.workload, doc.strategy.model_dump()),
-        **check_columns(doc),
+        **check_columns(doc, uploaded=uploaded),
     }
 
 
-def check_columns(doc: ResultDocument) -> dict[str, str | None]:
-    """The correctness checks the run failed and those the uploader stated, comma-separated (null
-    when none): the leaderboard greys, hides and labels runs by them without reading documents."""
+NOT_CHECKED = "?"
+"""Marks a check the run does not carry in the check columns (`gradient?`): not passed, not failed."""
+UPLOADED = "upload"
+"""The stated-checks column of an upload that carries no check at all (a job that trains nothing):
+an upload is never the lab's own run, so that column is never null for one."""
+
+
+def check_columns(doc: ResultDocument, *, uploaded: bool) -> dict[str, str | None]:
+    """The run's checks as the leaderboard filters read them, comma-separated (null when none).
+
+    `checks_failed`: the checks it failed, then those it does not carry (`loss?`): `checks=passed`
+    keeps a run only when every check that applies is present and passed. `checks_stated`: what
+    the lab did not check itself — for an upload, the checks its uploader stated and those it
+    does not carry (`gradient_check?`), never null (`UPLOADED`); null for the lab's own runs, so
+    `verified=true` keeps exactly the runs a worker of the lab produced."""
     summary = doc.summary.model_dump(mode="json")
-    failed = failed_checks(summary, str(doc.workload.get("precision") or "fp32"))
-    stated = list(dict.fromkeys(doc.summary.checks_stated))
+    missing = not_checked(doc)
+    failed = failed_checks(summary, str(doc.workload.get("precision") or "fp32")) + [RUN_CHECKS[k] + NOT_CHECKED for k in missing]
+    stated = [*dict.fromkeys(doc.summary.checks_stated), *(k + NOT_CHECKED for k in missing)] if uploaded else []
+    if uploaded and not stated:
+        stated = [UPLOADED]
     return {"checks_failed": ",".join(failed)[:64] or None, "checks_stated": ",".join(stated)[:64] or None}
+
+
+def labelled(document: ResultDocument) -> ResultDocument:
+    """The document with `summary.checks_not_checked` said by the lab (never as a document states it)."""
+    summary = document.summary.model_copy(update={"checks_not_checked": not_checked(document)})
+    return document.model_copy(update={"summary": summary})
 
 
 def _rank_rows(doc: ResultDocument) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -117,8 +141,9 @@ def attach_result(
     """Store `document` as `run`'s result and mark the run succeeded (caller commits); a calibrate
     run's profile is kept for `pool`."""
     start = time.perf_counter()
+    document = labelled(document)
     rank_rows, comm_rows = _rank_rows(document)
-    columns = summary_columns(document)
+    columns = summary_columns(document, uploaded=run.source == UPLOAD_SOURCE)
     store.store_result(
         session,
         run,
@@ -142,7 +167,10 @@ def with_lab_reference(session: Session, document: ResultDocument) -> tuple[Resu
     row = references_store.get_curve(session, key, device) if key and isinstance(device, str) else None
     if row is None:
         return document, False
-    loss = document.loss.model_copy(update={"reference": [float(x) for x in row.loss], "reference_source": "lab database"})
+    stated = document.loss.reference or None
+    loss = document.loss.model_copy(
+        update={"reference": [float(x) for x in row.loss], "reference_source": "lab database", "stated_reference": stated}
+    )
     return document.model_copy(update={"loss": loss}), True
 
 
@@ -153,11 +181,14 @@ def checked_upload(document: ResultDocument, *, lab_reference: bool = False) -> 
     A stated summary that disagrees with the ranks beyond float noise is refused: `DocumentError`
     (a 422 naming each field), never stored. Stated flags are not read: they are recomputed.
     What cannot be recomputed is labelled in `summary.checks_stated`: the gradient and replica
-    checks, and the loss reference unless it is the lab's own (`lab_reference`).
+    checks, and the loss reference unless it is the lab's own (`lab_reference`); a check the
+    upload does not carry, in `summary.checks_not_checked`.
     """
     checked = check_summary(document)
     if checked.problems:
         raise DocumentError(checked.problems)
+    if not lab_reference:  # the uploader's own reference is the one it carries: nothing kept beside it
+        document = document.model_copy(update={"loss": document.loss.model_copy(update={"stated_reference": None})})
     if document.loss.reference and not lab_reference:
         checked.summary["checks_stated"] = [*checked.summary.get("checks_stated", []), "loss_reference"]
     prediction = document.prediction.model_dump(mode="json", exclude_defaults=True)
@@ -171,8 +202,8 @@ def checked_upload(document: ResultDocument, *, lab_reference: bool = False) -> 
         if prediction
         else []
     )
-    return document.model_copy(
-        update={"summary": Summary.model_validate(checked.summary), "flags": [Flag.model_validate(f) for f in flags]}
+    return labelled(
+        document.model_copy(update={"summary": Summary.model_validate(checked.summary), "flags": [Flag.model_validate(f) for f in flags]})
     )
 
 
@@ -253,7 +284,7 @@ def ingest_upload(
                 Run(
                     name=document.name,
                     status="running",
-                    source="ci",
+                    source=UPLOAD_SOURCE,
                     spec=spec,
                     strategy=document.strategy.name,
                     world_size=document.strategy.world_size,
@@ -262,7 +293,7 @@ def ingest_upload(
                     idempotency_owner=idempotency_owner if idempotency_key else None,
                     idempotency_body_sha256=body_sha256,
                     # written with the row: attach_result sets the same values, so no UPDATE for them
-                    **summary_columns(document),
+                    **summary_columns(document, uploaded=True),
                 ),
             )
     except IntegrityError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from backend.services.ingest import NOT_CHECKED, UPLOADED
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
 from parallab.core.data import DEFAULT_DATA
@@ -45,9 +46,10 @@ class LeaderboardQuery:
     grad_accumulation_steps: int | None = None
     micro_batch_size: int | None = None
     checks: str = "all"
-    """`all`: runs that failed a correctness check are kept (greyed, ⚑); `passed`: left out."""
+    """`all`: runs that failed a correctness check or do not carry one are kept (greyed, ⚑);
+    `passed`: only runs with every check that applies present and passed."""
     verified: bool = False
-    """Only runs whose checks the lab made (none stated by the uploader: `summary.checks_stated`)."""
+    """Only runs the lab's own workers produced: an upload is never verified, whatever it states."""
     group: str = "workload"
     """How runs are grouped for ranking (`backend.store.leaderboard.GROUPINGS`)."""
     best_only: bool = True
@@ -107,8 +109,10 @@ EXPORT_FIELDS = (
     "median",
     "interval",
     "interval_note",
-    # the run's correctness checks: those it failed, those its uploader stated; per config, how many
+    # the run's correctness checks: those it failed, those it does not carry (not checked), those
+    # its uploader stated; per config, how many runs failed or lack one, and how many were uploaded
     "checks_failed",
+    "checks_not_checked",
     "checks_stated",
     "failed_runs",
     "stated_runs",
@@ -126,7 +130,7 @@ def csv_rows(board: Leaderboard) -> list[list[Any]]:
     """The leaderboard's rows as CSV lines, a header first (check names joined by commas)."""
     out: list[list[Any]] = [list(CSV_FIELDS)]
     for row in board.rows:
-        flat = {**row, "checks_failed": ",".join(row["checks_failed"]), "checks_stated": ",".join(row["checks_stated"])}
+        flat = {**row, **{k: ",".join(row[k]) for k in ("checks_failed", "checks_not_checked", "checks_stated")}}
         out.append([flat.get(k) for k in CSV_FIELDS])
     return out
 
@@ -154,12 +158,15 @@ def config_figures(row: dict[str, Any]) -> None:
     if not best:
         row["interval_low"] = row["interval_high"] = row["interval_coverage"] = None
     row["interval_note"] = interval_note(n, coverage)
-    row["checks_failed"] = [c for c in (row.get("checks_failed") or "").split(",") if c]
-    row["checks_stated"] = [c for c in (row.get("checks_stated") or "").split(",") if c]
+    failed = [c for c in (row.get("checks_failed") or "").split(",") if c]
+    stated = [c for c in (row.get("checks_stated") or "").split(",") if c]
+    row["checks_failed"] = [c for c in failed if not c.endswith(NOT_CHECKED)]
+    row["checks_not_checked"] = [c.removesuffix(NOT_CHECKED) for c in failed if c.endswith(NOT_CHECKED)]
+    row["checks_stated"] = [c for c in stated if not c.endswith(NOT_CHECKED) and c != UPLOADED]
     row.setdefault("failed_runs", None)
     row.setdefault("stated_runs", None)
-    # greyed with ⚑: the run failed a check, or (a config) one of the runs its median counts did
-    row["checks_flagged"] = bool(row["failed_runs"]) if best else bool(row["checks_failed"])
+    # greyed with ⚑: the run failed a check or lacks one, or (a config) one of the runs its median counts did
+    row["checks_flagged"] = bool(row["failed_runs"]) if best else bool(row["checks_failed"] or row["checks_not_checked"])
     row["stated"] = bool(row["stated_runs"]) if best else bool(row["checks_stated"])
 
 

@@ -32,6 +32,13 @@ from parallab.core.result import ResultDocument
 SERIES_PAGE = 500
 
 
+class Unowned:
+    """`family_key`'s default: the plain family, no owner in its hash (None is an owner: nobody's)."""
+
+
+UNOWNED = Unowned()
+
+
 class SeriesNotFound(LookupError):
     pass
 
@@ -43,9 +50,20 @@ class SeriesConfigError(ValueError):
 
 
 def family_key(
-    *, repository: str | None, workload_key: str, hardware_key: str, strategy: str, world_size: int, options: dict[str, Any]
+    *,
+    repository: str | None,
+    workload_key: str,
+    hardware_key: str,
+    strategy: str,
+    world_size: int,
+    options: dict[str, Any],
+    owner: int | None | Unowned = UNOWNED,
 ) -> str:
-    """Hash of everything that must match for two results to share a history, the branch aside."""
+    """Hash of everything that must match for two results to share a history, the branch aside.
+
+    `owner`: the uploader whose own family this is, given only when the plain family (the same
+    fields, no owner: the key every family had before owners were in it) belongs to another
+    member — so the first uploader keeps the plain key and its stored series stay where they are."""
     picked = {
         "repository": repository,
         "workload_key": workload_key,
@@ -54,6 +72,8 @@ def family_key(
         "world_size": world_size,
         "options": options,
     }
+    if not isinstance(owner, Unowned):
+        picked["owner"] = owner
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -72,25 +92,34 @@ def config_of(series: Series) -> regression.Config:
     )
 
 
-def _family_and_branch(run: Run, document: ResultDocument) -> tuple[str, str] | None:
-    """The series family and branch of an uploaded run; None without a branch (no series)."""
+def _family_and_branch(session: Session, run: Run, document: ResultDocument) -> tuple[str, str] | None:
+    """The series family and branch of an uploaded run; None without a branch (no series).
+
+    A family is its first uploader's (the owner of its earliest series): only the owner's uploads
+    (their session or a token they issued: `run.user_id`) join it. Another member's upload naming
+    the same repository, branch and config gets a family of its own (`family_key`'s `owner`), so it
+    never joins the owner's series nor moves their baseline."""
     source = document.source
     if source is None or not source.branch or run.workload_key is None or run.hardware_key is None:
         return None
-    family = family_key(
-        repository=source.repository,
-        workload_key=run.workload_key,
-        hardware_key=run.hardware_key,
-        strategy=document.strategy.name,
-        world_size=document.strategy.world_size,
-        options=document.strategy.options,
-    )
+    fields: dict[str, Any] = {
+        "repository": source.repository,
+        "workload_key": run.workload_key,
+        "hardware_key": run.hardware_key,
+        "strategy": document.strategy.name,
+        "world_size": document.strategy.world_size,
+        "options": document.strategy.options,
+    }
+    family = family_key(**fields)
+    owner = store.family_owner(session, family)
+    if owner is not None and owner.user_id != run.user_id:
+        family = family_key(**fields, owner=run.user_id)
     return family, source.branch
 
 
-def series_id_of(run: Run, document: ResultDocument) -> str | None:
+def series_id_of(session: Session, run: Run, document: ResultDocument) -> str | None:
     """The id of the series an uploaded run belongs to (whether it exists yet or not)."""
-    found = _family_and_branch(run, document)
+    found = _family_and_branch(session, run, document)
     return series_id(*found) if found is not None else None
 
 
@@ -98,7 +127,7 @@ def join_series(*, session: Session, run: Run, document: ResultDocument) -> Seri
     """The series an uploaded run belongs to (created on its first result); None without a branch.
 
     A new series takes its family's baseline-branch series' settings, else the defaults."""
-    found = _family_and_branch(run, document)
+    found = _family_and_branch(session, run, document)
     if found is None:
         return None
     family, branch = found

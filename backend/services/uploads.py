@@ -125,7 +125,7 @@ def upload_results(
         new = [(run, doc) for run, created, doc in stored if created]
         # one lock order for every upload: the configs' cells (sorted), then the series (sorted)
         leaderboard_store.lock_cells(session, [run for run, _ in new])
-        for run, document in sorted(new, key=lambda upload: series_service.series_id_of(upload[0], upload[1]) or ""):
+        for run, document in sorted(new, key=lambda upload: series_service.series_id_of(session, upload[0], upload[1]) or ""):
             series = series_service.join_series(session=session, run=run, document=document)
             if series is not None:
                 joined.append(series)

@@ -98,8 +98,10 @@ CELL_FILTERS = frozenset({"model", "hardware_key", "strategy", "world_size", *RE
 """Filters the cells can answer; under the others (source, branch, user) the sizes come from the
 counts and a config's figures from its filtered runs."""
 CHECK_FILTERS = ("checks", "verified")
-"""Filters on a run's checks (`checks="passed"`: none failed; `verified=True`: none stated by its
-uploader). The cells answer them too: a config has a cell per subset they can keep (`SUBSETS`)."""
+"""Filters on a run's checks (`checks="passed"`: every check that applies present and passed, none
+failed or missing; `verified=True`: produced by the lab's own worker — ingest never leaves an
+upload's `checks_stated` null). The cells answer them too: a config has a cell per subset they
+can keep (`SUBSETS`)."""
 SUBSETS: dict[str, tuple[bool, bool]] = {
     "all": (False, False),
     "passed": (True, False),

@@ -36,6 +36,12 @@ def family_series(session: Session, family: str, branch: str) -> Series | None:
     return session.execute(select(Series).where(Series.family == family, Series.branch == branch)).scalar_one_or_none()
 
 
+def family_owner(session: Session, family: str) -> Series | None:
+    """The family's earliest series (its owner is the family's), or None for a family not started."""
+    query = select(Series).where(Series.family == family).order_by(Series.created_at, Series.id).limit(1)
+    return session.execute(query).scalar_one_or_none()
+
+
 def series_of_family(session: Session, family: str) -> list[Series]:
     return list(session.execute(select(Series).where(Series.family == family).order_by(Series.branch)).scalars())
 

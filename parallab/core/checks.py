@@ -21,6 +21,7 @@ compute them: a workload it cannot resolve, a device whose peak it does not know
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from parallab.core.families import model_flops_per_token
-from parallab.core.jobs import resolve_job
+from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.metrics import bandwidths_gbps, busbw_factor, summarize
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.reference import reference_key
@@ -109,12 +110,8 @@ def reference_key_of(document: ResultDocument) -> str | None:
     """The key of the fp32 reference curve of the document's workload (`reference.reference_key`),
     so the lab's own curve can replace the one the document states; None when the workload does
     not resolve or trains nothing."""
-    workload = {k: v for k, v in document.workload.items() if k != "custom"}
-    try:
-        job = resolve_job(JobSpec.model_validate({"workload": workload, "strategy": document.strategy.model_dump()}))
-    except (SpecError, ValidationError):
-        return None
-    return reference_key(job) if job.trains else None
+    job = _resolved(document)
+    return reference_key(job) if job is not None and job.trains else None
 
 
 def _text(value: Any) -> str | None:
@@ -172,6 +169,9 @@ class CheckedSummary:
 
 def check_summary(document: ResultDocument) -> CheckedSummary:
     """The document's summary recomputed from its ranks, and where the stated one disagrees."""
+    held = ranks_problems(document)
+    if held:  # nothing is recomputed from ranks that do not describe the run
+        return CheckedSummary(document.summary.model_dump(mode="json"), held)
     inputs = summary_inputs(document)
     ranks = [rank.model_dump(mode="json") for rank in document.ranks]
     try:
@@ -208,6 +208,52 @@ def check_summary(document: ResultDocument) -> CheckedSummary:
 
 STATED_CHECKS = ("gradient_check", "replica_check")
 """Checks an upload can only state: their inputs (gradients, every rank's copies) are not in the document."""
+RUN_CHECKS = {"loss_reference": "loss", "gradient_check": "gradient", "replica_check": "replica"}
+"""Every correctness check a training run carries, by its key in the document (`summary.<key>`,
+`loss.reference`) → the short name pages and `flags.CORRECTNESS_CHECKS` use. The lab's worker makes
+each of them on every training run; a run without one is labelled `not_checked`, never passed."""
+
+
+def not_checked(document: ResultDocument) -> list[str]:
+    """The checks that apply to the run and that it does not carry (`RUN_CHECKS`' keys, in order).
+
+    Every check applies to a job that trains; none to one that trains nothing (the collectives
+    sweep). A workload the lab cannot resolve is taken as training: its uploader still claims a
+    loss and a throughput, so a missing check is missing, not inapplicable."""
+    job = _resolved(document)
+    if job is not None and not job.trains:
+        return []
+    present = {
+        "loss_reference": bool(document.loss.reference),
+        "gradient_check": document.summary.gradient_check is not None,
+        "replica_check": document.summary.replica_check is not None,
+    }
+    return [key for key in RUN_CHECKS if not present[key]]
+
+
+def _resolved(document: ResultDocument) -> ResolvedJob | None:
+    workload = {k: v for k, v in document.workload.items() if k != "custom"}
+    try:
+        return resolve_job(JobSpec.model_validate({"workload": workload, "strategy": document.strategy.model_dump()}))
+    except (SpecError, ValidationError):
+        return None
+
+
+def ranks_problems(document: ResultDocument) -> list[SpecProblem]:
+    """The ranks held to the document's own strategy: one entry per rank of `world_size`, each rank
+    id once and in [0, world_size). Checked before anything is recomputed from them."""
+    world = document.strategy.world_size
+    ids = [rank.rank for rank in document.ranks]
+    problems = []
+    if len(ids) != world:
+        problems.append(SpecProblem(("ranks",), f"holds {len(ids)} entries, but strategy.world_size is {world}: one per rank"))
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if repeated:
+        problems.append(SpecProblem(("ranks",), f"rank ids must be unique; repeated: {', '.join(map(str, repeated[:5]))}"))
+    outside = sorted({i for i in ids if i >= world})
+    if outside:
+        problems.append(SpecProblem(("ranks",), f"rank ids must be in [0, {world}); outside: {', '.join(map(str, outside[:5]))}"))
+    return problems
 
 
 def _bandwidth_tolerance(nbytes: int) -> Tolerance:

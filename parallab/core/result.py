@@ -202,6 +202,12 @@ class Summary(OpenModel):
         max_length=16,
         description="Checks the server could not recompute and keeps as stated by the uploader (set on upload, never trusted from it).",
     )
+    checks_not_checked: list[ShortName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Checks that apply to the run and that it does not carry (`loss_reference`, `gradient_check`, "
+        "`replica_check`): shown as not checked, never as passed (set on ingest, never trusted from a document).",
+    )
 
 
 class LossCurve(BaseModel):
@@ -212,6 +218,11 @@ class LossCurve(BaseModel):
         None,
         description="Where the reference came from: computed in the job, the job's own curve (an fp32 `single`), "
         "this host's cache, or the lab database (parallab.core.reference).",
+    )
+    stated_reference: list[float] | None = Field(
+        None,
+        max_length=MAX_SERIES,
+        description="An upload's own reference, kept beside the lab's when the lab's replaced it for the verdict (set on upload).",
     )
 
 

@@ -101,7 +101,7 @@ def test_a_failed_gradient_check_rewritten_as_passed_is_stored_as_stated_by_the_
     response = upload(doc)
     assert response.status_code == 201, response.text
     run = response.json()
-    assert run["result"]["summary"]["checks_stated"] == ["gradient_check", "loss_reference"]
+    assert run["result"]["summary"]["checks_stated"] == ["gradient_check", "replica_check", "loss_reference"]
     page = client.get(f"/runs/{run['id']}")
     assert page.status_code == 200
     card = page.text[page.text.index('id="gradient-check"') :]

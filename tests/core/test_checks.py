@@ -30,7 +30,7 @@ def test_a_worker_made_summary_passes_and_comes_back_unchanged_but_for_the_state
     document = doc()
     checked = check_summary(document)
     assert checked.problems == []
-    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check"]}
+    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check", "replica_check"]}
 
 
 def test_every_disagreeing_field_is_named():
