@@ -24,6 +24,7 @@ from backend.api.upload_pool import UploadsBusy
 from backend.services.auth import AccountError, Forbidden
 from backend.services.ingest import IdempotencyConflict
 from backend.services.quotas import QuotaExceeded
+from backend.services.reproduce import NotAnUpload
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from backend.services.series import SeriesConfigError, SeriesNotFound
 from backend.services.uploads import UploadInvalid, UploadRaced
@@ -106,6 +107,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RunStateError)
     async def _state(_: Request, exc: RunStateError) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.exception_handler(NotAnUpload)
+    async def _not_an_upload(_: Request, exc: NotAnUpload) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(IdempotencyConflict)

@@ -88,6 +88,11 @@ class Run(Base):
 
     # Where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")
+    reproduces_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"),
+        index=True,
+        doc="The upload this lab run re-ran (`POST /runs/{id}/reproduce`, migration 0023); null for every other run.",
+    )
     worker_id: Mapped[str | None] = mapped_column(
         String(32), doc="The worker that claimed it (node 0's); its heartbeat is the run's lease."
     )

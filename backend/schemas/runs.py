@@ -41,6 +41,8 @@ class RunSummary(BaseModel):
     """The pool it was queued on."""
     host: str | None = None
     """node 0's host, once a worker claimed it."""
+    reproduces_id: str | None = None
+    """The upload this lab run re-ran, where it is a reproduction."""
 
 
 class RunRead(RunSummary):

@@ -141,6 +141,22 @@ TERMS: tuple[Term, ...] = (
         "parallelism), so a token whose top-k flips under 16-bit rounding is not counted as a gradient error.",
     ),
     Term(
+        "verified",
+        "Verified, stated, not checked",
+        "Verified: the lab's own worker ran it. An upload never is, whatever it carries: its summary is recomputed from "
+        "its ranks, but its gradient and replica checks are stated by the uploader (the lab cannot recompute them), "
+        "its loss reference is stated unless the lab holds its own curve for the workload (which then decides, the "
+        "uploaded one kept beside it), and a check it does not carry is not checked — never counted as passed. The "
+        "leaderboard's passed only keeps runs with every check present and passed; verified keeps the lab's runs only.",
+    ),
+    Term(
+        "reproduce",
+        "Reproduce an upload",
+        "The lab re-runs an uploaded configuration on a pool (a traced run of its own worker, linked to the upload) and "
+        "sets throughput, step time, peak memory and communication bytes measured beside stated: reproduced within X % "
+        "when every figure both carry agrees within 10 %, else not reproduced, naming the figure and the gap.",
+    ),
+    Term(
         "flags",
         "Predicted vs measured (flags)",
         "Every prediction sits beside its measurement; a gap above 10% is flagged. A large gap usually means the planner's "

@@ -184,3 +184,9 @@ def count_runs(session: Session) -> int:
 def delete_run(session: Session, run_id: str) -> None:
     leaderboard.remove_entry(session, run_id)  # its entry and its config's cell, in this transaction
     session.execute(delete(Run).where(Run.id == run_id))
+
+
+def latest_reproduction(session: Session, upload_id: str) -> Run | None:
+    """The newest lab run that re-ran the upload `upload_id` (`Run.reproduces_id`), if any."""
+    query = select(Run).where(Run.reproduces_id == upload_id).order_by(Run.created_at.desc(), Run.id.desc()).limit(1)
+    return session.execute(query).scalar_one_or_none()

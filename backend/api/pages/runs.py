@@ -25,6 +25,7 @@ from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
 from backend.services import auth as auth_service
 from backend.services import pools, run_form
+from backend.services import reproduce as reproduce_service
 from backend.services import runs as run_service
 from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
@@ -32,6 +33,7 @@ from backend.services.quotas import QuotaExceeded
 from backend.services.recipes import dimension_choices
 from backend.services.run_view import UNCALIBRATED_NOTE, run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
+from parallab.core.problems import SpecError
 from parallab.core.strategies import STRATEGY_NAMES
 
 router = APIRouter(include_in_schema=False)
@@ -178,6 +180,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "phase_names": live_figs.PHASE_NAMES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,
+            "reproduction": reproduce_service.reproduction_of(session=session, run=view.run),
+            "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
             "vary_choices": dimension_choices()
             if getattr(request.state, "principal", ANONYMOUS).may("submit") and view.run.job is not None
             else {},
@@ -231,3 +235,31 @@ def cancel(
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id, settings=settings)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/reproduce", response_model=None)
+def reproduce(
+    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, local: LocalModeDep
+) -> Response:
+    """The upload page's Reproduce button: the lab re-runs the upload (`services.reproduce`), then its page."""
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+    try:
+        run = reproduce_service.reproduce(
+            session=session, settings=settings, upload_id=run_id, source="form", user_id=principal.user_id, local=local
+        )
+    except (reproduce_service.NotAnUpload, SpecError, QueueUnavailable, QuotaExceeded) as exc:
+        code = next(code for kind, code in REPRODUCE_REFUSALS.items() if isinstance(exc, kind))
+        return render_error(request, code, "Cannot reproduce", str(exc), settings=settings)
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+REPRODUCE_REFUSALS: dict[type[Exception], int] = {
+    reproduce_service.NotAnUpload: 409,
+    SpecError: 422,
+    QueueUnavailable: 503,
+    QuotaExceeded: 429,
+}
+"""The status of each reason the Reproduce button can be refused."""

@@ -12,6 +12,7 @@ from backend.api.queries import RunListParams
 from backend.models import Run
 from backend.schemas.runs import RunList, RunRead, RunSummary, TimelineRead
 from backend.services import auth as auth_service
+from backend.services import reproduce as reproduce_service
 from backend.services import runs as run_service
 from backend.services import timeline as timeline_service
 from backend.store import runs as store
@@ -109,6 +110,28 @@ def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, princi
     """Cancel a run: a member only its own, an admin any."""
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     return run_read(run_service.cancel_run(session=session, run_id=run_id, settings=settings))
+
+
+@router.post("/{run_id}/reproduce", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead)
+def reproduce_run(run_id: RunId, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, local: LocalModeDep) -> RunRead:
+    """Re-run an upload's configuration on a pool as the lab's own (traced) run, linked to the upload
+    (`reproduces_id`): 202 with the new run. 409 for a run the lab ran itself; 422 when this lab
+    cannot run the upload's spec (naming the field)."""
+    run = reproduce_service.reproduce(
+        session=session, settings=settings, upload_id=run_id, source="api", user_id=principal.user_id, local=local
+    )
+    return run_read(run)
+
+
+@router.get("/{run_id}/reproduction")
+def read_reproduction(run_id: RunId, session: SessionDep) -> dict[str, Any]:
+    """An upload and its newest reproduction (or a reproduction and its upload): stated against
+    measured per figure (throughput, step time, peak memory, communication bytes) and the verdict,
+    "reproduced within X %" or "not reproduced" (tolerance ±10 %). 404 for a lab run that reproduces nothing."""
+    found = reproduce_service.reproduction_of(session=session, run=run_service.get_run(session=session, run_id=run_id))
+    if found is None:
+        raise HTTPException(404, detail=f"run {run_id} is the lab's own run and reproduces no upload")
+    return found.as_json()
 
 
 @router.get("/{run_id}/trace", responses={200: {"content": {"application/gzip": {}}}})
