@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from parallab.core.families.module import allow_list_entry_problem, parse_allow_list
 from parallab.core.spec import POOL_PATTERN
 
 PLACEHOLDER_SECRET = "change-me"
@@ -153,19 +154,27 @@ class Settings(BaseSettings):
     upload_rate_per_minute: float = Field(120.0, ge=0, description="Uploads one token may make per minute, sustained (0: no limit).")
     upload_burst: int = Field(120, ge=1, description="Uploads one token may make at once before the rate applies.")
 
-    # Code a lab submits: the module family runs an entry point only from a module listed here.
+    # Code a lab submits: the module family runs only an entry point listed here.
     allowed_modules: Annotated[frozenset[str], NoDecode] = Field(
         frozenset(),
-        description="Modules (comma-separated, e.g. examples.lab_model,mylab.models) whose entry points the module family may "
-        "run on this worker; empty: none. Listing one lets anyone who may submit run that module's build function here.",
+        description="Entry points (comma-separated package.module:callable, e.g. examples.lab_model:build,mylab.models:gpt) "
+        "the module family may run on this worker; empty: none. Each names one build function: listing one lets anyone who "
+        "may submit run it here with a workload's config, and nothing else of its module.",
     )
 
     @field_validator("allowed_modules", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
-        """`a.b, c` → {"a.b", "c"} (the environment's form); a list or set passes as it is."""
-        if isinstance(value, str):
-            return frozenset(name.strip() for name in value.split(",") if name.strip())
+        """`a.b:build, c:make` → {"a.b:build", "c:make"} (the environment's form); a list or set passes as it is."""
+        return parse_allow_list(value) if isinstance(value, str) else value
+
+    @field_validator("allowed_modules")
+    @classmethod
+    def _callables(cls, value: frozenset[str]) -> frozenset[str]:
+        """Each item names one callable: a bare module would let any of its attributes be called."""
+        problems = [why for item in sorted(value) if (why := allow_list_entry_problem(item)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     # The planner.

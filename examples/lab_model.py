@@ -2,7 +2,7 @@
 
     parallab bench --family module --module examples.lab_model:build --strategy ddp --world-size 2
 
-(the worker must list `examples.lab_model` in PARALLAB_ALLOWED_MODULES). `build` gets the
+(the worker must list the entry point `examples.lab_model:build` in PARALLAB_ALLOWED_MODULES). `build` gets the
 workload's shape (`ModelConfig`) and returns the module and its spec: where the blocks are, the
 tensor-parallel plan and pipeline ends in parallab's module-path → style form, and the parameter
 and FLOP counts (docs/models.md, "The module family").

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.jobs import ResolvedJob
 from parallab.core.noise import HostNoise
 from parallab.core.rundir import RunDir
@@ -104,8 +105,11 @@ def harness_args(run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | Non
     return args
 
 
-def rank_environment(job: ResolvedJob) -> dict[str, str]:
+def rank_environment(job: ResolvedJob, allowed_modules: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The ranks' environment: this process's, with their threads, this checkout on the path, and
+    this worker's allow-list of entry points (the rank checks its entry point against it again)."""
     env = dict(os.environ)
+    env[ALLOW_LIST_ENV] = ",".join(sorted(allowed_modules))
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.ranks_per_node)))
     env["PYTHONUNBUFFERED"] = "1"
@@ -238,8 +242,9 @@ def launch(
 
     `should_stop` returns why the ranks must stop now (a cancel, another node's fault, a lapsed
     lease), or None; `on_start` gets the ranks' process group id as soon as it exists.
-    `allowed_modules`: this worker's allow-list of lab modules — a job was checked against the
-    submitting side's at resolution, and is checked again here, against the host that would run it."""
+    `allowed_modules`: this worker's allow-list of entry points — a job was checked against the
+    submitting side's at resolution, and is checked again here, against the host that would run it,
+    and by each rank before it imports the entry point."""
     run_dir.create()
     run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
     missing = extras.missing_extra(job.model) or extras.refused_module(job.model, allowed_modules)
@@ -258,7 +263,7 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_environment(job),
+            env=rank_environment(job, allowed_modules),
             start_new_session=True,
         )
         reason = None

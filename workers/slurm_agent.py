@@ -72,7 +72,13 @@ class SlurmAgent:
             config = pools.slurm_pool(session=session, name=pool)
         if config is None:
             raise NoSuchPool(f"no Slurm pool named {pool!r} (declare it with `parallab pool create-slurm`)")
-        self.engine = SlurmEngine(pool, config, max_job_seconds=settings.max_job_seconds, trace_cap_bytes=settings.max_trace_bytes)
+        self.engine = SlurmEngine(
+            pool,
+            config,
+            max_job_seconds=settings.max_job_seconds,
+            trace_cap_bytes=settings.max_trace_bytes,
+            allowed_modules=settings.allowed_modules,
+        )
         self.tails: dict[str, ProgressTail] = {}
 
     def _db(self) -> Any:

@@ -14,13 +14,14 @@ through `LeaderboardQueryDep`, so they accept the same names and refuse the same
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import Depends, Query
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator
 
 from backend.api.deps import SessionDep
 from backend.models import RunSource, RunStatus
+from backend.schemas.queries import QueryParams
 from backend.services.auth import user_filter
 from backend.services.leaderboard import MAX_PAGE, SORT_COLUMNS, LeaderboardQuery
 from parallab.core.result import MAX_RANKS
@@ -31,26 +32,6 @@ MAX_OFFSET = 1_000_000
 
 MAX_LIST_PAGE = 500
 """Most rows one page of a REST list gives."""
-
-
-class QueryParams(BaseModel):
-    """A route's whole query string: a name not declared here is refused listing those that are,
-    and an empty value (an HTML form's "any") is unset. Subclasses declare the parameters;
-    `route` names the list in the refusal."""
-
-    model_config = ConfigDict(protected_namespaces=(), extra="forbid")
-    route: ClassVar[str] = "this route"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_names_empty_is_unset(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(k for k in data if k not in cls.model_fields)
-            if unknown:
-                takes = ", ".join(cls.model_fields) or "no parameters"
-                raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))}; {cls.route} takes: {takes}")
-            return {k: v.strip() if isinstance(v, str) else v for k, v in data.items() if not (isinstance(v, str) and not v.strip())}
-        return data
 
 
 class RunFilters(QueryParams):

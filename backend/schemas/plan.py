@@ -9,19 +9,26 @@ added to the core is a `/plan` parameter without touching this file.
 predicting one: `device` (a catalogue device) on `nodes` × `gpus_per_node`, or a calibrated
 `pool`; `precisions` (shared with the calibrate job's option), `checkpointing` and
 `accumulation` narrow the search; `top` bounds the list of those that fit.
+
+The query is a `QueryParams` like every list route's: an unknown name is refused listing the names
+`/plan` takes, and each list parameter is bounded as a sweep bounds it (`MAX_CHECKPOINTING`,
+`MAX_ACCUMULATION`; a strategy option's list by its own `max_length`) and keeps each value once —
+the ranking plans the product of these lists, so an unbounded one is unbounded work.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
+from backend.schemas.queries import QueryParams
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.spec import POOL_PATTERN, Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
+from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING
+from parallab.core.spec import MAX_GRAD_ACCUMULATION, POOL_PATTERN, Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
 from parallab.core.strategies import REGISTRY
 
 RANK_PARAMS: tuple[str, ...] = ("mode", "device", "nodes", "gpus_per_node", "pool", "top", "checkpointing", "accumulation")
@@ -63,10 +70,11 @@ OPTION_PARAMS: tuple[str, ...] = tuple(_OPTIONS)
 """Strategy options, by name."""
 
 
-class _PlanBase(BaseModel):
+class _PlanBase(QueryParams):
     """The strategy's name and world size (the job spec's declarations), then every field below."""
 
-    model_config = ConfigDict(protected_namespaces=(), allow_inf_nan=False)
+    model_config = ConfigDict(protected_namespaces=(), extra="forbid", allow_inf_nan=False)
+    route: ClassVar[str] = "/plan"
 
     mode: Literal["predict", "rank"] = Field(
         "predict", description="predict: one job's prediction; rank: every configuration on a cluster."
@@ -76,8 +84,12 @@ class _PlanBase(BaseModel):
     gpus_per_node: int | None = Field(None, ge=1, le=64, description="rank: devices per node (default: the catalogue's).")
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="rank: plan on this pool's calibrated hardware instead of a device.")
     top: int = Field(20, ge=1, le=10_000, description="rank: how many of the fitting configurations to list.")
-    checkpointing: list[Checkpointing] | None = Field(None, description="rank: recomputation modes to plan (default: all).")
-    accumulation: list[int] | None = Field(None, description="rank: accumulation steps to plan (default: 1, 2, 4).")
+    checkpointing: list[Checkpointing] | None = Field(
+        None, min_length=1, max_length=MAX_CHECKPOINTING, description="rank: recomputation modes to plan (default: all)."
+    )
+    accumulation: list[Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUMULATION)]] | None = Field(
+        None, min_length=1, max_length=MAX_ACCUMULATION, description="rank: accumulation steps to plan (default: 1, 2, 4)."
+    )
 
     def to_spec(self) -> JobSpec:
         """The job spec these parameters describe (options only as given: unknown ones are refused)."""

@@ -248,8 +248,8 @@ def _row(key: str, label: str, unit: str, better: str | None, values: list[Any],
 
 
 def parse_ids(values: Sequence[str]) -> list[str]:
-    """Run ids given as repeated parameters and/or comma-separated."""
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+    """Run ids given as repeated parameters and/or comma-separated, each once, in the order given."""
+    return list(dict.fromkeys(part.strip() for value in values for part in value.split(",") if part.strip()))
 
 
 def _dim(run: Run, name: str | None) -> str:

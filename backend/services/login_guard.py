@@ -1,7 +1,15 @@
 """Password guessing, slowed and then stopped: growing delays and a temporary lockout per account,
 per client address and per known device, shared by every API process through Redis.
 
-Each failed login counts against its *subjects*. A subject that has failed more than
+Each try counts against its *subjects* before its password is looked at: `admit` takes a numbered
+place in each subject's count in one atomic step (Redis INCR, or under this process's lock), and a
+try whose place is past its lockout count is refused 429 without a password check. So `10` means
+ten password checks under any concurrency — ten clients arriving at once cannot all pass a check
+of the count and then each add one after their slow password hash, which let thirteen through. A
+failed try keeps its place; a correct one clears its account (or device) and gives its place back
+to its address, so an office's successful logins never count against its shared address.
+
+Each failed login counts against its subjects. A subject that has failed more than
 `login_free_failures` times must wait before its next try (`login_delay_s`, doubling with each
 further failure, at most `login_max_delay_s`); one that reaches its lockout count
 (`login_account_lockout` for an account or a device, `login_ip_lockout` for an address) is
@@ -70,12 +78,24 @@ class Attempt:
     device: str | None = None
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """A try admitted to a password check: its place in each subject's count (key, place, lockout
+    count), or how long it must wait instead (`wait_s` > 0: refused, nothing counted)."""
+
+    attempt: Attempt
+    places: tuple[tuple[str, int, int], ...] = ()
+    wait_s: float = 0.0
+
+
 class Counts(Protocol):
     """Where failure counts and waits are kept (Redis, or this process)."""
 
     def wait_s(self, key: str) -> float: ...
 
     def fail(self, key: str, *, forget_after_s: float) -> int: ...
+
+    def release(self, key: str) -> None: ...
 
     def block(self, key: str, seconds: float) -> None: ...
 
@@ -105,6 +125,13 @@ class LocalCounts:
                 self._blocked = {k: v for k, v in self._blocked.items() if v > now}
             return count
 
+    def release(self, key: str) -> None:
+        """Give back one place in `key`'s count (a try that turned out not to be a failure)."""
+        with self._lock:
+            count, until = self._failures.get(key, (0, 0.0))
+            if count > 0:
+                self._failures[key] = (count - 1, until)
+
     def block(self, key: str, seconds: float) -> None:
         with self._lock:
             self._blocked[key] = max(self._blocked.get(key, 0.0), time.monotonic() + seconds)
@@ -113,6 +140,10 @@ class LocalCounts:
         with self._lock:
             self._failures.pop(key, None)
             self._blocked.pop(key, None)
+
+
+RELEASE = "if redis.call('get', KEYS[1]) and tonumber(redis.call('get', KEYS[1])) > 0 then return redis.call('decr', KEYS[1]) end return 0"
+"""One place given back, in one step on the server: a count that expired meanwhile is not recreated at -1."""
 
 
 class RedisCounts:
@@ -144,6 +175,14 @@ class RedisCounts:
             self._warn(exc)
             return self.fallback.fail(key, forget_after_s=forget_after_s)
         return int(count)
+
+    def release(self, key: str) -> None:
+        """Give back one place, atomically and only while the count lives (never below zero)."""
+        self.fallback.release(key)
+        try:
+            self.client.eval(RELEASE, 1, self.prefix + "fail:" + key)
+        except redis.RedisError as exc:
+            self._warn(exc)
 
     def block(self, key: str, seconds: float) -> None:
         try:
@@ -190,11 +229,27 @@ class LoginGuard:
             return 0.0
         return min(s.login_max_delay_s, s.login_delay_s * 2 ** (failures - s.login_free_failures - 1))
 
-    def failed(self, attempt: Attempt) -> float:
-        """Count a failed login; returns how long its subjects now wait. Logs each lockout."""
-        longest = 0.0
+    def admit(self, attempt: Attempt) -> Ticket:
+        """Take this try's place in each subject's count before its password is looked at; a try
+        made while a subject waits, or whose place is past a lockout count (other tries took the
+        last ones), is refused (`Ticket.wait_s` > 0) with any place it took given back."""
+        if (wait := self.wait_s(attempt)) > 0:
+            return Ticket(attempt, wait_s=wait)
+        places: list[tuple[str, int, int]] = []
         for key, lockout_after in self.subjects(attempt):
-            failures = self.counts.fail(key, forget_after_s=self.settings.login_lockout_s)
+            place = self.counts.fail(key, forget_after_s=self.settings.login_lockout_s)
+            if place > lockout_after:
+                for taken, _, _ in places:
+                    self.counts.release(taken)
+                self.counts.block(key, self.settings.login_lockout_s)
+                return Ticket(attempt, wait_s=float(self.settings.login_lockout_s))
+            places.append((key, place, lockout_after))
+        return Ticket(attempt, tuple(places))
+
+    def failed(self, ticket: Ticket) -> float:
+        """The admitted try failed: it keeps its places; returns how long its subjects now wait. Logs each lockout."""
+        longest = 0.0
+        for key, failures, lockout_after in ticket.places:
             wait = self.delay_s(failures, lockout_after)
             if wait > 0:
                 self.counts.block(key, wait)
@@ -206,15 +261,20 @@ class LoginGuard:
                     key.split(":", 1)[1][:12],
                     self.settings.login_lockout_s,
                     failures,
-                    attempt.email[:320],
-                    attempt.ip,
+                    ticket.attempt.email[:320],
+                    ticket.attempt.ip,
                 )
             longest = max(longest, wait)
         return longest
 
-    def succeeded(self, attempt: Attempt) -> None:
-        """A correct password: the account's (or the device's) count starts again; the address's stays."""
-        self.counts.clear(self.subjects(attempt)[0][0])
+    def succeeded(self, ticket: Ticket) -> None:
+        """A correct password: the account's (or the device's) count starts again; the address's
+        place is given back (its count holds failures only)."""
+        for index, (key, _, _) in enumerate(ticket.places):
+            if index == 0:
+                self.counts.clear(key)
+            else:
+                self.counts.release(key)
 
     def unlock(self, *, email: str, ip: str | None = None) -> None:
         """Lift an account's (and, if given, an address's) lockout and forget its failures."""

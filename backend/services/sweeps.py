@@ -36,7 +36,7 @@ from backend.store import planning as store
 from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.ranking import RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
+from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING, MAX_PRECISIONS, RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
 from parallab.core.spec import MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
@@ -75,9 +75,9 @@ class SweepRequest(KnownKeys):
     controls: int = Field(2, ge=0, le=16, description="Also queue this many predicted to be poor (the lowest predicted that fit).")
     steps: int | None = Field(None, ge=1, le=100_000, description="Measured steps of each run (default: Settings.sweep_steps).")
     strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
-    precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=4)
-    checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=4)
-    accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=8)
+    precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=MAX_PRECISIONS)
+    checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=MAX_CHECKPOINTING)
+    accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION)
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool to run on (default: this deployment's queue).")
     repeats: int = Field(
         1,

@@ -52,7 +52,9 @@ def hash_token(token: str) -> str:
 def create_token(*, session: Session, name: str, scopes: list[str], user: User | None = None) -> str:
     """A new token for `user` with `scopes`; returns the plain token (never stored; caller commits).
 
-    `user` None makes an ownerless token, as before accounts (tests and scripts of that time)."""
+    `user` None makes an ownerless token, as before accounts (tests and scripts of that time). A
+    scope named twice is held once."""
+    scopes = list(dict.fromkeys(scopes))
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
         raise ValueError(f"scopes must be some of {', '.join(SCOPES)}; got {', '.join(scopes) or 'none'}")

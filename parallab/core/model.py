@@ -60,7 +60,7 @@ class ModelConfig(BaseModel):
     )
     module: str | None = shape_field(
         "The module family's entry point, package.module:function (it gets this shape and returns the model and its spec); "
-        "only modules on the worker's allow-list (PARALLAB_ALLOWED_MODULES) run.",
+        "only entry points on the worker's allow-list (PARALLAB_ALLOWED_MODULES, package.module:callable) run.",
         cli="--module",
         default=None,
         neutral=None,

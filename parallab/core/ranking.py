@@ -35,6 +35,12 @@ DEFAULT_PRECISIONS = ("fp32", "bf16", "fp8")
 """fp16 runs at bf16's speed on every device the catalogue knows: ask for it by name (`--precision fp16`)."""
 DEFAULT_CHECKPOINTING = ("none", "selective", "alternate", "full")
 DEFAULT_ACCUMULATION = (1, 2, 4)
+MAX_PRECISIONS = 4
+"""Most precisions one ranking or sweep plans (each one multiplies the search space)."""
+MAX_CHECKPOINTING = 4
+"""Most recomputation modes one ranking or sweep plans (there are four)."""
+MAX_ACCUMULATION = 8
+"""Most accumulation step counts one ranking or sweep plans."""
 
 
 @dataclass

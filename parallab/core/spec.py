@@ -33,6 +33,9 @@ from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig
 from parallab.core.options import KnownKeys, known_keys_only
 from parallab.core.strategies import REGISTRY
 
+MAX_GRAD_ACCUMULATION = 4096
+"""Most accumulation micro-steps a spec may ask for (a deployment's `max_grad_accumulation_steps` is lower)."""
+
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
 """Activation recomputation (parallab.core.recipes says what each mode keeps and recomputes)."""
@@ -110,7 +113,7 @@ class Workload(ShapeOverrides):
         key=True,
     )
     grad_accumulation_steps: int = recipe_field(
-        1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=4096
+        1, "Micro-steps per optimizer step.", cli="--grad-accumulation-steps", key=True, ge=1, le=MAX_GRAD_ACCUMULATION
     )
     compile: bool = recipe_field(
         False,

@@ -17,7 +17,7 @@ runner = CliRunner()
 ENTRY = "examples.lab_model:build"
 WORKLOAD = {"model": "tiny", "steps": 3, "num_layers": 2, "family": "module", "module": ENTRY}
 SPEC = {"workload": WORKLOAD, "strategy": {"name": "ddp", "world_size": 2}}
-LISTED = Limits(allowed_modules=frozenset({"examples.lab_model"}))
+LISTED = Limits(allowed_modules=frozenset({ENTRY}))
 
 
 def refusals(spec: dict, limits: Limits = LISTED) -> list[tuple[tuple, str]]:
@@ -26,16 +26,34 @@ def refusals(spec: dict, limits: Limits = LISTED) -> list[tuple[tuple, str]]:
     return [(p.loc, p.msg) for p in caught.value.problems]
 
 
-def test_the_allow_list_is_comma_separated_and_empty_by_default(monkeypatch):
+def test_the_allow_list_is_comma_separated_callables_and_empty_by_default(monkeypatch):
     assert Settings().allowed_modules == frozenset()
-    monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", " examples.lab_model, mylab.models ,")
-    assert Settings().allowed_modules == {"examples.lab_model", "mylab.models"}
+    monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", " examples.lab_model:build, mylab.models:gpt ,")
+    assert Settings().allowed_modules == {"examples.lab_model:build", "mylab.models:gpt"}
 
 
-def test_an_unlisted_module_is_refused_naming_the_field_and_the_module():
-    [(loc, msg)] = refusals(SPEC, Limits(allowed_modules=frozenset({"mylab.models"})))
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        ("examples.lab_model", "names a module; the allow-list names callables: write package.module:callable"),
+        ("examples.lab_model:__init__", "names a private attribute"),
+        ("examples.lab_model:a:b", "one ':' only"),
+    ],
+)
+def test_a_setting_that_lists_a_whole_module_or_a_private_attribute_is_refused(listed, says):
+    with pytest.raises(ValueError, match="allowed_modules") as caught:
+        Settings(allowed_modules=listed)
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize("entry", ["examples.lab_model:param_count", "examples.lab_model:__init__", "examples.lab_model:__class__"])
+def test_another_callable_of_a_listed_entry_points_module_is_refused_without_listing_the_allow_list(entry):
+    [(loc, msg)] = refusals(
+        {**SPEC, "workload": {**WORKLOAD, "module": entry}}, Limits(allowed_modules=frozenset({ENTRY, "mylab.models:gpt"}))
+    )
     assert loc == ("workload", "module")
-    assert "module 'examples.lab_model' is not on this deployment's allow-list" in msg and "listed: mylab.models" in msg
+    assert f"entry point {entry!r} is not on this deployment's allow-list" in msg and "PARALLAB_ALLOWED_MODULES" in msg
+    assert ENTRY not in msg and "mylab" not in msg, "a refusal does not tell a submitter what the list holds"
     assert resolve_job(JobSpec.model_validate(SPEC), LISTED).model.module == ENTRY
 
 
@@ -96,7 +114,7 @@ def test_the_api_refuses_an_unlisted_module_with_422_and_queues_nothing(client, 
     response = client.post("/api/v1/runs", json=SPEC)
     assert response.status_code == 422, response.text
     [detail] = response.json()["detail"]
-    assert detail["loc"] == ["body", "workload", "module"] and "'examples.lab_model' is not on the server's allow-list" in detail["msg"]
+    assert detail["loc"] == ["body", "workload", "module"] and f"{ENTRY!r} is not on the server's allow-list" in detail["msg"]
     malformed = client.post("/api/v1/runs", json={**SPEC, "workload": {**WORKLOAD, "module": "a:b:c"}})
     assert malformed.status_code == 422 and malformed.json()["detail"][0]["loc"] == ["body", "workload", "module"]
     plan = client.get("/api/v1/plan", params={"strategy": "ddp", "world_size": 2, "family": "module", "module": ENTRY})
@@ -105,9 +123,7 @@ def test_the_api_refuses_an_unlisted_module_with_422_and_queues_nothing(client, 
 
 
 def test_the_api_queues_a_listed_module(client, settings) -> None:
-    client.app.dependency_overrides[get_settings] = lambda: settings.model_copy(
-        update={"allowed_modules": frozenset({"examples.lab_model"})}
-    )
+    client.app.dependency_overrides[get_settings] = lambda: settings.model_copy(update={"allowed_modules": frozenset({ENTRY})})
     response = client.post("/api/v1/runs", json=SPEC)
     assert response.status_code == 202, response.text
     assert response.json()["spec"]["workload"]["module"] == ENTRY and run_count(settings.sqlalchemy_url) == 1
@@ -118,19 +134,19 @@ def test_the_cli_refuses_an_unlisted_module_with_exit_2(command, tmp_path, monke
     from parallab.cli import app as cli
 
     monkeypatch.setenv("PARALLAB_HOME", str(tmp_path))
-    monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", "mylab.models")
+    monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", "mylab.models:gpt")
     get_settings.cache_clear()
     try:
         out = tmp_path / "result.json"
         args = [command, "-s", "ddp", "-n", "2", "--family", "module", "--module", ENTRY, "--layers", "2"]
         result = runner.invoke(cli, [*args, "--out", str(out)] if command == "bench" else args)
         assert result.exit_code == 2, result.output
-        assert "workload.module: module 'examples.lab_model' is not on" in result.output and "listed: mylab.models" in result.output
+        assert f"workload.module: entry point {ENTRY!r} is not on" in result.output and "mylab" not in result.output
         bad = runner.invoke(cli, [command, "-s", "ddp", "-n", "2", "--family", "module", "--module", "no_colon"])
         assert bad.exit_code == 2 and "workload.module: 'no_colon' is not an entry point" in bad.output, bad.output
         assert not out.exists()
         if command == "plan":
-            monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", "examples.lab_model")
+            monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", ENTRY)
             get_settings.cache_clear()
             assert runner.invoke(cli, [*args, "--json"]).exit_code == 0, "listed: planned"
     finally:

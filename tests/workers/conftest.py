@@ -9,6 +9,7 @@ job that needs it (in-job path) and read from the cache after (cache path).
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from backend.config import Settings
+from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.result import ResultDocument
 from parallab.core.rundir import RunDir
@@ -32,14 +34,29 @@ THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
 """(strategy, world size, options, workload, tokens/s) of every job this session launched."""
 # tiny, a few steps: seconds on 2 cores. lr 1e-2 so the curve moves enough for the comparison to bite.
 TEST_WORKLOAD: dict[str, Any] = {"model": "tiny", "steps": 3, "warmup_steps": 1, "lr": 1e-2, "seed": 0}
-TEST_ALLOWED_MODULES = frozenset({"examples.lab_model", "tests.workers.lab_builds"})
-"""The lab modules these tests put on the allow-list: the shipped example and the wrong builds."""
+
+
+def _builds(path: Path) -> list[str]:
+    """The public functions a module file defines (read, not imported: it imports torch)."""
+    tree = ast.parse(path.read_text())
+    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+
+
+TEST_ALLOWED_MODULES = frozenset(
+    {
+        "examples.lab_model:build",
+        "tests.workers.lab_builds:no_such_function",  # listed, yet not there: the rank says so
+        *(f"tests.workers.lab_builds:{name}" for name in _builds(Path(__file__).with_name("lab_builds.py"))),
+    }
+)
+"""The entry points these tests put on the allow-list: the shipped example and each wrong build."""
 TRACE_CAP_BYTES: int = Settings.model_fields["max_trace_bytes"].default
 """The worker's default cap on a stored trace."""
 
 
 def torchrun_env() -> dict[str, str]:
     env = dict(os.environ)
+    env[ALLOW_LIST_ENV] = ",".join(sorted(TEST_ALLOWED_MODULES))  # what an engine hands its ranks
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env

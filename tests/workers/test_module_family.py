@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.model import ModelConfig
 from parallab.core.rundir import RunDir
-from tests.workers.conftest import make_job, run_driver
+from tests.workers.conftest import TEST_ALLOWED_MODULES, make_job, run_driver
 from tests.workers.module_driver import MODULE_WORKLOAD
 from workers.launcher import launch
 
@@ -29,6 +30,12 @@ EXAMPLE_PARAMS = 136_832
 """The example at tiny's shape with 2 layers: (256 + 64)·64 + 2·(4·64² + 3·64 + 2·64·256 + 256 + 64 + 4·64) + 2·64 + 256·64."""
 EXAMPLE_TENSORS = 2 + 2 * 15 + 3
 """Its tensors: tok, pos; 15 per block; the final norm's 2 and the head."""
+
+
+@pytest.fixture(autouse=True)
+def _listed_for_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builds in this process check the allow-list a rank would be handed: the tests' own."""
+    monkeypatch.setenv(ALLOW_LIST_ENV, ",".join(sorted(TEST_ALLOWED_MODULES)))
 
 
 def cfg_of(entry: str) -> ModelConfig:
@@ -103,14 +110,32 @@ def test_a_module_whose_forward_returns_no_logits_is_refused_at_its_first_step()
         model(torch.zeros(2, 8, dtype=torch.long), labels=torch.zeros(2, 8, dtype=torch.long))
 
 
-def test_the_launcher_refuses_a_module_this_worker_does_not_list(tmp_path):
+def test_the_launcher_refuses_an_entry_point_this_worker_does_not_list_even_of_a_listed_module(tmp_path):
     job = make_job("ddp", 2, workload=MODULE_WORKLOAD, trace=False)  # listed where it was resolved
-    outcome = launch(job, RunDir(tmp_path / "run"), timeout_s=60, trace_cap_bytes=1 << 20, allowed_modules=frozenset({"other.module"}))
+    sibling = frozenset({"examples.lab_model:param_count"})  # another callable of the same module
+    outcome = launch(job, RunDir(tmp_path / "run"), timeout_s=60, trace_cap_bytes=1 << 20, allowed_modules=sibling)
     assert not outcome.ok and outcome.returncode is None, "no rank was started"
-    assert outcome.reason is not None and outcome.reason.startswith("workload.module: module 'examples.lab_model' is not on this worker's")
-    assert "listed: other.module" in outcome.reason
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("workload.module: entry point 'examples.lab_model:build' is not on this worker's allow-list")
+    assert "param_count" not in outcome.reason, "a refusal does not list what the allow-list holds"
     default = launch(job, RunDir(tmp_path / "default"), timeout_s=60, trace_cap_bytes=1 << 20)
-    assert default.returncode is None and default.reason is not None and "listed: none" in default.reason, "empty by default"
+    assert default.returncode is None and default.reason is not None and "is not on this worker's" in default.reason, "empty by default"
+
+
+@pytest.mark.parametrize("entry", ["examples.lab_model:param_count", "examples.lab_model:LabGPT", "examples.lab_model:__class__"])
+def test_a_rank_refuses_an_entry_point_its_engine_did_not_hand_it(entry, monkeypatch):
+    """The rank's own check: only the listed callable is imported, whatever reached the rank."""
+    from workers.harness.families import build_model
+    from workers.harness.module import ModuleBuildError
+
+    monkeypatch.setenv(ALLOW_LIST_ENV, "examples.lab_model:build")
+    cfg = cfg_of("examples.lab_model:build").model_copy(update={"module": entry})
+    with pytest.raises(ModuleBuildError, match=r"is refused: entry point .* is not on this rank's allow-list") as caught:
+        build_model(cfg, seed=0)
+    assert str(caught.value).startswith(f"workload.module: {entry!r} ")
+    monkeypatch.delenv(ALLOW_LIST_ENV)
+    with pytest.raises(ModuleBuildError, match="is refused"):
+        build_model(cfg.model_copy(update={"module": "examples.lab_model:build"}), seed=0)
 
 
 @pytest.mark.slow

@@ -110,3 +110,48 @@ def test_the_agent_reads_the_batch_scripts_noise_and_does_without_a_bad_one(tmp_
     assert noise is not None and noise.load_avg_1m_end == 2.5 and noise.ranks_on_host == 2
     path.write_text('{"load_avg_1m_start": -1}')  # cut short, or out of range: the result stands without it
     assert read_noise(path) is None
+
+
+def module_job(entry: str):
+    spec = {
+        "workload": {"model": "tiny", "steps": 2, "num_layers": 2, "family": "module", "module": entry},
+        "strategy": {"name": "ddp", "world_size": 2},
+        "placement": {"pool": "gpu-slurm", "nodes": 1},
+    }
+    return resolve_job(JobSpec.model_validate(spec), Limits(max_world_size=8, allowed_modules=frozenset({entry})))
+
+
+def test_the_engine_refuses_an_entry_point_its_own_list_lacks_before_anything_reaches_slurm(tmp_path: Path) -> None:
+    """Listed where it was submitted, not on this agent: refused before sbatch (none is on this host's path)."""
+    agent = engine(tmp_path)
+    agent.allowed_modules = frozenset({"examples.lab_model:build"})
+    with pytest.raises(LaunchRefused, match="entry point 'examples.lab_model:param_count' is not on this worker's allow-list"):
+        agent.launch(module_job("examples.lab_model:param_count"), RUN_ID)
+    assert not agent.run_dir(RUN_ID).path.exists(), "nothing was written for Slurm to run"
+
+
+def test_the_batch_script_hands_the_ranks_the_engines_allow_list_and_a_rank_holds_to_it(tmp_path: Path) -> None:
+    """The script's export, run by bash, is what a rank checks its entry point against."""
+    import subprocess
+
+    agent = SlurmEngine(
+        "gpu-slurm",
+        SlurmPool.model_validate({"python": sys.executable, "run_root": str(tmp_path / "shared")}),
+        max_job_seconds=150,
+        trace_cap_bytes=1000,
+        allowed_modules=frozenset({"examples.lab_model:build", "mylab.models:gpt"}),
+    )
+    script = agent.batch_script(module_job("examples.lab_model:build"), RUN_ID)
+    [export] = [line for line in script.splitlines() if "PARALLAB_ALLOWED_MODULES" in line]
+    check = "from workers.harness.module import entry_point as e; import sys; e(sys.argv[1]); print('imported')"
+    repo = str(Path(__file__).resolve().parents[2])
+
+    def rank(entry: str) -> subprocess.CompletedProcess[str]:
+        line = f'{export}; {sys.executable} -c "{check}" {entry}'
+        return subprocess.run(
+            ["bash", "-c", line], capture_output=True, text=True, env={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"}, check=False
+        )
+
+    assert rank("examples.lab_model:build").stdout.strip() == "imported"
+    refused = rank("examples.lab_model:param_count")
+    assert refused.returncode != 0 and "is not on this rank's allow-list" in refused.stderr, refused.stderr[-2000:]

@@ -26,9 +26,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import SlurmPool
 from parallab.core.rundir import RunDir
+from workers import extras
 from workers.engines.base import Engine, EngineState, LaunchRefused, Records
 from workers.engines.outputs import failure_message, node_records, read_traces
 from workers.launcher import harness_args, read_log_tail
@@ -116,9 +118,13 @@ class SlurmEngine(Engine[SlurmHandle]):
 
     name = "slurm"
 
-    def __init__(self, pool: str, settings: SlurmPool, *, max_job_seconds: int, trace_cap_bytes: int):
+    def __init__(
+        self, pool: str, settings: SlurmPool, *, max_job_seconds: int, trace_cap_bytes: int, allowed_modules: frozenset[str] = frozenset()
+    ):
         self.pool, self.settings = pool, settings
         self.max_job_seconds, self.trace_cap_bytes = max_job_seconds, trace_cap_bytes
+        self.allowed_modules = allowed_modules
+        """This agent's allow-list of entry points: checked before `sbatch`, and handed to the ranks."""
 
     # ---- where a run's files live on the cluster ----
 
@@ -187,6 +193,7 @@ class SlurmEngine(Engine[SlurmHandle]):
                 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                 f"port=$(({RDZV_PORT_BASE} + SLURM_JOB_ID % 20000))",
                 "export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+                f"export {ALLOW_LIST_ENV}={shlex.quote(','.join(sorted(self.allowed_modules)))}",
                 'echo "parallab: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous $head:$port"',
                 f"{noise} start {state} --ranks {job.ranks_per_node} || true",
                 f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 {line}",
@@ -196,6 +203,10 @@ class SlurmEngine(Engine[SlurmHandle]):
         )
 
     def launch(self, job: ResolvedJob, run_id: str) -> SlurmHandle:
+        """Submit the job, once this agent's own allow-list holds its entry point (whatever the
+        submitting side allowed: a refusal is LaunchRefused, and nothing reaches Slurm)."""
+        if (refused := extras.refused_module(job.model, self.allowed_modules)) is not None:
+            raise LaunchRefused(refused)
         files = self.run_dir(run_id).create()
         files.write_atomic(files.job, job.model_dump_json(indent=2).encode())
         self.cache_dir().mkdir(parents=True, exist_ok=True)

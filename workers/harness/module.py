@@ -2,9 +2,11 @@
 (`workload.module`, "package.module:function") and wrapped so the strategies and the loop see the
 workload model's interface (`Transformer`: `cfg`, `blocks()`, `forward(tokens, labels=, positions=)`).
 
-The entry point was checked against the allow-list at submission and by the launcher on this
-host; this module imports it and holds what it returns against its contract, failing with an
-error that names `workload.module` rather than a traceback deep in a strategy:
+The entry point was checked against the allow-list at submission and by the engine that started
+this rank; the rank checks it once more against the list its engine handed it (`ALLOW_LIST_ENV`:
+the entry point itself, never merely its module, must be listed), then imports it and holds what
+it returns against its contract, failing with an error that names `workload.module` rather than a
+traceback deep in a strategy:
 
 - `build(cfg)` returns `(module, spec)`: an `nn.Module` mapping token ids (B, T) to logits
   (B, T, V) and a `ModuleSpec` (or a dict of its keys);
@@ -31,6 +33,7 @@ for every family, so a run is checked against `single` on the same quantity.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -40,7 +43,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from parallab.core.families.base import plan_problems
-from parallab.core.families.module import ModuleSpec
+from parallab.core.families.module import ALLOW_LIST_ENV, ModuleSpec, allow_list_problem, parse_allow_list
 from parallab.core.model import ModelConfig
 from workers.harness.model import Attention, MoE, PipelineSplit, TPPlan, Transformer
 
@@ -61,7 +64,10 @@ class ModuleBuildError(ValueError):
 
 
 def entry_point(entry: str) -> Any:
-    """The function `entry` names, imported (its module on the allow-list: checked before the ranks)."""
+    """The function `entry` names, imported once the allow-list this rank was started with holds it."""
+    refused = allow_list_problem(entry, parse_allow_list(os.environ.get(ALLOW_LIST_ENV, "")), "this rank's")
+    if refused is not None:
+        raise ModuleBuildError(entry, f"is refused: {refused.msg}")
     name, _, function = entry.partition(":")
     try:
         module = importlib.import_module(name)

@@ -69,14 +69,15 @@ def login(request: Request, form: FormDep, session: SessionDep, settings: Settin
     guard = login_guard.login_guard(settings)
     device = login_guard.device_of(settings.secret_key, request.cookies.get(login_guard.DEVICE_COOKIE), email)
     attempt = login_guard.Attempt(email=email, ip=request.client.host if request.client else "?", device=device)
-    if (wait := guard.wait_s(attempt)) > 0:
-        return throttled(request, settings, next_url=next_url, email=email, wait_s=wait)
+    ticket = guard.admit(attempt)  # its place in the counts, taken before the password is looked at
+    if ticket.wait_s > 0:
+        return throttled(request, settings, next_url=next_url, email=email, wait_s=ticket.wait_s)
     try:
         user = auth_service.authenticate(session=session, email=email, password=password)
     except LoginFailed as exc:
-        guard.failed(attempt)
+        guard.failed(ticket)
         return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=401)
-    guard.succeeded(attempt)
+    guard.succeeded(ticket)
     if old := request.cookies.get(SESSION_COOKIE):  # a new login never keeps a session someone else may have set
         auth_service.end_session(session=session, cookie=old)
     cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.session_max_age_s)

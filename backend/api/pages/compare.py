@@ -14,7 +14,7 @@ from backend.services import compare as compare_service
 
 router = APIRouter(include_in_schema=False)
 
-IdsParam = Annotated[list[str], Query(description="Run ids; repeat or comma-separate.")]
+IdsParam = Annotated[list[str], Query(description="Run ids; repeat or comma-separate.", max_length=compare_service.MAX_COMPARE)]
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -17,13 +17,16 @@ router = APIRouter(tags=["analysis"])
 @router.get("/compare")
 def compare(
     session: SessionDep,
-    ids: Annotated[list[str], Query(description="Run ids; repeat or comma-separate.")],
+    ids: Annotated[list[str], Query(description="Run ids; repeat or comma-separate.", max_length=compare_service.MAX_COMPARE)],
     baseline: str | None = None,
 ) -> dict[str, Any]:
     """Runs side by side: every metric, and each value relative to the baseline run."""
     run_ids = compare_service.parse_ids(ids)
     if not run_ids:
         raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": "name at least one run", "type": "value_error"}])
+    if len(run_ids) > compare_service.MAX_COMPARE:
+        msg = f"{len(run_ids)} runs named; compare at most {compare_service.MAX_COMPARE}"
+        raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": msg, "type": "value_error"}])
     comparison = compare_service.compare(session=session, run_ids=run_ids, baseline_id=baseline)
     return compare_service.comparison_json(comparison)
 

@@ -1,9 +1,15 @@
 """The `module` family: a lab's own `nn.Module`, built by an allow-listed entry point
 (`workload.module`, "package.module:function").
 
-Running a submitted entry point is running the lab's code on a shared worker, so only modules on
-the deployment's allow-list run (`PARALLAB_ALLOWED_MODULES`, empty by default): resolution refuses
-any other (`parallab.core.jobs.Limits.allowed_modules`, at submission and again on the worker).
+Running a submitted entry point is running the lab's code on a shared worker, so only the entry
+points on the deployment's allow-list run (`PARALLAB_ALLOWED_MODULES`, empty by default). The list
+names callables, `package.module:callable`, never a whole module: a module's other attributes
+(`:__class__`, a helper that takes a config) are not build functions, and listing the module would
+let a submitter call any of them with the workload's config. Resolution refuses any other entry
+point (`parallab.core.jobs.Limits.allowed_modules`, at submission), so does every engine before it
+starts ranks (the host launcher, the Slurm engine), and so does the rank itself before it imports
+the entry point (`ALLOW_LIST_ENV`, which the engines set from their own list). A refusal names the
+entry point and the setting, never what the list holds.
 
 The core never imports the lab's code (it is torch code, and it is not the core's to run), so what
 the formulas know before the build is the workload's shape: parameters, FLOPs and tensors are
@@ -66,20 +72,34 @@ def entry_point_problem(entry: str) -> str | None:
     return None
 
 
-def module_name(entry: str) -> str:
-    """The module an entry point imports (what the allow-list names)."""
-    return entry.partition(":")[0]
+ALLOW_LIST_ENV = "PARALLAB_ALLOWED_MODULES"
+"""The setting's environment variable: how an engine hands its allow-list to the ranks it starts."""
+
+
+def parse_allow_list(text: str) -> frozenset[str]:
+    """`a.b:build, c:make` → {"a.b:build", "c:make"} (the environment's comma-separated form)."""
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+def allow_list_entry_problem(item: str) -> str | None:
+    """Why `item` cannot be on the allow-list (it must name one callable), or None."""
+    if ":" not in item:
+        return f"{item!r} names a module; the allow-list names callables: write package.module:callable (e.g. {item}:build)"
+    why = entry_point_problem(item)
+    if why is None and item.partition(":")[2].startswith("_"):
+        why = f"{item!r} names a private attribute; the allow-list names a module's public build functions"
+    return why
 
 
 def allow_list_problem(entry: str, allowed: frozenset[str], whose: str) -> SpecProblem | None:
-    """The refusal of an entry point whose module is not on the allow-list, or None."""
-    name = module_name(entry)
-    if name in allowed:
+    """The refusal of an entry point that is not itself on the allow-list, or None. It names the
+    entry point and the setting, never the list's contents (a refusal is shown to any submitter)."""
+    if entry in allowed:
         return None
-    listed = ", ".join(sorted(allowed)) or "none"
     return SpecProblem(
         ("workload", "module"),
-        f"module {name!r} is not on {whose} allow-list of modules that may run (PARALLAB_ALLOWED_MODULES; listed: {listed})",
+        f"entry point {entry!r} is not on {whose} allow-list of callables that may run "
+        f"({ALLOW_LIST_ENV}, package.module:callable; an admin lists it)",
     )
 
 
