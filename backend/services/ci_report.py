@@ -108,8 +108,13 @@ def assemble(*, series: dict[str, Any], jobs: Sequence[Job], latest: dict[str, A
 
 def series_report(*, session: Session, series_id: str) -> dict[str, Any]:
     """`GET /api/v1/series/{id}/report`: the report of a stored series."""
-    view = series_service.series_view(session=session, series_id=series_id)
+    return view_report(session=session, view=series_service.series_view(session=session, series_id=series_id))
+
+
+def view_report(*, session: Session, view: series_service.SeriesView) -> dict[str, Any]:
+    """The report of a series already read (the series page has it)."""
     s = view.series
+    series_id = s.id
     points = [(p.run.commit, {m: v.value for m, v in p.verdicts.items()}) for p in view.points]
     commits = {p.run.id: p.run.commit for p in view.points}
     history = store.counters_history(session, series_id)
