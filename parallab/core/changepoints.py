@@ -8,7 +8,9 @@ when a permutation test says so: the observations of each current segment are sh
 ``permutations`` times and the split is kept when at most a fraction ``alpha`` of the shuffles
 give as large a statistic. Splitting repeats, one change at a time, until a split is not kept.
 Each side of a split holds at least ``min_size`` results, so a change right at the end of the
-series is found only after ``min_size`` results have come after it.
+series is found only after ``min_size`` results have come after it. Each split is searched with
+its right end fixed at the segment's end (as Otava does; the paper also searches that end), so a
+short dip that comes back is found less readily than a step that stays.
 
 The size of a change is the relative difference of the means of the segments either side,
 ``mean(after) / mean(before) − 1``, with a Welch interval of that difference (relative to the
