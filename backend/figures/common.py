@@ -100,6 +100,13 @@ class Figure:
         line = {"type": "line", "x0": 0, "x1": 1, "xref": "x domain", "y0": y, "y1": y, "yref": "y", **_nested(props)}
         self.layout.setdefault("shapes", []).append(line)
 
+    def add_vline(self, x: float, *, label: str | None = None, **props: Any) -> None:
+        """A vertical line up the plot at `x` (one plot only), with `label` at its top."""
+        line = {"type": "line", "y0": 0, "y1": 1, "yref": "y domain", "x0": x, "x1": x, "xref": "x", **_nested(props)}
+        self.layout.setdefault("shapes", []).append(line)
+        if label is not None:
+            self.add_annotation(x=x, y=1, xref="x", yref="y domain", text=label, showarrow=False, xanchor="left", yanchor="bottom")
+
     def update_layout(self, **props: Any) -> None:
         _merge(self.layout, _nested(props))
 

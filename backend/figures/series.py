@@ -3,6 +3,8 @@
 Pure: a list of points in, a figure out. Each point is one result, oldest first:
 `{"label", "value", "lower", "upper", "verdict", "dismissed", "run_id", "commit", "branch"}` —
 `lower`/`upper` are the band of that result's verdict (None where it had no baseline).
+Change points (`{"run_id", "commit", "size_pct"}`, the first result after each) are drawn as a
+dashed line before that result, labelled with its commit and the size of the shift.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ VERDICT_STYLE = {
 }
 
 
-def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool) -> Figure:
-    """The metric over the series' results, with the band and the alerts (✕ regressed; hollow when dismissed)."""
+def history(
+    points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool, changes: Sequence[dict[str, Any]] = ()
+) -> Figure:
+    """The metric over the series' results, with the band, the alerts (✕ regressed; hollow when
+    dismissed) and the change points."""
     if not points:
         return empty(title, "no results on this series yet")
     xs = list(range(1, len(points) + 1))
@@ -64,6 +69,16 @@ def history(points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_i
             },
             customdata=[["dismissed" if d else verdict] for d in dismissed],
             hovertemplate="%{customdata[0]}<extra></extra>",
+        )
+    position = {p.get("run_id"): x for x, p in zip(xs, points, strict=True)}
+    for change in changes:
+        x = position.get(change["run_id"])
+        if x is None:
+            continue
+        fig.add_vline(
+            x=x - 0.5,
+            line={"color": palette.VERDICT["regressed"], "dash": "dash", "width": 1.5},
+            label=f"change at {(change.get('commit') or '?')[:8]} ({change['size_pct']:+.0f}%)",
         )
     fig.update_xaxes(tickvals=xs, ticktext=[str(p.get("label") or x) for x, p in zip(xs, points, strict=True)], tickangle=-30)
     return fig

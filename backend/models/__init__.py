@@ -23,7 +23,7 @@ from backend.models.runs import (
     RunStatus,
     RunTrace,
 )
-from backend.models.series import VERDICTS, Series, SeriesVerdict
+from backend.models.series import VERDICTS, Series, SeriesAccept, SeriesCounters, SeriesVerdict
 from backend.models.tokens import ApiToken
 from backend.models.workers import FINAL_NODE_STATUSES, NODE_STATUSES, RunNode, Worker
 
@@ -53,6 +53,8 @@ __all__ = [
     "User",
     "VERDICTS",
     "Series",
+    "SeriesAccept",
+    "SeriesCounters",
     "SeriesVerdict",
     "FINAL_NODE_STATUSES",
     "NODE_STATUSES",

@@ -81,3 +81,41 @@ class SeriesVerdict(Base):
         UniqueConstraint("run_id", "metric", name="uq_series_verdicts_run_metric"),
         Index("ix_series_verdicts_series_metric", "series_id", "metric"),
     )
+
+
+class SeriesCounters(Base):
+    """The exact counters of one result on a series (`parallab.core.counters`), and how they differ
+    from the baseline result's: the result it was compared with and every change, with its size."""
+
+    __tablename__ = "series_counters"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    series_id: Mapped[str] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"))
+    config_key: Mapped[str] = mapped_column(
+        String(64), doc="Hash of the workload, strategy, options and hardware: only equal keys compare."
+    )
+    counters: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
+    baseline_run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), doc="The baseline series' latest result of the same config at upload (None: first)."
+    )
+    changes: Mapped[list[dict[str, Any]]] = mapped_column(JSONDoc, doc="[{counter, category, old, new, delta, change_pct}] by counter.")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_series_counters_series_config", "series_id", "config_key", "created_at"),)
+
+
+class SeriesAccept(Base):
+    """An intended change of one counter to one value, accepted for a series' family: a result whose
+    counter changed to this value is no longer reported as changed."""
+
+    __tablename__ = "series_accepts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    family: Mapped[str] = mapped_column(String(32), index=True)
+    series_id: Mapped[str] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), doc="The series it was accepted on.")
+    counter: Mapped[str] = mapped_column(String(200))
+    value: Mapped[float] = mapped_column(Float, doc="The counter's new value that is intended.")
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (UniqueConstraint("family", "counter", "value", name="uq_series_accepts_family_counter_value"),)

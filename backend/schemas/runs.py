@@ -116,11 +116,25 @@ class Verdict(BaseModel):
     dismiss_note: str | None = None
 
 
+class CounterChange(BaseModel):
+    """An exact counter of an uploaded result that differs from the baseline result's (same config)."""
+
+    counter: str = Field(description="e.g. comm.all_reduce.g2.bytes, state.r0.params, activations.r1, params.count, pipeline.r0.actions.")
+    category: str = Field(description="bytes, calls, memory, params or pipeline (what --fail-on-change names).")
+    old: float
+    new: float
+    delta: float
+    change_pct: float | None
+    accepted: bool = Field(description="Accepted as intended on the series' family (`parallab series accept`): not a failure.")
+
+
 class UploadRead(RunRead):
-    """An uploaded result: the run, and its verdicts on its CI series."""
+    """An uploaded result: the run, its verdicts on its CI series, and its exact counters' changes."""
 
     verdicts: list[Verdict] = Field(default_factory=list)
     regressed: bool = Field(False, description="Whether any metric regressed (an alert nobody dismissed).")
+    changes: list[CounterChange] = Field(default_factory=list)
+    changed: bool = Field(False, description="Whether an exact counter changed and nobody accepted the change.")
 
 
 class UploadBatchRead(BaseModel):
@@ -128,3 +142,4 @@ class UploadBatchRead(BaseModel):
 
     items: list[UploadRead]
     regressed: bool
+    changed: bool = False

@@ -26,6 +26,7 @@ from backend.services import regression
 from backend.services.auth import Forbidden, Principal
 from backend.services.leaderboard import workload_label
 from backend.store import accounts as accounts_store
+from backend.store import runs as runs_store
 from backend.store import series as store
 from parallab.core.result import ResultDocument
 
@@ -229,6 +230,12 @@ def judgements(*, session: Session, uploads: Sequence[tuple[Run, ResultDocument]
                     }
                 )
     return rows
+
+
+def run_commit(*, session: Session, run_id: str) -> str | None:
+    """The commit of a stored run (None when it has none or is gone)."""
+    run = runs_store.get_run(session, run_id)
+    return run.commit if run is not None else None
 
 
 def verdicts_for_runs(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[SeriesVerdict]]:

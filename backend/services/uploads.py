@@ -7,13 +7,14 @@ the caller's one transaction, so a batch with one bad document stores nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from backend.models import Run, Series, SeriesVerdict
+from backend.services import exact_gates
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.ingest import ingest_upload
@@ -45,11 +46,18 @@ class Uploaded:
     run: Run
     created: bool
     verdicts: list[SeriesVerdict]
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    """Exact counters that differ from the baseline result's (`services.exact_gates`), each marked accepted or not."""
 
     @property
     def regressed(self) -> bool:
         """An alert that nobody dismissed."""
         return any(v.verdict == "regressed" and not v.dismissed for v in self.verdicts)
+
+    @property
+    def changed(self) -> bool:
+        """An exact counter changed, and nobody accepted the change."""
+        return any(not c["accepted"] for c in self.changes)
 
 
 def _errors(exc: ValidationError, prefix: list[Any]) -> list[dict[str, Any]]:
@@ -130,13 +138,17 @@ def upload_results(
             if series is not None:
                 joined.append(series)
         rows = series_service.judgements(session=session, uploads=new)
+        gates = exact_gates.gate_rows(session=session, uploads=new)
     session.flush()
     added = series_service.add_verdicts(session=session, rows=rows)
+    exact_gates.add_rows(session=session, rows=gates)
+    session.flush()
     replayed = [run.id for run, created, _ in stored if not created]
     verdicts = series_service.verdicts_for_runs(session=session, run_ids=replayed) if replayed else {}
     for v in added:
         verdicts.setdefault(v.run_id, []).append(v)
-    return [Uploaded(run, created, verdicts.get(run.id, [])) for run, created, _ in stored]
+    changes = exact_gates.changes_for_runs(session=session, run_ids=[run.id for run, _, _ in stored])
+    return [Uploaded(run, created, verdicts.get(run.id, []), changes.get(run.id, [])) for run, created, _ in stored]
 
 
 def record_uploader(*, run: Run, document: ResultDocument, principal: Principal) -> None:
@@ -154,10 +166,11 @@ def stored_uploads(*, session: Session, stored: list[tuple[str, bool]]) -> list[
     back with their verdicts: the answer of an upload whose first answer failed after its commit."""
     runs = {run_id: runs_store.get_run(session, run_id) for run_id, _ in stored}
     verdicts = series_service.verdicts_for_runs(session=session, run_ids=list(runs))
+    changes = exact_gates.changes_for_runs(session=session, run_ids=list(runs))
     out = []
     for run_id, created in stored:
         run = runs[run_id]
         if run is None:
             raise LookupError(f"run {run_id} was committed but is not there")
-        out.append(Uploaded(run, created, verdicts.get(run_id, [])))
+        out.append(Uploaded(run, created, verdicts.get(run_id, []), changes.get(run_id, [])))
     return out

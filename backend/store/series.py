@@ -10,7 +10,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from backend.models import Run, Series, SeriesVerdict
+from backend.models import Run, Series, SeriesAccept, SeriesCounters, SeriesVerdict
 
 
 def get_series(session: Session, series_id: str) -> Series | None:
@@ -165,3 +165,45 @@ def dismiss(session: Session, verdict: SeriesVerdict, *, user_id: int | None, no
     verdict.dismissed_by = user_id
     verdict.dismissed_at = now
     verdict.dismiss_note = note
+
+
+# ---- exact counters and accepted changes ----
+
+
+def latest_counters(session: Session, *, series_id: str, config_key: str, exclude_runs: Sequence[str]) -> SeriesCounters | None:
+    """The series' latest result's counters of one config (results in `exclude_runs` left out)."""
+    query = (
+        select(SeriesCounters)
+        .where(SeriesCounters.series_id == series_id, SeriesCounters.config_key == config_key)
+        .order_by(SeriesCounters.created_at.desc(), SeriesCounters.run_id.desc())
+        .limit(1)
+    )
+    if exclude_runs:
+        query = query.where(SeriesCounters.run_id.not_in(list(exclude_runs)))
+    return session.execute(query).scalar_one_or_none()
+
+
+def add_counters(session: Session, rows: Sequence[SeriesCounters]) -> None:
+    session.add_all(rows)
+
+
+def counters_for_runs(session: Session, run_ids: Sequence[str]) -> list[SeriesCounters]:
+    if not run_ids:
+        return []
+    return list(session.execute(select(SeriesCounters).where(SeriesCounters.run_id.in_(list(run_ids)))).scalars())
+
+
+def counters_history(session: Session, series_id: str) -> list[SeriesCounters]:
+    """Every result's counters on a series, oldest first."""
+    query = select(SeriesCounters).where(SeriesCounters.series_id == series_id).order_by(SeriesCounters.created_at, SeriesCounters.run_id)
+    return list(session.execute(query).scalars())
+
+
+def accepts_of_family(session: Session, family: str) -> set[tuple[str, float]]:
+    """The (counter, value) changes accepted on any series of a family."""
+    rows = session.execute(select(SeriesAccept.counter, SeriesAccept.value).where(SeriesAccept.family == family)).tuples()
+    return {(c, v) for c, v in rows}
+
+
+def add_accepts(session: Session, rows: Sequence[SeriesAccept]) -> None:
+    session.add_all(rows)

@@ -1,4 +1,4 @@
-"""`parallab upload FILE...`: what CI runs — upload result documents, print the verdicts, fail on a regression.
+"""`parallab upload FILE...`: what CI runs — upload result documents, print the verdicts and exact changes, fail on either.
 
 Several files go as one batch (stored all or nothing). CI metadata comes from the flags, else
 from the CI's environment (GitHub Actions' GITHUB_*, GitLab's CI_*), else from the document.
@@ -8,9 +8,11 @@ Retry-After, 502, 504, 429) and a lost connection are retried with backoff under
 (`--retries`, default 6), with a status line saying what is awaited: a result the server stored
 before its answer was lost comes back as "already uploaded", not as a failure.
 
-Exit status: 0 uploaded (no regression, or not asked to fail on one); 1 a regression, with
---fail-on-regression; 2 bad input (a file, a flag, or a document the server refused as invalid);
-3 the server could not be reached, stayed busy through every retry, or refused the token.
+Exit status: 0 uploaded (no regression or change, or not asked to fail on one); 1 a regression,
+with --fail-on-regression; 2 bad input (a file, a flag, or a document the server refused as
+invalid); 3 the server could not be reached, stayed busy through every retry, or refused the
+token; 4 an exact counter changed in a category named by --fail-on-change (and nobody accepted
+the change: `parallab series accept`). A regression and a change together exit 1.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from rich.table import Table
 from parallab.commands.ci_env import ci_metadata
 from parallab.commands.jobspec import fail
 from parallab.commands.retry import RETRY_STATUSES, Attempt, post_with_retries
+from parallab.core.counters import parse_categories
 
 console = Console()
 err = Console(stderr=True)
 EXIT_REGRESSION = 1
 EXIT_SERVER = 3
+EXIT_CHANGE = 4
 STYLE = {"regressed": "bold red", "improved": "green", "unchanged": "", "no_baseline": "dim"}
 
 
@@ -91,11 +95,42 @@ def verdict_table(items: list[dict[str, Any]], files: list[Path]) -> Table:
     return table
 
 
+def change_table(items: list[dict[str, Any]], files: list[Path]) -> Table | None:
+    """Every exact counter that changed against its series' baseline result (None when none did)."""
+    rows = [(path, item, c) for path, item in zip(files, items, strict=True) for c in item.get("changes") or []]
+    if not rows:
+        return None
+    table = Table("file", "run", "counter", "category", "before", "after", "change", "", title="Exact counters that changed")
+    for path, item, c in rows:
+        change = "—" if c["change_pct"] is None else f"{c['change_pct']:+.1f}%"
+        state = "accepted" if c["accepted"] else "[bold red]changed[/]"
+        table.add_row(path.name, item["id"][:8], c["counter"], c["category"], _fmt(c["old"]), _fmt(c["new"]), change, state)
+    return table
+
+
+def failing_changes(items: list[dict[str, Any]], categories: tuple[str, ...]) -> list[str]:
+    """`run: counter` of every change nobody accepted in one of `categories`."""
+    return [
+        f"{i['id'][:8]}: {c['counter']}" for i in items for c in i.get("changes") or [] if not c["accepted"] and c["category"] in categories
+    ]
+
+
 def upload(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Result documents (JSON); several go as one batch.")],
     server: Annotated[str, typer.Option(envvar="PARALLAB_SERVER", help="parallab's URL, e.g. http://lab:8000")],
     token: Annotated[str, typer.Option(envvar="PARALLAB_TOKEN", help="A token with scope 'upload'.")],
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 1 when any metric regressed.")] = False,
+    fail_on_change: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-on-change",
+            help="Exit 4 when an exact counter changed in one of these categories (comma-separated: bytes, calls, memory, params, "
+            "pipeline, or all), unless accepted.",
+        ),
+    ] = None,
+    series_file: Annotated[
+        Path | None, typer.Option(help="Write the series id(s) the results joined here, one a line (for `parallab ci report`).")
+    ] = None,
     branch: Annotated[str | None, typer.Option(help="Git branch (default: the CI's).")] = None,
     commit: Annotated[str | None, typer.Option(help="Git commit (default: the CI's).")] = None,
     repository: Annotated[str | None, typer.Option(help="owner/name (default: the CI's).")] = None,
@@ -113,6 +148,10 @@ def upload(
     """Upload result documents (what CI runs), print each metric's verdict, and with --fail-on-regression exit 1 on a regression."""
     import httpx
 
+    try:
+        categories = parse_categories(fail_on_change) if fail_on_change is not None else ()
+    except ValueError as exc:
+        fail(f"--fail-on-change: {exc}")
     flags = {"branch": branch, "commit": commit, "repository": repository, "pr": pr, "ci_url": ci_url}
     from_ci = ci_metadata(os.environ)
     metadata = {k: flags[k] if flags[k] not in (None, "") else from_ci.get(k) for k in flags}
@@ -150,6 +189,10 @@ def upload(
     answer = response.json()
     items = answer["items"] if len(documents) > 1 else [answer]
     console.print(verdict_table(items, files))
+    if (changes := change_table(items, files)) is not None:
+        console.print(changes)
+    if series_file is not None:
+        series_file.write_text("".join(f"{sid}\n" for sid in dict.fromkeys(i["series_id"] for i in items if i.get("series_id"))))
     for item in items:
         state = "new" if response.status_code == 201 else "already uploaded"
         where = f", series {server.rstrip('/')}/series/{item['series_id']}" if item.get("series_id") else ""
@@ -159,3 +202,7 @@ def upload(
         err.print(f"[bold red]regression in {len(regressed)} result(s): {', '.join(regressed)}[/bold red]")
         if fail_on_regression:
             raise typer.Exit(EXIT_REGRESSION)
+    changed = failing_changes(items, categories)
+    if changed:
+        err.print(f"[bold red]exact counters changed ({', '.join(categories)}): {'; '.join(changed)}[/bold red]")
+        raise typer.Exit(EXIT_CHANGE)

@@ -125,13 +125,14 @@ def log_in(server: Server, email: str, password: str) -> httpx.Client:
 
 
 def snippet_commands(name: str) -> list[str]:
-    """The `parallab …` commands of a CI snippet in docs/ci, as written there."""
+    """The `parallab bench` and `parallab upload` commands of a CI snippet in docs/ci, as written there
+    (the report step, which comments on a pull request, is tested in tests/backend/test_ci_cli.py)."""
     doc = yaml.safe_load((SNIPPETS / name).read_text())
     if name.startswith("github"):
         lines = [step["run"] for job in doc["jobs"].values() for step in job["steps"] if "run" in step]
     else:
         lines = [line for job in doc.values() if isinstance(job, dict) and "script" in job for line in job["script"]]
-    commands = [line.strip() for line in lines if line.strip().startswith("parallab ")]
+    commands = [line.strip() for line in lines if line.strip().startswith(("parallab bench ", "parallab upload "))]
     assert [c.split()[1] for c in commands] == ["bench", "upload"], commands
     return commands
 

@@ -12,7 +12,7 @@ from backend.api.deps import RowId, SeriesEditorDep, SessionDep, SettingsDep
 from backend.api.pages.rendering import render, render_error
 from backend.api.pages.runs import FormDep
 from backend.figures import series as series_figs
-from backend.services import regression
+from backend.services import ci_report, regression
 from backend.services import series as series_service
 from backend.services.series import SeriesConfigError, SeriesNotFound, SeriesView
 
@@ -53,12 +53,17 @@ def series_page(request: Request, series_id: str, session: SessionDep, settings:
         view = series_service.series_view(session=session, series_id=series_id)
     except SeriesNotFound:
         return render_error(request, 404, "No such series", f"There is no series {series_id!r}.", settings=settings)
+    report = ci_report.view_report(session=session, view=view)
+    changes = {t["metric"]: [{**c, "run_id": view.points[c["point"]].run.id} for c in t["change_points"]] for t in report["timing"]}
     figures = {
-        m.name: series_figs.history(figure_points(view, m.name), title=m.label, unit=m.unit, higher_is_better=m.higher_is_better)
+        m.name: series_figs.history(
+            figure_points(view, m.name), title=m.label, unit=m.unit, higher_is_better=m.higher_is_better, changes=changes.get(m.name, ())
+        )
         for m in regression.METRICS
         if any(m.name in p.verdicts for p in view.points)
     }
-    return render(request, "series.html", {"view": view, "figures": figures, "metrics": regression.METRICS}, settings=settings)
+    context = {"view": view, "figures": figures, "metrics": regression.METRICS, "report": report}
+    return render(request, "series.html", context, settings=settings)
 
 
 @router.post("/series/{series_id}/alerts/{verdict_id}/dismiss")

@@ -18,7 +18,7 @@ from backend.api.deps import SessionDep, SettingsDep, UploaderDep
 from backend.api.ratelimit import UploadRateLimit
 from backend.api.routes.runs import run_read
 from backend.api.upload_pool import upload_pool
-from backend.schemas.runs import UploadBatchRead, UploadRead, Verdict
+from backend.schemas.runs import CounterChange, UploadBatchRead, UploadRead, Verdict
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.uploads import Uploaded, UploadRaced, parse_documents, stored_uploads, upload_results
@@ -33,6 +33,8 @@ def upload_read(uploaded: Uploaded) -> UploadRead:
         **run_read(uploaded.run).model_dump(),
         verdicts=[Verdict.model_validate(series_service.verdict_dict(v)) for v in uploaded.verdicts],
         regressed=uploaded.regressed,
+        changes=[CounterChange.model_validate(c) for c in uploaded.changes],
+        changed=uploaded.changed,
     )
 
 
@@ -49,7 +51,11 @@ ReleasedUploader = Annotated[Principal, Depends(released_uploader)]
 def upload_answer(uploaded: list[Uploaded], *, batch: bool, headers: dict[str, str]) -> Response:
     """201 when any document was stored now, 200 when all were stored before (a replayed key)."""
     items = [upload_read(u) for u in uploaded]
-    answer = UploadBatchRead(items=items, regressed=any(i.regressed for i in items)) if batch else items[0]
+    answer = (
+        UploadBatchRead(items=items, regressed=any(i.regressed for i in items), changed=any(i.changed for i in items))
+        if batch
+        else items[0]
+    )
     out = Response(
         content=answer.model_dump_json(),
         status_code=status.HTTP_201_CREATED if any(u.created for u in uploaded) else status.HTTP_200_OK,

@@ -1,4 +1,5 @@
-"""REST: CI benchmark series with their regression verdicts; configure a series, dismiss an alert."""
+"""REST: CI benchmark series with their regression verdicts; configure a series, dismiss an alert,
+accept an intended exact change, read the CI report."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from backend.api.deps import RowId, SeriesEditorDep, SessionDep
 from backend.api.queries import SeriesListParams
+from backend.services import ci_report, exact_gates
 from backend.services import series as series_service
 from parallab.core.options import KnownKeys
 
@@ -33,6 +35,16 @@ class Dismissal(KnownKeys):
     model_config = ConfigDict(extra="forbid")
 
     note: str | None = Field(None, max_length=500, description="Why this alert is a false positive.")
+
+
+class Acceptance(KnownKeys):
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(
+        min_length=1,
+        max_length=200,
+        description="A counter (e.g. comm.all_reduce.g2.bytes) or a category (bytes, calls, memory, params, pipeline).",
+    )
 
 
 @router.get("")
@@ -65,3 +77,20 @@ def dismiss_alert(series_id: str, verdict_id: RowId, body: Dismissal, session: S
     verdict = series_service.dismiss_alert(session=session, series_id=series_id, verdict_id=verdict_id, principal=principal, note=body.note)
     session.commit()
     return series_service.verdict_dict(verdict)
+
+
+@router.get("/{series_id}/report")
+def read_report(series_id: str, session: SessionDep) -> dict[str, Any]:
+    """The CI report: the latest result's exact changes, each timing metric's change points with
+    intervals and bisect ranges, its between-job CV and minimum detectable change, and `changed`."""
+    return ci_report.series_report(session=session, series_id=series_id)
+
+
+@router.post("/{series_id}/accept")
+def accept_change(series_id: str, body: Acceptance, session: SessionDep, principal: SeriesEditorDep) -> dict[str, Any]:
+    """Accept the change of a counter (or of every counter of a category) that the series' latest
+    result reports as intended, for the series' family: results with that value are no longer
+    reported as changed (its owner or an admin; 422 naming what changed when `metric` did not)."""
+    accepted = exact_gates.accept(session=session, series_id=series_id, metric=body.metric, principal=principal)
+    session.commit()
+    return {"series_id": series_id, "accepted": accepted}

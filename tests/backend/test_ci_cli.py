@@ -1,0 +1,56 @@
+"""`parallab upload --fail-on-change`, `parallab series accept` and `parallab ci report` against a real
+server (uvicorn on a loopback port): a planted bytes change fails the job with exit 4, an accepted
+one does not, the report is printed only when something changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from parallab.cli import app
+from tests.backend.ci_documents import document
+from tests.backend.test_exact_gates import _bytes, with_counters
+from tests.backend.test_series import member
+from tests.backend.test_upload_cli_retries import served
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "300"})
+    return result.exit_code, " ".join((result.stdout + result.stderr).split())
+
+
+def test_a_planted_change_fails_the_job_until_it_is_accepted(settings, tmp_path: Path) -> None:
+    bearer = member(settings, "ada@lab.org")["Authorization"].removeprefix("Bearer ")
+    base, planted = tmp_path / "base.json", tmp_path / "planted.json"
+    base.write_text(json.dumps(with_counters(document(commit="eeee001"))))
+    changed = with_counters(document(commit="eeee002"))
+    _bytes(changed)
+    planted.write_text(json.dumps(changed))
+    ids = tmp_path / "series.txt"
+    with served(settings) as server:
+        auth = ("--server", server.url, "--token", bearer)
+        assert run("upload", str(base), *auth, "--fail-on-change", "bytes,memory")[0] == 0
+        code, out = run("upload", str(planted), *auth, "--fail-on-change", "bytes,memory", "--series-file", str(ids))
+        assert code == 4 and "comm.all_reduce.g2.bytes" in out and "+50.0%" in out, out
+        sid = ids.read_text().strip()
+        code, markdown = run("ci", "report", sid, "--server", server.url, "--if-changed")
+        assert code == 0 and "something changed" in markdown and "`comm.all_reduce.g2.bytes`" in markdown, markdown
+        # the same file again is a replay (same Idempotency-Key): the first answer, judged by the flags given now
+        assert run("upload", str(planted), *auth, "--fail-on-change", "params")[0] == 0, "another category"
+        code, out = run("upload", str(planted), *auth, "--fail-on-change", "bytes,speed")
+        assert code == 2 and "--fail-on-change" in out and "speed" in out, out
+        assert run("upload", str(planted), *auth, "--fail-on-change", "bytes")[0] == 4
+        code, out = run("series", "accept", sid, "bytes", *auth)
+        assert code == 0 and "accepted comm.all_reduce.g2.bytes: 2000 → 3000" in out, out
+        code, out = run("upload", str(planted), *auth, "--fail-on-change", "all")
+        assert code == 0 and "accepted" in out, "an accepted change no longer fails the job"
+        code, out = run("ci", "report", sid, "--server", server.url, "--if-changed")
+        assert code == 0 and "nothing changed" in out and "parallab:" not in out, out
+        code, out = run("ci", "report", sid, "--server", server.url, "--json")
+        assert code == 0 and '"changed": false' in out
+        code, out = run("ci", "report", "no-such-series", "--server", server.url)
+        assert code == 2 and "no-such-series" in out, out

@@ -1,0 +1,58 @@
+"""E-Divisive with a permutation test, tested directly: a planted shift found where it was planted with
+its size inside the interval, unchanged noise left alone, too short a series refused, the noise
+measured about each segment's own mean, and the minimum detectable change by the textbook formula."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from parallab.core import changepoints as cp
+
+
+def noisy(n: int, *, cv: float, seed: int, shift_at: int | None = None, factor: float = 0.8) -> list[float]:
+    rng = random.Random(seed)
+    return [100.0 * (factor if shift_at is not None and i >= shift_at else 1.0) * (1 + rng.gauss(0, cv)) for i in range(n)]
+
+
+def test_a_planted_drop_is_found_where_it_was_planted_with_its_size_in_the_interval() -> None:
+    for seed in range(5):
+        [found] = cp.detect(noisy(30, cv=0.05, seed=seed, shift_at=17))
+        assert abs(found.index - 17) <= 1, found
+        assert found.size == pytest.approx(-0.2, abs=0.05) and found.lower < found.size < found.upper < 0, found
+        assert found.p_value <= cp.ALPHA
+
+
+def test_two_steps_down_are_both_found() -> None:
+    values = noisy(36, cv=0.03, seed=3)
+    values = [v * (1.0 if i < 12 else 0.8 if i < 24 else 0.6) for i, v in enumerate(values)]
+    assert [c.index for c in cp.detect(values)] == [12, 24]
+
+
+def test_unchanged_noise_rarely_gets_a_change_point() -> None:
+    alarms = sum(bool(cp.detect(noisy(30, cv=0.3, seed=100 + s))) for s in range(40))
+    assert alarms <= 3, f"{alarms} of 40 unchanged series got a change point at alpha {cp.ALPHA}"
+
+
+def test_the_same_series_always_gets_the_same_verdict() -> None:
+    values = noisy(24, cv=0.2, seed=9, shift_at=12, factor=0.75)
+    assert cp.detect(values) == cp.detect(values)
+
+
+def test_a_series_shorter_than_the_detector_needs_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 8 results; this series has 7"):
+        cp.detect([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+
+
+def test_the_between_job_cv_leaves_the_shift_out_of_the_noise() -> None:
+    values = noisy(40, cv=0.05, seed=4, shift_at=20, factor=0.5)
+    assert cp.between_job_cv(values) > 0.3, "about one mean, the shift looks like noise"
+    assert 0.03 < cp.between_job_cv(values, [20]) < 0.07
+
+
+def test_the_minimum_detectable_change_is_the_two_sample_textbook_figure() -> None:
+    # (z(0.995) + z(0.95)) · CV · √(2/k) = (2.5758 + 1.6449) · 0.10 · √(2/10)
+    assert cp.min_detectable_change(0.10, per_side=10, alpha=0.01) == pytest.approx(0.18876, abs=1e-4)
+    # one result against K = 10: (z(0.99) + z(0.95)) · CV · √(1 + 1/10)
+    assert cp.min_detectable_single(0.10, window=10, alpha=0.01) == pytest.approx(0.41654, abs=1e-4)
