@@ -1,6 +1,6 @@
 """p50 and p95 server time of every page and read API at lab scale: 100,000 or 1,000,000 runs in Postgres.
 
-    python benchmarks/queries.py [--runs 100000] [--json] [--explain] [--repeat 20] [--inline] [--url postgresql+psycopg://postgres@127.0.0.1:5432/test]
+    python benchmarks/queries.py [--runs 100000] [--json] [--explain] [--repeat 3] [--rounds 20] [--inline] [--url postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
 Populates a scratch database with benchmarks/ui_queries.py's runs (`generate()`: finished runs
 with a result document each, its heavy parts stored apart as ingest stores them) in bulk — COPY,
@@ -9,8 +9,10 @@ maintained tables the way migration 0010 backfills them; reports the populate ti
 database's bytes per run (and per run in each table). `--inline` stores each document whole in
 run_results, as before migration 0018, to measure what the split saves. Each request is timed
 in-process through the ASGI app (routing, queries, figures, templates; no network). The cases run
-round-robin, `--repeat` rounds after one warm-up round, so load on the machine spreads over every
-case alike; the load average is read before populating, before timing and after.
+round-robin, `--rounds` rounds after one warm-up round, so load on the machine spreads over every
+case alike; the load average is read before populating, before timing and after. `--repeat N` times
+N fresh runs (each a new app and connection pool on the same database, its own warm-up) and
+reports each case's worst p95 of the N: a goal met once on a shared machine is not met.
 
 `--json` prints one line: {"runs": N, "populate_s": …, "bytes_per_run": {…}, "load": […],
 "cases": {"<case>": {"p50_ms": …, "p95_ms": …}, …}}. Otherwise a table is printed and written to
@@ -49,8 +51,8 @@ from benchmarks.report import write_section  # noqa: E402
 from benchmarks.ui_queries import generate, recreate, scratch  # noqa: E402
 
 EXPLAIN_DIR = REPO / "benchmarks" / "explain"
-TARGET_MS = {100_000: 150.0, 1_000_000: 500.0}
-"""p95 target per scale (the 200 ms goal with margin at 100,000 runs; 500 ms at a million)."""
+TARGET_MS = {100_000: 100.0, 1_000_000: 200.0}
+"""p95 target per scale, the worst of `--repeat` runs."""
 FIRST_PAGES = (
     "runs list API (first page of 50)",
     "leaderboard API: best per config, first page",
@@ -78,19 +80,6 @@ SORTS = {
     "precision": "asc",
     "source": "asc",
     "branch": "asc",
-}
-# p95 at 100,000 runs of the cases over 200 ms on the landed code before this work (20 rounds, load about 1.5).
-BEFORE_MS = {
-    f"leaderboard API: every run by rank, offset {DEEP_OFFSET:,}": 214.0,
-    f"leaderboard API: every run by exposed_comm_fraction, offset {DEEP_OFFSET:,}": 202.0,
-    "leaderboard API: every run, group=precision, by mfu, page 20": 210.0,
-    f"leaderboard API: every run by rank worst-first, offset {DEEP_OFFSET:,}": 225.0,
-    f"leaderboard API: every run, group=shape, by mfu, offset {DEEP_OFFSET:,}": 235.0,
-    f"leaderboard API: every run, group=precision, by mfu, offset {DEEP_OFFSET:,}": 253.0,
-    "leaderboard API: every run, group=precision, by rank worst-first, page 20": 225.0,
-    "leaderboard API: every run, source filter, by rank worst-first, page 20": 202.0,
-    "page /leaderboard (every run, by mfu, page 20)": 239.0,
-    "page /compare (10 runs)": 266.0,
 }
 
 
@@ -320,7 +309,8 @@ def main() -> None:
     parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--db", default=SCRATCH_DB, help="the scratch database's name")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=1, help="fresh timing runs; each case reports its worst p95 of them")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of every case in each run, after a warm-up round")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--explain", action="store_true", help="write EXPLAIN ANALYZE of each leaderboard/scaling case")
     parser.add_argument("--only", default="", help="time only the cases whose name contains this")
@@ -351,7 +341,7 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     if ids is None:
         recreate(admin_url, name=args.db)
-    samples: dict[str, list[float]] = {}
+    runs: list[dict[str, list[float]]] = []
     try:
         upgrade(url)
         if ids is None:
@@ -365,15 +355,16 @@ def main() -> None:
                 conn.execute(text("VACUUM ANALYZE"))
         per_run = sizes(url, args.runs)
         loads.append(os.getloadavg()[0])
-        if not args.sizes_only:
-            samples = time_cases(url, ids, args)
-        loads.append(os.getloadavg()[0])
+        for _ in range(0 if args.sizes_only else args.repeat):
+            runs.append(time_cases(url, ids, args))
+            get_engine(url).dispose()  # the next run connects afresh
+            loads.append(os.getloadavg()[0])
     finally:
         get_engine(url).dispose()
         if not args.keep:
             recreate(admin_url, drop_only=True, name=args.db)
 
-    results = {name: {"p50_ms": round(percentile(s, 0.5), 1), "p95_ms": round(percentile(s, 0.95), 1)} for name, s in samples.items()}
+    results = worst_of(runs)
     if args.json:
         summary = {"runs": args.runs, "populate_s": populate_s, "bytes_per_run": per_run, "load": loads, "cases": results}
         print(json.dumps(summary))
@@ -384,8 +375,32 @@ def main() -> None:
         write_section(f"Pages and APIs at {args.runs:,} runs", report)
 
 
+def worst_of(runs: list[dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """Each case's p50 and p95 in the run where its p95 was worst, and every run's p95."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in runs[0] if runs else {}:
+        each = [(round(percentile(run[name], 0.95), 1), round(percentile(run[name], 0.5), 1)) for run in runs]
+        p95, p50 = max(each)
+        out[name] = {"p50_ms": p50, "p95_ms": p95, "p95_runs_ms": [p for p, _ in each]}
+    return out
+
+
+def cursor_cases(client: Any, todo: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The deep every-run pages sorted by a column again, each read after a cursor at the same depth
+    (the `next_cursor` of the row before it) instead of at an offset."""
+    out = []
+    for name, path in todo:
+        deep = f"offset={DEEP_OFFSET}"
+        if deep not in path or "sort=rank" in path or "sort=config_runs" in path:
+            continue
+        before = path.replace("limit=50", "limit=1").replace(deep, f"offset={DEEP_OFFSET - 1}")
+        cursor = client.get(before).json()["next_cursor"]
+        out.append((name.replace(f"offset {DEEP_OFFSET:,}", f"cursor at {DEEP_OFFSET:,}"), f"{path}&cursor={cursor}"))
+    return out
+
+
 def time_cases(url: str, ids: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Each case's server times (ms), `args.repeat` rounds round-robin after a warm-up round."""
+    """Each case's server times (ms), `args.rounds` rounds round-robin after a warm-up round."""
     from fastapi.testclient import TestClient
 
     from backend.api.app import create_app
@@ -396,11 +411,12 @@ def time_cases(url: str, ids: list[str], args: argparse.Namespace) -> dict[str, 
     # started as uvicorn starts it (its lifespan: the GIL slice, start-up objects frozen for the collector)
     with TestClient(app) as client:
         todo = [(name, path) for name, path in cases(ids) if args.only in name]
+        todo += cursor_cases(client, todo)
         for name, path in todo:  # warm-up: plans cached, pool connected; and every case answers 200
             r = client.get(path)
             assert r.status_code == 200, (name, r.status_code, r.text[:300])
         samples: dict[str, list[float]] = {name: [] for name, _ in todo}
-        for _ in range(args.repeat):
+        for _ in range(args.rounds):
             for name, path in todo:
                 t0 = time.perf_counter()
                 client.get(path)
@@ -426,23 +442,26 @@ def render(
     slow_first = [name for name in FIRST_PAGES if name in results and results[name]["p95_ms"] >= 200.0]
     worst = max(results.items(), key=lambda kv: kv[1]["p95_ms"]) if results else None
     lines = [
-        f"`python benchmarks/queries.py --runs {args.runs}` — {args.runs:,} finished runs, each with a result document "
+        f"`python benchmarks/queries.py --runs {args.runs} --repeat {args.repeat} --rounds {args.rounds}` — "
+        f"{args.runs:,} finished runs, each with a result document "
         "(its heavy parts stored apart, compressed, as ingest stores them), in Postgres, populated in bulk (COPY)"
         + (f" in {populate_s:.0f} s (VACUUM ANALYZE included)" if populate_s is not None else " by an earlier `--keep` run and reused")
         + f" ({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"load average {loads[0]:.1f} before populating, {loads[1]:.1f} before timing, {loads[-1]:.1f} after). "
-        f"Server time in-process through the ASGI app, {args.repeat} rounds round-robin after a warm-up round; p95 is the "
-        f"nearest-rank 95th percentile. Target: every case under {target:.0f} ms p95, the first pages under 200 ms. "
+        f"load average {loads[0]:.1f} before populating, {loads[1]:.1f} before timing, "
+        + ", ".join(f"{v:.1f}" for v in loads[2:])
+        + " after each run). "
+        f"Server time in-process through the ASGI app, {args.rounds} rounds round-robin after a warm-up round, in each of "
+        f"{args.repeat} fresh run(s) (`--repeat {args.repeat}`: a new app and connection pool each, on the same database); p95 is the "
+        f"nearest-rank 95th percentile, the worst of the runs. Target: every case under {target:.0f} ms p95, the first pages "
+        "under 200 ms. "
         "`--explain` writes each leaderboard and scaling query's `EXPLAIN (ANALYZE, BUFFERS)` to benchmarks/explain/.",
         "",
         "Bytes per run: " + ", ".join(f"{name} {value:,.0f}" for name, value in per_run.items()) + ".",
         "",
-        "| case | p50 | p95 | p95 before (landed code, 100,000 runs) |",
+        "| case | p50 | p95, worst of the runs | p95 of each run |",
         "|---|---:|---:|---:|",
         *[
-            f"| {name} | {r['p50_ms']:.1f} ms | {r['p95_ms']:.1f} ms | "
-            + (f"{BEFORE_MS[name]:,.0f} ms" if name in BEFORE_MS else "")
-            + " |"
+            f"| {name} | {r['p50_ms']:.1f} ms | {r['p95_ms']:.1f} ms | " + ", ".join(f"{v:.1f}" for v in r.get("p95_runs_ms", [])) + " |"
             for name, r in results.items()
         ],
         "",

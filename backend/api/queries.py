@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from fastapi import Depends, Query
+from fastapi import Depends, HTTPException, Query
 from pydantic import Field, WithJsonSchema, field_validator
 
 from backend.api.deps import SessionDep
 from backend.models import RunSource, RunStatus
 from backend.schemas.queries import QueryParams
 from backend.services.auth import user_filter
-from backend.services.leaderboard import MAX_PAGE, SORT_COLUMNS, LeaderboardQuery
+from backend.services.leaderboard import MAX_PAGE, SORT_COLUMNS, Leaderboard, LeaderboardQuery, get_leaderboard
 from parallab.core.result import MAX_RANKS
 from parallab.core.spec import Checkpointing, Precision, StrategyName
 
@@ -116,6 +116,12 @@ class LeaderboardParams(QueryParams):
     dir: Literal["asc", "desc"] = "desc"
     limit: int = Field(50, ge=1, le=MAX_PAGE)
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Rows to skip (use the filters to narrow a long board).")
+    cursor: str | None = Field(
+        None,
+        max_length=2000,
+        description="`next_cursor` of the previous page (every run, sorted by a column): the page starts after it at a cost "
+        "that does not grow with the depth; `offset` then only states the page's position.",
+    )
 
     @field_validator("sort")
     @classmethod
@@ -147,7 +153,19 @@ def leaderboard_query(params: Annotated[LeaderboardParams, Query()], session: Se
         descending=params.dir == "desc",
         limit=params.limit,
         offset=params.offset,
+        cursor=params.cursor,
     )
 
 
 LeaderboardQueryDep = Annotated[LeaderboardQuery, Depends(leaderboard_query)]
+
+
+def leaderboard_page(session: SessionDep, query: LeaderboardQueryDep) -> Leaderboard:
+    """The board the query asks for; a cursor that does not fit it is the request's error (422 on `cursor`)."""
+    try:
+        return get_leaderboard(session=session, query=query)
+    except ValueError as exc:
+        raise HTTPException(422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
+
+
+LeaderboardDep = Annotated[Leaderboard, Depends(leaderboard_page)]

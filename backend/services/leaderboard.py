@@ -9,7 +9,11 @@ columns are the run at the median's.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -57,6 +61,9 @@ class LeaderboardQuery:
     descending: bool = True
     limit: int = 50
     offset: int = 0
+    cursor: str | None = None
+    """`next_cursor` of the page before (every run, sorted by a column): the page starts after it,
+    and `offset` only says where that is (the rows before it, for the page's "51–100 of N")."""
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -73,6 +80,9 @@ class Leaderboard:
     query: LeaderboardQuery
     groups: dict[tuple[Any, ...], str] = field(default_factory=dict)
     """A group's partition values (`store.partition(query.group)`) → a readable label."""
+    next_cursor: str | None = None
+    """Where the next page starts (every run sorted by a column, when more rows follow): its cost
+    does not grow with the depth, as an offset's does."""
 
 
 EXPORT_FIELDS = (
@@ -206,6 +216,7 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
     """One page of the leaderboard: rows ranked within their group (a config by its median, a run
     by its tokens/s), best marked."""
     limit = max(1, min(query.limit, MAX_PAGE))
+    after = decode_cursor(query.cursor, query) if query.cursor else None
     rows, total = store.leaderboard_rows(
         session,
         filters=query.filters(),
@@ -215,7 +226,10 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         limit=limit,
         offset=max(0, query.offset),
         group=query.group,
+        after=after,
     )
+    more = len(rows) == limit and query.offset + limit < total
+    cursor = encode_cursor(rows[-1], query) if more and not query.best_only and store.keyset_sort(query.sort) else None
     # One spec per group on this page names the group; specs are small JSON, not result documents.
     columns = store.partition(query.group)
     sample: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -235,7 +249,29 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         row["loss_flagged"] = loss_flagged(row)
         config_figures(row)
         row.pop("total", None)
-    return Leaderboard(rows=rows, total=total, query=query, groups=groups)
+    return Leaderboard(rows=rows, total=total, query=query, groups=groups, next_cursor=cursor)
+
+
+def encode_cursor(row: dict[str, Any], query: LeaderboardQuery) -> str:
+    """The row's place in the every-run board's order (`store.page_key`) with the order it is a
+    place in (sort, direction, grouping), as opaque URL-safe text."""
+    key = [{"at": v.isoformat()} if isinstance(v, datetime) else v for v in store.page_key(row, query.sort, query.group)]
+    text = json.dumps([query.sort, query.descending, query.group, key], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, query: LeaderboardQuery) -> list[Any]:
+    """The key a cursor holds; ValueError when it is not one this board returned for this order."""
+    try:
+        sort, descending, group, key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        values = [datetime.fromisoformat(v["at"]) if isinstance(v, dict) else v for v in key]
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        raise ValueError("cursor is not one this board returned") from None
+    if [sort, descending, group] != [query.sort, query.descending, query.group]:
+        raise ValueError("cursor was returned for another order (sort, dir or group changed): start again without it")
+    if query.best_only:
+        raise ValueError("a cursor pages every run (runs=all), not best per config")
+    return values
 
 
 def loss_flagged(row: dict[str, Any]) -> bool:

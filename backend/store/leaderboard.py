@@ -31,6 +31,7 @@ from sqlalchemy import (
     delete,
     event,
     exists,
+    false,
     func,
     insert,
     inspect,
@@ -142,10 +143,21 @@ def _follow_runs(session: Session, flush_context: Any) -> None:
     and bulk loads call `rebuild`.)"""
     for obj in session.deleted:
         if isinstance(obj, Run):
-            remove_entry(session, obj.id)
+            _deleted(session, obj)
     for obj in session.new | session.dirty:
         if isinstance(obj, Run) and (obj in session.new or _touched(obj)):
             sync_entry(session, obj)
+
+
+def _deleted(session: Session, run: Run) -> None:
+    """A run deleted through the ORM: its entry went with it (the foreign key cascades, before this
+    hook runs), so the configs it could have counted in — as loaded, and as last changed — are
+    recomputed from what is left."""
+    remove_entry(session, run.id)
+    committed = inspect(run).committed_state
+    for key in {tuple(committed.get(c, getattr(run, c)) for c in CONFIG), tuple(getattr(run, c) for c in CONFIG)}:
+        if key[0] is not None:
+            _refresh_cell(session, key)
 
 
 def _touched(run: Run) -> bool:
@@ -392,9 +404,18 @@ def leaderboard_rows(
     limit: int,
     offset: int,
     group: str = "workload",
+    after: Sequence[Any] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """A page of leaderboard rows (each ranked within its group, see GROUPINGS) and the total."""
-    board = Board(filters=filters, group=group, sort=sort if sort in SORTABLE else None, descending=descending, limit=limit, offset=offset)
+    """A page of leaderboard rows (each ranked within its group, see GROUPINGS) and the total;
+    `after` (every run, sorted by a column: `keyset_sort`) starts the page after the run whose
+    `page_key` it is, at a cost that does not grow with the depth (`offset` is then not read)."""
+    sort = sort if sort in SORTABLE else None
+    if after is not None and (best_only or not keyset_sort(sort)):
+        raise ValueError("a cursor pages every run sorted by a column (not by rank or runs per config, nor best per config)")
+    if after is not None and len(after) != len(page_columns(sort, group)):
+        raise ValueError("cursor is not one this board returned")
+    fixed = tuple(after) if after is not None else None
+    board = Board(filters=filters, group=group, sort=sort, descending=descending, limit=limit, offset=offset, after=fixed)
     return _best_rows(session, board) if best_only else _every_run(session, board)
 
 
@@ -408,6 +429,8 @@ class Board:
     descending: bool
     limit: int
     offset: int
+    after: tuple[Any, ...] | None = None
+    """The page starts after the run with this `page_key` (keyset pagination), not at `offset`."""
 
     @property
     def conds(self) -> list[ColumnElement[bool]]:
@@ -557,7 +580,10 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         # index look-up to know), leaving the test out keeps the sort index's read index-only
         shaped = board.conds if group == "workload" or _any_shapeless(session, filters) else _conditions(filters)
         ids_query = select(Entry.id).where(*shaped).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
-        page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
+        if board.after is None:
+            page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
+        else:
+            page_ids = _after_key(session, board, ids_query)
     if known_sizes:  # a planner's sizes cover every competing run
         total = sum(next(iter(known_sizes.values())).values())
     else:  # a sum of the cells or the counts, not a count of every run
@@ -580,6 +606,52 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         for label, columns in counted.items():
             row[label] = tallies[label].get(tuple(row[c] for c in columns), 0)
     return rows, total
+
+
+def keyset_sort(sort: str | None) -> bool:
+    """Whether every-run pages in this sort can be read after a key (an index order), not only at an offset."""
+    return sort not in ("rank", "config_runs")
+
+
+def page_columns(sort: str | None, group: str) -> list[str]:
+    """The columns of the every-run board's whole order under `sort` and `group` (after the sort
+    column: model, the group, throughput descending, id): a run's `page_key` is its values of them."""
+    return [*([sort] if sort is not None else []), "model", *partition(group), "tokens_per_s", "id"]
+
+
+def page_key(row: dict[str, Any], sort: str | None, group: str) -> list[Any]:
+    """Where a row stands in the every-run board's order: the key a next page starts after."""
+    return [row[c] for c in page_columns(sort, group)]
+
+
+def _after_key(session: Session, board: Board, ids_query: Any) -> list[str]:
+    """The ids of the page after `board.after` in the order `ids_query` reads, by keyset: the rows
+    whose key comes later (nulls last in every column), each column compared in its direction.
+
+    The first column also bounds the read (at or past the key's value), so Postgres starts its
+    index scan there instead of counting off the rows before; the runs with no value in the sort
+    column (last in either direction) are a second range, read only when the first runs out.
+    """
+    names = page_columns(board.sort, board.group)
+    descending = [board.descending if board.sort is not None else False] * (board.sort is not None)
+    descending += [False] * (len(names) - len(descending) - 2) + [True, False]
+    cols = [Entry.__table__.c[c] for c in names]
+    key = board.after or ()
+    later: list[ColumnElement[bool]] = []
+    for i, (col, desc, value) in enumerate(zip(cols, descending, key, strict=True)):
+        if value is None:  # nothing but nulls come after a null, and they tie on it
+            continue
+        beyond: ColumnElement[bool] = col < value if desc else col > value
+        if col.nullable:
+            beyond = or_(beyond, col.is_(None))
+        later.append(and_(*(c.is_(None) if v is None else c == v for c, v in zip(cols[:i], key[:i], strict=True)), beyond))
+    after = or_(*later) if later else false()
+    lead, first = cols[0], key[0]
+    bound = [lead.is_(None)] if first is None else [lead <= first if descending[0] else lead >= first]
+    ids = list(session.execute(ids_query.where(after, *bound).limit(board.limit)).scalars())
+    if first is not None and lead.nullable and len(ids) < board.limit:
+        ids += session.execute(ids_query.where(lead.is_(None)).limit(board.limit - len(ids))).scalars()
+    return ids
 
 
 def _page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes: dict[tuple[Any, ...], int]) -> dict[str, int]:
@@ -976,19 +1048,20 @@ SKIP_SCAN = (
 def workload_groups(session: Session) -> list[dict[str, Any]]:
     """Every (workload, hardware) group: its size, how many world sizes, and one run to label it.
 
-    Counted per (group, world size) first — a hash aggregate of the narrow table — so the distinct
-    world sizes are a count of a few hundred rows, not a sort of every run.
+    Summed from the maintained cells (one per config over all its runs: a few hundred rows), never
+    from the runs: counted per (group, world size) first, so the distinct world sizes are a count.
     """
     sizes = (
         select(
-            Entry.workload_key,
-            Entry.hardware_key,
-            Entry.world_size,
-            func.min(Entry.model).label("model"),
-            func.count().label("runs"),
-            func.min(Entry.id).label("sample_id"),
+            Cell.workload_key,
+            Cell.hardware_key,
+            Cell.world_size,
+            func.min(Cell.model).label("model"),
+            func.sum(Cell.runs).label("runs"),
+            func.min(Cell.median_run_id).label("sample_id"),
         )
-        .group_by(Entry.workload_key, Entry.hardware_key, Entry.world_size)
+        .where(Cell.subset == "all")
+        .group_by(Cell.workload_key, Cell.hardware_key, Cell.world_size)
         .subquery("sizes")
     )
     query = (
@@ -1007,11 +1080,16 @@ def workload_groups(session: Session) -> list[dict[str, Any]]:
 
 
 def scaling_points(session: Session, *, workload_key: str, hardware_key: str) -> list[dict[str, Any]]:
-    """Best tokens/s per (strategy, world size) within one group."""
+    """Best tokens/s per (strategy, world size) within one group, from its configs' cells."""
     query = (
-        select(Entry.strategy, Entry.world_size, func.max(Entry.tokens_per_s).label("tokens_per_s"), func.count().label("runs"))
-        .where(Entry.workload_key == workload_key, Entry.hardware_key == hardware_key)
-        .group_by(Entry.strategy, Entry.world_size)
-        .order_by(Entry.strategy, Entry.world_size)
+        select(
+            Cell.strategy,
+            Cell.world_size,
+            func.max(Cell.best_tokens_per_s).label("tokens_per_s"),
+            cast(func.sum(Cell.runs), Integer).label("runs"),
+        )
+        .where(Cell.subset == "all", Cell.workload_key == workload_key, Cell.hardware_key == hardware_key)
+        .group_by(Cell.strategy, Cell.world_size)
+        .order_by(Cell.strategy, Cell.world_size)
     )
     return [dict(r._mapping) for r in session.execute(query)]

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from backend.api.deps import SessionDep
-from backend.api.queries import LeaderboardQueryDep
+from backend.api.queries import LeaderboardDep
 from backend.services import compare as compare_service
 from backend.services import leaderboard as leaderboard_service
 
@@ -32,7 +32,9 @@ def compare(
 
 
 @router.get("/leaderboard")
-def leaderboard(session: SessionDep, query: LeaderboardQueryDep) -> dict[str, Any]:
-    """Ranked within (workload, hardware) groups; runs that are not comparable are never ranked together."""
-    board = leaderboard_service.get_leaderboard(session=session, query=query)
-    return {"items": leaderboard_service.export_rows(board), "total": board.total, "limit": query.limit, "offset": query.offset}
+def leaderboard(board: LeaderboardDep) -> dict[str, Any]:
+    """Ranked within (workload, hardware) groups; runs that are not comparable are never ranked together.
+    Every run sorted by a column pages by `next_cursor` as deep as by `offset`, without its cost."""
+    query = board.query
+    items = leaderboard_service.export_rows(board)
+    return {"items": items, "total": board.total, "limit": query.limit, "offset": query.offset, "next_cursor": board.next_cursor}

@@ -1,0 +1,113 @@
+"""Every run sorted by a column, paged by cursor (keyset) against the plain offset query.
+
+A deep page read by offset counts off every row before it; read after a cursor (the last row's
+place in the board's whole order) it starts where the last page ended. On a lab with ties in the
+sort column and in throughput, nulls in the sort column and in the grouping, and two sources,
+every grouping × sort column × direction × filter is read whole by offset and page by page by
+cursor: the same rows, in the same order, with the same ranks and counts — on SQLite and Postgres.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from datetime import UTC, datetime, timedelta
+from html import unescape
+from typing import Any
+
+from sqlalchemy import select
+
+from backend.db import session_scope
+from backend.models import Run
+from backend.store import leaderboard as store
+from tests.backend.test_leaderboard_planner import lab_runs
+
+GROUPS = ("workload", "shape", "precision")
+SORTS = (None, "mfu", "tokens_per_s", "created_at", "precision", "branch")
+FILTERS: tuple[dict[str, Any], ...] = ({}, {"source": "ci"}, {"strategy": "ddp"})
+PAGE = 7
+
+
+def with_metrics(session) -> None:
+    """MFU from four values and a null (ties and nulls in the sort column), creation times from three."""
+    rng = random.Random(5)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for run in session.execute(select(Run).order_by(Run.name)).scalars():
+        run.mfu = rng.choice([0.1, 0.2, 0.35, 0.5, None])
+        run.created_at = start + timedelta(minutes=rng.choice([0, 1, 2]))
+    session.flush()
+
+
+def rows_of(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r["id"], r["rank"], r["config_runs"], r["group_size"]) for r in rows]
+
+
+def by_cursor(session, *, filters: dict[str, Any], group: str, sort: str | None, descending: bool) -> list[dict[str, Any]]:
+    """The whole board, a page at a time, each after the last row of the one before."""
+    out: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page, _ = store.leaderboard_rows(
+            session, filters=filters, best_only=False, sort=sort, descending=descending, limit=PAGE, offset=0, group=group, after=after
+        )
+        out += page
+        if len(page) < PAGE:
+            return out
+        after = store.page_key(page[-1], sort, group)
+
+
+def test_cursor_pages_match_the_offset_query(settings) -> None:
+    with session_scope(settings.sqlalchemy_url) as session:
+        lab_runs(session)
+        with_metrics(session)
+        session.commit()
+        for group in GROUPS:
+            for sort in SORTS:
+                for descending in (False, True):
+                    for filters in FILTERS:
+                        case = (group, sort, descending, filters)
+                        whole, total = store.leaderboard_rows(
+                            session, filters=filters, best_only=False, sort=sort, descending=descending, limit=500, offset=0, group=group
+                        )
+                        assert total == len(whole) > 3 * PAGE, case
+                        assert rows_of(by_cursor(session, filters=filters, group=group, sort=sort, descending=descending)) == rows_of(
+                            whole
+                        ), case
+
+
+def test_the_api_pages_by_next_cursor_and_refuses_a_cursor_of_another_order(settings, client) -> None:
+    with session_scope(settings.sqlalchemy_url) as session:
+        lab_runs(session)
+        with_metrics(session)
+        session.commit()
+    base = "/api/v1/leaderboard?runs=all&sort=mfu&dir=desc&group=shape"
+    whole = client.get(f"{base}&limit=500").json()
+    assert whole["next_cursor"] is None
+    ids, url, offset = [], f"{base}&limit={PAGE}", 0
+    while True:
+        body = client.get(url).json()
+        ids += [(r["id"], r["rank"]) for r in body["items"]]
+        if body["next_cursor"] is None:
+            break
+        offset += PAGE
+        url = f"{base}&limit={PAGE}&offset={offset}&cursor={body['next_cursor']}"
+    assert ids == [(r["id"], r["rank"]) for r in whole["items"]]
+    cursor = client.get(f"{base}&limit={PAGE}").json()["next_cursor"]
+    other_order, garbled, best_per_config = base.replace("dir=desc", "dir=asc"), f"{base}&cursor=x{cursor}", "/api/v1/leaderboard?"
+    for bad in (f"{other_order}&cursor={cursor}", garbled, f"{best_per_config}cursor={cursor}"):
+        r = client.get(bad)
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["detail"][0]["loc"] == ["query", "cursor"]
+
+
+def test_the_page_links_its_next_page_by_cursor(settings, client) -> None:
+    with session_scope(settings.sqlalchemy_url) as session:
+        lab_runs(session)
+        with_metrics(session)
+        session.commit()
+    html = client.get(f"/leaderboard?runs=all&sort=mfu&limit={PAGE}").text
+    (link,) = re.findall(r'href="/leaderboard\?([^"]*cursor=[^"]*)"', html)
+    second = client.get("/api/v1/leaderboard?" + unescape(link)).json()
+    by_offset = client.get(f"/api/v1/leaderboard?runs=all&sort=mfu&limit={PAGE}&offset={PAGE}").json()
+    assert [r["id"] for r in second["items"]] == [r["id"] for r in by_offset["items"]]
+    assert second["offset"] == PAGE  # the link states where the page stands
