@@ -107,10 +107,10 @@ def build_result(
         # Each stage's own bubble, within the window every stage shares (the summary has their mean).
         staged = iter(pipeline.per_stage)
         ranks = [r.model_copy(update={"bubble_fraction": next(staged)}) if r.pipeline_actions_us else r for r in ranks]
-    if lead.gradient_check is not None:
-        summary["gradient_check"] = lead.gradient_check.model_dump(mode="json")
-    if lead.replica_check is not None:
-        summary["replica_check"] = lead.replica_check.model_dump(mode="json")
+    for name in ("gradient_check", "replica_check", "routing_check", "frozen_check"):
+        check = getattr(lead, name)
+        if check is not None:
+            summary[name] = check.model_dump(mode="json")
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []

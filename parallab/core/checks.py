@@ -206,8 +206,11 @@ def check_summary(document: ResultDocument) -> CheckedSummary:
     return CheckedSummary(merged, problems)
 
 
-STATED_CHECKS = ("gradient_check", "replica_check")
-"""Checks an upload can only state: their inputs (gradients, every rank's copies) are not in the document."""
+STATED_CHECKS = ("gradient_check", "replica_check", "routing_check", "frozen_check")
+"""Checks an upload can only state: their inputs (gradients, every rank's copies, the routers'
+choices, the parameters at the check's step) are not in the document. Each schema holds its own
+verdict against its own numbers (`passed` ⇔ within the tolerance), so a stated one is at least
+consistent; it stays the uploader's word."""
 RUN_CHECKS = {"loss_reference": "loss", "gradient_check": "gradient", "replica_check": "replica"}
 """Every correctness check a training run carries, by its key in the document (`summary.<key>`,
 `loss.reference`) → the short name pages and `flags.CORRECTNESS_CHECKS` use. The lab's worker makes

@@ -17,8 +17,12 @@ compared at all — no flag without a measurement.
 Checks with a verdict of their own are rows too, flagged when they fail: the loss against the
 fp32 reference (`loss_max_rel_diff_vs_reference` against the recipe's `LOSS_TOLERANCE`, on every
 run that has a reference), the gradient check (`summary.gradient_check`: the worst error against
-its tolerance) and the replica check (`summary.replica_check`: the worst difference between two
-copies that should be identical, naming the parameter and the ranks).
+its tolerance, derived from the format's noise for a 16-bit run), the replica check
+(`summary.replica_check`: the worst difference between two copies that should be identical,
+naming the parameter and the ranks), the routing cross-check (`summary.routing_check`: the share
+of tokens the run sent elsewhere than the reference's own top-k beyond a near-tie) and the
+end-of-run check (`summary.frozen_check`: the least motion of a parameter that had a gradient at
+the check's step; below its tolerance, the parameter stopped training).
 """
 
 from __future__ import annotations
@@ -191,6 +195,31 @@ def _verdicts(summary: Mapping[str, Any], precision: str) -> list[Agreement]:
                 flagged=not replicas.get("passed", True),
             )
         )
+    routed = summary.get("routing_check")
+    if routed:
+        rows.append(
+            Agreement(
+                "routing_check.unexplained_rate",
+                "routing: share of tokens sent to other experts than the reference's own top-k beyond a near-tie, against its tolerance",
+                "ratio",
+                float(routed.get("tolerance") or 0.0),
+                float(routed.get("unexplained_rate") or 0.0),
+                flagged=not routed.get("passed", True),
+            )
+        )
+    still = summary.get("frozen_check")
+    if still:
+        where = f" ({still.get('least_moved')})" if still.get("least_moved") else ""
+        rows.append(
+            Agreement(
+                "frozen_check.min_motion",
+                f"end of run: least motion of a parameter that had a gradient{where}, against the least it must move",
+                "ratio",
+                float(still.get("tolerance") or 0.0),
+                float(still.get("min_motion") or 0.0),
+                flagged=not still.get("passed", True),
+            )
+        )
     return rows
 
 
@@ -198,6 +227,8 @@ CORRECTNESS_CHECKS = {
     "loss_max_rel_diff_vs_reference": "loss",
     "gradient_check.max_rel_err": "gradient",
     "replica_check.max_rel_diff": "replica",
+    "routing_check.unexplained_rate": "routing",
+    "frozen_check.min_motion": "frozen",
 }
 """The checks with a verdict of their own (`_verdicts`' rows) by the short name pages show."""
 

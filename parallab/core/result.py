@@ -95,6 +95,18 @@ class GradientCheck(BaseModel):
         max_length=100_000,
         description="Each parameter's relative error; when given, the fields above are recomputed from it on upload.",
     )
+    step: int | None = Field(
+        None, ge=0, description="The step whose gradients were compared: 0, an extra step before warm-up (the optimizer not stepped)."
+    )
+    noise_max_rel_err: float | None = Field(
+        None,
+        ge=0,
+        description="16-bit runs: the worst error of `single` in the run's own precision against the fp32 reference "
+        "(the format's noise on this workload), from which the tolerance is derived.",
+    )
+    tolerance_rule: SafeStr | None = Field(
+        None, max_length=300, description="How the tolerance was set: a flat bound (fp32) or the noise times a stated factor."
+    )
 
     @model_validator(mode="after")
     def _verdict(self) -> GradientCheck:
@@ -133,6 +145,56 @@ class ReplicaCheck(BaseModel):
             raise ValueError(
                 f"passed is {self.passed} but max_rel_diff {self.max_rel_diff:g} vs tolerance {self.tolerance:g} says otherwise"
             )
+        return self
+
+
+class RoutingCheck(BaseModel):
+    """The routing replay cross-checked: the fp32 reference's own top-k choice of each token against
+    the experts the run recorded (`workers.harness.routing`). A disagreement where the reference's
+    k-th and (k+1)-th router probabilities are within `near_tie_gap` is rounding; any other is not."""
+
+    model_config = _closed
+    passed: bool
+    tolerance: float = Field(ge=0, le=1, description="Max share of tokens whose choices disagree beyond a near-tie.")
+    near_tie_gap: float = Field(ge=0, le=1, description="A near-tie: the reference's k-th minus (k+1)-th router probability below this.")
+    tokens: Count = Field(description="Token choices compared (every MoE block's tokens of the check's step).")
+    disagreements: Count = Field(description="Tokens whose set of chosen experts differs from the reference's own.")
+    near_ties: Count = Field(description="Of those, the ones a near-tie explains.")
+    unexplained_rate: float = Field(ge=0, le=1, description="(disagreements − near_ties) / tokens.")
+    worst_router: SafeStr | None = Field(None, max_length=1000, description="The block with the most unexplained disagreements.")
+    method: SafeStr | None = Field(None, max_length=1000)
+
+    @model_validator(mode="after")
+    def _verdict(self) -> RoutingCheck:
+        if self.near_ties > self.disagreements or self.disagreements > self.tokens:
+            raise ValueError("near_ties ≤ disagreements ≤ tokens")
+        if self.passed != (self.unexplained_rate <= self.tolerance):
+            raise ValueError(
+                f"passed is {self.passed} but unexplained_rate {self.unexplained_rate:g} vs tolerance {self.tolerance:g} says otherwise"
+            )
+        return self
+
+
+class FrozenCheck(BaseModel):
+    """Faults after the gradient check's step: every parameter (each rank's shard of it) whose
+    gradient at the check's step was non-zero must have moved by the end of the run, in a direction
+    other than itself (a pure rescaling is weight decay alone). `workers.harness.frozen`."""
+
+    model_config = _closed
+    passed: bool
+    tolerance: float = Field(ge=0, description="Least relative motion a parameter must show: ||p_end − c·p_0|| / ||p_0||.")
+    min_motion: float = Field(ge=0, description="The least motion over the parameters checked.")
+    least_moved: SafeStr | None = Field(None, max_length=1000, description="Its name (and rank).")
+    params_checked: Count = Field(description="Parameter shards checked (non-zero gradient at the check's step).")
+    frozen: list[Annotated[SafeStr, Field(max_length=1000)]] = Field(default_factory=list, max_length=1000)
+    from_step: int = Field(0, ge=0, description="Where the parameters were read first: the gradient check's step (0).")
+    to_step: int = Field(ge=0, description="Where they were read last: the run's last optimizer step (warm-up included).")
+    method: SafeStr | None = Field(None, max_length=1000)
+
+    @model_validator(mode="after")
+    def _verdict(self) -> FrozenCheck:
+        if self.passed != (self.params_checked == 0 or self.min_motion > self.tolerance):
+            raise ValueError(f"passed is {self.passed} but min_motion {self.min_motion:g} vs tolerance {self.tolerance:g} says otherwise")
         return self
 
 
@@ -194,6 +256,8 @@ class Summary(OpenModel):
     stage_imbalance: float | None = Field(None, ge=0, description="max / mean − 1 of the pipeline stages' busy time (not bubble).")
     gradient_check: GradientCheck | None = None
     replica_check: ReplicaCheck | None = None
+    routing_check: RoutingCheck | None = None
+    frozen_check: FrozenCheck | None = None
     not_measured: list[ShortName] = Field(
         default_factory=list, max_length=64, description="Summary fields the run did not measure (an untraced run: no comm, no bubble)."
     )
@@ -352,6 +416,10 @@ class RankRecord(RankResult):
     """Step 0's gradients against the reference (`workers.harness.gradcheck`); the summary's."""
     replica_check: ReplicaCheck | None = None
     """Copies compared across their replica groups (`workers.harness.replicas`); the summary's."""
+    routing_check: RoutingCheck | None = None
+    """The routing replay's choices against the reference's own (`workers.harness.routing`); the summary's."""
+    frozen_check: FrozenCheck | None = None
+    """Parameters that stopped moving after the check's step (`workers.harness.frozen`); the summary's."""
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

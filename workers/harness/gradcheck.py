@@ -59,8 +59,27 @@ WRAPPERS = frozenset({"module", "_orig_mod", "_checkpoint_wrapped_module"})
 Gradients = dict[str, torch.Tensor]
 
 
-def tolerance(precision: str) -> float:
-    return GRADIENT_TOLERANCE.get(precision, GRADIENT_TOLERANCE["fp8"])
+NOISE_FACTOR = 2.0
+"""A 16-bit run's tolerance: this many times the noise of its format on the workload (module docstring)."""
+NOISE_FLOOR = GRADIENT_TOLERANCE["fp32"]
+"""The derived tolerance never falls below fp32's (a format whose noise measured ~0 on a workload)."""
+
+
+def tolerance(precision: str, noise: float | None = None) -> float:
+    """The flat bound of `precision`; for a 16-bit run whose noise was measured, `NOISE_FACTOR` × that
+    noise, held between `NOISE_FLOOR` and the flat bound (never looser than it)."""
+    flat = GRADIENT_TOLERANCE.get(precision, GRADIENT_TOLERANCE["fp8"])
+    if precision == "fp32" or noise is None:
+        return flat
+    return min(flat, max(NOISE_FACTOR * noise, NOISE_FLOOR))
+
+
+def tolerance_rule(precision: str, noise: float | None) -> str:
+    """What the stored tolerance is, in words (the result document's `tolerance_rule`)."""
+    flat = GRADIENT_TOLERANCE.get(precision, GRADIENT_TOLERANCE["fp8"])
+    if precision == "fp32" or noise is None:
+        return f"flat {flat:g} ({precision})"
+    return f"{NOISE_FACTOR:g} x the noise of {precision} (single in {precision} vs fp32: {noise:.3g}), within [{NOISE_FLOOR:g}, {flat:g}]"
 
 
 def canonical(name: str) -> str:
@@ -171,8 +190,16 @@ def relative_error(grad: torch.Tensor | None, ref: torch.Tensor | None) -> float
     return min(diff / norm, ERROR_CAP)
 
 
-def compare(grads: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], *, tol: float) -> GradientCheck:
-    """Per-parameter errors of `grads` against `reference`, the worst one, and the verdict."""
+def compare(
+    grads: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    *,
+    tol: float,
+    noise: float | None = None,
+    rule: str | None = None,
+) -> GradientCheck:
+    """Per-parameter errors of `grads` against `reference`, the worst one, and the verdict (with the
+    measured noise and the rule that set `tol`, where given)."""
     errors = {name: relative_error(grads.get(name), reference.get(name)) for name in sorted(set(grads) | set(reference))}
     worst = max(errors, key=lambda n: errors[n]) if errors else None
     worst_err = errors[worst] if worst is not None else 0.0
@@ -184,6 +211,9 @@ def compare(grads: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Ten
         params_checked=len(errors),
         method=METHOD,
         per_param=errors,
+        step=0,
+        noise_max_rel_err=noise,
+        tolerance_rule=rule,
     )
 
 

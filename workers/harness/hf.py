@@ -89,10 +89,11 @@ def taped_router(router: nn.Module) -> None:
         if tape is None:
             return None
         logits, scores, indices = output
-        chosen = tape.choose(indices)
+        probs = torch.softmax(logits.float(), dim=-1)
+        chosen = tape.choose(indices, probs)
         if chosen is indices:
             return None
-        top = torch.softmax(logits.float(), dim=-1).gather(1, chosen)
+        top = probs.gather(1, chosen)
         return logits, (top / top.sum(dim=-1, keepdim=True)).to(scores.dtype), chosen
 
     router.register_forward_hook(hook)

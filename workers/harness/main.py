@@ -41,11 +41,12 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import ReferenceSource, aux_loss_coef, cache_path, is_reference, read_cached, reference_job, write_cached
 from parallab.core.result import LossCurve, ModelStateBytes, RankRecord
 from parallab.core.rundir import RunDir
+from parallab.core.spec import Precision
 from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
-from workers.harness import amp, divergence, gradcheck, loop, measure, replicas
+from workers.harness import amp, divergence, frozen, gradcheck, loop, measure, replicas
 from workers.harness import routing as routing_module
 from workers.harness.families import build_model
 from workers.harness.model import Transformer, apply_activation_checkpointing, compile_blocks
@@ -109,16 +110,44 @@ def replays_routing(job: ResolvedJob) -> bool:
 def reference_gradients(job: ResolvedJob, ctx: RunContext, routing: Routing | None = None) -> gradcheck.Gradients:
     """Step 0's gradients of the reference model (plain fp32 `single`, MoE routed in dp groups, or
     to the experts the run chose where `routing` has them), whole."""
+    return single_gradients(job, ctx, routing)[0]
+
+
+def single_gradients(
+    job: ResolvedJob, ctx: RunContext, routing: Routing | None = None, *, precision: Precision = "fp32", near_tie_gap: float = 0.0
+) -> tuple[gradcheck.Gradients, dict[str, routing_module.Tally]]:
+    """Step 0's gradients of `single` on the reference workload in `precision` (fp32: the
+    reference itself; the run's 16-bit format: its noise), whole, and each router's tally of its
+    own choices against the replayed ones (`routing_module.cross_check`)."""
     single = strategies.get("single")
     ref = reference_job(job)
+    if precision != ref.workload.precision:
+        ref = ResolvedJob(spec=ref.spec.model_copy(update={"workload": ref.spec.workload.model_copy(update={"precision": precision})}))
     solo = dataclasses.replace(
-        ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None, accum_steps=1, precision="fp32"
+        ctx, rank=0, world_size=1, local_rank=0, local_world_size=1, backend="none", mesh=None, accum_steps=1, precision=precision
     )
     applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, NoOptions())
-    with routing_module.replaying(applied.model, routing or {}):
+    with routing_module.replaying(applied.model, routing or {}, near_tie_gap=near_tie_gap) as tallies:
         grads = gradcheck.strategy_gradients(applied, single, NoOptions(), solo, ref)
     assert grads is not None, "a one-process context is its own rank 0"
-    return grads
+    return grads, tallies
+
+
+def checks_after_training(job: ResolvedJob, ctx: RunContext, run_grads: gradcheck.Gradients, routing: Routing | None) -> dict[str, Any]:
+    """Rank 0, with the trained model freed: the gradient check (a 16-bit run against a tolerance
+    derived from its format's noise, `gradcheck.tolerance`) and the routing cross-check."""
+    precision = job.workload.precision
+    gap = routing_module.NEAR_TIE_GAP.get(precision, routing_module.NEAR_TIE_GAP["fp8"])
+    reference, tallies = single_gradients(job, ctx, routing, near_tie_gap=gap)
+    noise = None
+    if precision != "fp32":
+        own, _ = single_gradients(job, ctx, routing, precision=precision)
+        noise = gradcheck.compare(own, reference, tol=gradcheck.ERROR_CAP).max_rel_err
+    tol = gradcheck.tolerance(precision, noise)
+    return {
+        "gradient_check": gradcheck.compare(run_grads, reference, tol=tol, noise=noise, rule=gradcheck.tolerance_rule(precision, noise)),
+        "routing_check": routing_module.cross_check(tallies, precision),
+    }
 
 
 def reference_curve(
@@ -235,6 +264,12 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     progress.phase("gradcheck")
     tol = gradcheck.tolerance(job.workload.precision)
     scans: list[replicas.Scan] = []
+    snapshots: list[frozen.Snapshot] = []
+
+    def on_synced(model: torch.nn.Module) -> None:
+        scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol))
+        snapshots.append(frozen.snapshot(model))
+
     replay = replays_routing(job)
     recorder: contextlib.AbstractContextManager[routing_module.Calls] = (
         routing_module.recording(applied.model) if replay else contextlib.nullcontext({})
@@ -246,7 +281,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
             options,
             ctx,
             job,
-            on_synced=lambda model: scans.append(replicas.scan(model, ctx, of="step-0 gradients", grads=True, tol=tol)),
+            on_synced=on_synced,
         )
     routing = routing_module.gathered(calls, ctx, strategy.data_rank(ctx, options)) if replay else None  # collective
     if grads is not None:
@@ -270,6 +305,12 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         profiled.update(peak_allocated_bytes=result.peak_allocated_bytes, peak_reserved_bytes=result.peak_reserved_bytes)
     # Every copy that should be identical, after the last step (collective: before rank 0 goes on alone).
     scans.append(replicas.scan(applied.model, ctx, of="final parameters", grads=False, tol=tol))
+    # The end-of-run check: the parameters now against their copies at the check's step.
+    last_step = job.workload.warmup_steps + job.workload.steps + (profiler.steps if profiler is not None else 0)
+    began = time.perf_counter()
+    frozen_check = frozen.verdict(applied.model, snapshots[0], ctx, last_step=last_step)
+    frozen_s = time.perf_counter() - began
+    snapshots.clear()  # the copies at the check's step: not held into the reference run
     record = RankRecord(
         rank=ctx.rank,
         model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
@@ -287,17 +328,19 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         lead_progress = loop.Progress(run_dir, True)
         reference, source = reference_curve(job, ctx, cache_dir, lead_progress, own=losses)
         lead_progress.phase("gradcheck")
-        check = gradcheck.compare(gradcheck.load(grads_file), reference_gradients(job, ctx, routing), tol=tol)
+        checks = checks_after_training(job, ctx, gradcheck.load(grads_file), routing)
         grads_file.unlink()
         record = record.model_copy(
             update={
                 "loss": LossCurve(values=losses, reference=reference, reference_source=source),
                 "hardware": hardware(ctx),
                 "environment": environment(ctx),
-                "gradient_check": check,
+                **checks,
                 "replica_check": replicas.verdict(scans, tol=tol),
+                "frozen_check": frozen_check,
             }
         )
+        print(f"parallab: end-of-run frozen-parameter check {frozen_s * 1e3:.1f} ms", file=sys.stderr, flush=True)
     progress.phase("storing")
     write_record(run_dir, record)
 

@@ -222,7 +222,7 @@ class MoE(ExpertLayer):
         t, e, k = x.shape[0], self.num_experts, self.top_k
         probs = torch.softmax(self.router(x).float(), dim=-1)
         gate, idx = probs.topk(k, dim=-1)
-        if self.tape is not None and (chosen := self.tape.choose(idx)) is not idx:
+        if self.tape is not None and (chosen := self.tape.choose(idx, probs)) is not idx:
             idx, gate = chosen, probs.gather(1, chosen)
         experts = idx.t().reshape(-1)  # slot order: every token's 1st choice, then 2nd, ...
         gates = gate.t().reshape(-1)

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallab.core.result import RoutingCheck
 from workers.harness.gradcheck import canonical
 from workers.harness.runtime import RunContext
 
@@ -58,9 +59,15 @@ class Tape:
     recorded: list[torch.Tensor] = field(default_factory=list)
     offset: int = 0
     last: tuple[int, int] = (0, 0)
+    near_tie_gap: float = 0.0
+    """Replaying: a disagreement where the k-th and (k+1)-th probabilities are closer than this is a near-tie."""
+    tally: Tally = field(default_factory=lambda: Tally())
 
-    def choose(self, indices: torch.Tensor) -> torch.Tensor:
-        """The experts the block uses for these tokens: its own (recorded) or the run's (replayed)."""
+    def choose(self, indices: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """The experts the block uses for these tokens: its own (recorded) or the run's (replayed).
+
+        Replaying, the block's own choice (`indices`, from its router probabilities `probs`) is
+        tallied against the run's (`cross_check`)."""
         recompute = in_backward()
         if self.replay is None:
             if not recompute:
@@ -70,9 +77,39 @@ class Tape:
         start, end = self.last if recompute else (self.offset, self.offset + rows)
         if end > self.replay.shape[0] or end - start != rows:
             raise RuntimeError(f"routing replay: {rows} tokens asked at row {start} of a recorded {self.replay.shape[0]}")
+        replayed = self.replay[start:end].to(indices.device)
         if not recompute:
             self.offset, self.last = end, (start, end)
-        return self.replay[start:end].to(indices.device)
+            self.tally.add(indices, replayed, probs, self.near_tie_gap)
+        return replayed
+
+
+@dataclass
+class Tally:
+    """One block's replayed tokens: how many, how many the reference would have routed otherwise,
+    and how many of those a near-tie explains."""
+
+    tokens: int = 0
+    disagreements: int = 0
+    near_ties: int = 0
+
+    def add(self, own: torch.Tensor, replayed: torch.Tensor, probs: torch.Tensor | None, gap: float) -> None:
+        """Compare the sets of experts per token (the order within the top-k is not a choice)."""
+        own, replayed = own.detach().cpu(), replayed.detach().cpu()
+        differ = (own.sort(dim=-1).values != replayed.sort(dim=-1).values).any(dim=-1)
+        self.tokens += int(own.shape[0])
+        self.disagreements += int(differ.sum())
+        if probs is not None:
+            p = probs.detach().float().cpu()
+            kth = p.topk(own.shape[-1], dim=-1).values[:, -1:]
+            # Every expert the run took that the reference did not: within `gap` of the reference's k-th.
+            shared = (replayed[:, :, None] == own[:, None, :]).any(dim=-1)
+            tied = (shared | (p.gather(1, replayed) >= kth - gap)).all(dim=-1)
+            self.near_ties += int((differ & tied).sum())
+
+    @property
+    def unexplained(self) -> int:
+        return self.disagreements - self.near_ties
 
 
 def set_tape(router: nn.Module, tape: Tape | None) -> None:
@@ -137,16 +174,55 @@ def gathered(calls: Calls, ctx: RunContext, data_rank: tuple[int, int]) -> Routi
 
 
 @contextmanager
-def replaying(model: nn.Module, routing: Routing) -> Iterator[None]:
-    """Give every router the recorded choices of its block (by name) while inside."""
+def replaying(model: nn.Module, routing: Routing, *, near_tie_gap: float = 0.0) -> Iterator[dict[str, Tally]]:
+    """Give every router the recorded choices of its block (by name) while inside; yields each
+    block's tally of its own choices against them (`cross_check`), filled as the forwards run."""
     found = routers(model)
     missing = sorted(set(routing) - set(found))
     if missing:
         raise RuntimeError(f"routing replay: the reference model has no router {missing[0]!r}")
+    tallies: dict[str, Tally] = {}
     for name, m in found.items():
-        set_tape(m, Tape(replay=routing[name]) if name in routing else None)
+        tape = Tape(replay=routing[name], near_tie_gap=near_tie_gap) if name in routing else None
+        if tape is not None:
+            tallies[name] = tape.tally
+        set_tape(m, tape)
     try:
-        yield
+        yield tallies
     finally:
         for m in found.values():
             set_tape(m, None)
+
+
+NEAR_TIE_GAP: dict[str, float] = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 1e-3, "fp8": 1e-1}
+"""A near-tie, by the run's precision: the reference's k-th and (k+1)-th router probabilities closer
+than this (docs/recipes.md, "The routing cross-check", derives each)."""
+ROUTING_TOLERANCE = 0.01
+"""Max share of a check's tokens routed otherwise than the reference's own top-k beyond a near-tie."""
+ROUTING_METHOD = (
+    "the fp32 reference's own top-k experts per token against the run's recorded ones (as sets); "
+    "a disagreement with the reference's k-th − (k+1)-th router probability below near_tie_gap is rounding"
+)
+
+
+def cross_check(tallies: dict[str, Tally], precision: str) -> RoutingCheck | None:
+    """The replay's verdict: the share of tokens routed otherwise beyond a near-tie, against
+    `ROUTING_TOLERANCE` (None: nothing was replayed)."""
+    if not tallies:
+        return None
+    tokens = sum(t.tokens for t in tallies.values())
+    disagreements = sum(t.disagreements for t in tallies.values())
+    near_ties = sum(t.near_ties for t in tallies.values())
+    rate = (disagreements - near_ties) / tokens if tokens else 0.0
+    worst = max(tallies, key=lambda name: tallies[name].unexplained)
+    return RoutingCheck(
+        passed=rate <= ROUTING_TOLERANCE,
+        tolerance=ROUTING_TOLERANCE,
+        near_tie_gap=NEAR_TIE_GAP.get(precision, NEAR_TIE_GAP["fp8"]),
+        tokens=tokens,
+        disagreements=disagreements,
+        near_ties=near_ties,
+        unexplained_rate=rate,
+        worst_router=worst if tallies[worst].unexplained else None,
+        method=ROUTING_METHOD,
+    )
