@@ -186,7 +186,9 @@ def main() -> None:
     runs = load_runs()
     rows = [evaluate_run(run)[1] for run in runs]
     if args.write_bands:
-        BANDS_FILE.write_text(json.dumps({"source": "python -m benchmarks.published --write-bands", "bands": bands(rows, runs)}, indent=2) + "\n")
+        BANDS_FILE.write_text(
+            json.dumps({"source": "python -m benchmarks.published --write-bands", "bands": bands(rows, runs)}, indent=2) + "\n"
+        )
         band_for.__globals__["_bands"].cache_clear()
         rows = [evaluate_run(run)[1] for run in runs]
     if args.json:

@@ -16,6 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from parallab.core.dims import DIMENSIONS, Dimension
+
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
     from parallab.core.planner import Hardware
@@ -24,35 +26,35 @@ BANDS_FILE = Path(__file__).with_name("profiles") / "bands.json"
 OUTSIDE = "outside every validated regime"
 
 
+def _on(job: ResolvedJob) -> list[Dimension]:
+    return [DIMENSIONS[d.name] for d in job.mesh if d.size > 1 and d.name in DIMENSIONS]
+
+
 def kind_of(job: ResolvedJob) -> str:
-    """The kind of run a band is drawn from: the layout's dimensions beyond FSDP and the recipe."""
-    dims = {d.name: d.size for d in job.mesh if d.size > 1}
-    layout = "+".join(name for name in ("tp", "pp", "cp", "ep") if name in dims) or "dp"
+    """The kind of run a band is drawn from: the layout's dimensions beyond data parallelism and the recipe."""
+    layout = "+".join(sorted(d.name for d in _on(job) if not d.splits_batch)) or "dp"
     recipe = "fp8" if job.workload.precision == "fp8" else ("compile" if job.workload.compile else "eager")
     return f"{layout}/{recipe}"
 
 
 def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list[str]:
-    """What the prediction leaves out for this job, in words."""
-    dims = {d.name: d.size for d in job.mesh if d.size > 1}
+    """What the prediction leaves out for this job, in words (each dimension says its own)."""
     out = []
     if hw.device_profile is None and not hw.calibrated:
         out.append("kernel efficiency (datasheet only: no device profile, no calibration)")
-    if "tp" in dims:
-        out.append("async TP")
-        if not loss_parallel:
-            out.append("loss parallel (logits gathered whole on every TP rank)")
-    if "pp" in dims:
-        out.append("uneven stage times beyond the layer count")
-    if "ep" in dims or job.model.is_moe:
+    for dim in _on(job):
+        out += dim.not_modelled
+        if dim.splits_head and not loss_parallel:
+            out.append("loss parallel (the logits are gathered whole on every rank)")
+    if job.model.is_moe:
         out.append("expert load imbalance")
     if job.workload.precision == "fp8":
-        out.append("fp8 GEMM efficiency (datasheet share, not measured)")
+        out.append("fp8 GEMM efficiency (a datasheet share, not measured)")
     if job.workload.compile:
         out.append("graph breaks and recompilation")
     if job.world_size > 1:
         out.append("compute slowed by collectives sharing the device")
-    return out
+    return list(dict.fromkeys(out))
 
 
 @lru_cache(maxsize=1)

@@ -73,7 +73,9 @@ def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> flo
     return 0.5 * 2 * tokens * context * (cfg.qk_head_dim + cfg.value_head_dim) * heads
 
 
-def compute_terms(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, peak16: float, bandwidth: float, loss_parallel: bool) -> list[Term]:
+def compute_terms(
+    job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, peak16: float, bandwidth: float, loss_parallel: bool
+) -> list[Term]:
     """The step's compute on the busiest rank, by term (module docstring)."""
     cfg, wl = job.model, job.workload
     mode, compiled, fp8 = wl.activation_checkpointing, bool(wl.compile), wl.precision == "fp8"
@@ -95,20 +97,44 @@ def compute_terms(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, p
 
     recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": attn_fwd + mem_fwd}.get(mode, 0.0)
     terms = [
-        Term("weight GEMMs", n * 3 * gemm_fwd, "3 × L × Σ roofline(2mnk/(peak·share), bytes/bw) per forward", f"gemm.efficiency.{wl.precision}"),
+        Term(
+            "weight GEMMs",
+            n * 3 * gemm_fwd,
+            "3 × L × Σ roofline(2mnk/(peak·share), bytes/bw) per forward",
+            f"gemm.efficiency.{wl.precision}",
+        ),
         Term("LM head GEMM", n * 3 * shares.head_forward_s, "3 × 2·t·h·V/tp / (peak·share)", "gemm.efficiency.bf16"),
         Term("attention (flash)", n * (attn_fwd + attn_bwd), "L × FLOPs_attn × (1/share_fwd + 2.5/share_bwd)", f"attention[{cfg.seq_len}]"),
         Term("memory-bound ops", n * 3 * mem_fwd, "3 × L × t·(a·h + b·f/tp)·bytes × compiled_share / (bw·share)", "memory_bound"),
-        Term("loss (fp32 logits)", n * loss, f"t × {'V/tp' if vocab != cfg.vocab_size else 'V'} × 4 B × 3 / (bw·share)", "memory_bound.bandwidth_share"),
-        Term(f"recomputation ({mode})", n * recompute, "selective: attention + memory-bound forward; full: the block forward", "attention, memory_bound, gemm"),
+        Term(
+            "loss (fp32 logits)",
+            n * loss,
+            f"t × {'V/tp' if vocab != cfg.vocab_size else 'V'} × 4 B × 3 / (bw·share)",
+            "memory_bound.bandwidth_share",
+        ),
+        Term(
+            f"recomputation ({mode})",
+            n * recompute,
+            "selective: attention + memory-bound forward; full: the block forward",
+            "attention, memory_bound, gemm",
+        ),
     ]
     if fp8:
         h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
         per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
         acts = layers * t * per_token * profile.fp8.activation_bytes_per_element * fused / bw
         weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
-        terms.append(Term("fp8 scaling and casts", n * (3 * acts) + weights, "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)", "fp8"))
-    kernels = KERNELS_PER_LAYER * layers * n * (1 + (1 if mode != "none" else 0)) * (profile.memory_bound.compiled_share if compiled else 1.0)
+        terms.append(
+            Term(
+                "fp8 scaling and casts",
+                n * (3 * acts) + weights,
+                "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
+                "fp8",
+            )
+        )
+    kernels = (
+        KERNELS_PER_LAYER * layers * n * (1 + (1 if mode != "none" else 0)) * (profile.memory_bound.compiled_share if compiled else 1.0)
+    )
     device = sum(term.seconds for term in terms)
     host = kernels * profile.launch_s  # the host issues kernels ahead of the device: only its excess is exposed
     terms.append(Term("host time beyond the device", max(0.0, host - device), "max(0, kernels × launch_s − device time)", "launch_s"))

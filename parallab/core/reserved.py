@@ -56,7 +56,12 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
             "formula": "kept per block × blocks (+ one block's recompute)" + (" × compiled share" if compiled else ""),
             "entry": "allocator.compiled_activation_share" if compiled else "-",
         },
-        {"name": "head and loss", "bytes": int(head), "formula": "head kept + fp32 logits' gradient + its 16-bit copy (V/tp under loss parallel)", "entry": "-"},
+        {
+            "name": "head and loss",
+            "bytes": int(head),
+            "formula": "head kept + fp32 logits' gradient + its 16-bit copy (V/tp under loss parallel)",
+            "entry": "-",
+        },
         {"name": "FSDP buffers", "bytes": int(fsdp), "formula": "2 × block params × gathered bytes + 2 × block params × 4 B", "entry": "-"},
         {
             "name": "allocator reserve",

@@ -68,7 +68,9 @@ def test_at_most_three_rows_are_known_misses_and_each_says_why():
 @pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS])
 def test_memory_lands_within_ten_percent_of_the_reported_peak(checked, name):
     row = checked[name]
-    assert abs(row.memory_error) <= MEMORY_TOLERANCE, f"{name}: {row.predicted_memory_gib:.1f} GiB vs {row.published_memory_gib} ({row.memory_error:+.1%})"
+    assert abs(row.memory_error) <= MEMORY_TOLERANCE, (
+        f"{name}: {row.predicted_memory_gib:.1f} GiB vs {row.published_memory_gib} ({row.memory_error:+.1%})"
+    )
 
 
 @pytest.mark.parametrize("name", [_param(r["name"], "step_time") for r in RUNS])
