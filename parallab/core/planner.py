@@ -97,7 +97,10 @@ class Hardware:
 
     @property
     def label(self) -> str:
-        source = f"calibrated on {self.profile.world_size} rank(s)" if self.profile is not None else "datasheet"
+        if self.profile is not None:
+            source = f"calibrated on {self.profile.world_size} rank(s)"
+        else:
+            source = "device profile" if self.device_profile is not None else "datasheet"
         return f"{self.nodes} × {self.per_node} {self.spec.name} ({source})"
 
     @property

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parallab.core.accuracy import accuracy_of
 from parallab.core.activations import (
     checkpoint_input_bytes,
     head_bytes_per_token,
@@ -147,7 +148,8 @@ def activation_prediction(job: ResolvedJob, *, loss_parallel: bool = False) -> d
 
 def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel: bool = False) -> dict[str, Any]:
     """The `prediction` block of a result document ({} for job kinds that train nothing); with
-    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`)."""
+    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`), its error
+    band, what it does not model and whether it lies in a validated regime (`parallab.core.accuracy`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
@@ -180,4 +182,5 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel
     if hardware is not None:
         estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
+        out.update(accuracy_of(job, hardware, loss_parallel=loss_parallel))
     return out

@@ -210,9 +210,16 @@ def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) 
     return row
 
 
-def rank(specs: Sequence[dict[str, Any]], hw: Hardware, *, workload: dict[str, Any] | None = None, world_size: int = 0) -> Ranking:
+def rank(
+    specs: Sequence[dict[str, Any]],
+    hw: Hardware,
+    *,
+    workload: dict[str, Any] | None = None,
+    world_size: int = 0,
+    loss_parallel: bool = False,
+) -> Ranking:
     """Evaluate every candidate; those that fit, fastest first, and those that don't, with why."""
-    rows = [evaluate(raw, hw) for raw in specs]
+    rows = [evaluate(raw, hw, loss_parallel=loss_parallel) for raw in specs]
     fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
     rejected = [r for r in rows if not r.fits]
     return Ranking(hardware=hw.label, world_size=world_size, workload=workload or {}, fits=fits, rejected=rejected)
@@ -227,6 +234,7 @@ def plan_cluster(
     precisions: Iterable[str] = DEFAULT_PRECISIONS,
     checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
     accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
+    loss_parallel: bool = False,
 ) -> Ranking:
     """Rank every configuration of `workload` on all of `hw`'s devices (or `world_size` of them).
 
@@ -239,7 +247,7 @@ def plan_cluster(
         preset = PRESETS[str(wl["model"])].global_batch_size
         wl["global_batch_size"] = -(-preset // world) * world
     specs = candidate_specs(wl, world, strategies=strategies, precisions=precisions, checkpointing=checkpointing, accumulation=accumulation)
-    return rank(specs, hw, workload=wl, world_size=world)
+    return rank(specs, hw, workload=wl, world_size=world, loss_parallel=loss_parallel)
 
 
 def rejected_by_reason(rows: Iterable[PlanRow]) -> list[dict[str, Any]]:

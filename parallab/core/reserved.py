@@ -53,8 +53,8 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
         {
             "name": "blocks' activations",
             "bytes": int(blocks),
-            "formula": "kept per block × blocks (+ one block's recompute)" + (" × compiled share" if compiled else ""),
-            "entry": "allocator.compiled_activation_share" if compiled else "-",
+            "formula": "kept per block × blocks (+ one block's recompute)" + (" × compiled share" if shrink else ""),
+            "entry": "allocator.compiled_activation_share" if shrink else "-",
         },
         {
             "name": "head and loss",
