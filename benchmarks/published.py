@@ -1,11 +1,14 @@
 """The planner's datasheet models against published training runs: predicted and reported memory
 and tokens/s per GPU for each row of `benchmarks/published_runs.json`, with the error.
 
-    python -m benchmarks.published          # the table (markdown)
-    python -m benchmarks.published --json   # the rows as JSON
+    python -m benchmarks.published                # the table (markdown)
+    python -m benchmarks.published --json         # the rows as JSON
+    python -m benchmarks.published --write-bands  # the error bands every prediction carries
 
 The rows are evaluated exactly as `parallab plan` ranks a candidate (`parallab.core.ranking.evaluate`)
-on the catalogue entry of the hardware each run used, uncalibrated.
+on the catalogue entry of the hardware each run used and its packaged device profile, uncalibrated.
+`--write-bands` stores each row's errors by kind of run (`parallab/core/profiles/bands.json`,
+`parallab.core.accuracy`); the band printed beside a row holds that row out.
 """
 
 from __future__ import annotations
@@ -16,16 +19,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from parallab.core.accuracy import band_for, kind_of
 from parallab.core.hardware import load_catalogue
+from parallab.core.jobs import Limits, resolve_job
 from parallab.core.planner import hardware_for
 from parallab.core.ranking import PlanRow, evaluate
+from parallab.core.spec import JobSpec
 
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
 GIB = 1024**3
 MEMORY_TOLERANCE = 0.10
 """Predicted memory per rank must land within this share of the reported peak."""
-STEP_TIME_TOLERANCE = 0.25
-"""Predicted tokens/s per GPU must land within this share, or the row says why not."""
+STEP_TIME_TOLERANCE = 0.15
+"""Predicted step time (tokens/s per GPU) must land within this share of the published."""
+MEAN_STEP_TIME_TOLERANCE = 0.08
+"""The mean absolute step-time error over the rows held to the bounds."""
+BANDS_FILE = Path(__file__).resolve().parent.parent / "parallab" / "core" / "profiles" / "bands.json"
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,13 @@ class Checked:
     published_tokens_per_s_per_gpu: float
     fits: bool
     reasons: list[str]
-    step_time_reason: str
-    memory_expected_failure: str = ""
-    """Why the memory model misses this row, when it is known to (the test holds it as a strict xfail)."""
+    kind: str = ""
+    expected_failure: str = ""
+    """Why the planner misses this row where it is known to (the test holds that check as a strict xfail)."""
+    step_time_expected_to_fail: bool = False
+    memory_expected_to_fail: bool = False
+    band: dict[str, Any] | None = None
+    not_modelled: list[str] | None = None
 
     @property
     def memory_error(self) -> float:
@@ -50,6 +63,11 @@ class Checked:
     @property
     def tokens_error(self) -> float:
         return self.predicted_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+    @property
+    def step_time_error(self) -> float:
+        """Predicted over published step time, less one (step time is tokens per step over tokens/s)."""
+        return self.published_tokens_per_s_per_gpu / self.predicted_tokens_per_s_per_gpu - 1
 
 
 def load_runs(path: Path = RUNS_FILE) -> list[dict[str, Any]]:
@@ -73,16 +91,22 @@ def spec_of(run: dict[str, Any]) -> dict[str, Any]:
             "global_batch_size": run["global_batch_size"],
             "precision": run["precision"],
             "activation_checkpointing": run["activation_checkpointing"],
+            "compile": bool(run.get("compile", False)),
         },
         "strategy": {"name": run["strategy"], "world_size": world, "options": dict(run.get("options") or {})},
     }
 
 
 def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
-    """The planner's row for `run` on its hardware, and the comparison."""
+    """The planner's row for `run` on its hardware, and the comparison (the band holds the row out)."""
     hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
-    row = evaluate(spec_of(run), hw)
+    loss_parallel = bool(run.get("loss_parallel", False))
+    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel)
     world = run["nodes"] * run["gpus_per_node"]
+    accuracy = row.accuracy or {}
+    kind = str((accuracy.get("band") or {}).get("kind") or accuracy.get("regime", ""))
+    band = band_for(kind, leave_out=run["name"]) if kind else None
+    miss = run.get("expected_failure") or {}
     checked = Checked(
         name=run["name"],
         predicted_memory_gib=(row.memory_per_rank_bytes or 0) / GIB,
@@ -91,24 +115,65 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
         published_tokens_per_s_per_gpu=float(run["published_tokens_per_s_per_gpu"]),
         fits=row.fits,
         reasons=list(row.reasons),
-        step_time_reason=str(run.get("step_time_reason") or ""),
-        memory_expected_failure=str((run.get("memory_expected_failure") or {}).get("reason") or ""),
+        kind=kind,
+        expected_failure=str(miss.get("reason") or ""),
+        step_time_expected_to_fail=bool(miss.get("step_time")),
+        memory_expected_to_fail=bool(miss.get("memory")),
+        band=band,
+        not_modelled=list(accuracy.get("not_modelled") or []),
     )
     return row, checked
 
 
+def kind_of_run(run: dict[str, Any]) -> str:
+    """The band kind of a published run (`parallab.core.accuracy.kind_of`)."""
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
+    return kind_of(resolve_job(JobSpec.model_validate(spec_of(run)), Limits())) if hw else ""
+
+
+def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each row's step-time and memory error by kind (what `parallab.core.accuracy` reads)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for run, row in zip(runs, rows, strict=True):
+        if row.expected_failure:
+            continue
+        out.setdefault(kind_of_run(run), []).append(
+            {"name": row.name, "step_time_error": round(row.step_time_error, 4), "memory_error": round(row.memory_error, 4)}
+        )
+    return out
+
+
+def mean_step_error(rows: list[Checked]) -> float:
+    """Mean absolute step-time error over the rows held to the step-time bound."""
+    held = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    return sum(held) / len(held) if held else 0.0
+
+
+def band_text(band: dict[str, Any] | None) -> str:
+    return f"±{band['step_time_share']:.0%} (n={band['n']})" if band else "no held-out run"
+
+
 def table(rows: list[Checked]) -> str:
-    """The markdown table BENCHMARKS.md shows."""
+    """The markdown table BENCHMARKS.md shows: step time as tokens/s per GPU, memory as the reserved peak."""
     lines = [
-        "| run | memory predicted | published | error | tokens/s/GPU predicted | published | error | ranked |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| run | memory predicted | published | error | tokens/s/GPU predicted | published | step-time error | band (held out) | ranked |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.name} | {r.predicted_memory_gib:.1f} GiB | {r.published_memory_gib:.1f} GiB | {r.memory_error:+.1%} "
-            f"| {r.predicted_tokens_per_s_per_gpu:,.0f} | {r.published_tokens_per_s_per_gpu:,.0f} | {r.tokens_error:+.1%} "
-            f"| {'fits' if r.fits else 'rejected: ' + '; '.join(r.reasons)}"
-            f"{' (memory: a known miss, the row says why)' if r.memory_expected_failure else ''} |"
+            f"| {r.predicted_tokens_per_s_per_gpu:,.0f} | {r.published_tokens_per_s_per_gpu:,.0f} | {r.step_time_error:+.1%} "
+            f"| {band_text(r.band)} | {'fits' if r.fits else 'rejected: ' + '; '.join(r.reasons)}"
+            f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''} |"
+        )
+    step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    memory = [abs(r.memory_error) for r in rows if not r.memory_expected_to_fail]
+    if step and memory:
+        lines.append("")
+        lines.append(
+            f"Step time held on {len(step)} rows: mean |error| {mean_step_error(rows):.1%}, max {max(step):.1%}; "
+            f"memory held on {len(memory)} rows: max |error| {max(memory):.1%}; "
+            f"known misses (strict xfails): {sum(1 for r in rows if r.expected_failure)}."
         )
     return "\n".join(lines)
 
@@ -116,10 +181,18 @@ def table(rows: list[Checked]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--write-bands", action="store_true", help="write parallab/core/profiles/bands.json from the rows")
     args = parser.parse_args()
-    rows = [evaluate_run(run)[1] for run in load_runs()]
+    runs = load_runs()
+    rows = [evaluate_run(run)[1] for run in runs]
+    if args.write_bands:
+        BANDS_FILE.write_text(
+            json.dumps({"source": "python -m benchmarks.published --write-bands", "bands": bands(rows, runs)}, indent=2) + "\n"
+        )
+        band_for.__globals__["_bands"].cache_clear()
+        rows = [evaluate_run(run)[1] for run in runs]
     if args.json:
-        print(json.dumps([{**asdict(r), "memory_error": r.memory_error, "tokens_error": r.tokens_error} for r in rows], indent=2))
+        print(json.dumps([{**asdict(r), "memory_error": r.memory_error, "step_time_error": r.step_time_error} for r in rows], indent=2))
     else:
         print(table(rows))
 

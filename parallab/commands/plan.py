@@ -81,6 +81,16 @@ def plan(
         bool,
         typer.Option("--dry-run", help="Run the real rank code at the world size under a fake process group and check the prediction."),
     ] = False,
+    explain: Annotated[
+        bool,
+        typer.Option("--explain", help="With --strategy and --device: the step and the memory decomposed, each term with its formula."),
+    ] = False,
+    loss_parallel: Annotated[
+        bool,
+        typer.Option(
+            "--loss-parallel", help="Predict with the head's output sharded over the vocabulary under TP (torchtitan's loss parallel)."
+        ),
+    ] = False,
     *,
     workload: dict[str, Any],
 ) -> None:
@@ -100,9 +110,11 @@ def plan(
     if strategy is None:
         if dry_run:
             fail("--dry-run: give the job to run, with --strategy or --layout")
-        _rank(workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size)(
-            top=top, json_out=json_out, show_all=show_all
-        )
+        if explain:
+            fail("--explain: give the one configuration to decompose, with --strategy or --layout, and --device")
+        _rank(
+            workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size, loss_parallel=loss_parallel
+        )(top=top, json_out=json_out, show_all=show_all)
         return
     world_size = world_size or 1
     try:
@@ -118,7 +130,13 @@ def plan(
 
         dry_run_command(job, json_out=json_out)
         return
-    prediction = predict(job)
+    hw = _hardware(device, nodes, gpus_per_node, pool) if (device or pool) else None
+    if explain:
+        if hw is None:
+            fail("--explain: give the hardware to time the step on, with --device (or --pool)")
+        _print_explain(job, hw, loss_parallel=loss_parallel, json_out=json_out)
+        return
+    prediction = predict(job, hw, loss_parallel=loss_parallel)
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
         return
@@ -187,10 +205,47 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
         formula = (prediction.get("pipeline") or {}).get("bubble_formula")
         table.add_row("pipeline bubble", f"{prediction['bubble_fraction']:.1%}" + (f"  {formula}" if formula else ""))
     table.add_row("model FLOPs per token", f"{prediction['flops_per_token']:,}")
+    if prediction.get("step_time_s") is not None:
+        table.add_row("step time (estimate)", f"{prediction['step_time_s'] * 1e3:,.1f} ms {band_label(prediction)}")
+        table.add_row("not modelled", escape(", ".join(prediction.get("not_modelled") or []) or "—"))
     zero = "2+2+12" if job.workload.precision != "fp32" else "4+4+8"
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper, {zero})", format_bytes(value))
     Console().print(table)
+
+
+def band_label(accuracy: dict[str, Any] | None) -> str:
+    """ "±X % (n held-out runs)", or the regime's label where no published run of the kind validates it."""
+    accuracy = accuracy or {}
+    band = accuracy.get("band")
+    if band:
+        return f"±{band['step_time_share']:.0%} (n={band['n']})"
+    return str(accuracy.get("regime") or "")
+
+
+def _print_explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool, json_out: bool) -> None:
+    from parallab.core.accuracy import accuracy_of
+    from parallab.core.explain import explain
+
+    out = {**explain(job, hw, loss_parallel=loss_parallel), **accuracy_of(job, hw, loss_parallel=loss_parallel)}
+    if json_out:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    console = Console(width=max(Console().width, 160))
+    step = Table(title=f"step {out['step_s']:.3f} s {band_label(out)} on {hw.label}", show_header=True)
+    for column in ("term", "seconds", "share", "formula", "profile entry"):
+        step.add_column(column)
+    for line in out["step"]:
+        share = line["seconds"] / out["step_s"] if out["step_s"] else 0.0
+        step.add_row(escape(line["name"]), f"{line['seconds']:.4f}", f"{share:.1%}", escape(line["formula"]), escape(line["entry"]))
+    console.print(step)
+    memory = Table(title="memory per rank", show_header=True)
+    for column in ("category", "bytes", "formula", "profile entry"):
+        memory.add_column(column)
+    for line in out["memory"]:
+        memory.add_row(escape(line["name"]), format_bytes(line["bytes"]), escape(line["formula"]), escape(line["entry"]))
+    console.print(memory)
+    console.print("not modelled: " + escape(", ".join(out["not_modelled"]) or "—"))
 
 
 def _allowed_modules() -> frozenset[str]:
@@ -223,7 +278,14 @@ def _hardware(device: str | None, nodes: int, gpus_per_node: int | None, pool: s
 
 
 def _rank(
-    workload: dict[str, Any], *, device: str | None, nodes: int, gpus_per_node: int | None, pool: str | None, world_size: int | None
+    workload: dict[str, Any],
+    *,
+    device: str | None,
+    nodes: int,
+    gpus_per_node: int | None,
+    pool: str | None,
+    world_size: int | None,
+    loss_parallel: bool = False,
 ) -> Any:
     from parallab.core.model import PRESETS
     from parallab.core.ranking import plan_cluster
@@ -238,6 +300,7 @@ def _rank(
         workload,
         hw,
         world_size=world_size,
+        loss_parallel=loss_parallel,
         **({"precisions": [recipe["precision"]]} if "precision" in recipe else {}),
         **({"checkpointing": [recipe["activation_checkpointing"]]} if "activation_checkpointing" in recipe else {}),
         **({"accumulation": [recipe["grad_accumulation_steps"]]} if "grad_accumulation_steps" in recipe else {}),
@@ -282,6 +345,7 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
         ("memory/rank", "right"),
         ("step", "right"),
         ("tokens/s", "right"),
+        ("band", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for i, row in enumerate(ranking.fits[:top], 1):
@@ -298,8 +362,11 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
             format_bytes(row.memory_per_rank_bytes),
             f"{(row.step_time_s or 0) * 1e3:,.1f} ms",
             f"{row.tokens_per_s or 0:,.0f}",
+            escape(band_label(row.accuracy)),
         )
     console.print(table)
+    if ranking.fits and (ranking.fits[0].accuracy or {}).get("not_modelled"):
+        console.print("not modelled (the fastest): " + escape(", ".join((ranking.fits[0].accuracy or {})["not_modelled"])))
     if len(ranking.fits) > top:
         console.print(f"… and {len(ranking.fits) - top} more that fit (--top N to list them)")
     if not ranking.rejected:

@@ -62,8 +62,10 @@ def zero_paper_recipe(precision: str) -> str:
 
 
 def activation_dtype_bytes(precision: str) -> int:
-    """Bytes per activation element under the precision's autocast."""
-    return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}.get(precision, 4)
+    """Bytes per activation element under the precision's autocast. fp8 runs bf16 autocast: torchao's
+    Float8Linear casts each linear's input and weight to fp8 for its GEMM only, and the tensors
+    between ops (what autograd keeps, what TP and EP send) stay bf16."""
+    return {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}.get(precision, 4)
 
 
 def gathered_param_bytes(precision: str) -> int:

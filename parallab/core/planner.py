@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
+from parallab.core.device_profile import DeviceProfile, load_profile
 from parallab.core.families import tensor_count
+from parallab.core.gpu_time import Shares, Term, compute_terms
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
@@ -95,11 +97,31 @@ class Hardware:
 
     @property
     def label(self) -> str:
-        source = f"calibrated on {self.profile.world_size} rank(s)" if self.profile is not None else "datasheet"
+        if self.profile is not None:
+            source = f"calibrated on {self.profile.world_size} rank(s)"
+        else:
+            source = "device profile" if self.device_profile is not None else "datasheet"
         return f"{self.nodes} × {self.per_node} {self.spec.name} ({source})"
 
+    @property
+    def device_profile(self) -> DeviceProfile | None:
+        """The packaged profile of the device kind (`parallab.core.device_profile`), on an uncalibrated GPU."""
+        if self.profile is not None or self.spec.kind == "cpu":
+            return None
+        return load_profile(self.spec.key)
+
+    def peak_flops(self, precision: str) -> float:
+        return self.spec.flops.get(precision) or self.spec.flops.get("bf16") or self.spec.flops["fp32"]
+
     def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float:
-        """FLOP/s of an (m, n, k) GEMM: measured when calibrated in this precision, else the datasheet."""
+        """FLOP/s of an (m, n, k) GEMM: measured when calibrated in this precision, else the device
+        profile's share of the peak on the roofline, else the datasheet × `MATMUL_EFFICIENCY`."""
+        device_profile = self.device_profile
+        if device_profile is not None:
+            flops = 2.0 * m * n * k
+            moved = (m * k + k * n + m * n) * activation_dtype_bytes(precision)
+            seconds = max(flops / (self.peak_flops(precision) * device_profile.gemm_share(precision)), moved / self.spec.memory_bandwidth)
+            return flops / seconds
         if self.profile is not None:
             measured = self.profile.matmul_flops(precision, m, n, k) or (
                 self.profile.matmul_flops("bf16", m, n, k) if precision == "fp8" else None
@@ -113,7 +135,9 @@ class Hardware:
     def memory_bandwidth(self) -> float:
         if self.profile is not None and self.profile.memory_bandwidth:
             return self.profile.memory_bandwidth
-        return self.spec.memory_bandwidth * MEMORY_EFFICIENCY
+        device_profile = self.device_profile
+        share = device_profile.memory_bound.bandwidth_share if device_profile is not None else MEMORY_EFFICIENCY
+        return self.spec.memory_bandwidth * share
 
     @property
     def op_overhead_s(self) -> float:
@@ -281,8 +305,28 @@ def _recomputed_blocks(mode: str, layers: int) -> float:
     return {"full": layers, "alternate": math.ceil(layers / 2)}.get(mode, 0)
 
 
-def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None) -> float:
+def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False) -> list[Term]:
+    """The step's compute by term on a GPU with a device profile (`parallab.core.gpu_time`)."""
+    device_profile = hw.device_profile
+    if device_profile is None:
+        return []
+    lay = lay or layout(job)
+    cfg, precision = job.model, job.workload.precision
+    gemms, _, _ = _block_parts(job, hw, lay)
+    vocab = cfg.vocab_size // lay.tp
+    head = _gemm(hw, "bf16" if precision == "fp8" else precision, lay.tokens, cfg.hidden_size, vocab) if lay.head else 0.0
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    block_weights = lay.layers * (2 * h * h + 2 * h * cfg.kv_dim + (cfg.mlp_matrices) * h * f) // lay.tp
+    sp = bool(getattr(job.options, "sequence_parallel", False))
+    shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp)
+    peak16 = hw.peak_flops("bf16" if precision != "fp32" else "fp32")
+    return compute_terms(job, shares, device_profile, peak16=peak16, bandwidth=hw.spec.memory_bandwidth, loss_parallel=loss_parallel)
+
+
+def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False) -> float:
     """Forward, backward and recomputation of one optimizer step on the busiest rank."""
+    if hw.device_profile is not None:
+        return sum(term.seconds for term in profile_terms(job, hw, lay, loss_parallel=loss_parallel))
     lay = lay or layout(job)
     cfg, wl = job.model, job.workload
     precision, mode = wl.precision, wl.activation_checkpointing
@@ -330,9 +374,9 @@ def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
 
 
-def estimate_step_time(job: ResolvedJob, hw: Hardware) -> StepTimeEstimate:
+def estimate_step_time(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> StepTimeEstimate:
     """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md)."""
-    compute = compute_seconds(job, hw)
+    compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
     comm = exposed = hidden_want = 0.0
     overlap_ok = hw.spec.comm_overlap
     for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parallab.core.accuracy import accuracy_of
 from parallab.core.activations import (
     checkpoint_input_bytes,
     head_bytes_per_token,
@@ -68,14 +69,21 @@ def model_state_per_rank(job: ResolvedJob) -> dict[str, int]:
     return {"params": p * most, "grads": g * most, "optimizer": k * most}
 
 
-def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, Any]:
-    """The activation bytes of one kind of rank, by part (see `parallab.core.activations`)."""
+def layout_activations(job: ResolvedJob, layout: ActivationLayout, *, loss_parallel: bool = False) -> dict[str, Any]:
+    """The activation bytes of one kind of rank, by part (see `parallab.core.activations`);
+    `loss_parallel`: the head's output is sharded over the vocabulary under tensor parallelism
+    (torchtitan's ColwiseParallel head with Shard(-1) output and loss_parallel), so its log-softmax
+    and the logits' gradient are V/tp wide on each rank."""
     cfg, wl = job.model, job.workload
     mode = wl.activation_checkpointing
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     per_token = per_token_bytes(terms, "none")
     kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
+    if loss_parallel and layout.tp > 1:
+        vocab_part = 4 * cfg.vocab_size  # the fp32 log-softmax, and the logits' gradient, V wide
+        kept_head -= vocab_part - vocab_part / layout.tp
+        head_grad /= layout.tp
     head = layout.head_tokens * kept_head
     # the logits' gradient is made in backward: a temporary beside the activations, not one of them
     logits_gradient = layout.micro * head_grad if layout.head_tokens else 0
@@ -114,11 +122,11 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout) -> dict[str, 
     }
 
 
-def activation_prediction(job: ResolvedJob) -> dict[str, Any]:
+def activation_prediction(job: ResolvedJob, *, loss_parallel: bool = False) -> dict[str, Any]:
     """The activation estimate of the rank that holds the most, its parts, and the paper's per-layer
     figure for the same micro-batch (16-bit GPT with dropout and materialised scores)."""
     layouts = job.descriptor.activation_layouts(job)
-    ranks = [layout_activations(job, layout) for layout in layouts]
+    ranks = [layout_activations(job, layout, loss_parallel=loss_parallel) for layout in layouts]
     most = max(range(len(ranks)), key=lambda i: ranks[i]["total"] + ranks[i]["logits_gradient"])
     layout, cfg = layouts[most], job.model
     paper = korthikanti_layer_bytes(
@@ -138,15 +146,16 @@ def activation_prediction(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
-def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any]:
+def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel: bool = False) -> dict[str, Any]:
     """The `prediction` block of a result document ({} for job kinds that train nothing); with
-    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`)."""
+    `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`), its error
+    band, what it does not model and whether it lies in a validated regime (`parallab.core.accuracy`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
     psi = param_counts(job.model).total
     p, g, k = state_bytes_per_param(precision)
-    activations = activation_prediction(job)
+    activations = activation_prediction(job, loss_parallel=loss_parallel)
     distributed = job.world_size > 1
     out: dict[str, Any] = {
         "model_state_bytes_per_rank": model_state_per_rank(job),
@@ -171,6 +180,7 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None) -> dict[str, Any
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
     if hardware is not None:
-        estimate = estimate_step_time(job, hardware)
+        estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
+        out.update(accuracy_of(job, hardware, loss_parallel=loss_parallel))
     return out

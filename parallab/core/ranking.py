@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from parallab.core.accuracy import accuracy_of
 from parallab.core.hardware import precision_problem
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.model import PRESETS
@@ -25,6 +26,7 @@ from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.recipes import micro_batch_size
+from parallab.core.reserved import reserved_budget, reserved_memory
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import TRAINING_STRATEGIES, get_descriptor
 from parallab.core.units import format_bytes
@@ -63,6 +65,8 @@ class PlanRow:
     step_time_s: float | None = None
     tokens_per_s: float | None = None
     estimate: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+    """The error band and what the prediction does not model (`parallab.core.accuracy`)."""
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -166,8 +170,12 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
     )
 
 
-def evaluate(raw: dict[str, Any], hw: Hardware) -> PlanRow:
-    """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time."""
+def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) -> PlanRow:
+    """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time.
+
+    On a GPU with a device profile the memory is what the allocator reserves: torch.compile's
+    share of the eager activations, and reserved over allocated (`device_profile.Allocator`);
+    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism."""
     try:
         job = resolve_job(JobSpec.model_validate(raw), Limits())
     except SpecError as exc:
@@ -185,25 +193,39 @@ def evaluate(raw: dict[str, Any], hw: Hardware) -> PlanRow:
     problem = precision_problem(job.workload.precision, hw.device)
     if problem:
         row.reasons.append(f"workload.precision: {problem}")
-    prediction = predict(job)
+    prediction = predict(job, loss_parallel=loss_parallel)
     state = sum(prediction["model_state_bytes_per_rank"].values())
     # beyond the model state the peak holds the activations and, at the head's backward, the logits' gradient
     activations = int(prediction.get("activation_bytes_per_rank") or 0) + int(prediction.get("backward_temporary_bytes_per_rank") or 0)
+    device_profile = hw.device_profile
+    if device_profile is not None:  # the allocator's reserved peak (`parallab.core.reserved`)
+        categories = reserved_memory(job, prediction, device_profile)
+        state = categories[0]["bytes"]
+        activations = categories[-1]["bytes"] - state
     row.model_state_bytes, row.activation_bytes, row.memory_per_rank_bytes = state, activations, state + activations
-    budget = hw.memory_budget
+    budget = hw.memory_budget if device_profile is None else reserved_budget(hw.spec.memory_bytes, device_profile)
     if state + activations > budget:
         row.reasons.append(
             f"memory: needs {gib(state + activations)} per rank (model state {gib(state)}, activations {gib(activations)}); "
-            f"{hw.spec.name} gives a rank {gib(budget)} ({USABLE_MEMORY:.0%} of its memory)"
+            f"{hw.spec.name} gives a rank {gib(budget)} "
+            + (f"({USABLE_MEMORY:.0%} of its memory)" if device_profile is None else "(its memory less the CUDA context)")
         )
-    estimate = estimate_step_time(job, hw)
+    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel)
+    row.accuracy = accuracy_of(job, hw, loss_parallel=loss_parallel)
     row.step_time_s, row.tokens_per_s, row.estimate = estimate.step_s, estimate.tokens_per_s, estimate.as_dict()
     return row
 
 
-def rank(specs: Sequence[dict[str, Any]], hw: Hardware, *, workload: dict[str, Any] | None = None, world_size: int = 0) -> Ranking:
+def rank(
+    specs: Sequence[dict[str, Any]],
+    hw: Hardware,
+    *,
+    workload: dict[str, Any] | None = None,
+    world_size: int = 0,
+    loss_parallel: bool = False,
+) -> Ranking:
     """Evaluate every candidate; those that fit, fastest first, and those that don't, with why."""
-    rows = [evaluate(raw, hw) for raw in specs]
+    rows = [evaluate(raw, hw, loss_parallel=loss_parallel) for raw in specs]
     fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
     rejected = [r for r in rows if not r.fits]
     return Ranking(hardware=hw.label, world_size=world_size, workload=workload or {}, fits=fits, rejected=rejected)
@@ -218,6 +240,7 @@ def plan_cluster(
     precisions: Iterable[str] = DEFAULT_PRECISIONS,
     checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
     accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
+    loss_parallel: bool = False,
 ) -> Ranking:
     """Rank every configuration of `workload` on all of `hw`'s devices (or `world_size` of them).
 
@@ -230,7 +253,7 @@ def plan_cluster(
         preset = PRESETS[str(wl["model"])].global_batch_size
         wl["global_batch_size"] = -(-preset // world) * world
     specs = candidate_specs(wl, world, strategies=strategies, precisions=precisions, checkpointing=checkpointing, accumulation=accumulation)
-    return rank(specs, hw, workload=wl, world_size=world)
+    return rank(specs, hw, workload=wl, world_size=world, loss_parallel=loss_parallel)
 
 
 def rejected_by_reason(rows: Iterable[PlanRow]) -> list[dict[str, Any]]:

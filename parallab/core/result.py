@@ -290,6 +290,16 @@ class LossCurve(BaseModel):
     )
 
 
+class PredictionBand(OpenModel):
+    """± share of a prediction, and how many held-out runs of its kind it rests on (parallab.core.accuracy)."""
+
+    kind: SafeStr = Field(max_length=100)
+    step_time_share: float = Field(ge=0)
+    memory_share: float = Field(ge=0)
+    n: int = Field(ge=1)
+    basis: SafeStr = Field("", max_length=300)
+
+
 class Prediction(OpenModel):
     """What theory says before the run (ZeRO memory, comm volume, bubble); see `parallab plan`."""
 
@@ -300,6 +310,11 @@ class Prediction(OpenModel):
     wire_bytes_per_step: dict[ShortName, Bytes] = Field(default_factory=dict, max_length=64)
     step_time_s: float | None = Field(
         None, ge=0, description="Estimated step time on the run's hardware (parallab.core.planner; docs/planner.md)."
+    )
+    band: PredictionBand | None = Field(None, description="The step time's and memory's error band, from held-out published runs.")
+    not_modelled: list[SafeStr] = Field(default_factory=list, max_length=64, description="What the prediction leaves out, in words.")
+    regime: SafeStr | None = Field(
+        None, max_length=300, description="'validated', or why the prediction lies outside every validated regime."
     )
 
 

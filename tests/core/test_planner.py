@@ -32,12 +32,17 @@ def test_the_parts_add_up_to_the_step_and_tokens_per_s_divides_it():
 
 
 def test_the_estimate_moves_the_way_each_recipe_should():
-    base = estimate_step_time(job("ddp", 8), H100x16)
-    assert estimate_step_time(job("ddp", 8, precision="bf16"), H100x16).compute_s < base.compute_s / 3  # tensor cores vs fp32
-    bf16 = estimate_step_time(job("ddp", 8, precision="bf16"), H100x16)
-    assert estimate_step_time(job("ddp", 8, precision="fp8"), H100x16).compute_s < bf16.compute_s
-    full = estimate_step_time(job("ddp", 8, activation_checkpointing="full"), H100x16)
-    selective = estimate_step_time(job("ddp", 8, activation_checkpointing="selective"), H100x16)
+    """At 4 sequences a rank, the batch of the H200 runs in benchmarks/gpu (where bf16 measured 7×
+    fp32's speed: llama-1b_fp32.json against llama-1b_bf16.json), the host's launches hidden."""
+    batch = {"global_batch_size": 32}
+    base = estimate_step_time(job("ddp", 8, **batch), H100x16)
+    assert estimate_step_time(job("ddp", 8, precision="bf16", **batch), H100x16).compute_s < base.compute_s / 5  # tensor cores vs fp32
+    bf16 = estimate_step_time(job("ddp", 8, precision="bf16", **batch), H100x16)
+    compiled = {**batch, "compile": True}
+    compiled_bf16 = estimate_step_time(job("ddp", 8, precision="bf16", **compiled), H100x16)
+    assert estimate_step_time(job("ddp", 8, precision="fp8", **compiled), H100x16).compute_s < compiled_bf16.compute_s < bf16.compute_s
+    full = estimate_step_time(job("ddp", 8, activation_checkpointing="full", **batch), H100x16)
+    selective = estimate_step_time(job("ddp", 8, activation_checkpointing="selective", **batch), H100x16)
     assert base.compute_s < selective.compute_s < full.compute_s
     assert full.compute_s == pytest.approx(base.compute_s * 4 / 3, rel=0.1)  # one more forward of 3 (fwd + 2×)
 
@@ -94,7 +99,8 @@ def test_llama_8b_on_two_h100_nodes_ranks_what_fits_and_says_why_the_rest_dont()
     assert len(ranking.fits) > 10 and ranking.rejected
     tps = [r.tokens_per_s for r in ranking.fits]
     assert tps == sorted(tps, reverse=True)
-    budget = 80 * 10**9 * USABLE_MEMORY
+    profile = H100x16.device_profile  # a profiled GPU's budget is the allocator's: its memory less the CUDA context
+    budget = 80 * 10**9 - profile.allocator.context_bytes if profile is not None else 80 * 10**9 * USABLE_MEMORY
     assert all(r.memory_per_rank_bytes <= budget for r in ranking.fits)
     assert {"ddp", "fsdp", "tp", "pp", "ring", "hybrid"} <= {r.strategy for r in ranking.fits + ranking.rejected}
     assert all(r.mesh["dp"] * r.mesh["tp"] * r.mesh["pp"] * r.mesh["cp"] * r.mesh["ep"] == 16 for r in ranking.fits)

@@ -1,25 +1,24 @@
-"""The planner's datasheet models held against published training runs (benchmarks/published_runs.json).
+"""The planner held against published training runs (benchmarks/published_runs.json).
 
-Each row's error is printed (`pytest -s`); memory must land within 10% of the reported peak, and
-tokens/s within 25% or the row carries its written reason (kernel efficiency, which calibration
-measures). A row the memory model is known to miss is a strict xfail carrying its measured error and
-why; published rows the planner cannot run as published (`not_evaluated`, `reported_mfu`) each carry
-their reason and are not evaluated.
+Each row's error is printed (`pytest -s`): the step time must land within 15 % of the published and
+the reserved memory within 10 %, on the catalogue's hardware with its packaged device profile. A row
+the planner is known to miss holds that check as a strict xfail carrying its reason; published
+rows the planner cannot run as published (`not_evaluated`, `reported_mfu`) each carry their reason.
 """
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.published import (
+    MEAN_STEP_TIME_TOLERANCE,
     MEMORY_TOLERANCE,
     STEP_TIME_TOLERANCE,
     Checked,
     evaluate_run,
     load_not_evaluated,
     load_runs,
+    mean_step_error,
     spec_of,
     table,
 )
@@ -27,14 +26,14 @@ from parallab.core.hardware import load_catalogue
 
 RUNS = load_runs()
 NOT_EVALUATED = load_not_evaluated()
-KNOWN_MEMORY_MISSES = {r["name"]: r["memory_expected_failure"] for r in RUNS if r.get("memory_expected_failure")}
+MISSES = {r["name"]: r["expected_failure"] for r in RUNS if r.get("expected_failure")}
 
 
-def _memory_param(name: str) -> object:
-    miss = KNOWN_MEMORY_MISSES.get(name)
-    if miss is None:
+def _param(name: str, check: str) -> object:
+    miss = MISSES.get(name)
+    if miss is None or not miss.get(check):
         return name
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"{miss['measured_error']:+.1%}: {miss['reason']}"))
+    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=miss["reason"]))
 
 
 @pytest.fixture(scope="module")
@@ -45,20 +44,28 @@ def checked() -> dict[str, Checked]:
 
 
 def test_every_row_names_its_source_and_its_hardware_is_in_the_catalogue():
-    for run in RUNS:
+    for run in [*RUNS, *NOT_EVALUATED]:
         assert run["source"].startswith("https://"), run["name"]
+    for run in RUNS:
         spec = load_catalogue().get(run["device"])
         assert all(spec.sources.get(k) for k in ("flops", "memory_bytes", "memory_bandwidth")), run["device"]
 
 
-def test_torchtitans_h100_is_the_96_gb_hbm2e_part_at_500_w():
-    spec = load_catalogue().get("h100-96gb")
-    assert spec.memory_bytes == 96_000_000_000
-    assert spec.memory_bandwidth == 2.4e12
-    assert "500 W" in spec.sources["power"]
+def test_every_table_of_torchtitans_benchmark_is_recorded():
+    """Tables 1–5 of llama3_h100_202412_torchtitan.md: 14 rows, evaluated or not, each once."""
+    names = [r["name"] for r in [*RUNS, *NOT_EVALUATED] if "torchtitan" in r["name"]]
+    assert len(names) == len(set(names)) == 14
+    for table_no in range(1, 6):
+        assert any(f"Table {table_no}," in r["source"] for r in [*RUNS, *NOT_EVALUATED]), table_no
 
 
-@pytest.mark.parametrize("name", [_memory_param(r["name"]) for r in RUNS])
+def test_at_most_three_rows_are_known_misses_and_each_says_why():
+    assert len(MISSES) <= 3
+    for name, miss in MISSES.items():
+        assert len(miss["reason"]) > 60 and (miss.get("step_time") or miss.get("memory")), name
+
+
+@pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS])
 def test_memory_lands_within_ten_percent_of_the_reported_peak(checked, name):
     row = checked[name]
     assert abs(row.memory_error) <= MEMORY_TOLERANCE, (
@@ -66,58 +73,56 @@ def test_memory_lands_within_ten_percent_of_the_reported_peak(checked, name):
     )
 
 
-@pytest.mark.parametrize("name", [r["name"] for r in RUNS])
-def test_step_time_lands_within_25_percent_or_the_row_says_why(checked, name):
+@pytest.mark.parametrize("name", [_param(r["name"], "step_time") for r in RUNS])
+def test_step_time_lands_within_fifteen_percent(checked, name):
     row = checked[name]
-    if abs(row.tokens_error) <= STEP_TIME_TOLERANCE:
-        return
-    assert "kernel efficiency" in row.step_time_reason and "calibration" in row.step_time_reason.lower(), (
-        f"{name}: {row.tokens_error:+.1%} and no reason"
-    )
+    assert abs(row.step_time_error) <= STEP_TIME_TOLERANCE, f"{name}: step time {row.step_time_error:+.1%}"
 
 
-def test_a_row_without_a_reason_fails_the_check(tmp_path):
-    """The check can fail: the same row with its reason removed is off by more than 25%."""
-    run = {**RUNS[0], "step_time_reason": ""}
-    path = tmp_path / "runs.json"
-    path.write_text(json.dumps({"runs": [run]}))
-    row = evaluate_run(load_runs(path)[0])[1]
-    assert abs(row.tokens_error) > STEP_TIME_TOLERANCE and not row.step_time_reason
+@pytest.mark.xfail(
+    strict=True,
+    reason="9.8 % today against the 8 % goal: eager rows are predicted ~10 % slow and compiled ones ~9 % fast; the "
+    "memory-bound shares measured on parallab's own H200 runs (autocast, fp32 master weights) do not carry over exactly "
+    "to torchtitan's FSDP bf16 blocks",
+)
+def test_mean_step_time_error_is_under_eight_percent(checked):
+    assert mean_step_error(list(checked.values())) < MEAN_STEP_TIME_TOLERANCE
+
+
+def test_mean_step_time_error_is_what_the_table_prints(checked):
+    """The mean is over the rows held to the step-time bound; a mutation of any row's prediction moves it."""
+    rows = list(checked.values())
+    mean = mean_step_error(rows)
+    assert 0.0 < mean < STEP_TIME_TOLERANCE
+    assert f"mean |error| {mean:.1%}" in table(rows)
+
+
+def test_the_step_time_check_bites_on_a_wrong_published_figure():
+    """The same 8-GPU eager row against Table 1's Float8 rate (8,532) is out by more than 15 %."""
+    row = evaluate_run({**RUNS[0], "published_tokens_per_s_per_gpu": 8532})[1]
+    assert abs(row.step_time_error) > STEP_TIME_TOLERANCE
 
 
 def test_memory_check_fails_on_a_wrong_reported_peak():
-    """The memory bound bites: the 8-GPU row against the 128-GPU row's 67.0 GiB is out by more than 10%."""
+    """The memory bound bites: the 8-GPU row against the 128-GPU row's 67.0 GiB is out by more than 10 %."""
     row = evaluate_run({**RUNS[0], "published_memory_gib": 67.0})[1]
     assert abs(row.memory_error) > MEMORY_TOLERANCE
 
 
-def test_the_configuration_torchtitan_runs_ranks_as_fitting_on_its_hardware(checked):
-    """With Llama 3's grouped-query attention (`llama-3-8b`: 8 KV heads, 8.03e9 parameters) the 8-GPU
-    row fits, as torchtitan ran it; the multi-head `llama-8b` (8.8e9) did not. A row the memory model
-    is known to miss is rejected for memory alone."""
+def test_every_configuration_torchtitan_ran_ranks_as_fitting(checked):
+    """Each evaluated row fits its hardware, as torchtitan ran it — the 70B FSDP 32 × TP 8 row on
+    96 GB H100s included (loss parallel shards the head's output over the vocabulary)."""
     for name, row in checked.items():
-        if name in KNOWN_MEMORY_MISSES:
-            assert not row.fits and all(reason.startswith("memory:") for reason in row.reasons), row.reasons
-        else:
-            assert row.fits, (name, row.reasons)
+        assert row.fits, (name, row.reasons)
 
 
-def test_a_known_memory_miss_records_the_error_measured_now_and_why(checked):
-    """The recorded error is the planner's today (within half a point): when the memory model changes,
-    the row's record must change with it (and the strict xfail turns into a failure once it lands)."""
-    assert KNOWN_MEMORY_MISSES, "no row is a known miss: drop this test"
-    for name, miss in KNOWN_MEMORY_MISSES.items():
-        assert len(miss["reason"]) > 40, name
-        assert abs(checked[name].memory_error - miss["measured_error"]) < 0.005, (name, checked[name].memory_error)
-        assert checked[name].memory_expected_failure == miss["reason"]
-
-
-def test_the_70b_row_runs_torchtitans_layout():
-    """FSDP 32 × TP 8 on 256 ranks with sequence-parallel norms, as torchtitan's TP plan runs it."""
-    (run,) = [r for r in RUNS if r["model"] == "llama-3-70b"]
+def test_the_70b_row_runs_torchtitans_layout_and_needs_loss_parallel_to_fit():
+    (run, *_) = [r for r in RUNS if r["model"] == "llama-3-70b"]
     row = evaluate_run(run)[0]
     assert spec_of(run)["strategy"]["options"] == {"tp": 8, "sequence_parallel": True}
     assert (row.mesh["dp"], row.mesh["tp"], row.micro_batch_size) == (32, 8, 16)
+    whole_head = evaluate_run({**run, "loss_parallel": False})[0]
+    assert (whole_head.memory_per_rank_bytes or 0) > (row.memory_per_rank_bytes or 0) + 20 * 2**30
 
 
 def test_every_row_not_evaluated_names_its_source_and_why():
@@ -136,7 +141,10 @@ def test_the_405b_rows_reason_is_what_the_planner_says():
     assert "126" in listed["reason"] and "pp=8" in listed["reason"]
 
 
-def test_the_multi_head_shape_of_the_same_run_does_not_fit():
-    """The check can fail: the same 8-GPU row on the multi-head `llama-8b` is rejected for memory."""
-    row = evaluate_run({**RUNS[0], "model": "llama-8b"})[1]
-    assert not row.fits and any("memory" in reason for reason in row.reasons)
+def test_each_row_carries_its_held_out_band_and_what_it_does_not_model(checked):
+    for name, row in checked.items():
+        assert row.not_modelled, name
+        if row.band is not None:
+            assert name not in row.band["basis"] and row.band["n"] >= 1
+    tp_row = next(r for n, r in checked.items() if "70B" in n)
+    assert "async TP" in (tp_row.not_modelled or []) and tp_row.band is None  # no other TP run: outside the validated regime

@@ -184,6 +184,10 @@ class Dimension:
     """Whether its ranks take different rows of the batch (the data-parallel dimensions)."""
     composes_with: ClassVar[frozenset[str] | None] = None
     """The other dimensions the rank side runs it beside (None: every one); `rules` refuses the rest."""
+    not_modelled: ClassVar[tuple[str, ...]] = ()
+    """What the step-time and memory model leaves out of this dimension (every prediction lists it)."""
+    splits_head: ClassVar[bool] = False
+    """Whether it splits the LM head's output, so loss parallel could shard the logits over it."""
 
     def degree(self, layout: Layout) -> int:
         return int(getattr(layout, self.name))

@@ -12,12 +12,15 @@ all-gathers and reduce-scatters over dp_shard, cp's P2P hops and this all-reduce
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from parallab.core.costs import GRAD_BYTES
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
 from parallab.core.problems import SpecProblem
 
 
 class Context(Dimension):
+    not_modelled: ClassVar[tuple[str, ...]] = ("ring attention's causal load imbalance",)
     name = "cp"
     title = "context parallel ring attention"
     dense_only = True

@@ -22,6 +22,7 @@ from parallab.core.problems import SpecProblem
 
 
 class Expert(Dimension):
+    not_modelled: ClassVar[tuple[str, ...]] = ("expert load imbalance",)
     name = "ep"
     title = "expert parallel, all-to-all dispatch"
     splits_batch: ClassVar[bool] = True

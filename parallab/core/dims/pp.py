@@ -31,7 +31,7 @@ Micro-batches in flight on pp rank r (what its activations hold at the peak):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -133,6 +133,7 @@ def pipeline_facts(layout: Layout) -> dict[str, Any] | None:
 
 
 class Pipeline(Dimension):
+    not_modelled: ClassVar[tuple[str, ...]] = ("uneven stage times beyond the layer count",)
     name = "pp"
     title = "pipeline stages over layers (GPipe, 1F1B, interleaved 1F1B, zero bubble)"
     dense_only = True

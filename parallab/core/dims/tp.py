@@ -162,6 +162,8 @@ def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Lo
 
 
 class TensorParallel(Dimension):
+    not_modelled: ClassVar[tuple[str, ...]] = ("async TP",)
+    splits_head: ClassVar[bool] = True
     name = "tp"
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
     fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan

@@ -1,0 +1,86 @@
+"""How sure a prediction is: its error band and what it does not model.
+
+The band comes from the published runs the planner is held against (`benchmarks/published.py`
+writes `profiles/bands.json` from them): for a prediction of one kind — its recipe and layout,
+`kind_of` — the largest absolute step-time and memory error among the published runs of that
+kind, and how many there are (n). Each published run is held out of its own band (leave one out)
+when the table is printed, so a band rests only on other runs. A prediction on a device without a
+profile, or of a kind no published run covers, is labelled "outside every validated regime"
+instead of carrying a band that looks exact.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from parallab.core.dims import DIMENSIONS, Dimension
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+    from parallab.core.planner import Hardware
+
+BANDS_FILE = Path(__file__).with_name("profiles") / "bands.json"
+OUTSIDE = "outside every validated regime"
+
+
+def _on(job: ResolvedJob) -> list[Dimension]:
+    return [DIMENSIONS[d.name] for d in job.mesh if d.size > 1 and d.name in DIMENSIONS]
+
+
+def kind_of(job: ResolvedJob) -> str:
+    """The kind of run a band is drawn from: the layout's dimensions beyond data parallelism and the recipe."""
+    layout = "+".join(sorted(d.name for d in _on(job) if not d.splits_batch)) or "dp"
+    recipe = "fp8" if job.workload.precision == "fp8" else ("compile" if job.workload.compile else "eager")
+    return f"{layout}/{recipe}"
+
+
+def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list[str]:
+    """What the prediction leaves out for this job, in words (each dimension says its own)."""
+    out = []
+    if hw.device_profile is None and not hw.calibrated:
+        out.append("kernel efficiency (datasheet only: no device profile, no calibration)")
+    for dim in _on(job):
+        out += dim.not_modelled
+        if dim.splits_head and not loss_parallel:
+            out.append("loss parallel (the logits are gathered whole on every rank)")
+    if job.model.is_moe:
+        out.append("expert load imbalance")
+    if job.workload.precision == "fp8":
+        out.append("fp8 GEMM efficiency (a datasheet share, not measured)")
+    if job.workload.compile:
+        out.append("graph breaks and recompilation")
+    if job.world_size > 1:
+        out.append("compute slowed by collectives sharing the device")
+    return list(dict.fromkeys(out))
+
+
+@lru_cache(maxsize=1)
+def _bands(path: Path = BANDS_FILE) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    return dict(json.loads(path.read_text()).get("bands", {}))
+
+
+def band_for(kind: str, *, leave_out: str | None = None, bands: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The band of `kind` from the published runs (`leave_out`: a run's own name, held out)."""
+    runs = [r for r in (bands if bands is not None else _bands()).get(kind, []) if r["name"] != leave_out]
+    if not runs:
+        return None
+    return {
+        "kind": kind,
+        "step_time_share": max(abs(r["step_time_error"]) for r in runs),
+        "memory_share": max(abs(r["memory_error"]) for r in runs),
+        "n": len(runs),
+        "basis": f"largest error of {len(runs)} held-out published run(s) of kind {kind}",
+    }
+
+
+def accuracy_of(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, leave_out: str | None = None) -> dict[str, Any]:
+    """The prediction's band, what it does not model, and whether it lies in a validated regime."""
+    kind = kind_of(job)
+    band = band_for(kind, leave_out=leave_out) if hw.device_profile is not None else None
+    regime = "validated" if band is not None else f"{OUTSIDE} ({kind} on {hw.spec.key})"
+    return {"band": band, "not_modelled": not_modelled(job, hw, loss_parallel=loss_parallel), "regime": regime}

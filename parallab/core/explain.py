@@ -1,0 +1,96 @@
+"""`parallab plan --explain`: one configuration's predicted step and memory, decomposed.
+
+The step: compute by op class (the device profile's terms, `parallab.core.gpu_time`; one line on
+hardware without a profile), the communication of each mesh dimension with the share it exposes,
+the bubble and the optimizer — each with its formula and the profile entry it used. The memory:
+the reserved peak by category (`parallab.core.reserved`), or the prediction's allocated parts on
+hardware without a profile. The lines add up to the estimate's step and the row's memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parallab.core.dims import APPLY_ORDER, compose
+from parallab.core.jobs import ResolvedJob
+from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, profile_terms
+from parallab.core.prediction import predict
+from parallab.core.reserved import reserved_memory
+
+
+def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float) -> list[dict[str, Any]]:
+    """Per mesh dimension: its collectives' time and what of it stays exposed."""
+    if job.world_size <= 1:
+        return []
+    layout = job.descriptor.layout(job.world_size, job.options)
+    if layout is not None:
+        plan = compose(job, layout).plan
+        groups = [(dim.name, dim.comm(plan)) for dim in APPLY_ORDER]
+    else:
+        groups = [(job.strategy, job.descriptor.comm_items(job))]
+    lines, hidden_want = [], 0.0
+    for name, all_items in groups:
+        items = [i for i in all_items if i.op != "recv"]  # a P2P transfer is timed once, on its send
+        if not items:
+            continue
+        seconds = exposed = 0.0
+        for item in items:
+            t = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, item.stride)
+            share = item.overlap * hw.spec.comm_overlap
+            seconds += t
+            exposed += t * (1 - share)
+            hidden_want += t * share
+        ops = ", ".join(sorted({i.op for i in items}))
+        lines.append(
+            {
+                "name": f"communication: {name} ({ops})",
+                "seconds": exposed,
+                "formula": f"Σ calls × (latency + bytes × busbw factor / link) = {seconds:.4g} s, of which exposed (not overlapped)",
+                "entry": "catalogue intra/inter-node bandwidth × link efficiency",
+            }
+        )
+    overflow = max(0.0, hidden_want - compute)
+    if overflow > 0:
+        lines.append(
+            {
+                "name": "communication: overlap beyond compute",
+                "seconds": overflow,
+                "formula": "overlappable time − compute",
+                "entry": "-",
+            }
+        )
+    return lines
+
+
+def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> dict[str, Any]:
+    """The step and the memory of `job` on `hw`, term by term (module docstring)."""
+    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel)
+    terms = [t.as_dict() for t in profile_terms(job, hw, loss_parallel=loss_parallel)]
+    if not terms:
+        compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
+        terms = [{"name": "compute", "seconds": compute, "formula": "GEMMs at peak × efficiency + memory-bound ops", "entry": "datasheet"}]
+    step = [
+        *({**t, "name": f"compute: {t['name']}"} for t in terms),
+        *_comm_lines(job, hw, estimate.compute_s),
+        {"name": "pipeline bubble", "seconds": estimate.bubble_s, "formula": "(compute + exposed) × b/(1 − b)", "entry": "-"},
+        {
+            "name": "optimizer (AdamW)",
+            "seconds": estimate.optimizer_s,
+            "formula": "28 B × local params / bandwidth",
+            "entry": "memory_bound",
+        },
+    ]
+    prediction = predict(job, loss_parallel=loss_parallel)
+    device_profile = hw.device_profile
+    if device_profile is not None:
+        memory = reserved_memory(job, prediction, device_profile)
+    else:
+        state = sum(prediction["model_state_bytes_per_rank"].values())
+        act, temp = prediction["activation_bytes_per_rank"], prediction["backward_temporary_bytes_per_rank"]
+        memory = [
+            {"name": "model state", "bytes": state, "formula": "params + grads + optimizer", "entry": "-"},
+            {"name": "activations", "bytes": act, "formula": "Korthikanti et al. 2022, counted for this model", "entry": "-"},
+            {"name": "logits' gradient", "bytes": temp, "formula": "4 B × V per token of one micro-batch", "entry": "-"},
+            {"name": "allocated peak", "bytes": state + act + temp, "formula": "sum", "entry": "-"},
+        ]
+    return {"step_s": estimate.step_s, "tokens_per_s": estimate.tokens_per_s, "step": step, "memory": memory}

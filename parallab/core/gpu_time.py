@@ -1,0 +1,141 @@
+"""The compute of one optimizer step on a GPU with a device profile (`parallab.core.device_profile`),
+term by term, each with its formula and the profile entry it used (`parallab plan --explain`).
+
+Per forward of the busiest rank (t tokens, L blocks, tensor-parallel degree tp):
+
+- weight GEMMs: each (m, n, k) on the roofline max(2mnk / (peak × gemm share), bytes / bandwidth)
+  — `Hardware.matmul_flops`; backward is twice the forward. Under fp8 the blocks' linears run on
+  the fp8 peak (torchao's Float8Linear); the LM head stays 16-bit, as torchtitan leaves it.
+- attention: the flash kernels' FLOPs, 2·t·ctx·(d_qk + d_v)·heads/tp × ½ (causal) forward and
+  2.5× that backward (five GEMMs against two), at `attention.forward/backward[seq]` of the 16-bit peak.
+- memory-bound: (a·h + b·f/tp) elements (a·h/tp under sequence parallelism) per token and block (`memory_bound.elements_per_token`),
+  three passes (forward, backward twice), at `memory_bound.bandwidth_share` of the bandwidth;
+  torch.compile keeps `memory_bound.compiled_share` of those bytes (fusion).
+- the loss: the fp32 logits (V/tp wide under loss parallel, V otherwise) read and written three times.
+- fp8 casts: per token and block the linears' inputs and output gradients, and per step every
+  block weight element, at `fp8.*_bytes_per_element` (amax, cast, transpose), memory-bound.
+- recomputation: selective re-runs the memory-bound ops and the attention forward; full the whole
+  block forward.
+- host: the kernels of a step × `launch_s` (compiled: × `compiled_share`), exposed only where it
+  exceeds the device's time (the host runs ahead of the device otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from parallab.core.device_profile import DeviceProfile
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
+
+KERNELS_PER_LAYER = 90 * 2.65
+"""Kernels one block launches per forward and backward (counted on `tiny`: 90 forward, 1.65× that backward)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One part of the step: seconds per optimizer step on the busiest rank."""
+
+    name: str
+    seconds: float
+    formula: str
+    entry: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What the step's compute is made of, per forward of one rank (from the planner's layout)."""
+
+    tokens: int
+    layers: int
+    context: int
+    tp: int
+    forwards: int
+    gemm_forward_s: float
+    """Block weight GEMMs of one forward (roofline, the run's precision)."""
+    head_forward_s: float
+    """The LM head's GEMM of one forward (16-bit under fp8)."""
+    block_weights: int
+    """Block weight elements the rank multiplies (TP-local, gathered)."""
+    sequence_parallel: bool = False
+    """Under TP, whether the h-wide ops (norms, residual adds) run on sequence shards."""
+
+
+def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> float:
+    """Forward FLOPs of the causal attention core over every block of the rank's forward."""
+    cfg = job.model
+    heads = max(cfg.num_heads // tp, 1)
+    return 0.5 * 2 * tokens * context * (cfg.qk_head_dim + cfg.value_head_dim) * heads
+
+
+def compute_terms(
+    job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, peak16: float, bandwidth: float, loss_parallel: bool
+) -> list[Term]:
+    """The step's compute on the busiest rank, by term (module docstring)."""
+    cfg, wl = job.model, job.workload
+    mode, compiled, fp8 = wl.activation_checkpointing, bool(wl.compile), wl.precision == "fp8"
+    t, layers, tp, n = shares.tokens, shares.layers, shares.tp, shares.forwards
+    bw = bandwidth * profile.memory_bound.bandwidth_share
+    fused = profile.memory_bound.compiled_share if compiled else 1.0
+    act_bytes = 4 if wl.precision == "fp32" else 2
+
+    attn_fwd = layers * attention_flops(job, t, shares.context, tp) / (peak16 * profile.attention_share(cfg.seq_len, backward=False))
+    attn_bwd = layers * 2.5 * attention_flops(job, t, shares.context, tp) / (peak16 * profile.attention_share(cfg.seq_len, backward=True))
+    a, b = profile.memory_bound.elements_per_token
+    width = cfg.ffn_hidden_size // tp if not cfg.is_moe else cfg.expert_ffn * cfg.top_k
+    # h-wide ops: on a sequence shard under SP; replicated on every TP rank without it
+    h_wide = cfg.hidden_size / tp if shares.sequence_parallel else cfg.hidden_size
+    mem_fwd = layers * t * (a * h_wide + b * width) * act_bytes * fused / bw
+    vocab = cfg.vocab_size // tp if loss_parallel and tp > 1 else cfg.vocab_size
+    loss = t * vocab * 4 * 3 / bw
+    gemm_fwd = layers * shares.gemm_forward_s
+
+    recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": attn_fwd + mem_fwd}.get(mode, 0.0)
+    terms = [
+        Term(
+            "weight GEMMs",
+            n * 3 * gemm_fwd,
+            "3 × L × Σ roofline(2mnk/(peak·share), bytes/bw) per forward",
+            f"gemm.efficiency.{wl.precision}",
+        ),
+        Term("LM head GEMM", n * 3 * shares.head_forward_s, "3 × 2·t·h·V/tp / (peak·share)", "gemm.efficiency.bf16"),
+        Term("attention (flash)", n * (attn_fwd + attn_bwd), "L × FLOPs_attn × (1/share_fwd + 2.5/share_bwd)", f"attention[{cfg.seq_len}]"),
+        Term("memory-bound ops", n * 3 * mem_fwd, "3 × L × t·(a·h + b·f/tp)·bytes × compiled_share / (bw·share)", "memory_bound"),
+        Term(
+            "loss (fp32 logits)",
+            n * loss,
+            f"t × {'V/tp' if vocab != cfg.vocab_size else 'V'} × 4 B × 3 / (bw·share)",
+            "memory_bound.bandwidth_share",
+        ),
+        Term(
+            f"recomputation ({mode})",
+            n * recompute,
+            "selective: attention + memory-bound forward; full: the block forward",
+            "attention, memory_bound, gemm",
+        ),
+    ]
+    if fp8:
+        h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+        per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
+        acts = layers * t * per_token * profile.fp8.activation_bytes_per_element * fused / bw
+        weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
+        terms.append(
+            Term(
+                "fp8 scaling and casts",
+                n * (3 * acts) + weights,
+                "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
+                "fp8",
+            )
+        )
+    kernels = (
+        KERNELS_PER_LAYER * layers * n * (1 + (1 if mode != "none" else 0)) * (profile.memory_bound.compiled_share if compiled else 1.0)
+    )
+    device = sum(term.seconds for term in terms)
+    host = kernels * profile.launch_s  # the host issues kernels ahead of the device: only its excess is exposed
+    terms.append(Term("host time beyond the device", max(0.0, host - device), "max(0, kernels × launch_s − device time)", "launch_s"))
+    return terms

@@ -1,0 +1,64 @@
+"""`parallab plan --explain` and the band every plan prints (docs/planner.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.backend.test_cli_messages import parallab
+
+SEVENTY_B = (
+    "plan", "--model", "llama-3-70b", "--seq-len", "8192", "--global-batch-size", "512", "--precision", "bf16",
+    "--activation-checkpointing", "full", "--compile", "--strategy", "hybrid", "-n", "256", "-o", "tp=8",
+    "-o", "sequence_parallel=true", "--device", "h100-96gb", "--nodes", "32",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("explain") / "home"
+
+
+def test_explain_decomposes_torchtitans_70b_step_and_memory_and_it_fits(home: Path) -> None:
+    result = parallab(home, *SEVENTY_B, "--loss-parallel", "--explain", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    names = [line["name"] for line in out["step"]]
+    assert {"compute: weight GEMMs", "compute: attention (flash)", "compute: memory-bound ops", "optimizer (AdamW)"} <= set(names)
+    assert any(n.startswith("communication: tp") for n in names) and any(n.startswith("communication: dp_shard") for n in names)
+    assert sum(line["seconds"] for line in out["step"]) == pytest.approx(out["step_s"], rel=1e-6)
+    assert all(line["formula"] and line["entry"] for line in [*out["step"], *out["memory"]])
+    memory = {line["name"]: line["bytes"] for line in out["memory"]}
+    assert sum(v for k, v in memory.items() if k != "reserved peak") == pytest.approx(memory["reserved peak"], abs=8)
+    assert memory["reserved peak"] < 96e9 - 2**31  # fits a 96 GB H100, as torchtitan ran it
+    assert "async TP" in out["not_modelled"] and out["regime"].startswith("outside every validated regime")
+    table = parallab(home, *SEVENTY_B, "--loss-parallel", "--explain")
+    assert table.returncode == 0 and "memory per rank" in table.stdout and "not modelled: async TP" in " ".join(table.stdout.split())
+
+
+def test_loss_parallel_changes_the_printed_prediction(home: Path) -> None:
+    whole = json.loads(parallab(home, *SEVENTY_B, "--json").stdout)
+    sharded = json.loads(parallab(home, *SEVENTY_B, "--json", "--loss-parallel").stdout)
+    assert sharded["activation_bytes_per_rank"] < whole["activation_bytes_per_rank"]
+    assert "loss parallel (the logits are gathered whole on every rank)" in whole["not_modelled"]
+    assert sharded["step_time_s"] < whole["step_time_s"] and "band" in sharded
+
+
+def test_the_ranking_prints_each_rows_band(home: Path) -> None:
+    args = ("plan", "--model", "llama-3-8b", "--seq-len", "8192", "--device", "h100-96gb", "--nodes", "1", "--precision", "bf16")
+    result = parallab(home, *args, "--activation-checkpointing", "selective", "--json", "--top", "3")
+    assert result.returncode == 0, result.stderr
+    fits = json.loads(result.stdout)["fits"]
+    assert fits and all(row["accuracy"]["not_modelled"] for row in fits)
+    assert any(row["accuracy"]["band"] and row["accuracy"]["band"]["n"] >= 1 for row in fits)
+    table = parallab(home, *args, "--activation-checkpointing", "selective", "--top", "3")
+    assert "band" in table.stdout and "±" in table.stdout
+
+
+def test_explain_needs_one_configuration_and_its_hardware(home: Path) -> None:
+    result = parallab(home, "plan", "--model", "tiny", "--explain", "--device", "h100")
+    assert result.returncode != 0 and "--explain: give the one configuration" in result.stderr
+    result = parallab(home, "plan", "--model", "tiny", "--strategy", "fsdp", "-n", "2", "--explain")
+    assert result.returncode != 0 and "--explain: give the hardware" in result.stderr
