@@ -33,6 +33,11 @@ class ComparedRun:
         base = self.run.name or f"{self.run.strategy}×{self.run.world_size}"
         return f"{base} ({self.run.id[:6]})"
 
+    @property
+    def watch(self) -> dict[str, str]:
+        """What the page's waiting list shows of the run (templates/_waiting.html)."""
+        return {"id": self.run.id, "label": self.label, "status": self.run.status}
+
 
 @dataclass
 class MetricRow:

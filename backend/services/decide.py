@@ -98,8 +98,10 @@ class Decision:
                     "ratio": v.speedup.ratio,
                     "low": v.speedup.low,
                     "high": v.speedup.high,
+                    "coverage": v.speedup.coverage,
                     "significant": v.speedup.significant,
-                    "p": v.speedup.test.p,
+                    "p": v.speedup.test.p if v.speedup.test else None,
+                    "more_runs": v.speedup.more_runs,
                     "parts_ms": {k: -d * 1e3 for k, d in (v.differences_s or {}).items()},
                     **_against(v, by_label[v.baseline], by_label[v.other]),
                 }

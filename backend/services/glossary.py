@@ -3,7 +3,19 @@ pages' help icons link to) and for docs/glossary.md (`markdown()`; a test holds 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from parallab.core.stats import median_ranks, t_power
+
+MEASURED_LOG_SPREAD = 0.262
+"""The standard deviation of log(median step time) between runs of one configuration measured on
+a shared 2-core host (benchmarks/run_to_run_spread.json, 12 runs of 100 steps): the spread the
+verdict's power is stated at, and the simulation test's."""
+
+_MEDIAN_COVERAGE = ", ".join(f"{n}: {median_ranks(n)[2]:.1%}" for n in range(2, 11))
+_T_COVERAGE = ", ".join(f"{n}: 95%" for n in range(2, 11))
+_POWER = ", ".join(f"{n}: {t_power(math.log(1.5), MEASURED_LOG_SPREAD, n):.0%}" for n in range(2, 11))
 
 
 @dataclass(frozen=True)
@@ -181,26 +193,36 @@ TERMS: tuple[Term, ...] = (
     ),
     Term(
         "median-interval",
-        "Median, 95% interval and n",
+        "Median, interval (with its coverage) and n",
         "Where a configuration (strategy and world size) has several runs, the leaderboard ranks it by the median of "
         "its runs' tokens/s, never by its luckiest run, and a sweep with repeats shows the same median. n is how many "
-        "runs. The interval is the median's 95% interval from order statistics: the k-th lowest and k-th highest run, "
+        "runs. The interval is the median's interval from order statistics: the k-th lowest and k-th highest run, "
         "with k the largest rank for which fewer than k runs fall below the true median with probability at most 2.5% "
-        "(a Binomial(n, ½) count). It needs no assumption about the distribution and no random seed. Under 6 runs no "
-        'pair of runs reaches 95%: the interval is then the range of the runs ("range only", its coverage said), and '
-        "one run has no interval.",
+        "(a Binomial(n, ½) count). It needs no assumption about the distribution and no random seed. With few runs no "
+        "pair of runs reaches 95%: the interval is then the range of the runs, and the page gives the coverage it "
+        "really has, 1 − 2·(½)ⁿ for the range. Coverage by n: " + _MEDIAN_COVERAGE + ". One run has no interval.",
     ),
     Term(
         "verdict",
         "Verdict (compare)",
-        "Which configuration is faster, by how much, how sure, and where the time went. The factor is the ratio of the "
-        "median step times (baseline over other), with a 95% interval: the Moses (Hodges–Lehmann) interval of the shift "
-        "between the logarithms of the runs' step times, exponentiated. It is called significant only when a two-sided "
-        "Mann–Whitney test at 5% separates the two sets of runs and each has at least 2 runs; otherwise the line says "
-        '"not significant" first. The milliseconds that follow split the difference into exposed communication, '
+        "Which configuration is faster, by how much, how sure, and where the time went. The test is Student's t on the "
+        "logarithms of the runs' step times (a loaded host slows steps by a factor, so a ratio is a shift of the logs): "
+        "the factor is the ratio of the geometric means (baseline over other), the interval its 95% t interval "
+        "exponentiated, and the verdict is decided when the two-sided test at 5% separates the runs. Equal run counts "
+        "use the pooled variance (95% coverage at every n from 2 a side when both share a relative spread, and robust "
+        "to unequal spreads at equal n); unequal counts use Welch's t on Hsu's min(m, n) − 1 degrees of freedom "
+        "(at least 95%, and at most 5% "
+        "false positives whichever side is noisier). Coverage of the factor's interval by runs a "
+        "side: " + _T_COVERAGE + ". Mann–Whitney, used before, cannot go below p = 0.1 at 3 runs against 3 (and 0.33 "
+        "at 2 against 2), so it could never decide there; t can. Its power to find a 1.5× difference at the "
+        f"run-to-run spread measured on a shared 2-core host (standard deviation {MEASURED_LOG_SPREAD} of the log step "
+        "time, BENCHMARKS.md) by runs a side: " + _POWER + ". When the runs do not decide, the line says how many "
+        'runs a side would find a difference as large as the one seen, at the spread seen, 4 times in 5 ("run 3 '
+        'more each"); a difference too small to chase with 50 runs a side is called equal. Under 2 runs a side there '
+        "is no spread to test against. The milliseconds that follow split the difference into exposed communication, "
         "compute (overlapped communication included) and idle: each run's profiled step split into shares, averaged, "
         "and scaled to the configuration's timed median, so the parts add up to the difference of the medians (checked "
-        "within 5%). The interval width column is the median's 95% interval over the median: how far apart runs of one "
+        "within 5%). The interval width column is the median's interval over the median: how far apart runs of one "
         "configuration land.",
     ),
     Term(

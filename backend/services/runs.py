@@ -261,3 +261,20 @@ def cancel_run(*, session: Session, run_id: str, settings: Settings | None = Non
         run.cancel_requested = True
     session.commit()
     return run
+
+
+WATCH_MAX = 200
+"""The most runs one page may watch in a poll (a sweep's candidates × repeats stay far below it)."""
+
+
+def watch_states(*, session: Session, run_ids: Sequence[str]) -> dict[str, Any]:
+    """What a waiting page polls: each asked run's status and whether it has finished, in the order
+    asked, and the ids that name no run. One query, whatever the number of runs."""
+    if len(run_ids) > WATCH_MAX:
+        raise ValueError(f"ids: at most {WATCH_MAX} runs per poll, got {len(run_ids)}")
+    runs = store.get_runs(session, list(dict.fromkeys(run_ids)))
+    found = {r.id for r in runs}
+    return {
+        "runs": [{"id": r.id, "status": r.status, "finished": r.status in FINISHED_STATUSES} for r in runs],
+        "missing": [i for i in dict.fromkeys(run_ids) if i not in found],
+    }

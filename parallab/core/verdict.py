@@ -3,10 +3,16 @@
 Plain numbers in, plain results out (no database, no document layout): compare, sweeps and the
 CLI feed it each configuration's runs. The statistics are `parallab.core.stats`'.
 
-- **How much faster.** The ratio of the median step times (baseline / other: above 1, the other is
-  faster), with the 95 % interval of that ratio: the Moses interval of the shift between the logs
-  of the step times, exponentiated (a ratio is a shift on the log scale). "Not significant" when
-  Mann–Whitney does not separate the runs — and always under 2 runs a side, said so.
+- **How much faster, how sure.** Student's t on the logarithms of the runs' timed median step
+  times (a ratio is a shift on the log scale, and a loaded host slows steps by a factor): the
+  factor is the ratio of the geometric means (baseline / other: above 1, the other is faster),
+  its 95 % t interval exponentiated, and the test's two-sided p at 5 %. Equal run counts use the
+  pooled variance, exact at 95 % when both configurations share a relative spread and robust to
+  unequal ones at equal n; unequal counts use Welch's. Unlike Mann–Whitney, whose smallest p at 3
+  runs against 3 is 0.1 (it can never decide there), t has power from 2 runs a side. When the
+  runs do not decide, the note says how many more would: the fewest runs a side at which a
+  difference as large as the one seen, at the spread seen, is found 4 times in 5 (`runs_needed`).
+  Under 2 runs a side there is no spread to test against, and the note says so.
 - **Why.** A run's split of a step into compute (overlapped communication included: it runs
   under compute), exposed communication and idle comes from the *profiled* window, whose steps
   are slower than the timed ones (the profiler's own cost). Each part's share of the profiled
@@ -23,7 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from parallab.core.stats import MannWhitney, mann_whitney, median_difference, median_interval
+from parallab.core.stats import LogRatioTest, log_ratio_test, median_interval, runs_needed
 
 PARTS = ("exposed communication", "compute", "idle")
 """The parts a step splits into, in the order the verdict names them."""
@@ -45,53 +51,66 @@ def _checked(values: Sequence[float], what: str) -> list[float]:
     return out
 
 
+MIN_RUNS = 2
+"""Runs a side below which there is no spread to test a difference against."""
+
+
 @dataclass(frozen=True)
 class Speedup:
-    """How much faster `other` is than `baseline`, from their runs' median step times."""
+    """How much faster `other` is than `baseline`, from their runs' timed median step times."""
 
     ratio: float
-    """median(baseline) / median(other): above 1, other is faster."""
+    """Ratio of the geometric means, baseline / other: above 1, other is faster."""
     low: float
     high: float
     coverage: float
-    """What the interval achieves (at least 0.95 once each side has enough runs)."""
-    test: MannWhitney
+    """What the interval achieves: 0.95 (a t interval), 0 with no interval (under 2 runs a side)."""
+    test: LogRatioTest | None
+    """None under 2 runs a side."""
     n_baseline: int
     n_other: int
+    more_runs: int | None
+    """Runs a side more that would decide it (0 once decided; None when no number under 50 would)."""
 
     @property
     def significant(self) -> bool:
-        return self.test.significant and min(self.n_baseline, self.n_other) >= 2
+        return self.test is not None and self.test.significant
 
     @property
-    def too_few(self) -> bool:
-        """Under 2 runs a side no test can separate anything; under 4 a 95 % interval cannot be reached."""
-        return self.coverage < 0.95
+    def decided(self) -> bool:
+        return self.significant
 
     @property
     def note(self) -> str:
-        """What the test says, and, with few runs, why it cannot say more."""
-        if min(self.n_baseline, self.n_other) < 2:
-            return f"not significant: {self.n_baseline} run vs {self.n_other}, repeat each configuration (repeats) to test it"
-        verdict = "significant" if self.significant else "not significant"
-        few = f"; with {self.n_baseline} and {self.n_other} runs the interval is the whole range" if self.too_few else ""
-        return f"{verdict} (Mann–Whitney p = {self.test.p:.3g}, n = {self.n_baseline} and {self.n_other}){few}"
+        """What the test says and, when it cannot decide, how many more runs would."""
+        n = f"n = {self.n_baseline} and {self.n_other}"
+        if self.test is None:
+            short = max(MIN_RUNS + 1 - min(self.n_baseline, self.n_other), 1)
+            return f"not decided: {self.n_baseline} run vs {self.n_other} has no spread to test against; run {short} more each (repeats)"
+        said = f"t test on log step times p = {self.test.p:.2g}, {n}"
+        if self.significant:
+            return f"significant ({said})"
+        if self.more_runs is None:
+            return f"not decided ({said}): a difference this small at this spread needs more than 50 runs a side; treat them as equal"
+        needed = min(self.n_baseline, self.n_other) + self.more_runs
+        more = f"run {self.more_runs} more each" if self.n_baseline == self.n_other else f"bring each to {needed} runs"
+        return f"not decided ({said}): {needed} runs a side would decide a difference this size 4 times in 5 — {more}"
 
 
 def speedup(baseline_steps: Sequence[float], other_steps: Sequence[float]) -> Speedup:
-    """The ratio of median step times with its interval and test (see the module docstring)."""
+    """The ratio with its interval, test and the runs it would still need (see the module docstring)."""
     base = _checked(baseline_steps, "baseline")
     other = _checked(other_steps, "other")
-    shift = median_difference([math.log(v) for v in base], [math.log(v) for v in other])
-    return Speedup(
-        ratio=statistics.median(base) / statistics.median(other),
-        low=math.exp(shift.low),
-        high=math.exp(shift.high),
-        coverage=shift.coverage,
-        test=mann_whitney(base, other),
-        n_baseline=len(base),
-        n_other=len(other),
-    )
+    n_b, n_o = len(base), len(other)
+    geometric = math.exp(statistics.fmean(math.log(v) for v in base) - statistics.fmean(math.log(v) for v in other))
+    if min(n_b, n_o) < MIN_RUNS:
+        return Speedup(geometric, geometric, geometric, 0.0, None, n_b, n_o, None)
+    test = log_ratio_test(base, other)
+    more: int | None = 0
+    if not test.significant:
+        needed = runs_needed(math.log(test.ratio), test.spread)
+        more = None if needed is None else max(needed - min(n_b, n_o), 1)
+    return Speedup(test.ratio, test.low, test.high, test.confidence, test, n_b, n_o, more)
 
 
 # ---- why ----
@@ -153,17 +172,20 @@ class Verdict:
 
     @property
     def line(self) -> str:
-        """The line, e.g. "ddp ×2 is 2.47× faster than fsdp ×2 (95% CI 2.10–2.90): −X ms exposed communication, …",
-        or, when the runs do not separate, "not significant" first."""
+        """The line, e.g. "ddp ×2 is 2.47× faster than fsdp ×2 (95% CI 2.10–2.90; p = 0.001, n = 3 and 3):
+        −X ms exposed communication, …", or, when the runs do not decide, "not decided" and the runs
+        that would."""
         s = self.speedup
         faster = s.ratio >= 1
         factor, low, high = (s.ratio, s.low, s.high) if faster else (1 / s.ratio, 1 / s.high, 1 / s.low)
         direction = "faster" if faster else "slower"
-        interval = f"95% CI {low:.2f}–{high:.2f}" if min(s.n_baseline, s.n_other) >= 2 else "no interval from one run each"
+        interval = f"95% CI {low:.2f}–{high:.2f}" if s.test is not None else "no interval under 2 runs a side"
         if s.significant:
-            text = f"{self.other} is {factor:.2f}× {direction} than {self.baseline} ({interval})"
+            assert s.test is not None
+            sure = f"p = {s.test.p:.2g}, n = {s.n_baseline} and {s.n_other}"
+            text = f"{self.other} is {factor:.2f}× {direction} than {self.baseline} ({interval}; {sure})"
         else:
-            text = f"{self.other} against {self.baseline}: {s.note}; {factor:.2f}× {direction} by the medians ({interval})"
+            text = f"{self.other} against {self.baseline}: {s.note}; {factor:.2f}× {direction} so far ({interval})"
         if self.differences_s:
             text += ": " + ", ".join(f"{_signed_ms(-d)} {part}" for part, d in self.differences_s.items())
         return text

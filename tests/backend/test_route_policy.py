@@ -61,6 +61,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/runs/new/plan.json"): "read",
     ("GET", "/runs/{run_id}"): "read",
     ("GET", "/runs/{run_id}/status.json"): "read",
+    ("GET", "/watch.json"): "read",
     ("GET", "/runs/{run_id}/timeline.json"): "read",
     ("GET", "/compare"): "read",
     ("GET", "/compare.json"): "read",

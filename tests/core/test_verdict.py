@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from parallab.core.stats import mann_whitney, t_power
 from parallab.core.verdict import PARTS, VerdictError, check_adds_up, run_shares, scaled_parts, speedup, verdict
 
 # Two configurations as the issue measured them: timed medians 470 ms (fsdp) and 190 ms (ddp), while
@@ -19,28 +20,51 @@ FSDP_PROFILED = {"compute_s": 0.40, "exposed_comm_s": 0.30, "overlapped_comm_s":
 DDP_PROFILED = {"compute_s": 0.50, "exposed_comm_s": 0.06, "overlapped_comm_s": 0.10, "idle_s": 0.03, "step_s": 0.59}
 
 
-def test_a_clear_difference_is_significant_with_an_interval_around_the_ratio_of_medians() -> None:
+def test_a_clear_difference_is_significant_with_a_t_interval_around_the_ratio_of_geometric_means() -> None:
     s = speedup(FSDP_TIMED, DDP_TIMED)
-    assert s.ratio == pytest.approx(statistics.median(FSDP_TIMED) / statistics.median(DDP_TIMED))
-    assert s.significant and s.test.p < 0.05
-    assert s.low <= s.ratio <= s.high
-    # the interval is the Moses interval of the log shift: its ends are ratios of actual runs
-    ratios = {a / b for a in FSDP_TIMED for b in DDP_TIMED}
-    assert min(ratios, key=lambda r: abs(r - s.low)) == pytest.approx(s.low)
-    assert min(ratios, key=lambda r: abs(r - s.high)) == pytest.approx(s.high)
+    logs = [math.log(v) for v in FSDP_TIMED], [math.log(v) for v in DDP_TIMED]
+    assert s.ratio == pytest.approx(math.exp(statistics.fmean(logs[0]) - statistics.fmean(logs[1])))
+    assert s.significant and s.test is not None and s.test.p < 0.05 and s.more_runs == 0
+    # the interval is symmetric about the ratio on the log scale: a t interval, 95 % by construction
+    assert math.log(s.high) - math.log(s.ratio) == pytest.approx(math.log(s.ratio) - math.log(s.low))
+    assert s.low < s.ratio < s.high and s.coverage == 0.95
     line = verdict(baseline="fsdp ×2", other="ddp ×2", baseline_steps=FSDP_TIMED, other_steps=DDP_TIMED).line
-    assert line.startswith(f"ddp ×2 is {s.ratio:.2f}× faster than fsdp ×2 (95% CI {s.low:.2f}–{s.high:.2f})")
+    assert line.startswith(f"ddp ×2 is {s.ratio:.2f}× faster than fsdp ×2 (95% CI {s.low:.2f}–{s.high:.2f}; p = ")
 
 
-def test_two_runs_of_one_config_are_not_significant_and_say_why() -> None:
+def test_three_separated_runs_against_three_decide_where_mann_whitney_cannot() -> None:
+    """The runs a user measured: no overlap at all, 3 against 3. Mann–Whitney's smallest p there is 0.1."""
+    fsdp, ddp = [0.1017, 0.1043, 0.0989], [0.0419, 0.0431, 0.0408]
+    assert mann_whitney(fsdp, ddp).p == pytest.approx(0.1)
+    s = speedup(fsdp, ddp)
+    assert s.significant and s.test is not None and s.test.method == "pooled"
+    line = verdict(baseline="fsdp", other="ddp", baseline_steps=fsdp, other_steps=ddp).line
+    assert line.startswith("ddp is 2.42× faster than fsdp (95% CI 2.28–2.58")
+
+
+def test_an_undecided_pair_says_how_many_more_runs_would_decide() -> None:
+    base, other = [1.0, 1.3], [0.8, 1.05]
+    s = speedup(base, other)
+    assert not s.significant and s.test is not None and s.more_runs is not None
+    needed = 2 + s.more_runs
+    # the count is the first n at which the t test finds this shift at this spread 4 times in 5
+    assert t_power(math.log(s.ratio), s.test.spread, needed) >= 0.8 > t_power(math.log(s.ratio), s.test.spread, needed - 1)
+    assert f"{needed} runs a side would decide" in s.note and f"run {s.more_runs} more each" in s.note
+    # unequal counts: Welch's test, and the note brings each side to the count
+    uneven = speedup([1.0, 1.5, 2.0], [0.8, 1.2])
+    assert uneven.test is not None and uneven.test.method == "welch" and "bring each to" in uneven.note
+
+
+def test_two_runs_of_one_config_are_not_decided_and_say_why() -> None:
     one = verdict(baseline="fsdp ×2", other="fsdp ×2 (b)", baseline_steps=[0.47], other_steps=[0.31])
-    assert not one.speedup.significant
-    assert "not significant" in one.line and "1 run vs 1" in one.line and "no interval" in one.line
-    # five runs each from one spread: they interleave, so Mann–Whitney does not separate them
+    assert not one.speedup.significant and one.speedup.test is None
+    assert "not decided" in one.line and "1 run vs 1" in one.line and "run 2 more each" in one.line and "no interval" in one.line
+    # five runs each from one spread: they interleave; too small a difference to chase
     a, b = [1.0, 1.2, 1.4, 1.6, 1.8], [1.1, 1.3, 1.5, 1.7, 1.9]
     five = verdict(baseline="a", other="b", baseline_steps=a, other_steps=b)
     assert not five.speedup.significant and five.speedup.low < 1 < five.speedup.high
-    assert "not significant (Mann–Whitney p = " in five.line and "n = 5 and 5" in five.line
+    assert "not decided (t test on log step times p = " in five.line and "n = 5 and 5" in five.line
+    assert five.speedup.more_runs is None and "treat them as equal" in five.line
 
 
 def test_the_why_adds_up_to_the_difference_of_the_timed_medians() -> None:

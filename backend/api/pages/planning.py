@@ -221,7 +221,15 @@ def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: S
     ]
     figures = sweep_figs.sweep_figures(points, spearman=view.spearman)
     ids = [r.id for p in view.points for r in p.runs if r.status == "succeeded"]
-    return render(request, "sweep.html", {"view": view, "figures": figures, "compare_ids": ",".join(ids)}, settings=settings)
+    cal = view.calibration
+    waiting = [{"id": cal["run_id"], "label": "calibrate", "status": cal["run_status"]}] if cal.get("run_id") else []
+    waiting += [
+        {"id": r.id, "label": p.candidate["label"] + (f" #{i}" if len(p.runs) > 1 else ""), "status": r.status}
+        for p in view.points
+        for i, r in enumerate(p.runs, start=1)
+    ]
+    context = {"view": view, "figures": figures, "compare_ids": ",".join(ids), "waiting_runs": waiting}
+    return render(request, "sweep.html", context, settings=settings)
 
 
 @router.post("/sweeps/{sweep_id}/cancel")

@@ -223,6 +223,16 @@ def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
     }
 
 
+@router.get("/watch.json")
+def watch(session: SessionDep, ids: Annotated[str, Query(description="Run ids, comma-separated.")] = "") -> dict[str, Any]:
+    """What a page waiting for runs polls (frontend/static/watch.js): each run's status, one query."""
+    wanted = [i for i in (x.strip() for x in ids.split(",")) if i]
+    try:
+        return run_service.watch_states(session=session, run_ids=wanted)
+    except ValueError as exc:
+        raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": str(exc), "type": "value_error"}]) from None
+
+
 @router.post("/runs/{run_id}/cancel")
 def cancel(
     request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep

@@ -1,0 +1,150 @@
+"""What a new user asks of the pages, in a real Chromium under the app's own Content-Security-Policy
+(no bypass): a verdict that decides at 3 runs against 3 and says how many more 2 against 2 needs;
+pages that wait for runs list them and fill in by themselves when they finish."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.db import session_scope
+from backend.models import Run
+from backend.services.ingest import attach_result
+from tests.backend.test_repeats import _store as store_runs
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
+from tests.ui.factories import csrf_token, make_document
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
+
+WATCH_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation',
+  e => window.__cspViolations.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline')));
+"""
+
+
+@pytest.fixture(scope="module")
+def answers_settings(tmp_path_factory: pytest.TempPathFactory):
+    return make_settings(tmp_path_factory.mktemp("answers"))
+
+
+@pytest.fixture(scope="module")
+def answers_app(answers_settings):
+    from backend.api.app import create_app
+    from backend.config import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_settings] = lambda: answers_settings
+    return app
+
+
+@pytest.fixture(scope="module")
+def server(answers_app) -> Iterator[LiveServer]:
+    with LiveServer(answers_app) as live:
+        yield live
+
+
+@pytest.fixture()
+def form_client(answers_app) -> Iterator[TestClient]:
+    with TestClient(answers_app) as c:
+        yield c
+
+
+def finish(settings, run_ids: list[str], tokens_per_s: float = 9_000.0) -> None:
+    """What a worker does when each run ends: its result document lands and the run succeeds."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        for i, run_id in enumerate(run_ids):
+            run = session.get(Run, run_id)
+            document = make_document(strategy=run.strategy, world_size=run.world_size, tokens_per_s=tokens_per_s * (1 + i / 50), seed=i)
+            attach_result(session, run=run, document=document)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    """A page under the app's CSP that fails the test on any console error or policy violation."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(WATCH_VIOLATIONS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.set_default_timeout(20_000)
+    yield page
+    errors += page.evaluate("window.__cspViolations || []")
+    context.close()
+    assert errors == [], errors
+
+
+def test_three_separated_runs_against_three_decide_and_two_against_two_say_how_many_more(page, server, answers_settings) -> None:
+    fsdp = store_runs(answers_settings, "fsdp", [5_800, 6_000, 5_900])
+    ddp = store_runs(answers_settings, "ddp", [14_100, 14_500, 14_300])
+    page.goto(f"{server.url}/compare?ids={','.join(fsdp + ddp)}&baseline={fsdp[0]}")
+    line = page.locator("#decision p.verdict").inner_text()
+    assert line.startswith("ddp ×2 is 2.4") and "× faster than fsdp ×2 (95% CI" in line and "n = 3 and 3" in line, line
+    assert page.locator("#decision p.verdict.significant").count() == 1
+    # every interval says its coverage: 3 runs' range covers the median 75 % of the time
+    assert "75.0% coverage with 3 runs" in page.locator("#configurations").inner_text()
+
+    fsdp2 = store_runs(answers_settings, "fsdp", [9_000, 12_500])
+    ddp2 = store_runs(answers_settings, "ddp", [11_000, 15_000])
+    page.goto(f"{server.url}/compare?ids={','.join(fsdp2 + ddp2)}&baseline={fsdp2[0]}")
+    line = page.locator("#decision p.verdict").inner_text()
+    assert "not decided" in line and "n = 2 and 2" in line and "more each" in line, line
+    assert page.locator("#decision p.verdict.not-significant").count() == 1
+    assert "50.0% coverage with 2 runs" in page.locator("#configurations").inner_text()
+
+
+def test_the_sweep_page_changes_to_finished_by_itself(page, server, form_client, answers_settings) -> None:
+    form = {"csrf_token": csrf_token(form_client), "model": "tiny", "world_size": "2", "top": "2", "controls": "0", "steps": "2"}
+    form.update({"precisions": "fp32", "checkpointing": "none", "accumulation": "1"})
+    created = form_client.post("/sweeps/new", data=form, follow_redirects=False)
+    assert created.status_code == 303, created.text[:500]
+    url = created.headers["location"]
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        runs = [r.id for r in session.query(Run).filter(Run.sweep_id == url.rsplit("/", 1)[-1]).order_by(Run.created_at)]
+    assert len(runs) >= 2
+    page.goto(server.url + url)
+    status = page.locator(".page-head .actions .badge").first
+    assert status.inner_text() == "running"
+    # the sweep's runs, behind the pool's calibrate run (this pool has no calibration yet)
+    waiting = page.locator("#waiting")
+    watched = (waiting.get_attribute("data-watch") or "").split(",")
+    (calibrate,) = set(watched) - set(runs)
+    assert set(runs) <= set(watched) and f"Waiting for {len(watched)} of {len(watched)}" in waiting.inner_text()
+    assert all(waiting.locator(f'a[href="/runs/{i}"]').count() == 1 for i in watched), "each run it waits for is a link"
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        session.get(Run, calibrate).status = "cancelled"
+    finish(answers_settings, runs[:1])  # one run lands: the page fills it in, the sweep still runs
+    page.locator(f'#waiting li[data-run="{runs[0]}"] .badge.status-succeeded').wait_for(timeout=15_000)
+    assert f"Waiting for {len(runs) - 1} of {len(watched)}" in page.locator("#waiting").inner_text()
+    assert page.locator(".page-head .actions .badge").first.inner_text() == "running"
+    finish(answers_settings, runs[1:])
+    page.locator(".page-head .actions .badge.status-finished").wait_for(timeout=15_000)
+    assert page.locator("#waiting").count() == 0 and page.locator("#sweep-table .badge.status-succeeded").count() == len(runs)
+
+
+def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(page, server, form_client, answers_settings) -> None:
+    form = {"csrf_token": csrf_token(form_client), "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "2", "repeats": "2"}
+    created = form_client.post("/runs/new", data=form, follow_redirects=False)
+    assert created.status_code == 303 and created.headers["location"].startswith("/compare?ids="), created.text[:500]
+    a = created.headers["location"].split("ids=", 1)[1].split("&")[0].split(",")
+    page.goto(server.url + created.headers["location"])
+    waiting = page.locator("#waiting")
+    assert "Waiting for 2 of 2 runs" in waiting.inner_text() and waiting.locator("a").count() == 2
+    finish(answers_settings, a)
+    page.locator("#waiting").wait_for(state="detached", timeout=15_000)
+    rows = page.locator("#configurations tbody tr")
+    assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
