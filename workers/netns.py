@@ -325,3 +325,10 @@ class EmulatedCluster:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.down()
+
+
+def link_bytes(node: Node) -> dict[str, int]:
+    """Bytes node `node` has sent and received on its link (its `eth0` counters): what crossed nodes."""
+    read = _run(["ip", "netns", "exec", node.netns, "cat", *(f"/sys/class/net/{INNER_IF}/statistics/{k}_bytes" for k in ("tx", "rx"))])
+    tx, rx = (int(v) for v in read.stdout.split())
+    return {"tx": tx, "rx": rx}
