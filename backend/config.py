@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     worker_address: str | None = Field(
         None, max_length=200, description="Where other hosts reach this one for a multi-node rendezvous (default: the host's address)."
     )
+    worker_netns: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="A network namespace this worker's ranks run in (an emulated node of `parallab lab emulate`); "
+        "the worker itself stays in its own, beside the database and broker.",
+    )
     worker_devices: int | None = Field(
         None, ge=1, le=1024, description="Ranks one node may run on this worker (default: its GPUs; on CPU, max_world_size)."
     )

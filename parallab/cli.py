@@ -16,6 +16,7 @@ from rich.console import Console
 from backend.config import get_settings
 from parallab.commands.bench import bench
 from parallab.commands.ci import ci_app, series_app
+from parallab.commands.emulate import lab_app
 from parallab.commands.export import export_app
 from parallab.commands.plan import plan
 from parallab.commands.slurm import pool_app, slurm_agent
@@ -38,6 +39,7 @@ app.add_typer(pool_app, name="pool")
 app.add_typer(export_app, name="export")
 app.add_typer(ci_app, name="ci")
 app.add_typer(series_app, name="series")
+app.add_typer(lab_app, name="lab")
 console = Console(stderr=True)
 
 app.command("plan")(plan)

@@ -23,6 +23,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
 from parallab.core.planner import Hardware, hardware_for
+from parallab.core.pools import crossing_dims
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
@@ -92,6 +93,8 @@ def build_result(
     hardware = dict(lead.hardware or {})
     if hosts:
         hardware["hosts"] = list(hosts)
+        if len(hosts) > 1:  # which dimensions' collectives cross the inter-node link (tp innermost stays inside)
+            hardware["inter_node_dims"] = crossing_dims([(d.name, d.size) for d in job.mesh], job.ranks_per_node)
     loss = lead.loss or LossCurve()
     summary = summarize(
         ranks=rank_dicts,

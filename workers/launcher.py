@@ -235,6 +235,7 @@ def launch(
     should_stop: Callable[[], str | None] | None = None,
     on_start: Callable[[int], None] | None = None,
     node: NodeLaunch | None = None,
+    netns: str | None = None,
     poll_s: float = 0.5,
     allowed_modules: frozenset[str] = frozenset(),
 ) -> LaunchOutcome:
@@ -242,6 +243,8 @@ def launch(
 
     `should_stop` returns why the ranks must stop now (a cancel, another node's fault, a lapsed
     lease), or None; `on_start` gets the ranks' process group id as soon as it exists.
+    `netns`: a network namespace the ranks run in (an emulated node: `ip netns exec` enters it
+    and execs, so torchrun keeps the process group and the lifeline keeps its parent).
     `allowed_modules`: this worker's allow-list of entry points — a job was checked against the
     submitting side's at resolution, and is checked again here, against the host that would run it,
     and by each rank before it imports the entry point."""
@@ -258,8 +261,9 @@ def launch(
     with run_dir.log.open("wb") as log:
         # The agent dies with this process (lifeline): a killed worker leaves no training behind.
         command = torchrun_command(job, run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir, node=node)
+        wrapped = lifeline.wrap(command, parent=os.getpid())
         proc = subprocess.Popen(
-            lifeline.wrap(command, parent=os.getpid()),
+            ["ip", "netns", "exec", netns, *wrapped] if netns else wrapped,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

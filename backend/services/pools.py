@@ -23,7 +23,7 @@ from backend.store import pools as store
 from backend.store import runs as run_store
 from backend.store import workers as worker_store
 from parallab.core.jobs import ResolvedJob
-from parallab.core.pools import SlurmPool
+from parallab.core.pools import PoolTopology, SlurmPool
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.result import ResultDocument
 
@@ -50,6 +50,23 @@ def slurm_pool(*, session: Session, name: str | None) -> SlurmPool | None:
 
 def list_slurm_pools(*, session: Session) -> dict[str, SlurmPool]:
     return {p.name: SlurmPool.model_validate(p.settings) for p in store.list_pools(session) if p.kind == "slurm"}
+
+
+def record_topology(*, session: Session, name: str, topology: PoolTopology) -> None:
+    """Write how a Celery pool's hosts are wired into its settings (`topology`), declaring the pool
+    if it has no row yet; a Slurm pool keeps its own settings and is refused."""
+    pool = store.get_pool(session, name)
+    if pool is not None and pool.kind != "celery":
+        raise ValueError(f"pool {name!r} is a {pool.kind} pool; its topology is not recorded here")
+    settings = {**(pool.settings if pool is not None else {}), "topology": topology.model_dump(mode="json")}
+    store.put_pool(session, name=name, kind="celery", settings=settings)
+
+
+def pool_topology(*, session: Session, name: str) -> PoolTopology | None:
+    """The recorded topology of pool `name`, if any."""
+    pool = store.get_pool(session, name)
+    said = (pool.settings or {}).get("topology") if pool is not None else None
+    return PoolTopology.model_validate(said) if said else None
 
 
 def uses_queue(*, session: Session, pool: str | None) -> bool:

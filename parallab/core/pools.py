@@ -10,6 +10,8 @@ where each run gets its run directory (every node of a job reads and writes the 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -50,3 +52,42 @@ class SlurmPool(BaseModel):
         if not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path on the cluster")
         return value
+
+
+class LinkFigures(BaseModel):
+    """One path between two ranks: its bandwidth (bit/s) and one-way latency (s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bandwidth_bps: float = Field(..., gt=0, description="Bits per second one way.")
+    latency_s: float = Field(0.0, ge=0, description="One-way latency in seconds (half a round trip).")
+
+
+class PoolTopology(BaseModel):
+    """How a pool's hosts are wired, where a planner reads it: inside a node and between nodes, as
+    declared (an emulated link's settings) and as measured (gloo send/recv across each path).
+
+    Stored in a pool's settings under `topology` (`parallab lab emulate` writes it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["emulated", "declared"] = "declared"
+    nodes: int = Field(..., ge=1)
+    ranks_per_node: int = Field(..., ge=1)
+    intra_node: LinkFigures | None = Field(None, description="Declared inside a node (None: the host's own memory path, unshaped).")
+    inter_node: LinkFigures = Field(..., description="Declared between nodes (an emulated link's tbf rate and netem delay).")
+    measured_intra_node: LinkFigures | None = None
+    measured_inter_node: LinkFigures | None = None
+
+
+def crossing_dims(mesh: Sequence[tuple[str, int]], ranks_per_node: int) -> list[str]:
+    """The mesh dimensions whose groups span nodes, with ranks placed in order on the nodes
+    (node = rank // ranks_per_node) and the mesh row-major, its last dimension innermost — torchtitan's
+    order, which puts tp innermost so that it stays inside a node. A dimension of size s whose
+    members sit `stride` ranks apart stays inside a node when stride × s divides the ranks per node."""
+    crossing, stride = [], 1
+    for name, size in reversed(list(mesh)):
+        if size > 1 and ranks_per_node % (stride * size) != 0:
+            crossing.append(name)
+        stride *= size
+    return list(reversed(crossing))

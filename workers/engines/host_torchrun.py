@@ -118,6 +118,7 @@ class HostTorchrun(Engine[HostJob]):
             should_stop=should_stop,
             on_start=watcher.started if watcher is not None else None,
             node=self.node,
+            netns=self.settings.worker_netns,
             allowed_modules=self.settings.allowed_modules,
         )
         return handle

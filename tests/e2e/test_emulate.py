@@ -1,0 +1,86 @@
+"""An emulated cluster on this machine, as root: namespaces made and removed (after a failing body,
+after Ctrl-C of `parallab lab emulate`, after its SIGKILL), one at a time, and a shaped link that
+measures as set — gloo send/recv between two nodes' namespaces."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.db import session_scope
+from backend.services import pools
+from tests.e2e.emulated import assert_nothing_left, emulated_cluster
+from workers.linkprobe import probe
+from workers.netns import ClusterSpec, EmulatedCluster, LinkShape, Refused, our_leftovers
+
+
+def test_the_namespaces_and_links_go_even_when_the_body_fails() -> None:
+    with pytest.raises(RuntimeError, match="the body failed"), emulated_cluster(nodes=2, ranks_per_node=1, rate="100mbit") as cluster:
+        made = our_leftovers()
+        assert sorted(made["netns"]) == sorted(n.netns for n in cluster.nodes)
+        assert cluster.bridge in made["links"] and len(made["links"]) == 3
+        sleeper = subprocess.Popen([*cluster.exec_args(cluster.nodes[0]), "sleep", "600"])
+        raise RuntimeError("the body failed")
+    assert our_leftovers() == {"netns": [], "links": []}
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL, "what ran inside a node went with it"
+
+
+def test_a_second_cluster_while_one_is_up_is_refused_saying_so() -> None:
+    with emulated_cluster(nodes=2, ranks_per_node=1, rate="100mbit") as first:
+        with pytest.raises(Refused, match=f"already up \\(pid {os.getpid()}, tag {first.tag}\\)"):
+            EmulatedCluster(ClusterSpec(2, 1, LinkShape(1e8))).up()
+        assert sorted(our_leftovers()["netns"]) == sorted(n.netns for n in first.nodes), "the refused one touched nothing"
+
+
+def _start_cli(postgres_url: str, home: Path, pool: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(home)}
+    cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1"]
+    cmd += ["--inter-node", "300mbit", "--pool", pool, "--no-workers", "--no-probe"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while "up" not in (line := proc.stderr.readline()) and time.monotonic() < deadline:
+        assert line or proc.poll() is None, "emulate exited before it was up"
+    assert len(our_leftovers()["netns"]) == 2
+    return proc
+
+
+def test_the_cli_records_the_pools_topology_and_ctrl_c_leaves_nothing(postgres_url: str, tmp_path: Path) -> None:
+    proc = _start_cli(postgres_url, tmp_path, "emu-cli")
+    try:
+        with session_scope(postgres_url) as session:
+            topology = pools.pool_topology(session=session, name="emu-cli")
+        assert topology is not None and topology.source == "emulated"
+        assert (topology.nodes, topology.ranks_per_node, topology.inter_node.bandwidth_bps) == (2, 1, 3e8)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_nothing_left()
+
+
+def test_a_killed_emulation_is_swept_by_the_next(postgres_url: str, tmp_path: Path) -> None:
+    proc = _start_cli(postgres_url, tmp_path, "emu-crash")
+    proc.kill()  # SIGKILL: no cleanup runs
+    proc.wait(timeout=10)
+    stale = our_leftovers()
+    assert len(stale["netns"]) == 2, "a SIGKILLed owner cannot clean up: its namespaces are still there"
+    with emulated_cluster(nodes=2, ranks_per_node=1, rate="100mbit") as cluster:
+        assert not set(stale["netns"]) & set(our_leftovers()["netns"]), "the next emulation swept the crashed one's"
+        assert len(cluster.nodes) == 2
+
+
+def test_the_shaped_link_measures_within_15_percent_of_its_rate_and_inside_a_node_is_faster() -> None:
+    with emulated_cluster(nodes=2, ranks_per_node=2, rate="200mbit") as cluster:
+        a, b = cluster.nodes
+        across = probe(cluster.exec_args(a), cluster.exec_args(b), f"{a.address}:29441", megabytes=8)
+        inside = probe(cluster.exec_args(a), cluster.exec_args(a), f"{a.address}:29442", megabytes=8)
+    assert across["bandwidth_bps"] == pytest.approx(2e8, rel=0.15), across
+    assert inside["bandwidth_bps"] > 5 * across["bandwidth_bps"], (inside, across)

@@ -1,0 +1,63 @@
+"""`parallab lab emulate`'s input: rates, times and shapes it refuses, naming the flag; the tc
+commands a link shape becomes; which mesh dimensions cross nodes under torchtitan's placement."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from parallab.cli import app
+from parallab.core.pools import crossing_dims
+from workers.netns import RANKS_PER_CORE, BadShape, ClusterSpec, LinkShape, parse_rate, parse_time
+
+
+def test_rates_and_times_parse_in_tc_units() -> None:
+    assert parse_rate("1gbit") == 1e9 and parse_rate("200mbit") == 2e8 and parse_rate("125mbps") == 1e9
+    assert parse_time("200us", flag="--latency") == pytest.approx(2e-4) and parse_time("0", flag="--latency") == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--inter-node", "0mbit"], "--inter-node: the bandwidth must be above 0"),
+        (["--inter-node", "fast"], "--inter-node: 'fast' is not a rate"),
+        (["--latency", "-1ms"], "--latency: must not be negative"),
+        (["--nodes", "1"], "--nodes: an emulated cluster has at least 2 nodes"),
+        (["--nodes", "2", "--ranks-per-node", "999"], f"more than {RANKS_PER_CORE} ranks per core"),
+        (["--loss", "100"], "--loss: a percentage in [0, 100)"),
+    ],
+)
+def test_an_impossible_cluster_is_refused_naming_the_flag(args: list[str], said: str) -> None:
+    out = CliRunner().invoke(app, ["lab", "emulate", *args])
+    assert out.exit_code == 2
+    assert said in out.output.replace("\n", " "), out.output
+
+
+def test_the_core_bound_counts_ranks_of_all_nodes() -> None:
+    link = LinkShape(1e9)
+    assert ClusterSpec(2, RANKS_PER_CORE, link).problems(cores=2) == []
+    assert "--ranks-per-node" in ClusterSpec(2, RANKS_PER_CORE + 1, link).problems(cores=2)[0]
+    with pytest.raises(BadShape, match="--jitter"):
+        parse_time("-5us", flag="--jitter")
+
+
+def test_a_rate_alone_is_one_tbf_and_latency_puts_netem_above_it() -> None:
+    (only,) = LinkShape(2e8).tc_commands("eth0")
+    assert only[only.index("root") + 3 :][:3] == ["tbf", "rate", "200000000bit"]
+    netem, tbf = LinkShape(1e9, latency_s=2e-4, jitter_s=5e-5, loss_pct=1).tc_commands("eth0")
+    assert netem[netem.index("netem") :][:6] == ["netem", "delay", "200us", "50us", "loss", "1%"]
+    assert tbf[tbf.index("parent") + 1] == "1:" and "tbf" in tbf
+
+
+@pytest.mark.parametrize(
+    ("mesh", "per_node", "crossing"),
+    [
+        ([("dp_shard", 2), ("tp", 2)], 2, ["dp_shard"]),  # tp innermost stays inside the node
+        ([("tp", 2), ("dp_shard", 2)], 2, ["tp"]),  # tp outermost crosses
+        ([("dp", 4)], 2, ["dp"]),
+        ([("dp", 2), ("tp", 2)], 4, []),  # one node holds the whole mesh
+        ([("pp", 2), ("dp", 1), ("tp", 4)], 4, ["pp"]),
+    ],
+)
+def test_the_dimensions_whose_groups_span_nodes(mesh: list[tuple[str, int]], per_node: int, crossing: list[str]) -> None:
+    assert crossing_dims(mesh, per_node) == crossing
