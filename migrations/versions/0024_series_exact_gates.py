@@ -1,7 +1,7 @@
 """series_counters and series_accepts: exact gates on counters that do not vary from run to run
 
-Revision ID: 0023
-Revises: 0022
+Revision ID: 0024
+Revises: 0023
 Create Date: 2026-12-06
 
 Each result on a series keeps its exact counters (bytes and calls per collective and group
