@@ -126,7 +126,8 @@ NOT_CHECKED = "not checked"
 
 
 def _check(summary_key: str, key: str) -> Callable[[ComparedRun], Any]:
-    """A field of a check in the summary (`gradient_check`, `replica_check`); its "verdict" is
+    """A field of a check in the summary (`gradient_check`, `replica_check`, `routing_check`,
+    `frozen_check`); its "verdict" is
     passed / failed ⚑, marked when the uploader stated it and the lab could not recompute it."""
 
     def get(r: ComparedRun) -> Any:
@@ -227,7 +228,10 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("gradient_check", "Gradient check against single", "text", None, _gradient("verdict")),
     ("gradient_max_rel_err", "Gradient error (worst parameter)", "rel. error", "lower", _gradient("max_rel_err")),
     ("gradient_worst_param", "Gradient: worst parameter", "text", None, _gradient("worst_param")),
+    ("gradient_tolerance", "Gradient tolerance (16-bit: 2 × its noise)", "rel. error", None, _gradient("tolerance")),
     ("replica_check", "Replica check (copies across ranks)", "text", None, _check("replica_check", "verdict")),
+    ("routing_check", "Routing check (own top-k vs replayed)", "text", None, _check("routing_check", "verdict")),
+    ("frozen_check", "End-of-run check (parameters still training)", "text", None, _check("frozen_check", "verdict")),
     ("noise", "Host during the run", "text", None, _noise),
     ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
 ]

@@ -150,7 +150,24 @@ TERMS: tuple[Term, ...] = (
         "The first step's gradients of every parameter, against the single-process reference's, within a tolerance for "
         "the precision. It catches errors the loss cannot (a gradient scaled by a constant under AdamW). For an MoE "
         "model the fp32 reference takes the experts the run's ranks chose (except under a pipeline or context "
-        "parallelism), so a token whose top-k flips under 16-bit rounding is not counted as a gradient error.",
+        "parallelism), so a token whose top-k flips under 16-bit rounding is not counted as a gradient error. A 16-bit "
+        "run's tolerance is twice its format's own noise on the workload (single in that precision against fp32), never "
+        "above the flat bound of the format.",
+    ),
+    Term(
+        "routing-check",
+        "Routing check",
+        "The gradient check's reference replays the experts the run chose; this check holds the reference's own top-k "
+        "choice of each token against them. A disagreement where the experts differ by less than the precision's "
+        "near-tie gap in router probability is rounding; more than 1% of tokens disagreeing otherwise fails it (a router "
+        "sending tokens to the wrong experts).",
+    ),
+    Term(
+        "frozen-check",
+        "End-of-run check",
+        "Every parameter with a gradient at the gradient check's step must have moved by the end of the run (beyond a "
+        "pure rescaling, which is weight decay). A parameter that stopped training after the checked step (its gradient "
+        "zeroed, left out of the optimizer) fails it, even where the loss stays within its tolerance.",
     ),
     Term(
         "verified",
@@ -286,6 +303,9 @@ METRIC_TERMS: dict[str, str] = {
     "gradient_max_rel_err": "gradient-check",
     "gradient_worst_param": "gradient-check",
     "replica_check": "replica-check",
+    "gradient_tolerance": "gradient-check",
+    "routing_check": "routing-check",
+    "frozen_check": "frozen-check",
     "noise": "noisy-host",
     "flags": "flags",
 }

@@ -62,6 +62,11 @@ def test_uploaded_routing_and_end_of_run_checks_are_stated_and_a_frozen_paramete
     frozen = page[page.index('id="frozen-check"') :]
     assert 'data-passed="false"' in page[page.index('id="frozen-check"') - 200 :][:400]
     assert "layers.0.attention.wo.weight (rank 1)" in frozen and "step 0" in frozen and "step 4" in frozen
+    gradient = page[page.index('id="gradient-step"') :]
+    assert gradient[: gradient.index("</dd>")].endswith("not stated"), "a document from before the step was stated"
+    metrics = {m["key"]: m["values"] for m in client.get(f"/compare.json?ids={run['id']}").json()["metrics"]}
+    assert metrics["frozen_check"] == ["failed ⚑ (stated by the uploader)"], metrics["frozen_check"]
+    assert metrics["routing_check"] == ["passed (stated by the uploader)"], metrics["routing_check"]
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,12 @@ BENCH_CASES: dict[str, Case] = {
     "moe bf16 experts summed": Case("moe", BF16, wrap=lambda s: ExpertsSummed(s)),
 }
 """What benchmarks/check_escapes.py adds (`--bench`)."""
+SPREAD_STRATEGIES = ("ddp", "fsdp", "tp", "ring", "moe")
+"""Clean bf16 runs at other seeds (`--seeds`): the spread of the error against the noise."""
+
+
+def spread_cases(seeds: int) -> dict[str, Case]:
+    return {f"{s} bf16 clean seed {seed}": Case(s, {**BF16, "seed": seed}) for seed in range(1, seeds) for s in SPREAD_STRATEGIES}
 
 
 @contextmanager
@@ -191,10 +197,11 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--bench", action="store_true", help="also the other strategies' clean and broken bf16 runs")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per run (after one warm-up step)")
+    parser.add_argument("--seeds", type=int, default=1, help="with --bench: clean bf16 runs at seeds 1..N-1 too")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    cases = CASES | (BENCH_CASES if args.bench else {})
+    cases = CASES | ((BENCH_CASES | spread_cases(args.seeds)) if args.bench else {})
     root, cache = args.out.parent / "runs", args.out.parent / "reference-cache"
     results = {name: run(case, root / name.replace(" ", "-").replace("/", ""), cache, args.steps) for name, case in cases.items()}
     finish(results, args.out)

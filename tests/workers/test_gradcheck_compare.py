@@ -45,3 +45,10 @@ def test_non_finite_gradients_fail_with_a_finite_error():
 def test_wrapper_prefixes_are_dropped_and_tolerances_by_precision():
     assert canonical("module.layers.0._checkpoint_wrapped_module.attention.wq.weight") == "layers.0.attention.wq.weight"
     assert tolerance("fp32") == 1e-5 == GRADIENT_TOLERANCE["fp32"] and tolerance("bf16") > tolerance("fp32")
+
+
+def test_a_16_bit_tolerance_is_twice_its_noise_between_fp32s_and_the_flat_bound():
+    assert tolerance("bf16", 0.01) == 0.02 and tolerance("fp16", 1.3e-3) == 2.6e-3
+    assert tolerance("bf16", 0.04) == GRADIENT_TOLERANCE["bf16"], "never looser than the flat bound"
+    assert tolerance("bf16", 0.0) == GRADIENT_TOLERANCE["fp32"], "never tighter than fp32's"
+    assert tolerance("fp32", 0.5) == GRADIENT_TOLERANCE["fp32"] and tolerance("bf16") == GRADIENT_TOLERANCE["bf16"]

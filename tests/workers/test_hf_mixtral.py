@@ -83,8 +83,16 @@ def test_a_config_transformers_5_saves_reads_back_as_the_same_shape():
 def test_single_mixtral_in_bf16_passes_against_fp32_with_the_runs_routing(harness_job):
     """A bf16 run on one rank records its experts in the check's step and the fp32 reference replays
     them (`workers.harness.routing`): without it some tokens' top-2 flip and the check failed at
-    0.098 on this model (0.126 on an H200), above the 5e-2 tolerance."""
+    0.098 on this model (0.126 on an H200), above the flat 5e-2 bf16 bound. The tolerance is derived
+    from bf16's noise on the workload: `single` in bf16 against fp32 — for a one-rank `single` run,
+    the same computation as its own, so its error is the noise. The reference's own top-k agrees
+    with the recorded choices but at near-ties (the routing cross-check)."""
     doc, _ = harness_job("single", 1, workload={**MIXTRAL, "precision": "bf16"}, trace=False)
     check = doc.summary.gradient_check
-    assert check is not None and check.tolerance == 5e-2 and check.passed, check
+    assert check is not None and check.passed and check.noise_max_rel_err is not None, check
+    assert check.max_rel_err == pytest.approx(check.noise_max_rel_err, rel=1e-6), check
+    assert check.tolerance == pytest.approx(min(5e-2, 2 * check.noise_max_rel_err)), check
     assert check.max_rel_err < 0.03, "what is left is bf16 rounding, as the dense models show"
+    routing = doc.summary.routing_check
+    assert routing is not None and routing.passed and routing.tokens > 0 and routing.unexplained_rate == 0.0, routing
+    assert doc.summary.frozen_check is not None and doc.summary.frozen_check.passed, doc.summary.frozen_check

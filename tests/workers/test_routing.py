@@ -4,7 +4,9 @@ reference, with and without the run's experts replayed (`workers.harness.routing
 Both MoE blocks the harness runs: the parallab family's (capacity, aux loss) and the hf family's
 Mixtral router (the library's). Without the replay the bf16 step's gradients fail the 5e-2
 tolerance against fp32 (some tokens' top-2 flip), with it they pass; and a wrong gradient still
-fails with it (the replay fixes which experts, not what they compute).
+fails with it (the replay fixes which experts, not what they compute). The replay cross-checked:
+the fp32 reference's own choices differ from the bf16 run's only at near-ties, and a router that
+chose the next expert fails (`cross_check`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,18 @@ from workers.harness import gradcheck
 from workers.harness.data import global_batch
 from workers.harness.families import build_model
 from workers.harness.model import apply_activation_checkpointing
-from workers.harness.routing import Routing, Tape, in_batch_order, recording, replaying, routers
+from workers.harness.routing import (
+    NEAR_TIE_GAP,
+    ROUTING_TOLERANCE,
+    Routing,
+    Tally,
+    Tape,
+    cross_check,
+    in_batch_order,
+    recording,
+    replaying,
+    routers,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -119,3 +132,38 @@ def test_ranks_calls_are_put_in_the_global_batchs_row_order():
     by_rank = [{"layers.0.feed_forward": [block[(0, r)], block[(1, r)]]} for r in range(2)]
     order = in_batch_order(by_rank)["layers.0.feed_forward"].flatten().tolist()
     assert order == [0, 0, 1, 1, 10, 10, 11, 11]
+
+
+def replayed_tallies(name: str, routing: Routing, gap: float) -> dict[str, Tally]:
+    """The fp32 reference's own choices tallied against `routing` (near-ties within `gap`)."""
+    cfg = MODELS[name]
+    reference = build_model(cfg, seed=1)
+    with replaying(reference, routing, near_tie_gap=gap) as tallies:
+        step_gradients(reference, cfg, bf16=False)
+    return tallies
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_bf16_routing_flips_are_near_ties_and_a_router_choosing_the_next_expert_is_not(name):
+    _, _, routing = bf16_against_fp32(name, replay=True)
+    clean = cross_check(replayed_tallies(name, routing, NEAR_TIE_GAP["bf16"]), "bf16")
+    assert clean is not None and clean.passed and clean.unexplained_rate == 0.0, clean
+    assert clean.disagreements == clean.near_ties > 0, "bf16 flips some tokens; every flip is a near-tie"
+    strict = cross_check(replayed_tallies(name, routing, 0.0), "bf16")
+    assert strict is not None and strict.unexplained_rate > 0, "without the near-tie allowance the flips would count"
+    experts = MODELS[name].num_experts
+    shifted = {block: (chosen + 1) % experts for block, chosen in routing.items()}
+    wrong = cross_check(replayed_tallies(name, shifted, NEAR_TIE_GAP["bf16"]), "bf16")
+    assert wrong is not None and not wrong.passed and wrong.unexplained_rate > 10 * ROUTING_TOLERANCE, wrong
+    # Every token's recorded set moved by one; the later blocks' own choices follow the replayed
+    # experts' outputs, and a few land on the shifted set.
+    assert wrong.disagreements > 0.9 * wrong.tokens, wrong
+
+
+def test_a_disagreement_is_a_near_tie_only_where_every_expert_taken_is_within_the_gap_of_the_kth():
+    probs = torch.tensor([[0.40, 0.30, 0.29, 0.01]] * 3)
+    own = torch.tensor([[0, 1]] * 3)
+    replayed = torch.tensor([[0, 1], [2, 0], [0, 3]])  # agrees; swaps the tied 2nd and 3rd; takes the last
+    tally = Tally()
+    tally.add(own, replayed, probs, gap=0.02)
+    assert (tally.tokens, tally.disagreements, tally.near_ties, tally.unexplained) == (3, 2, 1, 1)

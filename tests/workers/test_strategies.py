@@ -128,8 +128,9 @@ def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
     assert all(math.isfinite(v) and 0 < v < 20 for v in doc.loss.values)  # finite, sensible
     assert doc.workload["precision"] == "bf16"
     assert doc.loss.reference_source in ("computed", "host cache")  # never its own: not the reference recipe
-    check = doc.summary.gradient_check  # bf16 gradients against fp32's, at bf16's tolerance
-    assert check.tolerance == 5e-2 and check.passed and check.max_rel_err > 1e-5, check
+    check = doc.summary.gradient_check  # bf16 gradients against fp32's, at twice bf16's noise on the workload
+    assert check.noise_max_rel_err is not None and check.tolerance == pytest.approx(min(5e-2, 2 * check.noise_max_rel_err)), check
+    assert check.passed and check.max_rel_err > 1e-5, check
     # FSDP2 gathers and reduce-scatters on each of the 2 micro-steps: measured, op by op, as predicted
     measured, predicted = doc.summary.comm_bytes_per_step, doc.prediction.comm_bytes_per_step
     assert predicted and measured == predicted, (measured, predicted)

@@ -11,14 +11,16 @@ copies its own shard of every parameter whose local gradient is non-zero (fp32, 
 copy of the rank's parameters: what the optimizer's own state costs a third of). After the last
 optimizer step (`verdict`) it measures each one's motion as ‖p_end − c·p_0‖ / ‖p_0‖ with c the
 least-squares scale (⟨p_end, p_0⟩ / ⟨p_0, p_0⟩) — a parameter only rescaled has moved by weight
-decay alone, not by its gradient (the harness trains with none, `loop.WEIGHT_DECAY`, where c is
-1 unless the parameter moved) — and a shard whose motion is at most `TOLERANCE` is frozen. A
+decay alone, not by its gradient (the harness trains with none, `loop.WEIGHT_DECAY`; the fit
+keeps the check right if it ever does) — and a shard whose motion is at most `TOLERANCE` is frozen. A
 parameter that starts at zero is measured by ‖p_end‖ alone. Rank 0 gathers every rank's list.
 
-`TOLERANCE` 1e-6: a frozen shard moves by rounding only (0 without decay; a few 1e-7 after many
-decayed steps in fp32), while AdamW moves every element with a gradient by about lr per step, so
-a trained parameter's motion is ≳ lr/rms(p) — 1e-3 at lr 1e-5 for weights of rms 1e-2, 1e-5 for
-norms of ones; a run at smaller learning rates than that is refused nothing but may be flagged.
+`TOLERANCE` 1e-6: a frozen shard moves by rounding only (0 without decay; one fp32 rounding of a
+decayed product is ~3e-8, and n decayed steps' roundings add up to ~√n of those), while AdamW
+moves every element with a gradient by about lr per step, so a trained parameter's motion is
+≳ lr/rms(p) — 1e-3 at lr 1e-5 for weights of rms 1e-2, 1e-5 for norms of ones (measured on tiny
+at lr 1e-2: 1.2e-2 to 2.1e-2 least motion over clean runs). A run at a learning rate below ~1e-6
+could be flagged without a fault.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ so its own gates and their gradients, but takes the run's experts. What is left 
 the tolerance is for. A wrong gradient still shows: the replay fixes which experts, not what they
 compute.
 
+The replay could hide a router that chose wrong (it would replay the wrong experts too), so it is
+cross-checked (`Tally`, `cross_check`): while replaying, the reference's own top-k of each token
+is compared with the run's; a disagreement is a near-tie when every expert the run took and the
+reference did not has a reference probability within `NEAR_TIE_GAP` of the reference's k-th, and
+more than `ROUTING_TOLERANCE` of the tokens disagreeing otherwise fails the routing check.
+
 Where the rows are: micro-step i of data-parallel rank r holds row block i·dp + r of the global
 batch (`workers.harness.data.micro_batch`), which the reference takes in one forward; ranks of
 one dp coordinate (tp ranks, which route the same rows) recorded the same choices. A pipeline
