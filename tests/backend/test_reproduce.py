@@ -77,7 +77,8 @@ def test_the_verdict_holds_measured_against_stated(client, settings, uploaded, m
     for side in (uploaded["id"], run["id"]):
         page = client.get(f"/runs/{side}").text
         assert f'data-reproduced="{"true" if reproduced else "false"}"' in page
-        assert f'href="/runs/{uploaded["id"]}" id="reproduction-upload"' in page and f'href="/runs/{run["id"]}" id="reproduction-run"' in page
+        assert f'href="/runs/{uploaded["id"]}" id="reproduction-upload"' in page
+        assert f'href="/runs/{run["id"]}" id="reproduction-run"' in page
         assert re.search(verdict.lstrip("^").split(r"\(")[0][:20], page)
 
 

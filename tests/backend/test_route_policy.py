@@ -50,6 +50,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/runs/{run_id}"): "read",
     ("GET", "/api/v1/runs/{run_id}/trace"): "read",
     ("GET", "/api/v1/runs/{run_id}/timeline"): "read",
+    ("GET", "/api/v1/runs/{run_id}/reproduction"): "read",
     ("GET", "/api/v1/plan"): "read",
     ("GET", "/api/v1/compare"): "read",
     ("GET", "/api/v1/leaderboard"): "read",
@@ -93,6 +94,9 @@ POLICY: dict[tuple[str, str], str] = {
     # Running jobs: submit; cancel only one's own run (admins any).
     ("POST", "/api/v1/runs"): "submit",
     ("POST", "/runs/new"): "submit",
+    # Reproducing an upload queues a lab run: a submission (any member's, of anyone's upload).
+    ("POST", "/api/v1/runs/{run_id}/reproduce"): "submit",
+    ("POST", "/runs/{run_id}/reproduce"): "submit",
     ("POST", "/api/v1/runs/{run_id}/cancel"): "cancel own run",
     ("POST", "/runs/{run_id}/cancel"): "cancel own run",
     # CI: uploads with a token; series settings and alert dismissals.
