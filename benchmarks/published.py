@@ -53,6 +53,8 @@ class Checked:
     """Why the planner misses this row where it is known to (the test holds that check as a strict xfail)."""
     step_time_expected_to_fail: bool = False
     memory_expected_to_fail: bool = False
+    calibrates: str = ""
+    """The profile constant this row sets (not held out: left out of the mean and the bands)."""
     band: dict[str, Any] | None = None
     not_modelled: list[str] | None = None
 
@@ -119,6 +121,7 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
         expected_failure=str(miss.get("reason") or ""),
         step_time_expected_to_fail=bool(miss.get("step_time")),
         memory_expected_to_fail=bool(miss.get("memory")),
+        calibrates=str(run.get("calibrates") or ""),
         band=band,
         not_modelled=list(accuracy.get("not_modelled") or []),
     )
@@ -135,7 +138,7 @@ def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dic
     """Each row's step-time and memory error by kind (what `parallab.core.accuracy` reads)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for run, row in zip(runs, rows, strict=True):
-        if row.expected_failure:
+        if row.expected_failure or row.calibrates:
             continue
         out.setdefault(kind_of_run(run), []).append(
             {"name": row.name, "step_time_error": round(row.step_time_error, 4), "memory_error": round(row.memory_error, 4)}
@@ -145,7 +148,7 @@ def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dic
 
 def mean_step_error(rows: list[Checked]) -> float:
     """Mean absolute step-time error over the rows held to the step-time bound."""
-    held = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    held = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail and not r.calibrates]
     return sum(held) / len(held) if held else 0.0
 
 
@@ -164,14 +167,15 @@ def table(rows: list[Checked]) -> str:
             f"| {r.name} | {r.predicted_memory_gib:.1f} GiB | {r.published_memory_gib:.1f} GiB | {r.memory_error:+.1%} "
             f"| {r.predicted_tokens_per_s_per_gpu:,.0f} | {r.published_tokens_per_s_per_gpu:,.0f} | {r.step_time_error:+.1%} "
             f"| {band_text(r.band)} | {'fits' if r.fits else 'rejected: ' + '; '.join(r.reasons)}"
-            f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''} |"
+            f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''}"
+            f"{' (sets the profile constant, not held out)' if r.calibrates else ''} |"
         )
-    step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail and not r.calibrates]
     memory = [abs(r.memory_error) for r in rows if not r.memory_expected_to_fail]
     if step and memory:
         lines.append("")
         lines.append(
-            f"Step time held on {len(step)} rows: mean |error| {mean_step_error(rows):.1%}, max {max(step):.1%}; "
+            f"Step time held out on {len(step)} rows: mean |error| {mean_step_error(rows):.1%}, max {max(step):.1%}; "
             f"memory held on {len(memory)} rows: max |error| {max(memory):.1%}; "
             f"known misses (strict xfails): {sum(1 for r in rows if r.expected_failure)}."
         )
