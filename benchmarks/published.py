@@ -4,6 +4,7 @@ and tokens/s per GPU for each row of `benchmarks/published_runs.json`, with the 
     python -m benchmarks.published                # the table (markdown)
     python -m benchmarks.published --json         # the rows as JSON
     python -m benchmarks.published --write-bands  # the error bands every prediction carries
+    python -m benchmarks.published --gpu-runs     # the h200 profile against parallab's own H200 runs
 
 The rows are evaluated exactly as `parallab plan` ranks a candidate (`parallab.core.ranking.evaluate`)
 on the catalogue entry of the hardware each run used and its packaged device profile, uncalibrated.
@@ -22,7 +23,7 @@ from typing import Any
 from parallab.core.accuracy import band_for, kind_of
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
-from parallab.core.planner import hardware_for
+from parallab.core.planner import estimate_step_time, hardware_for
 from parallab.core.ranking import PlanRow, evaluate
 from parallab.core.spec import JobSpec
 
@@ -182,11 +183,41 @@ def table(rows: list[Checked]) -> str:
     return "\n".join(lines)
 
 
+GPU_RUNS = {
+    "llama-1b_bf16": "sets memory_bound.measured_factor and launch_s (with gpt2-124m bf16)",
+    "llama-1b_bf16_compile": "sets memory_bound.compiled_share",
+    "llama-1b_fp32": "held out",
+    "gpt2-124m_fp32": "held out",
+    "gpt2-124m_bf16": "sets measured_factor and launch_s (with llama-1b bf16)",
+    "gpt2-124m_bf16_compile": "held out",
+    "gpt2-124m_fp8_compile": "held out",
+}
+"""parallab's own H200 run documents (benchmarks/gpu/) and what each is to the packaged h200 profile."""
+RECIPE_KEYS = ("model", "seq_len", "global_batch_size", "precision", "activation_checkpointing", "compile")
+
+
+def gpu_runs_table() -> str:
+    """Predicted against measured median step time of each H200 run, on the packaged h200 profile."""
+    hw = hardware_for(load_catalogue().get("h200"), nodes=1, devices_per_node=1)
+    lines = ["| run | role | predicted step | measured step | error |", "|---|---|---:|---:|---:|"]
+    for name, role in GPU_RUNS.items():
+        doc = json.loads((Path(__file__).with_name("gpu") / f"{name}.json").read_text())
+        workload = {k: v for k, v in doc["workload"].items() if k in RECIPE_KEYS}
+        job = resolve_job(JobSpec.model_validate({"workload": workload, "strategy": {"name": "single", "world_size": 1}}), Limits())
+        predicted, measured = estimate_step_time(job, hw).step_s, doc["summary"]["step_time_s"]["median"]
+        lines.append(f"| {name} | {role} | {predicted * 1e3:.1f} ms | {measured * 1e3:.1f} ms | {predicted / measured - 1:+.1%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--write-bands", action="store_true", help="write parallab/core/profiles/bands.json from the rows")
+    parser.add_argument("--gpu-runs", action="store_true", help="the h200 profile against parallab's own H200 runs")
     args = parser.parse_args()
+    if args.gpu_runs:
+        print(gpu_runs_table())
+        return
     runs = load_runs()
     rows = [evaluate_run(run)[1] for run in runs]
     if args.write_bands:
