@@ -77,6 +77,8 @@ def test_a_sweep_from_the_form_has_a_page_with_the_comparison_and_can_be_cancell
     page = client.get(url)
     assert page.status_code == 200
     assert 'id="spearman"' in page.text and 'id="sweep-table"' in page.text and 'id="cancel-sweep"' in page.text
+    bands = re.findall(r'<td class="band small">([^<]*)</td>', page.text)  # no published run validates a CPU pool: labelled
+    assert len(bands) == 4 and all(b.startswith("outside every validated regime") for b in bands), bands
     figure = json.loads(re.search(r'<script type="application/json" id="fig-throughput">(.*?)</script>', page.text, re.S).group(1))
     names = [trace.get("name") for trace in figure["data"]]
     assert "ideal (measured = predicted)" in names and "top predicted" in names
