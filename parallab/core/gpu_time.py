@@ -131,20 +131,24 @@ def compute_terms(
         ),
     ]
     if fp8:
-        h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
-        per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
-        acts = layers * t * per_token * profile.fp8.activation_bytes_per_element * fused / bw
-        weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
-        terms.append(
-            Term(
-                "fp8 scaling and casts",
-                n * (3 * acts) + weights,
-                "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
-                "fp8",
-            )
-        )
+        terms.append(_fp8_term(job, shares, profile, bw=bw, fused=fused))
     kernels = (
         KERNELS_PER_LAYER * layers * n * (1 + (1 if mode != "none" else 0)) * (profile.memory_bound.compiled_share if compiled else 1.0)
     )
     terms.append(Term("kernel launches", kernels * profile.launch_s, "kernels × launch_s (compiled: × compiled_share)", "launch_s"))
     return terms
+
+
+def _fp8_term(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, bw: float, fused: float) -> Term:
+    """torchao Float8Linear's scaling and casts per step (module docstring)."""
+    cfg, mode, tp = job.model, job.workload.activation_checkpointing, shares.tp
+    h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+    per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
+    acts = shares.layers * shares.tokens * per_token * profile.fp8.activation_bytes_per_element * fused / bw
+    weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
+    return Term(
+        "fp8 scaling and casts",
+        shares.forwards * (3 * acts) + weights,
+        "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
+        "fp8",
+    )
