@@ -23,6 +23,11 @@ and optimizer step:
 - optimizer: AdamW reads and writes 28 bytes per local parameter (fp32 master, grads, 2 moments).
 
 Tokens/s = global tokens per step / step.
+
+On an uncalibrated GPU whose catalogue entry has a device profile (`parallab.core.device_profile`,
+`parallab/core/profiles/<key>.json`), compute is timed kernel class by kernel class from the
+profile's measured shares instead (`profile_terms`, `parallab.core.gpu_time`; docs/planner.md,
+"Device profiles"), and GEMMs sit on the roofline at the profile's share of the peak.
 """
 
 from __future__ import annotations
