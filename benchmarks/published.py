@@ -4,6 +4,7 @@ and tokens/s per GPU for each row of `benchmarks/published_runs.json`, with the 
     python -m benchmarks.published                # the table (markdown)
     python -m benchmarks.published --json         # the rows as JSON
     python -m benchmarks.published --write-bands  # the error bands every prediction carries
+    python -m benchmarks.published --gpu-runs     # the h200 profile against parallab's own H200 runs
 
 The rows are evaluated exactly as `parallab plan` ranks a candidate (`parallab.core.ranking.evaluate`)
 on the catalogue entry of the hardware each run used and its packaged device profile, uncalibrated.
@@ -22,7 +23,7 @@ from typing import Any
 from parallab.core.accuracy import band_for, kind_of
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
-from parallab.core.planner import hardware_for
+from parallab.core.planner import estimate_step_time, hardware_for
 from parallab.core.ranking import PlanRow, evaluate
 from parallab.core.spec import JobSpec
 
@@ -53,6 +54,8 @@ class Checked:
     """Why the planner misses this row where it is known to (the test holds that check as a strict xfail)."""
     step_time_expected_to_fail: bool = False
     memory_expected_to_fail: bool = False
+    calibrates: str = ""
+    """The profile constant this row sets (not held out: left out of the mean and the bands)."""
     band: dict[str, Any] | None = None
     not_modelled: list[str] | None = None
 
@@ -119,6 +122,7 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
         expected_failure=str(miss.get("reason") or ""),
         step_time_expected_to_fail=bool(miss.get("step_time")),
         memory_expected_to_fail=bool(miss.get("memory")),
+        calibrates=str(run.get("calibrates") or ""),
         band=band,
         not_modelled=list(accuracy.get("not_modelled") or []),
     )
@@ -135,7 +139,7 @@ def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dic
     """Each row's step-time and memory error by kind (what `parallab.core.accuracy` reads)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for run, row in zip(runs, rows, strict=True):
-        if row.expected_failure:
+        if row.expected_failure or row.calibrates:
             continue
         out.setdefault(kind_of_run(run), []).append(
             {"name": row.name, "step_time_error": round(row.step_time_error, 4), "memory_error": round(row.memory_error, 4)}
@@ -145,7 +149,7 @@ def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dic
 
 def mean_step_error(rows: list[Checked]) -> float:
     """Mean absolute step-time error over the rows held to the step-time bound."""
-    held = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    held = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail and not r.calibrates]
     return sum(held) / len(held) if held else 0.0
 
 
@@ -164,17 +168,44 @@ def table(rows: list[Checked]) -> str:
             f"| {r.name} | {r.predicted_memory_gib:.1f} GiB | {r.published_memory_gib:.1f} GiB | {r.memory_error:+.1%} "
             f"| {r.predicted_tokens_per_s_per_gpu:,.0f} | {r.published_tokens_per_s_per_gpu:,.0f} | {r.step_time_error:+.1%} "
             f"| {band_text(r.band)} | {'fits' if r.fits else 'rejected: ' + '; '.join(r.reasons)}"
-            f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''} |"
+            f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''}"
+            f"{' (sets the profile constant, not held out)' if r.calibrates else ''} |"
         )
-    step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail]
+    step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail and not r.calibrates]
     memory = [abs(r.memory_error) for r in rows if not r.memory_expected_to_fail]
     if step and memory:
         lines.append("")
         lines.append(
-            f"Step time held on {len(step)} rows: mean |error| {mean_step_error(rows):.1%}, max {max(step):.1%}; "
+            f"Step time held out on {len(step)} rows: mean |error| {mean_step_error(rows):.1%}, max {max(step):.1%}; "
             f"memory held on {len(memory)} rows: max |error| {max(memory):.1%}; "
             f"known misses (strict xfails): {sum(1 for r in rows if r.expected_failure)}."
         )
+    return "\n".join(lines)
+
+
+GPU_RUNS = {
+    "llama-1b_bf16": "sets memory_bound.measured_factor and launch_s (with gpt2-124m bf16)",
+    "llama-1b_bf16_compile": "sets memory_bound.compiled_share",
+    "llama-1b_fp32": "held out",
+    "gpt2-124m_fp32": "held out",
+    "gpt2-124m_bf16": "sets measured_factor and launch_s (with llama-1b bf16)",
+    "gpt2-124m_bf16_compile": "held out",
+    "gpt2-124m_fp8_compile": "held out",
+}
+"""parallab's own H200 run documents (benchmarks/gpu/) and what each is to the packaged h200 profile."""
+RECIPE_KEYS = ("model", "seq_len", "global_batch_size", "precision", "activation_checkpointing", "compile")
+
+
+def gpu_runs_table() -> str:
+    """Predicted against measured median step time of each H200 run, on the packaged h200 profile."""
+    hw = hardware_for(load_catalogue().get("h200"), nodes=1, devices_per_node=1)
+    lines = ["| run | role | predicted step | measured step | error |", "|---|---|---:|---:|---:|"]
+    for name, role in GPU_RUNS.items():
+        doc = json.loads((Path(__file__).with_name("gpu") / f"{name}.json").read_text())
+        workload = {k: v for k, v in doc["workload"].items() if k in RECIPE_KEYS}
+        job = resolve_job(JobSpec.model_validate({"workload": workload, "strategy": {"name": "single", "world_size": 1}}), Limits())
+        predicted, measured = estimate_step_time(job, hw).step_s, doc["summary"]["step_time_s"]["median"]
+        lines.append(f"| {name} | {role} | {predicted * 1e3:.1f} ms | {measured * 1e3:.1f} ms | {predicted / measured - 1:+.1%} |")
     return "\n".join(lines)
 
 
@@ -182,7 +213,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--write-bands", action="store_true", help="write parallab/core/profiles/bands.json from the rows")
+    parser.add_argument("--gpu-runs", action="store_true", help="the h200 profile against parallab's own H200 runs")
     args = parser.parse_args()
+    if args.gpu_runs:
+        print(gpu_runs_table())
+        return
     runs = load_runs()
     rows = [evaluate_run(run)[1] for run in runs]
     if args.write_bands:

@@ -154,6 +154,7 @@ def _predicted(row: PlanRow) -> dict[str, Any]:
         "model_state_bytes": row.model_state_bytes,
         "activation_bytes": row.activation_bytes,
         "estimate": row.estimate,
+        "accuracy": row.accuracy,
     }
 
 
@@ -328,6 +329,16 @@ class SweepPoint:
     def predicted_tokens_per_s(self) -> float | None:
         value = self.candidate["predicted"].get("tokens_per_s")
         return float(value) if value is not None else None
+
+    @property
+    def band_label(self) -> str:
+        """The prediction's band ("±X% (n=N)"), or its regime where no published run validates it;
+        "" for candidates planned before predictions carried one."""
+        accuracy = self.candidate["predicted"].get("accuracy") or {}
+        band = accuracy.get("band")
+        if band:
+            return f"±{band['step_time_share']:.0%} (n={band['n']})"
+        return str(accuracy.get("regime") or "")
 
     @property
     def predicted_memory_bytes(self) -> int | None:

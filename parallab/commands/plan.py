@@ -131,6 +131,13 @@ def plan(
         dry_run_command(job, json_out=json_out)
         return
     hw = _hardware(device, nodes, gpus_per_node, pool) if (device or pool) else None
+    _predict_one(job, hw, given, explain=explain, loss_parallel=loss_parallel, json_out=json_out)
+
+
+def _predict_one(
+    job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], *, explain: bool, loss_parallel: bool, json_out: bool
+) -> None:
+    """One job's prediction (on `hw` when given: its step time, band and what it does not model), or its explanation."""
     if explain:
         if hw is None:
             fail("--explain: give the hardware to time the step on, with --device (or --pool)")

@@ -59,7 +59,9 @@ class Attention(BaseModel):
 class MemoryBound(BaseModel):
     model_config = _strict
     elements_per_token: tuple[float, float]
-    """(a, b): a block's eager forward reads and writes ≈ a·h + b·f/tp elements per token."""
+    """(a, b): a block's forward reads and writes ≈ a·h + b·f/tp elements per token (the textbook count)."""
+    measured_factor: float = Field(gt=0, le=20)
+    """Bytes eager kernels move over the textbook count's (measured on a whole step)."""
     bandwidth_share: float = Field(gt=0, le=1.0)
     compiled_share: float = Field(gt=0, le=1.0)
     source: str = Field(min_length=8)

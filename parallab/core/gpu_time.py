@@ -16,8 +16,8 @@ Per forward of the busiest rank (t tokens, L blocks, tensor-parallel degree tp):
   block weight element, at `fp8.*_bytes_per_element` (amax, cast, transpose), memory-bound.
 - recomputation: selective re-runs the memory-bound ops and the attention forward; full the whole
   block forward.
-- host: the kernels of a step × `launch_s` (compiled: × `compiled_share`), exposed only where it
-  exceeds the device's time (the host runs ahead of the device otherwise).
+- launches: the kernels of a step × `launch_s` (compiled: × `compiled_share`), the gap each
+  kernel leaves on the device.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class Shares:
     """Block weight elements the rank multiplies (TP-local, gathered)."""
     sequence_parallel: bool = False
     """Under TP, whether the h-wide ops (norms, residual adds) run on sequence shards."""
+    stream_bytes: int = 2
+    """Bytes per element of the residual stream (`dims.base.residual_stream_bytes`)."""
 
 
 def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> float:
@@ -88,9 +90,13 @@ def compute_terms(
     attn_bwd = layers * 2.5 * attention_flops(job, t, shares.context, tp) / (peak16 * profile.attention_share(cfg.seq_len, backward=True))
     a, b = profile.memory_bound.elements_per_token
     width = cfg.ffn_hidden_size // tp if not cfg.is_moe else cfg.expert_ffn * cfg.top_k
-    # h-wide ops: on a sequence shard under SP; replicated on every TP rank without it
+    # h-wide ops: on a sequence shard under SP; replicated on every TP rank without it. They run
+    # on the residual stream's dtype (fp32 under autocast with fp32 weights, 16-bit under FSDP's
+    # param_dtype); autocast also casts the normed input of wq, wk, wv, w1, w3 (read 4 B, write 2 B).
     h_wide = cfg.hidden_size / tp if shares.sequence_parallel else cfg.hidden_size
-    mem_fwd = layers * t * (a * h_wide + b * width) * act_bytes * fused / bw
+    casts = 5 * cfg.hidden_size * 6 if shares.stream_bytes > act_bytes else 0
+    per_token = a * h_wide * shares.stream_bytes + b * width * act_bytes + casts
+    mem_fwd = layers * t * per_token * profile.memory_bound.measured_factor * fused / bw
     vocab = cfg.vocab_size // tp if loss_parallel and tp > 1 else cfg.vocab_size
     loss = t * vocab * 4 * 3 / bw
     gemm_fwd = layers * shares.gemm_forward_s
@@ -105,7 +111,12 @@ def compute_terms(
         ),
         Term("LM head GEMM", n * 3 * shares.head_forward_s, "3 × 2·t·h·V/tp / (peak·share)", "gemm.efficiency.bf16"),
         Term("attention (flash)", n * (attn_fwd + attn_bwd), "L × FLOPs_attn × (1/share_fwd + 2.5/share_bwd)", f"attention[{cfg.seq_len}]"),
-        Term("memory-bound ops", n * 3 * mem_fwd, "3 × L × t·(a·h + b·f/tp)·bytes × compiled_share / (bw·share)", "memory_bound"),
+        Term(
+            "memory-bound ops",
+            n * 3 * mem_fwd,
+            "3 × L × t·(a·h·stream + b·f/tp·act + casts) × factor × compiled_share / (bw·share)",
+            "memory_bound",
+        ),
         Term(
             "loss (fp32 logits)",
             n * loss,
@@ -120,22 +131,24 @@ def compute_terms(
         ),
     ]
     if fp8:
-        h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
-        per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
-        acts = layers * t * per_token * profile.fp8.activation_bytes_per_element * fused / bw
-        weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
-        terms.append(
-            Term(
-                "fp8 scaling and casts",
-                n * (3 * acts) + weights,
-                "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
-                "fp8",
-            )
-        )
+        terms.append(_fp8_term(job, shares, profile, bw=bw, fused=fused))
     kernels = (
         KERNELS_PER_LAYER * layers * n * (1 + (1 if mode != "none" else 0)) * (profile.memory_bound.compiled_share if compiled else 1.0)
     )
-    device = sum(term.seconds for term in terms)
-    host = kernels * profile.launch_s  # the host issues kernels ahead of the device: only its excess is exposed
-    terms.append(Term("host time beyond the device", max(0.0, host - device), "max(0, kernels × launch_s − device time)", "launch_s"))
+    terms.append(Term("kernel launches", kernels * profile.launch_s, "kernels × launch_s (compiled: × compiled_share)", "launch_s"))
     return terms
+
+
+def _fp8_term(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, bw: float, fused: float) -> Term:
+    """torchao Float8Linear's scaling and casts per step (module docstring)."""
+    cfg, mode, tp = job.model, job.workload.activation_checkpointing, shares.tp
+    h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+    per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
+    acts = shares.layers * shares.tokens * per_token * profile.fp8.activation_bytes_per_element * fused / bw
+    weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
+    return Term(
+        "fp8 scaling and casts",
+        shares.forwards * (3 * acts) + weights,
+        "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
+        "fp8",
+    )

@@ -23,6 +23,11 @@ and optimizer step:
 - optimizer: AdamW reads and writes 28 bytes per local parameter (fp32 master, grads, 2 moments).
 
 Tokens/s = global tokens per step / step.
+
+On an uncalibrated GPU whose catalogue entry has a device profile (`parallab.core.device_profile`,
+`parallab/core/profiles/<key>.json`), compute is timed kernel class by kernel class from the
+profile's measured shares instead (`profile_terms`, `parallab.core.gpu_time`; docs/planner.md,
+"Device profiles"), and GEMMs sit on the roofline at the profile's share of the peak.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
 from parallab.core.device_profile import DeviceProfile, load_profile
+from parallab.core.dims.base import residual_stream_bytes
+from parallab.core.dims.dp_shard import DIMENSION as FSDP_DIMENSION
 from parallab.core.families import tensor_count
 from parallab.core.gpu_time import Shares, Term, compute_terms
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
@@ -318,7 +325,9 @@ def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, 
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     block_weights = lay.layers * (2 * h * h + 2 * h * cfg.kv_dim + (cfg.mlp_matrices) * h * f) // lay.tp
     sp = bool(getattr(job.options, "sequence_parallel", False))
-    shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp)
+    fsdp = any(d.name == FSDP_DIMENSION.name and d.size > 1 for d in job.mesh)
+    stream = residual_stream_bytes(precision, fsdp=fsdp)
+    shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream)
     peak16 = hw.peak_flops("bf16" if precision != "fp32" else "fp32")
     return compute_terms(job, shares, device_profile, peak16=peak16, bandwidth=hw.spec.memory_bandwidth, loss_parallel=loss_parallel)
 

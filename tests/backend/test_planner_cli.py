@@ -33,7 +33,9 @@ def test_plan_ranks_llama_8b_on_two_h100_nodes_and_says_why_the_rest_dont_fit():
     body = json.loads(result.output)
     assert body["world_size"] == 16 and "2 × 8 NVIDIA H100 SXM5 80GB" in body["hardware"]
     assert len(body["fits"]) == 5 and body["fitting"] > 5 and body["rejected"]
-    assert all(row["memory_per_rank_bytes"] <= 0.9 * 80e9 and row["tokens_per_s"] > 0 for row in body["fits"])
+    budget = 80e9 - 2**31  # a profiled GPU's budget is the allocator's: its memory less the CUDA context (h100-sxm profile)
+    assert all(row["memory_per_rank_bytes"] <= budget and row["tokens_per_s"] > 0 for row in body["fits"])
+    assert all(row["accuracy"]["not_modelled"] for row in body["fits"])
     assert all(row["reasons"] for row in body["rejected"])
     table = runner.invoke(cli(plan), ["--model", "llama-8b", "--device", "h100", "--nodes", "2", "--gpus-per-node", "8", "--top", "3"])
     assert (

@@ -22,6 +22,17 @@ def test_the_plan_page_ranks_what_fits_and_lists_why_the_rest_dont(client):
     assert bad.status_code == 200 and "unknown device &#39;h900&#39;" in bad.text
 
 
+def test_the_plan_page_shows_each_rows_band_and_what_the_fastest_does_not_model(client):
+    page = client.get("/plan", params={"model": "llama-3-8b", "device": "h100-96gb", "nodes": 1, "gpus_per_node": 8, "top": 5})
+    assert page.status_code == 200
+    table = page.text[page.text.index('id="ranking-table"') :]
+    bands = re.findall(r'<td class="band small" title="not modelled: ([^"]*)">(.*?)</td>', table, re.S)
+    assert len(bands) == 5 and all(title for title, _ in bands)
+    assert any("±" in cell for _, cell in bands) or all("outside every validated regime" in cell for _, cell in bands)
+    expander = table[table.index('id="plan-accuracy"') :]
+    assert "How sure is the fastest?" in expander and "Not modelled:" in expander and "--explain" in expander
+
+
 def test_the_plan_page_folds_each_layout_familys_close_variants_under_its_best(client):
     page = client.get("/plan", params={"model": "llama-8b", "device": "h100", "nodes": 2, "gpus_per_node": 8, "top": 500})
     assert page.status_code == 200
@@ -66,6 +77,8 @@ def test_a_sweep_from_the_form_has_a_page_with_the_comparison_and_can_be_cancell
     page = client.get(url)
     assert page.status_code == 200
     assert 'id="spearman"' in page.text and 'id="sweep-table"' in page.text and 'id="cancel-sweep"' in page.text
+    bands = re.findall(r'<td class="band small">([^<]*)</td>', page.text)  # no published run validates a CPU pool: labelled
+    assert len(bands) == 4 and all(b.startswith("outside every validated regime") for b in bands), bands
     figure = json.loads(re.search(r'<script type="application/json" id="fig-throughput">(.*?)</script>', page.text, re.S).group(1))
     names = [trace.get("name") for trace in figure["data"]]
     assert "ideal (measured = predicted)" in names and "top predicted" in names
