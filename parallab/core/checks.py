@@ -211,10 +211,25 @@ STATED_CHECKS = ("gradient_check", "replica_check", "routing_check", "frozen_che
 choices, the parameters at the check's step) are not in the document. Each schema holds its own
 verdict against its own numbers (`passed` ⇔ within the tolerance), so a stated one is at least
 consistent; it stays the uploader's word."""
-RUN_CHECKS = {"loss_reference": "loss", "gradient_check": "gradient", "replica_check": "replica"}
+RUN_CHECKS = {
+    "loss_reference": "loss",
+    "gradient_check": "gradient",
+    "replica_check": "replica",
+    "frozen_check": "frozen",
+    "routing_check": "routing",
+}
 """Every correctness check a training run carries, by its key in the document (`summary.<key>`,
 `loss.reference`) → the short name pages and `flags.CORRECTNESS_CHECKS` use. The lab's worker makes
-each of them on every training run; a run without one is labelled `not_checked`, never passed."""
+each of them on every training run it applies to (the routing check: `replays_routing`); a run
+without one that applies is labelled `not_checked`, never passed."""
+
+
+def replays_routing(job: ResolvedJob) -> bool:
+    """Whether the gradient check's reference takes the run's experts, and so whether the routing
+    cross-check applies: an MoE model whose ranks hold whole sequences of whole rows of the batch in
+    every block — no pipeline, no context parallelism."""
+    layout = job.layout
+    return job.model.is_moe and (layout is None or (layout.pp == 1 and layout.cp == 1))
 
 
 def not_checked(document: ResultDocument) -> list[str]:
@@ -226,10 +241,14 @@ def not_checked(document: ResultDocument) -> list[str]:
     job = _resolved(document)
     if job is not None and not job.trains:
         return []
+    summary = document.summary
     present = {
         "loss_reference": bool(document.loss.reference),
-        "gradient_check": document.summary.gradient_check is not None,
-        "replica_check": document.summary.replica_check is not None,
+        "gradient_check": summary.gradient_check is not None,
+        "replica_check": summary.replica_check is not None,
+        "frozen_check": summary.frozen_check is not None,
+        # Only where the lab's worker would make it: a workload it cannot resolve has no routers it knows.
+        "routing_check": summary.routing_check is not None or job is None or not replays_routing(job),
     }
     return [key for key in RUN_CHECKS if not present[key]]
 

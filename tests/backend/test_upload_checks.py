@@ -101,7 +101,7 @@ def test_a_failed_gradient_check_rewritten_as_passed_is_stored_as_stated_by_the_
     response = upload(doc)
     assert response.status_code == 201, response.text
     run = response.json()
-    assert run["result"]["summary"]["checks_stated"] == ["gradient_check", "replica_check", "loss_reference"]
+    assert run["result"]["summary"]["checks_stated"] == ["gradient_check", "replica_check", "frozen_check", "loss_reference"]
     page = client.get(f"/runs/{run['id']}")
     assert page.status_code == 200
     card = page.text[page.text.index('id="gradient-check"') :]
@@ -113,7 +113,7 @@ def test_an_uploaded_checks_stated_is_never_trusted(upload) -> None:
     doc["summary"]["checks_stated"] = []
     doc["summary"].pop("gradient_check")
     doc["summary"]["replica_check"] = {"passed": True, "tolerance": 1e-5, "max_rel_diff": 0.0, "copies_compared": 39}
-    assert upload(doc).json()["result"]["summary"]["checks_stated"] == ["replica_check", "loss_reference"]
+    assert upload(doc).json()["result"]["summary"]["checks_stated"] == ["replica_check", "frozen_check", "loss_reference"]
 
 
 def test_a_loss_drift_of_1e_3_in_one_upload_is_a_loss_flag_on_its_page_in_compare_and_on_the_leaderboard(upload, client) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from parallab.core.checks import BYTES, FLOAT, check_summary, summary_inputs
+from parallab.core.checks import BYTES, FLOAT, check_summary, not_checked, replays_routing, summary_inputs
+from parallab.core.jobs import resolve_job
+from parallab.core.spec import JobSpec
 from parallab.core.result import ResultDocument
 from tests.ui.factories import make_document
 
@@ -30,7 +32,7 @@ def test_a_worker_made_summary_passes_and_comes_back_unchanged_but_for_the_state
     document = doc()
     checked = check_summary(document)
     assert checked.problems == []
-    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check", "replica_check"]}
+    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check", "replica_check", "frozen_check"]}
 
 
 def test_every_disagreeing_field_is_named():
@@ -87,3 +89,18 @@ def test_a_gradient_check_is_held_against_its_own_per_parameter_errors():
 def test_a_gradient_check_whose_verdict_contradicts_its_error_is_refused():
     with pytest.raises(ValidationError, match="passed is True but max_rel_err 1 vs tolerance 1e-05"):
         doc(gradient_check={**GRADIENTS, "max_rel_err": 1.0, "per_param": {"a": 1e-7, "b": 1.0}})
+
+
+def test_the_end_of_run_check_applies_to_every_training_run_and_the_routing_check_to_replayed_moe():
+    """A dense run needs no routing check; a replayed MoE run without one, or any training run
+    without its end-of-run check, is not checked — never passed."""
+    dense = make_document(strategy="ddp", world_size=2, tokens_per_s=12_000.0).model_dump(mode="json")
+    assert not_checked(ResultDocument.model_validate(dense)) == []
+    dense["summary"].pop("frozen_check")
+    assert not_checked(ResultDocument.model_validate(dense)) == ["frozen_check"]
+    moe = make_document(strategy="moe", world_size=2, tokens_per_s=12_000.0).model_dump(mode="json")
+    moe_doc = ResultDocument.model_validate(moe)
+    assert replays_routing(resolve_job(JobSpec.model_validate({"workload": moe_doc.workload, "strategy": moe_doc.strategy.model_dump()})))
+    assert not_checked(moe_doc) == []
+    moe["summary"].pop("routing_check")
+    assert not_checked(ResultDocument.model_validate(moe)) == ["routing_check"]

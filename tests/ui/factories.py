@@ -204,6 +204,23 @@ def make_document(
         "replica_check",
         {"passed": True, "tolerance": 1e-5, "max_rel_diff": 0.0, "copies_compared": 2 * n if n > 1 else 0, "divergent": []},
     )
+    summary.setdefault(
+        "frozen_check",
+        {"passed": True, "tolerance": 1e-6, "min_motion": 1e-3, "params_checked": 39, "to_step": steps},
+    )
+    if strategy == "moe":
+        summary.setdefault(
+            "routing_check",
+            {
+                "passed": True,
+                "tolerance": 0.01,
+                "near_tie_gap": 1e-5,
+                "tokens": 2048,
+                "disagreements": 0,
+                "near_ties": 0,
+                "unexplained_rate": 0.0,
+            },
+        )
     doc["summary"] = summary
     doc["prediction"] = {
         "model_state_bytes_per_rank": state,

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parallab.core.checks import replays_routing
 from parallab.core.hardware import DeviceDescription
 from parallab.core.jobs import ResolvedJob
 from parallab.core.reference import ReferenceSource, aux_loss_coef, cache_path, is_reference, read_cached, reference_job, write_cached
@@ -97,14 +98,6 @@ def compute_reference(job: ResolvedJob, ctx: RunContext, progress: loop.Progress
     applied = single.apply(new_model(ref, route_groups=job.dp_degree if job.model.is_moe else 1), solo, options)
     result = loop.train(applied=applied, strategy=single, options=options, ctx=solo, job=ref, progress=progress, phase="reference")
     return [float(x) for x in torch.stack(result.losses).cpu()]
-
-
-def replays_routing(job: ResolvedJob) -> bool:
-    """Whether the reference takes the run's experts (`workers.harness.routing`): an MoE model whose
-    ranks hold whole sequences of whole rows of the batch in every block — no pipeline, no context
-    parallelism."""
-    layout = job.layout
-    return job.model.is_moe and (layout is None or (layout.pp == 1 and layout.cp == 1))
 
 
 def reference_gradients(job: ResolvedJob, ctx: RunContext, routing: Routing | None = None) -> gradcheck.Gradients:

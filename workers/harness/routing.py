@@ -22,7 +22,7 @@ Where the rows are: micro-step i of data-parallel rank r holds row block i·dp +
 batch (`workers.harness.data.micro_batch`), which the reference takes in one forward; ranks of
 one dp coordinate (tp ranks, which route the same rows) recorded the same choices. A pipeline
 (stages hold different blocks, micro-batches cut otherwise) and context parallelism (a rank
-holds part of each sequence) are not replayed (`main.replays_routing`). A forward rerun inside
+holds part of each sequence) are not replayed (`parallab.core.checks.replays_routing`). A forward rerun inside
 backward (activation checkpointing) is neither recorded nor handed a second slice: it chose
 before, in the forward, and the tape gives it the same rows.
 
