@@ -27,7 +27,7 @@ from parallab.core.checks import DocumentError, check_summary, reference_key_of
 from parallab.core.flags import failed_checks, prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
-from parallab.core.spec import key_fields
+from parallab.core.spec import key_fields, options_key
 
 
 def workload_key(workload: dict[str, Any]) -> str:
@@ -66,6 +66,7 @@ def summary_columns(doc: ResultDocument) -> dict[str, Any]:
         "workload_key": workload_key(doc.workload),
         "shape_key": shape_key(doc.workload),
         "hardware_key": hardware_key(doc.hardware),
+        "strategy_options": options_key(doc.strategy.options),
         "tokens_per_s": s.tokens_per_s,
         "step_time_median_s": s.step_time_s.median,
         "mfu": s.mfu,

@@ -90,6 +90,7 @@ EXPORT_FIELDS = (
     "rank",
     "best",
     "strategy",
+    "strategy_options",
     "world_size",
     "model",
     "tokens_per_s",
