@@ -49,6 +49,12 @@ class Run(Base):
 
     # Denormalised from spec/result for list pages and the leaderboard.
     strategy: Mapped[str] = mapped_column(String(32), index=True)
+    strategy_options: Mapped[str] = mapped_column(
+        String(200),
+        default="",
+        server_default="",
+        doc="The strategy's options as measured (`backend.services.ingest.options_key`): a leaderboard config's part (migration 0023).",
+    )
     world_size: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(64), index=True)
     workload_key: Mapped[str | None] = mapped_column(String(64), doc="Hash of what must match for runs to be ranked together.")

@@ -27,7 +27,7 @@ from parallab.core.checks import RUN_CHECKS, DocumentError, check_summary, not_c
 from parallab.core.flags import failed_checks, prediction_flags
 from parallab.core.recipes import RECIPE_DEFAULTS
 from parallab.core.result import Flag, ResultDocument, Summary
-from parallab.core.spec import key_fields
+from parallab.core.spec import key_fields, options_key
 
 UPLOAD_SOURCE = "ci"
 """A run's `source` when it came in as an upload: every other source is a run of the lab's own workers."""
@@ -69,6 +69,7 @@ def summary_columns(doc: ResultDocument, *, uploaded: bool) -> dict[str, Any]:
         "workload_key": workload_key(doc.workload),
         "shape_key": shape_key(doc.workload),
         "hardware_key": hardware_key(doc.hardware),
+        "strategy_options": options_key(doc.strategy.options),
         "tokens_per_s": s.tokens_per_s,
         "step_time_median_s": s.step_time_s.median,
         "mfu": s.mfu,

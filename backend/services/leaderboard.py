@@ -92,6 +92,7 @@ EXPORT_FIELDS = (
     "rank",
     "best",
     "strategy",
+    "strategy_options",
     "world_size",
     "model",
     "tokens_per_s",

@@ -56,6 +56,7 @@ ROW_COLUMNS = (
     "name",
     "model",
     "strategy",
+    "strategy_options",
     "world_size",
     "workload_key",
     "hardware_key",
@@ -81,7 +82,7 @@ ROW_COLUMNS = (
     "checks_failed",
     "checks_stated",
 )
-SORTABLE = frozenset(ROW_COLUMNS) - {"checks_failed", "checks_stated"} | {"rank", "config_runs"}
+SORTABLE = frozenset(ROW_COLUMNS) - {"checks_failed", "checks_stated", "strategy_options"} | {"rank", "config_runs"}
 RECIPE_FILTERS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
 FILTERS = ("model", "hardware_key", "strategy", "world_size", "source", "branch", "user_id", *RECIPE_FILTERS)
 GROUPINGS = ("workload", "shape", *RECIPE_FILTERS)
@@ -89,7 +90,10 @@ GROUPINGS = ("workload", "shape", *RECIPE_FILTERS)
 identical workloads compete); `shape` — the same model shape and batch, every recipe competing;
 a recipe dimension — within a shape, one group per value of that dimension."""
 
-CONFIG = ("workload_key", "hardware_key", "strategy", "world_size")
+CONFIG = ("workload_key", "hardware_key", "strategy", "world_size", "strategy_options")
+"""One config: its runs share a workload, hardware, strategy, world size and the strategy's options as
+measured (FSDP resharding or not, a pipeline's schedule, virtual stages and micro-batches: each
+its own row, median and n; the CI series keep the workload key alone)."""
 KEYED = frozenset(CONFIG) | {"shape_key"}
 """Columns compared with `=` (never null on a ranked run, and indexed); the others null-safely."""
 ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.columns)
@@ -114,7 +118,7 @@ whose checks the lab made itself). A subset with no runs has no cell."""
 COUNT_KEY = (*CONFIG, *CELL_ATTRIBUTES, "source", "branch", "user_id", "checks_failed", "checks_stated")
 """What one `leaderboard_counts` row counts the runs of: a config and every run column a filter reads."""
 SORT_WORK_MEM = "64MB"
-RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", *RECIPE_FILTERS)
+RECIPE_CONFIG = ("shape_key", "hardware_key", "strategy", "world_size", "strategy_options", *RECIPE_FILTERS)
 
 
 def partition(group: str) -> tuple[str, ...]:
@@ -246,10 +250,11 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
     conn.execute(insert(Count).from_select([*COUNT_KEY, "runs"], counts_of(Entry.__table__, match)))
 
 
-def counts_of(entries: Any, where: Sequence[ColumnElement[bool]] = ()) -> Any:
-    """The `leaderboard_counts` rows of the entries `where` keeps: one per distinct COUNT_KEY
-    (the config's attributes are one value per config: grouping by them adds no rows)."""
-    key = [entries.c[c] for c in COUNT_KEY]
+def counts_of(entries: Any, where: Sequence[ColumnElement[bool]] = (), count_key: Sequence[str] = COUNT_KEY) -> Any:
+    """The `leaderboard_counts` rows of the entries `where` keeps: one per distinct `count_key`
+    (the config's attributes are one value per config: grouping by them adds no rows; a migration
+    passes the key of its time)."""
+    key = [entries.c[c] for c in count_key]
     return select(*key, func.count().label("runs")).where(*where).group_by(*key)
 
 
@@ -293,11 +298,12 @@ def subset_of(filters: dict[str, Any]) -> str:
     return next(name for name, rule in SUBSETS.items() if rule == wanted)
 
 
-def runs_by_config(entries: Any) -> Any:
+def runs_by_config(entries: Any, key: Sequence[str] = CONFIG) -> Any:
     """Every entry as its config then what `subset_cells` reads (`RUN_CHECKS`), one config after
     another in (throughput, id) order — the one pass the bulk rebuild and the migrations that
-    derive cells make (`entries`: the table, or a migration's snapshot of it)."""
-    config = [entries.c[c] for c in CONFIG]
+    derive cells make (`entries`: the table, or a migration's snapshot of it; `key`: the config
+    key of the migration's time)."""
+    config = [entries.c[c] for c in key]
     checks = (entries.c.id, entries.c.tokens_per_s, entries.c.checks_failed.is_not(None), entries.c.checks_stated.is_not(None))
     return select(*config, *checks).order_by(*config, entries.c.tokens_per_s, entries.c.id)
 

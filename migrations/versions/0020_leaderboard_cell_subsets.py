@@ -56,7 +56,7 @@ def upgrade() -> None:
         tuple(r[: len(CONFIG)]): dict(zip(ATTRIBUTES, r[len(CONFIG) :], strict=True))
         for r in conn.execute(sa.select(*(cells.c[c] for c in (*CONFIG, *ATTRIBUTES))).where(cells.c.subset == "all"))
     }
-    rows = conn.execute(runs_by_config(entries))
+    rows = conn.execute(runs_by_config(entries, CONFIG))
     batch_rows: list[dict[str, Any]] = []
     for key, members in grouped_by_config(rows, len(CONFIG)):
         if key not in attributes:  # (an entry without a cell: nothing the board showed)

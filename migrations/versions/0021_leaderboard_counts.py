@@ -17,13 +17,19 @@ uses); the downgrade drops it.
 import sqlalchemy as sa
 from alembic import op
 
-from backend.store.leaderboard import COUNT_KEY, counts_of
+from backend.store.leaderboard import counts_of
 
 revision = "0021"
 down_revision = "0020"
 branch_labels = None
 depends_on = None
 
+COUNT_KEY = (
+    *("workload_key", "hardware_key", "strategy", "world_size"),
+    *("model", "shape_key", "precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size"),
+    *("source", "branch", "user_id", "checks_failed", "checks_stated"),
+)
+"""What a counts row counted at this revision (a config, its attributes, the run's filtered columns)."""
 entries = sa.table("leaderboard_entries", *(sa.column(c) for c in COUNT_KEY))
 
 
@@ -50,7 +56,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_leaderboard_counts")),
     )
     op.create_index("ix_leaderboard_counts_config", "leaderboard_counts", ["workload_key", "hardware_key", "strategy", "world_size"])
-    op.get_bind().execute(sa.insert(counts).from_select([*COUNT_KEY, "runs"], counts_of(entries)))
+    op.get_bind().execute(sa.insert(counts).from_select([*COUNT_KEY, "runs"], counts_of(entries, count_key=COUNT_KEY)))
 
 
 def downgrade() -> None:

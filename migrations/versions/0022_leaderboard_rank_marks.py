@@ -58,7 +58,7 @@ def upgrade() -> None:
     with op.batch_alter_table("leaderboard_cells") as batch:
         batch.add_column(sa.Column("marks", sa.JSON(), nullable=True))
     conn = op.get_bind()
-    rows = conn.execute(runs_by_config(entries))
+    rows = conn.execute(runs_by_config(entries, CONFIG))
     statement = (
         sa.update(cells)
         .where(*(cells.c[c].is_not_distinct_from(sa.bindparam(f"key_{c}")) for c in CONFIG), cells.c.subset == sa.bindparam("key_subset"))

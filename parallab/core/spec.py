@@ -10,6 +10,8 @@ strategies' (`parallab.core.strategies`), applied once by `parallab.core.jobs.re
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -243,6 +245,22 @@ def without_neutral(block: dict[str, Any]) -> dict[str, Any]:
 def key_fields(workload: dict[str, Any]) -> dict[str, Any]:
     """The keyed fields of a workload block as the key hashes them (neutral values left out)."""
     return without_neutral({k: workload.get(k) for k in WORKLOAD_KEY_FIELDS})
+
+
+OPTIONS_KEY_CHARS = 200
+"""The longest options key (the column that holds it); a longer one ends in a hash of the whole."""
+
+
+def options_key(options: dict[str, Any]) -> str:
+    """A strategy's options as measured, in words and in a stable order — e.g.
+    `reshard_after_forward=false` or `microbatches=8, schedule=interleaved_1f1b, virtual_stages=2` —
+    so runs whose options differ (ZeRO-3 against ZeRO-2, one pipeline schedule against another)
+    are different leaderboard configs. Empty for a strategy without options."""
+    text = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in sorted(options.items()))
+    if len(text) <= OPTIONS_KEY_CHARS:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{text[: OPTIONS_KEY_CHARS - len(digest) - 2]}… {digest}"
 
 
 def _known_strategy(name: str) -> str:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from html import unescape
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from backend.db import session_scope
@@ -75,12 +76,13 @@ def test_cursor_pages_match_the_offset_query(settings) -> None:
                         ), case
 
 
-def test_the_api_pages_by_next_cursor_and_refuses_a_cursor_of_another_order(settings, client) -> None:
+@pytest.mark.parametrize("sort", ["mfu", "created_at"])  # a float, and a time through the cursor's text
+def test_the_api_pages_by_next_cursor_and_refuses_a_cursor_of_another_order(settings, client, sort: str) -> None:
     with session_scope(settings.sqlalchemy_url) as session:
         lab_runs(session)
         with_metrics(session)
         session.commit()
-    base = "/api/v1/leaderboard?runs=all&sort=mfu&dir=desc&group=shape"
+    base = f"/api/v1/leaderboard?runs=all&sort={sort}&dir=desc&group=shape"
     whole = client.get(f"{base}&limit=500").json()
     assert whole["next_cursor"] is None
     ids, url, offset = [], f"{base}&limit={PAGE}", 0

@@ -287,17 +287,22 @@ def _value(column: str, value: Any) -> Any:
         ("0019", "leaderboard_cells.subset"),
         ("0020", "leaderboard_counts"),
         ("0021", "leaderboard_cells.marks"),
+        ("0022", "leaderboard_cells.strategy_options"),
     ],
 )
 def test_migrations_move_a_populated_database_down_and_up_with_nothing_lost(scratch_url: str, down_to: str, added: str) -> None:
-    """0019 (medians, checks), 0020 (a cell per subset of a config's runs), 0021 (the counts) and
-    0022 (the rank marks), each walked down and up again."""
+    """0019 (medians, checks), 0020 (a cell per subset of a config's runs), 0021 (the counts),
+    0022 (the rank marks) and 0023 (the strategy's options in the config), each walked down and up again."""
     upgrade(scratch_url)
     with get_sessionmaker(scratch_url)() as session:
         for i, tps in enumerate(TEN[:7]):
             store_run(session, doc(strategy="tp", world_size=2, tokens_per_s=tps, seed=i), source="form")
         store_run(session, doc(strategy="ddp", world_size=2, tokens_per_s=1.0, gradient_error=1e-3), source="form")
         store_run(session, doc(strategy="ddp", world_size=2, tokens_per_s=2.0, seed=1), source="ci")
+        for i, reshard in enumerate((True, False, False)):  # two configs from 0023 on, one before
+            fsdp = doc(strategy="fsdp", world_size=2, tokens_per_s=50.0 + i, seed=i)
+            options = {"reshard_after_forward": reshard}
+            store_run(session, fsdp.model_copy(update={"strategy": fsdp.strategy.model_copy(update={"options": options})}), source="form")
     before = _snapshot(scratch_url)
     downgrade(scratch_url, down_to)
     table, _, column = added.partition(".")

@@ -242,6 +242,25 @@ def test_narrow_window_has_no_horizontal_page_scroll(browser, live_server, lab):
     context.close()
 
 
+def test_the_two_fsdp_variants_are_separate_leaderboard_rows(page, live_server, lab, session_factory):
+    """ZeRO-3 (resharding after forward) and ZeRO-2 runs of one workload: two rows, each its own median and n, labelled."""
+    from tests.ui.factories import make_document, store_run
+
+    with session_factory() as session:
+        for i, (reshard, tps) in enumerate(((True, 30_000.0), (True, 32_000.0), (True, 34_000.0), (False, 40_000.0), (False, 44_000.0))):
+            doc = make_document(strategy="fsdp", world_size=2, tokens_per_s=tps, seed=100 + i)
+            options = {"reshard_after_forward": reshard}
+            store_run(session, doc.model_copy(update={"strategy": doc.strategy.model_copy(update={"options": options})}))
+        session.commit()
+    page.goto(live_server.url + "/leaderboard?strategy=fsdp")
+    rows = page.locator("#leaderboard-table tbody tr:has([data-options])")
+    found = {
+        rows.nth(i).locator("[data-options]").inner_text(): rows.nth(i).locator(".interval").inner_text().split("n=")[-1]
+        for i in range(rows.count())
+    }
+    assert found == {"reshard_after_forward=true": "3", "reshard_after_forward=false": "2"}
+
+
 # ---- the whole path with a real worker and torchrun ----
 
 HARNESS = REPO / "workers" / "harness" / "main.py"
