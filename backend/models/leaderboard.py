@@ -44,7 +44,7 @@ class LeaderboardEntry(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     model: Mapped[str] = mapped_column(String(64))
     strategy: Mapped[str] = mapped_column(String(32))
-    strategy_options: Mapped[str] = mapped_column(String(200), default="", server_default="", doc="As the run's (migration 0023).")
+    strategy_options: Mapped[str] = mapped_column(String(200), default="", server_default="", doc="As the run's (migration 0025).")
     world_size: Mapped[int] = mapped_column(Integer)
     workload_key: Mapped[str] = mapped_column(String(64))
     hardware_key: Mapped[str | None] = mapped_column(String(200))
@@ -80,7 +80,7 @@ class LeaderboardEntry(Base):
             "hardware_key",
             "strategy",
             "world_size",
-            "strategy_options",  # migration 0023: options split configs
+            "strategy_options",  # migration 0025: options split configs
             "tokens_per_s",  # migration 0022: a key, so a rank's count between two marks is a range
             postgresql_include=["id", "model", "source", "branch", "user_id"],
         ),
@@ -137,7 +137,7 @@ class ConfigColumns:
     hardware_key: Mapped[str | None] = mapped_column(String(200), sort_order=-1)
     strategy: Mapped[str] = mapped_column(String(32), sort_order=-1)
     world_size: Mapped[int] = mapped_column(Integer, sort_order=-1)
-    strategy_options: Mapped[str] = mapped_column(String(200), default="", server_default="", doc="Migration 0023: options split configs.")
+    strategy_options: Mapped[str] = mapped_column(String(200), default="", server_default="", doc="Migration 0025: options split configs.")
     model: Mapped[str] = mapped_column(String(64), sort_order=-1)
     shape_key: Mapped[str | None] = mapped_column(String(64), sort_order=-1)
     precision: Mapped[str | None] = mapped_column(String(8), sort_order=-1)

@@ -53,7 +53,7 @@ class Run(Base):
         String(200),
         default="",
         server_default="",
-        doc="The strategy's options as measured (`backend.services.ingest.options_key`): a leaderboard config's part (migration 0023).",
+        doc="The strategy's options as measured (`backend.services.ingest.options_key`): a leaderboard config's part (migration 0025).",
     )
     world_size: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(64), index=True)

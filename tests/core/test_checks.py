@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from parallab.core.checks import BYTES, FLOAT, check_summary, not_checked, replays_routing, summary_inputs
 from parallab.core.jobs import resolve_job
-from parallab.core.spec import JobSpec
 from parallab.core.result import ResultDocument
+from parallab.core.spec import JobSpec
 from tests.ui.factories import make_document
 
 
@@ -32,7 +32,10 @@ def test_a_worker_made_summary_passes_and_comes_back_unchanged_but_for_the_state
     document = doc()
     checked = check_summary(document)
     assert checked.problems == []
-    assert checked.summary == {**document.summary.model_dump(mode="json"), "checks_stated": ["gradient_check", "replica_check", "frozen_check"]}
+    assert checked.summary == {
+        **document.summary.model_dump(mode="json"),
+        "checks_stated": ["gradient_check", "replica_check", "frozen_check"],
+    }
 
 
 def test_every_disagreeing_field_is_named():

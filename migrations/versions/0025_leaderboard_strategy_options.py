@@ -1,7 +1,7 @@
 """strategy_options: a leaderboard config is its strategy's options too (ZeRO-3 is not ZeRO-2)
 
-Revision ID: 0023
-Revises: 0022
+Revision ID: 0025
+Revises: 0024
 Create Date: 2026-12-06
 
 A config was (workload, hardware, strategy, world size): FSDP with and without resharding after
@@ -23,8 +23,8 @@ from sqlalchemy.dialects import postgresql
 from backend.store.leaderboard import counts_of, grouped_by_config, runs_by_config, subset_cells
 from parallab.core.spec import options_key
 
-revision = "0023"
-down_revision = "0022"
+revision = "0025"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
