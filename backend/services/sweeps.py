@@ -31,6 +31,7 @@ from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.models.base import new_id
 from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
+from backend.services.redact import strip_paths
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
 from parallab.core.options import KnownKeys
@@ -410,7 +411,7 @@ def _point_json(p: SweepPoint) -> dict[str, Any]:
             "peak_allocated_bytes_max": p.measured_memory_bytes,
         },
         "out_of_memory": p.out_of_memory,
-        "run_error": (p.run.error or "")[-2000:] if p.run is not None and p.run.status == "failed" else None,
+        "run_error": strip_paths((p.run.error or "")[-2000:]) if p.run is not None and p.run.status == "failed" else None,
     }
 
 
