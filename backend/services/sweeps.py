@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
@@ -38,7 +38,7 @@ from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING, MAX_PRECISIONS, RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
-from parallab.core.spec import MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
+from parallab.core.spec import MAX_GRAD_ACCUMULATION, MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
 
@@ -78,7 +78,9 @@ class SweepRequest(KnownKeys):
     strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
     precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=MAX_PRECISIONS)
     checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=MAX_CHECKPOINTING)
-    accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION)
+    accumulation: list[Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUMULATION)]] = Field(
+        default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION
+    )
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool to run on (default: this deployment's queue).")
     repeats: int = Field(
         1,
@@ -89,6 +91,12 @@ class SweepRequest(KnownKeys):
             "of the host falls on every configuration alike."
         ),
     )
+
+    @field_validator("strategies", "precisions", "checkpointing", "accumulation")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        """A value named twice is planned once (the lists' product is the search space)."""
+        return None if value is None else list(dict.fromkeys(value))
 
     @field_validator("strategies")
     @classmethod
