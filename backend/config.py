@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     db_pool_timeout_s: float = Field(
         5.0, gt=0, le=300, description="How long a request waits for a pooled connection before it is answered 503 with Retry-After."
     )
+    health_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="How long /healthz waits for the database and for the broker to answer before it says 503."
+    )
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,

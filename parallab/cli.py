@@ -15,6 +15,7 @@ from rich.console import Console
 
 from backend.config import get_settings
 from parallab.commands.bench import bench
+from parallab.commands.bench_checks import EXIT_CODES_HELP
 from parallab.commands.ci import ci_app, series_app
 from parallab.commands.emulate import lab_app
 from parallab.commands.export import export_app
@@ -43,7 +44,7 @@ app.add_typer(lab_app, name="lab")
 console = Console(stderr=True)
 
 app.command("plan")(plan)
-app.command("bench")(bench)
+app.command("bench", epilog=EXIT_CODES_HELP)(bench)
 app.command("upload")(upload)
 app.command("worker")(worker)
 app.command("sweep")(sweep)

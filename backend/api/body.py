@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import HTTPException, Request, status
 
 from backend.api.security import settings_for
-from backend.services.json_body import JSONTooDeep, parse_json
+from backend.services.json_body import JSONNumberTooLong, JSONTooDeep, parse_json
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -99,6 +99,9 @@ class BoundedBodies:
                 parse_json(body)
             except JSONTooDeep as exc:
                 await _answer(send, 422, [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}])
+                return
+            except JSONNumberTooLong as exc:
+                await _answer(send, 422, [{"type": "int_too_long", "loc": ["body", *exc.loc], "msg": str(exc)}])
                 return
             except ValueError:
                 pass  # not JSON: the route answers that as it always has

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
@@ -31,13 +31,14 @@ from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.models.base import new_id
 from backend.services import hardware, pools, quotas
 from backend.services.auth import Principal
+from backend.services.redact import strip_paths
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
 from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING, MAX_PRECISIONS, RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
-from parallab.core.spec import MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
+from parallab.core.spec import MAX_GRAD_ACCUMULATION, MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
 
@@ -77,7 +78,9 @@ class SweepRequest(KnownKeys):
     strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
     precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=MAX_PRECISIONS)
     checkpointing: list[Checkpointing] = Field(default_factory=_checkpointing, min_length=1, max_length=MAX_CHECKPOINTING)
-    accumulation: list[int] = Field(default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION)
+    accumulation: list[Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUMULATION)]] = Field(
+        default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION
+    )
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool to run on (default: this deployment's queue).")
     repeats: int = Field(
         1,
@@ -88,6 +91,12 @@ class SweepRequest(KnownKeys):
             "of the host falls on every configuration alike."
         ),
     )
+
+    @field_validator("strategies", "precisions", "checkpointing", "accumulation")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        """A value named twice is planned once (the lists' product is the search space)."""
+        return None if value is None else list(dict.fromkeys(value))
 
     @field_validator("strategies")
     @classmethod
@@ -421,7 +430,7 @@ def _point_json(p: SweepPoint) -> dict[str, Any]:
             "peak_allocated_bytes_max": p.measured_memory_bytes,
         },
         "out_of_memory": p.out_of_memory,
-        "run_error": (p.run.error or "")[-2000:] if p.run is not None and p.run.status == "failed" else None,
+        "run_error": strip_paths((p.run.error or "")[-2000:]) if p.run is not None and p.run.status == "failed" else None,
     }
 
 

@@ -18,7 +18,7 @@ from backend.services import exact_gates
 from backend.services import series as series_service
 from backend.services.auth import Principal
 from backend.services.ingest import ingest_upload
-from backend.services.json_body import parse_json
+from backend.services.json_body import JSONNumberTooLong, parse_json
 from backend.store import leaderboard as leaderboard_store
 from backend.store import runs as runs_store
 from parallab.core.result import ResultDocument
@@ -80,6 +80,8 @@ def parse_documents(body: bytes) -> tuple[list[ResultDocument], bool]:
             # not JSON: the same message as a batch's (and as before), from the standard parser
     try:
         data = parse_json(body)
+    except JSONNumberTooLong as exc:  # JSON, but a number no field could hold: named where it is
+        raise UploadInvalid([{"loc": ["body", *exc.loc], "msg": str(exc), "type": "int_too_long"}]) from None
     except ValueError as exc:
         raise UploadInvalid([{"loc": ["body"], "msg": f"not JSON: {exc}", "type": "json_invalid"}]) from None
     batch = isinstance(data, list)

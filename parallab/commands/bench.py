@@ -2,6 +2,8 @@
 
 The job comes from `--spec FILE` (the API's JSON), the flags laid over it; it is resolved once,
 under this host's limits (`Settings.max_world_size`, `max_steps`), exactly as a submission is.
+The result is written whatever its checks say; a failed check is printed and sets the exit status
+(`bench_checks`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from parallab.commands.bench_checks import EXIT_FAILED_CHECK, report
 from parallab.commands.jobspec import (
     HF_CONFIG_HELP,
     fail,
@@ -28,6 +31,7 @@ from parallab.commands.jobspec import (
     with_workload_flags,
 )
 from parallab.core.jobs import Limits, ResolvedJob
+from parallab.core.result import ResultDocument
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.stats import median_interval
 from parallab.core.strategies import STRATEGY_NAMES
@@ -67,6 +71,13 @@ def bench(
     ] = None,
     out: Annotated[Path, typer.Option(help="Where to write the result document.")] = Path("result.json"),
     run_dir: Annotated[Path | None, typer.Option(help="Keep the ranks' records and logs here (default: a temp dir).")] = None,
+    allow_failed_checks: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failed-checks",
+            help=f"Exit 0 even when a correctness check failed (it is still printed; without this flag: exit {EXIT_FAILED_CHECK}).",
+        ),
+    ] = False,
     *,
     workload: dict[str, Any],
 ) -> None:
@@ -96,6 +107,7 @@ def bench(
     directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
     repeats = job.spec.repeats
     medians: list[float] = []
+    failed = False
     for index in range(1, repeats + 1):  # one after the other: the host's noise falls on each alike
         where = directory / f"repeat-{index}" if repeats > 1 else directory
         with _progress(job) as on_progress:
@@ -105,13 +117,8 @@ def bench(
             raise typer.Exit(1)
         path = out if repeats == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
         path.write_text(collected.document.model_dump_json(indent=2))
-        s = collected.document.summary
-        medians.append(s.step_time_s.median)
-        head = f"[green]{job.strategy} × {job.world_size}[/green]: {s.tokens_per_s:,.0f} tokens/s"
-        diff = s.loss_max_rel_diff_vs_reference
-        if diff is not None:
-            head += f", step {s.step_time_s.median * 1e3:.1f} ms (median), loss diff vs single {diff:.2e}"
-        console.print(head)
+        medians.append(collected.document.summary.step_time_s.median)
+        failed |= _print_result(job, collected.document)
         console.print(f"result written to {path}")
     if repeats > 1:
         m = median_interval(medians)
@@ -119,6 +126,26 @@ def bench(
             f"{repeats} runs: median step {m.estimate * 1e3:.1f} ms, {m.coverage:.0%} interval "
             f"{m.low * 1e3:.1f}–{m.high * 1e3:.1f} ms, spread {min(medians) * 1e3:.1f}–{max(medians) * 1e3:.1f} ms"
         )
+    if failed and not allow_failed_checks:
+        console.print(f"exit {EXIT_FAILED_CHECK}: a correctness check failed (--allow-failed-checks exits 0)", style="bold red")
+        raise typer.Exit(EXIT_FAILED_CHECK)
+
+
+def _print_result(job: ResolvedJob, document: ResultDocument) -> bool:
+    """The run's line, then its failed checks and flags (`bench_checks.report`); whether a check failed."""
+    s = document.summary
+    lines, checks_failed = report(document, str(job.workload.precision))
+    colour = "red" if checks_failed else "green"
+    head = f"[{colour}]{job.strategy} × {job.world_size}[/{colour}]: {s.tokens_per_s:,.0f} tokens/s"
+    diff = s.loss_max_rel_diff_vs_reference
+    if diff is not None:
+        head += f", step {s.step_time_s.median * 1e3:.1f} ms (median), loss diff vs single {diff:.2e}"
+    console.print(head)
+    flags = False
+    for line in lines:
+        flags = flags or line.startswith("Flagged")
+        console.print(line, style="yellow" if flags else "bold red", markup=False, soft_wrap=True)
+    return checks_failed
 
 
 @contextmanager

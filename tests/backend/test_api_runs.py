@@ -19,7 +19,7 @@ def run_count(url: str) -> int:
 
 
 def test_healthz_and_openapi(client) -> None:
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/healthz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/results", "/api/v1/plan"} <= set(paths)
 

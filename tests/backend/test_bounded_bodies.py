@@ -10,7 +10,7 @@ import pytest
 
 from backend.api.app import create_app
 from backend.models import Run
-from backend.services.json_body import MAX_JSON_DEPTH, JSONTooDeep, parse_json
+from backend.services.json_body import MAX_JSON_DEPTH, JSONNumberTooLong, JSONTooDeep, parse_json
 from tests.backend.test_api_results import DOCUMENT, count, token
 from tests.backend.test_route_policy import app_routes
 
@@ -89,3 +89,46 @@ def test_bodies_within_the_bounds_reach_their_routes_unchanged(client, settings)
     assert upload.status_code == 201, upload.text
     bad = client.post("/api/v1/runs", content=b"{nope", headers={"content-type": "application/json"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"  # FastAPI's own answer, as before
+
+
+LONG = "9" * 4_301
+"""One digit past the longest integer Python converts from a string (sys.get_int_max_str_digits())."""
+
+
+def test_an_integer_too_long_to_convert_is_named_where_it_sits() -> None:
+    with pytest.raises(JSONNumberTooLong) as caught:
+        parse_json(f'{{"workload": {{"seed": 1, "steps": -{LONG}}}, "runs": [1, 2]}}')
+    assert caught.value.loc == ("workload", "steps") and caught.value.digits == 4_301
+    with pytest.raises(JSONNumberTooLong) as in_list:
+        parse_json(f"[0, {{}}, [{LONG}]]")
+    assert in_list.value.loc == (2, 0)
+    assert parse_json(f'{{"n": {LONG[:4_300]}}}')["n"] == int(LONG[:4_300]), "the longest that converts still parses"
+
+
+@ON_SQLITE
+@pytest.mark.parametrize(
+    ("path", "body", "loc"),
+    [
+        (
+            "/api/v1/runs",
+            f'{{"workload": {{"model": "tiny", "steps": {LONG}}}, "strategy": {{"name": "ddp", "world_size": 2}}}}',
+            ["workload", "steps"],
+        ),
+        ("/api/v1/sweeps", f'{{"workload": {{"model": "tiny"}}, "top": {LONG}}}', ["top"]),
+    ],
+)
+def test_a_body_with_an_integer_too_long_to_convert_is_422_naming_its_field(client, settings, path, body, loc) -> None:
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
+    [detail] = response.json()["detail"]
+    assert detail["loc"] == ["body", *loc] and detail["type"] == "int_too_long" and "4,301 digits" in detail["msg"], detail
+    assert count(settings, Run) == 0
+
+
+@ON_SQLITE
+def test_an_upload_with_an_integer_too_long_to_convert_is_422_naming_its_field(client, settings) -> None:
+    body = json.dumps({**DOCUMENT, "world_size": 0}).replace('"world_size": 0', f'"world_size": {LONG}').encode()
+    response = client.post("/api/v1/results", content=body, headers={**token(settings, "upload"), "content-type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["detail"][0]["loc"] == ["body", "world_size"], response.text[:300]
+    assert count(settings, Run) == 0

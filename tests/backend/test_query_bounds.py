@@ -96,3 +96,13 @@ def test_compare_refuses_more_runs_than_it_compares_naming_ids(client) -> None:
     detail = _detail(client.get("/api/v1/compare", params={"ids": many}))
     assert detail[0]["loc"] == ["query", "ids"] and f"at most {MAX_COMPARE}" in detail[0]["msg"]
     assert client.get("/api/v1/compare", params={"ids": ["nope"] * MAX_COMPARE}).status_code != 422, "one id repeated is one run"
+
+
+def test_a_sweep_plans_a_repeated_value_once_and_refuses_an_accumulation_no_spec_may_have(client) -> None:
+    body = {"workload": {"model": "tiny"}, "world_size": 2, "top": 3, "controls": 1, "steps": 2, "checkpointing": ["none"]}
+    once = client.post("/api/v1/sweeps", json={**body, "precisions": ["fp32"], "accumulation": [1]})
+    repeated = client.post("/api/v1/sweeps", json={**body, "precisions": ["fp32"] * 4, "accumulation": [1] * MAX_ACCUMULATION})
+    assert once.status_code == repeated.status_code == 202, repeated.text
+    assert repeated.json()["planned"] == once.json()["planned"]
+    refused = client.post("/api/v1/sweeps", json={**body, "accumulation": [0]})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "accumulation", 0], refused.text

@@ -134,3 +134,18 @@ def ties_its_head_to_the_embedding(cfg: Any) -> Any:
     model, spec = example(cfg)
     model.head.weight = model.tok.weight
     return model, {**spec, "params": None}
+
+
+def scales_its_logits_on_rank_one(cfg: Any) -> Any:
+    """A fault no declaration check can see: under data parallelism rank 1's logits are 1.5× the
+    model's, so its gradients are not the batch's — the gradient check must fail (and `parallab
+    bench` must say so and exit non-zero)."""
+    model, spec = example(cfg)
+    forward = model.forward
+
+    def skewed(tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = forward(tokens)
+        return out * 1.5 if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1 else out
+
+    model.forward = skewed  # type: ignore[method-assign]
+    return model, spec

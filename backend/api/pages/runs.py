@@ -31,6 +31,7 @@ from backend.services import timeline as timeline_service
 from backend.services.auth import ANONYMOUS
 from backend.services.quotas import QuotaExceeded
 from backend.services.recipes import dimension_choices
+from backend.services.redact import error_for, progress_for
 from backend.services.run_view import UNCALIBRATED_NOTE, run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
 from parallab.core.problems import SpecError
@@ -157,6 +158,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
         view = run_view(session=session, run_id=run_id)
     except RunNotFound:
         return render_error(request, 404, "No such run", f"There is no run {run_id!r}.", settings=settings)
+    viewer = getattr(request.state, "principal", ANONYMOUS)
     figures = run_figs.run_figures(view.document) if view.document else {}
     if "timeline" in figures and not view.timeline_events:  # nothing to load: say so inline
         figures["timeline"] = run_figs.timeline({})
@@ -165,6 +167,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
         "run.html",
         {
             "run": view.run,
+            "run_error": error_for(viewer, view.run.error),
+            "run_log": (progress_for(viewer, view.run.progress) or {}).get("log", ""),
             "doc": view.document,
             "figures": figures,
             "agreement": view.agreement,
@@ -181,10 +185,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,
             "reproduction": reproduce_service.reproduction_of(session=session, run=view.run),
-            "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
-            "vary_choices": dimension_choices()
-            if getattr(request.state, "principal", ANONYMOUS).may("submit") and view.run.job is not None
-            else {},
+            "can_submit": viewer.may("submit"),
+            "vary_choices": dimension_choices() if viewer.may("submit") and view.run.job is not None else {},
         },
         settings=settings,
     )
@@ -202,12 +204,13 @@ def run_timeline_figure(
 
 
 @router.get("/runs/{run_id}/status.json")
-def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
+def run_status(request: Request, run_id: str, session: SessionDep) -> dict[str, Any]:
     """What the run page's live part polls: status, true timestamps, the phase, the live chart
     (Plotly JSON, built here like every figure) and the log's tail."""
     run = run_service.get_run(session=session, run_id=run_id)
     scheduled = pools.engine_job(session=session, run_id=run.id)
-    progress = dict(run.progress or {})
+    viewer = getattr(request.state, "principal", ANONYMOUS)
+    progress = dict(progress_for(viewer, run.progress) or {})
     history = progress.pop("history", None) or []
     return {
         "id": run.id,
@@ -217,7 +220,7 @@ def run_status(run_id: str, session: SessionDep) -> dict[str, Any]:
         "progress": progress,
         "phase_names": live_figs.PHASE_NAMES,
         "chart": json.loads(live_figs.live_figure(history).to_json()) if history else None,
-        "error": run.error,
+        "error": error_for(viewer, run.error),
         "cancel_requested": run.cancel_requested,
         "finished": run.status in FINISHED_STATUSES,
     }

@@ -20,7 +20,7 @@ from backend.api.routes.runs import run_read
 from backend.api.upload_pool import upload_pool
 from backend.schemas.runs import CounterChange, UploadBatchRead, UploadRead, Verdict
 from backend.services import series as series_service
-from backend.services.auth import Principal
+from backend.services.auth import ANONYMOUS, Principal
 from backend.services.uploads import Uploaded, UploadRaced, parse_documents, stored_uploads, upload_results
 from parallab.core.result import ResultDocument
 
@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def upload_read(uploaded: Uploaded) -> UploadRead:
+    """The stored upload as the uploader reads it back (an upload carries no worker's error: any is shortened)."""
     return UploadRead(
-        **run_read(uploaded.run).model_dump(),
+        **run_read(uploaded.run, ANONYMOUS).model_dump(),
         verdicts=[Verdict.model_validate(series_service.verdict_dict(v)) for v in uploaded.verdicts],
         regressed=uploaded.regressed,
         changes=[CounterChange.model_validate(c) for c in uploaded.changes],

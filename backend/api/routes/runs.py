@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep
+from backend.api.deps import CancellerDep, CurrentUser, LocalModeDep, SessionDep, SettingsDep, SubmitterDep
 from backend.api.queries import RunListParams
 from backend.models import Run
 from backend.schemas.runs import RunList, RunRead, RunSummary, TimelineRead
@@ -15,6 +15,8 @@ from backend.services import auth as auth_service
 from backend.services import reproduce as reproduce_service
 from backend.services import runs as run_service
 from backend.services import timeline as timeline_service
+from backend.services.auth import Principal
+from backend.services.redact import error_for, progress_for
 from backend.store import runs as store
 from parallab.core.result import MAX_RANKS
 from parallab.core.spec import JobSpec
@@ -31,22 +33,30 @@ run's timeline can hold 80,000 events (megabytes). The run page loads it downsam
 `GET /runs/{id}/timeline`; the full detail is in the Perfetto trace."""
 
 
-def run_read(run: Run, *, include: Sequence[str] = (), document: dict[str, Any] | None = None) -> RunRead:
+def run_read(run: Run, viewer: Principal, *, include: Sequence[str] = (), document: dict[str, Any] | None = None) -> RunRead:
     """The API view of a run, with its result document once it has one, less the heavy parts not in
-    `include` (named in `result_omitted`). `document`: the stored one when the caller already has it."""
+    `include` (named in `result_omitted`). `document`: the stored one when the caller already has it.
+    Its error and log tail as `viewer` may read them (the server's paths shortened but for an admin)."""
     if document is None and run.result is not None:
         document = run.result.document
     omitted = [key for key in HEAVY_PARTS if key not in include] if document is not None else []
     if document is not None and omitted:
         document = {k: v for k, v in document.items() if k not in omitted}
+    summary = run_summary(run, viewer).model_dump()
     return RunRead(
-        **RunSummary.model_validate(run).model_dump(),
+        **summary,
         spec=run.spec,
-        error=run.error,
+        error=error_for(viewer, run.error),
         cancel_requested=run.cancel_requested,
         result=document,
         result_omitted=omitted,
     )
+
+
+def run_summary(run: Run, viewer: Principal) -> RunSummary:
+    """A run's list entry, its log tail as `viewer` may read it."""
+    summary = RunSummary.model_validate(run)
+    return summary.model_copy(update={"progress": progress_for(viewer, summary.progress)})
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead)
@@ -57,12 +67,12 @@ def create_run(spec: JobSpec, session: SessionDep, settings: SettingsDep, princi
     predicted memory per rank is above what a rank may use. With `repeats` > 1 the job is queued
     that many times as one repeat group: the answer is its first run, `repeat_run_ids` lists them all."""
     runs = run_service.submit_runs(session=session, settings=settings, spec=spec, source="api", user_id=principal.user_id, local=local)
-    first = run_read(runs[0])
+    first = run_read(runs[0], principal)
     return first.model_copy(update={"repeat_run_ids": [r.id for r in runs]}) if len(runs) > 1 else first
 
 
 @router.get("", response_model=RunList)
-def list_runs(session: SessionDep, params: Annotated[RunListParams, Query()]) -> RunList:
+def list_runs(session: SessionDep, viewer: CurrentUser, params: Annotated[RunListParams, Query()]) -> RunList:
     """A page of runs, newest first; an unknown parameter, status, source or strategy is refused (422)."""
     user_id = auth_service.user_filter(session=session, email=params.user)
     filters = {"status": params.status, "strategy": params.strategy, "model": params.model, "source": params.source, "user_id": user_id}
@@ -70,13 +80,14 @@ def list_runs(session: SessionDep, params: Annotated[RunListParams, Query()]) ->
         rows, next_cursor = run_service.list_runs(session=session, limit=params.limit, cursor=params.cursor, filters=filters)
     except ValueError as exc:
         raise HTTPException(422, detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}]) from None
-    return RunList(items=[RunSummary.model_validate(r) for r in rows], next_cursor=next_cursor, limit=params.limit)
+    return RunList(items=[run_summary(r, viewer) for r in rows], next_cursor=next_cursor, limit=params.limit)
 
 
 @router.get("/{run_id}", response_model=RunRead)
 def read_run(
     run_id: RunId,
     session: SessionDep,
+    viewer: CurrentUser,
     include: Annotated[
         list[Heavy] | None, Query(description="Heavy result parts to include (left out by default): `timeline`.", max_length=4)
     ] = None,
@@ -86,7 +97,7 @@ def read_run(
     run = run_service.get_run(session=session, run_id=run_id)
     wanted = set(include or ())
     stored = run_service.result_document(session=session, run_id=run.id, omit=[k for k in HEAVY_PARTS if k not in wanted])
-    return run_read(run, include=list(wanted), document=stored)
+    return run_read(run, viewer, include=list(wanted), document=stored)
 
 
 @router.get("/{run_id}/timeline", response_model=TimelineRead)
@@ -109,7 +120,7 @@ def read_timeline(
 def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, principal: CancellerDep) -> RunRead:
     """Cancel a run: a member only its own, an admin any."""
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
-    return run_read(run_service.cancel_run(session=session, run_id=run_id, settings=settings))
+    return run_read(run_service.cancel_run(session=session, run_id=run_id, settings=settings), principal)
 
 
 @router.post("/{run_id}/reproduce", status_code=status.HTTP_202_ACCEPTED, response_model=RunRead)
