@@ -131,7 +131,7 @@ def reproduce_run(run_id: RunId, session: SessionDep, settings: SettingsDep, pri
     run = reproduce_service.reproduce(
         session=session, settings=settings, upload_id=run_id, source="api", user_id=principal.user_id, local=local
     )
-    return run_read(run)
+    return run_read(run, principal)
 
 
 @router.get("/{run_id}/reproduction")
