@@ -5,11 +5,16 @@ and tokens/s per GPU for each row of `benchmarks/published_runs.json`, with the 
     python -m benchmarks.published --json         # the rows as JSON
     python -m benchmarks.published --write-bands  # the error bands every prediction carries
     python -m benchmarks.published --gpu-runs     # the h200 profile against parallab's own H200 runs
+    python -m benchmarks.published --megatron     # Korthikanti et al. 2022's Table 5, predicted only
 
 The rows are evaluated exactly as `parallab plan` ranks a candidate (`parallab.core.ranking.evaluate`)
 on the catalogue entry of the hardware each run used and its packaged device profile, uncalibrated.
 `--write-bands` stores each row's errors by kind of run (`parallab/core/profiles/bands.json`,
 `parallab.core.accuracy`); the band printed beside a row holds that row out.
+
+Korthikanti et al. 2022's Table 5 (Megatron-LM on A100s, `megatron` in the file) is a layout
+parallab's ranks do not run: its rows are predicted only, by `parallab.core.megatron`, on the
+catalogue's `a100-80gb` and its datasheet-labelled profile.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from parallab.core.accuracy import band_for, kind_of
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
+from parallab.core.megatron import MegatronLayout, step_seconds
 from parallab.core.planner import estimate_step_time, hardware_for
 from parallab.core.ranking import PlanRow, evaluate
 from parallab.core.spec import JobSpec
@@ -209,12 +215,64 @@ def gpu_runs_table() -> str:
     return "\n".join(lines)
 
 
+def load_megatron(path: Path = RUNS_FILE) -> list[dict[str, Any]]:
+    """Korthikanti et al. 2022's Table 5 rows (Megatron-LM layouts, predicted only)."""
+    return list(json.loads(path.read_text()).get("megatron", []))
+
+
+def megatron_layout(run: dict[str, Any]) -> MegatronLayout:
+    """The Megatron layout a Korthikanti row ran (Calculon's configuration of it)."""
+    shape = run["model_shape"]
+    return MegatronLayout(
+        hidden=shape["hidden"],
+        ffn=shape["feedforward"],
+        heads=shape["attn_heads"],
+        layers=shape["num_blocks"],
+        seq_len=shape["seq_size"],
+        vocab=shape["vocab"],
+        tp=run["tp"],
+        pp=run["pp"],
+        dp=run["dp"],
+        interleave=run["pipeline_interleaving"],
+        global_batch=run["global_batch_size"],
+        micro_batch=run["micro_batch_size"],
+        recompute=run["recompute"],
+        sequence_parallel=bool(run["sequence_parallel"]),
+    )
+
+
+def megatron_step_s(run: dict[str, Any]) -> float:
+    """Predicted seconds per step of a Korthikanti row on its hardware."""
+    world = run["tp"] * run["pp"] * run["dp"]
+    per_node = run["gpus_per_node"]
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=max(world // per_node, 1), devices_per_node=per_node)
+    return step_seconds(megatron_layout(run), hw)
+
+
+def megatron_table(runs: list[dict[str, Any]]) -> str:
+    """Predicted against published step time of each Korthikanti row, and the mean error."""
+    lines = ["| run | predicted step | published | error |", "|---|---:|---:|---:|"]
+    errors = []
+    for run in runs:
+        predicted, published = megatron_step_s(run), float(run["published_step_time_s"])
+        errors.append(predicted / published - 1)
+        lines.append(f"| {run['name']} | {predicted:.2f} s | {published:.2f} s | {errors[-1]:+.1%} |")
+    if errors:
+        mean = sum(abs(e) for e in errors) / len(errors)
+        lines += ["", f"{len(errors)} rows: mean |error| {mean:.1%}, max {max(abs(e) for e in errors):.1%}."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--write-bands", action="store_true", help="write parallab/core/profiles/bands.json from the rows")
     parser.add_argument("--gpu-runs", action="store_true", help="the h200 profile against parallab's own H200 runs")
+    parser.add_argument("--megatron", action="store_true", help="Korthikanti et al. 2022's Table 5 on A100s, predicted only")
     args = parser.parse_args()
+    if args.megatron:
+        print(megatron_table(load_megatron()))
+        return
     if args.gpu_runs:
         print(gpu_runs_table())
         return
