@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import random
 import statistics
 import sys
@@ -138,12 +139,15 @@ def change_point_rates(values: Sequence[float], cv: float, model: str, count: in
 def detected_size(values: Sequence[float], cv: float, model: str, count: int, rng: random.Random) -> float | None:
     """The smallest drop of GRID found within WITHIN jobs in ≥ 95 % of series of HORIZON jobs either side."""
     n = 2 * cp.HORIZON
+    allowed = count - math.ceil(0.95 * count)
     for size in GRID:
-        hits = 0
+        misses = 0
         for _ in range(count):
             series = [v * (1 - size) if i >= cp.HORIZON else v for i, v in enumerate(draw(values, cv, model, n, rng))]
-            hits += found_near(series, cp.HORIZON)
-        if hits >= 0.95 * count:
+            misses += not found_near(series, cp.HORIZON)
+            if misses > allowed:  # this size can no longer reach 95 %
+                break
+        if misses <= allowed:
             return size
     return None
 
