@@ -155,4 +155,6 @@ def test_accept_is_refused_for_another_member_and_for_a_metric_that_did_not_chan
     refused = client.post(f"/api/v1/series/{sid}/accept", json={"metric": "bytes"}, headers=ada)
     assert refused.status_code == 422
     assert refused.json()["detail"][0]["loc"] == ["body", "metric"] and "state.r0.optimizer" in refused.json()["detail"][0]["msg"]
+    missing = client.post(f"/api/v1/series/{sid}/accept", json={}, headers=ada)
+    assert missing.status_code == 422 and "metric: is required" in missing.text
     assert client.post(f"/api/v1/series/{sid}/accept", json={"metric": "state.r0.optimizer"}, headers=ada).status_code == 200
