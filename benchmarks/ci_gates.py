@@ -242,7 +242,7 @@ def reading(
     text += (
         "The reported smallest detectable change is the normal-theory figure for a two-sample test at a known split; the "
         "detector must also find where the split is and needs a larger change (the last column, on a 10-point grid), so read "
-        "the reported figure as a lower bound. A real series of 30 or more uploads on this machine was not measured."
+        "the reported figure as a lower bound. A real series on this machine is in the next section."
     )
     return [text]
 
