@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import random
 import statistics
 import sys
@@ -138,12 +139,15 @@ def change_point_rates(values: Sequence[float], cv: float, model: str, count: in
 def detected_size(values: Sequence[float], cv: float, model: str, count: int, rng: random.Random) -> float | None:
     """The smallest drop of GRID found within WITHIN jobs in ≥ 95 % of series of HORIZON jobs either side."""
     n = 2 * cp.HORIZON
+    allowed = count - math.ceil(0.95 * count)
     for size in GRID:
-        hits = 0
+        misses = 0
         for _ in range(count):
             series = [v * (1 - size) if i >= cp.HORIZON else v for i, v in enumerate(draw(values, cv, model, n, rng))]
-            hits += found_near(series, cp.HORIZON)
-        if hits >= 0.95 * count:
+            misses += not found_near(series, cp.HORIZON)
+            if misses > allowed:  # this size can no longer reach 95 %
+                break
+        if misses <= allowed:
             return size
     return None
 
@@ -215,6 +219,34 @@ def table(rows: Sequence[dict[str, Any]], n: int) -> list[str]:
     return out
 
 
+def reading(
+    rows: Sequence[dict[str, Any]], grid_rows: Sequence[dict[str, Any]], worst_fpr: float, found: Sequence[float], reported: Sequence[float]
+) -> list[str]:
+    """The section's closing paragraph, its figures taken from the tables."""
+    met = [r for r in grid_rows if r["found"] >= 0.8 and r["fpr"] <= 0.05]
+    quietest = max(met, key=lambda r: r["cv"]) if met else None
+    exact_ok = all(r["caught"] == 1 and r["false_alarms"] == 0 for r in rows)
+    exact = "catch every planted change with no false alarm" if exact_ok else "miss a planted change or alarm"
+    text = (
+        f"Read together: the exact gates {exact}"
+        " — no timing noise reaches a counter. At this machine's measured spread the change-point search raises a false alarm "
+        f"in at most {worst_fpr:.0%} of unchanged series but finds the 20% drop within {WITHIN} jobs in only "
+        f"{min(found):.0%}–{max(found):.0%} of series (the target was 80%), and the series says as much before anyone trusts it: "
+        f"its reported smallest detectable change there is {min(reported):.0%}–{max(reported):.0%}. "
+    )
+    if quietest is not None:
+        text += (
+            f"With a between-job CV up to {quietest['cv']:.0%} (normal noise) it meets both targets: {quietest['fpr']:.0%} false "
+            f"alarms, the drop found in {quietest['found']:.0%} of series, where a single result flags it in {quietest['single']:.0%}. "
+        )
+    text += (
+        "The reported smallest detectable change is the normal-theory figure for a two-sample test at a known split; the "
+        "detector must also find where the split is and needs a larger change (the last column, on a 10-point grid), so read "
+        "the reported figure as a lower bound. A real series on this machine is in the next section."
+    )
+    return [text]
+
+
 def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None] = write_section) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--series", type=int, default=100)
@@ -222,6 +254,7 @@ def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None]
     args = parser.parse_args(argv)
     n = args.series
     rows = evaluate(load_spread(), count=n)
+    grid_rows = grid(count=n)
     lines = [
         f'Measured by `python benchmarks/ci_gates.py --series {n} --write` (seed {SEED}), from the runs of "Run-to-run spread" '
         f"(`benchmarks/run_to_run_spread.json`, tiny ddp × 2 on this machine). Each synthetic series is {LENGTH} CI jobs of one config, "
@@ -246,19 +279,13 @@ def main(argv: Sequence[str] | None = None, *, write: Callable[[str, str], None]
         *(
             f"| {r['cv'] * 100:.0f}% | {r['fpr'] * 100:.1f}% | {r['found'] * 100:.1f}% | {r['single'] * 100:.1f}% "
             f"| {r['cv_reported'] * 100:.1f}% | {_pct(r['mdc_reported'])} | {_found(r)} |"
-            for r in grid(count=n)
+            for r in grid_rows
         ),
     ]
-    lines += [
-        "",
-        "Read together: the exact gates catch every planted change and raise no false alarm, because no timing noise reaches "
-        "a counter. At this machine's spread (run-to-run CV 27–57%) the change-point search keeps its false alarms low but "
-        "finds the 20% drop in well under 80% of series: the series' own figure says so before anyone trusts it (its smallest "
-        "detectable change is 50–100% there). On the normal-noise grid, where a single result flags the drop in at most about "
-        "a fifth of series (CV 10–15%), the change-point search finds it within 3 jobs in nearly all of them. The reported "
-        "smallest detectable change is a normal-theory figure for a two-sample test at a known split; the detector, which must "
-        "also find where the split is, needs a larger change (the last column), so read the reported figure as a lower bound.",
-    ]
+    worst_fpr = max(r["fpr"] for r in rows)
+    found = [r["found"] for r in rows]
+    reported = [r["mdc_reported"] for r in rows if r["mdc_reported"] is not None]
+    lines += ["", *reading(rows, grid_rows, worst_fpr, found, reported)]
     text = "\n".join(lines)
     print(text)
     if args.write:

@@ -90,13 +90,15 @@ def changes_for_runs(*, session: Session, run_ids: Sequence[str]) -> dict[str, l
     return out
 
 
-def accept(*, session: Session, series_id: str, metric: str, principal: Principal) -> list[dict[str, Any]]:
+def accept(*, session: Session, series_id: str, metric: str | None, principal: Principal) -> list[dict[str, Any]]:
     """Accept the changes the series' latest compared result reports for `metric` (a counter name,
     or a category: every changed counter in it) as intended (owner or admin; caller commits).
 
     A metric with no reported change there is refused, naming what did change."""
     series = series_service.get_series(session=session, series_id=series_id)
     series_service.check_owner(principal=principal, series=series)
+    if not metric:
+        raise SeriesConfigError("metric", "is required: a counter name (e.g. comm.all_reduce.g2.bytes) or a category")
     latest = next((row for row in reversed(store.counters_history(session, series_id)) if row.baseline_run_id is not None), None)
     reported = latest.changes if latest is not None else []
     picked = [c for c in reported if metric in (c["counter"], c["category"])]

@@ -155,4 +155,25 @@ def test_accept_is_refused_for_another_member_and_for_a_metric_that_did_not_chan
     refused = client.post(f"/api/v1/series/{sid}/accept", json={"metric": "bytes"}, headers=ada)
     assert refused.status_code == 422
     assert refused.json()["detail"][0]["loc"] == ["body", "metric"] and "state.r0.optimizer" in refused.json()["detail"][0]["msg"]
+    missing = client.post(f"/api/v1/series/{sid}/accept", json={}, headers=ada)
+    assert missing.status_code == 422 and "metric: is required" in missing.text
     assert client.post(f"/api/v1/series/{sid}/accept", json={"metric": "state.r0.optimizer"}, headers=ada).status_code == 200
+
+
+def test_a_result_of_another_config_on_the_same_series_is_never_the_baseline(client, settings) -> None:
+    """Should a result of another config ever land on a series (its key is not the config), the
+    comparison still skips it: the baseline is the latest result of the same config."""
+    from backend.db import session_scope
+    from backend.models import Run, SeriesCounters
+
+    ada = member(settings, "ada@lab.org")
+    first = upload(client, ada, with_counters(document(commit="ffff001")))
+    stranger = with_counters(document(commit="ffff002"))
+    stranger["strategy"]["options"] = {"bucket_cap_mb": 50}
+    _bytes(stranger)
+    other = upload(client, ada, stranger)
+    with session_scope(settings.sqlalchemy_url) as session:  # move the other config's result onto the first series
+        session.get(Run, other["id"]).series_id = first["series_id"]
+        session.get(SeriesCounters, other["id"]).series_id = first["series_id"]
+    again = upload(client, ada, with_counters(document(commit="ffff003")))
+    assert again["series_id"] == first["series_id"] and again["changes"] == [], "compared with ffff001, not the other config"

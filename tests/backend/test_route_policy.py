@@ -56,6 +56,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/leaderboard"): "read",
     ("GET", "/api/v1/series"): "read",
     ("GET", "/api/v1/series/{series_id}"): "read",
+    ("GET", "/api/v1/series/{series_id}/report"): "read",
     ("GET", "/api/v1/me"): "read",
     ("GET", "/"): "read",
     ("GET", "/runs/new"): "read",
@@ -103,6 +104,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/results"): "upload",
     ("PATCH", "/api/v1/series/{series_id}"): "change own series",
     ("POST", "/api/v1/series/{series_id}/alerts/{verdict_id}/dismiss"): "change own series",
+    ("POST", "/api/v1/series/{series_id}/accept"): "change own series",
     ("POST", "/series/{series_id}/alerts/{verdict_id}/dismiss"): "change own series",
     # One's own tokens; users (admins).
     ("GET", "/tokens"): "tokens",

@@ -40,10 +40,12 @@ class Dismissal(KnownKeys):
 class Acceptance(KnownKeys):
     model_config = ConfigDict(extra="forbid")
 
-    metric: str = Field(
+    metric: str | None = Field(
+        None,
         min_length=1,
         max_length=200,
-        description="A counter (e.g. comm.all_reduce.g2.bytes) or a category (bytes, calls, memory, params, pipeline).",
+        description="Required: a counter (e.g. comm.all_reduce.g2.bytes) or a category (bytes, calls, memory, params, pipeline). "
+        "Checked after the caller's right to change the series, so a stranger learns nothing from a 422.",
     )
 
 
