@@ -46,6 +46,10 @@ class NodeLaunch:
     """The same on every node of one job (the run id)."""
     join_timeout_s: int = 600
     """How long a node waits at the rendezvous for the others (the reservation's timeout)."""
+    local_addr: str | None = None
+    """This node's own address, told to torchrun where its hostname would lead the other nodes
+    astray (an emulated node: every namespace resolves the machine's hostname to its own loopback,
+    and the rendezvous winner's ranks' MASTER_ADDR is that name)."""
 
     @property
     def is_host(self) -> bool:
@@ -91,6 +95,8 @@ def torchrun_command(
             "--rdzv-conf",
             f"is_host={str(node.is_host).lower()},join_timeout={node.join_timeout_s}",
         ]
+        if node.local_addr:
+            where += ["--local-addr", node.local_addr]
     harness = harness_args(run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
     return [sys.executable, "-m", "torch.distributed.run", *where, *harness]
 
