@@ -110,8 +110,13 @@ def harness_args(run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | Non
     return args
 
 
-def rank_environment(job: ResolvedJob) -> dict[str, str]:
+COLLECTIVE_TIMEOUT_ENV = "PARALLAB_COLLECTIVE_TIMEOUT_S"
+
+
+def rank_environment(job: ResolvedJob, *, collective_timeout_s: float | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if collective_timeout_s is not None:
+        env[COLLECTIVE_TIMEOUT_ENV] = str(collective_timeout_s)
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.ranks_per_node)))
     env["PYTHONUNBUFFERED"] = "1"
@@ -238,6 +243,7 @@ def launch(
     on_start: Callable[[int], None] | None = None,
     node: NodeLaunch | None = None,
     netns: str | None = None,
+    collective_timeout_s: float | None = None,
     poll_s: float = 0.5,
     allowed_modules: frozenset[str] = frozenset(),
 ) -> LaunchOutcome:
@@ -247,6 +253,7 @@ def launch(
     lease), or None; `on_start` gets the ranks' process group id as soon as it exists.
     `netns`: a network namespace the ranks run in (an emulated node: `ip netns exec` enters it
     and execs, so torchrun keeps the process group and the lifeline keeps its parent).
+    `collective_timeout_s`: how long a rank waits in one collective of its world group (None: torch's default).
     `allowed_modules`: this worker's allow-list of lab modules — a job was checked against the
     submitting side's at resolution, and is checked again here, against the host that would run it."""
     run_dir.create()
@@ -268,7 +275,7 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_environment(job),
+            env=rank_environment(job, collective_timeout_s=collective_timeout_s),
             start_new_session=True,
         )
         reason = None
