@@ -81,6 +81,7 @@ def row(label: str, doc: dict[str, Any]) -> dict[str, Any]:
         "predicted_ms": (p.get("step_time_s") or float("nan")) * 1e3,
         "comm_fraction": s.get("comm_time_fraction"),
         "exposed_fraction": s.get("exposed_comm_fraction"),
+        "wire_mb": sum((s.get("wire_bytes_per_step") or s.get("comm_bytes_per_step") or {}).values()) / 1e6,
         "crossing": ",".join(doc["hardware"].get("inter_node_dims", [])) or "-",
         "loss_diff": s.get("loss_max_rel_diff_vs_reference"),
     }
@@ -118,11 +119,11 @@ def main() -> None:
                 rows.append(row(label, run_across(cluster, job, Path(tmp) / f"r{port}", port)))
             load = os.getloadavg()
         print(f"\n### {rate} links (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n")
-        print("| layout | crosses nodes | measured step (ms) | predicted (ms) | comm fraction | exposed comm | loss vs single |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) | comm fraction | exposed comm | loss vs single |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(
-                f"| {r['layout']} | {r['crossing']} | {r['measured_ms']:.0f} | {fmt(r['predicted_ms'], '.0f')} | "
+                f"| {r['layout']} | {r['crossing']} | {r['wire_mb']:.2f} | {r['measured_ms']:.0f} | {fmt(r['predicted_ms'], '.0f')} | "
                 f"{fmt(r['comm_fraction'], '.2f')} | {fmt(r['exposed_fraction'], '.2f')} | {fmt(r['loss_diff'], '.1e')} |"
             )
         four = rows[len(PAIR) :]
