@@ -119,7 +119,10 @@ def main() -> None:
                 rows.append(row(label, run_across(cluster, job, Path(tmp) / f"r{port}", port)))
             load = os.getloadavg()
         print(f"\n### {rate} links (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n")
-        print("| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) | comm fraction | exposed comm | loss vs single |")
+        print(
+            "| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) "
+            "| comm fraction | exposed comm | loss vs single |"
+        )
         print("|---|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             print(
