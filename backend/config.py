@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     max_world_size: int = Field(8, ge=1, description="Most ranks one job may ask for on this worker (8: a 2 × 2 × 2 layout on CPU).")
     max_steps: int = Field(10_000, ge=1)
     max_job_seconds: int = Field(1800, ge=10, description="Wall-clock limit of one torchrun job.")
+    collective_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="How long a rank waits in one collective of its world group before it fails (default: torch's, 30 min): "
+        "a node cut off from the others fails its job in about this time rather than at max_job_seconds.",
+    )
     max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest result document CI may upload.")
     upload_concurrency: int = Field(
         2,

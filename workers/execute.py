@@ -205,6 +205,12 @@ def _free_endpoint(address: str) -> str:
         return f"{address}:{sock.getsockname()[1]}"
 
 
+def _local_addr(settings: Settings, me: WorkerInfo) -> str | None:
+    """The address torchrun gives the other nodes for this one: said outright on an emulated node
+    (its namespace's only route out), left to torchrun's own look-up on a real host."""
+    return me.address if settings.worker_netns else None
+
+
 def claim_run(settings: Settings, run_id: str, me: WorkerInfo) -> Claim | str:
     """Move a queued run to running with all its hosts reserved; else say what to do instead:
     'skip' (not queued: the status guard), 'requeue' (hosts busy, nothing held) or 'failed'."""
@@ -388,7 +394,8 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
     job = claim.job
     node = None
     if job.nodes > 1 and claim.endpoint is not None:
-        node = NodeLaunch(job.nodes, 0, claim.endpoint, run_id, join_timeout_s=int(settings.reservation_timeout_s))
+        join_s, local = int(settings.reservation_timeout_s), _local_addr(settings, me)
+        node = NodeLaunch(job.nodes, 0, claim.endpoint, run_id, join_timeout_s=join_s, local_addr=local)
         for rank, worker_id in claim.nodes[1:]:
             try:
                 send_node(settings, worker_id=worker_id, run_id=run_id, node_rank=rank)
@@ -447,7 +454,8 @@ def execute_node(run_id: str, node_rank: int, settings: Settings, worker: Worker
             log.info("node %d of run %s is not reserved for this worker; not running it", node_rank, run_id)
             return "skipped"
         job = ResolvedJob.model_validate(run.job)
-        node = NodeLaunch(job.nodes, node_rank, claimed.endpoint, run_id, join_timeout_s=int(settings.reservation_timeout_s))
+        join_s, local = int(settings.reservation_timeout_s), _local_addr(settings, me)
+        node = NodeLaunch(job.nodes, node_rank, claimed.endpoint, run_id, join_timeout_s=join_s, local_addr=local)
     watcher = Watcher(settings, run_id=run_id, node_rank=node_rank, me=me)
     part = _run_part(settings, job, run_id, node, watcher)
     status = "succeeded" if part.reason is None else ("stopped" if part.stopped else "failed")

@@ -47,6 +47,10 @@ class NodeLaunch:
     """The same on every node of one job (the run id)."""
     join_timeout_s: int = 600
     """How long a node waits at the rendezvous for the others (the reservation's timeout)."""
+    local_addr: str | None = None
+    """This node's own address, told to torchrun where its hostname would lead the other nodes
+    astray (an emulated node: every namespace resolves the machine's hostname to its own loopback,
+    and the rendezvous winner's ranks' MASTER_ADDR is that name)."""
 
     @property
     def is_host(self) -> bool:
@@ -92,6 +96,8 @@ def torchrun_command(
             "--rdzv-conf",
             f"is_host={str(node.is_host).lower()},join_timeout={node.join_timeout_s}",
         ]
+        if node.local_addr:
+            where += ["--local-addr", node.local_addr]
     harness = harness_args(run_dir, trace_cap_bytes=trace_cap_bytes, cache_dir=cache_dir)
     return [sys.executable, "-m", "torch.distributed.run", *where, *harness]
 
@@ -105,11 +111,19 @@ def harness_args(run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | Non
     return args
 
 
-def rank_environment(job: ResolvedJob, allowed_modules: frozenset[str] = frozenset()) -> dict[str, str]:
-    """The ranks' environment: this process's, with their threads, this checkout on the path, and
-    this worker's allow-list of entry points (the rank checks its entry point against it again)."""
+COLLECTIVE_TIMEOUT_ENV = "PARALLAB_COLLECTIVE_TIMEOUT_S"
+
+
+def rank_environment(
+    job: ResolvedJob, allowed_modules: frozenset[str] = frozenset(), *, collective_timeout_s: float | None = None
+) -> dict[str, str]:
+    """The ranks' environment: this process's, with their threads, this checkout on the path, this
+    worker's allow-list of entry points (the rank checks its entry point against it again) and, when
+    set, how long a rank waits in one collective of its world group."""
     env = dict(os.environ)
     env[ALLOW_LIST_ENV] = ",".join(sorted(allowed_modules))
+    if collective_timeout_s is not None:
+        env[COLLECTIVE_TIMEOUT_ENV] = str(collective_timeout_s)
     cores = os.cpu_count() or 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // job.ranks_per_node)))
     env["PYTHONUNBUFFERED"] = "1"
@@ -236,6 +250,7 @@ def launch(
     on_start: Callable[[int], None] | None = None,
     node: NodeLaunch | None = None,
     netns: str | None = None,
+    collective_timeout_s: float | None = None,
     poll_s: float = 0.5,
     allowed_modules: frozenset[str] = frozenset(),
 ) -> LaunchOutcome:
@@ -245,6 +260,7 @@ def launch(
     lease), or None; `on_start` gets the ranks' process group id as soon as it exists.
     `netns`: a network namespace the ranks run in (an emulated node: `ip netns exec` enters it
     and execs, so torchrun keeps the process group and the lifeline keeps its parent).
+    `collective_timeout_s`: how long a rank waits in one collective of its world group (None: torch's default).
     `allowed_modules`: this worker's allow-list of entry points — a job was checked against the
     submitting side's at resolution, and is checked again here, against the host that would run it,
     and by each rank before it imports the entry point."""
@@ -267,7 +283,7 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_environment(job, allowed_modules),
+            env=rank_environment(job, allowed_modules, collective_timeout_s=collective_timeout_s),
             start_new_session=True,
         )
         reason = None

@@ -42,7 +42,10 @@ def host_settings(base: Settings, home: Path, host: str) -> Settings:
     return base.model_copy(update={"home": home, "worker_host": host, "worker_address": "127.0.0.1"})
 
 
-def start_worker(settings: Settings, log_path: Path, *, pool: str | None = None) -> subprocess.Popen[bytes]:
+def start_worker(
+    settings: Settings, log_path: Path, *, pool: str | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A `parallab worker` seeing exactly `settings` (and `extra_env`: an emulated node's namespace)."""
     env = worker_env(settings)
     env.update(
         PARALLAB_WORKER_HOST=settings.worker_host or "",
@@ -53,6 +56,7 @@ def start_worker(settings: Settings, log_path: Path, *, pool: str | None = None)
     )
     if settings.worker_devices:
         env["PARALLAB_WORKER_DEVICES"] = str(settings.worker_devices)
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "parallab", "worker", "--loglevel", "INFO"] + (["--pool", pool] if pool else [])
     return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -119,6 +119,7 @@ class HostTorchrun(Engine[HostJob]):
             on_start=watcher.started if watcher is not None else None,
             node=self.node,
             netns=self.settings.worker_netns,
+            collective_timeout_s=self.settings.collective_timeout_s,
             allowed_modules=self.settings.allowed_modules,
         )
         return handle

@@ -12,6 +12,7 @@ import gc
 import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -81,10 +82,14 @@ def init_runtime(job: ResolvedJob) -> RunContext:
         device, backend = torch.device("cpu"), "gloo"
         # N ranks share the host's cores: don't let each spawn a thread per core.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    # The worker's collective timeout (PARALLAB_COLLECTIVE_TIMEOUT_S): a peer cut off fails the
+    # world group's collectives in that time, not torch's 30 minutes.
+    said = os.environ.get("PARALLAB_COLLECTIVE_TIMEOUT_S")
+    timeout = timedelta(seconds=float(said)) if said else None
     if backend == "nccl":
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=device)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, device_id=device, timeout=timeout)
     else:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=tuple(dim.name for dim in job.mesh)) if shape else None
     return RunContext(
         rank=rank,
