@@ -114,6 +114,15 @@ def validate_spec(*, spec: JobSpec, settings: Settings, local: bool = False) -> 
     return checked.job
 
 
+def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
+    """The pool a valid job runs on — the Slurm pool it names, or a worker pool that can run it —
+    checked against what that pool's device can train in. SpecError naming the field otherwise.
+    The submit and the form's live check both call this, so the form refuses all the submit does."""
+    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
+    check_precision(session=session, settings=settings, job=job, pool=pool)
+    return pool
+
+
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
@@ -124,8 +133,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     when the user already has as many runs queued or running as they may."""
     job = validate_spec(spec=spec, settings=settings, local=local)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)
-    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
-    check_precision(session=session, settings=settings, job=job, pool=pool)
+    pool = place(session=session, job=job, settings=settings)
     return store.add_run(
         session,
         Run(

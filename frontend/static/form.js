@@ -44,13 +44,17 @@
     return e;
   }
 
+  var marked = 0;
+
   function showErrors(errors) {
+    marked = 0;
     document.querySelectorAll("[data-errors-for]").forEach(function (box) {
       var name = box.dataset.errorsFor;
       var msgs = errors[name] || [];
       box.replaceChildren.apply(box, msgs.map(function (m) { var p = el("p", m, "field-error"); p.setAttribute("role", "alert"); return p; }));
       var field = box.closest(".field");
       if (field) field.classList.toggle("invalid", msgs.length > 0);
+      if (msgs.length) marked += 1;
       var section = box.closest("details");
       if (section && msgs.length) section.open = true;  // never hide a reason inside a closed section
     });
@@ -72,7 +76,7 @@
     var general = showErrors(result.errors || {});
     body.replaceChildren();
     if (!result.ok) {
-      body.appendChild(el("p", "This job cannot run as it stands — see the marked fields.", "bad"));
+      body.appendChild(el("p", marked ? "This job cannot run as it stands — see the marked fields." : "This job cannot run as it stands:", "bad"));
       general.forEach(function (m) { body.appendChild(el("p", m, "field-error")); });
     }
     var p = result.prediction;
@@ -110,7 +114,7 @@
       }
     }
     if (submit && !submit.dataset.locked) submit.disabled = !result.ok;
-    state.textContent = result.ok ? "Ready to submit." : "Fix the marked fields to submit.";
+    state.textContent = result.ok ? "Ready to submit." : marked ? "Fix the marked fields to submit." : "Cannot submit: " + general.join("; ");
   }
 
   function check() {

@@ -4,6 +4,7 @@ pages that wait for runs list them and fill in by themselves when they finish.""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +149,40 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     page.locator("#waiting").wait_for(state="detached", timeout=15_000)
     rows = page.locator("#configurations tbody tr")
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
+
+
+def test_refusals_land_on_their_field_before_submit_and_a_refused_submit_is_the_form(page, server, form_client, answers_settings) -> None:
+    """Runs last in this module: it registers a CPU worker, which the earlier tests' placement does not expect."""
+    from backend.services import workers as fleet
+    from backend.services.workers import WorkerInfo
+
+    worker = WorkerInfo(
+        id="cpu-worker", host="bench", machine="bench", address="127.0.0.1", pid=1, pool="cpu", device="cpu",
+        device_name="a test cpu", device_count=8, memory_per_device_bytes=64 << 30, interconnect="cpu",
+    )  # fmt: skip
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        fleet.register(session=session, info=worker)
+
+    page.goto(server.url + "/runs/new")
+    page.select_option("#f-strategy", "ddp")
+    page.fill("#f-world_size", "2")
+    page.locator("details:has(#f-precision) > summary").click()
+    page.select_option("#f-precision", "fp8")
+    precision = page.locator('[data-field="precision"]')
+    precision.locator(".field-error").wait_for()
+    assert "invalid" in (precision.get_attribute("class") or "") and "fp8 training needs" in precision.inner_text()
+    assert page.locator("#run-form button[type=submit]").is_disabled()
+
+    # an N-D layout whose degrees do not make the world size: the world size field says so
+    page.select_option("#f-precision", "fp32")
+    page.select_option("#f-strategy", "layout")
+    page.fill("#f-opt\\.layout\\.tp", "3")
+    world = page.locator('[data-field="world_size"]')
+    world.locator(".field-error").wait_for()
+    assert "make 3 ranks, not the world size 2" in world.inner_text()
+
+    # the submit refuses the same, as the form with the message on its field, never a JSON page
+    form = {"csrf_token": csrf_token(form_client), "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "2", "precision": "fp8"}
+    refused = form_client.post("/runs/new", data=form, follow_redirects=False)
+    assert refused.status_code == 422 and refused.headers["content-type"].startswith("text/html")
+    assert re.search(r'data-errors-for="precision">\s*<p[^>]*>[^<]*fp8 training needs', refused.text), refused.text[:300]

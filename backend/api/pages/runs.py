@@ -32,6 +32,7 @@ from backend.services.quotas import QuotaExceeded
 from backend.services.recipes import dimension_choices
 from backend.services.run_view import UNCALIBRATED_NOTE, run_view
 from backend.services.runs import QueueUnavailable, RunNotFound, RunStateError
+from parallab.core.problems import SpecError
 from parallab.core.strategies import STRATEGY_NAMES
 
 router = APIRouter(include_in_schema=False)
@@ -133,6 +134,10 @@ def submit_run(
         runs = run_service.submit_runs(
             session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local
         )
+    except SpecError as exc:  # what only the submit could see (a pool that changed since the check)
+        pools = run_form.pool_choices(session=session, settings=settings)
+        errors = run_form.spec_errors(exc, str(form.get("strategy") or ""))
+        return form_page(request, settings, values, errors, status_code=422, pools=pools)
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     except QuotaExceeded as exc:
