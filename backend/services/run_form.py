@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.services import workers as fleet
 from backend.services.json_body import parse_json
-from backend.services.runs import check_spec, place
+from backend.services.runs import check_spec, place, run_name
 from parallab.core.families import FAMILIES
 from parallab.core.hf_config import MAX_CONFIG_BYTES, SUPPORTED
 from parallab.core.model import PRESETS, SHAPE_FIELDS
@@ -270,6 +270,10 @@ class FormCheck:
     errors: dict[str, list[str]]
     prediction: dict[str, Any] | None = None
     fit: dict[str, Any] | None = None
+    name: str | None = None
+    """The name the run gets when the form leaves it empty (`runs.run_name`)."""
+    shape: dict[str, Any] | None = None
+    """A pasted config's shape, field by field, for the form to show in its shape fields."""
 
     @property
     def ok(self) -> bool:
@@ -309,7 +313,15 @@ def check_form(*, form: Any, settings: Settings, local: bool, session: Session |
     fit = checked.fit
     for problem in fit.problems() if fit is not None else []:
         errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
-    return FormCheck(spec, _onto_fields(errors, strategy), checked.prediction, fit.as_json() if fit is not None else None)
+    shape = {n: getattr(checked.job.workload, n) for n in SHAPE_FIELDS if n not in NOT_IN_FORM} if spec.workload.hf_config else None
+    return FormCheck(
+        spec,
+        _onto_fields(errors, strategy),
+        checked.prediction,
+        fit.as_json() if fit is not None else None,
+        name=run_name(spec, checked.job),
+        shape=shape,
+    )
 
 
 def form_fields(strategy: str) -> frozenset[str]:
@@ -348,9 +360,11 @@ def form_values(form: Any) -> dict[str, Any]:
     return values
 
 
-def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
-    """A stored run's spec as form values (the form's 'run again' prefill)."""
+def spec_to_values(spec: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """A stored run's spec as form values (the form's 'run again' prefill); `name`, the run's
+    name, is shown as what it is a run again of, not carried over."""
     wl, st = spec.get("workload") or {}, spec.get("strategy") or {}
+    again_of = name or spec.get("name")
     values: dict[str, Any] = {
         "model": wl.get("model", "tiny"),
         "strategy": st.get("name", "ddp"),
@@ -377,8 +391,8 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
         values["nodes"] = str(placement["nodes"])
     if spec.get("trace"):
         values["trace"] = "on"
-    if spec.get("name"):
-        values["name"] = spec["name"]
+    if again_of:  # not carried over: the new run is named for what it is once changed
+        values["again_of"] = again_of
     if spec.get("repeats", 1) != 1:
         values["repeats"] = str(spec["repeats"])
     if spec.get("tags"):

@@ -114,6 +114,29 @@ def validate_spec(*, spec: JobSpec, settings: Settings, local: bool = False) -> 
     return checked.job
 
 
+N_D = frozenset({"layout", "3d", "hybrid", "hsdp"})
+"""Strategies whose name does not say their layout: a run's name spells its degrees out."""
+
+
+def run_name(spec: JobSpec, job: ResolvedJob) -> str:
+    """The name of a run submitted without one, from what it is: the model (a pasted config's
+    model_type and shape, a preset, or a shape changed from one) and the layout, e.g.
+    "llama L2·h64 · fsdp ×2" or "tiny · layout ×4 (dp_shard=2,tp=2)"."""
+    wl = job.workload
+    shape = f"L{wl.num_layers}·h{wl.hidden_size}"
+    pasted = spec.workload.hf_config
+    if isinstance(pasted, dict) and isinstance(pasted.get("model_type"), str):
+        model = f"{pasted['model_type']} {shape}"
+    elif wl.family == "hf":  # a config's shape given field by field (a run again of one)
+        model = f"hf {shape}"
+    elif job.custom_fields:
+        model = f"custom {shape} (from {spec.workload.model})"
+    else:
+        model = spec.workload.model
+    layout = f" ({job.layout.label()})" if job.strategy in N_D and job.layout is not None else ""
+    return f"{model} · {job.strategy} ×{job.world_size}{layout}"
+
+
 def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
     """The pool a valid job runs on — the Slurm pool it names, or a worker pool that can run it —
     checked against what that pool's device can train in. SpecError naming the field otherwise.
@@ -137,7 +160,7 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     return store.add_run(
         session,
         Run(
-            name=job.spec.name,
+            name=job.spec.name or run_name(spec, job),
             status="queued",
             source=source,
             spec=job.spec.model_dump(mode="json"),

@@ -72,8 +72,27 @@
     table.appendChild(tr);
   }
 
+  // a pasted config's shape shown in the shape fields (as their placeholders: a value typed in a
+  // field still overrides the config), the preset's again once the box is emptied
+  function showShape(shape) {
+    showPreset();
+    Object.keys(shape || {}).forEach(function (name) {
+      var input = form.elements[name];
+      var value = shape[name] == null ? "" : String(shape[name]);
+      if (input && input.tagName === "INPUT") input.placeholder = value;
+      else if (input && input.tagName === "SELECT" && input.options.length && input.options[0].value === "")
+        input.options[0].textContent = "config: " + value.toLowerCase();
+      var field = input && input.closest(".field");
+      if (field) field.classList.add("from-config");
+    });
+    if (!shape) document.querySelectorAll(".field.from-config").forEach(function (f) { f.classList.remove("from-config"); });
+    else { var box = form.elements.hf_config.closest("details"); if (box) box.open = true; }
+  }
+
   function render(result) {
     var general = showErrors(result.errors || {});
+    if (result.name && form.elements.name) form.elements.name.placeholder = result.name;
+    if (result.ok || result.shape) showShape(result.shape);
     body.replaceChildren();
     if (!result.ok) {
       body.appendChild(el("p", marked ? "This job cannot run as it stands — see the marked fields." : "This job cannot run as it stands:", "bad"));

@@ -4,6 +4,7 @@ pages that wait for runs list them and fill in by themselves when they finish.""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.services.ingest import attach_result
 from tests.backend.test_repeats import _store as store_runs
+from tests.core.hf_configs import TINY_LLAMA
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
 from tests.ui.factories import csrf_token, make_document
 
@@ -149,6 +151,31 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     page.locator("#waiting").wait_for(state="detached", timeout=15_000)
     rows = page.locator("#configurations tbody tr")
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
+
+
+def test_a_pasted_config_fills_the_shape_fields_and_names_the_run_and_run_again_renames(page, server, answers_settings) -> None:
+    page.goto(server.url + "/runs/new")
+    page.select_option("#f-strategy", "fsdp")
+    page.fill("#f-world_size", "2")
+    page.fill("#f-steps", "2")
+    page.locator("details:has(#f-hf_config) > summary").click()
+    page.fill("#f-hf_config", json.dumps(TINY_LLAMA))
+    page.locator('[data-field="num_layers"].from-config').wait_for()
+    assert page.get_attribute("#f-num_layers", "placeholder") == "2" and page.get_attribute("#f-hidden_size", "placeholder") == "64"
+    assert page.get_attribute("#f-num_kv_heads", "placeholder") == "2" and page.get_attribute("#f-vocab_size", "placeholder") == "256"
+    assert page.get_attribute("#f-name", "placeholder") == "llama L2·h64 · fsdp ×2"
+    page.locator("#submit-run").wait_for()
+    page.locator("#submit-run:not([disabled])").click()
+    page.wait_for_url(re.compile(r"/runs/[0-9a-f]{32}$"))
+    run_id = page.url.rsplit("/", 1)[-1]
+    page.goto(server.url + "/")
+    assert "llama L2·h64 · fsdp ×2" in page.locator(f'a[href="/runs/{run_id}"]').first.inner_text()
+
+    # run again as ddp: the old name is not carried over, the new run is named for what it is
+    page.goto(f"{server.url}/runs/new?from={run_id}")
+    assert page.input_value("#f-name") == "" and "Run again of “llama L2·h64 · fsdp ×2”" in page.inner_text("#name-help")
+    page.select_option("#f-strategy", "ddp")
+    page.locator('#f-name[placeholder="hf L2·h64 · ddp ×2"]').wait_for()
 
 
 def test_refusals_land_on_their_field_before_submit_and_a_refused_submit_is_the_form(page, server, form_client, answers_settings) -> None:

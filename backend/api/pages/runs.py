@@ -113,7 +113,8 @@ def new_run(
 ) -> HTMLResponse:
     values = run_form.default_values()
     if from_:
-        values = run_form.spec_to_values(run_service.get_run(session=session, run_id=from_).spec)
+        again = run_service.get_run(session=session, run_id=from_)
+        values = run_form.spec_to_values(again.spec, name=again.name)
     return form_page(request, settings, values, {}, pools=run_form.pool_choices(session=session, settings=settings))
 
 
@@ -151,7 +152,8 @@ def submit_run(
 def plan_json(request: Request, session: SessionDep, settings: SettingsDep, local: LocalModeDep) -> dict[str, Any]:
     """The form's live check: errors by field, the prediction, and whether it fits this host and a live pool."""
     check = run_form.check_form(form=request.query_params, settings=settings, local=local, session=session)
-    return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
+    body = {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
+    return {**body, "name": check.name, "shape": check.shape}
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
