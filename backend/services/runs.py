@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
@@ -28,8 +29,8 @@ from backend.store import runs as store
 from parallab.core.fit import GIB, MemoryFit, memory_fit
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.prediction import predict
-from parallab.core.problems import SpecError
-from parallab.core.spec import JobSpec, RepeatOf
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.spec import MAX_TAGS, JobSpec, RepeatOf, Tag
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError("cursor is not one this API returned") from None
 
 
+def may_change(*, principal: Principal, run: Run) -> bool:
+    """Whether `principal` may change `run` (cancel it, edit its tags): its submitter or an admin."""
+    return principal.may("cancel") and principal.owns(run.user_id)
+
+
 def check_owner(*, principal: Principal, run: Run) -> None:
     """Raise Forbidden unless `principal` submitted `run` or is an admin (or the local user)."""
     if not principal.owns(run.user_id):
@@ -309,3 +315,36 @@ def watch_states(*, session: Session, run_ids: Sequence[str]) -> dict[str, Any]:
         "runs": [{"id": r.id, "status": r.status, "finished": r.status in FINISHED_STATUSES} for r in runs],
         "missing": [i for i in dict.fromkeys(run_ids) if i not in found],
     }
+
+
+_TAGS = TypeAdapter(list[Tag])
+
+
+def parse_tags(text: str) -> list[str]:
+    """Comma-separated tags as the form and the run page take them: each 1–64 characters, at most
+    20 (a spec's rule); SpecError on `tags` naming the problem."""
+    tags = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if len(tags) > MAX_TAGS:
+        raise SpecError([SpecProblem(("tags",), f"at most {MAX_TAGS} tags, got {len(tags)}")])
+    try:
+        return _TAGS.validate_python(tags)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SpecError([SpecProblem(("tags",), f"tag {tags[int(err['loc'][0])]!r:.80}: {err['msg']}")]) from None
+
+
+def set_run_tags(*, session: Session, run_id: str, text: str) -> list[str]:
+    """Replace a run's tags from the run page's box (one transaction: all or none)."""
+    get_run(session=session, run_id=run_id)
+    tags = parse_tags(text)
+    store.set_tags(session, run_id, tags)
+    session.commit()
+    return tags
+
+
+def tags_of(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[str]]:
+    return store.tags_of(session, run_ids)
+
+
+def known_tags(*, session: Session) -> list[str]:
+    return store.all_tags(session)

@@ -178,6 +178,35 @@ def test_a_pasted_config_fills_the_shape_fields_and_names_the_run_and_run_again_
     page.locator('#f-name[placeholder="hf L2·h64 · ddp ×2"]').wait_for()
 
 
+def test_a_run_is_found_by_the_tag_set_on_its_page_and_by_search(page, server, answers_settings) -> None:
+    (mine,) = store_runs(answers_settings, "fsdp", [7_000], repeats=False)
+    (other,) = store_runs(answers_settings, "fsdp", [7_100], repeats=False)  # one neither filter may list
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        session.get(Run, mine).name = "zero3 study · fsdp ×2"
+        session.get(Run, other).name = "zero2 study · fsdp ×2"
+    page.goto(f"{server.url}/runs/{mine}")
+    assert page.inner_text("#run-tag-list").strip() == "none"
+    page.fill("#f-run-tags", "fsdp-study, reshard")
+    page.click("#tags-form button[type=submit]")
+    page.locator('#run-tag-list a.tag:text-is("fsdp-study")').wait_for()
+    assert page.locator("#run-tag-list a.tag").all_inner_texts() == ["fsdp-study", "reshard"]
+
+    page.click('#run-tag-list a.tag:text-is("fsdp-study")')  # a tag links to the list filtered by it
+    page.wait_for_url(re.compile(r"/\?tag=fsdp-study$"))
+    listed = page.locator("table.runs-table tbody tr a[href^='/runs/']")
+    assert listed.count() == 1 and listed.first.get_attribute("href") == f"/runs/{mine}"
+    assert page.locator("#run-tag-filter").input_value() == "fsdp-study"
+
+    page.goto(server.url + "/")
+    page.fill("#run-search", "ZERO3")
+    page.click("#run-filters button[type=submit]")
+    page.wait_for_url(re.compile(r"q=ZERO3"))
+    listed = page.locator("table.runs-table tbody tr a[href^='/runs/']")
+    assert listed.count() == 1 and listed.first.get_attribute("href") == f"/runs/{mine}"
+    page.goto(server.url + "/?q=no-such-run-name")
+    assert page.locator("#no-match").count() == 1
+
+
 def test_refusals_land_on_their_field_before_submit_and_a_refused_submit_is_the_form(page, server, form_client, answers_settings) -> None:
     """Runs last in this module: it registers a CPU worker, which the earlier tests' placement does not expect."""
     from backend.services import workers as fleet

@@ -50,6 +50,7 @@ FormDep = Annotated[FormData, Depends(read_form)]
 def index(request: Request, session: SessionDep, settings: SettingsDep, params: Annotated[RunFilters, Query()]) -> HTMLResponse:
     status, strategy, user = params.status, params.strategy, params.user
     filters = {"status": status, "strategy": strategy, "user_id": auth_service.user_filter(session=session, email=user)}
+    filters.update(tag=params.tag, search=params.q)
     try:
         runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=params.cursor, filters=filters)
     except ValueError as exc:  # a cursor this server did not hand out
@@ -65,6 +66,10 @@ def index(request: Request, session: SessionDep, settings: SettingsDep, params: 
             "strategies": STRATEGY_NAMES,
             "user": user or "",
             "users": [u.email for u in auth_service.list_users(session=session)],
+            "tag": params.tag or "",
+            "q": params.q or "",
+            "tags": run_service.known_tags(session=session),
+            "run_tags": run_service.tags_of(session=session, run_ids=[r.id for r in runs]),
         },
         settings=settings,
     )
@@ -185,6 +190,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "phase_names": live_figs.PHASE_NAMES,
             "trace_ranks": view.trace_ranks,
             "timeline_events": view.timeline_events,
+            "run_tags": run_service.tags_of(session=session, run_ids=[view.run.id]).get(view.run.id, []),
+            "may_tag": run_service.may_change(principal=getattr(request.state, "principal", ANONYMOUS), run=view.run),
             "vary_choices": dimension_choices()
             if getattr(request.state, "principal", ANONYMOUS).may("submit") and view.run.job is not None
             else {},
@@ -234,6 +241,23 @@ def watch(session: SessionDep, ids: Annotated[str, Query(description="Run ids, c
         return run_service.watch_states(session=session, run_ids=wanted)
     except ValueError as exc:
         raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": str(exc), "type": "value_error"}]) from None
+
+
+@router.post("/runs/{run_id}/tags", response_model=None)
+def edit_tags(
+    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+) -> Response:
+    """The run page's tag box: replace the run's tags (its owner or an admin, CSRF-checked)."""
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+    run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
+    try:
+        run_service.set_run_tags(session=session, run_id=run_id, text=str(form.get("tags") or ""))
+    except SpecError as exc:
+        return render_error(request, 422, "Cannot set those tags", "; ".join(f"tags: {p.msg}" for p in exc.problems), settings=settings)
+    return RedirectResponse(f"/runs/{run_id}#run-tags", status_code=303)
 
 
 @router.post("/runs/{run_id}/cancel")
