@@ -242,3 +242,26 @@ def test_refusals_land_on_their_field_before_submit_and_a_refused_submit_is_the_
     refused = form_client.post("/runs/new", data=form, follow_redirects=False)
     assert refused.status_code == 422 and refused.headers["content-type"].startswith("text/html")
     assert re.search(r'data-errors-for="precision">\s*<p[^>]*>[^<]*fp8 training needs', refused.text), refused.text[:300]
+
+
+def test_dark_mode_follows_the_system_setting_pages_and_figures(browser, server, answers_settings) -> None:
+    (run_id,) = store_runs(answers_settings, "ddp", [9_500], repeats=False)
+    looks = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+        page = context.new_page()
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.locator("figure.chart .main-svg").first.wait_for()
+        looks[scheme] = page.evaluate(
+            """() => ({
+              body: getComputedStyle(document.body).backgroundColor,
+              ink: getComputedStyle(document.body).color,
+              card: getComputedStyle(document.querySelector('.card')).backgroundColor,
+              font: getComputedStyle(document.querySelector('figure.chart .main-svg text')).fill,
+            })"""
+        )
+        context.close()
+    light, dark = looks["light"], looks["dark"]
+    assert light["body"] == "rgb(246, 247, 249)" and dark["body"] == "rgb(11, 17, 32)"
+    assert dark["ink"] == "rgb(229, 231, 235)" and dark["card"] == "rgb(17, 24, 39)"
+    assert dark["font"] == "rgb(229, 231, 235)" and light["font"] != dark["font"], looks
