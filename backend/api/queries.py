@@ -42,6 +42,10 @@ class RunFilters(QueryParams):
     status: RunStatus | None = None
     strategy: StrategyName | None = None
     user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
+    tag: str | None = Field(None, max_length=64, description="Runs carrying this tag.")
+    q: str | None = Field(
+        None, max_length=200, description="Search: runs whose name or model contains it (any case), or whose id starts with it."
+    )
     cursor: str | None = Field(None, max_length=200, description="`next_cursor` of the previous page.")
 
 

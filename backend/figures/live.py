@@ -79,6 +79,6 @@ def live_figure(history: list[dict[str, Any]]) -> Figure:
     )
     fig.update_yaxes(title_text="loss", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="tokens/s", row=1, col=1, secondary_y=True, showgrid=False)
-    fig.update_yaxes(title_text="memory (MiB)", row=2, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="memory (MiB): GPU allocated, CPU process RSS", row=2, col=1, rangemode="tozero")
     fig.update_xaxes(title_text="seconds since the first step", row=2, col=1)
     return fig

@@ -60,7 +60,9 @@ def memory_per_rank(doc: dict[str, Any]) -> Figure:
 
 
 def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list[dict[str, float]]) -> Figure:
-    fig = figure("Memory per rank at the peak, beside the prediction", x="rank", y="memory [MiB]")
+    title = "Allocated memory per rank at the peak (not process RSS), beside the prediction"
+    why = zero_gradients_note(doc, splits)
+    fig = figure(title + (f"<br><sub>{why}</sub>" if why else ""), x="rank", y="allocated memory [MiB]")
     names = [f"rank {r['rank']}" for r in ranks]
     predicted = predicted_memory(doc.get("prediction") or {})
     label = "predicted (busiest rank)"
@@ -86,6 +88,19 @@ def _memory_split(doc: dict[str, Any], ranks: list[dict[str, Any]], splits: list
     fig.update_layout(barmode="stack")
     fig.update_xaxes(categoryorder="array", categoryarray=[*names, label])
     return fig
+
+
+SHARDED_GRADIENTS = frozenset({"fsdp", "hsdp", "hybrid", "3d", "layout"})
+"""Strategies that reduce-scatter each gradient into its shard as soon as it is made."""
+
+
+def zero_gradients_note(doc: dict[str, Any], splits: list[dict[str, float]]) -> str | None:
+    """Why the gradients read 0 at the peak, in a sentence (None when they do not)."""
+    if not splits or any(split.get("grads", 0) > 0 for split in splits):
+        return None
+    if (doc.get("strategy") or {}).get("name") in SHARDED_GRADIENTS:
+        return "Gradients read 0: each is reduce-scattered into its shard and the full gradient freed before the peak."
+    return "Gradients read 0: none is held at the moment of the peak (made and freed around it, or not yet made)."
 
 
 def step_breakdown(doc: dict[str, Any]) -> Figure:

@@ -21,6 +21,7 @@ from backend.models.runs import (
     RunResultPart,
     RunSource,
     RunStatus,
+    RunTag,
     RunTrace,
 )
 from backend.models.series import VERDICTS, Series, SeriesAccept, SeriesCounters, SeriesVerdict
@@ -43,6 +44,7 @@ __all__ = [
     "Run",
     "RunResult",
     "RunResultPart",
+    "RunTag",
     "RunTrace",
     "LeaderboardEntry",
     "LeaderboardCell",

@@ -183,3 +183,13 @@ class RunTrace(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RunTag(Base):
+    """One of a run's tags (written from its spec when stored, edited on the run page): a row each,
+    so the runs list filters by tag on an index."""
+
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)

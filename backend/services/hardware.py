@@ -62,9 +62,15 @@ def record_profile(*, session: Session, run: Run, document: ResultDocument, pool
 
 
 def pool_device(*, session: Session, pool: str) -> DeviceDescription | None:
-    """The device a pool's latest calibration recorded (None: not known yet)."""
+    """The device a pool's latest calibration recorded; uncalibrated, a CPU pool's registered
+    worker says enough (a CPU trains in no fp8 whatever its model); None: not known yet."""
     profile = latest_profile(session=session, pool=pool)
-    return profile.device if profile is not None else None
+    if profile is not None:
+        return profile.device
+    worker = registered_worker(session=session, pool=pool)
+    if worker is not None and worker.device == "cpu":
+        return DeviceDescription(kind="cpu", name=worker.device_name)
+    return None
 
 
 def check_precision(*, session: Session, settings: Settings, job: ResolvedJob, pool: str | None = None) -> None:

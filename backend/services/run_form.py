@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.services import workers as fleet
 from backend.services.json_body import parse_json
-from backend.services.runs import check_spec
+from backend.services.runs import check_spec, place, run_name
 from parallab.core.families import FAMILIES
 from parallab.core.hf_config import MAX_CONFIG_BYTES, SUPPORTED
 from parallab.core.model import PRESETS, SHAPE_FIELDS
@@ -229,6 +229,8 @@ def field_for(loc: tuple[Any, ...], strategy: str) -> str:
     if loc[0] == "strategy" and len(loc) > 1:
         if loc[1] == "name":
             return "strategy"
+        if loc[1:] == ("options",):  # the degrees together: they must multiply to the world size
+            return "world_size"
         if loc[1] == "options" and len(loc) > 2:
             return f"opt.{strategy}.{loc[2]}"
         return str(loc[1])
@@ -268,6 +270,10 @@ class FormCheck:
     errors: dict[str, list[str]]
     prediction: dict[str, Any] | None = None
     fit: dict[str, Any] | None = None
+    name: str | None = None
+    """The name the run gets when the form leaves it empty (`runs.run_name`)."""
+    shape: dict[str, Any] | None = None
+    """A pasted config's shape, field by field, for the form to show in its shape fields."""
 
     @property
     def ok(self) -> bool:
@@ -294,24 +300,53 @@ def check_form(*, form: Any, settings: Settings, local: bool, session: Session |
         for err in exc.errors():
             loc = tuple(err["loc"])
             errors.setdefault(field_for(loc, strategy), []).append(_message(loc, err["msg"]))
-        return FormCheck(None, errors)
+        return FormCheck(None, _onto_fields(errors, strategy))
     try:
         checked = check_spec(spec=spec, settings=settings, local=local)
     except SpecError as exc:
-        for problem in exc.problems:
-            errors.setdefault(field_for(problem.loc, strategy), []).append(_message(problem.loc, problem.msg))
-        return FormCheck(spec, errors)
+        return FormCheck(spec, spec_errors(exc, strategy))
     if session is not None:
         try:
-            fleet.place(session=session, job=checked.job, settings=settings)
+            place(session=session, job=checked.job, settings=settings)
         except SpecError as exc:
-            for problem in exc.problems:
-                errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
-            return FormCheck(spec, errors)
+            return FormCheck(spec, spec_errors(exc, strategy))
     fit = checked.fit
     for problem in fit.problems() if fit is not None else []:
         errors.setdefault(field_for(problem.loc, strategy), []).append(problem.msg)
-    return FormCheck(spec, errors, checked.prediction, fit.as_json() if fit is not None else None)
+    shape = {n: getattr(checked.job.workload, n) for n in SHAPE_FIELDS if n not in NOT_IN_FORM} if spec.workload.hf_config else None
+    return FormCheck(
+        spec,
+        _onto_fields(errors, strategy),
+        checked.prediction,
+        fit.as_json() if fit is not None else None,
+        name=run_name(spec, checked.job),
+        shape=shape,
+    )
+
+
+def form_fields(strategy: str) -> frozenset[str]:
+    """The fields the form shows for `strategy`, each with its own place for a message."""
+    options = (o.input_name for o in option_fields().get(strategy, []))
+    return frozenset({"name", "model", "strategy", "world_size", "pool", "nodes", "repeats", "hf_config", "tags", "__all__"}).union(
+        JOB_FIELDS, WORKLOAD_FIELDS, options
+    )
+
+
+def _onto_fields(errors: dict[str, list[str]], strategy: str) -> dict[str, list[str]]:
+    """Errors whose key is no field of the form (none to mark) moved to the form's own message."""
+    shown = form_fields(strategy)
+    out: dict[str, list[str]] = {}
+    for key, msgs in errors.items():
+        out.setdefault(key if key in shown else "__all__", []).extend(msgs)
+    return out
+
+
+def spec_errors(exc: SpecError, strategy: str) -> dict[str, list[str]]:
+    """A refusal's problems by the form field at fault (what the form and a refused submit show)."""
+    errors: dict[str, list[str]] = {}
+    for problem in exc.problems:
+        errors.setdefault(field_for(problem.loc, strategy), []).append(_message(problem.loc, problem.msg))
+    return _onto_fields(errors, strategy)
 
 
 def form_values(form: Any) -> dict[str, Any]:
@@ -325,9 +360,11 @@ def form_values(form: Any) -> dict[str, Any]:
     return values
 
 
-def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
-    """A stored run's spec as form values (the form's 'run again' prefill)."""
+def spec_to_values(spec: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """A stored run's spec as form values (the form's 'run again' prefill); `name`, the run's
+    name, is shown as what it is a run again of, not carried over."""
     wl, st = spec.get("workload") or {}, spec.get("strategy") or {}
+    again_of = name or spec.get("name")
     values: dict[str, Any] = {
         "model": wl.get("model", "tiny"),
         "strategy": st.get("name", "ddp"),
@@ -354,8 +391,8 @@ def spec_to_values(spec: dict[str, Any]) -> dict[str, Any]:
         values["nodes"] = str(placement["nodes"])
     if spec.get("trace"):
         values["trace"] = "on"
-    if spec.get("name"):
-        values["name"] = spec["name"]
+    if again_of:  # not carried over: the new run is named for what it is once changed
+        values["again_of"] = again_of
     if spec.get("repeats", 1) != 1:
         values["repeats"] = str(spec["repeats"])
     if spec.get("tags"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
@@ -28,8 +29,8 @@ from backend.store import runs as store
 from parallab.core.fit import GIB, MemoryFit, memory_fit
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.prediction import predict
-from parallab.core.problems import SpecError
-from parallab.core.spec import JobSpec, RepeatOf
+from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.spec import MAX_TAGS, JobSpec, RepeatOf, Tag
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,38 @@ def validate_spec(*, spec: JobSpec, settings: Settings, local: bool = False) -> 
     return checked.job
 
 
+N_D = frozenset({"layout", "3d", "hybrid", "hsdp"})
+"""Strategies whose name does not say their layout: a run's name spells its degrees out."""
+
+
+def run_name(spec: JobSpec, job: ResolvedJob) -> str:
+    """The name of a run submitted without one, from what it is: the model (a pasted config's
+    model_type and shape, a preset, or a shape changed from one) and the layout, e.g.
+    "llama L2·h64 · fsdp ×2" or "tiny · layout ×4 (dp_shard=2,tp=2)"."""
+    wl = job.workload
+    shape = f"L{wl.num_layers}·h{wl.hidden_size}"
+    pasted = spec.workload.hf_config
+    if isinstance(pasted, dict) and isinstance(pasted.get("model_type"), str):
+        model = f"{pasted['model_type']} {shape}"
+    elif wl.family == "hf":  # a config's shape given field by field (a run again of one)
+        model = f"hf {shape}"
+    elif job.custom_fields:
+        model = f"custom {shape} (from {spec.workload.model})"
+    else:
+        model = spec.workload.model
+    layout = f" ({job.layout.label()})" if job.strategy in N_D and job.layout is not None else ""
+    return f"{model} · {job.strategy} ×{job.world_size}{layout}"
+
+
+def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
+    """The pool a valid job runs on — the Slurm pool it names, or a worker pool that can run it —
+    checked against what that pool's device can train in. SpecError naming the field otherwise.
+    The submit and the form's live check both call this, so the form refuses all the submit does."""
+    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
+    check_precision(session=session, settings=settings, job=job, pool=pool)
+    return pool
+
+
 def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
@@ -124,12 +157,11 @@ def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: s
     when the user already has as many runs queued or running as they may."""
     job = validate_spec(spec=spec, settings=settings, local=local)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)
-    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
-    check_precision(session=session, settings=settings, job=job, pool=pool)
+    pool = place(session=session, job=job, settings=settings)
     return store.add_run(
         session,
         Run(
-            name=job.spec.name,
+            name=job.spec.name or run_name(spec, job),
             status="queued",
             source=source,
             spec=job.spec.model_dump(mode="json"),
@@ -231,6 +263,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError("cursor is not one this API returned") from None
 
 
+def may_change(*, principal: Principal, run: Run) -> bool:
+    """Whether `principal` may change `run` (cancel it, edit its tags): its submitter or an admin."""
+    return principal.may("cancel") and principal.owns(run.user_id)
+
+
 def check_owner(*, principal: Principal, run: Run) -> None:
     """Raise Forbidden unless `principal` submitted `run` or is an admin (or the local user)."""
     if not principal.owns(run.user_id):
@@ -278,3 +315,36 @@ def watch_states(*, session: Session, run_ids: Sequence[str]) -> dict[str, Any]:
         "runs": [{"id": r.id, "status": r.status, "finished": r.status in FINISHED_STATUSES} for r in runs],
         "missing": [i for i in dict.fromkeys(run_ids) if i not in found],
     }
+
+
+_TAGS = TypeAdapter(list[Tag])
+
+
+def parse_tags(text: str) -> list[str]:
+    """Comma-separated tags as the form and the run page take them: each 1–64 characters, at most
+    20 (a spec's rule); SpecError on `tags` naming the problem."""
+    tags = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if len(tags) > MAX_TAGS:
+        raise SpecError([SpecProblem(("tags",), f"at most {MAX_TAGS} tags, got {len(tags)}")])
+    try:
+        return _TAGS.validate_python(tags)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SpecError([SpecProblem(("tags",), f"tag {tags[int(err['loc'][0])]!r:.80}: {err['msg']}")]) from None
+
+
+def set_run_tags(*, session: Session, run_id: str, text: str) -> list[str]:
+    """Replace a run's tags from the run page's box (one transaction: all or none)."""
+    get_run(session=session, run_id=run_id)
+    tags = parse_tags(text)
+    store.set_tags(session, run_id, tags)
+    session.commit()
+    return tags
+
+
+def tags_of(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[str]]:
+    return store.tags_of(session, run_ids)
+
+
+def known_tags(*, session: Session) -> list[str]:
+    return store.all_tags(session)

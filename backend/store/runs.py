@@ -14,14 +14,43 @@ from sqlalchemy import case, delete, func, insert, null, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from backend.models import CommMetric, RankMetric, Run, RunResult, RunResultPart, RunTrace, utcnow
+from backend.models import CommMetric, RankMetric, Run, RunResult, RunResultPart, RunTag, RunTrace, utcnow
 from backend.store import leaderboard, result_parts
 
 
 def add_run(session: Session, run: Run) -> Run:
+    """Store a run and the tags its spec carries (`run_tags`)."""
     session.add(run)
     session.flush()
+    spec_tags = (run.spec or {}).get("tags") if isinstance(run.spec, dict) else None
+    if spec_tags:
+        set_tags(session, run.id, [t for t in spec_tags if isinstance(t, str)])
     return run
+
+
+def set_tags(session: Session, run_id: str, tags: Sequence[str]) -> None:
+    """Replace a run's tags (duplicates once, in the order given)."""
+    session.execute(delete(RunTag).where(RunTag.run_id == run_id))
+    wanted = list(dict.fromkeys(tags))
+    if wanted:
+        session.execute(insert(RunTag), [{"run_id": run_id, "tag": t} for t in wanted])
+
+
+def tags_of(session: Session, run_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Each run's tags, sorted (runs without any are absent)."""
+    out: dict[str, list[str]] = {}
+    if not run_ids:
+        return out
+    for run_id, tag in session.execute(select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(list(run_ids))).order_by(RunTag.tag)):
+        out.setdefault(run_id, []).append(tag)
+    return out
+
+
+def all_tags(session: Session, limit: int = 200) -> list[str]:
+    """The tags in use, most used first (the runs list's tag filter)."""
+    count = func.count().label("n")
+    rows = session.execute(select(RunTag.tag, count).group_by(RunTag.tag).order_by(count.desc(), RunTag.tag).limit(limit))
+    return [tag for tag, _ in rows]
 
 
 def get_run(session: Session, run_id: str) -> Run | None:
@@ -48,8 +77,12 @@ def list_runs(
     model: str | None = None,
     source: str | None = None,
     user_id: int | None = None,
+    tag: str | None = None,
+    search: str | None = None,
 ) -> list[Run]:
-    """Newest first; keyset paging on (created_at, id) so pages stay fast with many runs."""
+    """Newest first; keyset paging on (created_at, id) so pages stay fast with many runs. `tag`:
+    runs carrying it; `search`: runs whose name or model contains it (any case) or whose id
+    starts with it."""
     query = select(Run).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
     if before is not None:
         created, run_id = before
@@ -57,6 +90,12 @@ def list_runs(
     for column, value in ((Run.status, status), (Run.strategy, strategy), (Run.model, model), (Run.source, source), (Run.user_id, user_id)):
         if value is not None:
             query = query.where(column == value)
+    if tag is not None:
+        query = query.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
+    if search is not None:
+        pattern = "%" + search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        named = func.lower(Run.name).like(pattern, escape="\\") | func.lower(Run.model).like(pattern, escape="\\")
+        query = query.where(named | Run.id.startswith(search.lower(), autoescape=True))
     return list(session.execute(query).scalars())
 
 

@@ -44,13 +44,17 @@
     return e;
   }
 
+  var marked = 0;
+
   function showErrors(errors) {
+    marked = 0;
     document.querySelectorAll("[data-errors-for]").forEach(function (box) {
       var name = box.dataset.errorsFor;
       var msgs = errors[name] || [];
       box.replaceChildren.apply(box, msgs.map(function (m) { var p = el("p", m, "field-error"); p.setAttribute("role", "alert"); return p; }));
       var field = box.closest(".field");
       if (field) field.classList.toggle("invalid", msgs.length > 0);
+      if (msgs.length) marked += 1;
       var section = box.closest("details");
       if (section && msgs.length) section.open = true;  // never hide a reason inside a closed section
     });
@@ -68,11 +72,30 @@
     table.appendChild(tr);
   }
 
+  // a pasted config's shape shown in the shape fields (as their placeholders: a value typed in a
+  // field still overrides the config), the preset's again once the box is emptied
+  function showShape(shape) {
+    showPreset();
+    Object.keys(shape || {}).forEach(function (name) {
+      var input = form.elements[name];
+      var value = shape[name] == null ? "" : String(shape[name]);
+      if (input && input.tagName === "INPUT") input.placeholder = value;
+      else if (input && input.tagName === "SELECT" && input.options.length && input.options[0].value === "")
+        input.options[0].textContent = "config: " + value.toLowerCase();
+      var field = input && input.closest(".field");
+      if (field) field.classList.add("from-config");
+    });
+    if (!shape) document.querySelectorAll(".field.from-config").forEach(function (f) { f.classList.remove("from-config"); });
+    else { var box = form.elements.hf_config.closest("details"); if (box) box.open = true; }
+  }
+
   function render(result) {
     var general = showErrors(result.errors || {});
+    if (result.name && form.elements.name) form.elements.name.placeholder = result.name;
+    if (result.ok || result.shape) showShape(result.shape);
     body.replaceChildren();
     if (!result.ok) {
-      body.appendChild(el("p", "This job cannot run as it stands — see the marked fields.", "bad"));
+      body.appendChild(el("p", marked ? "This job cannot run as it stands — see the marked fields." : "This job cannot run as it stands:", "bad"));
       general.forEach(function (m) { body.appendChild(el("p", m, "field-error")); });
     }
     var p = result.prediction;
@@ -110,7 +133,7 @@
       }
     }
     if (submit && !submit.dataset.locked) submit.disabled = !result.ok;
-    state.textContent = result.ok ? "Ready to submit." : "Fix the marked fields to submit.";
+    state.textContent = result.ok ? "Ready to submit." : marked ? "Fix the marked fields to submit." : "Cannot submit: " + general.join("; ");
   }
 
   function check() {

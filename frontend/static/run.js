@@ -36,6 +36,7 @@
     if (!chartEl || !fig || typeof Plotly === "undefined") return;
     chartEl.hidden = false;
     fig.layout = fig.layout || {};
+    if (window.parallabThemed) fig.layout = window.parallabThemed(fig.layout);  // dark mode (figures.js)
     fig.layout.autosize = true;
     Plotly.react(chartEl, fig.data, fig.layout, { responsive: true, displaylogo: false });
   }

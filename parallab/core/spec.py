@@ -289,6 +289,8 @@ class StrategySpec(KnownKeys):
 
 Tag = Label
 """A tag: 1 to 64 characters, no NUL byte."""
+MAX_TAGS = 20
+"""Tags a run may carry."""
 
 POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 """A pool's name: lower-case letters, digits, '-' and '_' (it is part of a queue name)."""
@@ -346,7 +348,7 @@ class JobSpec(KnownKeys):
             "model-state bytes, peak RSS and, on GPU, the allocator's peaks."
         ),
     )
-    tags: list[Tag] = Field(default_factory=list, max_length=20)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     placement: Placement | None = Field(None, description="Pool and node count; none: one host of the default pool.")
     repeats: int = Field(
         1,

@@ -64,6 +64,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/runs/{run_id}"): "read",
     ("GET", "/runs/{run_id}/status.json"): "read",
     ("GET", "/watch.json"): "read",
+    ("POST", "/runs/{run_id}/tags"): "cancel own run",
     ("GET", "/runs/{run_id}/timeline.json"): "read",
     ("GET", "/compare"): "read",
     ("GET", "/compare.json"): "read",

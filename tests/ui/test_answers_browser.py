@@ -4,6 +4,8 @@ pages that wait for runs list them and fill in by themselves when they finish.""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.services.ingest import attach_result
 from tests.backend.test_repeats import _store as store_runs
+from tests.core.hf_configs import TINY_LLAMA
 from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
 from tests.ui.factories import csrf_token, make_document
 
@@ -148,3 +151,117 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     page.locator("#waiting").wait_for(state="detached", timeout=15_000)
     rows = page.locator("#configurations tbody tr")
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
+
+
+def test_a_pasted_config_fills_the_shape_fields_and_names_the_run_and_run_again_renames(page, server, answers_settings) -> None:
+    page.goto(server.url + "/runs/new")
+    page.select_option("#f-strategy", "fsdp")
+    page.fill("#f-world_size", "2")
+    page.fill("#f-steps", "2")
+    page.locator("details:has(#f-hf_config) > summary").click()
+    page.fill("#f-hf_config", json.dumps(TINY_LLAMA))
+    page.locator('[data-field="num_layers"].from-config').wait_for()
+    assert page.get_attribute("#f-num_layers", "placeholder") == "2" and page.get_attribute("#f-hidden_size", "placeholder") == "64"
+    assert page.get_attribute("#f-num_kv_heads", "placeholder") == "2" and page.get_attribute("#f-vocab_size", "placeholder") == "256"
+    assert page.get_attribute("#f-name", "placeholder") == "llama L2·h64 · fsdp ×2"
+    page.locator("#submit-run").wait_for()
+    page.locator("#submit-run:not([disabled])").click()
+    page.wait_for_url(re.compile(r"/runs/[0-9a-f]{32}$"))
+    run_id = page.url.rsplit("/", 1)[-1]
+    page.goto(server.url + "/")
+    assert "llama L2·h64 · fsdp ×2" in page.locator(f'a[href="/runs/{run_id}"]').first.inner_text()
+
+    # run again as ddp: the old name is not carried over, the new run is named for what it is
+    page.goto(f"{server.url}/runs/new?from={run_id}")
+    assert page.input_value("#f-name") == "" and "Run again of “llama L2·h64 · fsdp ×2”" in page.inner_text("#name-help")
+    page.select_option("#f-strategy", "ddp")
+    page.locator('#f-name[placeholder="hf L2·h64 · ddp ×2"]').wait_for()
+
+
+def test_a_run_is_found_by_the_tag_set_on_its_page_and_by_search(page, server, answers_settings) -> None:
+    (mine,) = store_runs(answers_settings, "fsdp", [7_000], repeats=False)
+    (other,) = store_runs(answers_settings, "fsdp", [7_100], repeats=False)  # one neither filter may list
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        session.get(Run, mine).name = "zero3 study · fsdp ×2"
+        session.get(Run, other).name = "zero2 study · fsdp ×2"
+    page.goto(f"{server.url}/runs/{mine}")
+    assert page.inner_text("#run-tag-list").strip() == "none"
+    page.fill("#f-run-tags", "fsdp-study, reshard")
+    page.click("#tags-form button[type=submit]")
+    page.locator('#run-tag-list a.tag:text-is("fsdp-study")').wait_for()
+    assert page.locator("#run-tag-list a.tag").all_inner_texts() == ["fsdp-study", "reshard"]
+
+    page.click('#run-tag-list a.tag:text-is("fsdp-study")')  # a tag links to the list filtered by it
+    page.wait_for_url(re.compile(r"/\?tag=fsdp-study$"))
+    listed = page.locator("table.runs-table tbody tr a[href^='/runs/']")
+    assert listed.count() == 1 and listed.first.get_attribute("href") == f"/runs/{mine}"
+    assert page.locator("#run-tag-filter").input_value() == "fsdp-study"
+
+    page.goto(server.url + "/")
+    page.fill("#run-search", "ZERO3")
+    page.click("#run-filters button[type=submit]")
+    page.wait_for_url(re.compile(r"q=ZERO3"))
+    listed = page.locator("table.runs-table tbody tr a[href^='/runs/']")
+    assert listed.count() == 1 and listed.first.get_attribute("href") == f"/runs/{mine}"
+    page.goto(server.url + "/?q=no-such-run-name")
+    assert page.locator("#no-match").count() == 1
+
+
+def test_refusals_land_on_their_field_before_submit_and_a_refused_submit_is_the_form(page, server, form_client, answers_settings) -> None:
+    """Runs last in this module: it registers a CPU worker, which the earlier tests' placement does not expect."""
+    from backend.services import workers as fleet
+    from backend.services.workers import WorkerInfo
+
+    worker = WorkerInfo(
+        id="cpu-worker", host="bench", machine="bench", address="127.0.0.1", pid=1, pool="cpu", device="cpu",
+        device_name="a test cpu", device_count=8, memory_per_device_bytes=64 << 30, interconnect="cpu",
+    )  # fmt: skip
+    with session_scope(answers_settings.sqlalchemy_url) as session:
+        fleet.register(session=session, info=worker)
+
+    page.goto(server.url + "/runs/new")
+    page.select_option("#f-strategy", "ddp")
+    page.fill("#f-world_size", "2")
+    page.locator("details:has(#f-precision) > summary").click()
+    page.select_option("#f-precision", "fp8")
+    precision = page.locator('[data-field="precision"]')
+    precision.locator(".field-error").wait_for()
+    assert "invalid" in (precision.get_attribute("class") or "") and "fp8 training needs" in precision.inner_text()
+    assert page.locator("#run-form button[type=submit]").is_disabled()
+
+    # an N-D layout whose degrees do not make the world size: the world size field says so
+    page.select_option("#f-precision", "fp32")
+    page.select_option("#f-strategy", "layout")
+    page.fill("#f-opt\\.layout\\.tp", "3")
+    world = page.locator('[data-field="world_size"]')
+    world.locator(".field-error").wait_for()
+    assert "make 3 ranks, not the world size 2" in world.inner_text()
+
+    # the submit refuses the same, as the form with the message on its field, never a JSON page
+    form = {"csrf_token": csrf_token(form_client), "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "2", "precision": "fp8"}
+    refused = form_client.post("/runs/new", data=form, follow_redirects=False)
+    assert refused.status_code == 422 and refused.headers["content-type"].startswith("text/html")
+    assert re.search(r'data-errors-for="precision">\s*<p[^>]*>[^<]*fp8 training needs', refused.text), refused.text[:300]
+
+
+def test_dark_mode_follows_the_system_setting_pages_and_figures(browser, server, answers_settings) -> None:
+    (run_id,) = store_runs(answers_settings, "ddp", [9_500], repeats=False)
+    looks = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+        page = context.new_page()
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.locator("figure.chart .main-svg").first.wait_for()
+        looks[scheme] = page.evaluate(
+            """() => ({
+              body: getComputedStyle(document.body).backgroundColor,
+              ink: getComputedStyle(document.body).color,
+              card: getComputedStyle(document.querySelector('.card')).backgroundColor,
+              font: getComputedStyle(document.querySelector('figure.chart .main-svg text')).fill,
+            })"""
+        )
+        context.close()
+    light, dark = looks["light"], looks["dark"]
+    assert light["body"] == "rgb(246, 247, 249)" and dark["body"] == "rgb(11, 17, 32)"
+    assert dark["ink"] == "rgb(229, 231, 235)" and dark["card"] == "rgb(17, 24, 39)"
+    assert dark["font"] == "rgb(229, 231, 235)" and light["font"] != dark["font"], looks

@@ -11,6 +11,7 @@ from backend.api.deps import SessionDep, SettingsDep
 from backend.api.pages.rendering import csv_response, render
 from backend.figures import compare as compare_figs
 from backend.services import compare as compare_service
+from backend.services.memory_answer import memory_answer
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,12 +32,20 @@ def compare_page(
         session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline, group_by=group, where=where
     )
     labelled = [(r.label, r.document) for r in comparison.runs if r.document]
+    answer = memory_answer(labelled)
     figures = compare_figs.compare_figures(labelled) if labelled else {}
     query = "&".join(f"ids={r.id}" for r in comparison.runs)
     return render(
         request,
         "compare.html",
-        {"cmp": comparison, "figures": figures, "ids_query": query, "where": where, "dimensions": compare_service.RECIPE_DIMENSIONS},
+        {
+            "cmp": comparison,
+            "figures": figures,
+            "ids_query": query,
+            "where": where,
+            "dimensions": compare_service.RECIPE_DIMENSIONS,
+            "memory_answer": answer,
+        },
         settings=settings,
     )
 

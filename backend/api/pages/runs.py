@@ -52,6 +52,7 @@ FormDep = Annotated[FormData, Depends(read_form)]
 def index(request: Request, session: SessionDep, settings: SettingsDep, params: Annotated[RunFilters, Query()]) -> HTMLResponse:
     status, strategy, user = params.status, params.strategy, params.user
     filters = {"status": status, "strategy": strategy, "user_id": auth_service.user_filter(session=session, email=user)}
+    filters.update(tag=params.tag, search=params.q)
     try:
         runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=params.cursor, filters=filters)
     except ValueError as exc:  # a cursor this server did not hand out
@@ -67,6 +68,10 @@ def index(request: Request, session: SessionDep, settings: SettingsDep, params: 
             "strategies": STRATEGY_NAMES,
             "user": user or "",
             "users": [u.email for u in auth_service.list_users(session=session)],
+            "tag": params.tag or "",
+            "q": params.q or "",
+            "tags": run_service.known_tags(session=session),
+            "run_tags": run_service.tags_of(session=session, run_ids=[r.id for r in runs]),
         },
         settings=settings,
     )
@@ -115,7 +120,8 @@ def new_run(
 ) -> HTMLResponse:
     values = run_form.default_values()
     if from_:
-        values = run_form.spec_to_values(run_service.get_run(session=session, run_id=from_).spec)
+        again = run_service.get_run(session=session, run_id=from_)
+        values = run_form.spec_to_values(again.spec, name=again.name)
     return form_page(request, settings, values, {}, pools=run_form.pool_choices(session=session, settings=settings))
 
 
@@ -136,6 +142,10 @@ def submit_run(
         runs = run_service.submit_runs(
             session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local
         )
+    except SpecError as exc:  # what only the submit could see (a pool that changed since the check)
+        pools = run_form.pool_choices(session=session, settings=settings)
+        errors = run_form.spec_errors(exc, str(form.get("strategy") or ""))
+        return form_page(request, settings, values, errors, status_code=422, pools=pools)
     except QueueUnavailable as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=503)
     except QuotaExceeded as exc:
@@ -149,7 +159,8 @@ def submit_run(
 def plan_json(request: Request, session: SessionDep, settings: SettingsDep, local: LocalModeDep) -> dict[str, Any]:
     """The form's live check: errors by field, the prediction, and whether it fits this host and a live pool."""
     check = run_form.check_form(form=request.query_params, settings=settings, local=local, session=session)
-    return {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
+    body = {"ok": check.ok, "errors": check.errors, "prediction": check.prediction, "fit": check.fit}
+    return {**body, "name": check.name, "shape": check.shape}
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -186,6 +197,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "timeline_events": view.timeline_events,
             "reproduction": reproduce_service.reproduction_of(session=session, run=view.run),
             "can_submit": viewer.may("submit"),
+            "run_tags": run_service.tags_of(session=session, run_ids=[view.run.id]).get(view.run.id, []),
+            "may_tag": run_service.may_change(principal=viewer, run=view.run),
             "vary_choices": dimension_choices() if viewer.may("submit") and view.run.job is not None else {},
         },
         settings=settings,
@@ -234,6 +247,23 @@ def watch(session: SessionDep, ids: Annotated[str, Query(description="Run ids, c
         return run_service.watch_states(session=session, run_ids=wanted)
     except ValueError as exc:
         raise HTTPException(422, detail=[{"loc": ["query", "ids"], "msg": str(exc), "type": "value_error"}]) from None
+
+
+@router.post("/runs/{run_id}/tags", response_model=None)
+def edit_tags(
+    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+) -> Response:
+    """The run page's tag box: replace the run's tags (its owner or an admin, CSRF-checked)."""
+    try:
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None
+    run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
+    try:
+        run_service.set_run_tags(session=session, run_id=run_id, text=str(form.get("tags") or ""))
+    except SpecError as exc:
+        return render_error(request, 422, "Cannot set those tags", "; ".join(f"tags: {p.msg}" for p in exc.problems), settings=settings)
+    return RedirectResponse(f"/runs/{run_id}#run-tags", status_code=303)
 
 
 @router.post("/runs/{run_id}/cancel")
