@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
+from tests.ui.conftest import CHROMIUM, LiveServer, make_settings
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,16 +37,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServe
     app.dependency_overrides[get_settings] = lambda: settings
     with LiveServer(app) as live:
         yield live, lab
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def pages(lab: dict) -> list[tuple[str, int]]:

@@ -30,6 +30,18 @@ def make_settings(home: Path) -> Settings:
 
 
 @pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Debian's Chromium driven by Playwright (never a browser Playwright downloads), one per test
+    module: a module's pages share it, each test opens its own context."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return make_settings(tmp_path_factory.mktemp("ui"))
 

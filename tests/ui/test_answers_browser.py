@@ -17,7 +17,7 @@ from backend.models import Run
 from backend.services.ingest import attach_result
 from tests.backend.test_repeats import _store as store_runs
 from tests.core.hf_configs import TINY_LLAMA
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer, make_settings
+from tests.ui.conftest import CHROMIUM, LiveServer, make_settings
 from tests.ui.factories import csrf_token, make_document
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
@@ -63,16 +63,6 @@ def finish(settings, run_ids: list[str], tokens_per_s: float = 9_000.0) -> None:
             run = session.get(Run, run_id)
             document = make_document(strategy=run.strategy, world_size=run.world_size, tokens_per_s=tokens_per_s * (1 + i / 50), seed=i)
             attach_result(session, run=run, document=document)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture()

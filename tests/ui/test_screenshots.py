@@ -5,12 +5,11 @@ PARALLAB_SCREENSHOTS=docs/screenshots python -m pytest tests/ui/test_screenshots
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.conftest import CHROMIUM
 from tests.ui.factories import lab_pages
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
@@ -44,16 +43,6 @@ def _pages(client, lab, series_id: str) -> dict[str, str]:
     out = lab_pages(client, lab, series_id)
     assert f'href="{out["series"]}"' in client.get("/series").text, "the series list links to the series"
     return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -3,12 +3,11 @@ first commit after it, with the series' between-job CV and smallest detectable c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS, LiveServer
+from tests.ui.conftest import CHROMIUM, LiveServer
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
 
@@ -36,16 +35,6 @@ def drop_series(session_factory) -> tuple[str, str]:
             commits.append(uploaded.run.commit)
     assert sid is not None and len(set(commits)) == JOBS, commits
     return sid, commits[DROP_AT]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def test_the_series_page_marks_the_change_point_and_names_its_commit(browser, app, drop_series) -> None:
