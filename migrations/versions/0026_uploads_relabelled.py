@@ -12,8 +12,9 @@ present and passed. Uploads stored before that kept the old labels — one store
 stated was still listed as verified. Here every stored upload is labelled again by ingest's own
 functions (`labelled`, `check_columns`): its run row, its leaderboard entry and
 `summary.checks_not_checked` in its stored document; then the cells and counts of every config
-whose runs changed are rederived from the entries (`subset_cells`, `counts_of`). Uploads are read
-BATCH at a time in id order, so a lab of a million runs never holds them all.
+whose runs changed are rederived from the entries (`subset_cells`, `counts_of`), CONFIG_BATCH
+configs a statement. Uploads are read BATCH at a time in id order, so a lab of a million runs
+never holds them all.
 
 The lab's own runs are untouched: their labels never depended on the upload path. A document
 that no longer reads as a result document keeps its failed checks and, being an upload, loses
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql
 
 from backend.services.ingest import UPLOAD_SOURCE, UPLOADED, check_columns, labelled
-from backend.store.leaderboard import counts_of, subset_cells
+from backend.store.leaderboard import counts_of, grouped_by_config, runs_by_config, subset_cells
 from parallab.core.result import ResultDocument
 
 revision = "0026"
@@ -41,6 +42,7 @@ branch_labels = None
 depends_on = None
 
 BATCH = 1000
+CONFIG_BATCH = 500
 CONFIG = ("workload_key", "hardware_key", "strategy", "world_size", "strategy_options")
 ATTRIBUTES = ("model", "shape_key", "precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
 FILTERED = ("source", "branch", "user_id", "checks_failed", "checks_stated")
@@ -108,20 +110,28 @@ def _relabel_batch(conn: Any, page: list[Any]) -> set[tuple[Any, ...]]:
     return {tuple(r) for r in conn.execute(sa.select(*(entries.c[c] for c in CONFIG)).where(entries.c.id.in_(ids)))}
 
 
-def _rederive(conn: Any, key: tuple[Any, ...]) -> None:
-    """One config's cells and counts again from its entries (the rules ingest keeps them by)."""
-    match = [entries.c[c] == v for c, v in zip(CONFIG, key, strict=True)]
-    conn.execute(sa.delete(cells).where(*(cells.c[c] == v for c, v in zip(CONFIG, key, strict=True))))
-    conn.execute(sa.delete(counts).where(*(counts.c[c] == v for c, v in zip(CONFIG, key, strict=True))))
-    attributes = conn.execute(sa.select(*(sa.func.min(entries.c[c]).label(c) for c in ATTRIBUTES)).where(*match)).one()
-    checks = (entries.c.id, entries.c.tokens_per_s, entries.c.checks_failed.is_not(None), entries.c.checks_stated.is_not(None))
-    members = conn.execute(sa.select(*checks).where(*match).order_by(entries.c.tokens_per_s, entries.c.id)).all()
-    fixed = {**dict(zip(CONFIG, key, strict=True)), **attributes._mapping}
-    made = [{**fixed, **cell} for cell in subset_cells(members)]
+def _rederive(conn: Any, keys: list[tuple[Any, ...]]) -> None:
+    """These configs' cells and counts again from their entries (the rules ingest keeps them by):
+    one ordered read of their entries, a statement per table (a config key is never null on an entry)."""
+
+    def which(table: Any) -> Any:
+        return sa.tuple_(*(table.c[c] for c in CONFIG)).in_(keys)
+
+    conn.execute(sa.delete(cells).where(which(cells)))
+    conn.execute(sa.delete(counts).where(which(counts)))
+    key = [entries.c[c] for c in CONFIG]
+    attributes = {
+        tuple(r[: len(CONFIG)]): dict(zip(ATTRIBUTES, r[len(CONFIG) :], strict=True))
+        for r in conn.execute(sa.select(*key, *(sa.func.min(entries.c[c]) for c in ATTRIBUTES)).where(which(entries)).group_by(*key))
+    }
+    made: list[dict[str, Any]] = []
+    for found, members in grouped_by_config(conn.execute(runs_by_config(entries, CONFIG).where(which(entries))), len(CONFIG)):
+        fixed = {**dict(zip(CONFIG, found, strict=True)), **attributes[found]}
+        made += [{**fixed, **cell} for cell in subset_cells([m[len(CONFIG) :] for m in members])]
     if made:
         conn.execute(sa.insert(cells), made)
     count_key = (*CONFIG, *ATTRIBUTES, *FILTERED)
-    conn.execute(sa.insert(counts).from_select([*count_key, "runs"], counts_of(entries, match, count_key=count_key)))
+    conn.execute(sa.insert(counts).from_select([*count_key, "runs"], counts_of(entries, [which(entries)], count_key=count_key)))
 
 
 def upgrade() -> None:
@@ -129,8 +139,9 @@ def upgrade() -> None:
     touched: set[tuple[Any, ...]] = set()
     for page in _uploads(conn):
         touched |= _relabel_batch(conn, page)
-    for key in sorted(touched, key=repr):
-        _rederive(conn, key)
+    keys = sorted(touched, key=repr)
+    for start in range(0, len(keys), CONFIG_BATCH):
+        _rederive(conn, keys[start : start + CONFIG_BATCH])
 
 
 def downgrade() -> None:
