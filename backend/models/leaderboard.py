@@ -2,7 +2,8 @@
 
 A run is ranked when it succeeded with a throughput and a workload key. Its row copies the
 columns the leaderboard shows, filters and sorts on from `runs` — written in the same
-transaction as the run's status (`backend.store.leaderboard.sync_entry`), removed with the run.
+transaction as the run's status (`backend.store.leaderboard.follow_run`, called by the store
+function that writes it), removed with the run (`forget_run`).
 The leaderboard and the scaling page read only this table: a sort of 100,000 of these rows
 reads a few MB, not the runs' specs and jobs.
 """

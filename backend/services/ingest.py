@@ -208,6 +208,18 @@ def checked_upload(document: ResultDocument, *, lab_reference: bool = False) -> 
     )
 
 
+def ci_metadata(document: ResultDocument) -> dict[str, Any]:
+    """The CI metadata an upload's run keeps beyond branch and commit."""
+    source = document.source
+    return {"repository": source.repository, "pr": source.pr, "ci_url": source.ci_url} if source is not None else {}
+
+
+def config_key(document: ResultDocument) -> tuple[Any, ...]:
+    """The leaderboard config a document's run ranks in (`leaderboard.CONFIG`'s columns, in order)."""
+    return (workload_key(document.workload), hardware_key(document.hardware), document.strategy.name,
+            document.strategy.world_size, options_key(document.strategy.options))  # fmt: skip
+
+
 class IdempotencyConflict(ValueError):
     """An Idempotency-Key already stored a different document."""
 
@@ -252,7 +264,7 @@ def _replay(run: Run, key: str, body_sha256: str) -> tuple[Run, bool]:
 
 
 def ingest_upload(
-    session: Session, *, document: ResultDocument, idempotency_key: str | None, idempotency_owner: int = 0
+    session: Session, *, document: ResultDocument, idempotency_key: str | None, idempotency_owner: int = 0, user_id: int | None = None
 ) -> tuple[Run, bool]:
     """A CI upload becomes a finished run. Returns (run, created).
 
@@ -262,7 +274,8 @@ def ingest_upload(
     same key of another owner is another key. Concurrent uploads with one key race to insert it:
     the unique index lets one win and the others wait for it, fail on the key, roll back to a
     savepoint taken just before the insert (so a batch's earlier documents stay) and return the
-    winner's run.
+    winner's run. A new run is stored with its uploader (`user_id`) and CI metadata, so its
+    leaderboard row is written once, complete.
     """
     body_sha256 = document_sha256(document) if idempotency_key else None
     if idempotency_key and body_sha256:
@@ -293,6 +306,8 @@ def ingest_upload(
                     idempotency_key=idempotency_key,
                     idempotency_owner=idempotency_owner if idempotency_key else None,
                     idempotency_body_sha256=body_sha256,
+                    user_id=user_id,
+                    **ci_metadata(document),
                     # written with the row: attach_result sets the same values, so no UPDATE for them
                     **summary_columns(document, uploaded=True),
                 ),

@@ -17,7 +17,7 @@ from backend.models import Run, Series, SeriesVerdict
 from backend.services import exact_gates
 from backend.services import series as series_service
 from backend.services.auth import Principal
-from backend.services.ingest import ingest_upload
+from backend.services.ingest import config_key, ingest_upload
 from backend.services.json_body import JSONNumberTooLong, parse_json
 from backend.store import leaderboard as leaderboard_store
 from backend.store import runs as runs_store
@@ -115,12 +115,14 @@ def upload_results(
 ) -> list[Uploaded]:
     """Store the documents as finished runs, join them to their series and judge them (caller commits).
 
-    Nothing is flushed behind the caller's back while the runs are stored, joined and judged (the
-    judging reads only earlier results): the runs' status, uploader and series, the series' new
-    `updated_at` and so the locks that order uploads of one config or series (the leaderboard
-    cell, the series row) are written in one flush at the end, held only until the commit."""
+    The locks that order uploads of one config or series are taken in one order by every upload:
+    the configs' leaderboard cells first, sorted, before anything is written (storing each run
+    maintains its config's cells under that lock), then the series rows, written in one flush at
+    the end (nothing else is flushed behind the caller's back while the runs are joined and
+    judged: the judging reads only earlier results), all held until the commit."""
     stored: list[tuple[Run, bool, ResultDocument]] = []
     joined: list[Series] = []  # held here, so judging finds them in the session (its map is weak)
+    leaderboard_store.lock_cells(session, [config_key(d) for d in documents])
     with session.no_autoflush:
         for i, document in enumerate(documents):
             run, created = ingest_upload(
@@ -128,13 +130,11 @@ def upload_results(
                 document=document,
                 idempotency_key=_key(idempotency_key, i, batch),
                 idempotency_owner=principal.user_id or 0,  # a token without a user: one shared owner
+                user_id=principal.user_id,
             )
-            if created:
-                record_uploader(run=run, document=document, principal=principal)
             stored.append((run, created, document))
         new = [(run, doc) for run, created, doc in stored if created]
-        # one lock order for every upload: the configs' cells (sorted), then the series (sorted)
-        leaderboard_store.lock_cells(session, [run for run, _ in new])
+        # one lock order for every upload: the configs' cells (sorted, taken above), then the series (sorted)
         for run, document in sorted(new, key=lambda upload: series_service.series_id_of(session, upload[0], upload[1]) or ""):
             series = series_service.join_series(session=session, run=run, document=document)
             if series is not None:
@@ -151,16 +151,6 @@ def upload_results(
         verdicts.setdefault(v.run_id, []).append(v)
     changes = exact_gates.changes_for_runs(session=session, run_ids=[run.id for run, _, _ in stored])
     return [Uploaded(run, created, verdicts.get(run.id, []), changes.get(run.id, [])) for run, created, _ in stored]
-
-
-def record_uploader(*, run: Run, document: ResultDocument, principal: Principal) -> None:
-    """Who uploaded the run, and the CI metadata beyond branch and commit."""
-    run.user_id = principal.user_id
-    source = document.source
-    if source is not None:
-        run.repository = source.repository
-        run.pr = source.pr
-        run.ci_url = source.ci_url
 
 
 def stored_uploads(*, session: Session, stored: list[tuple[str, bool]]) -> list[Uploaded]:

@@ -150,6 +150,9 @@ def get_timeline(session: Session, run_id: str) -> list[dict[str, Any]]:
 
 
 def set_status(session: Session, run: Run, status: str, *, error: str | None = None) -> None:
+    """The one write of a run's status (a stored result's success included): the leaderboard's
+    row, cells and counts follow when the run is ranked before or after it (`leaderboard.follow_run`)."""
+    was_ranked = run.status == "succeeded"
     run.status = status
     now = utcnow()
     if status == "running":
@@ -158,6 +161,8 @@ def set_status(session: Session, run: Run, status: str, *, error: str | None = N
         run.finished_at = now
     if error is not None:
         run.error = error
+    if was_ranked or status == "succeeded":
+        leaderboard.follow_run(session, run, was_ranked=was_ranked)
 
 
 def set_progress(session: Session, run_id: str, progress: dict[str, Any]) -> None:
@@ -221,7 +226,7 @@ def count_runs(session: Session) -> int:
 
 
 def delete_run(session: Session, run_id: str) -> None:
-    leaderboard.remove_entry(session, run_id)  # its entry and its config's cell, in this transaction
+    leaderboard.forget_run(session, run_id)  # its entry and its config's cells and counts, in this transaction
     session.execute(delete(Run).where(Run.id == run_id))
 
 

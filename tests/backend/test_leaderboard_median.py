@@ -18,6 +18,7 @@ from backend.models import LeaderboardCell, LeaderboardEntry, Run
 from backend.services import leaderboard as leaderboard_service
 from backend.store import leaderboard as leaderboard_store
 from backend.store import runs as run_store
+from backend.store.leaderboard import query as leaderboard_query
 from parallab.core.flags import failed_checks
 from parallab.core.stats import median_interval
 from tests.ui.factories import make_document, store_run
@@ -114,12 +115,12 @@ def test_the_cells_and_the_runs_give_the_same_figures(settings, lab, group, filt
         def keyed(figures: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             return {f["median_run_id"]: f for f in figures}
 
-        from_cells = keyed(leaderboard_store._cell_medians(session, request))
-        from_runs = keyed(leaderboard_store._config_medians(session, request))
+        from_cells = keyed(leaderboard_query._cell_medians(session, request))
+        from_runs = keyed(leaderboard_query._config_medians(session, request))
         assert from_cells == from_runs and len(from_cells) == 4
         tp = next(f for f in from_runs.values() if f["n"] == 10)
         tp_key = tuple(getattr(session.get(LeaderboardEntry, tp["median_run_id"]), c) for c in request.config)
-        assert leaderboard_store._config_medians(session, request, only=[tp_key]) == [tp]
+        assert leaderboard_query._config_medians(session, request, only=[tp_key]) == [tp]
 
 
 SUBSET_RULES = {

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from backend.db import session_scope
 from backend.models import Run
 from backend.store import leaderboard as store
+from backend.store.leaderboard import dialect
 
 GROUPS = ("workload", "shape", "precision")
 FILTERS: tuple[dict[str, Any], ...] = ({}, {"strategy": "ddp"}, {"source": "ci"}, {"branch": "main"})
@@ -55,6 +56,7 @@ def lab_runs(session, n: int = 90, seed: int = 12) -> None:
             )
         )
     session.flush()
+    store.rebuild(session)  # a bulk load: the leaderboard refilled from the runs
 
 
 def recompute(session, *, filters: dict[str, Any], group: str, sort: str, descending: bool) -> list[dict[str, Any]]:
@@ -137,7 +139,7 @@ def test_the_check_catches_a_planner_that_reads_one_rank_too_few(settings, monke
     """Break the plan on purpose. Best first, a band one rank too narrow misses runs on the deep
     pages, and the recompute says so. Worst first, the statement counts what it read and widens a
     band that fell short (a too-narrow band heals); told it never falls short, it is caught too."""
-    real_band, real_rows = store.rank_band, store._rank_band_rows
+    real_band, real_rows = store.rank_band, store.rank_band_rows
     with session_scope(settings.sqlalchemy_url) as session:
         lab_runs(session)
         session.commit()
@@ -150,8 +152,8 @@ def test_the_check_catches_a_planner_that_reads_one_rank_too_few(settings, monke
             ra, rb = real_band(sizes, **kw)
             return (ra + 1, rb) if kw["descending"] else (ra, rb - 1)
 
-        monkeypatch.setattr(store, "rank_band", narrow)
+        monkeypatch.setattr(dialect, "rank_band", narrow)
         assert whole_board_by_pages(session, descending=False) != best_first
         assert whole_board_by_pages(session, descending=True) == worst_first  # widened until complete
-        monkeypatch.setattr(store, "_rank_band_rows", lambda *a, **kw: (real_rows(*a, **kw)[0], 10**9))  # "enough before it"
+        monkeypatch.setattr(dialect, "rank_band_rows", lambda *a, **kw: (real_rows(*a, **kw)[0], 10**9))  # "enough before it"
         assert whole_board_by_pages(session, descending=True) != worst_first

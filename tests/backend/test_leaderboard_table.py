@@ -19,7 +19,7 @@ from sqlalchemy import select
 from backend.db import session_scope
 from backend.models import LeaderboardCell, LeaderboardCount, LeaderboardEntry, Run
 from backend.services import leaderboard as leaderboard_service
-from backend.services.ingest import attach_result
+from backend.services.ingest import attach_result, ingest_upload
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as leaderboard_store
 from backend.store import runs as run_store
@@ -141,11 +141,17 @@ def test_the_tables_follow_ingest_status_changes_and_delete(settings, lab) -> No
         run_store.set_status(session, cancelled, "cancelled", error="cancelled before it started")
         session.commit()
         assert_consistent(session)
-        # the uploader recorded after ingest (as uploads do) reaches the row, and its filter
-        session.get(Run, lab["tp2"]).user_id = lab["ada"]
+        # the uploader, stored with the upload, reaches the row and its filter
+        uploaded, _ = ingest_upload(
+            session,
+            document=make_document(strategy="fsdp", world_size=2, tokens_per_s=12_000.0, seed=3),
+            idempotency_key=None,
+            user_id=lab["ada"],
+        )
         session.commit()
+        session.expire(uploaded)  # read back as stored (SQLite keeps no time zone)
         assert_consistent(session)
-        assert lab["tp2"] in {r["id"] for r in board(session, best_only=False, user_id=lab["ada"]).rows}
+        assert uploaded.id in {r["id"] for r in board(session, best_only=False, user_id=lab["ada"]).rows}
         # delete: the entry and the cell go (the config's only run) or shrink
         run_store.delete_run(session, lab["tp2"])
         run_store.delete_run(session, lab["ddp2a"])

@@ -1,0 +1,314 @@
+"""The leaderboard's plans that differ by database: Postgres gets the ones that need LATERAL,
+FETCH ... WITH TIES, arrays and advisory locks; SQLite (an embedded lab's few runs) simpler
+windows over what the filters keep, with the same results."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Integer,
+    bindparam,
+    column,
+    func,
+    select,
+    text,
+    true,
+    values,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session, aliased
+
+from backend.models import LeaderboardCell as Cell
+from backend.models import LeaderboardEntry as Entry
+from backend.store.leaderboard.board import (
+    CONFIG,
+    SORT_WORK_MEM,
+    Board,
+    any_of,
+    cell_conditions,
+    conditions,
+    direction,
+    entry_conditions,
+    group_order,
+    match,
+    tallied_sizes,
+)
+
+
+def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes: dict[tuple[Any, ...], int]) -> dict[str, int]:
+    """The rank of each run on a page: one plus the faster runs of its group (`sizes`: the
+    competing runs of each group on the page).
+
+    On Postgres, when the cells answer the filters, from their rank marks (`_ranks_by_marks`).
+    Otherwise each group on the page is read from whichever end is nearer to its runs on the
+    page, ranked as it streams: the runs above the group's middle from its fastest run down to
+    the slowest of them (rank = one plus the runs read before, ties shared), the runs below it
+    from its slowest run up to the fastest of them (rank = one plus the group's size minus the
+    runs at most as fast). A page of random runs then reads about 0.4 of each of its groups rather
+    than 0.67 (all of it at worst, half at worst per end). The middle is an estimate, the cells'
+    median of medians (`_middles`): it only picks an end; every rank is exact either way.
+    Elsewhere (SQLite: an embedded lab's few runs) each run's faster runs are counted.
+    """
+    filters, group, group_cols = board.filters, board.group, board.group_cols
+    page_ids = [row["id"] for row in rows]
+    if session.get_bind().dialect.name != "postgresql":
+        other = aliased(Entry, name="other")
+        faster = (
+            select(func.count())
+            .where(*entry_conditions(filters, group, other), *match(other, Entry, group_cols), other.tokens_per_s > Entry.tokens_per_s)
+            .scalar_subquery()
+        )
+        return {run_id: int(n) + 1 for run_id, n in session.execute(select(Entry.id, faster).where(Entry.id.in_(page_ids)))}
+    on_page: dict[tuple[Any, ...], list[float]] = {}
+    for row in rows:
+        on_page.setdefault(tuple(row[c] for c in group_cols), []).append(row["tokens_per_s"])
+    if board.cellable:
+        marked = _ranks_by_marks(session, board, rows, set(on_page))
+        if marked is not None:
+            return marked
+    middles = _middles(session, group_cols, set(on_page))
+    table = Entry.__table__
+    plan = []
+    for key, speeds in on_page.items():
+        middle = middles.get(key, float("-inf"))
+        upper, lower = [v for v in speeds if v >= middle], [v for v in speeds if v < middle]
+        # (an end with none of the page's runs reads nothing: a floor above every run, a ceiling below)
+        plan.append((*key, sizes.get(key, 0), min(upper, default=float("inf")), max(lower, default=float("-inf"))))
+    groups = values(
+        *(column(c, table.c[c].type) for c in group_cols),
+        column("n", Integer),
+        column("floor", table.c.tokens_per_s.type),
+        column("ceiling", table.c.tokens_per_s.type),
+        name="groups",
+    ).data(plan)
+    e = table.alias("e")
+    competing = [*entry_conditions(filters, group, e.c), *match(e.c, groups.c, group_cols)]
+    from_top = (
+        select(e.c.id, func.rank().over(order_by=e.c.tokens_per_s.desc()).label("rank"))
+        .where(*competing, e.c.tokens_per_s >= groups.c.floor)
+        .order_by(e.c.tokens_per_s.desc())
+        .lateral("from_top")
+    )
+    from_bottom = (
+        select(e.c.id, (1 + groups.c.n - func.count().over(order_by=e.c.tokens_per_s.asc())).label("rank"))  # peers included
+        .where(*competing, e.c.tokens_per_s <= groups.c.ceiling)
+        .order_by(e.c.tokens_per_s.asc())
+        .lateral("from_bottom")
+    )
+    ranks: dict[str, int] = {}
+    for reached in (from_top, from_bottom):
+        query = select(reached.c.id, reached.c.rank).select_from(groups.join(reached, true())).where(reached.c.id.in_(page_ids))
+        ranks.update({run_id: int(rank) for run_id, rank in session.execute(query)})
+    return ranks
+
+
+def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]], groups: set[tuple[Any, ...]]) -> dict[str, int] | None:
+    """The page's ranks from its groups' cells' marks (`rank_marks`), when the cells answer the
+    filters: for each run and each config of its group, the runs faster than the first mark at or
+    above the run's throughput, plus the runs between the two — one short index range per
+    (run, config), all counted in one statement. None when a config has no hardware key (its
+    range is not indexable) or no marks yet: the caller reads the groups instead."""
+    group_cols = board.group_cols
+    cols = [getattr(Cell, c) for c in (*group_cols, *CONFIG)]
+    which = any_of(Cell, group_cols, groups)
+    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[float], list[list[float]]]]] = {}
+    for cell in session.execute(select(*cols, Cell.marks).where(*cell_conditions(board.filters, board.group), which)):
+        config = tuple(cell[len(group_cols) : len(group_cols) + len(CONFIG)])
+        if cell.marks is None or any(v is None for v in config):
+            return None
+        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, [m[0] for m in cell.marks], cell.marks))
+    faster: dict[str, int] = {}
+    bands: list[tuple[Any, ...]] = []
+    for row in rows:
+        faster[row["id"]] = 0
+        x = row["tokens_per_s"]
+        for config, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
+            i = bisect_left(speeds, x)
+            if i == len(marks):  # faster than every run of this config
+                continue
+            mark, above = marks[i]
+            faster[row["id"]] += int(above)
+            if mark > x:
+                bands.append((row["id"], *config, x, mark))
+    if bands:
+        table = Entry.__table__
+        names = ("run_id", *CONFIG, "lo", "hi")
+        types = (table.c.id.type, *(table.c[c].type for c in CONFIG), table.c.tokens_per_s.type, table.c.tokens_per_s.type)
+        columns = list(zip(*bands, strict=True))  # one array per column: a few parameters, not one per value
+        arrays = [
+            bindparam(f"band_{name}", list(values), type_=ARRAY(kind)) for name, values, kind in zip(names, columns, types, strict=True)
+        ]
+        band = func.unnest(*arrays).table_valued(*names).render_derived(name="band")
+        e = table.alias("e")
+        between = (
+            select(func.count())
+            .where(
+                *conditions(board.filters, e.c),
+                *(e.c[c] == band.c[c] for c in CONFIG),
+                e.c.tokens_per_s > band.c.lo,
+                e.c.tokens_per_s <= band.c.hi,
+            )
+            .scalar_subquery()
+        )
+        for run_id, n in session.execute(select(band.c.run_id, between)):
+            faster[run_id] += int(n)
+    return {run_id: n + 1 for run_id, n in faster.items()}
+
+
+def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:
+    """An estimate of each group's middle throughput: the median of its configs' medians, each
+    weighted by its runs (every run's cells: a few rows a group)."""
+    cols = [getattr(Cell, c) for c in group_cols]
+    which = any_of(Cell, group_cols, keys)
+    query = select(*cols, Cell.runs, Cell.median_tokens_per_s).where(Cell.subset == "all", Cell.median_tokens_per_s.is_not(None), which)
+    configs: dict[tuple[Any, ...], list[tuple[float, int]]] = {}
+    for row in session.execute(query):
+        configs.setdefault(tuple(row[: len(cols)]), []).append((row.median_tokens_per_s, row.runs))
+    middles: dict[tuple[Any, ...], float] = {}
+    for key, medians in configs.items():
+        medians.sort()
+        half, seen = sum(n for _, n in medians) / 2, 0
+        for median, n in medians:
+            seen += n
+            if seen >= half:
+                middles[key] = median
+                break
+    return middles
+
+
+def by_rank(session: Session, board: Board) -> tuple[dict[str, int], dict[tuple[Any, ...], int]]:
+    """A page of every run sorted by rank (either direction). Returns {run id: rank} in page
+    order, and the group sizes it was planned from.
+
+    On Postgres only the band of ranks the page lies in is sorted, from the end of each group that
+    reaches it (`rank_band_rows`); elsewhere (SQLite: an embedded lab's few runs) one window
+    ranks them all.
+    """
+    group_cols, descending, offset, limit = board.group_cols, board.descending, board.offset, board.limit
+    sizes = tallied_sizes(session, board, group_cols)
+    total = sum(sizes.values())
+    if offset >= total:
+        return {}, sizes
+    if session.get_bind().dialect.name != "postgresql":
+        ranks = (
+            select(
+                Entry.id,
+                Entry.model,
+                *(getattr(Entry, c) for c in group_cols),
+                func.rank().over(partition_by=[getattr(Entry, c) for c in group_cols], order_by=Entry.tokens_per_s.desc()).label("rank"),
+            )
+            .where(*board.conds)
+            .subquery("ranks")
+        )
+        page = _rank_order(select(ranks.c.id, ranks.c.rank), ranks, group_cols, descending).offset(offset).limit(limit)
+        return {run_id: int(rank) for run_id, rank in session.execute(page)}, sizes
+    end = min(offset + limit, total)
+    ra, rb = rank_band(sizes, offset=offset, end=end, descending=descending)
+    step = 1
+    while True:
+        band, before = rank_band_rows(session, board, sizes=sizes, band=(ra, rb))
+        # ties rank more runs better than the sizes promise: best first, more may rank above the
+        # band than the page skips; worst first, fewer may rank in or below it than the page needs
+        short = before > offset if not descending else before + len(band) < end
+        if not short or ra <= 1:
+            start = offset - before
+            return {run_id: rank for run_id, rank in band[start : start + limit]}, sizes
+        ra, step = max(1, ra - step), step * 2
+
+
+def rank_band(sizes: dict[tuple[Any, ...], int], *, offset: int, end: int, descending: bool) -> tuple[int, int]:
+    """The band of ranks [ra, rb] that rows offset..end of the board lie in, from the group sizes.
+
+    In a group of n runs at least min(r, n) rank r or better (exactly that many without ties;
+    ties rank more of them better), and that grows with r, so each edge is a bisection. Best
+    first: at least `end` runs rank rb or better, at most `offset` (without ties) better than ra.
+    Worst first: at most `offset` runs rank worse than rb, at least `end` (without ties) ra or
+    worse.
+    """
+    ranks = range(max(sizes.values()) + 1)
+    total = sum(sizes.values())
+
+    def at_least(r: int) -> int:
+        return sum(min(r, n) for n in sizes.values())
+
+    def first_reaching(target: int) -> int:
+        return bisect_left(ranks, target, key=at_least)
+
+    def last_within(target: int) -> int:
+        return bisect_right(ranks, target, key=at_least) - 1
+
+    if not descending:
+        return last_within(offset) + 1, first_reaching(end)
+    return last_within(total - end) + 1, first_reaching(total - offset)
+
+
+def rank_band_rows(
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
+) -> tuple[list[tuple[str, int]], int]:
+    """One statement: the runs ranked in [ra, rb], in the board's order, and how many runs come
+    before the band (best first, rank < ra; worst first, rank > rb).
+
+    Each group is read from one end in index order, only as far as the band reaches, and ranked
+    as it streams (no sort of the group): best first, its rb fastest runs (ties at the cut
+    included: FETCH ... WITH TIES) hold every run of rank <= rb, each ranked by the runs read
+    before it; worst first, its n - ra + 1 slowest runs (ties included) hold every run of rank
+    >= ra, each ranked 1 + n minus the runs at most as fast. Only the band's rows are sorted.
+    """
+    ra, rb = band
+    group_cols, descending = board.group_cols, board.descending
+    table = Entry.__table__
+    groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
+        [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
+    )
+    e = table.alias("e")
+    if descending:
+        rank = 1 + groups.c.n - func.count().over(order_by=e.c.tokens_per_s.asc())  # peers included
+    else:
+        rank = func.rank().over(order_by=e.c.tokens_per_s.desc())
+    reached = (
+        select(e.c.id, e.c.model, *(e.c[c] for c in group_cols), rank.label("rank"))
+        .where(*entry_conditions(board.filters, board.group, e.c), *match(e.c, groups.c, group_cols))
+        .order_by(e.c.tokens_per_s.asc() if descending else e.c.tokens_per_s.desc())
+        .fetch(groups.c.take, with_ties=True)
+        .lateral("reached")
+    )
+    rows = select(reached).select_from(groups.join(reached, true())).cte("rows")
+    before = select(func.count()).select_from(rows).where(rows.c.rank > rb if descending else rows.c.rank < ra).scalar_subquery()
+    query = _rank_order(select(rows.c.id, rows.c.rank, before.label("before")), rows, group_cols, descending).where(
+        rows.c.rank.between(ra, rb)
+    )
+    found = session.execute(query).all()
+    counted = found[0].before if found else session.execute(select(before)).scalar_one()
+    return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
+
+
+def _rank_order(query: Any, ranked: Any, group_cols: Sequence[str], descending: bool) -> Any:
+    """The board's order when sorted by rank: rank, model, group, id."""
+    return query.order_by(direction(ranked.c.rank, descending), *group_order(ranked.c, group_cols), ranked.c.id)
+
+
+def with_work_mem(session: Session) -> None:
+    """Give this transaction's sorts of the narrow table room in memory (Postgres; a no-op on SQLite)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"SET LOCAL work_mem = '{SORT_WORK_MEM}'"))
+
+
+def lock_configs(conn: Any, keys: Sequence[tuple[Any, ...]]) -> None:
+    """Take these configs' locks in key order (`lock_config`): every writer takes them in one order."""
+    for key in sorted(set(keys), key=_lock_name):
+        lock_config(conn, key)
+
+
+def lock_config(conn: Any, key: tuple[Any, ...]) -> None:
+    """One config's lock for the rest of the transaction (a Postgres advisory lock, re-entrant; a
+    no-op on SQLite, whose one writer holds the database), so that two writers of one config never
+    both miss the other's run."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": _lock_name(key)})
+
+
+def _lock_name(key: tuple[Any, ...]) -> str:
+    return "cell:" + "|".join(map(str, key))
