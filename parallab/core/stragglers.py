@@ -1,0 +1,293 @@
+"""Collectives matched across ranks, and the ranks that hold the others back.
+
+Each rank's profiled window yields, per collective it entered, a `CollectiveArrival`: its process
+group (the global ranks in it), its sequence number in that group on this rank, and when it
+entered and left, in wall-clock µs. A collective is the same one on every rank of its group with
+the same sequence number (c10d requires every member to issue a group's collectives in one
+order). For each matched collective: the last arrival, each rank's wait (last arrival − own
+arrival) and the transfer once all have arrived (median over the ranks of own end − last arrival).
+
+Clock. The ranks time their events on the profiler's per-process clock; the harness puts each on
+the wall clock (`time.time_ns` beside a profiler range). Ranks on one host share that clock, so
+arrivals compare directly. Hosts' wall clocks differ by their NTP offset (often 0.1–10 ms, as
+large as the waits looked for), so ranks on other hosts than the first rank's are shifted by
+the median, over the collectives they share with it, of the difference of their ends: a
+collective's end is the same instant on every member up to the last message's latency.
+
+Straggler rule (`name_stragglers`): a rank is named when, over the collectives it took part in,
+(1) it arrived last in at least half, (2) that count is beyond chance — the probability of as
+many last places if every member were equally likely last (binomial tail, p = mean of
+1/group size) is below 1e-3 — and (3) the wait it caused averages at least 1 ms per collective
+it was last in (below that, timer resolution and scheduling jitter on a shared host). A clean
+run's last places scatter across ranks, so (2) keeps it off; a rank always last by a hair is
+kept off by (3).
+
+Pure on purpose (no torch): the worker runs it while merging the records.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_closed = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+MAX_EXAMPLES = 64
+"""Matched collectives kept one by one in the document (the first ones); the rest are in the aggregates."""
+MIN_COLLECTIVES = 8
+"""Fewer matched collectives than this on a rank: too few to name it."""
+LAST_SHARE = 0.5
+CHANCE_P = 1e-3
+MIN_WAIT_S = 1e-3
+
+
+class CollectiveArrival(BaseModel):
+    """One collective as one rank saw it (the rank record's; not stored in the document)."""
+
+    model_config = _closed
+    group: str = Field(max_length=100_000, description="The group's global ranks, comma-separated, ascending.")
+    seq: int = Field(ge=0, description="Its place among this rank's collectives on that group (issue order).")
+    op: str = Field(max_length=64)
+    arrive_us: float = Field(description="Wall-clock µs this rank's backend began it (entered the collective).")
+    end_us: float = Field(description="Wall-clock µs it finished on this rank.")
+
+
+class MatchedCollective(BaseModel):
+    model_config = _closed
+    group: str = Field(max_length=100_000)
+    dim: str | None = Field(None, max_length=200)
+    seq: int = Field(ge=0)
+    op: str = Field(max_length=64)
+    last_rank: int = Field(ge=0)
+    arrivals_us: dict[str, float] = Field(description="Rank -> arrival, µs after the first arrival.")
+    wait_us: dict[str, float] = Field(description="Rank -> last arrival − own arrival.")
+    transfer_us: float = Field(ge=0, description="Median over the ranks of own end − last arrival.")
+
+
+class GroupMatch(BaseModel):
+    """One process group's collectives, aggregated."""
+
+    model_config = _closed
+    group: str = Field(max_length=100_000)
+    dim: str | None = Field(None, max_length=200, description="The mesh dimension(s) the group spans.")
+    matched: int = Field(ge=0)
+    unmatched: int = Field(0, ge=0, description="Sequence numbers some member never reported (reported in `skipped`).")
+    last_counts: dict[str, int] = Field(default_factory=dict, description="Rank -> collectives it arrived last in.")
+    wait_s: dict[str, float] = Field(default_factory=dict, description="Rank -> its total wait for the last arrival.")
+    transfer_s: float = Field(0.0, ge=0, description="Total transfer time once all had arrived.")
+
+
+class RankStanding(BaseModel):
+    model_config = _closed
+    rank: int = Field(ge=0)
+    collectives: int = Field(ge=0)
+    last: int = Field(ge=0)
+    last_fraction: float = Field(ge=0, le=1)
+    wait_caused_s: float = Field(ge=0, description="The others' wait for it, summed over the collectives it arrived last in.")
+    waited_s: float = Field(ge=0, description="Its own wait for others.")
+
+
+class Skipped(BaseModel):
+    model_config = _closed
+    rank: int | None = None
+    reason: str = Field(max_length=1000)
+
+
+class CollectivesMatched(BaseModel):
+    """The matching over a run's profiled window (`collectives_matched` in the result document)."""
+
+    model_config = _closed
+    clock: str = Field(max_length=300)
+    steps: int = Field(0, ge=0, description="Profiled steps the window held.")
+    groups: list[GroupMatch] = Field(default_factory=list, max_length=10_000)
+    ranks: list[RankStanding] = Field(default_factory=list, max_length=1 << 16)
+    examples: list[MatchedCollective] = Field(default_factory=list, max_length=MAX_EXAMPLES)
+    skipped: list[Skipped] = Field(default_factory=list, max_length=1000)
+
+
+class Straggler(BaseModel):
+    """A rank that persistently arrived last (`summary.stragglers`)."""
+
+    model_config = _closed
+    rank: int = Field(ge=0)
+    last_fraction: float = Field(ge=0, le=1, description="Share of the matched collectives it took part in where it arrived last.")
+    collectives: int = Field(ge=0)
+    wait_caused_s: float = Field(ge=0, description="The others' total wait for it over the profiled window.")
+    wait_caused_s_per_step: float = Field(ge=0)
+
+
+def dim_of(group: Sequence[int], mesh: Sequence[tuple[str, int]]) -> str | None:
+    """The mesh dimension(s) whose coordinate varies across `group` (row-major mesh, as DeviceMesh
+    lays ranks out); joined by '+' when several; None without a mesh or for a single rank."""
+    if not mesh or len(group) < 2:
+        return None
+    coords = []
+    for rank in group:
+        c = []
+        for _, size in reversed(mesh):
+            c.append(rank % size)
+            rank //= size
+        coords.append(c[::-1])
+    varying = [name for i, (name, _) in enumerate(mesh) if len({c[i] for c in coords}) > 1]
+    return "+".join(varying) or None
+
+
+@dataclass
+class _Acc:
+    """A group's running totals (one pass, nothing per collective kept past `MAX_EXAMPLES`)."""
+
+    matched: int = 0
+    unmatched: int = 0
+    last: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    wait: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    transfer: float = 0.0
+
+
+def _host_shifts(per_rank: Mapping[int, Sequence[CollectiveArrival]], host_of: Mapping[int, str]) -> dict[int, float]:
+    """µs to add to each rank's times: 0 on the first rank's host; elsewhere the median end offset."""
+    if len(set(host_of.values())) < 2 or not per_rank:
+        return {}
+    ref = min(per_rank)
+    ref_end = {(a.group, a.seq): a.end_us for a in per_rank[ref]}
+    shifts: dict[str, float] = {host_of.get(ref, ""): 0.0}
+    for rank, arrivals in per_rank.items():
+        host = host_of.get(rank, "")
+        if host in shifts:
+            continue
+        diffs = [ref_end[(a.group, a.seq)] - a.end_us for a in arrivals if (a.group, a.seq) in ref_end]
+        shifts[host] = statistics.median(diffs) if diffs else 0.0
+    return {rank: shifts.get(host_of.get(rank, ""), 0.0) for rank in per_rank}
+
+
+def match(
+    per_rank: Mapping[int, Sequence[CollectiveArrival] | None],
+    *,
+    world_size: int,
+    mesh: Sequence[tuple[str, int]] = (),
+    steps: int = 0,
+    host_of: Mapping[int, str] | None = None,
+) -> CollectivesMatched:
+    """Match every rank's collectives by (group, sequence number). A rank absent from `per_rank`
+    or with None (no profiled window, trace missing) is skipped with the reason; a sequence number
+    that some member of its group lacks (a truncated trace) is left out and counted, and the rest
+    is matched as usual."""
+    skipped = [Skipped(rank=r, reason="no record from this rank") for r in range(world_size) if r not in per_rank]
+    skipped += [
+        Skipped(rank=r, reason="no collective times (untraced, or its trace was not read)") for r, a in per_rank.items() if a is None
+    ]
+    present = {r: a for r, a in per_rank.items() if a is not None}
+    shift = _host_shifts(present, host_of or {})
+    # (group, seq) -> rank -> arrival; built one rank at a time
+    table: dict[tuple[str, int], dict[int, CollectiveArrival]] = defaultdict(dict)
+    for rank, arrivals in present.items():
+        for a in arrivals:
+            table[(a.group, a.seq)][rank] = a
+    accs: dict[str, _Acc] = defaultdict(_Acc)
+    standing: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])  # collectives, last, caused, waited
+    examples: list[MatchedCollective] = []
+    short: dict[tuple[str, int], int] = defaultdict(int)  # (group, rank) -> sequence numbers it lacks
+    members_of: dict[str, list[int]] = {}
+    for (group, seq), seen in sorted(table.items()):
+        members = members_of.get(group)
+        if members is None:
+            members = members_of[group] = [int(x) for x in group.split(",")]
+        acc = accs[group]
+        if len(seen) < len(members):
+            acc.unmatched += 1
+            for r in members:
+                if r not in seen and r in present:
+                    short[(group, r)] += 1
+            continue
+        arrive = {r: a.arrive_us + shift.get(r, 0.0) for r, a in seen.items()}
+        last_rank = max(arrive, key=lambda r: arrive[r])
+        last = arrive[last_rank]
+        waits = {r: last - t for r, t in arrive.items()}
+        transfer = max(0.0, statistics.median(a.end_us + shift.get(r, 0.0) - last for r, a in seen.items()))
+        acc.matched += 1
+        acc.last[last_rank] += 1
+        acc.transfer += transfer * 1e-6
+        caused = sum(waits.values())
+        for r, w in waits.items():
+            acc.wait[r] += w * 1e-6
+            s = standing[r]
+            s[0] += 1
+            s[3] += w * 1e-6
+        standing[last_rank][1] += 1
+        standing[last_rank][2] += caused * 1e-6
+        if len(examples) < MAX_EXAMPLES:
+            first = min(arrive.values())
+            examples.append(
+                MatchedCollective(
+                    group=group,
+                    dim=dim_of(members, mesh),
+                    seq=seq,
+                    op=seen[last_rank].op,
+                    last_rank=last_rank,
+                    arrivals_us={str(r): t - first for r, t in sorted(arrive.items())},
+                    wait_us={str(r): w for r, w in sorted(waits.items())},
+                    transfer_us=transfer,
+                )
+            )
+    for (group, rank), n in sorted(short.items()):
+        skipped.append(Skipped(rank=rank, reason=f"{n} collective(s) on group {group} missing from its trace (truncated?); not matched"))
+    groups = [
+        GroupMatch(
+            group=g,
+            dim=dim_of(members_of[g], mesh),
+            matched=acc.matched,
+            unmatched=acc.unmatched,
+            last_counts={str(r): n for r, n in sorted(acc.last.items())},
+            wait_s={str(r): w for r, w in sorted(acc.wait.items())},
+            transfer_s=acc.transfer,
+        )
+        for g, acc in sorted(accs.items())
+    ]
+    ranks = [
+        RankStanding(
+            rank=r, collectives=int(s[0]), last=int(s[1]), last_fraction=s[1] / s[0] if s[0] else 0.0, wait_caused_s=s[2], waited_s=s[3]
+        )
+        for r, s in sorted(standing.items())
+    ]
+    clock = "wall clock of one host" if len(set((host_of or {}).values())) < 2 else "wall clock, other hosts aligned on collective ends"
+    return CollectivesMatched(clock=clock, steps=steps, groups=groups, ranks=ranks, examples=examples, skipped=skipped[:1000])
+
+
+def _binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), summed in log space (n may run to thousands)."""
+    if p <= 0 or p >= 1:
+        return 1.0 if p >= 1 or k == 0 else 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    base = math.lgamma(n + 1)
+    return min(1.0, sum(math.exp(base - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq) for i in range(k, n + 1)))
+
+
+def name_stragglers(matched: CollectivesMatched) -> list[Straggler]:
+    """The ranks that stand out by the module's rule, most wait caused first; [] when none does."""
+    chance: dict[int, list[float]] = defaultdict(list)
+    for g in matched.groups:
+        size = len(g.group.split(","))
+        for r in (int(x) for x in g.group.split(",")):
+            chance[r] += [1.0 / size] * g.matched
+    out = []
+    for s in matched.ranks:
+        if s.collectives < MIN_COLLECTIVES or s.last_fraction < LAST_SHARE or s.last == 0:
+            continue
+        p = statistics.fmean(chance[s.rank]) if chance[s.rank] else 0.5
+        if _binomial_tail(s.last, s.collectives, p) >= CHANCE_P or s.wait_caused_s / s.last < MIN_WAIT_S:
+            continue
+        per_step = s.wait_caused_s / matched.steps if matched.steps else s.wait_caused_s
+        out.append(
+            Straggler(
+                rank=s.rank,
+                last_fraction=s.last_fraction,
+                collectives=s.collectives,
+                wait_caused_s=s.wait_caused_s,
+                wait_caused_s_per_step=per_step,
+            )
+        )
+    return sorted(out, key=lambda x: -x.wait_caused_s)
