@@ -17,7 +17,8 @@ collective's end is the same instant on every member up to the last message's la
 Straggler rule (`name_stragglers`): a rank is named when, over the collectives it took part in,
 (1) it arrived last in at least half, (2) that count is beyond chance — the probability of as
 many last places if every member were equally likely last (binomial tail, p = mean of
-1/group size) is below 1e-3 — and (3) the wait it caused averages at least 1 ms per collective
+1/group size) is below 1e-4 divided by the ranks analysed (so a run of many ranks is not more
+likely to name one by chance) — and (3) the wait it caused averages at least 1 ms per collective
 it was last in (below that, timer resolution and scheduling jitter on a shared host). A clean
 run's last places scatter across ranks, so (2) keeps it off; a rank always last by a hair is
 kept off by (3).
@@ -42,7 +43,7 @@ MAX_EXAMPLES = 64
 MIN_COLLECTIVES = 8
 """Fewer matched collectives than this on a rank: too few to name it."""
 LAST_SHARE = 0.5
-CHANCE_P = 1e-3
+CHANCE_P = 1e-4
 MIN_WAIT_S = 1e-3
 
 
@@ -274,11 +275,12 @@ def name_stragglers(matched: CollectivesMatched) -> list[Straggler]:
         for r in (int(x) for x in g.group.split(",")):
             chance[r] += [1.0 / size] * g.matched
     out = []
+    alpha = CHANCE_P / max(1, len(matched.ranks))
     for s in matched.ranks:
         if s.collectives < MIN_COLLECTIVES or s.last_fraction < LAST_SHARE or s.last == 0:
             continue
         p = statistics.fmean(chance[s.rank]) if chance[s.rank] else 0.5
-        if _binomial_tail(s.last, s.collectives, p) >= CHANCE_P or s.wait_caused_s / s.last < MIN_WAIT_S:
+        if _binomial_tail(s.last, s.collectives, p) >= alpha or s.wait_caused_s / s.last < MIN_WAIT_S:
             continue
         per_step = s.wait_caused_s / matched.steps if matched.steps else s.wait_caused_s
         out.append(
