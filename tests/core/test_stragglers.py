@@ -12,7 +12,9 @@ from parallab.core.stragglers import CollectiveArrival, dim_of, match, name_stra
 WORLD = "0,1,2,3"
 
 
-def _records(late: int | None, delay_us: float, n: int = 30, *, jitter_us: float = 200.0, seed: int = 0, skew: dict[int, float] | None = None):
+def _records(
+    late: int | None, delay_us: float, n: int = 30, *, jitter_us: float = 200.0, seed: int = 0, skew: dict[int, float] | None = None
+) -> dict[int, list[CollectiveArrival]]:
     """4 ranks, `n` world all-reduces 10 ms apart; `late` enters each `delay_us` after the others;
     every rank's arrival jitters by up to `jitter_us`; `skew`: µs added to a rank's clock."""
     rng = random.Random(seed)
@@ -109,5 +111,6 @@ def test_a_pair_in_random_order_names_no_one():
         for seq in range(n):
             arrive = {r: seq * 50_000.0 + rng.uniform(0, 20_000.0) for r in (0, 1)}
             for r in (0, 1):
-                records[r].append(CollectiveArrival(group="0,1", seq=seq, op="all_reduce", arrive_us=arrive[r], end_us=max(arrive.values()) + 100))
+                end = max(arrive.values()) + 100
+                records[r].append(CollectiveArrival(group="0,1", seq=seq, op="all_reduce", arrive_us=arrive[r], end_us=end))
         assert name_stragglers(match(records, world_size=2)) == [], seed
