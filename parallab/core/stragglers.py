@@ -293,3 +293,21 @@ def name_stragglers(matched: CollectivesMatched) -> list[Straggler]:
             )
         )
     return sorted(out, key=lambda x: -x.wait_caused_s)
+
+
+def sentence(doc: Mapping[str, object]) -> str | None:
+    """What a result document says of its stragglers, in words (run page, compare); None when it
+    was not analysed (an untraced run, or a document from before the analysis)."""
+    summary = doc.get("summary")
+    named = summary.get("stragglers") if isinstance(summary, Mapping) else None
+    if named is None:
+        return None
+    if not named:
+        return "no rank stands out"
+    parts = [
+        f"rank {s['rank']} arrived last in {s['last_fraction'] * 100:.0f} % of its {s['collectives']} collectives, "
+        f"costing the others {s['wait_caused_s_per_step'] * 1e3:.1f} ms of wait per step"
+        for s in named
+        if isinstance(s, Mapping)
+    ]
+    return "straggler: " + "; ".join(parts)
