@@ -27,7 +27,7 @@ from parallab.core.pools import crossing_dims
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
-from parallab.core.stragglers import CollectivesMatched, match, name_stragglers
+from parallab.core.stragglers import CollectivesMatched, match, name_stragglers, rows
 
 
 def read_rank_records(run_dir: RunDir, world_size: int) -> list[RankRecord]:
@@ -82,7 +82,7 @@ def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Se
         return None
     host_of = {r.rank: hosts[min(r.rank // job.ranks_per_node, len(hosts) - 1)] for r in records} if hosts and len(hosts) > 1 else None
     return match(
-        {r.rank: r.collective_arrivals for r in records},
+        {r.rank: None if r.collective_times is None else rows(r.collective_times) for r in records},
         world_size=job.world_size,
         mesh=[(d.name, d.size) for d in job.mesh],
         steps=max(r.profiled_steps or 0 for r in records),

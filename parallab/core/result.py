@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
-from parallab.core.stragglers import CollectiveArrival, CollectivesMatched, Straggler
+from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
 
 SCHEMA_VERSION: Final = 1
 
@@ -428,7 +428,7 @@ class RankRecord(RankResult):
     timeline: list[TimelineEvent] = Field(default_factory=list)
     trace_file: str | None = None
     trace_note: str | None = None
-    collective_arrivals: list[CollectiveArrival] | None = Field(None, max_length=MAX_SERIES)
+    collective_times: list[GroupTimes] | None = Field(None, max_length=MAX_SERIES)
     """When this rank entered and left each collective of the profiled window (wall clock); merged, not stored."""
     # lead rank only
     loss: LossCurve | None = None

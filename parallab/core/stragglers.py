@@ -2,10 +2,12 @@
 
 Each rank's profiled window yields, per collective it entered, a `CollectiveArrival`: its process
 group (the global ranks in it), its sequence number in that group on this rank, and when it
-entered and left, in wall-clock µs. A collective is the same one on every rank of its group with
-the same sequence number (c10d requires every member to issue a group's collectives in one
-order). For each matched collective: the last arrival, each rank's wait (last arrival − own
-arrival) and the transfer once all have arrived (median over the ranks of own end − last arrival).
+entered and left, in wall-clock µs. The rank record holds them by group in columns
+(`GroupTimes`: a few floats a collective, not an object each), read back row by row (`rows`).
+A collective is the same one on every rank of its group with the same sequence number (c10d
+requires every member to issue a group's collectives in one order). For each matched
+collective: the last arrival, each rank's wait (last arrival − own arrival) and the transfer
+once all have arrived (median over the ranks of own end − last arrival).
 
 Clock. The ranks time their events on the profiler's per-process clock; the harness puts each on
 the wall clock (`time.time_ns` beside a profiler range). Ranks on one host share that clock, so
@@ -31,10 +33,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _closed = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -47,15 +50,59 @@ CHANCE_P = 1e-4
 MIN_WAIT_S = 1e-3
 
 
-class CollectiveArrival(BaseModel):
-    """One collective as one rank saw it (the rank record's; not stored in the document)."""
+class CollectiveArrival(NamedTuple):
+    """One collective as one rank saw it."""
+
+    group: str
+    """The group's global ranks, comma-separated, ascending."""
+    seq: int
+    """Its place among this rank's collectives on that group (issue order)."""
+    op: str
+    arrive_us: float
+    """Wall-clock µs this rank's backend began it (entered the collective)."""
+    end_us: float
+    """Wall-clock µs it finished on this rank."""
+
+
+class GroupTimes(BaseModel):
+    """One rank's collectives on one group, in columns (the rank record's; not in the document)."""
 
     model_config = _closed
-    group: str = Field(max_length=100_000, description="The group's global ranks, comma-separated, ascending.")
-    seq: int = Field(ge=0, description="Its place among this rank's collectives on that group (issue order).")
-    op: str = Field(max_length=64)
-    arrive_us: float = Field(description="Wall-clock µs this rank's backend began it (entered the collective).")
-    end_us: float = Field(description="Wall-clock µs it finished on this rank.")
+    group: str = Field(max_length=100_000)
+    seq: list[int] = Field(max_length=10_000_000)
+    op: list[str] = Field(max_length=10_000_000)
+    arrive_us: list[float] = Field(max_length=10_000_000)
+    end_us: list[float] = Field(max_length=10_000_000)
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> GroupTimes:
+        if not len(self.seq) == len(self.op) == len(self.arrive_us) == len(self.end_us):
+            raise ValueError("seq, op, arrive_us and end_us must be of one length")
+        return self
+
+
+def columns(arrivals: Iterable[CollectiveArrival]) -> list[GroupTimes]:
+    """Arrivals gathered by group into columns (the record's form)."""
+    by_group: dict[str, list[CollectiveArrival]] = defaultdict(list)
+    for a in arrivals:
+        by_group[a.group].append(a)
+    return [
+        GroupTimes(
+            group=g,
+            seq=[a.seq for a in rows_],
+            op=[a.op for a in rows_],
+            arrive_us=[a.arrive_us for a in rows_],
+            end_us=[a.end_us for a in rows_],
+        )
+        for g, rows_ in by_group.items()
+    ]
+
+
+def rows(groups: Iterable[GroupTimes]) -> Iterator[CollectiveArrival]:
+    """The record's columns back as arrivals, one at a time."""
+    for g in groups:
+        for seq, op, arrive, end in zip(g.seq, g.op, g.arrive_us, g.end_us, strict=True):
+            yield CollectiveArrival(g.group, seq, op, arrive, end)
 
 
 class MatchedCollective(BaseModel):
@@ -166,7 +213,7 @@ def _host_shifts(per_rank: Mapping[int, Sequence[CollectiveArrival]], host_of: M
 
 
 def match(
-    per_rank: Mapping[int, Sequence[CollectiveArrival] | None],
+    per_rank: Mapping[int, Iterable[CollectiveArrival] | None],
     *,
     world_size: int,
     mesh: Sequence[tuple[str, int]] = (),
@@ -181,7 +228,7 @@ def match(
     skipped += [
         Skipped(rank=r, reason="no collective times (untraced, or its trace was not read)") for r, a in per_rank.items() if a is None
     ]
-    present = {r: a for r, a in per_rank.items() if a is not None}
+    present = {r: list(a) for r, a in per_rank.items() if a is not None}
     shift = _host_shifts(present, host_of or {})
     # (group, seq) -> rank -> arrival; built one rank at a time
     table: dict[tuple[str, int], dict[int, CollectiveArrival]] = defaultdict(dict)

@@ -6,7 +6,7 @@ world, on its dp_shard group and on the world again. In the delayed window, rank
 `--delay-ms` before every collective, all on the world (so each wait is one delay: with a subgroup
 between, a rank outside it would wait for two) — the fault is injected here, in the test's
 driver, never in the harness. Each
-window's per-rank `collective_arrivals` are written as `arrivals_<phase>_rank<r>.json`.
+window's per-rank `collective_times` are written as `arrivals_<phase>_rank<r>.json`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def window(out: Path, phase: str, *, late: int, delay_s: float, mesh: object) ->
 
     prof = StepProfiler(rank=rank, world_size=dist.get_world_size(), out_dir=out / phase, device=torch.device("cpu"), window=3)
     prof.run(step, model=torch.nn.Linear(2, 2), optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters()), synchronize=lambda: None)
-    arrivals = prof.results().collective_arrivals
-    doc = None if arrivals is None else [a.model_dump() for a in arrivals]
+    times = prof.results().collective_times
+    doc = None if times is None else [g.model_dump() for g in times]
     (out / f"arrivals_{phase}_rank{rank}.json").write_text(json.dumps({"steps": prof.results().profiled_steps, "arrivals": doc}))
 
 

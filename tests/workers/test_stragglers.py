@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from parallab.core.stragglers import CollectiveArrival, CollectivesMatched, match, name_stragglers
+from parallab.core.stragglers import CollectivesMatched, GroupTimes, match, name_stragglers, rows
 
 DRIVER = Path(__file__).with_name("straggler_driver.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _window(out: Path, phase: str) -> CollectivesMatched:
     for rank in range(4):
         doc = json.loads((out / f"arrivals_{phase}_rank{rank}.json").read_text())
         steps = doc["steps"]
-        per_rank[rank] = None if doc["arrivals"] is None else [CollectiveArrival(**a) for a in doc["arrivals"]]
+        per_rank[rank] = None if doc["arrivals"] is None else rows(GroupTimes(**g) for g in doc["arrivals"])
     return match(per_rank, world_size=4, mesh=MESH, steps=steps)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from parallab.core.result import ModelStateBytes, RankRecord
-from parallab.core.stragglers import CollectiveArrival
+from parallab.core.stragglers import CollectiveArrival, columns
 from tests.workers.conftest import make_job
 from workers.aggregate import build_result
 
@@ -24,7 +24,7 @@ def _records(*, traced: bool = True, late: int = 1) -> list[RankRecord]:
             model_state_bytes=ModelStateBytes(params=1, grads=1, optimizer=1),
             step_times_s=[0.1, 0.1],
             profiled_steps=3 if traced else 0,
-            collective_arrivals=arrivals(r) if traced else None,
+            collective_times=columns(arrivals(r)) if traced else None,
         )
         for r in range(2)
     ]
@@ -36,7 +36,7 @@ def test_the_merge_matches_collectives_and_names_the_straggler():
     assert [(g.group, g.dim, g.matched) for g in doc.collectives_matched.groups] == [("0,1", "dp", 30)]
     assert [s.rank for s in doc.summary.stragglers or []] == [1]
     assert doc.summary.stragglers[0].wait_caused_s_per_step == pytest.approx(30 * 4e-3 / 3)
-    assert "collective_arrivals" not in doc.ranks[0].model_dump()  # merged, not stored per rank
+    assert "collective_times" not in doc.ranks[0].model_dump()  # merged, not stored per rank
 
 
 def test_an_untraced_run_is_not_analysed():

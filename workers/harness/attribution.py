@@ -263,7 +263,7 @@ def arrivals(requests: Sequence[CommRequest], offset_us: float) -> list[Collecti
         n = seq[req.group] = seq.get(req.group, -1) + 1
         if req.start_us is not None:
             start = req.start_us + offset_us
-            out.append(CollectiveArrival(group=req.group, seq=n, op=req.kind, arrive_us=start, end_us=start + req.time_us))
+            out.append(CollectiveArrival(req.group, n, req.kind, start, start + req.time_us))
     return out
 
 

@@ -37,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from parallab.core.result import CommOp, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
-from parallab.core.stragglers import CollectiveArrival
+from parallab.core.stragglers import GroupTimes, columns
 from workers.harness import attribution
 from workers.harness.attribution import CommRequest
 
@@ -280,7 +280,7 @@ class ProfileResult:
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
-    collective_arrivals: list[CollectiveArrival] | None = None
+    collective_times: list[GroupTimes] | None = None
 
     def record_fields(self) -> dict[str, Any]:
         """The fields as keyword arguments of `RankRecord` (a CUDA peak comes from the allocator, not from here)."""
@@ -443,7 +443,7 @@ class StepProfiler:
             out.comm_time_fraction = attribution.comm_time_fraction(split)
             offset = self._clock_offset(events)
             if offset is not None:
-                out.collective_arrivals = attribution.arrivals(requests, offset)
+                out.collective_times = columns(attribution.arrivals(requests, offset))
             if offset is not None and any(stage_steps):
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
             out.timeline = attribution.timeline(
