@@ -20,10 +20,12 @@ Straggler rule (`name_stragglers`): a rank is named when, over the collectives i
 (1) it arrived last in at least half, (2) that count is beyond chance — the probability of as
 many last places if every member were equally likely last (binomial tail, p = mean of
 1/group size) is below 1e-4 divided by the ranks analysed (so a run of many ranks is not more
-likely to name one by chance) — and (3) the wait it caused averages at least 1 ms per collective
-it was last in (below that, timer resolution and scheduling jitter on a shared host). A clean
-run's last places scatter across ranks, so (2) keeps it off; a rank always last by a hair is
-kept off by (3).
+likely to name one by chance) — and (3) its lateness (the others' mean wait for it) averages,
+over the collectives it was last in, at least 1 ms (timer resolution) and 3 times the median of
+the other ranks' own mean lateness when they were last (the run's jitter: on a loaded host every
+rank is late by a few ms now and then, and one rank can be last a little more often by chance or
+by its share of the cores). A clean run's last places scatter across ranks, so (2) keeps it off;
+a rank last more often but by no more than the others' jitter is kept off by (3).
 
 Pure on purpose (no torch): the worker runs it while merging the records.
 """
@@ -48,6 +50,7 @@ MIN_COLLECTIVES = 8
 LAST_SHARE = 0.5
 CHANCE_P = 1e-4
 MIN_WAIT_S = 1e-3
+JITTER_TIMES = 3.0
 
 
 class CollectiveArrival(NamedTuple):
@@ -138,6 +141,7 @@ class RankStanding(BaseModel):
     last_fraction: float = Field(ge=0, le=1)
     wait_caused_s: float = Field(ge=0, description="The others' wait for it, summed over the collectives it arrived last in.")
     waited_s: float = Field(ge=0, description="Its own wait for others.")
+    lateness_s: float = Field(0.0, ge=0, description="The others' mean wait for it, summed over the collectives it arrived last in.")
 
 
 class Skipped(BaseModel):
@@ -236,7 +240,7 @@ def match(
         for a in arrivals:
             table[(a.group, a.seq)][rank] = a
     accs: dict[str, _Acc] = defaultdict(_Acc)
-    standing: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])  # collectives, last, caused, waited
+    standing: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])  # collectives, last, caused, waited, lateness
     examples: list[MatchedCollective] = []
     short: dict[tuple[str, int], int] = defaultdict(int)  # (group, rank) -> sequence numbers it lacks
     members_of: dict[str, list[int]] = {}
@@ -267,6 +271,7 @@ def match(
             s[3] += w * 1e-6
         standing[last_rank][1] += 1
         standing[last_rank][2] += caused * 1e-6
+        standing[last_rank][4] += caused * 1e-6 / max(1, len(waits) - 1)
         if len(examples) < MAX_EXAMPLES:
             first = min(arrive.values())
             examples.append(
@@ -297,7 +302,13 @@ def match(
     ]
     ranks = [
         RankStanding(
-            rank=r, collectives=int(s[0]), last=int(s[1]), last_fraction=s[1] / s[0] if s[0] else 0.0, wait_caused_s=s[2], waited_s=s[3]
+            rank=r,
+            collectives=int(s[0]),
+            last=int(s[1]),
+            last_fraction=s[1] / s[0] if s[0] else 0.0,
+            wait_caused_s=s[2],
+            waited_s=s[3],
+            lateness_s=s[4],
         )
         for r, s in sorted(standing.items())
     ]
@@ -323,11 +334,15 @@ def name_stragglers(matched: CollectivesMatched) -> list[Straggler]:
             chance[r] += [1.0 / size] * g.matched
     out = []
     alpha = CHANCE_P / max(1, len(matched.ranks))
+    late_by = {s.rank: s.lateness_s / s.last for s in matched.ranks if s.last}
     for s in matched.ranks:
         if s.collectives < MIN_COLLECTIVES or s.last_fraction < LAST_SHARE or s.last == 0:
             continue
         p = statistics.fmean(chance[s.rank]) if chance[s.rank] else 0.5
-        if _binomial_tail(s.last, s.collectives, p) >= alpha or s.wait_caused_s / s.last < MIN_WAIT_S:
+        if _binomial_tail(s.last, s.collectives, p) >= alpha:
+            continue
+        jitter = [v for r, v in late_by.items() if r != s.rank]
+        if late_by[s.rank] < max(MIN_WAIT_S, JITTER_TIMES * (statistics.median(jitter) if jitter else 0.0)):
             continue
         per_step = s.wait_caused_s / matched.steps if matched.steps else s.wait_caused_s
         out.append(

@@ -114,3 +114,22 @@ def test_a_pair_in_random_order_names_no_one():
                 end = max(arrive.values()) + 100
                 records[r].append(CollectiveArrival(group="0,1", seq=seq, op="all_reduce", arrive_us=arrive[r], end_us=end))
         assert name_stragglers(match(records, world_size=2)) == [], seed
+
+
+def test_a_rank_last_more_often_but_within_the_others_jitter_is_not_named():
+    """A loaded host: every rank is now and then late by a few ms; rank 0 a little more often."""
+
+    def run(lateness_us: float) -> list[int]:
+        rng = random.Random(7)
+        records: dict[int, list[CollectiveArrival]] = {r: [] for r in range(4)}
+        for seq in range(40):
+            base = seq * 50_000.0
+            laggard = 0 if seq % 10 < 8 else rng.choice([1, 2, 3])
+            late = lateness_us if laggard == 0 else 3000.0
+            arrive = {r: base + rng.uniform(0, 200) + (late if r == laggard else 0.0) for r in range(4)}
+            for r in range(4):
+                records[r].append(CollectiveArrival(WORLD, seq, "all_reduce", arrive[r], max(arrive.values()) + 500))
+        return [s.rank for s in name_stragglers(match(records, world_size=4))]
+
+    assert run(3000.0) == []  # last in 80 % (beyond chance) but by the same 3 ms as the others
+    assert run(20_000.0) == [0]  # the same share, by 20 ms: it stands out
