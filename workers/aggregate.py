@@ -131,7 +131,7 @@ def build_result(
         if check is not None:
             summary[name] = check.model_dump(mode="json")
     matched = match_collectives(job, records, hosts)
-    if matched is not None:
+    if matched is not None and any(g.matched for g in matched.groups):  # nothing matched: not analysed, not "none stands out"
         summary["stragglers"] = [s.model_dump() for s in name_stragglers(matched)]
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (

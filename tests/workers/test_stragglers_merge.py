@@ -42,3 +42,11 @@ def test_the_merge_matches_collectives_and_names_the_straggler():
 def test_an_untraced_run_is_not_analysed():
     doc = build_result(make_job("ddp", 2, trace=False), _records(traced=False))
     assert doc.collectives_matched is None and doc.summary.stragglers is None
+
+
+def test_a_traced_run_whose_ranks_gave_no_times_is_not_called_clean():
+    records = [r.model_copy(update={"collective_times": None}) for r in _records()]
+    doc = build_result(make_job("ddp", 2), records)
+    assert doc.summary.stragglers is None  # not "no rank stands out": nothing was matched
+    assert doc.collectives_matched is not None
+    assert [s.rank for s in doc.collectives_matched.skipped] == [0, 1]
