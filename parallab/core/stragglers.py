@@ -216,6 +216,93 @@ def _host_shifts(per_rank: Mapping[int, Sequence[CollectiveArrival]], host_of: M
     return {rank: shifts.get(host_of.get(rank, ""), 0.0) for rank in per_rank}
 
 
+@dataclass
+class _Tally:
+    """The matching's running totals over the collectives, taken in (group, seq) order."""
+
+    mesh: Sequence[tuple[str, int]]
+    present: Mapping[int, object]
+    shift: Mapping[int, float]
+    accs: dict[str, _Acc] = field(default_factory=lambda: defaultdict(_Acc))
+    standing: dict[int, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0]))
+    """rank -> [collectives, last, caused, waited, lateness]"""
+    examples: list[MatchedCollective] = field(default_factory=list)
+    short: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    """(group, rank) -> sequence numbers it lacks"""
+    members_of: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, group: str, seq: int, seen: Mapping[int, CollectiveArrival]) -> None:
+        members = self.members_of.get(group)
+        if members is None:
+            members = self.members_of[group] = [int(x) for x in group.split(",")]
+        acc = self.accs[group]
+        if len(seen) < len(members):
+            acc.unmatched += 1
+            for r in members:
+                if r not in seen and r in self.present:
+                    self.short[(group, r)] += 1
+            return
+        arrive = {r: a.arrive_us + self.shift.get(r, 0.0) for r, a in seen.items()}
+        last_rank = max(arrive, key=lambda r: arrive[r])
+        last = arrive[last_rank]
+        waits = {r: last - t for r, t in arrive.items()}
+        transfer = max(0.0, statistics.median(a.end_us + self.shift.get(r, 0.0) - last for r, a in seen.items()))
+        acc.matched += 1
+        acc.last[last_rank] += 1
+        acc.transfer += transfer * 1e-6
+        caused = sum(waits.values()) * 1e-6
+        for r, w in waits.items():
+            acc.wait[r] += w * 1e-6
+            self.standing[r][0] += 1
+            self.standing[r][3] += w * 1e-6
+        mine = self.standing[last_rank]
+        mine[1] += 1
+        mine[2] += caused
+        mine[4] += caused / max(1, len(waits) - 1)
+        if len(self.examples) < MAX_EXAMPLES:
+            first = min(arrive.values())
+            self.examples.append(
+                MatchedCollective(
+                    group=group,
+                    dim=dim_of(members, self.mesh),
+                    seq=seq,
+                    op=seen[last_rank].op,
+                    last_rank=last_rank,
+                    arrivals_us={str(r): t - first for r, t in sorted(arrive.items())},
+                    wait_us={str(r): w for r, w in sorted(waits.items())},
+                    transfer_us=transfer,
+                )
+            )
+
+    def groups(self) -> list[GroupMatch]:
+        return [
+            GroupMatch(
+                group=g,
+                dim=dim_of(self.members_of[g], self.mesh),
+                matched=acc.matched,
+                unmatched=acc.unmatched,
+                last_counts={str(r): n for r, n in sorted(acc.last.items())},
+                wait_s={str(r): w for r, w in sorted(acc.wait.items())},
+                transfer_s=acc.transfer,
+            )
+            for g, acc in sorted(self.accs.items())
+        ]
+
+    def ranks(self) -> list[RankStanding]:
+        return [
+            RankStanding(
+                rank=r,
+                collectives=int(s[0]),
+                last=int(s[1]),
+                last_fraction=s[1] / s[0] if s[0] else 0.0,
+                wait_caused_s=s[2],
+                waited_s=s[3],
+                lateness_s=s[4],
+            )
+            for r, s in sorted(self.standing.items())
+        ]
+
+
 def match(
     per_rank: Mapping[int, Iterable[CollectiveArrival] | None],
     *,
@@ -233,87 +320,20 @@ def match(
         Skipped(rank=r, reason="no collective times (untraced, or its trace was not read)") for r, a in per_rank.items() if a is None
     ]
     present = {r: list(a) for r, a in per_rank.items() if a is not None}
-    shift = _host_shifts(present, host_of or {})
     # (group, seq) -> rank -> arrival; built one rank at a time
     table: dict[tuple[str, int], dict[int, CollectiveArrival]] = defaultdict(dict)
     for rank, arrivals in present.items():
         for a in arrivals:
             table[(a.group, a.seq)][rank] = a
-    accs: dict[str, _Acc] = defaultdict(_Acc)
-    standing: dict[int, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])  # collectives, last, caused, waited, lateness
-    examples: list[MatchedCollective] = []
-    short: dict[tuple[str, int], int] = defaultdict(int)  # (group, rank) -> sequence numbers it lacks
-    members_of: dict[str, list[int]] = {}
+    tally = _Tally(mesh=mesh, present=present, shift=_host_shifts(present, host_of or {}))
     for (group, seq), seen in sorted(table.items()):
-        members = members_of.get(group)
-        if members is None:
-            members = members_of[group] = [int(x) for x in group.split(",")]
-        acc = accs[group]
-        if len(seen) < len(members):
-            acc.unmatched += 1
-            for r in members:
-                if r not in seen and r in present:
-                    short[(group, r)] += 1
-            continue
-        arrive = {r: a.arrive_us + shift.get(r, 0.0) for r, a in seen.items()}
-        last_rank = max(arrive, key=lambda r: arrive[r])
-        last = arrive[last_rank]
-        waits = {r: last - t for r, t in arrive.items()}
-        transfer = max(0.0, statistics.median(a.end_us + shift.get(r, 0.0) - last for r, a in seen.items()))
-        acc.matched += 1
-        acc.last[last_rank] += 1
-        acc.transfer += transfer * 1e-6
-        caused = sum(waits.values())
-        for r, w in waits.items():
-            acc.wait[r] += w * 1e-6
-            s = standing[r]
-            s[0] += 1
-            s[3] += w * 1e-6
-        standing[last_rank][1] += 1
-        standing[last_rank][2] += caused * 1e-6
-        standing[last_rank][4] += caused * 1e-6 / max(1, len(waits) - 1)
-        if len(examples) < MAX_EXAMPLES:
-            first = min(arrive.values())
-            examples.append(
-                MatchedCollective(
-                    group=group,
-                    dim=dim_of(members, mesh),
-                    seq=seq,
-                    op=seen[last_rank].op,
-                    last_rank=last_rank,
-                    arrivals_us={str(r): t - first for r, t in sorted(arrive.items())},
-                    wait_us={str(r): w for r, w in sorted(waits.items())},
-                    transfer_us=transfer,
-                )
-            )
-    for (group, rank), n in sorted(short.items()):
+        tally.add(group, seq, seen)
+    for (group, rank), n in sorted(tally.short.items()):
         skipped.append(Skipped(rank=rank, reason=f"{n} collective(s) on group {group} missing from its trace (truncated?); not matched"))
-    groups = [
-        GroupMatch(
-            group=g,
-            dim=dim_of(members_of[g], mesh),
-            matched=acc.matched,
-            unmatched=acc.unmatched,
-            last_counts={str(r): n for r, n in sorted(acc.last.items())},
-            wait_s={str(r): w for r, w in sorted(acc.wait.items())},
-            transfer_s=acc.transfer,
-        )
-        for g, acc in sorted(accs.items())
-    ]
-    ranks = [
-        RankStanding(
-            rank=r,
-            collectives=int(s[0]),
-            last=int(s[1]),
-            last_fraction=s[1] / s[0] if s[0] else 0.0,
-            wait_caused_s=s[2],
-            waited_s=s[3],
-            lateness_s=s[4],
-        )
-        for r, s in sorted(standing.items())
-    ]
     clock = "wall clock of one host" if len(set((host_of or {}).values())) < 2 else "wall clock, other hosts aligned on collective ends"
-    return CollectivesMatched(clock=clock, steps=steps, groups=groups, ranks=ranks, examples=examples, skipped=skipped[:1000])
+    return CollectivesMatched(
+        clock=clock, steps=steps, groups=tally.groups(), ranks=tally.ranks(), examples=tally.examples, skipped=skipped[:1000]
+    )
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
