@@ -27,6 +27,7 @@ from parallab.core.pools import crossing_dims
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
+from parallab.core.stragglers import CollectivesMatched, match, name_stragglers, rows
 
 
 def read_rank_records(run_dir: RunDir, world_size: int) -> list[RankRecord]:
@@ -74,6 +75,21 @@ def run_hardware(hardware: dict[str, Any], profile: HardwareProfile | None, cata
     return hardware_for(spec, profile=profile, devices_per_node=hardware.get("device_count") if profile is None else None)
 
 
+def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Sequence[str] | None = None) -> CollectivesMatched | None:
+    """The profiled window's collectives matched across the ranks; None for an untraced run (no
+    rank profiled a step). Ranks on other hosts are aligned on collective ends (`hosts` by node)."""
+    if not any(r.profiled_steps for r in records):
+        return None
+    host_of = {r.rank: hosts[min(r.rank // job.ranks_per_node, len(hosts) - 1)] for r in records} if hosts and len(hosts) > 1 else None
+    return match(
+        {r.rank: None if r.collective_times is None else rows(r.collective_times) for r in records},
+        world_size=job.world_size,
+        mesh=[(d.name, d.size) for d in job.mesh],
+        steps=max(r.profiled_steps or 0 for r in records),
+        host_of=host_of,
+    )
+
+
 def build_result(
     job: ResolvedJob,
     records: list[RankRecord],
@@ -114,6 +130,9 @@ def build_result(
         check = getattr(lead, name)
         if check is not None:
             summary[name] = check.model_dump(mode="json")
+    matched = match_collectives(job, records, hosts)
+    if matched is not None and any(g.matched for g in matched.groups):  # nothing matched: not analysed, not "none stands out"
+        summary["stragglers"] = [s.model_dump() for s in name_stragglers(matched)]
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
@@ -136,5 +155,6 @@ def build_result(
             "calibration": lead.calibration,
             "tags": job.spec.tags,
             "noise": noise,
+            "collectives_matched": matched,
         }
     )

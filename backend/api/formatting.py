@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from parallab.core.stragglers import sentence as stragglers_sentence
 from parallab.core.units import format_bytes
 
 
@@ -92,4 +93,5 @@ FILTERS = {
     "rel": fmt_rel,
     "when": fmt_when,
     "duration": fmt_duration,
+    "stragglers": stragglers_sentence,
 }

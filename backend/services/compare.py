@@ -14,6 +14,7 @@ from backend.services.architecture import document_architecture
 from backend.services.decide import Decision, decide
 from backend.store import runs as store
 from parallab.core.noise import noisy_reasons
+from parallab.core.stragglers import sentence as stragglers_sentence
 
 MAX_COMPARE = 50
 
@@ -233,6 +234,7 @@ METRICS: list[tuple[str, str, str, str | None, Callable[[ComparedRun], Any]]] = 
     ("routing_check", "Routing check (own top-k vs replayed)", "text", None, _check("routing_check", "verdict")),
     ("frozen_check", "End-of-run check (parameters still training)", "text", None, _check("frozen_check", "verdict")),
     ("noise", "Host during the run", "text", None, _noise),
+    ("stragglers", "Straggler (rank persistently last into collectives)", "text", None, lambda r: stragglers_sentence(r.document or {})),
     ("flags", "Prediction gaps > 10%", "count", "lower", lambda r: len((r.document or {}).get("flags") or []) if r.document else None),
 ]
 

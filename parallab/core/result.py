@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
+from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
 
 SCHEMA_VERSION: Final = 1
 
@@ -258,6 +259,9 @@ class Summary(OpenModel):
     replica_check: ReplicaCheck | None = None
     routing_check: RoutingCheck | None = None
     frozen_check: FrozenCheck | None = None
+    stragglers: list[Straggler] | None = Field(
+        None, max_length=MAX_RANKS, description="Ranks persistently last into the collectives ([]: none stands out; None: not analysed)."
+    )
     not_measured: list[ShortName] = Field(
         default_factory=list, max_length=64, description="Summary fields the run did not measure (an untraced run: no comm, no bubble)."
     )
@@ -410,6 +414,9 @@ class ResultDocument(OpenModel):
     noise: HostNoise | None = Field(
         None, description="The host around the run: load average, CPU steal, ranks against cores, other jobs (`parallab.core.noise`)."
     )
+    collectives_matched: CollectivesMatched | None = Field(
+        None, description="The profiled window's collectives matched across ranks (`parallab.core.stragglers`); None: not analysed."
+    )
 
 
 class RankRecord(RankResult):
@@ -421,6 +428,8 @@ class RankRecord(RankResult):
     timeline: list[TimelineEvent] = Field(default_factory=list)
     trace_file: str | None = None
     trace_note: str | None = None
+    collective_times: list[GroupTimes] | None = Field(None, max_length=MAX_SERIES)
+    """When this rank entered and left each collective of the profiled window (wall clock); merged, not stored."""
     # lead rank only
     loss: LossCurve | None = None
     hardware: JSONObject | None = None

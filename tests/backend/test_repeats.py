@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from starlette.datastructures import MultiDict
@@ -24,8 +26,17 @@ from tests.ui.factories import make_document
 SPEC = {"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}, "trace": False}
 
 
-def _store(settings, strategy: str, tokens: list[float], *, repeats: bool = True, noise: dict | None = None) -> list[str]:
-    """Runs of `strategy` × 2 (one repeat group, or one run each), finished with fabricated results."""
+def _store(
+    settings,
+    strategy: str,
+    tokens: list[float],
+    *,
+    repeats: bool = True,
+    noise: dict | None = None,
+    edit: Callable[[Any], Any] | None = None,
+) -> list[str]:
+    """Runs of `strategy` × 2 (one repeat group, or one run each), finished with fabricated results
+    (`edit`: the document → the document stored)."""
     ids = []
     with session_scope(settings.sqlalchemy_url) as session:
         spec = JobSpec.model_validate({**SPEC, "strategy": {"name": strategy, "world_size": 2}, "repeats": len(tokens)})
@@ -38,6 +49,8 @@ def _store(settings, strategy: str, tokens: list[float], *, repeats: bool = True
             document = make_document(strategy=strategy, world_size=2, tokens_per_s=tps, seed=i)
             if noise is not None:
                 document = document.model_copy(update={"noise": HostNoise.model_validate(noise)})
+            if edit is not None:
+                document = edit(document)
             attach_result(session, run=run, document=document)
             ids.append(run.id)
     return ids

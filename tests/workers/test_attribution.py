@@ -390,3 +390,20 @@ def test_record_carries_the_group_size_it_was_given():
     (req,) = record("c10d::allreduce_", {"tensors": [40]}, nbytes, step=0, group_size=2)
     assert (req.kind, req.nbytes, req.group_size) == ("all_reduce", 40, 2)
     assert attribution.group_size_arg({"group_size": 4}) == 4 and attribution.group_size_arg({"group_name": "0"}) is None
+
+
+def test_arrivals_number_each_groups_collectives_in_issue_order_on_the_wall_clock():
+    reqs = [
+        attribution.CommRequest("all_reduce", 8, 0, group="0,1", start_us=10.0, time_us=5.0),
+        attribution.CommRequest("all_gather", 8, 0, group="0,2", start_us=20.0, time_us=1.0),
+        attribution.CommRequest("send", 8, 0, group="0,1", start_us=30.0, time_us=1.0),  # P2P: not a collective
+        attribution.CommRequest("all_reduce", 8, 0, group="0,1"),  # the backend's events did not time it
+        attribution.CommRequest("all_reduce", 8, 0, group="0,1", start_us=40.0, time_us=2.0),
+        attribution.CommRequest("all_reduce", 8, 0, start_us=50.0, time_us=2.0),  # no group known
+    ]
+    got = [tuple(a) for a in attribution.arrivals(reqs, offset_us=1000.0)]
+    assert got == [
+        ("0,1", 0, "all_reduce", 1010.0, 1015.0),
+        ("0,2", 0, "all_gather", 1020.0, 1021.0),
+        ("0,1", 2, "all_reduce", 1040.0, 1042.0),  # keeps its place: the untimed one was 1
+    ]

@@ -35,6 +35,7 @@ from typing import Any
 
 from parallab.core.metrics import bandwidths_gbps, wire_bytes
 from parallab.core.result import CommOp, TimelineEvent
+from parallab.core.stragglers import CollectiveArrival
 
 TraceEvent = Mapping[str, Any]
 """One Chrome-trace event as the profiler exports it (JSON)."""
@@ -140,6 +141,8 @@ class CommRequest:
     start_us: float | None = None
     group_size: int | None = None
     """Ranks in the process group the op ran on (None: not known, taken as the world)."""
+    group: str | None = None
+    """The group's global ranks, comma-separated (matches one collective across ranks); None: not known."""
 
 
 def is_comm_op(name: str) -> bool:
@@ -176,13 +179,20 @@ def _as_list(value: object) -> list[object]:
 
 
 def record(
-    name: str, args: Mapping[str, object], nbytes: Callable[[object], int], *, step: int, group_size: int | None = None
+    name: str,
+    args: Mapping[str, object],
+    nbytes: Callable[[object], int],
+    *,
+    step: int,
+    group_size: int | None = None,
+    group: str | None = None,
 ) -> list[CommRequest]:
     """The requests of one op call, P2P tagged as the pipeline's when made under `pipeline_comm`;
     `group_size`: the size of the op's process group, when the caller could tell."""
     pipeline = in_pipeline()
     return [
-        CommRequest(kind, size, step, pipeline and kind in P2P, group_size=group_size) for kind, size in requests_of(name, args, nbytes)
+        CommRequest(kind, size, step, pipeline and kind in P2P, group_size=group_size, group=group)
+        for kind, size in requests_of(name, args, nbytes)
     ]
 
 
@@ -239,6 +249,22 @@ def attribute(requests: list[CommRequest], trace_events: Sequence[TraceEvent]) -
                 req.time_us, req.start_us = ev.dur, ev.ts
                 break
     return requests
+
+
+def arrivals(requests: Sequence[CommRequest], offset_us: float) -> list[CollectiveArrival]:
+    """Each collective's (not P2P's) group, sequence number in that group (issue order on this
+    rank) and backend start and end on the wall clock (`offset_us`: wall minus trace µs).
+    Requests the backend's events did not time keep their sequence number but are left out."""
+    seq: dict[str, int] = {}
+    out = []
+    for req in requests:
+        if req.group is None or req.kind in P2P:
+            continue
+        n = seq[req.group] = seq.get(req.group, -1) + 1
+        if req.start_us is not None:
+            start = req.start_us + offset_us
+            out.append(CollectiveArrival(req.group, n, req.kind, start, start + req.time_us))
+    return out
 
 
 def summarize_comm(requests: list[CommRequest], steps: int, world_size: int) -> list[CommOp]:

@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from parallab.core.result import CommOp, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
+from parallab.core.stragglers import GroupTimes, columns
 from workers.harness import attribution
 from workers.harness.attribution import CommRequest
 
@@ -111,6 +112,18 @@ def group_size(args: Mapping[str, object]) -> int | None:
     return None
 
 
+def group_key(args: Mapping[str, object]) -> str | None:
+    """The op's process group as its global ranks, comma-separated (the key that matches one
+    collective across ranks); None when the op names no group."""
+    name = args.get("group_name")
+    group: object = _resolve_process_group(GroupName(name)) if isinstance(name, str) else args.get("process_group")
+    if isinstance(group, torch.ScriptObject):
+        group = dist.ProcessGroup.unbox(group)
+    if not isinstance(group, dist.ProcessGroup):
+        return None
+    return ",".join(map(str, sorted(dist.get_process_group_ranks(group))))
+
+
 class _CommRecorder(TorchDispatchMode):
     """Sees every top-level c10d op while active and records what it asked for.
 
@@ -136,7 +149,9 @@ class _CommRecorder(TorchDispatchMode):
         if comm:
             named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
             named.update(kwargs)
-            self.requests += attribution.record(func._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named))
+            self.requests += attribution.record(
+                func._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named), group=group_key(named)
+            )
         return func(*args, **kwargs)
 
 
@@ -265,6 +280,7 @@ class ProfileResult:
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
+    collective_times: list[GroupTimes] | None = None
 
     def record_fields(self) -> dict[str, Any]:
         """The fields as keyword arguments of `RankRecord` (a CUDA peak comes from the allocator, not from here)."""
@@ -426,6 +442,8 @@ class StepProfiler:
             # so exposed ≤ total by construction: both come from the same intervals.
             out.comm_time_fraction = attribution.comm_time_fraction(split)
             offset = self._clock_offset(events)
+            if offset is not None:
+                out.collective_times = columns(attribution.arrivals(requests, offset))
             if offset is not None and any(stage_steps):
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
             out.timeline = attribution.timeline(
