@@ -148,3 +148,39 @@ def test_timeline_size_in_the_document(runs: dict[str, ResultDocument]) -> None:
         for rank in doc.ranks:
             size = len(json.dumps([p.model_dump(mode="json") for p in rank.memory_timeline]))
             assert len(rank.memory_timeline) <= memtimeline.DEFAULT_POINTS and size < 200_000
+
+
+def test_phase_marks_in_process_name_forward_backward_and_recomputation(tmp_path: Path) -> None:
+    """One process, no launch: the marks the harness places name each block's forward, its
+    backward (last block first) and, under activation checkpointing, its recomputation."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from workers.harness.measure import phase_marks
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=False) if x.requires_grad else layer(x)
+            return x
+
+    net, x = Net(), torch.randn(8, 32, requires_grad=True)
+    with torch.profiler.profile(profile_memory=True) as prof, phase_marks(net), torch.profiler.record_function("ProfilerStep#0"):
+        net(x).sum().backward()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    span = next(e for e in events if e.get("name") == "ProfilerStep#0")
+    marks = [
+        e["name"].removeprefix(memtimeline.PHASE_MARK)
+        for e in sorted(events, key=lambda e: e["ts"])
+        if e.get("name", "").startswith(memtimeline.PHASE_MARK)
+    ]
+    assert marks[:2] == ["forward layers.0", "forward layers.1"]
+    assert marks.index("backward layers.1") < marks.index("recompute layers.1")
+    assert "recompute layers.0" in marks
+    points = memtimeline.timeline(events, span, memtimeline.Known())
+    assert points and all(sum(p.categories.values()) == p.allocated for p in points)

@@ -289,7 +289,8 @@ def phase_marks(model: torch.nn.Module) -> Iterator[None]:
     for name, mod in _marked_modules(model):
 
         def pre(_m: torch.nn.Module, _a: object, name: str = name) -> None:
-            _mark(f"forward {name}")
+            # A forward run inside the backward is activation checkpointing's recomputation.
+            _mark(f"{'recompute' if torch._C._current_graph_task_id() != -1 else 'forward'} {name}")
 
         def post(_m: torch.nn.Module, _a: object, out: object, name: str = name) -> None:
             first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad), None)
