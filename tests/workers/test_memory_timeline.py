@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from parallab.core.result import MemoryPoint, ResultDocument
+from parallab.core.result import MEMORY_TIMELINE_CATEGORIES, MemoryPoint, ResultDocument
 from tests.workers.module_driver import MODULE_WORKLOAD
 from workers.harness import memtimeline
 
@@ -96,6 +96,7 @@ def test_categories_sum_to_allocated_at_every_point(runs: dict[str, ResultDocume
             points = rank.memory_timeline
             assert len(points) > 20, (name, rank.rank, len(points))
             assert all(sum(p.categories.values()) == p.allocated for p in points)
+            assert all(tuple(p.categories) == MEMORY_TIMELINE_CATEGORIES for p in points)  # every category, in order
             assert {p.phase for p in points} >= {"forward lab.blocks.0", "forward lab.blocks.1", "backward lab.blocks.0", "optimizer"}, name
 
 

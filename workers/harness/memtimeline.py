@@ -118,9 +118,7 @@ def timeline(events: Sequence[Mapping[str, Any]], span: Mapping[str, Any], known
             category = live.pop(addr)[0] if addr in live else start.pop(addr, ("other", 0))[0]
         cats[category] += nbytes
         allocated += nbytes
-        # Zero categories are left out (a point's JSON roughly halves); readers take a missing one as 0.
-        kept = {k: v for k, v in cats.items() if v}
-        points.append(MemoryPoint(phase=phases[i], op=op, t_us=round(ts - lo, 3), allocated=allocated, categories=kept))
+        points.append(MemoryPoint(phase=phases[i], op=op, t_us=round(ts - lo, 3), allocated=allocated, categories=dict(cats)))
     return points
 
 
