@@ -58,6 +58,9 @@ def test_rules_on_synthetic_events() -> None:
     )
     assert all(sum(p.categories.values()) == p.allocated for p in points)
     totals = [e["args"]["Total Allocated"] - 100 for e in events if e["name"] == "[memory]"]
+    on_gpu = {**_mem(2.5, 1 << 20, 7, 1 << 20), "args": {**_mem(2.5, 1 << 20, 7, 1 << 20)["args"], "Device Type": 1}}
+    assert memtimeline.timeline([*events, on_gpu], {"ts": 0, "dur": 10}, known) == points  # another device's events are not this one's
+    assert [p.allocated for p in memtimeline.timeline([*events, on_gpu], {"ts": 0, "dur": 10}, known, device_type=1)] == [(1 << 20) + 55]
     assert [p.allocated - points[0].allocated for p in points] == totals
 
 

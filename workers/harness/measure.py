@@ -305,20 +305,22 @@ def phase_marks(model: torch.nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-def _storage(t: object) -> tuple[int, int] | None:
-    """(address, bytes) of the storage this rank holds for `t`, or None."""
+def _storage(t: object, device: torch.device) -> tuple[int, int] | None:
+    """(address, bytes) of the storage this rank holds for `t` on `device`'s kind, or None."""
     if not isinstance(t, torch.Tensor):
         return None
     local = t.to_local() if isinstance(t, DTensor) else t
-    if local.layout != torch.strided or local.device.type == "meta":
+    if local.layout != torch.strided or local.device.type != device.type:
         return None
     st = local.untyped_storage()
     return st.data_ptr(), st.nbytes()
 
 
-def known_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, others: bool) -> dict[int, tuple[str, int]]:
+def known_storages(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, *, others: bool
+) -> dict[int, tuple[str, int]]:
     """Storage address -> (category, bytes) of the parameters, their gradients and the optimizer's
-    state; with `others`, every other live tensor as `other`."""
+    state on `device`'s kind (the timeline's); with `others`, every other live tensor there as `other`."""
     out: dict[int, tuple[str, int]] = {}
     groups: list[tuple[str, list[object]]] = [
         ("params", list(model.parameters())),
@@ -329,7 +331,7 @@ def known_storages(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, 
         groups.append(("other", list(live_tensors())))
     for category, tensors in groups:
         for t in tensors:
-            st = _storage(t)
+            st = _storage(t, device)
             if st is not None and st[0] and st[0] not in out:
                 out[st[0]] = (category, st[1])
     return out
@@ -456,12 +458,14 @@ class StepProfiler:
                         pass
                     last = i == self.steps - 1
                     if last:
-                        self._known.start = known_storages(model, optimizer, others=True)
+                        self._known.start = known_storages(model, optimizer, self.device, others=True)
                     with self._recorder, phase_marks(model):
                         step(i)
                         synchronize()
                     if last:
-                        self._known.end = {a: c for a, (c, _) in known_storages(model, optimizer, others=False).items() if c != "params"}
+                        self._known.end = {
+                            a: c for a, (c, _) in known_storages(model, optimizer, self.device, others=False).items() if c != "params"
+                        }
                     self._profiled += 1
                 else:
                     step(i)
@@ -524,7 +528,8 @@ class StepProfiler:
             offset = self._clock_offset(events)
             if offset is not None and any(stage_steps):
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
-            out.memory_timeline = memtimeline.downsample(memtimeline.timeline(events, spans[-1], self._known))
+            kind = 1 if self.device.type == "cuda" else 0  # the profiler's device codes
+            out.memory_timeline = memtimeline.downsample(memtimeline.timeline(events, spans[-1], self._known, device_type=kind))
             out.timeline = attribution.timeline(
                 events, requests, span=spans[-1], busy=busy, rank=self.rank, max_events=self.max_timeline_events, device=self.device.type
             )

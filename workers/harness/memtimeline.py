@@ -88,12 +88,18 @@ def _comm_at(comm: Sequence[tuple[float, float, str]], ts: float) -> str | None:
     return best[2] if best else None
 
 
-def timeline(events: Sequence[Mapping[str, Any]], span: Mapping[str, Any], known: Known) -> list[MemoryPoint]:
-    """Every `[memory]` event of the step `span` as a point: phase, µs from the step's start, allocated bytes, categories."""
+def timeline(events: Sequence[Mapping[str, Any]], span: Mapping[str, Any], known: Known, *, device_type: int = 0) -> list[MemoryPoint]:
+    """Every `[memory]` event of the step `span` on `device_type` (the profiler's code: 0 CPU, 1
+    CUDA) as a point: phase, µs from the step's start, allocated bytes, categories. The CUDA path
+    follows the same rules and has not been run on a GPU yet."""
     lo = float(span["ts"])
     hi = lo + float(span.get("dur", 0.0))
     memory = sorted(
-        (e for e in events if e.get("name") == "[memory]" and lo <= float(e["ts"]) <= hi and int(e["args"].get("Device Type", 0)) == 0),
+        (
+            e
+            for e in events
+            if e.get("name") == "[memory]" and lo <= float(e["ts"]) <= hi and int(e["args"].get("Device Type", 0)) == device_type
+        ),
         key=lambda e: float(e["ts"]),
     )
     marks, comm = _ranges(events, lo, hi)
