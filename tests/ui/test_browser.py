@@ -61,7 +61,7 @@ def test_index_lists_runs_and_ticks_open_compare(page, live_server, lab):
     button.click()
     page.wait_for_url(re.compile(r"/compare\?"))
     page.wait_for_selector(".js-plotly-plot .main-svg")
-    assert page.locator("figure.chart.js-plotly-plot").count() == 7  # with exposed comm and the gradient check
+    assert page.locator("figure.chart.js-plotly-plot").count() == 8  # with exposed comm, the gradient check and the memory timeline
     assert page.locator("figure.chart .main-svg").count() >= 7
 
 
