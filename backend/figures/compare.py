@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from backend.figures import memory as memory_timelines
 from backend.figures import palette
 from backend.figures.common import (
     MEMORY_COLOURS,
@@ -234,6 +235,7 @@ def compare_figures(runs: Labelled) -> dict[str, Figure]:
         "steps": step_breakdown(runs),
         "exposure": exposure(runs),
         "loss": loss(runs),
+        "memory_timeline": memory_timelines.compare_timelines(runs),
     }
     gradients = gradient_check(runs)
     if gradients is not None:

@@ -42,6 +42,7 @@ MEMORY = {
     "other": "#d6d3d1",  # stone: what no part accounts for
 }
 """A rank's memory, in stacking order."""
+COMM_BUFFERS = "#134e4a"  # teal: a collective's buffers (FSDP's gathered layer), in the memory timeline only
 
 RUNS = ["#1e3a8a", "#b45309", "#166534", "#9d174d", "#0c4a6e", "#581c87", "#713f12", "#334155", "#4d7c0f", "#be123c"]
 """One colour per run in a comparison (darker shades: no run shares a colour with a split or a memory part)."""

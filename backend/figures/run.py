@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.figures import palette
+from backend.figures import memory, palette
 from backend.figures.common import (
     MEMORY_COLOURS,
     MEMORY_SPLIT_COLOURS,
@@ -381,6 +381,7 @@ def run_figures(doc: dict[str, Any]) -> dict[str, Figure | None]:
         "steps": step_breakdown(doc),
         "comm": comm_by_op(doc),
         "timeline": timeline(doc) if "timeline" in doc else None,
+        "memory_timeline": memory.rank_timeline(doc),
         "loss": loss_curve(doc),
     }
     for key, builder in (("volume", comm_volume), ("moe", moe_load), ("bubble", pipeline_bubble)):

@@ -199,6 +199,27 @@ class FrozenCheck(BaseModel):
         return self
 
 
+MEMORY_TIMELINE_CATEGORIES = ("params", "grads", "optimizer", "activations", "comm_buffers", "temporaries", "other")
+"""The categories of a rank's memory timeline, in drawing order (bottom up)."""
+
+
+class MemoryPoint(BaseModel):
+    """One point of a rank's memory over the profiled step: the categories sum to `allocated`."""
+
+    model_config = _closed
+    phase: SafeStr = Field(max_length=200, description="'forward layers.0', 'backward layers.3', 'optimizer', ...")
+    op: SafeStr | None = Field(None, max_length=200, description="The collective running at this point, if any.")
+    t_us: float = Field(description="µs from the profiled step's start.")
+    allocated: int = Field(description="Live bytes on this rank.")
+    categories: dict[Annotated[SafeStr, Field(max_length=64)], int]
+
+    @model_validator(mode="after")
+    def _sums(self) -> MemoryPoint:
+        if sum(self.categories.values()) != self.allocated:
+            raise ValueError(f"categories sum to {sum(self.categories.values())}, not allocated {self.allocated}")
+        return self
+
+
 class RankResult(OpenModel):
     rank: Rank
     model_state_bytes: ModelStateBytes
@@ -222,6 +243,9 @@ class RankResult(OpenModel):
     )
     profiled_steps: Count | None = Field(
         None, description="Steps the profiler measured (0: an untraced run, whose comm bytes, times and bubble were not measured)."
+    )
+    memory_timeline: list[MemoryPoint] = Field(
+        default_factory=list, max_length=4096, description="Memory over the last profiled step by category (empty: not traced)."
     )
 
 

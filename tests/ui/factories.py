@@ -20,7 +20,7 @@ from backend.services.ingest import attach_result, ingest_upload
 from parallab.core.checks import summary_inputs
 from parallab.core.metrics import summarize, wire_bytes
 from parallab.core.model import PRESETS
-from parallab.core.result import ResultDocument
+from parallab.core.result import MEMORY_TIMELINE_CATEGORIES, ResultDocument
 
 BUSBW = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -375,3 +375,37 @@ def csrf_token(client: Any) -> str:
     assert match, "the form carries a CSRF token"
     assert client.cookies.get(csrf.COOKIE), "and sets its cookie"
     return match.group(1)
+
+
+def with_memory_timeline(document: ResultDocument, *, layers: int = 2, gathered: bool = False) -> ResultDocument:
+    """`document` with a traced run's memory timeline on every rank: model state throughout,
+    activations rising through each layer's forward and falling through its backward, gradients
+    appearing in the backward — and with `gathered`, FSDP's gather-and-free of each layer (comm buffers)."""
+    layer_bytes = 1 << 20
+    cats = dict.fromkeys(MEMORY_TIMELINE_CATEGORIES, 0) | {"params": 4 * layer_bytes, "optimizer": 8 * layer_bytes, "other": 65_536}
+    points: list[dict[str, Any]] = []
+
+    def point(phase: str, op: str | None = None, **change: int) -> None:
+        for key, value in change.items():
+            cats[key] += value
+        points.append({"phase": phase, "op": op, "t_us": 10.0 * len(points), "allocated": sum(cats.values()), "categories": dict(cats)})
+
+    for i in range(layers):
+        if gathered:
+            point(f"forward layers.{i}", "FSDP::all_gather", comm_buffers=layer_bytes)
+        point(f"forward layers.{i}", activations=2 * layer_bytes)
+        if gathered:
+            point(f"forward layers.{i}", comm_buffers=-layer_bytes)
+    for i in reversed(range(layers)):
+        if gathered:
+            point(f"backward layers.{i}", "FSDP::all_gather", comm_buffers=layer_bytes)
+        point(f"backward layers.{i}", temporaries=layer_bytes)
+        point(f"backward layers.{i}", activations=-2 * layer_bytes, temporaries=-layer_bytes, grads=layer_bytes)
+        if gathered:
+            point(f"backward layers.{i}", comm_buffers=-layer_bytes)
+    point("optimizer", temporaries=layer_bytes)
+    point("optimizer", temporaries=-layer_bytes)
+    data = document.model_dump(mode="json")
+    for rank in data["ranks"]:
+        rank["memory_timeline"] = points
+    return ResultDocument.model_validate(data)

@@ -50,7 +50,7 @@ def test_index_lists_runs_and_ticks_open_compare(page, live_server, lab):
     button.click()
     page.wait_for_url(re.compile(r"/compare\?"))
     page.wait_for_selector(".js-plotly-plot .main-svg")
-    assert page.locator("figure.chart.js-plotly-plot").count() == 7  # with exposed comm and the gradient check
+    assert page.locator("figure.chart.js-plotly-plot").count() == 8  # with exposed comm, the gradient check and the memory timeline
     assert page.locator("figure.chart .main-svg").count() >= 7
 
 
@@ -312,3 +312,31 @@ def test_end_to_end_submit_watch_compare_leaderboard(browser, tmp_path):
         from workers.launcher import stop_process_group
 
         stop_process_group(worker, grace_s=30)
+
+
+def test_run_page_and_compare_draw_the_memory_timeline_and_hover_names_phase_and_categories(page, live_server, lab, session_factory):
+    from tests.ui.factories import make_document, store_run, with_memory_timeline
+
+    with session_factory() as session:
+        ddp = store_run(session, with_memory_timeline(make_document(strategy="ddp", name="ddp traced")))
+        fsdp = store_run(session, with_memory_timeline(make_document(strategy="fsdp", name="fsdp traced"), gathered=True))
+        ids = [ddp.id, fsdp.id]
+    page.goto(f"{live_server.url}/runs/{ids[1]}")
+    page.wait_for_selector("#chart-memory_timeline .main-svg")
+    names = page.evaluate("() => document.getElementById('chart-memory_timeline').data.map(t => t.name)")
+    assert names == ["params", "grads", "optimizer", "activations", "comm_buffers", "temporaries", "other", "peak"]
+    drag = page.locator("#chart-memory_timeline .nsewdrag").first
+    drag.scroll_into_view_if_needed()
+    box = drag.bounding_box()
+    drag.hover(position={"x": box["width"] * 0.08, "y": box["height"] * 0.5})  # inside forward layers.0
+    page.wait_for_function("() => document.querySelector('#chart-memory_timeline .hoverlayer').textContent.length > 0")
+    label = page.locator("#chart-memory_timeline .hoverlayer").text_content()
+    assert "forward layers.0" in label and "comm_buffers" in label and "params" in label, label
+    page.goto(f"{live_server.url}/runs/{lab['ddp2'].id}")  # not traced: said, not an empty chart
+    page.wait_for_selector("#chart-memory_timeline .main-svg")
+    assert "no memory timeline: the run was not traced" in page.locator("#chart-memory_timeline").inner_text()
+    page.goto(f"{live_server.url}/compare?ids={','.join(ids)}")
+    page.wait_for_selector("#chart-memory_timeline .main-svg")
+    lines = page.evaluate("() => document.getElementById('chart-memory_timeline').data.map(t => t.name)")
+    assert [name.split(" (")[0] for name in lines] == ["ddp traced", "fsdp traced"]
+    assert "comm_buffers" in (page.locator("#chart-memory_timeline .gtitle").text_content() or "")

@@ -9,7 +9,7 @@ from backend.figures.common import MEMORY_SPLIT_COLOURS, SPLIT_COLOURS
 def test_no_colour_means_two_things() -> None:
     groups = {
         "time": list(palette.TIME.values()),
-        "memory": list(palette.MEMORY.values()),
+        "memory": [*palette.MEMORY.values(), palette.COMM_BUFFERS],
         "runs": palette.RUNS,
         "ops": palette.OPS,
         "live": list(palette.LIVE_COLOURS.values()),
@@ -73,7 +73,7 @@ NEUTRAL = {"#ffffff"}
 def _groups() -> dict[str, set[str]]:
     return {
         "time": {c.lower() for c in palette.TIME.values()},
-        "memory": {c.lower() for c in palette.MEMORY.values()},
+        "memory": {c.lower() for c in [*palette.MEMORY.values(), palette.COMM_BUFFERS]},
         "runs": {c.lower() for c in palette.RUNS},
         "ranks": {c.lower() for n in range(1, 17) for c in palette.rank_colours(n)},
         "strategies": {c.lower() for c in [*palette.STRATEGIES.values(), *palette.OTHER_STRATEGIES]},
@@ -117,7 +117,7 @@ def _outside(fig, allowed: set[str]) -> list[tuple[str, str]]:
 
 
 def _documents() -> dict[str, dict]:
-    from tests.ui.factories import make_document, with_timeline
+    from tests.ui.factories import make_document, with_memory_timeline, with_timeline
 
     docs = {
         key: make_document(strategy=s, world_size=n, tokens_per_s=tps, name=f"{s} ×{n}")
@@ -128,7 +128,7 @@ def _documents() -> dict[str, dict]:
             ("moe", "moe", 2, 12_000.0),
         )
     }
-    docs["ddp"] = with_timeline(docs["ddp"], events_per_rank=20)
+    docs["ddp"] = with_memory_timeline(with_timeline(docs["ddp"], events_per_rank=20))
     return {k: d.model_dump(mode="json") for k, d in docs.items()}
 
 
@@ -141,6 +141,7 @@ RUN_FIGURES = {
     "volume": {"bytes"},
     "moe": {"ranks", "time"},
     "bubble": {"time", "lines"},
+    "memory_timeline": {"memory", "lines"},
 }
 COMPARE_FIGURES = {
     "throughput": {"runs", "lines"},
@@ -150,6 +151,7 @@ COMPARE_FIGURES = {
     "exposure": {"time"},
     "gradients": {"verdict", "lines"},
     "loss": {"runs", "lines"},
+    "memory_timeline": {"runs", "lines"},
 }
 
 
@@ -164,7 +166,7 @@ def test_every_run_figure_draws_in_its_own_groups_only() -> None:
             seen.add(key)
             assert key in RUN_FIGURES, f"a new run figure {key}: give it its groups here"
             assert _outside(fig, RUN_FIGURES[key]) == [], (name, key, _outside(fig, RUN_FIGURES[key]))
-    assert {"moe", "volume", "timeline", "bubble"} <= seen, seen
+    assert {"moe", "volume", "timeline", "bubble", "memory_timeline"} <= seen, seen
     moe = run_figures(_documents()["moe"])["moe"]
     assert palette.TIME["imbalance"] in _colours([t.get("line") for t in moe.data]), "the imbalance colour draws the MoE mean line"
 

@@ -149,3 +149,17 @@ def scales_its_logits_on_rank_one(cfg: Any) -> Any:
 
     model.forward = skewed  # type: ignore[method-assign]
     return model, spec
+
+
+KEPT: list[torch.Tensor] = []
+"""The extra copies `keeps_a_copy_of_each_activation` holds until the next step's forward."""
+
+
+def keeps_a_copy_of_each_activation(cfg: Any) -> Any:
+    """The example, but each block keeps a copy of its output until the next step: a memory
+    mutation the timeline must show as activations, made in that block's forward."""
+    model, spec = example(cfg)
+    model.register_forward_pre_hook(lambda _m, _a: KEPT.clear())
+    for block in model.blocks.values():
+        block.register_forward_hook(lambda _m, _a, out: KEPT.append(out.detach().clone()))
+    return model, spec

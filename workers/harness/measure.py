@@ -35,10 +35,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from parallab.core.result import CommOp, ModelStateBytes, StepBreakdown, TimelineEvent
+from parallab.core.result import CommOp, MemoryPoint, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
 from parallab.core.stragglers import GroupTimes, columns
-from workers.harness import attribution
+from workers.harness import attribution, memtimeline
 from workers.harness.attribution import CommRequest
 
 
@@ -262,6 +262,96 @@ def peak_breakdown(tracker: MemTracker, device: torch.device) -> tuple[dict[str,
     return out, total
 
 
+# ---- memory over the step: phase marks and the tensors the harness knows ----
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _phase_name(fqn: str) -> str:
+    """A module's name without the wrappers' prefixes (DDP's `module.`), so runs of one model align by phase."""
+    while fqn.startswith(_WRAPPER_PREFIXES):
+        fqn = fqn.split(".", 1)[1]
+    return "" if fqn in ("module", "_orig_mod") else fqn
+
+
+def _mark(phase: str) -> None:
+    """A zero-length profiler range naming the phase that starts now (`memtimeline.PHASE_MARK`)."""
+    with torch.profiler.record_function(memtimeline.PHASE_MARK + phase):
+        pass
+
+
+def _marked_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The modules whose forward and backward are phases: each element of a ModuleList (the layers)
+    and the root's other children (embeddings, head), under their unwrapped names."""
+    out: list[tuple[str, torch.nn.Module]] = []
+    for fqn, mod in model.named_modules():
+        parent = model.get_submodule(fqn.rsplit(".", 1)[0]) if "." in fqn else model
+        name = _phase_name(fqn)
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
+        if name and (isinstance(parent, containers) or ("." not in name and not isinstance(mod, containers))):
+            out.append((name, mod))
+    return out
+
+
+@contextmanager
+def phase_marks(model: torch.nn.Module) -> Iterator[None]:
+    """Marks each marked module's forward (a pre-hook) and backward (a hook on its output's gradient,
+    which fires as that module's backward begins); nothing on a compiled model, whose hooks would recompile it."""
+    if any("_orig_mod" in fqn for fqn, _ in model.named_modules()):
+        yield
+        return
+    handles = []
+    for name, mod in _marked_modules(model):
+
+        def pre(_m: torch.nn.Module, _a: object, name: str = name) -> None:
+            # A forward run inside the backward is activation checkpointing's recomputation.
+            _mark(f"{'recompute' if torch._C._current_graph_task_id() != -1 else 'forward'} {name}")
+
+        def post(_m: torch.nn.Module, _a: object, out: object, name: str = name) -> None:
+            first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad), None)
+            if first is not None:
+                first.register_hook(lambda _g: _mark(f"backward {name}"))
+
+        handles += [mod.register_forward_pre_hook(pre, prepend=True), mod.register_forward_hook(post, prepend=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _storage(t: object, device: torch.device) -> tuple[int, int] | None:
+    """(address, bytes) of the storage this rank holds for `t` on `device`'s kind, or None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    local = t.to_local() if isinstance(t, DTensor) else t
+    if local.layout != torch.strided or local.device.type != device.type:
+        return None
+    st = local.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def known_storages(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, *, others: bool
+) -> dict[int, tuple[str, int]]:
+    """Storage address -> (category, bytes) of the parameters, their gradients and the optimizer's
+    state on `device`'s kind (the timeline's); with `others`, every other live tensor there as `other`."""
+    out: dict[int, tuple[str, int]] = {}
+    groups: list[tuple[str, list[object]]] = [
+        ("params", list(model.parameters())),
+        ("grads", [p.grad for p in model.parameters()]),
+        ("optimizer", [v for state in optimizer.state.values() for v in state.values()]),
+    ]
+    if others:
+        groups.append(("other", list(live_tensors())))
+    for category, tensors in groups:
+        for t in tensors:
+            st = _storage(t, device)
+            if st is not None and st[0] and st[0] not in out:
+                out[st[0]] = (category, st[1])
+    return out
+
+
 # ---- the profiled window ----
 
 
@@ -277,6 +367,7 @@ class ProfileResult:
     memory_breakdown: dict[str, int] | None = None
     peak_allocated_bytes: int | None = None
     timeline: list[TimelineEvent] = field(default_factory=list)
+    memory_timeline: list[MemoryPoint] = field(default_factory=list)
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
@@ -340,6 +431,7 @@ class StepProfiler:
         self._profiled = 0
         self._raw_trace: Path | None = None
         self._results: ProfileResult | None = None
+        self._known = memtimeline.Known()
 
     @property
     def steps(self) -> int:
@@ -361,6 +453,7 @@ class StepProfiler:
         prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=0, warmup=self.skip, active=self.window, repeat=1),
+            profile_memory=True,
             on_trace_ready=self._save_raw,
         )
         prof.start()
@@ -379,9 +472,16 @@ class StepProfiler:
                     self._anchors.append(time.time_ns() / 1e3)
                     with torch.profiler.record_function(CLOCK_ANCHOR):
                         pass
-                    with self._recorder:
+                    last = i == self.steps - 1
+                    if last:
+                        self._known.start = known_storages(model, optimizer, self.device, others=True)
+                    with self._recorder, phase_marks(model):
                         step(i)
                         synchronize()
+                    if last:
+                        self._known.end = {
+                            a: c for a, (c, _) in known_storages(model, optimizer, self.device, others=False).items() if c != "params"
+                        }
                     self._profiled += 1
                 else:
                     step(i)
@@ -446,6 +546,8 @@ class StepProfiler:
                 out.collective_times = columns(attribution.arrivals(requests, offset))
             if offset is not None and any(stage_steps):
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
+            kind = 1 if self.device.type == "cuda" else 0  # the profiler's device codes
+            out.memory_timeline = memtimeline.downsample(memtimeline.timeline(events, spans[-1], self._known, device_type=kind))
             out.timeline = attribution.timeline(
                 events, requests, span=spans[-1], busy=busy, rank=self.rank, max_events=self.max_timeline_events, device=self.device.type
             )

@@ -1,0 +1,184 @@
+"""Memory over one profiled step, by category: the profiler's `[memory]` events turned into a timeline.
+
+Pure on purpose — no torch — so every rule is unit-tested on synthetic events. The profiler driver
+(`workers.harness.measure`) feeds it the exported trace, the phase marks it placed (a zero-length
+profiler range per module forward and per module backward), and what the harness knows about
+the tensors alive at the step's start (parameters, their gradients, the optimizer's state, the
+rest) and at its end (the gradients and optimizer state the step left).
+
+How an event is attributed (allocations by what they become, frees by what they freed):
+
+- An allocation at an address the step ends with as a gradient is `grads`; as optimizer state, `optimizer`.
+- Inside a collective (a `c10d::` or FSDP gather/reduce range on any thread) it is `comm_buffers`.
+- Made in a forward phase and still alive when that phase ends, it is `activations` (what the
+  backward needs); freed within its phase, `temporaries`. Anything else made in the step is `temporaries`.
+- A free takes its bytes from the category of the allocation it frees; freeing a tensor the step
+  started with takes them from that tensor's category (`other` when the harness did not know it).
+
+The profiler's CPU "Total Allocated" counts from the profiler's start, so the timeline's
+allocated bytes are the live bytes at the step's start plus the change the events report; the
+categories at every point sum to it exactly, by construction, and a test holds the events'
+own running total to the same figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from parallab.core.result import MEMORY_TIMELINE_CATEGORIES, MemoryPoint
+
+PHASE_MARK = "parallab.phase:"
+"""The prefix of the zero-length profiler ranges the driver places: `parallab.phase:forward layers.0`."""
+COMM_PREFIXES = ("c10d::", "FSDP::all_gather", "FSDP::post_backward_reduce", "FSDP::pre_forward_all_gather")
+"""Profiler ranges whose allocations are communication buffers."""
+OPTIMIZER_PREFIXES = (("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "zero_grad"))
+DEFAULT_POINTS = 256
+"""Points kept per rank (the peak always among them)."""
+
+
+@dataclass
+class Known:
+    """What the harness knows of this rank's tensors: storage address -> (category, bytes)."""
+
+    start: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Storages alive at the step's start: params, grads, optimizer, other."""
+    end: dict[int, str] = field(default_factory=dict)
+    """Storages the step ends with as gradients or optimizer state: address -> category."""
+
+
+def _ranges(events: Sequence[Mapping[str, Any]], lo: float, hi: float) -> tuple[list[tuple[float, str]], list[tuple[float, float, str]]]:
+    """(phase marks, comm ranges) inside [lo, hi]: marks as (ts, phase), ranges as (start, end, name)."""
+    marks: list[tuple[float, str]] = []
+    comm: list[tuple[float, float, str]] = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        name = str(e.get("name", ""))
+        ts = float(e["ts"])
+        if not lo <= ts <= hi:
+            continue
+        if name.startswith(PHASE_MARK):
+            marks.append((ts, name[len(PHASE_MARK) :]))
+        elif name.startswith(COMM_PREFIXES):
+            comm.append((ts, ts + float(e.get("dur", 0.0)), name))
+        else:
+            for prefix, phase in OPTIMIZER_PREFIXES:
+                if name.startswith(prefix):
+                    marks.append((ts, phase))
+                    marks.append((ts + float(e.get("dur", 0.0)), f"after {phase}"))
+    marks.sort()
+    return marks, comm
+
+
+def _phase_at(marks: Sequence[tuple[float, str]], ts: float, cursor: int) -> tuple[str, int]:
+    """The phase of the last mark at or before `ts` (events come in time order, so a cursor walks the marks)."""
+    while cursor < len(marks) and marks[cursor][0] <= ts:
+        cursor += 1
+    return (marks[cursor - 1][1] if cursor else "step start"), cursor
+
+
+def _comm_at(comm: Sequence[tuple[float, float, str]], ts: float) -> str | None:
+    """The outermost collective range holding `ts`, or None."""
+    best: tuple[float, float, str] | None = None
+    for start, end, name in comm:
+        if start <= ts <= end and (best is None or start < best[0]):
+            best = (start, end, name)
+    return best[2] if best else None
+
+
+def timeline(events: Sequence[Mapping[str, Any]], span: Mapping[str, Any], known: Known, *, device_type: int = 0) -> list[MemoryPoint]:
+    """Every `[memory]` event of the step `span` on `device_type` (the profiler's code: 0 CPU, 1
+    CUDA) as a point: phase, µs from the step's start, allocated bytes, categories. The CUDA path
+    follows the same rules and has not been run on a GPU yet."""
+    lo = float(span["ts"])
+    hi = lo + float(span.get("dur", 0.0))
+    memory = sorted(
+        (
+            e
+            for e in events
+            if e.get("name") == "[memory]" and lo <= float(e["ts"]) <= hi and int(e["args"].get("Device Type", 0)) == device_type
+        ),
+        key=lambda e: float(e["ts"]),
+    )
+    marks, comm = _ranges(events, lo, hi)
+    cats = dict.fromkeys(MEMORY_TIMELINE_CATEGORIES, 0)
+    start = dict(known.start)
+    for category, nbytes in start.values():
+        cats[category] += nbytes
+    phases = [_phase_at(marks, float(e["ts"]), 0)[0] for e in memory]
+    live: dict[int, tuple[str, int]] = {}  # address -> (category, index of its allocation)
+    last_alloc = {int(e["args"]["Addr"]): i for i, e in enumerate(memory) if int(e["args"]["Bytes"]) > 0}
+    frees = _free_index(memory)
+    points: list[MemoryPoint] = []
+    allocated = sum(cats.values())
+    for i, e in enumerate(memory):
+        args = e["args"]
+        nbytes, addr, ts = int(args["Bytes"]), int(args["Addr"]), float(e["ts"])
+        op = _comm_at(comm, ts)
+        if nbytes > 0:
+            category = _allocation_category(i, addr, phases, op, known, last_alloc, frees)
+            live[addr] = (category, i)
+        else:
+            category = live.pop(addr)[0] if addr in live else start.pop(addr, ("other", 0))[0]
+        cats[category] += nbytes
+        allocated += nbytes
+        points.append(MemoryPoint(phase=phases[i], op=op, t_us=round(ts - lo, 3), allocated=allocated, categories=dict(cats)))
+    return points
+
+
+def _free_index(memory: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Allocation index -> index of the event that frees it (absent: alive at the step's end)."""
+    open_at: dict[int, int] = {}
+    out: dict[int, int] = {}
+    for i, e in enumerate(memory):
+        addr, nbytes = int(e["args"]["Addr"]), int(e["args"]["Bytes"])
+        if nbytes > 0:
+            open_at[addr] = i
+        elif addr in open_at:
+            out[open_at.pop(addr)] = i
+    return out
+
+
+def _allocation_category(
+    i: int, addr: int, phases: Sequence[str], op: str | None, known: Known, last_alloc: Mapping[int, int], frees: Mapping[int, int]
+) -> str:
+    """The category of allocation `i` by the rules in the module's docstring."""
+    if last_alloc.get(addr) == i and addr in known.end:
+        return known.end[addr]
+    if op is not None:
+        return "comm_buffers"
+    if phases[i].startswith("forward"):
+        freed = frees.get(i)
+        return "temporaries" if freed is not None and phases[freed] == phases[i] else "activations"
+    return "temporaries"
+
+
+def downsample(points: Sequence[MemoryPoint], limit: int = DEFAULT_POINTS) -> list[MemoryPoint]:
+    """At most `limit` points in time order: the peak, the last point of each phase (where the
+    phases part, so runs align and compare there exactly), and the highest of equal runs with the rest."""
+    if len(points) <= limit:
+        return list(points)
+    top = max(range(len(points)), key=lambda i: points[i].allocated)
+    ends = [i for i in range(len(points)) if i + 1 == len(points) or points[i + 1].phase != points[i].phase]
+    keep = {top, *ends[: max(limit // 2 - 1, 0)]}
+    budget = limit - len(keep)
+    for b in range(budget):
+        lo, hi = b * len(points) // budget, (b + 1) * len(points) // budget
+        if hi > lo:
+            keep.add(max(range(lo, hi), key=lambda i: points[i].allocated))
+    return [points[i] for i in sorted(keep)][:limit] if len(keep) <= limit else _trim(points, keep, top, limit)
+
+
+def _trim(points: Sequence[MemoryPoint], keep: set[int], top: int, limit: int) -> list[MemoryPoint]:
+    """`limit` of the kept indices, the peak among them (bucket maxima can overlap the phase ends)."""
+    rest = sorted(keep - {top})
+    step = len(rest) / (limit - 1)
+    chosen = {rest[int(k * step)] for k in range(limit - 1)} | {top}
+    return [points[i] for i in sorted(chosen)]
+
+
+def peak(points: Sequence[MemoryPoint]) -> MemoryPoint | None:
+    """The point of highest allocated bytes (the first of equals), or None for no points."""
+    return max(points, key=lambda p: p.allocated, default=None)
