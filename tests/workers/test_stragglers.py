@@ -21,7 +21,7 @@ from parallab.core.stragglers import CollectivesMatched, GroupTimes, match, name
 DRIVER = Path(__file__).with_name("straggler_driver.py")
 REPO = Path(__file__).resolve().parents[2]
 LATE = 2
-DELAY_MS = 40.0
+DELAY_MS = 100.0  # long beside a loaded 2-core host's scheduling jitter (tens of ms), so "D within 25 %" tests the analysis, not the host
 CLEAN = 5
 MESH = [("dp_shard", 2), ("tp", 2)]
 
