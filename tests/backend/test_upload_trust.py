@@ -48,10 +48,12 @@ def doubled(**kwargs: Any) -> dict[str, Any]:
 
 
 def stripped() -> dict[str, Any]:
-    """The audit's first forgery: gradient check, replica check and loss reference all removed."""
+    """The audit's first forgery: gradient check, replica check, end-of-run check and loss reference
+    all removed."""
     doc = doubled()
     doc["summary"].pop("gradient_check")
     doc["summary"].pop("replica_check")
+    doc["summary"].pop("frozen_check")
     doc["summary"].pop("loss_max_rel_diff_vs_reference")
     doc["loss"]["reference"] = None
     return doc
@@ -68,20 +70,20 @@ def test_an_upload_with_every_check_removed_is_not_checked_everywhere_and_never_
     assert response.status_code == 201, response.text
     forged = response.json()
     summary = forged["result"]["summary"]
-    assert summary["checks_not_checked"] == ["loss_reference", "gradient_check", "replica_check"]
+    assert summary["checks_not_checked"] == ["loss_reference", "gradient_check", "replica_check", "frozen_check"]
     # the leaderboard: only the lab's run under verified and passed; the forgery labelled "not checked"
     for params in ({"verified": "true", "checks": "passed"}, {"verified": "true"}, {"checks": "passed"}):
         assert [r["id"] for r in board(client, **params)] == [genuine], params
     best = client.get("/api/v1/leaderboard", params={"verified": "true", "checks": "passed"}).json()["items"]
     assert [r["tokens_per_s"] for r in best] == [pytest.approx(GENUINE_TPS)]
     rows = {r["id"]: r for r in board(client)}
-    assert rows[forged["id"]]["checks_not_checked"] == ["loss", "gradient", "replica"]
+    assert rows[forged["id"]]["checks_not_checked"] == ["loss", "gradient", "replica", "frozen"]
     assert rows[forged["id"]]["checks_failed"] == [] and rows[genuine]["checks_not_checked"] == []
     page = client.get("/leaderboard", params={"runs": "all"}).text
-    assert "not checked: loss, gradient, replica" in page
+    assert "not checked: loss, gradient, replica, frozen" in page
     # the run page and compare say "not checked" for each check, never "passed"
     run_page = client.get(f"/runs/{forged['id']}").text
-    for anchor in ('id="gradient-check"', 'id="replica-check"'):
+    for anchor in ('id="gradient-check"', 'id="replica-check"', 'id="frozen-check"'):
         card = run_page[run_page.index(anchor) :]
         assert "not checked" in card[: card.index("</h2>")] and "passed</span>" not in card[: card.index("</h2>")]
     assert 'data-reference="not checked"' in run_page
