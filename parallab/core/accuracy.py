@@ -27,7 +27,7 @@ OUTSIDE = "outside every validated regime"
 
 
 def _on(job: ResolvedJob) -> list[Dimension]:
-    return [DIMENSIONS[d.name] for d in job.mesh if d.size > 1 and d.name in DIMENSIONS]
+    return [DIMENSIONS[name] for name, size in job.degrees.items() if size > 1]
 
 
 def kind_of(job: ResolvedJob) -> str:

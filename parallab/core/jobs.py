@@ -175,6 +175,15 @@ class ResolvedJob(BaseModel):
         return self.descriptor.mesh(self.world_size, self.options)
 
     @property
+    def degrees(self) -> dict[str, int]:
+        """Each layout dimension's degree by its name (`dp_replicate`, `dp_shard`, `cp`, `tp`, `pp`,
+        `ep`), 1 where off — from the layout, so a 1-D preset reads the same as its layout (the
+        `fsdp` preset's rank mesh names its one dimension `dp`; its layout says `dp_shard`)."""
+        layout = self.layout
+        names = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+        return {name: (getattr(layout, name) if layout is not None else 1) for name in names}
+
+    @property
     def dp_degree(self) -> int:
         """How many ways the global batch is split (1 for tp/pp/ring, world/tp for hybrid)."""
         return self.descriptor.dp_degree(self.world_size, self.options)

@@ -226,8 +226,8 @@ class Layout:
 
 def layout(job: ResolvedJob) -> Layout:
     """From the descriptor's mesh: tokens per forward, forwards per step, blocks and splits of the busiest rank."""
-    dims = {d.name: d.size for d in job.mesh}
-    pp, cp = dims.get("pp", 1), dims.get("cp", 1)
+    dims = job.degrees
+    pp, cp = dims["pp"], dims["cp"]
     microbatches = getattr(job.options, "microbatches", None) if pp > 1 else None
     m = microbatches if isinstance(microbatches, int) and microbatches > 0 else 1
     sequences = max(job.micro_batch_size // m, 1)
@@ -236,8 +236,8 @@ def layout(job: ResolvedJob) -> Layout:
         forwards=job.accum_steps * m,
         layers=job.model.num_layers // pp,
         context=job.model.seq_len,
-        tp=dims.get("tp", 1),
-        ep=dims.get("ep", 1),
+        tp=dims["tp"],
+        ep=dims["ep"],
         head=True,
     )
 
@@ -325,7 +325,7 @@ def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, 
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     block_weights = lay.layers * (2 * h * h + 2 * h * cfg.kv_dim + (cfg.mlp_matrices) * h * f) // lay.tp
     sp = bool(getattr(job.options, "sequence_parallel", False))
-    fsdp = any(d.name == FSDP_DIMENSION.name and d.size > 1 for d in job.mesh)
+    fsdp = job.degrees[FSDP_DIMENSION.name] > 1
     stream = residual_stream_bytes(precision, fsdp=fsdp)
     shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream)
     peak16 = hw.peak_flops("bf16" if precision != "fp32" else "fp32")

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: DeviceProfile) -> list[dict[str, Any]]:
     """The reserved peak of the busiest rank by category (module docstring); the last is the total."""
     wl, cfg = job.workload, job.model
-    dims = {d.name: d.size for d in job.mesh}
-    tp, dp_shard = dims.get("tp", 1), dims.get("dp_shard", 1)
+    dims = job.degrees
+    tp, dp_shard = dims["tp"], dims["dp_shard"]
     compiled = bool(wl.compile)
     acts = prediction["activations"]
     state = sum(prediction["model_state_bytes_per_rank"].values())

@@ -12,7 +12,9 @@ from parallab.core.device_profile import PROFILES_DIR, ProfileError, load_profil
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import resolve_job
 from parallab.core.planner import estimate_step_time, hardware_for, profile_terms
+from parallab.core.prediction import predict
 from parallab.core.ranking import evaluate
+from parallab.core.reserved import reserved_memory
 from parallab.core.spec import JobSpec
 
 CATALOGUE = load_catalogue()
@@ -82,11 +84,15 @@ def test_the_packaged_profile_is_read_from_the_directory_it_names(tmp_path):
 
 def test_compile_changes_the_prediction_by_fusing_memory_bound_ops():
     eager, compiled = (estimate_step_time(job(compile=c), H100) for c in (False, True))
-    assert compiled.step_s < 0.9 * eager.step_s
+    assert compiled.step_s < 0.92 * eager.step_s
     terms = {t.name: t.seconds for t in profile_terms(job(compile=True), H100)}
     eager_terms = {t.name: t.seconds for t in profile_terms(job(), H100)}
     assert terms["memory-bound ops"] < 0.5 * eager_terms["memory-bound ops"]
     assert terms["weight GEMMs"] == pytest.approx(eager_terms["weight GEMMs"])
+    # the whole gain is what compile fuses: memory-bound ops, their launches, and their recomputation
+    fused = ("memory-bound ops", "kernel launches", "recomputation (selective)")
+    assert eager.step_s - compiled.step_s == pytest.approx(sum(eager_terms[n] - terms[n] for n in fused))
+    assert all(eager_terms[n] == pytest.approx(terms[n]) for n in eager_terms if n not in fused)
 
 
 def test_fp8_runs_the_gemms_faster_and_pays_its_casts():
@@ -132,3 +138,16 @@ def test_the_h200_profile_reproduces_the_runs_it_was_solved_from_and_two_it_was_
         assert abs(errors[name]) < 0.02, (name, errors[name])
     for name in ("llama-1b_fp32", "gpt2-124m_bf16_compile"):
         assert abs(errors[name]) < 0.05, (name, errors[name])
+
+
+def test_the_fsdp_preset_is_planned_as_its_layout():
+    """The `fsdp` preset and the layout dp_shard=8 are one configuration: the same FSDP buffers in
+    the reserved memory, the same bf16 residual stream in the step, the same not-modelled list (the
+    planner once read the rank mesh, whose one dimension the preset names `dp`, and counted neither)."""
+    preset = raw()
+    layout = raw(strategy={"name": "layout", "world_size": 8, "options": {"dp_shard": 8}})
+    a, b = evaluate(preset, H100), evaluate(layout, H100)
+    assert a.memory_per_rank_bytes == b.memory_per_rank_bytes and a.step_time_s == pytest.approx(b.step_time_s)
+    assert (a.accuracy or {})["not_modelled"] == (b.accuracy or {})["not_modelled"]
+    buffers = {t["name"]: t["bytes"] for t in reserved_memory(job(), predict(job()), load_profile("h100-hbm2e-96gb"))}
+    assert buffers["FSDP buffers"] > 0
