@@ -327,8 +327,11 @@ def _storage(t: object, device: torch.device) -> tuple[int, int] | None:
     local = t.to_local() if isinstance(t, DTensor) else t
     if local.layout != torch.strided or local.device.type != device.type:
         return None
-    st = local.untyped_storage()
-    return st.data_ptr(), st.nbytes()
+    try:
+        st = local.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except RuntimeError:  # a tensor with no real storage (torch.compile leaves fake tensors on the heap)
+        return None
 
 
 def known_storages(
