@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.workers.conftest import make_job, run_driver
+from parallab.core.families.module import ALLOW_LIST_ENV
+from tests.workers.conftest import TEST_ALLOWED_MODULES, make_job, run_driver
 from tests.workers.gradcheck_driver import COMPOSED_CASES, MODULE_PP_TP, W1
 from tests.workers.test_module_family import EXAMPLE_TENSORS
 from workers.harness.gradcheck import canonical
@@ -46,6 +47,13 @@ CAUGHT_BY: dict[str, frozenset[str]] = {
 """Which checks each composed mutant fails."""
 FULL_PARAMS = 39
 """Parameters of the plain `tiny` model, each checked by its full name."""
+
+
+@pytest.fixture(autouse=True)
+def ranks_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stage_params` builds each layout's model here as a rank does, so with a rank's allow-list
+    (what an engine hands its ranks): the lab module's entry point on it."""
+    monkeypatch.setenv(ALLOW_LIST_ENV, ",".join(sorted(TEST_ALLOWED_MODULES)))
 
 
 @pytest.fixture(scope="session")
