@@ -171,55 +171,23 @@ def _verdicts(summary: Mapping[str, Any], precision: str) -> list[Agreement]:
     check = summary.get("gradient_check")
     if check:
         # Not a prediction gap: the check's own verdict (passed ⇔ worst error ≤ its tolerance).
-        rows.append(
-            Agreement(
-                "gradient_check.max_rel_err",
-                f"gradient vs single: worst relative error ({check.get('worst_param') or 'no parameter'}), against its tolerance",
-                "ratio",
-                float(check.get("tolerance") or 0.0),
-                float(check.get("max_rel_err") or 0.0),
-                flagged=not check.get("passed", True),
-            )
-        )
+        label = f"gradient vs single: worst relative error ({check.get('worst_param') or 'no parameter'})"
+        rows.append(_check_row("gradient_check", check, "max_rel_err", label))
     replicas = summary.get("replica_check")
     if replicas:
         ranks = ", ".join(str(r) for r in replicas.get("worst_ranks") or [])
         where = f"{replicas.get('worst_param')} on ranks {ranks}" if replicas.get("worst_param") else "no parameter"
-        rows.append(
-            Agreement(
-                "replica_check.max_rel_diff",
-                f"replicas: worst relative difference between copies that should be identical ({where}), against its tolerance",
-                "ratio",
-                float(replicas.get("tolerance") or 0.0),
-                float(replicas.get("max_rel_diff") or 0.0),
-                flagged=not replicas.get("passed", True),
-            )
-        )
+        label = f"replicas: worst relative difference between copies that should be identical ({where})"
+        rows.append(_check_row("replica_check", replicas, "max_rel_diff", label))
     routed = summary.get("routing_check")
     if routed:
-        rows.append(
-            Agreement(
-                "routing_check.unexplained_rate",
-                "routing: share of tokens sent to other experts than the reference's own top-k beyond a near-tie, against its tolerance",
-                "ratio",
-                float(routed.get("tolerance") or 0.0),
-                float(routed.get("unexplained_rate") or 0.0),
-                flagged=not routed.get("passed", True),
-            )
-        )
+        label = "routing: share of tokens sent to other experts than the reference's own top-k beyond a near-tie"
+        rows.append(_check_row("routing_check", routed, "unexplained_rate", label))
     still = summary.get("frozen_check")
     if still:
         where = f" ({still.get('least_moved')})" if still.get("least_moved") else ""
-        rows.append(
-            Agreement(
-                "frozen_check.min_motion",
-                f"end of run: least motion of a parameter that had a gradient{where}, against the least it must move",
-                "ratio",
-                float(still.get("tolerance") or 0.0),
-                float(still.get("min_motion") or 0.0),
-                flagged=not still.get("passed", True),
-            )
-        )
+        label = f"end of run: least motion of a parameter that had a gradient{where}"
+        rows.append(_check_row("frozen_check", still, "min_motion", label, against="the least it must move"))
     return rows
 
 
@@ -231,6 +199,19 @@ CORRECTNESS_CHECKS = {
     "frozen_check.min_motion": "frozen",
 }
 """The checks with a verdict of their own (`_verdicts`' rows) by the short name pages show."""
+
+
+def _check_row(key: str, check: Mapping[str, Any], field: str, label: str, *, against: str = "its tolerance") -> Agreement:
+    """The check `summary[key]`'s own verdict as a row: its figure `field` against its tolerance,
+    flagged ⇔ it failed; the metric is `<key>.<field>` (`CORRECTNESS_CHECKS`' keys)."""
+    return Agreement(
+        f"{key}.{field}",
+        f"{label}, against {against}",
+        "ratio",
+        float(check.get("tolerance") or 0.0),
+        float(check.get(field) or 0.0),
+        flagged=not check.get("passed", True),
+    )
 
 
 def failed_checks(summary: Mapping[str, Any], precision: str = "fp32") -> list[str]:
