@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
+from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 COOKIE = "parallab_csrf"
@@ -65,3 +67,13 @@ def verify(request: Request, token: str | None, secret_key: str) -> None:
         raise CSRFError("CSRF token does not match this browser; reload the form and submit again")
     if not hmac.compare_digest(str(signed.get("s")), session_binding(request)):
         raise CSRFError("CSRF token belongs to another login session; reload the form and submit again")
+
+
+def require_form_token(request: Request, form: Mapping[str, Any], secret_key: str) -> None:
+    """A form POST's check for the routes that answer a bad token with a bare 403 (those that
+    re-render their own page with the message call `verify` themselves)."""
+    token = form.get(FIELD)
+    try:
+        verify(request, token if isinstance(token, str) else None, secret_key)
+    except CSRFError as exc:
+        raise HTTPException(403, detail=str(exc)) from None

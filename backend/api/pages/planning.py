@@ -37,10 +37,7 @@ router = APIRouter(include_in_schema=False)
 
 def _form_post(request: Request, form: Any, settings: Settings) -> None:
     """A page's POST carries a valid CSRF token (who may post is the route's role check)."""
-    try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
+    csrf.require_form_token(request, form, settings.secret_key)
 
 
 # ---- /plan: the ranking ----

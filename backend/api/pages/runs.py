@@ -254,10 +254,7 @@ def edit_tags(
     request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
 ) -> Response:
     """The run page's tag box: replace the run's tags (its owner or an admin, CSRF-checked)."""
-    try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
+    csrf.require_form_token(request, form, settings.secret_key)
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     try:
         run_service.set_run_tags(session=session, run_id=run_id, text=str(form.get("tags") or ""))
@@ -270,10 +267,7 @@ def edit_tags(
 def cancel(
     request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
 ) -> RedirectResponse:
-    try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
+    csrf.require_form_token(request, form, settings.secret_key)
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id, settings=settings)
@@ -285,10 +279,7 @@ def reproduce(
     request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, local: LocalModeDep
 ) -> Response:
     """The upload page's Reproduce button: the lab re-runs the upload (`services.reproduce`), then its page."""
-    try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
+    csrf.require_form_token(request, form, settings.secret_key)
     try:
         run = reproduce_service.reproduce(
             session=session, settings=settings, upload_id=run_id, source="form", user_id=principal.user_id, local=local

@@ -77,10 +77,7 @@ def dismiss(
     principal: SeriesEditorDep,
 ) -> RedirectResponse:
     """Mark an alert a false positive from the history page."""
-    try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
+    csrf.require_form_token(request, form, settings.secret_key)
     try:
         series_service.dismiss_alert(
             session=session, series_id=series_id, verdict_id=verdict_id, principal=principal, note=str(form.get("note") or "") or None
