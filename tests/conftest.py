@@ -66,6 +66,23 @@ def scratch_postgres(prefix: str) -> Iterator[str]:
         admin.dispose()
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Debian's Chromium driven by Playwright (never a browser Playwright downloads), one per test
+    module, for the UI and security browser tests: a module's pages share it, each test opens its
+    own context."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh, migrated Postgres database for this test session."""

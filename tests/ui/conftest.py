@@ -16,9 +16,7 @@ from backend.api.app import create_app
 from backend.config import Settings, get_settings
 from backend.db import get_sessionmaker
 from backend.migrate import upgrade
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 (the browser tests import them from here)
 
 
 def make_settings(home: Path) -> Settings:
@@ -27,18 +25,6 @@ def make_settings(home: Path) -> Settings:
     settings.ensure_home()
     upgrade(settings.sqlalchemy_url)
     return settings
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    """Debian's Chromium driven by Playwright (never a browser Playwright downloads), one per test
-    module: a module's pages share it, each test opens its own context."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
