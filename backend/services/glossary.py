@@ -88,7 +88,9 @@ TERMS: tuple[Term, ...] = (
         "exposed-comm",
         "Exposed communication",
         "Communication time that no compute on the same rank overlaps, over the step time: what the step would lose if "
-        "communication were free. The number to cut; bigger buckets, prefetching or another layout lower it.",
+        "communication were free. The number to cut; bigger buckets, prefetching or another layout lower it. On a "
+        "pipeline stage it includes a receive waiting for the previous stage (as HTA counts it): the bubble, measured "
+        "apart from the schedule's actions, says how much of the step is that wait.",
     ),
     Term(
         "overlapped-comm",

@@ -307,15 +307,98 @@ def test_cuda_step_split_from_kernels_per_stream():
     assert split == attribution.Breakdown(compute=45.0, exposed_comm=15.0, overlapped_comm=15.0, idle=40.0, step=100.0)
 
 
-def test_a_pipelines_p2p_is_idle_not_exposed_comm():
-    """A stage's receive mostly waits for the other stage: its time is the bubble (idle)."""
+# A pipeline stage's step of 100 µs on gloo, as the profiler shows it: the main thread runs two
+# forwards (0–30, 40–60), sends the first's activations while the second computes (gloo:send
+# 30–50 on the main thread, an asynchronous span), then waits in a receive for the next stage's
+# gradient (gloo:recv 60–90), then runs a backward 90–100.
+PIPELINE_EVENTS = [
+    STEP,
+    cpu_op("aten::linear", 0, 30),
+    cpu_op("c10d::send", 30, 1),
+    cpu_op("gloo:send", 30, 20, cat="user_annotation"),
+    cpu_op("aten::linear", 40, 20),
+    cpu_op("c10d::recv_", 60, 1),
+    cpu_op("gloo:recv", 60, 30, cat="user_annotation"),
+    cpu_op("aten::mm", 90, 10),
+]
+
+
+def pipeline_requests() -> list[CommRequest]:
+    with pipeline_comm():
+        issued = record("c10d::send", {"tensors": [512]}, nbytes, step=0) + record("c10d::recv_", {"tensors": [512]}, nbytes, step=0)
+    return attribute(issued, PIPELINE_EVENTS)
+
+
+def pipeline_split(intervals=attribution.comm_intervals) -> attribution.Breakdown:
+    busy = attribution.busy(PIPELINE_EVENTS, STEP, device="cpu")
+    return attribution.breakdown(busy, intervals(pipeline_requests(), STEP), STEP)
+
+
+def check_pipeline_split(split: attribution.Breakdown) -> None:
+    """busy [0,30) ∪ [40,60) ∪ [90,100) = 60; the send [30,50) is 10 overlapped and 10 exposed; the
+    receive [60,90) runs beside nothing: 30 exposed; nothing is idle (100 − 60 − 40). Were the
+    P2P left out, the send's 10 exposed µs and the receive's 30 would read as idle, and the step
+    as 0 % communication."""
+    assert split == attribution.Breakdown(compute=60.0, exposed_comm=40.0, overlapped_comm=10.0, idle=0.0, step=100.0)
+    assert attribution.comm_time_fraction(split) == pytest.approx(0.5)
+
+
+def test_a_pipelines_send_and_recv_are_communication_exposed_where_nothing_overlaps():
+    """HTA's overlap: a stage's send and receive are communication like any collective; the send
+    that runs beside the next forward is overlapped, the receive that waits is exposed."""
+    assert all(r.pipeline and r.start_us is not None for r in pipeline_requests())
+    check_pipeline_split(pipeline_split())
+
+
+def _pipeline_p2p_dropped(requests, span):
+    """The rule this module once had: a pipeline's P2P is not communication."""
+    return attribution.comm_intervals([r for r in requests if not r.pipeline], span)
+
+
+def _p2p_dropped(requests, span):
+    return attribution.comm_intervals([r for r in requests if r.kind not in attribution.P2P], span)
+
+
+@pytest.mark.parametrize("intervals", [_pipeline_p2p_dropped, _p2p_dropped], ids=["pipeline-p2p", "all-p2p"])
+def test_the_pipeline_check_catches_send_and_recv_dropped(intervals):
+    """Drop the send/recv on purpose: the step reads 0 % communication and the same check fails."""
+    split = pipeline_split(intervals)
+    assert attribution.comm_time_fraction(split) == 0.0
+    with pytest.raises(AssertionError):
+        check_pipeline_split(split)
+
+
+def test_a_ring_and_a_pipeline_receive_count_alike():
+    """Ring attention's P2P (untagged) and a pipeline's (tagged) are the same communication."""
     recv = CommRequest("recv", 64, 0, pipeline=True, time_us=40.0, start_us=50.0)
     ring_recv = CommRequest("recv", 64, 0, pipeline=False, time_us=40.0, start_us=50.0)
     busy = [(0.0, 50.0)]
     pipeline = attribution.breakdown(busy, attribution.comm_intervals([recv], STEP), STEP)
     ring = attribution.breakdown(busy, attribution.comm_intervals([ring_recv], STEP), STEP)
-    assert (pipeline.exposed_comm, pipeline.idle) == (0.0, 50.0)
-    assert (ring.exposed_comm, ring.idle) == (40.0, 10.0)
+    assert pipeline == ring
+    assert (pipeline.exposed_comm, pipeline.idle) == (40.0, 10.0)
+
+
+def test_a_receive_from_any_source_is_timed_by_its_gloo_event():
+    assert attribution.backend_label("gloo:recvAnySource", "user_annotation") == "recv"
+    events = [cpu_op("gloo:recvAnySource", 10, 5, cat="user_annotation")]
+    (req,) = attribute(record("c10d::recv_any_source_", {"tensors": [64]}, nbytes, step=0), events)
+    assert (req.start_us, req.time_us) == (10.0, 5.0)
+
+
+def test_on_cuda_a_pipelines_sendrecv_kernel_is_communication():
+    """NCCL runs a stage's send and receive as SendRecv kernels: exposed where no compute kernel runs."""
+    events = [
+        STEP,
+        kernel("ampere_sgemm_128x64_tn", 0, 40, stream=7),
+        kernel("ncclDevKernel_SendRecv", 30, 30, stream=21),
+        kernel("ampere_sgemm_128x64_tn", 70, 20, stream=7),
+    ]
+    with pipeline_comm():
+        issued = record("c10d::send", {"tensors": [512]}, nbytes, step=0)
+    requests = attribute(issued, events)
+    split = attribution.breakdown(attribution.busy(events, STEP, device="cuda"), attribution.comm_intervals(requests, STEP), STEP)
+    assert split == attribution.Breakdown(compute=60.0, exposed_comm=20.0, overlapped_comm=10.0, idle=20.0, step=100.0)
 
 
 def test_comm_outside_the_step_is_cut_to_it():

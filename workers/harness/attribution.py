@@ -19,9 +19,11 @@ a `TorchDispatchMode` saw and what the profiler exported. Verified on torch 2.13
 
 Where a step's time goes (`busy`, `comm_intervals`, `breakdown`) is HTA's comm/compute overlap: busy intervals (the
 main thread's operators on CPU, compute kernels on CUDA) against communication intervals (the
-backend events above); communication while busy is overlapped, the rest exposed, and what is
-neither is idle. A pipeline's bubble comes from the schedule's own actions (`actions`), which the
-pipeline strategy marks with profiler ranges; it needs every stage's, so the merge computes it
+backend events above, every collective and P2P op, a pipeline's send/recv included);
+communication while busy is overlapped, the rest exposed, and what is neither is idle. On a
+pipeline stage a receive waiting for the previous stage is exposed communication, as in HTA; the
+bubble is measured apart, from the schedule's own actions (`actions`), which the pipeline strategy
+marks with profiler ranges; it needs every stage's, so the merge computes it
 (`parallab.core.metrics.pipeline_bubble`).
 """
 
@@ -102,6 +104,8 @@ NCCL_KERNELS = (
     ("recv", "p2p"),
     ("reduce", "reduce"),
 )
+GLOO_LABELS = {"recvAnySource": "recv"}
+"""gloo's event names that are not the request's kind: a receive from any source is a receive."""
 COMM_EVENT_PREFIXES = ("c10d::", "_c10d_functional", "gloo:")
 """Main-thread events that are communication, never compute, on the timeline."""
 
@@ -216,7 +220,7 @@ class BackendEvent:
 def backend_label(name: str, cat: str) -> str | None:
     """The op a backend event ran ("all_reduce", "send", "p2p", ...); None for other events."""
     if name.startswith("gloo:"):
-        return name[5:]
+        return GLOO_LABELS.get(name[5:], name[5:])
     lowered = name.lower()
     if cat == "kernel" and lowered.startswith("nccl"):
         kernel = lowered.split("_", 1)[1] if "_" in lowered else lowered
@@ -412,10 +416,12 @@ def gpu_busy(trace_events: Sequence[TraceEvent], span: TraceEvent) -> list[Inter
 
 def comm_intervals(requests: Sequence[CommRequest], span: TraceEvent) -> list[Interval]:
     """When communication ran during `span`: each attributed request's backend event (gloo's span
-    on CPU, its NCCL kernel on CUDA). A pipeline's P2P is left out: a stage's receive mostly waits
-    for the other stage to get there (the bubble), so its time is the stage's idle, not traffic."""
+    on CPU, its NCCL kernel on CUDA), collectives and P2P alike, a pipeline's send/recv included
+    (HTA counts every communication kernel, SendRecv among them). A stage's receive that waits for
+    the previous stage is exposed communication here, as it is in HTA; how much of a stage's time
+    is such waiting is the bubble, measured apart from the schedule's actions (`actions`)."""
     t0, t1 = _span(span)
-    return clip(((r.start_us, r.start_us + r.time_us) for r in requests if r.start_us is not None and not r.pipeline), t0, t1)
+    return clip(((r.start_us, r.start_us + r.time_us) for r in requests if r.start_us is not None), t0, t1)
 
 
 @dataclass(frozen=True)
