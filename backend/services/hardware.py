@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import HardwareProfileRow, Run, Worker
+from backend.services import workers as fleet
 from backend.store import planning as store
 from backend.store import workers as worker_store
 from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
@@ -89,23 +90,38 @@ def registered_worker(*, session: Session, pool: str) -> Worker | None:
     return max(workers, key=lambda w: w.started_at) if workers else None
 
 
+def declared_devices(*, session: Session, settings: Settings, pool: str) -> int | None:
+    """Devices per host the pool declares, as the submit form and the workers page count them
+    (`fleet.pool_capacities`: the most any live worker registered with); with none alive, what
+    its latest worker registered with; None when no worker ever registered with it."""
+    capacity = fleet.pool_capacities(session, settings).get(pool)
+    if capacity is not None and capacity.devices_per_host > 0:
+        return capacity.devices_per_host
+    worker = registered_worker(session=session, pool=pool)
+    return worker.device_count if worker is not None else None
+
+
 def pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
     """What a pool plans on: its latest calibration (with the catalogue entry its device matches);
     uncalibrated, the catalogue entry of the device its workers registered with — a CPU the
-    catalogue does not know keeps its own name over the generic CPU's figures — said so in the label."""
+    catalogue does not know keeps its own name over the generic CPU's figures — said so in the label.
+    Its devices are those the pool declares (`declared_devices`), calibrated or not, so the plan
+    counts what the form and the workers page count; a pool no worker registered with has the
+    calibration's ranks (a CPU's), else the deployment's ceiling."""
     cat = catalogue(settings)
     name = pool_of(settings, pool)
+    devices = declared_devices(session=session, settings=settings, pool=name)
     profile = latest_profile(session=session, pool=name)
     if profile is not None:
         spec = cat.for_device(profile.device.name, profile.device.kind) or cat.get("cpu")
-        return hardware_for(spec, profile=profile)
+        return hardware_for(spec, profile=profile, devices_per_node=devices)
     worker = registered_worker(session=session, pool=name)
     if worker is None:
         return hardware_for(cat.get("cpu"), devices_per_node=settings.max_world_size)
     spec = cat.for_device(worker.device_name, worker.device) or cat.get("cpu")
     if spec.kind == "cpu" and not spec.match and worker.device_name:  # the pool's own CPU, not the catalogue's machine
         spec = spec.model_copy(update={"name": f"{worker.device_name} (the generic CPU's figures until calibrated)"})
-    return hardware_for(spec, devices_per_node=worker.device_count)
+    return hardware_for(spec, devices_per_node=devices)
 
 
 def calibration_advice(*, session: Session, settings: Settings, pool: str | None = None) -> str | None:

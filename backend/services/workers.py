@@ -446,11 +446,12 @@ def fleet(*, session: Session, settings: Settings, queue_lengths: Callable[[list
             )
         )
     lengths = queue_lengths(sorted(by_pool))
+    capacities = pool_capacities(session, settings)  # what the form offers and the planner plans on: one count
     out = []
     for name in sorted(by_pool):
         views = by_pool[name]
         alive = [w for w in views if w.alive]
-        memories = [w.memory_per_device_bytes for w in alive if w.memory_per_device_bytes]
+        capacity = capacities.get(name, PoolCapacity(name))
         out.append(
             PoolView(
                 name=name,
@@ -459,8 +460,8 @@ def fleet(*, session: Session, settings: Settings, queue_lengths: Callable[[list
                 hosts=len({w.host for w in views}),
                 alive=len(alive),
                 busy=sum(1 for w in alive if w.run_id),
-                devices_per_host=max((w.devices for w in alive), default=0),
-                memory_per_device_bytes=min(memories) if memories else None,
+                devices_per_host=capacity.devices_per_host,
+                memory_per_device_bytes=capacity.memory_per_device_bytes,
                 workers=views,
             )
         )
