@@ -37,7 +37,16 @@ from backend.store import planning as store
 from parallab.core.options import KnownKeys
 from parallab.core.planner import Hardware, spearman
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING, MAX_PRECISIONS, RANKED_STRATEGIES, PlanRow, evaluate, plan_cluster
+from parallab.core.ranking import (
+    MAX_ACCUMULATION,
+    MAX_CHECKPOINTING,
+    MAX_PRECISIONS,
+    RANKED_STRATEGIES,
+    PlanRow,
+    evaluate,
+    plan_cluster,
+    rejected_by_reason,
+)
 from parallab.core.spec import MAX_GRAD_ACCUMULATION, MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
@@ -226,7 +235,7 @@ def create_sweep(
         accumulation=request.accumulation,
     )
     if not ranking.fits:
-        reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in ranking.as_dict()["rejected_by_reason"][:3])
+        reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in rejected_by_reason(ranking.rejected or ranking.invalid)[:3])
         raise SpecError([SpecProblem(("workload",), f"no configuration fits: {reasons or nothing_planned(request)}")])
     chosen = choose(ranking.fits, top=request.top, controls=request.controls)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=len(chosen) * request.repeats, sweep=True)

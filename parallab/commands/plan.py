@@ -314,14 +314,12 @@ def _rank(
     )
 
     def show(*, top: int, json_out: bool, show_all: bool) -> None:
-        from parallab.core.ranking import tightest_reason
-
         if json_out:
             typer.echo(json.dumps(ranking.as_dict(top=top), indent=2, default=str))
         else:
             print_ranking(ranking, top=top, show_all=show_all)
         if not ranking.fits:  # an empty plan is a failure, not an empty table
-            typer.echo(f"nothing fits on {ranking.hardware}; the closest: {tightest_reason(ranking.rejected)}", err=True)
+            typer.echo(f"nothing fits on {ranking.hardware}; the closest: {ranking.closest()}", err=True)
             raise typer.Exit(1)
 
     return show
@@ -376,6 +374,9 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
         console.print("not modelled (the fastest): " + escape(", ".join((ranking.fits[0].accuracy or {})["not_modelled"])))
     if len(ranking.fits) > top:
         console.print(f"… and {len(ranking.fits) - top} more that fit (--top N to list them)")
+    if ranking.invalid:
+        groups = ", ".join(f"{g['count']} × {g['reason']}" for g in rejected_by_reason(ranking.invalid)[:2])
+        console.print(escape(f"not counted: {len(ranking.invalid)} combinations this workload cannot be ({groups})"))
     if not ranking.rejected:
         return
     console.print(f"\n[bold]{len(ranking.rejected)} do not fit[/bold]:")

@@ -6,7 +6,10 @@ resolved with `resolve_job` (its SpecErrors are a rejection's reasons), its memo
 predicted (`prediction.predict`: model state + activations + the logits' gradient) against the device's usable memory,
 the device asked whether it can train in the precision (`hardware.precision_problem`), and its
 step time estimated (`planner.estimate_step_time`). Those that fit are listed fastest predicted
-first; the others with every reason.
+first; the others with every reason. A combination the spec refuses before the cluster is looked
+at (a global batch that does not split over data-parallel ranks × accumulation, layers over
+stages, heads over tensor ranks) is not a configuration of the workload at all: it is kept apart
+(`Ranking.invalid`), never counted as one that does not fit.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class PlanRow:
     accuracy: dict[str, Any] | None = None
     """The error band and what the prediction does not model (`parallab.core.accuracy`)."""
     reasons: list[str] = field(default_factory=list)
+    valid: bool = True
+    """False: the spec itself was refused (`resolve_job`), before memory, devices or precision were asked."""
 
     @property
     def fits(self) -> bool:
@@ -91,6 +96,14 @@ class Ranking:
     workload: dict[str, Any]
     fits: list[PlanRow]
     rejected: list[PlanRow]
+    """Valid configurations that do not fit this cluster (memory, devices, the device's precisions)."""
+    invalid: list[PlanRow] = field(default_factory=list)
+    """Combinations of the grid the spec refuses for this workload (not configurations; never misfits)."""
+
+    def closest(self) -> str | None:
+        """Why the configuration closest to fitting does not (`tightest_reason` over the valid ones);
+        with none valid, why the combinations are not; None when nothing was rejected."""
+        return tightest_reason(self.rejected) or tightest_reason(self.invalid)
 
     def as_dict(self, *, top: int | None = None) -> dict[str, Any]:
         return {
@@ -101,6 +114,9 @@ class Ranking:
             "fitting": len(self.fits),
             "rejected": [r.as_dict() for r in self.rejected],
             "rejected_by_reason": rejected_by_reason(self.rejected),
+            "closest": None if self.fits else self.closest(),
+            "invalid": len(self.invalid),
+            "invalid_by_reason": rejected_by_reason(self.invalid),
         }
 
 
@@ -180,11 +196,11 @@ def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) 
         job = resolve_job(JobSpec.model_validate(raw), Limits())
     except SpecError as exc:
         row = _row(raw, None)
-        row.reasons = [str(p) for p in exc.problems]
+        row.reasons, row.valid = [str(p) for p in exc.problems], False
         return row
     except ValidationError as exc:
         row = _row(raw, None)
-        row.reasons = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        row.reasons, row.valid = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()], False
         return row
     row = _row(raw, job)
     row.spec = job.spec.model_dump(mode="json", exclude_none=True)
@@ -224,11 +240,13 @@ def rank(
     world_size: int = 0,
     loss_parallel: bool = False,
 ) -> Ranking:
-    """Evaluate every candidate; those that fit, fastest first, and those that don't, with why."""
+    """Evaluate every candidate; those that fit, fastest first, those that don't, with why, and apart
+    the combinations the spec refuses (not configurations of this workload)."""
     rows = [evaluate(raw, hw, loss_parallel=loss_parallel) for raw in specs]
     fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
-    rejected = [r for r in rows if not r.fits]
-    return Ranking(hardware=hw.label, world_size=world_size, workload=workload or {}, fits=fits, rejected=rejected)
+    rejected = [r for r in rows if not r.fits and r.valid]
+    invalid = [r for r in rows if not r.valid]
+    return Ranking(hardware=hw.label, world_size=world_size, workload=workload or {}, fits=fits, rejected=rejected, invalid=invalid)
 
 
 def plan_cluster(

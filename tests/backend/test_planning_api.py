@@ -66,7 +66,9 @@ def test_plan_rank_mode_lists_what_fits_and_why_the_rest_do_not(client):
     assert body["world_size"] == 16 and len(body["fits"]) == 5 and body["fitting"] > 5
     first = body["fits"][0]
     assert set(first["mesh"]) == {"dp", "tp", "pp", "cp", "ep"} and first["tokens_per_s"] > 0 and first["memory_per_rank_bytes"] > 0
-    assert {g["field"] for g in body["rejected_by_reason"]} >= {"memory", "workload.global_batch_size"}
+    assert "memory" in {g["field"] for g in body["rejected_by_reason"]}
+    assert body["invalid"] > 0 and "workload.global_batch_size" in {g["field"] for g in body["invalid_by_reason"]}
+    assert "workload.global_batch_size" not in {g["field"] for g in body["rejected_by_reason"]}  # not a misfit
     assert all(row["reasons"] for row in body["rejected"])
     narrowed = client.get(
         "/api/v1/plan",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from parallab.core import ranking as ranking_module
 from parallab.core.hardware import DeviceDescription, HardwareProfile, MatmulPoint, load_catalogue
 from parallab.core.jobs import resolve_job
 from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time, hardware_for, spearman
@@ -106,8 +107,9 @@ def test_llama_8b_on_two_h100_nodes_ranks_what_fits_and_says_why_the_rest_dont()
     assert all(r.mesh["dp"] * r.mesh["tp"] * r.mesh["pp"] * r.mesh["cp"] * r.mesh["ep"] == 16 for r in ranking.fits)
     reasons = {g["field"]: g for g in rejected_by_reason(ranking.rejected)}
     assert "memory" in reasons and "needs" in reasons["memory"]["reason"]  # ddp: 16 bytes per parameter on every rank
-    assert "workload.global_batch_size" in reasons  # accumulation the batch cannot split into
-    assert "workload.precision" in reasons  # fp8 under tensor parallelism
+    refused = {g["field"] for g in rejected_by_reason(ranking.invalid)}
+    assert "workload.global_batch_size" in refused and "workload.global_batch_size" not in reasons  # not configurations: apart
+    assert "workload.precision" in refused  # fp8 under tensor parallelism, refused by the spec
     ddp_fp32 = next(r for r in ranking.rejected if r.strategy == "ddp" and r.precision == "fp32" and r.grad_accumulation_steps == 1)
     assert any(reason.startswith("memory: needs") for reason in ddp_fp32.reasons)
 
@@ -167,3 +169,40 @@ def test_cpu_ranks_that_outnumber_the_cores_hand_the_bubble_to_busy_stages():
     assert hw(cores=2).ranks_per_core == 2 and shared.bubble_s == 0
     own = estimate_step_time(pipeline, hw(cores=4))  # a core each: the bubble is idle time
     assert own.bubble_s == pytest.approx((own.compute_s + own.exposed_comm_s) * 3 / 4)
+
+
+def check_no_invalid_misfit(ranking) -> None:
+    """A combination the spec refuses is never counted among those that do not fit."""
+    assert all(row.valid and row.micro_batch_size is not None for row in ranking.rejected), [
+        r.reasons for r in ranking.rejected if not r.valid
+    ][:3]
+    assert ranking.invalid and all(not row.valid for row in ranking.invalid)
+
+
+def _valid_as_ever(monkeypatch) -> None:
+    """The old count: every refused combination a misfit."""
+    evaluate = ranking_module.evaluate
+
+    def every_row_valid(raw, hw, **kw):
+        row = evaluate(raw, hw, **kw)
+        row.valid = True
+        return row
+
+    monkeypatch.setattr(ranking_module, "evaluate", every_row_valid)
+
+
+@pytest.mark.parametrize("breakage", [None, _valid_as_ever], ids=["kept-apart", "counted-as-misfits"])
+def test_combinations_the_batch_cannot_split_into_are_not_misfits(monkeypatch, breakage):
+    """llama-8b on 16 H100s at global batch 16: accumulation 2 and 4 under dp 16 do not split the
+    batch; those are kept apart, and the closest misfit is a real configuration."""
+    if breakage is not None:
+        breakage(monkeypatch)
+    ranking = plan_cluster({"model": "llama-8b"}, H100x16, strategies=["ddp", "fsdp"], checkpointing=("none",))
+    if breakage is None:
+        check_no_invalid_misfit(ranking)
+        assert {g["field"] for g in rejected_by_reason(ranking.invalid)} == {"workload.global_batch_size"}
+        body = ranking.as_dict()
+        assert body["invalid"] == len(ranking.invalid) and body["closest"] is None  # something fits
+    else:
+        with pytest.raises(AssertionError):
+            check_no_invalid_misfit(ranking)

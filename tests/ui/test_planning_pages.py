@@ -138,3 +138,32 @@ def test_leaderboard_and_compare_filter_and_group_by_recipe(client, session_fact
     assert compare.status_code == 200 and compare.text.index(docs["bf16"][:6]) < compare.text.index(docs["fp32"][:6])
     filtered = client.get("/compare", params={"ids": f"{docs['fp32']},{docs['bf16']}", "precision": "fp32"})
     assert 'id="filtered-out"' in filtered.text and f"/runs/{docs['bf16']}" not in filtered.text
+
+
+def test_nothing_fits_shows_the_closest_candidate_as_the_cli_does_and_counts_no_invalid_combination(client):
+    """llama-8b on one 8-rank CPU host: nothing fits. The page says so with the configuration
+    closest to fitting (the same sentence `parallab plan` prints), and the combinations the spec
+    refuses (a global batch of 8 over dp 8 × accumulation 2) are not among those that do not fit."""
+    import html
+
+    import typer
+    from typer.testing import CliRunner
+
+    from parallab.commands.plan import plan
+
+    page = client.get("/plan", params={"model": "llama-8b", "device": "cpu", "nodes": 1, "gpus_per_node": 8}).text
+    closest = re.search(r"id=\"plan-closest\" role=\"alert\"><p>Nothing fits on [^<]*\. The closest: ([^<]*)</p>", page)
+    assert closest is not None, page[page.index("configurations fit") - 200 :][:1500]
+    assert "memory: needs" in html.unescape(closest.group(1))
+    fit, considered = map(int, re.search(r"<h2>(\d+) of (\d+) configurations fit</h2>", page).groups())
+    invalid = int(re.search(r'id="plan-invalid">Not counted: (\d+) combinations this workload cannot be', page).group(1))
+    assert fit == 0 and considered > 0 and invalid > 0
+    rejected = page[page.index('id="rejected-table"') :]
+    assert "workload.global_batch_size" not in rejected and "memory: needs" in rejected
+    assert f"<h2>{considered} do not fit</h2>" in page
+
+    app = typer.Typer()
+    app.command()(plan)
+    cli = CliRunner().invoke(app, ["--model", "llama-8b", "--device", "cpu", "--gpus-per-node", "8", "--top", "1"])
+    assert cli.exit_code == 1 and f"the closest: {html.unescape(closest.group(1))}" in cli.stderr, cli.stderr
+    assert f"0 of {considered} configurations fit" in cli.stdout and f"not counted: {invalid} combinations" in cli.stdout

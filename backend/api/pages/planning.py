@@ -99,6 +99,8 @@ def plan_page(
             "advice": advice,
             "ranking": ranking,
             "rejected": rejected_by_reason(ranking.rejected) if ranking else [],
+            "invalid": rejected_by_reason(ranking.invalid) if ranking else [],
+            "closest": ranking.closest() if ranking and not ranking.fits else None,
             "folds": fold_by_family(ranking.fits) if ranking else [],
             "near_identical": NEAR_IDENTICAL,
             "variants_shown": VARIANTS_SHOWN,
