@@ -45,6 +45,23 @@ def png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+def check_quoted(image: str, phrases: list[str], text: str, prose: str) -> None:
+    """Every phrase is on the element its screenshot shows and in the doc's prose."""
+    for phrase in phrases:
+        assert phrase.lower() in text.lower(), f"{image}: the page no longer says {phrase!r}: {text[:600]}"
+        assert phrase.lower() in prose, f"docs/quickstart.md no longer quotes {phrase!r} (shown in {image})"
+
+
+@pytest.mark.parametrize(
+    ("text", "prose"),
+    [("not decided: run 2 more each", "the verdict is decided"), ("1.2x faster", "it is not decided: run 2 more each")],
+    ids=["doc-stale", "page-changed"],
+)
+def test_the_quote_check_fails_when_the_doc_or_the_page_moves_on(text: str, prose: str) -> None:
+    with pytest.raises(AssertionError):
+        check_quoted("quickstart-verdict.png", ["not decided", "more each"], text, prose)
+
+
 @pytest.fixture(scope="module")
 def quickstart_runs(harness_job, tmp_path_factory: pytest.TempPathFactory):
     """The two runs the walk-through submits (DDP and FSDP, 2 ranks, tiny), in a fresh lab."""
@@ -96,9 +113,7 @@ def test_the_quickstart_shows_what_its_pages_say(quickstart_runs, browser, tmp_p
                 shown = where
             element = page.locator(selector).first
             text = " ".join(element.evaluate("e => e.textContent").split())
-            for phrase in phrases:
-                assert phrase.lower() in text.lower(), f"{image}: the page's {selector} no longer says {phrase!r}: {text[:600]}"
-                assert phrase.lower() in prose, f"docs/quickstart.md no longer quotes {phrase!r} (shown in {image})"
+            check_quoted(image, phrases, text, prose)
             element.scroll_into_view_if_needed()
             element.screenshot(path=str(out / image), animations="disabled")
             fresh = (out / image).read_bytes()
