@@ -64,13 +64,23 @@ def _diagnostic(block: Any, _inputs: Any, output: torch.Tensor) -> None:
             block.mlp(block.ln2(output))
 
 
+def _gain(norm: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * norm.gain
+
+
 def build(cfg: Any) -> Any:
     model, spec = _build(cfg)
     for block in model.blocks.values():
         block.register_forward_hook(_diagnostic)
+    if {gain}:  # a later commit: a learned gain after the final norm (one more parameter of width h, one more all-reduced gradient)
+        model.norm.gain = torch.nn.Parameter(torch.ones(cfg.hidden_size))
+        model.norm.register_forward_hook(_gain)
+        spec = {{**spec, "params": spec["params"] + cfg.hidden_size}}
     return model, spec
 '''
 ADMIN = "ci-admin@lab.org"
+EXIT_CHANGE = 4
+"""`parallab upload --fail-on-change`'s exit when an exact counter changed."""
 
 
 def sh(args: Sequence[str], env: dict[str, str], *, stdin: str = "", timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -133,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--plant", type=int, default=20)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--extra", type=int, default=3)
+    parser.add_argument(
+        "--exact-plant", type=int, default=None, help="From this job on, the model also gains a parameter (an exact change)."
+    )
     parser.add_argument("--database", default="parallab_ci_real_series")
     args = parser.parse_args(argv)
     work = args.dir.resolve()
@@ -163,18 +176,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         paths = [work / f"job{i:03d}.json" for i in range(args.jobs)]
         series_file = work / "series.txt"
+        exits: dict[int, int] = {}
         for i, path in enumerate(paths):
-            (work / "lab" / "ci_lab.py").write_text(BEFORE if i < args.plant else AFTER.format(extra=args.extra))
+            gain = args.exact_plant is not None and i >= args.exact_plant
+            (work / "lab" / "ci_lab.py").write_text(BEFORE if i < args.plant else AFTER.format(extra=args.extra, gain=gain))
             if not path.exists():
                 bench = ["bench", "--family", "module", "--module", ENTRY, "--model", "tiny", "--strategy", "ddp", "--world-size", "2"]
                 sh([*bench, "--steps", str(args.steps), "--out", str(path), "--run-dir", str(work / f"run{i:03d}")], env)
             up = ["upload", str(path), "--server", url, "--token", token, "--repository", "lab/ci-series", "--branch", "main"]
-            sh([*up, "--commit", commit_of(i), "--series-file", str(series_file)], env)
+            up += ["--commit", commit_of(i), "--series-file", str(series_file), "--fail-on-change", "all"]
+            done = subprocess.run([sys.executable, "-m", "parallab", *up], capture_output=True, text=True, env=env, timeout=600)
+            if done.returncode not in (0, EXIT_CHANGE):
+                raise SystemExit(f"parallab upload exited {done.returncode}: {done.stderr[-2000:]}")
+            exits[i] = done.returncode
             value = json.loads(path.read_text())["summary"]["tokens_per_s"]
-            print(f"job {i} ({'after' if i >= args.plant else 'before'}): {value:,.0f} tokens/s, uploaded", flush=True)
+            print(f"job {i} ({'after' if i >= args.plant else 'before'}): {value:,.0f} tokens/s, upload exit {done.returncode}", flush=True)
         sid = series_file.read_text().split()[0]
-        markdown = sh(["ci", "report", sid, "--server", url], env).stdout
-        report = json.loads(sh(["ci", "report", sid, "--server", url, "--json"], env).stdout)
+        markdown = sh(["ci", "report", sid, "--server", url, "--token", token], env).stdout
+        report = json.loads(sh(["ci", "report", sid, "--server", url, "--token", token, "--json"], env).stdout)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -189,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "planted_commit": commit_of(args.plant),
         "counters": len(counters(docs[0])),
         "exact_changes": {i: c for i, c in changed.items() if c},
+        "exact_plant": args.exact_plant,
+        "upload_exit_4": [i for i, code in exits.items() if code == EXIT_CHANGE],
         "mean_before": sum(values[: args.plant]) / args.plant,
         "mean_after": sum(values[args.plant :]) / max(1, len(values) - args.plant),
         "values": [round(v) for v in values],
