@@ -13,7 +13,9 @@ ddp × 2. Each synthetic series is LENGTH CI jobs of one config, one result per 
   all-gather's bytes shrink). Each job is compared with the one before, as an upload is with
   its series' last result: caught = the planted job reports a change of that collective or state;
   a false alarm = any other job reports one;
-- *change points*: tokens/s of each job drawn from the measured runs (with replacement:
+- *change points*, both searches of `parallab.core.changepoints` (the mean shift on logs, the
+  default, and E-Divisive) on the same series, swept over the between-job CV (normal noise, CV_GRID)
+  and at each measured condition: tokens/s of each job drawn from the measured runs (with replacement:
   *resampled*) or from a normal distribution with the measured CV (*normal*); unchanged, or
   with a 20 % drop (× 0.8) from job PLANT on. A false alarm: an unchanged series with any change
   point; found: a change point within WITHIN jobs of PLANT. Beside it, the single-result test
