@@ -25,7 +25,7 @@ from parallab.core import changepoints as cp
 
 TIMING_METRICS = ("tokens_per_s", "step_time_p50", "exposed_comm_fraction")
 MAX_JOBS = 60
-"""Change points are searched over the latest this many jobs (the permutation test is O(n²) per shuffle)."""
+"""Change points are searched over the latest this many jobs (the permutation test reruns the search per shuffle)."""
 RECENT = 2 * cp.MIN_SIZE
 """A change point among the latest this many jobs makes the report say something changed."""
 

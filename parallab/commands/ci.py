@@ -57,9 +57,12 @@ def report(
     if_changed: Annotated[
         bool, typer.Option("--if-changed", help="Print nothing when nothing changed (post a comment only then).")
     ] = False,
+    token: Annotated[
+        str | None, typer.Option(envvar="PARALLAB_TOKEN", help="A token (any scope); a shared server answers no one without one.")
+    ] = None,
 ) -> None:
     """A series' CI report: exact changes first, then timing change points with intervals, bisect ranges and what the noise lets it see."""
-    answer = _call("GET", f"{server.rstrip('/')}/api/v1/series/{series}/report")
+    answer = _call("GET", f"{server.rstrip('/')}/api/v1/series/{series}/report", token=token)
     if if_changed and not answer["changed"]:
         err.print("nothing changed: no report")
         return

@@ -54,3 +54,18 @@ def test_a_planted_change_fails_the_job_until_it_is_accepted(settings, tmp_path:
         assert code == 0 and '"changed": false' in out
         code, out = run("ci", "report", "no-such-series", "--server", server.url)
         assert code == 2 and "no-such-series" in out, out
+
+
+def test_the_report_of_a_shared_server_is_read_with_a_token(settings, tmp_path: Path) -> None:
+    settings.allow_local_mode = False  # a lab's shared server: no API call without a session or a token
+    settings.secret_key = "ci-report-secret"  # which such a server must have
+    bearer = member(settings, "grace@lab.org")["Authorization"].removeprefix("Bearer ")
+    path, ids = tmp_path / "result.json", tmp_path / "series.txt"
+    path.write_text(json.dumps(with_counters(document(commit="ffff001"))))
+    with served(settings) as server:
+        assert run("upload", str(path), "--server", server.url, "--token", bearer, "--series-file", str(ids))[0] == 0
+        sid = ids.read_text().strip()
+        code, out = run("ci", "report", sid, "--server", server.url)
+        assert code == 3 and "401" in out, out
+        code, out = run("ci", "report", sid, "--server", server.url, "--token", bearer, "--json")
+        assert code == 0 and '"changed": false' in out, out

@@ -133,7 +133,7 @@ def test_an_upload_reports_a_planted_change_and_an_accepted_one_no_more(client, 
 
 def test_an_upload_of_another_config_never_joins_the_comparison(client, settings) -> None:
     ada = member(settings, "ada@lab.org")
-    upload(client, ada, with_counters(document(commit="cccc001")))
+    first = upload(client, ada, with_counters(document(commit="cccc001")))
     wider = with_counters(document(commit="cccc002"))
     wider["strategy"]["options"] = {"bucket_cap_mb": 50}
     _bytes(wider)
@@ -141,6 +141,10 @@ def test_an_upload_of_another_config_never_joins_the_comparison(client, settings
     assert answer["changes"] == [] and answer["changed"] is False, "another config is compared with nothing"
     back = upload(client, ada, with_counters(document(commit="cccc003")))
     assert back["changes"] == [], "the original config is compared with its own last result, not the other config's"
+    assert answer["series_id"] != first["series_id"] == back["series_id"]
+    report = client.get(f"/api/v1/series/{first['series_id']}/report", headers=ada).json()
+    assert [t["jobs"] for t in report["timing"]] == [2] * len(report["timing"]) and report["timing"], "nor the timing search"
+    assert report["exact"]["baseline_run_id"] == first["id"]
 
 
 def test_accept_is_refused_for_another_member_and_for_a_metric_that_did_not_change(client, settings) -> None:
