@@ -45,3 +45,33 @@ def test_compare_aligns_runs_by_phase_and_explains_the_peak_by_category() -> Non
     peaks = [max(p["allocated"] for p in d["ranks"][0]["memory_timeline"]) for d in (ddp, fsdp)]
     assert sum(diff.values()) == peaks[1] - peaks[0] and diff["comm_buffers"] == 1 << 20
     assert "comm_buffers +1.00" in fig.layout["title"]["text"]
+
+
+def test_run_page_draws_the_predicted_curve_and_rss_beside_and_names_the_largest_gap() -> None:
+    doc = _doc(gathered=True, strategy="fsdp")
+    fig = run.run_figures(doc)["memory_timeline"]
+    predicted = next(t for t in fig.data if t["name"] == memory.PREDICTED)
+    gaps = memory.prediction_gaps(doc)
+    assert gaps is not None
+    order = fig.layout["xaxis"]["ticktext"]
+    # one level per measured phase, across that phase's unit
+    levels = {order[int(x)]: y for x, y in zip(predicted["x"], predicted["y"], strict=True)}
+    assert list(levels) == order and {r["phase"]: r["predicted"] / MIB for r in gaps["phases"]} == levels
+    assert gaps["sentence"] in fig.layout["title"]["text"] and gaps["largest"]["phase"] in gaps["sentence"]
+    rss = next(t for t in fig.data if t["name"] == memory.OUTSIDE["rss"])
+    assert rss["yaxis"] == "y2" and fig.layout["yaxis2"]["overlaying"] == "y"  # its own scale, the same phases
+    assert memory.ALLOCATED in fig.layout["yaxis"]["title"]["text"]
+    # a document without the model stored says so, and draws no predicted curve
+    doc["prediction"].pop("memory_curve")
+    fig = run.run_figures(doc)["memory_timeline"]
+    assert memory.PREDICTED not in [t["name"] for t in fig.data] and "no memory model" in fig.layout["title"]["text"]
+    assert memory.prediction_gaps(doc) is None
+
+
+def test_peak_tables_add_up_to_each_ranks_peak() -> None:
+    doc = _doc(gathered=True, strategy="fsdp")
+    tables = memory.peak_tables(doc)
+    assert [t["rank"] for t in tables] == sorted(r["rank"] for r in doc["ranks"])
+    for t in tables:
+        assert sum(r["bytes"] for r in t["rows"]) == t["allocated"] and abs(sum(r["share"] for r in t["rows"]) - 1) < 1e-9
+    assert memory.peak_tables(make_document().model_dump(mode="json")) == []
