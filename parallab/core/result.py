@@ -12,7 +12,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
+from parallab.core.bounds import INT32_MAX, INT64_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
 from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
@@ -212,12 +212,12 @@ class MemoryPoint(BaseModel):
     t_us: float = Field(description="µs from the profiled step's start.")
     allocated: int = Field(description="Live bytes on this rank.")
     categories: dict[Annotated[SafeStr, Field(max_length=64)], int]
-    rss: int | None = Field(
-        None, ge=0, description="CPU: the process's RSS, sampled as the phase began (includes what PyTorch does not allocate)."
+    rss: Bytes | None = Field(
+        None, description="CPU: the process's RSS, sampled as the phase began (includes what PyTorch does not allocate)."
     )
-    reserved: int | None = Field(None, ge=0, description="CUDA: the caching allocator's reserved bytes, sampled as the phase began.")
-    device_used: int | None = Field(
-        None, ge=0, description="CUDA: the process's device memory by NVML (context, NCCL buffers), sampled as the phase began."
+    reserved: Bytes | None = Field(None, description="CUDA: the caching allocator's reserved bytes, sampled as the phase began.")
+    device_used: Bytes | None = Field(
+        None, description="CUDA: the process's device memory by NVML (context, NCCL buffers), sampled as the phase began."
     )
 
     @model_validator(mode="after")
@@ -232,8 +232,8 @@ class LiveAllocation(BaseModel):
     made in (with the collective running then): their bytes and how many."""
 
     model_config = _closed
-    bytes: int = Field(ge=0)
-    count: int = Field(1, ge=1, description="Allocations in the group.")
+    bytes: Bytes
+    count: Count = Field(1, ge=1, description="Allocations in the group.")
     category: SafeStr = Field(max_length=64)
     module: SafeStr | None = Field(None, max_length=1000, description="The module (or tensor) it belongs to, where known.")
     phase: SafeStr = Field(max_length=200, description="The phase it was made in ('before the step': alive when the step began).")
@@ -250,16 +250,18 @@ class MemoryPeak(BaseModel):
 
     model_config = _closed
     phase: SafeStr = Field(max_length=200)
-    allocated: int = Field(description="The peak's allocated bytes (its memory timeline's highest point).")
+    allocated: Bytes = Field(description="The peak's allocated bytes (its memory timeline's highest point).")
     top: list[LiveAllocation] = Field(
         default_factory=list,
         max_length=20,
         description="The largest groups of live allocations by category, module and phase, largest first.",
     )
-    rest_bytes: int = Field(ge=0, description="Every other live allocation's bytes.")
-    rest_count: int = Field(ge=0, description="How many allocations that is.")
+    rest_bytes: Bytes = Field(description="Every other live allocation's bytes.")
+    rest_count: Count = Field(description="How many allocations that is.")
     unaccounted_bytes: int = Field(
         0,
+        le=0,
+        ge=-INT64_MAX,
         description="Bytes freed in the step of tensors alive before it that the harness did not know (≤ 0); 0 where every one was known.",
     )
 
