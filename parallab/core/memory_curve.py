@@ -12,8 +12,9 @@ the textbook and the run's config alone — never fitted to a measurement:
 - **Activations** accumulate one block's kept set per block through the forward (Korthikanti et
   al.'s count, `parallab.core.activations`), the LM head's on top; the backward frees them block
   by block. Each block's backward begins with its own kept set and every earlier block's alive.
-  A pipeline stage holds its other micro-batches in flight beside the one it is computing; a
-  recomputation phase holds a block's full set again.
+  A pipeline stage holds its other micro-batches in flight (their every block's kept set) beside
+  the one it is computing, in every phase of the passes; a recomputation phase holds a block's
+  full set again.
 - **FSDP** (sharded data parallelism) holds the root group's parameters gathered through the
   whole forward and backward, and one block's unsharded parameters in its forward; in its backward
   two blocks' (its own and the prefetched next one) and the block's unsharded gradients before
@@ -124,6 +125,8 @@ def curve(inputs: CurveInputs, phases: Sequence[str], *, step: int = 1) -> list[
             c["activations"] = every_block + (inputs.head if j == head_phase else 0)
         elif kind == "backward" and module in head_side:
             c["activations"] = every_block + inputs.head
+        elif kind in ("forward", "backward"):  # the embeddings: only the other micro-batches' blocks
+            c["activations"] = earlier
         if j == first_backward and module in head_side:
             c["temporaries"] = inputs.logits_gradient
         if first_forward <= j < optimizer_at:

@@ -92,8 +92,9 @@ def test_fsdp_holds_one_gathered_layer_forward_two_and_its_gradients_backward_an
 
 def test_a_pipeline_stage_holds_its_other_microbatches_beside_the_one_it_computes() -> None:
     stage = INPUTS.model_copy(update={"microbatches": 3})
-    phases = ["forward layers.2", "forward layers.3", "backward layers.3", "backward layers.2", "optimizer"]
+    phases = ["forward tok_embeddings", "forward layers.2", "forward layers.3", "backward layers.3", "backward layers.2", "optimizer"]
     c = {p.phase: p.categories for p in mc.curve(stage, phases)}
+    assert c["forward tok_embeddings"]["activations"] == 2 * 2 * 3 * MIB and c["optimizer"]["activations"] == 0
     assert c["forward layers.2"]["activations"] == (2 * 2 + 1) * 3 * MIB  # 2 earlier micro-batches × 2 layers, + this one's first
     assert c["backward layers.3"]["activations"] == (2 * 2 + 2) * 3 * MIB
 
