@@ -199,23 +199,24 @@ def peak_difference(a: Points, b: Points) -> dict[str, int]:
 
 
 def compare_timelines(runs: Sequence[tuple[str, dict[str, Any]]]) -> Figure:
-    """Each run's busiest rank as a line of allocated bytes over the phases they share; the title
-    explains the peaks' difference (second run minus first) by category."""
+    """Each run's busiest rank as a line of allocated bytes over the phases they share, and in the
+    same colour, dashed, the planner's curve for it; the title explains the peaks' difference
+    (second run minus first) by category."""
     drawn = []
     for label, doc in runs:
-        ranks = [r for r in doc.get("ranks") or [] if r.get("memory_timeline")]
-        if ranks:
-            drawn.append((label, _busiest(ranks)["memory_timeline"]))
+        chosen = chosen_rank(doc)
+        if chosen is not None:
+            drawn.append((label, chosen["memory_timeline"], predicted(doc, chosen)))
     if not drawn:
         return empty(TITLE, NOT_TRACED)
-    order = phase_order([points for _, points in drawn])
-    title = "Memory over the step, aligned by phase (busiest rank)"
+    order = phase_order([points for _, points, _ in drawn])
+    title = "Memory over the step, aligned by phase (busiest rank; dashed: the planner's model)"
     if len(drawn) >= 2:
         diff = peak_difference(drawn[0][1], drawn[1][1])
         parts = ", ".join(f"{k} {v / MIB:+.2f}" for k, v in sorted(diff.items(), key=lambda kv: -abs(kv[1])) if v)
         title += f"<br><sup>peak {drawn[1][0]} − {drawn[0][0]}: {sum(diff.values()) / MIB:+.2f} MiB = {parts}</sup>"
     fig = figure(title, x="phase", y="allocated [MiB]", height=460)
-    for i, (label, points) in enumerate(drawn):
+    for i, (label, points, _) in enumerate(drawn):
         fig.add_scatter(
             name=label,
             x=positions(points, order),
@@ -225,6 +226,17 @@ def compare_timelines(runs: Sequence[tuple[str, dict[str, Any]]]) -> Figure:
             text=[_label(p) for p in points],
             hovertemplate=f"{label}: %{{y:.2f}} MiB<br>%{{text}}<extra></extra>",
         )
+    for i, (label, _, curve) in enumerate(drawn):
+        if curve:
+            fig.add_scatter(
+                name=f"{label}, predicted",
+                x=[order.index(p.phase) + f for p in curve for f in STEP_AT],
+                y=[p.allocated / MIB for p in curve for _ in STEP_AT],
+                mode="lines",
+                line={"color": palette.run_colour(i), "width": 1.5, "dash": "dash"},
+                text=[f"{p.phase}<br>{_categories_text(p.categories)}" for p in curve for _ in STEP_AT],
+                hovertemplate=f"{label}, predicted: %{{y:.2f}} MiB<br>%{{text}}<extra></extra>",
+            )
     _axis(fig, order)
     return fig
 

@@ -366,5 +366,6 @@ def test_run_page_and_compare_draw_the_memory_timeline_and_hover_names_phase_and
     page.goto(f"{live_server.url}/compare?ids={','.join(ids)}")
     page.wait_for_selector("#chart-memory_timeline .main-svg")
     lines = page.evaluate("() => document.getElementById('chart-memory_timeline').data.map(t => t.name)")
-    assert [name.split(" (")[0] for name in lines] == ["ddp traced", "fsdp traced"]
+    assert [name.split(" (")[0] for name in lines[:2]] == ["ddp traced", "fsdp traced"]
+    assert lines[2:] == [f"{name}, predicted" for name in lines[:2]]  # each run's planner curve beside it
     assert "comm_buffers" in (page.locator("#chart-memory_timeline .gtitle").text_content() or "")

@@ -38,7 +38,11 @@ def test_compare_aligns_runs_by_phase_and_explains_the_peak_by_category() -> Non
     ddp, fsdp = _doc(gathered=False, strategy="ddp"), _doc(gathered=True, strategy="fsdp")
     fig = compare.compare_figures([("ddp ×2", ddp), ("fsdp ×2", fsdp)])["memory_timeline"]
     order = fig.layout["xaxis"]["ticktext"]
-    for trace, doc in zip(fig.data, (ddp, fsdp), strict=True):
+    assert [t["name"] for t in fig.data] == ["ddp ×2", "fsdp ×2", "ddp ×2, predicted", "fsdp ×2, predicted"]
+    assert [t["line"].get("dash") for t in fig.data] == [None, None, "dash", "dash"]
+    fsdp_curve = memory.predicted(fsdp, fsdp["ranks"][0])
+    assert fsdp_curve is not None and fig.data[3]["y"][0] == fsdp_curve[0].allocated / MIB
+    for trace, doc in zip(fig.data[:2], (ddp, fsdp), strict=True):
         for x, p in zip(trace["x"], doc["ranks"][0]["memory_timeline"], strict=True):
             assert order.index(p["phase"]) <= x < order.index(p["phase"]) + 1  # the same unit in both runs
     diff = memory.peak_difference(ddp["ranks"][0]["memory_timeline"], fsdp["ranks"][0]["memory_timeline"])
