@@ -2,6 +2,7 @@
 
     python benchmarks/memory_timeline_vs_predicted.py [--models tiny small] [--strategies ddp fsdp tp pp]
         [--steps 3] [--json OUT] [--markdown]
+    python benchmarks/memory_timeline_vs_predicted.py --table OUT [OUT ...]   # the table of saved runs
 
 Runs each model × strategy × 2 ranks traced on gloo as a worker runs it (launcher, torchrun, the
 harness), then per rank compares each phase's highest measured point with the planner's
@@ -73,6 +74,8 @@ def run(model: str, strategy: str, steps: int) -> dict[str, Any]:
                 "by_kind": worst,
                 "phases": rows,
                 "peak_table_rows": len((rank.get("memory_peak") or {}).get("top") or []),
+                "peak_table_json_bytes": len(json.dumps(rank.get("memory_peak"))),
+                "rss_json_bytes": sum(len(f', "rss": {p["rss"]}') for p in chosen["memory_timeline"] if p.get("rss") is not None),
             }
         )
     return {"model": model, "strategy": strategy, "steps": steps, "wall_s": round(wall, 1), "ranks": ranks}
@@ -109,7 +112,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write every phase's row here")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--table", nargs="+", type=Path, help="print the table of these --json files (no runs)")
     args = parser.parse_args()
+    if args.table:
+        print(markdown([res for path in args.table for res in json.loads(path.read_text())]))
+        return
     results = []
     for model in args.models:
         for strategy in args.strategies:
@@ -120,8 +127,8 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+            if args.json:  # after each job, so a later job's failure keeps the earlier ones
+                args.json.write_text(json.dumps(results, indent=1))
     if args.markdown:
         print(markdown(results))
 

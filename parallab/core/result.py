@@ -260,9 +260,10 @@ class MemoryPeak(BaseModel):
     rest_count: Count = Field(description="How many allocations that is.")
     unaccounted_bytes: int = Field(
         0,
-        le=0,
+        le=INT64_MAX,
         ge=-INT64_MAX,
-        description="Bytes freed in the step of tensors alive before it that the harness did not know (≤ 0); 0 where every one was known.",
+        description="The peak's bytes the live groups leave unexplained: frees of tensors alive before the step that the "
+        "harness did not know (negative); 0 where every free found its allocation.",
     )
 
     @model_validator(mode="after")

@@ -218,6 +218,19 @@ def test_live_at_peak_groups_by_category_module_and_phase_and_adds_up_to_the_pea
     with pytest.raises(ValueError, match="sum to"):  # the document refuses a table that does not add up
         MemoryPeak.model_validate({**two.model_dump(), "rest_bytes": 69})
     assert memtimeline.live_at_peak([], {"ts": 0, "dur": 10}, known) is None
+    # One microsecond holding the free of an address and its reuse, sorted reuse first: the free
+    # ends the allocation of its own size, so the new one stays live and the table still adds up.
+    reuse = [
+        _mark(0, memtimeline.PHASE_MARK + "forward layers.0"),
+        _mem(1, 50, 1, 50),
+        _mem(2, 100, 1, 150),  # the new allocation at address 1 ...
+        _mem(2, -50, 1, 100),  # ... sorted before the old one's free, at the same timestamp
+        _mem(3, 10, 2, 110),
+    ]
+    peak = memtimeline.live_at_peak(reuse, {"ts": 0, "dur": 10}, memtimeline.Known())
+    assert peak is not None and peak.allocated == 150 and peak.unaccounted_bytes == 0
+    after = memtimeline.timeline(reuse, {"ts": 0, "dur": 10}, memtimeline.Known())[-1]
+    assert after.allocated == 110 and after.categories["activations"] == 110
 
 
 def test_samples_ride_beside_the_points_and_cuda_stacks_are_read_by_address() -> None:

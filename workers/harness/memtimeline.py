@@ -140,9 +140,9 @@ def live_at_peak(
     groups of allocations by category, module and phase (tensors alive before the step by the
     marked module they belong to), and the rest summed — adding up to the peak exactly
     (a tensor alive before the step that the harness did not know and the step freed is counted
-    in `unaccounted_bytes`). With `stacks` (the CUDA allocator's, `stacks_by_address`), each
-    group the harness could not categorise (`other`) carries where its largest was made. None for a
-    step without memory events."""
+    in `unaccounted_bytes`, as anything else the pairing of frees with allocations leaves over).
+    With `stacks` (the CUDA allocator's, `stacks_by_address`), each group the harness could not
+    categorise (`other`) carries where its largest was made. None for a step without memory events."""
     points, at_peak = _walk(events, span, known, device_type=device_type, stop_at_peak=True)
     if at_peak is None or not points:
         return None
@@ -155,8 +155,9 @@ def live_at_peak(
     for addr, (category, nbytes) in start.items():
         name = known.names.get(addr)
         groups.setdefault((category, _owner(name, modules), BEFORE, None), []).append((nbytes, addr))
-    for addr, (category, nbytes, phase, op) in live.items():
-        groups.setdefault((category, _module(phase), phase, op), []).append((nbytes, addr))
+    for addr, entries in live.items():
+        for category, nbytes, phase, op in entries:
+            groups.setdefault((category, _module(phase), phase, op), []).append((nbytes, addr))
     rows = []
     for (category, module, phase, op), members in groups.items():
         largest = max(members)[1]
@@ -173,13 +174,16 @@ def live_at_peak(
         )
     rows.sort(key=lambda a: (-a.bytes, a.category, a.phase))
     kept, rest = rows[:top], rows[top:]
+    # What the pairing of allocations and frees leaves unexplained: the frees of tensors the harness
+    # did not know (`unknown_freed`, ≤ 0), and nothing else where every free found its allocation.
+    unaccounted = highest.allocated - sum(a.bytes for a in rows)
     return MemoryPeak(
         phase=highest.phase,
         allocated=highest.allocated,
         top=kept,
         rest_bytes=sum(a.bytes for a in rest),
         rest_count=sum(a.count for a in rest),
-        unaccounted_bytes=unknown_freed,
+        unaccounted_bytes=unaccounted,
     )
 
 
@@ -216,8 +220,27 @@ def _module(phase: str) -> str | None:
     return module if kind in ("forward", "backward", "recompute") and module else None
 
 
-Live = dict[int, tuple[str, int, str, str | None]]
-"""address -> (category, bytes, phase, collective) of the allocations the step made and has not freed."""
+Entry = tuple[str, int, str, str | None]
+Live = dict[int, list[Entry]]
+"""address -> (category, bytes, phase, collective) of the allocations the step made and has not
+freed: a list, since two events at one microsecond can come sorted as the new allocation at an
+address before the free of the old one there."""
+
+
+def _push(live: Live, addr: int, entry: Entry) -> None:
+    live.setdefault(addr, []).append(entry)
+
+
+def _pop(live: Live, addr: int, nbytes: int) -> Entry | None:
+    """The live allocation a free of `nbytes` at `addr` ends: the latest of that size there, else the latest."""
+    entries = live.get(addr)
+    if not entries:
+        return None
+    at = next((k for k in range(len(entries) - 1, -1, -1) if entries[k][1] == nbytes), len(entries) - 1)
+    entry = entries.pop(at)
+    if not entries:
+        del live[addr]
+    return entry
 
 
 def _walk(
@@ -258,9 +281,9 @@ def _walk(
         op = _comm_at(comm, ts)
         if nbytes > 0:
             category = _allocation_category(i, addr, phases, op, known, last_alloc, frees)
-            live[addr] = (category, nbytes, phases[i], op)
-        elif addr in live:
-            category = live.pop(addr)[0]
+            _push(live, addr, (category, nbytes, phases[i], op))
+        elif (entry := _pop(live, addr, -nbytes)) is not None:
+            category = entry[0]
         elif addr in start:
             category = start.pop(addr)[0]
         else:
@@ -292,9 +315,9 @@ def _live_upto(
         nbytes, addr = int(e["args"]["Bytes"]), int(e["args"]["Addr"])
         if nbytes > 0:
             op = _comm_at(comm, float(e["ts"]))
-            live[addr] = (_allocation_category(i, addr, phases, op, known, last_alloc, frees), nbytes, phases[i], op)
-        elif addr in live:
-            del live[addr]
+            _push(live, addr, (_allocation_category(i, addr, phases, op, known, last_alloc, frees), nbytes, phases[i], op))
+        elif _pop(live, addr, -nbytes) is not None:
+            pass
         elif addr in start:
             del start[addr]
         else:
@@ -304,14 +327,16 @@ def _live_upto(
 
 def _free_index(memory: Sequence[Mapping[str, Any]]) -> dict[int, int]:
     """Allocation index -> index of the event that frees it (absent: alive at the step's end)."""
-    open_at: dict[int, int] = {}
+    open_at: dict[int, list[tuple[int, int]]] = {}  # address -> [(index, bytes)], as `Live` and for the same reason
     out: dict[int, int] = {}
     for i, e in enumerate(memory):
         addr, nbytes = int(e["args"]["Addr"]), int(e["args"]["Bytes"])
         if nbytes > 0:
-            open_at[addr] = i
-        elif addr in open_at:
-            out[open_at.pop(addr)] = i
+            open_at.setdefault(addr, []).append((i, nbytes))
+        elif open_at.get(addr):
+            entries = open_at[addr]
+            at = next((k for k in range(len(entries) - 1, -1, -1) if entries[k][1] == -nbytes), len(entries) - 1)
+            out[entries.pop(at)[0]] = i
     return out
 
 
