@@ -75,6 +75,7 @@ def run(model: str, strategy: str, steps: int) -> dict[str, Any]:
                 "phases": rows,
                 "peak_table_rows": len((rank.get("memory_peak") or {}).get("top") or []),
                 "peak_table_json_bytes": len(json.dumps(rank.get("memory_peak"))),
+                "peak_unaccounted_bytes": (rank.get("memory_peak") or {}).get("unaccounted_bytes"),
                 "rss_json_bytes": sum(len(f', "rss": {p["rss"]}') for p in chosen["memory_timeline"] if p.get("rss") is not None),
             }
         )
