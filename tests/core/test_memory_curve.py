@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from parallab.core import memory_curve as mc
@@ -101,7 +103,7 @@ def test_a_pipeline_stage_holds_its_other_microbatches_beside_the_one_it_compute
 
 def test_the_gap_sentence_names_the_phase_where_measurement_and_model_part_most() -> None:
     predicted = mc.curve(INPUTS, PHASES)
-    measured = [{"phase": p.phase, "allocated": p.allocated} for p in predicted]
+    measured: list[dict[str, Any]] = [{"phase": p.phase, "allocated": p.allocated} for p in predicted]
     assert all(r["gap"] == 0 for r in mc.gaps(measured, predicted))
     k = PHASES.index("backward layers.1")
     measured[k] = {**measured[k], "allocated": measured[k]["allocated"] + 3 * MIB // 2}  # break it on purpose: 1.5 MiB more
