@@ -244,8 +244,12 @@ def inputs_for(job: ResolvedJob, state: Sequence[dict[str, int]], activations: S
 
 def for_rank(curves: Sequence[dict[str, Any]], rank: int, world_size: int) -> CurveInputs | None:
     """The stored inputs (`prediction.memory_curve`) of global rank `rank`: one kind for every rank,
-    or one per pipeline stage with the pipeline the outermost dimension of the rank mesh."""
-    if not curves:
+    or one per pipeline stage with the pipeline the outermost dimension of the rank mesh; None
+    where there are none or they are not valid inputs."""
+    if not curves or not isinstance(curves, list):
         return None
     per_stage = max(world_size // len(curves), 1)
-    return CurveInputs.model_validate(curves[min(rank // per_stage, len(curves) - 1)])
+    try:
+        return CurveInputs.model_validate(curves[min(max(rank, 0) // per_stage, len(curves) - 1)])
+    except ValueError:  # a document's block that is not the model's inputs (an upload's own, say): no curve
+        return None

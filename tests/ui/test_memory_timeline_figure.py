@@ -70,6 +70,11 @@ def test_run_page_draws_the_predicted_curve_and_rss_beside_and_names_the_largest
     fig = run.run_figures(doc)["memory_timeline"]
     assert memory.PREDICTED not in [t["name"] for t in fig.data] and "no memory model" in fig.layout["title"]["text"]
     assert memory.prediction_gaps(doc) is None
+    # nor does one whose stored block is not the model's inputs (an upload states its own prediction)
+    for bad in ([{"params": -1}], [{"nonsense": 1}], "not a list", [7]):
+        doc["prediction"]["memory_curve"] = bad
+        fig = run.run_figures(doc)["memory_timeline"]
+        assert memory.PREDICTED not in [t["name"] for t in fig.data] and memory.prediction_gaps(doc) is None, bad
 
 
 def test_peak_tables_add_up_to_each_ranks_peak() -> None:
