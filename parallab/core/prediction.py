@@ -24,6 +24,9 @@ head where it lives, at the step's peak. `activations` holds the parts, one laye
 the run's mode (`per_layer_bytes`) and the paper's own figure for the same layer and mode beside.
 The logits' gradient, made in backward, is a temporary: `backward_temporary_bytes_per_rank`,
 beside the activations (the memory fit adds it), not among them.
+
+Memory over the step (`memory_curve`): what each kind of rank holds by category, for the
+predicted curve a run page draws over the measured timeline (`parallab.core.memory_curve`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from parallab.core.costs import precision_recipe, state_bytes_per_param, zero_pa
 from parallab.core.dims.pp import pipeline_facts
 from parallab.core.families import model_flops_per_token, param_counts
 from parallab.core.jobs import ResolvedJob
+from parallab.core.memory_curve import inputs_for
 from parallab.core.planner import Hardware, estimate_step_time
 from parallab.core.strategies.base import ActivationLayout
 
@@ -179,6 +183,9 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
+    kinds = [layout_activations(job, lay, loss_parallel=loss_parallel) for lay in job.descriptor.activation_layouts(job)]
+    states = out.get("model_state_bytes_per_stage") or [out["model_state_bytes_per_rank"]]
+    out["memory_curve"] = [c.model_dump() for c in inputs_for(job, states, kinds)]
     if hardware is not None:
         estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())

@@ -12,7 +12,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
+from parallab.core.bounds import INT32_MAX, INT64_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
 from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
@@ -212,11 +212,65 @@ class MemoryPoint(BaseModel):
     t_us: float = Field(description="µs from the profiled step's start.")
     allocated: int = Field(description="Live bytes on this rank.")
     categories: dict[Annotated[SafeStr, Field(max_length=64)], int]
+    rss: Bytes | None = Field(
+        None, description="CPU: the process's RSS, sampled as the phase began (includes what PyTorch does not allocate)."
+    )
+    reserved: Bytes | None = Field(None, description="CUDA: the caching allocator's reserved bytes, sampled as the phase began.")
+    device_used: Bytes | None = Field(
+        None, description="CUDA: the process's device memory by NVML (context, NCCL buffers), sampled as the phase began."
+    )
 
     @model_validator(mode="after")
     def _sums(self) -> MemoryPoint:
         if sum(self.categories.values()) != self.allocated:
             raise ValueError(f"categories sum to {sum(self.categories.values())}, not allocated {self.allocated}")
+        return self
+
+
+class LiveAllocation(BaseModel):
+    """Allocations alive at a rank's peak that share a category, a module and the phase they were
+    made in (with the collective running then): their bytes and how many."""
+
+    model_config = _closed
+    bytes: Bytes
+    count: Count = Field(1, ge=1, description="Allocations in the group.")
+    category: SafeStr = Field(max_length=64)
+    module: SafeStr | None = Field(None, max_length=1000, description="The module (or tensor) it belongs to, where known.")
+    phase: SafeStr = Field(max_length=200, description="The phase it was made in ('before the step': alive when the step began).")
+    op: SafeStr | None = Field(None, max_length=200, description="The collective running when it was made, if any.")
+    stack: list[Annotated[SafeStr, Field(max_length=1000)]] | None = Field(
+        None,
+        max_length=32,
+        description="Where its largest was allocated (CUDA's allocator history), for ones the harness cannot categorise.",
+    )
+
+
+class MemoryPeak(BaseModel):
+    """What is live at a rank's peak: the largest allocations and the rest, adding up to the peak."""
+
+    model_config = _closed
+    phase: SafeStr = Field(max_length=200)
+    allocated: Bytes = Field(description="The peak's allocated bytes (its memory timeline's highest point).")
+    top: list[LiveAllocation] = Field(
+        default_factory=list,
+        max_length=20,
+        description="The largest groups of live allocations by category, module and phase, largest first.",
+    )
+    rest_bytes: Bytes = Field(description="Every other live allocation's bytes.")
+    rest_count: Count = Field(description="How many allocations that is.")
+    unaccounted_bytes: int = Field(
+        0,
+        le=INT64_MAX,
+        ge=-INT64_MAX,
+        description="The peak's bytes the live groups leave unexplained: frees of tensors alive before the step that the "
+        "harness did not know (negative); 0 where every free found its allocation.",
+    )
+
+    @model_validator(mode="after")
+    def _sums(self) -> MemoryPeak:
+        total = sum(a.bytes for a in self.top) + self.rest_bytes + self.unaccounted_bytes
+        if total != self.allocated:
+            raise ValueError(f"the live allocations sum to {total}, not the peak's {self.allocated}")
         return self
 
 
@@ -247,6 +301,7 @@ class RankResult(OpenModel):
     memory_timeline: list[MemoryPoint] = Field(
         default_factory=list, max_length=4096, description="Memory over the last profiled step by category (empty: not traced)."
     )
+    memory_peak: MemoryPeak | None = Field(None, description="What is live at the memory timeline's highest point (None: not traced).")
 
 
 class StepTime(BaseModel):

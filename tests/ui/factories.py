@@ -405,7 +405,35 @@ def with_memory_timeline(document: ResultDocument, *, layers: int = 2, gathered:
             point(f"backward layers.{i}", comm_buffers=-layer_bytes)
     point("optimizer", temporaries=layer_bytes)
     point("optimizer", temporaries=-layer_bytes)
+    for k, p in enumerate(points):
+        p["rss"] = 300 * layer_bytes + 1024 * k  # the process's RSS, far above what the allocator counts
+    top = max(points, key=lambda p: p["allocated"])
+    peak = {
+        "phase": top["phase"],
+        "allocated": top["allocated"],
+        "top": [
+            {"bytes": v, "count": 1, "category": k, "module": None, "phase": top["phase"], "op": None, "stack": None}
+            for k, v in sorted(top["categories"].items(), key=lambda kv: -kv[1])
+            if v
+        ],
+        "rest_bytes": 0,
+        "rest_count": 0,
+    }
     data = document.model_dump(mode="json")
     for rank in data["ranks"]:
         rank["memory_timeline"] = points
+        rank["memory_peak"] = peak
+    # The planner's model of the same step (parallab.core.memory_curve.CurveInputs): activations
+    # of 2 MiB a layer, FSDP's gathered layer of 1 MiB, no buckets.
+    data["prediction"]["memory_curve"] = [
+        {
+            "params": 4 * layer_bytes,
+            "grads": layers * layer_bytes,
+            "optimizer": 8 * layer_bytes,
+            "layers": layers,
+            "layer_grad_bytes": layer_bytes,
+            "activation_per_layer": 2 * layer_bytes,
+            "gathered_layer": layer_bytes if gathered else 0,
+        }
+    ]
     return ResultDocument.model_validate(data)

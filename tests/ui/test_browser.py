@@ -324,7 +324,26 @@ def test_run_page_and_compare_draw_the_memory_timeline_and_hover_names_phase_and
     page.goto(f"{live_server.url}/runs/{ids[1]}")
     page.wait_for_selector("#chart-memory_timeline .main-svg")
     names = page.evaluate("() => document.getElementById('chart-memory_timeline').data.map(t => t.name)")
-    assert names == ["params", "grads", "optimizer", "activations", "comm_buffers", "temporaries", "other", "peak"]
+    assert names == [
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "comm_buffers",
+        "temporaries",
+        "other",
+        "predicted (planner's memory model)",
+        "process RSS (includes the Python heap, libraries, gloo buffers)",
+        "peak",
+    ]
+    legend = page.locator("#chart-memory_timeline .legend").text_content() or ""
+    assert "predicted (planner's memory model)" in legend and "process RSS" in legend, legend
+    # the predicted curve is drawn (a dashed path of its own), and the title names the largest gap's phase
+    assert page.locator("#chart-memory_timeline .scatterlayer .trace path.js-line[style*='dasharray']").count() >= 1
+    title = page.locator("#chart-memory_timeline .gtitle").text_content() or ""
+    gap = page.locator("#memory-gap")
+    assert "largest gap:" in title and gap.get_attribute("data-phase") in title, title
+    assert "largest gap:" in gap.inner_text()
     drag = page.locator("#chart-memory_timeline .nsewdrag").first
     drag.scroll_into_view_if_needed()
     box = drag.bounding_box()
@@ -332,11 +351,21 @@ def test_run_page_and_compare_draw_the_memory_timeline_and_hover_names_phase_and
     page.wait_for_function("() => document.querySelector('#chart-memory_timeline .hoverlayer').textContent.length > 0")
     label = page.locator("#chart-memory_timeline .hoverlayer").text_content()
     assert "forward layers.0" in label and "comm_buffers" in label and "params" in label, label
+    assert "predicted:" in label and "process RSS:" in label, label
+    # what is live at the peak: a table per rank whose rows add up to the peak
+    table = page.locator("#peak-table-0")
+    assert table.is_visible()
+    rows = [int(b) for b in table.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.bytes)")]
+    total = int(table.locator("tfoot [data-bytes]").get_attribute("data-bytes"))
+    assert rows and sum(rows) == total, (rows, total)
+    assert "comm_buffers" in table.locator("tbody").inner_text()
     page.goto(f"{live_server.url}/runs/{lab['ddp2'].id}")  # not traced: said, not an empty chart
     page.wait_for_selector("#chart-memory_timeline .main-svg")
     assert "no memory timeline: the run was not traced" in page.locator("#chart-memory_timeline").inner_text()
+    assert page.locator("#memory-peak").count() == 0  # and no peak table to show
     page.goto(f"{live_server.url}/compare?ids={','.join(ids)}")
     page.wait_for_selector("#chart-memory_timeline .main-svg")
     lines = page.evaluate("() => document.getElementById('chart-memory_timeline').data.map(t => t.name)")
-    assert [name.split(" (")[0] for name in lines] == ["ddp traced", "fsdp traced"]
+    assert [name.split(" (")[0] for name in lines[:2]] == ["ddp traced", "fsdp traced"]
+    assert lines[2:] == [f"{name}, predicted" for name in lines[:2]]  # each run's planner curve beside it
     assert "comm_buffers" in (page.locator("#chart-memory_timeline .gtitle").text_content() or "")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from parallab.core.result import MEMORY_TIMELINE_CATEGORIES, MemoryPoint, ResultDocument
+from parallab.core.result import MEMORY_TIMELINE_CATEGORIES, MemoryPeak, MemoryPoint, ResultDocument
 from tests.workers.module_driver import MODULE_WORKLOAD
 from workers.harness import memtimeline
 
@@ -188,3 +188,160 @@ def test_phase_marks_in_process_name_forward_backward_and_recomputation(tmp_path
     assert "recompute layers.0" in marks
     points = memtimeline.timeline(events, span, memtimeline.Known())
     assert points and all(sum(p.categories.values()) == p.allocated for p in points)
+
+
+def test_live_at_peak_groups_by_category_module_and_phase_and_adds_up_to_the_peak() -> None:
+    """Synthetic events: the peak's live set is the start tensors still alive plus the step's
+    allocations not yet freed, grouped; the top `n` and the rest add up to the peak exactly, and a
+    freed tensor the harness did not know is counted apart rather than lost."""
+    events = [
+        _mark(0, memtimeline.PHASE_MARK + "forward layers.0"),
+        _mem(1, 100, 1, 100),
+        _mem(2, 30, 2, 130),
+        _mark(3, memtimeline.PHASE_MARK + "forward layers.1"),
+        _mem(3.5, -7, 77, 123),  # alive before the step, not known to the harness
+        _mem(4, 100, 3, 223),
+        _mark(6, memtimeline.PHASE_MARK + "backward layers.1"),
+        _mem(7, -100, 3, 123),
+    ]
+    known = memtimeline.Known(start={98: ("params", 50), 99: ("params", 20)}, names={98: "layers.0.w", 99: "layers.1.w"})
+    peak = memtimeline.live_at_peak(events, {"ts": 0, "dur": 10}, known)
+    assert peak is not None and peak.phase == "forward layers.1" and peak.allocated == 70 + 230 - 7 == 293
+    rows = {(a.category, a.module, a.phase): (a.bytes, a.count) for a in peak.top}
+    assert rows[("activations", "layers.0", "forward layers.0")] == (130, 2)
+    assert rows[("activations", "layers.1", "forward layers.1")] == (100, 1)
+    assert rows[("params", "layers.0", memtimeline.BEFORE)] == (50, 1)
+    assert peak.unaccounted_bytes == -7
+    assert sum(a.bytes for a in peak.top) + peak.rest_bytes + peak.unaccounted_bytes == peak.allocated
+    two = memtimeline.live_at_peak(events, {"ts": 0, "dur": 10}, known, top=2)
+    assert two is not None and [a.bytes for a in two.top] == [130, 100] and (two.rest_bytes, two.rest_count) == (70, 2)
+    with pytest.raises(ValueError, match="sum to"):  # the document refuses a table that does not add up
+        MemoryPeak.model_validate({**two.model_dump(), "rest_bytes": 69})
+    assert memtimeline.live_at_peak([], {"ts": 0, "dur": 10}, known) is None
+    # One microsecond holding the free of an address and its reuse, sorted reuse first: the free
+    # ends the allocation of its own size, so the new one stays live and the table still adds up.
+    reuse = [
+        _mark(0, memtimeline.PHASE_MARK + "forward layers.0"),
+        _mem(1, 50, 1, 50),
+        _mem(2, 100, 1, 150),  # the new allocation at address 1 ...
+        _mem(2, -50, 1, 100),  # ... sorted before the old one's free, at the same timestamp
+        _mem(3, 10, 2, 110),
+    ]
+    peak = memtimeline.live_at_peak(reuse, {"ts": 0, "dur": 10}, memtimeline.Known())
+    assert peak is not None and peak.allocated == 150 and peak.unaccounted_bytes == 0
+    after = memtimeline.timeline(reuse, {"ts": 0, "dur": 10}, memtimeline.Known())[-1]
+    assert after.allocated == 110 and after.categories["activations"] == 110
+
+
+def test_samples_ride_beside_the_points_and_cuda_stacks_are_read_by_address() -> None:
+    """What the framework cannot see: each point carries the latest sample mark before it; the CUDA
+    snapshot's stacks attach to the uncategorised groups only (the format read on a synthetic snapshot)."""
+    assert memtimeline.decode_sample(memtimeline.encode_sample({"rss": 5, "reserved": None, "bogus": 3})) == {"rss": 5}
+    events = [
+        _mem(1, 10, 1, 10),
+        _mark(2, memtimeline.encode_sample({"rss": 1000, "reserved": 64})),
+        _mem(3, 10, 2, 20),
+        _mark(4, memtimeline.encode_sample({"rss": 2000})),
+        _mem(5, 10, 3, 30),
+    ]
+    points = memtimeline.timeline(events, {"ts": 0, "dur": 10}, memtimeline.Known())
+    assert [(p.rss, p.reserved) for p in points] == [(None, None), (1000, 64), (2000, None)]
+    snapshot = {
+        "segments": [
+            {
+                "address": 4096,
+                "blocks": [
+                    {
+                        "address": 4096,
+                        "size": 512,
+                        "state": "active_allocated",
+                        "frames": [{"filename": "model.py", "line": 12, "name": "forward"}],
+                    },
+                    {"address": 8192, "size": 512, "state": "inactive", "frames": [{"filename": "x.py", "line": 1, "name": "f"}]},
+                    {
+                        "address": 9000,
+                        "size": 8,
+                        "state": "active_allocated",
+                        "history": [{"frames": [{"filename": "y.py", "line": 2, "name": "g"}]}],
+                    },
+                ],
+            }
+        ]
+    }
+    stacks = memtimeline.stacks_by_address(snapshot)
+    assert stacks == {4096: ["model.py:12 forward"], 9000: ["y.py:2 g"]}
+    known = memtimeline.Known(start={4096: ("other", 512), 9000: ("params", 8)})
+    peak = memtimeline.live_at_peak([_mem(1, 10, 1, 10)], {"ts": 0, "dur": 10}, known, stacks=stacks)
+    assert peak is not None
+    by_category = {a.category: a.stack for a in peak.top}
+    assert by_category["other"] == ["model.py:12 forward"] and by_category["params"] is None
+
+
+@pytest.mark.slow
+def test_the_peak_table_adds_up_to_the_peak_and_to_its_categories(runs: dict[str, ResultDocument]) -> None:
+    """On CPU the events are exact: the live groups at each rank's peak sum to the peak's allocated
+    bytes with nothing unaccounted, and by category to the peak point's categories."""
+    for name, doc in runs.items():
+        for rank in doc.ranks:
+            peak, top = rank.memory_peak, memtimeline.peak(rank.memory_timeline)
+            assert peak is not None and top is not None, name
+            assert peak.allocated == top.allocated and peak.phase == top.phase and peak.unaccounted_bytes == 0, name
+            assert 5 <= len(peak.top) <= memtimeline.TOP and sum(a.bytes for a in peak.top) + peak.rest_bytes == peak.allocated
+            # every group (the rest too) by category is the timeline's split at the peak
+            assert peak.rest_bytes < 0.1 * peak.allocated, (name, peak.rest_bytes)
+            by_category = dict.fromkeys(MEMORY_TIMELINE_CATEGORIES, 0)
+            for a in peak.top:
+                by_category[a.category] += a.bytes
+            assert all(by_category[k] <= top.categories[k] for k in MEMORY_TIMELINE_CATEGORIES), name
+            assert sum(top.categories[k] - by_category[k] for k in MEMORY_TIMELINE_CATEGORIES) == peak.rest_bytes
+
+
+@pytest.mark.slow
+def test_the_kept_copies_are_in_the_peak_table_as_activations_of_their_blocks(runs: dict[str, ResultDocument]) -> None:
+    base, mutant = (next(r for r in runs[k].ranks if r.rank == 0).memory_peak for k in ("ddp", "mutant"))
+    assert base is not None and mutant is not None
+
+    def activations(peak: MemoryPeak, block: int) -> int:
+        return sum(a.bytes for a in peak.top if a.category == "activations" and a.phase == f"forward lab.blocks.{block}")
+
+    for i in range(2):
+        assert activations(mutant, i) - activations(base, i) == COPY_BYTES, i
+
+
+@pytest.mark.slow
+def test_rss_is_sampled_beside_the_allocated_bytes_on_cpu(runs: dict[str, ResultDocument]) -> None:
+    for name, doc in runs.items():
+        points = _timeline(doc)
+        sampled = [p for p in points if p.rss is not None]
+        assert len(sampled) >= len(points) - 5, name  # from the step start's sample on
+        assert all((p.rss or 0) > p.allocated for p in sampled) and all(p.reserved is None and p.device_used is None for p in points)
+
+
+@pytest.mark.slow
+def test_the_predicted_curve_lines_up_with_the_measured_phases(runs: dict[str, ResultDocument]) -> None:
+    """The planner's curve over each run's own phases: one predicted point per measured phase, the
+    forward's per-block rise the model's per-block activations (within 10 %: the planner counts the
+    lab model's blocks as its own architecture's, and measures 7.9 % under), FSDP's gathered layer
+    only in FSDP, and the gap sentence naming one of the run's phases."""
+    from backend.figures import memory as figures
+    from parallab.core import memory_curve
+
+    for name, doc in runs.items():
+        data = doc.model_dump(mode="json")
+        chosen = figures.chosen_rank(data, 0)
+        assert chosen is not None
+        curve = figures.predicted(data, chosen)
+        assert curve is not None, name
+        order = figures.phase_order([chosen["memory_timeline"]])
+        assert [p.phase for p in curve] == order
+        highest = {r["phase"]: r["measured"] for r in memory_curve.gaps(chosen["memory_timeline"], curve)}
+        predicted = {p.phase: p for p in curve}
+        rise = highest["forward lab.blocks.1"] - highest["forward lab.blocks.0"]
+        model = predicted["forward lab.blocks.1"].allocated - predicted["forward lab.blocks.0"].allocated
+        if name != "mutant":
+            assert abs(rise - model) <= 0.10 * model, (name, rise, model)
+        assert (predicted["forward lab.blocks.0"].categories["comm_buffers"] > predicted["optimizer"].categories["comm_buffers"]) == (
+            name == "fsdp"
+        )
+        gaps = figures.prediction_gaps(data, 0)
+        assert gaps is not None and gaps["largest"]["phase"] in order and gaps["sentence"].endswith(" in " + gaps["largest"]["phase"])

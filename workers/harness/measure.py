@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from parallab.core.result import CommOp, MemoryPoint, ModelStateBytes, StepBreakdown, TimelineEvent
+from parallab.core.result import CommOp, MemoryPeak, MemoryPoint, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
 from parallab.core.stragglers import GroupTimes, columns
 from workers.harness import attribution, memtimeline
@@ -274,10 +274,69 @@ def _phase_name(fqn: str) -> str:
     return "" if fqn in ("module", "_orig_mod") else fqn
 
 
-def _mark(phase: str) -> None:
-    """A zero-length profiler range naming the phase that starts now (`memtimeline.PHASE_MARK`)."""
+Sampler = Callable[[], dict[str, int | None]]
+
+
+def _mark(phase: str, sample: Sampler | None = None) -> None:
+    """A zero-length profiler range naming the phase that starts now (`memtimeline.PHASE_MARK`),
+    and with `sample`, one carrying what the framework cannot see then (`memtimeline.SAMPLE_MARK`)."""
     with torch.profiler.record_function(memtimeline.PHASE_MARK + phase):
         pass
+    if sample is not None:
+        with torch.profiler.record_function(memtimeline.encode_sample(sample())):
+            pass
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident set now (Linux's /proc/self/statm; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def memory_sampler(device: torch.device) -> Sampler:
+    """What the allocator does not count, sampled at each phase mark: on CPU the process's RSS
+    (the Python heap, libraries, gloo's buffers); on CUDA the allocator's reserved bytes and,
+    where pynvml is installed, this process's device memory by NVML (the CUDA context, NCCL's
+    buffers). The CUDA path has not been run on a GPU yet."""
+    if device.type != "cuda":
+        return lambda: {"rss": _rss_bytes()}
+    nvml = _nvml_handle(device)
+
+    def cuda() -> dict[str, int | None]:
+        return {"rss": _rss_bytes(), "reserved": int(torch.cuda.memory_reserved(device)), "device_used": _nvml_used(nvml)}
+
+    return cuda
+
+
+def _nvml_handle(device: torch.device) -> object | None:
+    """An NVML handle for `device`, or None without pynvml (optional) or a driver to ask."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(device.index if device.index is not None else torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 - pynvml missing or no NVML: the sample goes without it
+        return None
+
+
+def _nvml_used(handle: object | None) -> int | None:
+    """This process's device memory as NVML sees it (None without a handle, or where NVML cannot tell)."""
+    if handle is None:
+        return None
+    try:
+        import os
+
+        import pynvml
+
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+    except Exception:  # noqa: BLE001 - containers often hide other pids' or their own: no figure then
+        return None
+    return None
 
 
 def _marked_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -294,9 +353,10 @@ def _marked_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
 
 
 @contextmanager
-def phase_marks(model: torch.nn.Module) -> Iterator[None]:
+def phase_marks(model: torch.nn.Module, sample: Sampler | None = None) -> Iterator[None]:
     """Marks each marked module's forward (a pre-hook) and backward (a hook on its output's gradient,
-    which fires as that module's backward begins); nothing on a compiled model, whose hooks would recompile it."""
+    which fires as that module's backward begins), with `sample`'s figures beside each mark;
+    nothing on a compiled model, whose hooks would recompile it."""
     if any("_orig_mod" in fqn for fqn, _ in model.named_modules()):
         yield
         return
@@ -305,12 +365,12 @@ def phase_marks(model: torch.nn.Module) -> Iterator[None]:
 
         def pre(_m: torch.nn.Module, _a: object, name: str = name) -> None:
             # A forward run inside the backward is activation checkpointing's recomputation.
-            _mark(f"{'recompute' if torch._C._current_graph_task_id() != -1 else 'forward'} {name}")
+            _mark(f"{'recompute' if torch._C._current_graph_task_id() != -1 else 'forward'} {name}", sample)
 
         def post(_m: torch.nn.Module, _a: object, out: object, name: str = name) -> None:
             first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad), None)
             if first is not None:
-                first.register_hook(lambda _g: _mark(f"backward {name}"))
+                first.register_hook(lambda _g: _mark(f"backward {name}", sample))
 
         handles += [mod.register_forward_pre_hook(pre, prepend=True), mod.register_forward_hook(post, prepend=True)]
     try:
@@ -355,6 +415,37 @@ def known_storages(
     return out
 
 
+def storage_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict[int, str]:
+    """Storage address -> what it is: a parameter's name, its `.grad`, an optimizer state's key and parameter."""
+    names = {id(p): _phase_name(n) for n, p in model.named_parameters()}
+    out: dict[int, str] = {}
+    for p in model.parameters():
+        name = names.get(id(p), "?")
+        pairs: tuple[tuple[object, str], ...] = ((p, name), (p.grad, f"{name}.grad"))
+        for t, label in pairs:
+            st = _storage(t, device)
+            if st is not None and st[0]:
+                out.setdefault(st[0], label)
+    for param, state in optimizer.state.items():
+        for key, v in state.items():
+            st = _storage(v, device)
+            if st is not None and st[0]:
+                out.setdefault(st[0], f"{key} of {names.get(id(param), '?')}")
+    return out
+
+
+def cuda_history(enable: bool) -> None:
+    """Start (or stop) the CUDA caching allocator's history of allocations with their stacks
+    (`torch.cuda.memory._record_memory_history`); nothing without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(max_entries=100_000 if enable else 0, enabled="all" if enable else None)
+
+
+def cuda_snapshot() -> dict[str, Any] | None:
+    """The allocator's snapshot (segments, blocks, their stacks), or None without CUDA."""
+    return torch.cuda.memory._snapshot() if torch.cuda.is_available() else None
+
+
 # ---- the profiled window ----
 
 
@@ -371,6 +462,7 @@ class ProfileResult:
     peak_allocated_bytes: int | None = None
     timeline: list[TimelineEvent] = field(default_factory=list)
     memory_timeline: list[MemoryPoint] = field(default_factory=list)
+    memory_peak: MemoryPeak | None = None
     profiled_steps: int = 0
     trace_file: str | None = None
     trace_note: str | None = None
@@ -435,6 +527,7 @@ class StepProfiler:
         self._raw_trace: Path | None = None
         self._results: ProfileResult | None = None
         self._known = memtimeline.Known()
+        self._cuda_snapshot: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:
@@ -476,15 +569,24 @@ class StepProfiler:
                     with torch.profiler.record_function(CLOCK_ANCHOR):
                         pass
                     last = i == self.steps - 1
+                    sample = memory_sampler(self.device) if last else None
                     if last:
                         self._known.start = known_storages(model, optimizer, self.device, others=True)
-                    with self._recorder, phase_marks(model):
+                        self._known.names = storage_names(model, optimizer, self.device)
+                        if self.device.type == "cuda":
+                            cuda_history(True)
+                        _mark("step start", sample)
+                    with self._recorder, phase_marks(model, sample):
                         step(i)
                         synchronize()
                     if last:
                         self._known.end = {
                             a: c for a, (c, _) in known_storages(model, optimizer, self.device, others=False).items() if c != "params"
                         }
+                        self._known.names.update(storage_names(model, optimizer, self.device))
+                        if self.device.type == "cuda":
+                            self._cuda_snapshot = cuda_snapshot()
+                            cuda_history(False)
                     self._profiled += 1
                 else:
                     step(i)
@@ -551,6 +653,8 @@ class StepProfiler:
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
             kind = 1 if self.device.type == "cuda" else 0  # the profiler's device codes
             out.memory_timeline = memtimeline.downsample(memtimeline.timeline(events, spans[-1], self._known, device_type=kind))
+            stacks = memtimeline.stacks_by_address(self._cuda_snapshot) if self._cuda_snapshot is not None else None
+            out.memory_peak = memtimeline.live_at_peak(events, spans[-1], self._known, device_type=kind, stacks=stacks)
             out.timeline = attribution.timeline(
                 events, requests, span=spans[-1], busy=busy, rank=self.rank, max_events=self.max_timeline_events, device=self.device.type
             )

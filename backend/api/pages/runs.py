@@ -21,6 +21,7 @@ from backend.api.pages.rendering import render, render_error
 from backend.api.queries import RunFilters
 from backend.config import Settings
 from backend.figures import live as live_figs
+from backend.figures import memory as memory_figs
 from backend.figures import run as run_figs
 from backend.models import FINISHED_STATUSES
 from backend.services import auth as auth_service
@@ -182,6 +183,8 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
             "run_log": (progress_for(viewer, view.run.progress) or {}).get("log", ""),
             "doc": view.document,
             "figures": figures,
+            "memory_gaps": memory_figs.prediction_gaps(view.document) if view.document else None,
+            "memory_peaks": memory_figs.peak_tables(view.document) if view.document else [],
             "agreement": view.agreement,
             "volume": view.volume,
             "step_time": view.step_time,
