@@ -57,4 +57,17 @@ def memory_answer(runs: Sequence[tuple[str, dict[str, Any] | None]]) -> str | No
         share = most / (b - a)
         how_much = f"{share:.0%} of the difference" if share <= 1 else "more than the difference: other parts are larger"
         sentence += f": its {part} take {fmt_bytes(most)} less{sharded}{over} ({how_much})"
-    return sentence + "."
+    return sentence + "." + _rss_disagrees(low, high)
+
+
+def _rss_disagrees(low: tuple[str, Any, dict[str, Any]], high: tuple[str, Any, dict[str, Any]]) -> str:
+    """A second sentence where the two runs' peak RSS orders them the other way from the allocated
+    peak: otherwise the page's "Peak RSS" row seems to contradict the answer."""
+    rss_low, rss_high = low[2].get("peak_rss_bytes"), high[2].get("peak_rss_bytes")
+    if not isinstance(rss_low, (int, float)) or not isinstance(rss_high, (int, float)) or rss_low <= rss_high:
+        return ""
+    return (
+        f" Peak RSS orders them the other way ({fmt_bytes(rss_low)} against {fmt_bytes(rss_high)}): RSS is the whole"
+        " process — the Python heap, libraries, gloo's buffers and memory the allocator freed but the system has not"
+        " taken back — not the tensors the run holds."
+    )

@@ -13,6 +13,12 @@ def test_fsdp_against_ddp_names_the_smaller_peak_and_the_sharded_model_state(cli
     assert line is not None and line.startswith("fsdp ×2 uses ") and " less memory per rank than ddp ×2 (" in line
     assert "its model state (parameters, gradients, optimizer state) take" in line and "sharded over 2 ranks" in line
     assert line.count(".") >= 1 and line.endswith(".")
+    assert "Peak RSS orders them the other way" not in line
+    for rank in fsdp["ranks"]:  # the process of the smaller allocated peak holds more: said, with why
+        rank["peak_rss_bytes"] = 10 * max(r.get("peak_rss_bytes") or 0 for r in ddp["ranks"]) + 1
+    flipped = memory_answer([("ddp ×2", ddp), ("fsdp ×2", fsdp)])
+    assert flipped is not None and flipped.startswith(line) and "Peak RSS orders them the other way" in flipped
+    assert "RSS is the whole process" in flipped
     assert memory_answer([("ddp ×2", ddp)]) is None and memory_answer([("a", ddp), ("b", ddp)]) is None
     page = client.get("/compare", params={"ids": f"{lab['ddp2'].id},{lab['fsdp2'].id}"}).text
     assert 'id="memory-answer"' in page and "less memory per rank than" in page
