@@ -96,7 +96,9 @@ def test_uploads_waiting_for_a_thread_hold_no_database_connection(client, settin
     for h in headers:  # a token's first use is recorded in a commit of its own, which would give the connection back anyway
         assert client.get("/api/v1/results/schema", headers=h).status_code == 200
     engine_pool = get_engine(settings.sqlalchemy_url).pool
-    with busy_threads(pool), ThreadPoolExecutor(waiting) as clients:
+    # the clients' pool is left last: leaving it waits for every answer, which comes only once the
+    # busy thread is released (in the other order the wait ran out busy_threads' 60 s first)
+    with ThreadPoolExecutor(waiting) as clients, busy_threads(pool):
         futures = [
             clients.submit(
                 client.post, "/api/v1/results", json={**DOCUMENT, "name": f"queued {i}"}, headers={**h, "Idempotency-Key": f"q-{i}"}
