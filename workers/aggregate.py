@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parallab.core.critpath import CriticalPath, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
@@ -90,6 +91,18 @@ def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Se
     )
 
 
+def critical_path(job: ResolvedJob, records: Sequence[RankRecord], matched: CollectivesMatched | None) -> CriticalPath | None:
+    """The profiled steps' critical path across the ranks; None for an untraced run. Ranks on
+    other hosts are not shifted here: their clocks are compared as they are (one host's runs)."""
+    if not any(r.profiled_steps for r in records):
+        return None
+    return analyse(
+        {r.rank: r.step_segments for r in records},
+        world_size=job.world_size,
+        mesh=[(d.name, d.size) for d in job.mesh],
+    )
+
+
 def build_result(
     job: ResolvedJob,
     records: list[RankRecord],
@@ -156,5 +169,6 @@ def build_result(
             "tags": job.spec.tags,
             "noise": noise,
             "collectives_matched": matched,
+            "critical_path": critical_path(job, records, matched),
         }
     )
