@@ -56,7 +56,10 @@ class MetricRow:
 
 
 RECIPE_DIMENSIONS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
-"""What the compare page filters and groups runs by: the runs' recipe columns."""
+"""The runs' recipe columns."""
+FILTER_DIMENSIONS = (*RECIPE_DIMENSIONS, "straggler")
+"""What the compare page filters and groups runs by: the recipe columns, and whether a rank was
+named a straggler (True, False, or — not analysed)."""
 
 
 @dataclass
@@ -320,11 +323,11 @@ def compare(
     """
     ids = list(dict.fromkeys(i for i in run_ids if i))[:MAX_COMPARE]
     runs = store.get_runs(session, ids)
-    dimension_values = {d: sorted({_dim(r, d) for r in runs}) for d in RECIPE_DIMENSIONS}
-    where = {k: v for k, v in (where or {}).items() if k in RECIPE_DIMENSIONS and v}
+    dimension_values = {d: sorted({_dim(r, d) for r in runs}) for d in FILTER_DIMENSIONS}
+    where = {k: v for k, v in (where or {}).items() if k in FILTER_DIMENSIONS and v}
     kept = [r for r in runs if all(_dim(r, k) == v for k, v in where.items())]
     filtered_out = [r.id for r in runs if r not in kept]
-    group_by = group_by if group_by in RECIPE_DIMENSIONS else None
+    group_by = group_by if group_by in FILTER_DIMENSIONS else None
     if group_by:
         kept.sort(key=lambda r: _dim(r, group_by))
     runs = kept

@@ -102,3 +102,25 @@ def test_the_cli_explains_two_repeat_groups_from_files(tmp_path) -> None:
     bad.write_text(json.dumps({"summary": {"step_time_s": {"median": 1.0}}}))
     refused = runner.invoke(app, ["compare", files["a"][0], str(bad), "--why"])
     assert refused.exit_code == 2 and "critical_path.rank_parts_s" in refused.output, refused.output
+
+
+def test_runs_with_a_straggler_are_filtered_and_flagged_on_the_leaderboard(client, settings) -> None:
+    from tests.backend.test_stragglers_pages import _stored
+
+    late = _stored(settings, 1)
+    clean = [_stored(settings, None) for _ in range(2)]
+    listed = client.get("/", params={"straggler": "true"}).text
+    assert f"/runs/{late}" in listed and not any(f"/runs/{c}" in listed for c in clean)
+    rest = client.get("/api/v1/runs", params={"straggler": "false"}).json()["items"]
+    assert {r["id"] for r in rest} >= set(clean) and late not in {r["id"] for r in rest}
+    assert client.get("/api/v1/runs", params={"straggler": "maybe"}).status_code == 422
+    board = client.get("/leaderboard").text
+    assert 'data-straggler-runs="1"' in board and "1 of 3 runs had a straggler" in board, board[board.find("checks") :][:2000]
+
+
+def test_compare_keeps_only_the_runs_with_a_straggler_when_asked(client, settings) -> None:
+    from tests.backend.test_stragglers_pages import _stored
+
+    late, clean = _stored(settings, 1), _stored(settings, None)
+    page = client.get("/compare", params={"ids": f"{late},{clean}", "straggler": "True"}).text
+    assert f"/runs/{late}" in page and f"/runs/{clean}" not in page.split('id="compare-table"', 1)[1]
