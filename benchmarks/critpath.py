@@ -57,15 +57,14 @@ def rank_steps(rank: int, ranks: int, collectives: int, compute: int, steps: int
 
 
 def from_run(path: Path) -> tuple[dict[int, Iterable[StepSegments] | None], list[tuple[str, int]]]:
-    import json
+    from parallab.core.jobs import ResolvedJob
 
     out: dict[int, Iterable[StepSegments] | None] = {}
     for file in sorted(path.glob("rank*.json")):
         record = RankRecord.model_validate_json(file.read_text())
         out[record.rank] = record.step_segments
-    job = json.loads((path / "job.json").read_text())
-    mesh = [(d["name"], d["size"]) for d in job.get("mesh", [])] if isinstance(job.get("mesh"), list) else []
-    return out, mesh
+    job = ResolvedJob.model_validate_json((path / "job.json").read_text())
+    return out, [(d.name, d.size) for d in job.mesh]
 
 
 def main(argv: list[str] | None = None) -> None:

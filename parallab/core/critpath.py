@@ -62,6 +62,7 @@ _ATTENTION = ("attention", "flash", "fmha", "sdpa", "scaled_dot_product")
 _OPTIMIZER = ("optimizer", "adam", "sgd", "_foreach", "multi_tensor", "lamb", "clip_grad")
 
 
+@functools.lru_cache(maxsize=16384)
 def op_class(name: str, *, in_optimizer: bool = False) -> str:
     """The op class of an operator or kernel `name` (aten op, autograd node, CUDA kernel);
     `in_optimizer`: it ran inside the optimizer's step."""

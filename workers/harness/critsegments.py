@@ -14,6 +14,8 @@ Times are put on the wall clock with the rank's offset (wall minus trace µs).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +105,8 @@ def step_segments(
         n = seq[key] = seq.get(key, -1) + 1
         if req.start_us is not None:
             comm.append((kind, label, key, n, req.start_us, req.start_us + req.time_us))
+    # the pieces are in start order; the running maximum of their ends finds the first that reaches a step
+    ends = list(itertools.accumulate((b for _, _, b in pieces), max))
     harness = [_iv(e) for e in events if e.get("ph") == "X" and e.get("name") == HARNESS_RANGE]
     out = []
     for span in spans:
@@ -115,7 +119,9 @@ def step_segments(
                     t1 = min(t1, a)
         s = StepSegments(start_us=t0 + offset_us, end_us=t1 + offset_us)
         last: list[Any] | None = None
-        for name, a, b in pieces:
+        for name, a, b in pieces[bisect.bisect_left(ends, t0) :]:
+            if a >= t1:
+                break
             a, b = max(a, t0), min(b, t1)
             if b <= a or _is_comm_name(name) or name.startswith("ProfilerStep#"):
                 continue
