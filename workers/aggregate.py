@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parallab.core.critpath import CriticalPath, analyse
+from parallab.core.critpath import CriticalPath, PathSummary, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
@@ -144,6 +144,9 @@ def build_result(
         if check is not None:
             summary[name] = check.model_dump(mode="json")
     matched = match_collectives(job, records, hosts)
+    path = critical_path(job, records, matched)
+    if path is not None and path.steps:
+        summary["critical_path"] = PathSummary.of(path).model_dump()
     if matched is not None and any(g.matched for g in matched.groups):  # nothing matched: not analysed, not "none stands out"
         summary["stragglers"] = [s.model_dump() for s in name_stragglers(matched)]
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
@@ -169,6 +172,6 @@ def build_result(
             "tags": job.spec.tags,
             "noise": noise,
             "collectives_matched": matched,
-            "critical_path": critical_path(job, records, matched),
+            "critical_path": path,
         }
     )

@@ -287,6 +287,20 @@ class CriticalPath(BaseModel):
     skipped: list[Skipped] = Field(default_factory=list, max_length=1000)
 
 
+class PathSummary(BaseModel):
+    """What the result document's summary keeps of the critical path (`summary.critical_path`)."""
+
+    model_config = _closed
+    length_s: float = Field(ge=0, description="The path's length, mean per step.")
+    parts_s: dict[str, float] = Field(default_factory=dict, description="Part -> its time on the path, mean per step.")
+    ranks_visited: list[int] = Field(default_factory=list, max_length=1 << 16, description="The ranks the last step's path ran through.")
+    steps: int = Field(ge=0)
+
+    @classmethod
+    def of(cls, cp: CriticalPath) -> PathSummary:
+        return cls(length_s=cp.length_s, parts_s=cp.parts_s, ranks_visited=cp.path_ranks_visited, steps=cp.steps)
+
+
 def critical_path(
     pieces: Mapping[int, Sequence[Piece]], spans: Mapping[int, tuple[float, float]], last_of: Mapping[tuple[str, int], int]
 ) -> list[tuple[int, Piece]]:

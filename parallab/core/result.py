@@ -13,7 +13,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parallab.core.bounds import INT32_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
-from parallab.core.critpath import CriticalPath, StepSegments
+from parallab.core.critpath import CriticalPath, PathSummary, StepSegments
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
 from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
@@ -286,6 +286,9 @@ class Summary(OpenModel):
     frozen_check: FrozenCheck | None = None
     stragglers: list[Straggler] | None = Field(
         None, max_length=MAX_RANKS, description="Ranks persistently last into the collectives ([]: none stands out; None: not analysed)."
+    )
+    critical_path: PathSummary | None = Field(
+        None, description="The critical path's length and parts per step (the whole analysis: the document's `critical_path`)."
     )
     not_measured: list[ShortName] = Field(
         default_factory=list, max_length=64, description="Summary fields the run did not measure (an untraced run: no comm, no bubble)."

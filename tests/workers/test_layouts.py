@@ -91,3 +91,5 @@ def test_the_critical_path_of_a_pipeline_layout_shows_its_bubble_and_its_sends(h
     assert "bubble" in drawn and any(p.startswith("transfer pp ") for p in drawn), drawn
     # each rank's split step covers it exactly
     assert sum(cp.rank_parts_s.values()) == pytest.approx(cp.rank_step_s, rel=1e-6)
+    short = doc.summary.critical_path  # the summary keeps the length and parts
+    assert short is not None and short.parts_s == cp.parts_s and short.ranks_visited == cp.path_ranks_visited
