@@ -391,6 +391,7 @@ def analyse(
     rank_steps: list[float] = []
     last_path: list[tuple[int, Piece]] = []
     visited: list[int] = []
+    unreadable: list[str] = []
     steps = 0
     while True:
         step: dict[int, StepSegments] = {}
@@ -411,8 +412,12 @@ def analyse(
         spans = {r: v for r, v in spans.items() if r in step}
         if not step:
             continue
-        across = arrivals(step)
-        pieces = {r: partition(s, across, mesh) for r, s in step.items()}
+        try:
+            across = arrivals(step)
+            pieces = {r: partition(s, across, mesh) for r, s in step.items()}
+        except ValueError as exc:  # a key no rank of this code writes (a record of another version)
+            unreadable.append(f"step {len(lengths) + len(unreadable)}: {exc}")
+            continue
         for r, ps in pieces.items():
             for p in ps:
                 rank_parts[p.part] += (p.end - p.start) * 1e-6
@@ -424,6 +429,7 @@ def analyse(
         last_path = path
         visited = sorted({r for r, _ in path})
         steps += 1
+    skipped += [Skipped(rank=None, reason=f"not analysed, its segments unreadable ({why[:300]})") for why in unreadable[:10]]
     full = max(counts.values()) if counts else 0
     for r, n in sorted(counts.items()):
         if r in out_of_run:

@@ -110,3 +110,12 @@ def test_bad_segments_are_refused_naming_the_field():
         StepSegments(start_us=0, end_us=1, kind=["bogus"], label=[""], key=[""], seq=[0], start=[0], end=[1])
     with pytest.raises(ValueError, match="one length"):
         StepSegments(start_us=0, end_us=1, kind=["compute"], label=[], key=[""], seq=[0], start=[0], end=[1])
+
+
+def test_a_step_whose_segments_cannot_be_read_is_named_and_the_others_analysed():
+    good = [two_ranks(late=300, base=i * 10_000) for i in range(2)]
+    bad = two_ranks(late=0, base=20_000)
+    bad[0].key[-1] = bad[1].key[-1] = "rank0,rank1"  # not a group of global ranks
+    cp = analyse({r: [g[r] for g in good] + [bad[r]] for r in (0, 1)}, world_size=2, mesh=[("dp_shard", 2)])
+    assert cp is not None and cp.steps == 2 and cp.length_s == pytest.approx(1300e-6)
+    assert [(s.rank, "unreadable" in s.reason and "step 2" in s.reason) for s in cp.skipped] == [(None, True)]
