@@ -9,8 +9,8 @@ k-th send from src to dst is the k-th receive at dst from src).
 **A rank's step, split** (`partition`). Every instant of the rank's step gets one part: compute
 first (the op class running then); else the communication it is blocked in, split at the moment
 it could start (a message: once both its send and its receive were posted) — before the last
-member arrived is `wait` (arrival skew), after it `transfer` under the collective's dimension and
-op (`unmatched` when a member of its group is missing, so the two cannot be told apart; a
+member arrived is `wait` (arrival skew), after it `transfer`, each under the collective's dimension
+and op (`unmatched` when a member of its group is missing, so the two cannot be told apart; a
 message: before the other end posted it is a pipeline's `bubble`, or `wait` outside a pipeline;
 after, the message's transfer); else `idle` (the host between ops). The parts sum to the rank's step exactly.
 
@@ -213,7 +213,7 @@ def partition(s: StepSegments, across: Arrivals, mesh: Sequence[tuple[str, int]]
             ready = across.last.get((key, seq), (0, a))[1]
         else:  # a send waits for its receive to be posted, a receive for its send
             ready = (across.posted if kind == SEND else across.sent).get((key, seq), a)
-        waiting = "wait" if kind == COLL or not label.startswith("pp ") else "bubble"
+        waiting = "bubble" if kind != COLL and label.startswith("pp ") else "wait" + _part_of_comm(kind, label, key, mesh_key)[len("transfer") :]
         if ready > a:
             comm.append((a, min(ready, b), waiting, key, seq))
         if b > ready:
@@ -321,7 +321,7 @@ def critical_path(
         if i < 0 or t <= spans[rank][0]:
             break
         piece = ps[i]
-        if piece.part == "wait" and hops < 4 * len(pieces):
+        if piece.part.startswith("wait") and hops < 4 * len(pieces):
             holder = last_of.get((piece.key, piece.seq))
             if holder is not None and holder in pieces and holder is not None and holder != rank:
                 rank, hops = holder, hops + 1

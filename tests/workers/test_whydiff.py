@@ -3,7 +3,8 @@
 
 Resharding after the forward frees each block's gathered parameters, so the backward gathers them
 again: the only change in what the step does is those all-gathers. The diff must put at least
-80 % of the step-time difference on the all-gathers, and its parts must add up to the measured
+80 % of the step-time difference on the all-gathers (their transfer and the wait at them, each a
+part under the collective's dimension and op), and its parts must add up to the measured
 difference within 5 % (the residual shown). The diff itself is unit-tested on synthetic documents
 in tests/core/test_whydiff.py.
 """
