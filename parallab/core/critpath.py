@@ -213,7 +213,8 @@ def partition(s: StepSegments, across: Arrivals, mesh: Sequence[tuple[str, int]]
             ready = across.last.get((key, seq), (0, a))[1]
         else:  # a send waits for its receive to be posted, a receive for its send
             ready = (across.posted if kind == SEND else across.sent).get((key, seq), a)
-        waiting = "bubble" if kind != COLL and label.startswith("pp ") else "wait" + _part_of_comm(kind, label, key, mesh_key)[len("transfer") :]
+        where = _part_of_comm(kind, label, key, mesh_key)[len("transfer") :]
+        waiting = "bubble" if kind != COLL and label.startswith("pp ") else "wait" + where
         if ready > a:
             comm.append((a, min(ready, b), waiting, key, seq))
         if b > ready:

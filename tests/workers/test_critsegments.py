@@ -12,7 +12,8 @@ def op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> d
 
 def test_each_instant_goes_to_the_innermost_operator():
     pieces = exclusive([op("aten::linear", 0, 100), op("aten::addmm", 10, 50), op("aten::t", 70, 10)])
-    assert pieces == [("aten::linear", 0, 10), ("aten::addmm", 10, 60), ("aten::linear", 60, 70), ("aten::t", 70, 80), ("aten::linear", 80, 100)]
+    linear, addmm, t = "aten::linear", "aten::addmm", "aten::t"
+    assert pieces == [(linear, 0, 10), (addmm, 10, 60), (linear, 60, 70), (t, 70, 80), (linear, 80, 100)]
 
 
 def test_a_step_is_cut_to_its_work_classed_with_its_messages_keyed_by_rank_pair():
