@@ -17,6 +17,7 @@ from backend.config import get_settings
 from parallab.commands.bench import bench
 from parallab.commands.bench_checks import EXIT_CODES_HELP
 from parallab.commands.ci import ci_app, series_app
+from parallab.commands.compare import compare
 from parallab.commands.emulate import lab_app
 from parallab.commands.export import export_app
 from parallab.commands.plan import plan
@@ -46,6 +47,7 @@ console = Console(stderr=True)
 app.command("plan")(plan)
 app.command("bench", epilog=EXIT_CODES_HELP)(bench)
 app.command("upload")(upload)
+app.command("compare")(compare)
 app.command("worker")(worker)
 app.command("sweep")(sweep)
 app.command("slurm-agent")(slurm_agent)

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parallab.core.critpath import CriticalPath, PathSummary, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
@@ -90,6 +91,18 @@ def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Se
     )
 
 
+def critical_path(job: ResolvedJob, records: Sequence[RankRecord], matched: CollectivesMatched | None) -> CriticalPath | None:
+    """The profiled steps' critical path across the ranks; None for an untraced run. Ranks on
+    other hosts are not shifted here: their clocks are compared as they are (one host's runs)."""
+    if not any(r.profiled_steps for r in records):
+        return None
+    return analyse(
+        {r.rank: r.step_segments for r in records},
+        world_size=job.world_size,
+        mesh=[(d.name, d.size) for d in job.mesh],
+    )
+
+
 def build_result(
     job: ResolvedJob,
     records: list[RankRecord],
@@ -131,6 +144,9 @@ def build_result(
         if check is not None:
             summary[name] = check.model_dump(mode="json")
     matched = match_collectives(job, records, hosts)
+    path = critical_path(job, records, matched)
+    if path is not None and path.steps:
+        summary["critical_path"] = PathSummary.of(path).model_dump()
     if matched is not None and any(g.matched for g in matched.groups):  # nothing matched: not analysed, not "none stands out"
         summary["stragglers"] = [s.model_dump() for s in name_stragglers(matched)]
     prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
@@ -156,5 +172,6 @@ def build_result(
             "tags": job.spec.tags,
             "noise": noise,
             "collectives_matched": matched,
+            "critical_path": path,
         }
     )

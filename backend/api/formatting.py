@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from parallab.core.critpath import sentence as critical_path_sentence
 from parallab.core.stragglers import sentence as stragglers_sentence
 from parallab.core.units import format_bytes
 
@@ -94,4 +95,5 @@ FILTERS = {
     "when": fmt_when,
     "duration": fmt_duration,
     "stragglers": stragglers_sentence,
+    "critical_path": critical_path_sentence,
 }

@@ -43,6 +43,9 @@ class RunFilters(QueryParams):
     strategy: StrategyName | None = None
     user: str | None = Field(None, max_length=320, description="Who submitted or uploaded the runs (email).")
     tag: str | None = Field(None, max_length=64, description="Runs carrying this tag.")
+    straggler: bool | None = Field(
+        None, description="true: runs where a rank was named a straggler; false: analysed runs where none stood out."
+    )
     q: str | None = Field(
         None, max_length=200, description="Search: runs whose name or model contains it (any case), or whose id starts with it."
     )

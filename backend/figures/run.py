@@ -271,6 +271,41 @@ def timeline(doc: dict[str, Any]) -> Figure:
     return fig
 
 
+def critical_path(doc: dict[str, Any]) -> Figure | None:
+    """The last profiled step's critical path: its segments on a lane per rank it passed through,
+    coloured by part (compute by op class, transfer, wait, bubble, idle), beside the timeline."""
+    cp = doc.get("critical_path") or {}
+    path = cp.get("path") or []
+    if not path:
+        return None
+    ranks = sorted({s["rank"] for s in path})
+    length = cp.get("length_s") or 0.0
+    fig = figure(
+        f"Critical path of one profiled step (mean {length * 1e3:.1f} ms per step over {cp.get('steps', 0)})",
+        x="time [ms]",
+        y="rank",
+        height=max(200, 90 + 45 * len(ranks)),
+    )
+    families = {"compute": "compute", "transfer": "exposed comm", "wait": "imbalance", "bubble": "idle / bubble", "idle": "idle / bubble"}
+    parts = sorted({s["part"] for s in path}, key=lambda p: (p.split(" ")[0], p))
+    for i, part in enumerate(parts):
+        sel = [s for s in path if s["part"] == part]
+        family = part.split(" ", 1)[0]
+        colour = palette.op_colour(i) if family in ("compute", "transfer") else palette.TIME.get(families.get(family, "idle / bubble"))
+        fig.add_bar(
+            name=f"{part} ({(cp.get('parts_s') or {}).get(part, 0.0) * 1e3:.1f} ms a step)",
+            orientation="h",
+            y=[f"rank {s['rank']}" for s in sel],
+            x=[s["dur_us"] / 1e3 for s in sel],
+            base=[s["start_us"] / 1e3 for s in sel],
+            marker_color=colour,
+            hovertemplate=part + ": start %{base:.3f} ms, %{x:.3f} ms<extra>%{y}</extra>",
+        )
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(categoryorder="array", categoryarray=[f"rank {r}" for r in ranks], autorange="reversed")
+    return fig
+
+
 MAX_CURVE_POINTS = 2000
 """A curve with more points is drawn from each bucket's first, lowest, highest and last point."""
 
@@ -384,6 +419,9 @@ def run_figures(doc: dict[str, Any]) -> dict[str, Figure | None]:
         "memory_timeline": memory.rank_timeline(doc),
         "loss": loss_curve(doc),
     }
+    path = critical_path(doc)
+    if path is not None:  # beside the timeline
+        figures = {**dict(list(figures.items())[:4]), "critical_path": path, **dict(list(figures.items())[4:])}
     for key, builder in (("volume", comm_volume), ("moe", moe_load), ("bubble", pipeline_bubble)):
         fig = builder(doc)
         if fig is not None:

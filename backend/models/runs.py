@@ -91,6 +91,9 @@ class Run(Base):
     checks_stated: Mapped[str | None] = mapped_column(
         String(64), doc="Checks kept as the uploader stated them (`summary.checks_stated`, comma-separated), null when the lab made them."
     )
+    straggler: Mapped[bool | None] = mapped_column(
+        Boolean, doc="A rank was named a straggler (`summary.stragglers`); false: none stood out; null: not analysed (migration 0028)."
+    )
 
     # Where it runs and who holds its lease (the worker's heartbeat is the lease).
     pool: Mapped[str | None] = mapped_column(String(64), index=True, doc="The pool it was queued on.")

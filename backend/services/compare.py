@@ -15,6 +15,7 @@ from backend.services.decide import Decision, decide
 from backend.store import runs as store
 from parallab.core.noise import noisy_reasons
 from parallab.core.stragglers import sentence as stragglers_sentence
+from parallab.core.whydiff import NotExplained, Why, explain
 
 MAX_COMPARE = 50
 
@@ -55,7 +56,35 @@ class MetricRow:
 
 
 RECIPE_DIMENSIONS = ("precision", "activation_checkpointing", "grad_accumulation_steps", "micro_batch_size")
-"""What the compare page filters and groups runs by: the runs' recipe columns."""
+"""The runs' recipe columns."""
+FILTER_DIMENSIONS = (*RECIPE_DIMENSIONS, "straggler")
+"""What the compare page filters and groups runs by: the recipe columns, and whether a rank was
+named a straggler (True, False, or — not analysed)."""
+
+
+@dataclass
+class WhyRow:
+    baseline: str
+    other: str
+    why: Why | None
+    problem: str | None = None
+
+
+def explain_configurations(compared: Sequence[ComparedRun], decision: Decision | None) -> list[WhyRow]:
+    """Each configuration against the baseline's (its repeat group's runs on each side)."""
+    if decision is None or len(decision.configurations) < 2:
+        return []
+    docs = {r.id: r.document for r in compared if r.document}
+    base, *others = decision.configurations
+    out = []
+    for other in others:
+        a = [docs[i] for i in base.run_ids if i in docs]
+        b = [docs[i] for i in other.run_ids if i in docs]
+        try:
+            out.append(WhyRow(base.label, other.label, explain(a, b, names=(base.label, other.label))))
+        except NotExplained as exc:
+            out.append(WhyRow(base.label, other.label, None, str(exc)))
+    return out
 
 
 @dataclass
@@ -72,6 +101,8 @@ class Comparison:
     """Each recipe dimension's values among the runs asked for (the filters' choices)."""
     decision: Decision | None = None
     """The runs grouped into configurations, each against the baseline's, with intervals (`decide`)."""
+    whys: list[WhyRow] = field(default_factory=list)
+    """Each other configuration's step-time change against the baseline's, split into parts (`whydiff`)."""
 
     def group_of(self, index: int) -> str | None:
         """The group value of run `index` when grouping."""
@@ -292,11 +323,11 @@ def compare(
     """
     ids = list(dict.fromkeys(i for i in run_ids if i))[:MAX_COMPARE]
     runs = store.get_runs(session, ids)
-    dimension_values = {d: sorted({_dim(r, d) for r in runs}) for d in RECIPE_DIMENSIONS}
-    where = {k: v for k, v in (where or {}).items() if k in RECIPE_DIMENSIONS and v}
+    dimension_values = {d: sorted({_dim(r, d) for r in runs}) for d in FILTER_DIMENSIONS}
+    where = {k: v for k, v in (where or {}).items() if k in FILTER_DIMENSIONS and v}
     kept = [r for r in runs if all(_dim(r, k) == v for k, v in where.items())]
     filtered_out = [r.id for r in runs if r not in kept]
-    group_by = group_by if group_by in RECIPE_DIMENSIONS else None
+    group_by = group_by if group_by in FILTER_DIMENSIONS else None
     if group_by:
         kept.sort(key=lambda r: _dim(r, group_by))
     runs = kept
@@ -311,6 +342,7 @@ def compare(
         values = [(((r.document or {}).get("summary") or {}).get("comm_bytes_per_step") or {}).get(op) for r in compared]
         rows.append(_row(f"comm_bytes.{op}", f"  {op} per step", "bytes", "lower", values, baseline))
     missing = [i for i in ids if i not in found and i not in filtered_out]
+    decision = decide(runs=[(r.run, r.document) for r in compared], baseline_id=compared[baseline].id if compared else None)
     return Comparison(
         runs=compared,
         baseline=baseline,
@@ -319,7 +351,8 @@ def compare(
         group_by=group_by,
         filtered_out=filtered_out,
         dimension_values=dimension_values,
-        decision=decide(runs=[(r.run, r.document) for r in compared], baseline_id=compared[baseline].id if compared else None),
+        decision=decision,
+        whys=explain_configurations(compared, decision),
     )
 
 
@@ -342,6 +375,10 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         ],
         "missing": comparison.missing,
         "decision": comparison.decision.as_json() if comparison.decision is not None else None,
+        "why": [
+            {"baseline": w.baseline, "other": w.other, "why": w.why.model_dump() if w.why else None, "problem": w.problem}
+            for w in comparison.whys
+        ],
     }
 
 

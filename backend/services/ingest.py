@@ -81,6 +81,7 @@ def summary_columns(doc: ResultDocument, *, uploaded: bool) -> dict[str, Any]:
         "commit": doc.source.commit if doc.source else None,
         **recipe_columns(doc.workload, doc.strategy.model_dump()),
         **check_columns(doc, uploaded=uploaded),
+        "straggler": None if s.stragglers is None else bool(s.stragglers),
     }
 
 

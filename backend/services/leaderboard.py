@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from backend.services.ingest import NOT_CHECKED, UPLOADED
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
+from backend.store import runs as runs_store
 from parallab.core.data import DEFAULT_DATA
 from parallab.core.jobs import model_label, workload_custom_fields
 from parallab.core.recipes import loss_tolerance
@@ -127,6 +128,9 @@ EXPORT_FIELDS = (
     "checks_stated",
     "failed_runs",
     "stated_runs",
+    # the config's succeeded runs with a rank named a straggler, of those the analysis covered
+    "straggler_runs",
+    "straggler_analysed",
 )
 CSV_FIELDS = tuple(f for f in EXPORT_FIELDS if f != "interval") + ("interval_low", "interval_high", "interval_coverage")
 """The CSV's columns: the interval flat."""
@@ -250,7 +254,17 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
         row["loss_flagged"] = loss_flagged(row)
         config_figures(row)
         row.pop("total", None)
+    flag_stragglers(session, rows)
     return Leaderboard(rows=rows, total=total, query=query, groups=groups, next_cursor=cursor)
+
+
+def flag_stragglers(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Each row's `straggler_runs` and `straggler_analysed`: of its config's succeeded runs the
+    straggler analysis covered, how many had a rank named (None, None: none covered)."""
+    keys = [tuple(row.get(c) for c in runs_store.STRAGGLER_CONFIG) for row in rows]
+    counts = runs_store.straggler_counts(session, keys)
+    for row, key in zip(rows, keys, strict=True):
+        row["straggler_runs"], row["straggler_analysed"] = counts.get(key, (None, None))
 
 
 def encode_cursor(row: dict[str, Any], query: LeaderboardQuery) -> str:

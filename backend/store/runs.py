@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, null, select, update
+from sqlalchemy import and_, case, delete, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -79,6 +79,7 @@ def list_runs(
     user_id: int | None = None,
     tag: str | None = None,
     search: str | None = None,
+    straggler: bool | None = None,
 ) -> list[Run]:
     """Newest first; keyset paging on (created_at, id) so pages stay fast with many runs. `tag`:
     runs carrying it; `search`: runs whose name or model contains it (any case) or whose id
@@ -92,11 +93,34 @@ def list_runs(
             query = query.where(column == value)
     if tag is not None:
         query = query.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
+    if straggler is not None:  # runs not analysed (null) match neither
+        query = query.where(Run.straggler.is_(straggler))
     if search is not None:
         pattern = "%" + search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         named = func.lower(Run.name).like(pattern, escape="\\") | func.lower(Run.model).like(pattern, escape="\\")
         query = query.where(named | Run.id.startswith(search.lower(), autoescape=True))
     return list(session.execute(query).scalars())
+
+
+STRAGGLER_CONFIG = ("workload_key", "hardware_key", "strategy", "world_size", "strategy_options")
+"""What makes one leaderboard config (its `CONFIG`), read from the runs table."""
+
+
+def straggler_counts(session: Session, configs: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[int, int]]:
+    """Per config (`STRAGGLER_CONFIG` values): (its succeeded runs where a rank was named a
+    straggler, its succeeded runs the analysis covered); configs without an analysed run are left out."""
+    wanted = list(dict.fromkeys(configs))
+    if not wanted:
+        return {}
+    cols = [getattr(Run, c) for c in STRAGGLER_CONFIG]
+    named = func.sum(case((Run.straggler.is_(True), 1), else_=0))
+    query = (
+        select(*cols, named, func.count(Run.straggler))
+        .where(Run.status == "succeeded", Run.straggler.is_not(None))
+        .where(or_(*(and_(*(c == v for c, v in zip(cols, key, strict=True))) for key in wanted)))
+        .group_by(*cols)
+    )
+    return {tuple(row[: len(cols)]): (int(row[-2] or 0), int(row[-1])) for row in session.execute(query)}
 
 
 def get_runs(session: Session, run_ids: Sequence[str]) -> list[Run]:

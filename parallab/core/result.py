@@ -13,6 +13,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from parallab.core.bounds import INT32_MAX, INT64_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
+from parallab.core.critpath import CriticalPath, PathSummary, StepSegments
 from parallab.core.hardware import HardwareProfile
 from parallab.core.noise import HostNoise
 from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
@@ -341,6 +342,9 @@ class Summary(OpenModel):
     stragglers: list[Straggler] | None = Field(
         None, max_length=MAX_RANKS, description="Ranks persistently last into the collectives ([]: none stands out; None: not analysed)."
     )
+    critical_path: PathSummary | None = Field(
+        None, description="The critical path's length and parts per step (the whole analysis: the document's `critical_path`)."
+    )
     not_measured: list[ShortName] = Field(
         default_factory=list, max_length=64, description="Summary fields the run did not measure (an untraced run: no comm, no bubble)."
     )
@@ -493,6 +497,9 @@ class ResultDocument(OpenModel):
     noise: HostNoise | None = Field(
         None, description="The host around the run: load average, CPU steal, ranks against cores, other jobs (`parallab.core.noise`)."
     )
+    critical_path: CriticalPath | None = Field(
+        None, description="The profiled steps' critical path across the ranks and each rank's step split (`parallab.core.critpath`)."
+    )
     collectives_matched: CollectivesMatched | None = Field(
         None, description="The profiled window's collectives matched across ranks (`parallab.core.stragglers`); None: not analysed."
     )
@@ -509,6 +516,8 @@ class RankRecord(RankResult):
     trace_note: str | None = None
     collective_times: list[GroupTimes] | None = Field(None, max_length=MAX_SERIES)
     """When this rank entered and left each collective of the profiled window (wall clock); merged, not stored."""
+    step_segments: list[StepSegments] | None = Field(None, max_length=MAX_SERIES)
+    """The profiled steps' compute and communication segments (wall clock); merged into the critical path, not stored."""
     # lead rank only
     loss: LossCurve | None = None
     hardware: JSONObject | None = None

@@ -33,7 +33,10 @@ def every_figure() -> dict[str, common.Figure]:
         for r in (0, 1)
         for i, op in enumerate(["all_gather", "reduce_scatter"])
     ]
-    for name, doc in (("fsdp", traced), ("pp", make_document(strategy="pp", world_size=2).model_dump(mode="json")), ("empty", {})):
+    from tests.ui.test_palette import _critical_path
+
+    pp = make_document(strategy="pp", world_size=2).model_copy(update={"critical_path": _critical_path()}).model_dump(mode="json")
+    for name, doc in (("fsdp", traced), ("pp", pp), ("empty", {})):
         figures |= {f"run[{name}].{k}": f for k, f in run.run_figures(doc).items() if f is not None}
     points = [
         {

@@ -129,7 +129,24 @@ def _documents() -> dict[str, dict]:
         )
     }
     docs["ddp"] = with_memory_timeline(with_timeline(docs["ddp"], events_per_rank=20))
+    docs["pp"] = docs["pp"].model_copy(update={"critical_path": _critical_path()})
     return {k: d.model_dump(mode="json") for k, d in docs.items()}
+
+
+def _critical_path():
+    """Two stages: stage 1 waits for its input (bubble), receives it, computes, all-reduces."""
+    from parallab.core.critpath import COLL, COMPUTE, RECV, SEND, StepSegments, analyse
+
+    s0, s2 = StepSegments(start_us=0, end_us=990), StepSegments(start_us=0, end_us=1000)
+    s0.add(COMPUTE, "matmul", "", -1, 0, 500)
+    s0.add(SEND, "pp send", "p2p:0->2", 0, 500, 520)
+    s2.add(RECV, "pp recv", "p2p:0->2", 0, 0, 520)
+    s2.add(COMPUTE, "attention", "", -1, 520, 900)
+    s2.add(COLL, "all_reduce", "2,3", 0, 900, 1000)
+    s3 = StepSegments(start_us=0, end_us=1000)
+    s3.add(COMPUTE, "norms and elementwise", "", -1, 0, 950)
+    s3.add(COLL, "all_reduce", "2,3", 0, 950, 1000)
+    return analyse({0: [s0], 2: [s2], 3: [s3]}, world_size=4, mesh=[("pp", 2), ("dp_shard", 2)])
 
 
 RUN_FIGURES = {
@@ -142,6 +159,7 @@ RUN_FIGURES = {
     "moe": {"ranks", "time"},
     "bubble": {"time", "lines"},
     "memory_timeline": {"memory", "lines"},
+    "critical_path": {"ops", "time"},
 }
 COMPARE_FIGURES = {
     "throughput": {"runs", "lines"},
@@ -166,7 +184,7 @@ def test_every_run_figure_draws_in_its_own_groups_only() -> None:
             seen.add(key)
             assert key in RUN_FIGURES, f"a new run figure {key}: give it its groups here"
             assert _outside(fig, RUN_FIGURES[key]) == [], (name, key, _outside(fig, RUN_FIGURES[key]))
-    assert {"moe", "volume", "timeline", "bubble", "memory_timeline"} <= seen, seen
+    assert {"moe", "volume", "timeline", "bubble", "memory_timeline", "critical_path"} <= seen, seen
     moe = run_figures(_documents()["moe"])["moe"]
     assert palette.TIME["imbalance"] in _colours([t.get("line") for t in moe.data]), "the imbalance colour draws the MoE mean line"
 

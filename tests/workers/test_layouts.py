@@ -74,3 +74,22 @@ def test_a_composed_layout_communicates_what_its_dimensions_predict(layout_runs,
 def test_a_pipeline_layout_reports_its_loss_from_the_last_stage_of_one_replica(layout_runs):
     doc = layout_runs["pp×dp_shard"]
     assert all(v > 0 for v in doc.loss.values) and len(doc.loss.values) == doc.workload["steps"]
+
+
+def test_the_critical_path_of_a_pipeline_layout_shows_its_bubble_and_its_sends(harness_job):
+    """pp × dp_shard: the path crosses the stages' compute, the pipeline's sends/receives lie on it
+    as transfer, a stage's wait for its input as bubble, and its parts add up to its length."""
+    doc, _ = harness_job(*LAYOUTS["pp×dp_shard"])
+    cp = doc.critical_path
+    assert cp is not None and cp.steps >= 1 and cp.ranks == [0, 1, 2, 3] and not cp.skipped, cp
+    parts = cp.parts_s
+    assert parts.get("bubble", 0) > 0, parts
+    assert any(p.startswith("transfer pp ") for p in parts), parts
+    assert any(p.startswith("compute ") for p in parts), parts
+    assert sum(parts.values()) == pytest.approx(cp.length_s, rel=1e-6)
+    drawn = {s.part for s in cp.path}
+    assert "bubble" in drawn and any(p.startswith("transfer pp ") for p in drawn), drawn
+    # each rank's split step covers it exactly
+    assert sum(cp.rank_parts_s.values()) == pytest.approx(cp.rank_step_s, rel=1e-6)
+    short = doc.summary.critical_path  # the summary keeps the length and parts
+    assert short is not None and short.parts_s == cp.parts_s and short.ranks_visited == cp.path_ranks_visited

@@ -35,10 +35,11 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from parallab.core.critpath import StepSegments
 from parallab.core.result import CommOp, MemoryPeak, MemoryPoint, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
 from parallab.core.stragglers import GroupTimes, columns
-from workers.harness import attribution, memtimeline
+from workers.harness import attribution, critsegments, memtimeline
 from workers.harness.attribution import CommRequest
 
 
@@ -124,6 +125,19 @@ def group_key(args: Mapping[str, object]) -> str | None:
     return ",".join(map(str, sorted(dist.get_process_group_ranks(group))))
 
 
+def peer_of(args: Mapping[str, object]) -> int | None:
+    """The global rank at the other end of a c10d send (`dst`) or receive (`src`): the op names it
+    by its rank in the group; None for other ops or when it does not tell."""
+    peer = args.get("dst", args.get("src"))
+    if not isinstance(peer, int):
+        return None
+    key = group_key(args)
+    if key is None:
+        return peer
+    members = [int(x) for x in key.split(",")]
+    return members[peer] if 0 <= peer < len(members) else None
+
+
 class _CommRecorder(TorchDispatchMode):
     """Sees every top-level c10d op while active and records what it asked for.
 
@@ -135,6 +149,8 @@ class _CommRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[CommRequest] = []
+        self.peers: list[int | None] = []
+        """Request i's other end (global rank) for a send or receive whose peer the op names; else None."""
         self.step = 0
         self._is_comm: dict[torch._ops.OpOverload, bool] = {}
 
@@ -149,9 +165,11 @@ class _CommRecorder(TorchDispatchMode):
         if comm:
             named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
             named.update(kwargs)
-            self.requests += attribution.record(
+            made = attribution.record(
                 func._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named), group=group_key(named)
             )
+            self.requests += made
+            self.peers += [peer_of(named)] * len(made)
         return func(*args, **kwargs)
 
 
@@ -467,6 +485,7 @@ class ProfileResult:
     trace_file: str | None = None
     trace_note: str | None = None
     collective_times: list[GroupTimes] | None = None
+    step_segments: list[StepSegments] | None = None
 
     def record_fields(self) -> dict[str, Any]:
         """The fields as keyword arguments of `RankRecord` (a CUDA peak comes from the allocator, not from here)."""
@@ -571,8 +590,9 @@ class StepProfiler:
                     last = i == self.steps - 1
                     sample = memory_sampler(self.device) if last else None
                     if last:
-                        self._known.start = known_storages(model, optimizer, self.device, others=True)
-                        self._known.names = storage_names(model, optimizer, self.device)
+                        with torch.profiler.record_function(critsegments.HARNESS_RANGE):
+                            self._known.start = known_storages(model, optimizer, self.device, others=True)
+                            self._known.names = storage_names(model, optimizer, self.device)
                         if self.device.type == "cuda":
                             cuda_history(True)
                         _mark("step start", sample)
@@ -580,10 +600,11 @@ class StepProfiler:
                         step(i)
                         synchronize()
                     if last:
-                        self._known.end = {
-                            a: c for a, (c, _) in known_storages(model, optimizer, self.device, others=False).items() if c != "params"
-                        }
-                        self._known.names.update(storage_names(model, optimizer, self.device))
+                        with torch.profiler.record_function(critsegments.HARNESS_RANGE):
+                            self._known.end = {
+                                a: c for a, (c, _) in known_storages(model, optimizer, self.device, others=False).items() if c != "params"
+                            }
+                            self._known.names.update(storage_names(model, optimizer, self.device))
                         if self.device.type == "cuda":
                             self._cuda_snapshot = cuda_snapshot()
                             cuda_history(False)
@@ -649,6 +670,9 @@ class StepProfiler:
             offset = self._clock_offset(events)
             if offset is not None:
                 out.collective_times = columns(attribution.arrivals(requests, offset))
+                out.step_segments = critsegments.step_segments(
+                    events, requests, self._recorder.peers, spans, rank=self.rank, offset_us=offset, device=self.device.type
+                )
             if offset is not None and any(stage_steps):
                 out.pipeline_actions_us = [[(a + offset, b + offset) for a, b in step] for step in stage_steps]
             kind = 1 if self.device.type == "cuda" else 0  # the profiler's device codes

@@ -27,7 +27,7 @@ def compare_page(
     baseline: str | None = None,
     group: str | None = None,
 ) -> HTMLResponse:
-    where = {d: request.query_params.get(d, "") for d in compare_service.RECIPE_DIMENSIONS}
+    where = {d: request.query_params.get(d, "") for d in compare_service.FILTER_DIMENSIONS}
     comparison = compare_service.compare(
         session=session, run_ids=compare_service.parse_ids(ids), baseline_id=baseline, group_by=group, where=where
     )
@@ -43,7 +43,7 @@ def compare_page(
             "figures": figures,
             "ids_query": query,
             "where": where,
-            "dimensions": compare_service.RECIPE_DIMENSIONS,
+            "dimensions": compare_service.FILTER_DIMENSIONS,
             "memory_answer": answer,
         },
         settings=settings,

@@ -53,7 +53,7 @@ FormDep = Annotated[FormData, Depends(read_form)]
 def index(request: Request, session: SessionDep, settings: SettingsDep, params: Annotated[RunFilters, Query()]) -> HTMLResponse:
     status, strategy, user = params.status, params.strategy, params.user
     filters = {"status": status, "strategy": strategy, "user_id": auth_service.user_filter(session=session, email=user)}
-    filters.update(tag=params.tag, search=params.q)
+    filters.update(tag=params.tag, search=params.q, straggler=params.straggler)
     try:
         runs, next_cursor = run_service.list_runs(session=session, limit=100, cursor=params.cursor, filters=filters)
     except ValueError as exc:  # a cursor this server did not hand out
@@ -70,6 +70,7 @@ def index(request: Request, session: SessionDep, settings: SettingsDep, params: 
             "user": user or "",
             "users": [u.email for u in auth_service.list_users(session=session)],
             "tag": params.tag or "",
+            "straggler": "" if params.straggler is None else ("true" if params.straggler else "false"),
             "q": params.q or "",
             "tags": run_service.known_tags(session=session),
             "run_tags": run_service.tags_of(session=session, run_ids=[r.id for r in runs]),

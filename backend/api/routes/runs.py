@@ -76,7 +76,7 @@ def list_runs(session: SessionDep, viewer: CurrentUser, params: Annotated[RunLis
     """A page of runs, newest first; an unknown parameter, status, source or strategy is refused (422)."""
     user_id = auth_service.user_filter(session=session, email=params.user)
     filters = {"status": params.status, "strategy": params.strategy, "model": params.model, "source": params.source, "user_id": user_id}
-    filters.update(tag=params.tag, search=params.q)
+    filters.update(tag=params.tag, search=params.q, straggler=params.straggler)
     try:
         rows, next_cursor = run_service.list_runs(session=session, limit=params.limit, cursor=params.cursor, filters=filters)
     except ValueError as exc:

@@ -1,0 +1,167 @@
+"""Why two runs' step times differ: the change split into parts, each with its interval over repeats.
+
+Each run's parts are its ranks' split steps (`critical_path.rank_parts_s`: compute by op class,
+each collective's transfer by dimension and op, wait — the arrival skew —, the pipeline's bubble,
+idle), the mean over its ranks and profiled steps, which add up to its profiled step. A side of
+the comparison is one run or a repeat group (its runs); each part's change is the mean over B's
+runs minus A's, with a 95 % interval (Welch's, Student's t on the smaller side's degrees of
+freedom) when both sides have two runs or more.
+
+The parts are measured in the profiled window, whose steps run under the profiler (on CPU several
+times slower than the timed ones: the profiler's per-op cost); the measured difference is that
+of the timed steps (`summary.step_time_s.median`). So the parts are put on the timed scale with
+one factor for every run of both sides — the timed steps' sum over the profiled steps' sum — and
+not one per run (which would make them add up by construction). The residual — the measured
+difference minus the scaled parts' sum — is what that one factor misses: a window whose
+difference is not the timed difference's shape. It is shown, never spread over the parts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from parallab.core.critpath import part_group, t_quantile
+
+_closed = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+ADD_UP = 0.05
+"""The parts add up to the measured difference when the residual is within this share of it."""
+
+
+class PartChange(BaseModel):
+    model_config = _closed
+    part: str
+    family: str = Field(description="compute, transfer, wait, bubble, idle or unmatched.")
+    a_s: float
+    b_s: float
+    delta_s: float
+    interval_s: float | None = Field(None, description="Half-width of the 95 % interval of delta_s; None without repeats on both sides.")
+    share: float | None = Field(None, description="delta_s over the measured difference.")
+
+
+class Why(BaseModel):
+    model_config = _closed
+    runs_a: int = Field(ge=1)
+    runs_b: int = Field(ge=1)
+    step_a_s: float
+    step_b_s: float
+    measured_delta_s: float = Field(description="B's timed step minus A's (means of the runs' medians).")
+    measured_interval_s: float | None = None
+    parts: list[PartChange] = Field(default_factory=list)
+    parts_sum_s: float
+    residual_s: float = Field(description="measured_delta_s − parts_sum_s.")
+    residual_fraction: float | None = Field(None, description="|residual| over |measured difference|.")
+    adds_up: bool = Field(description=f"The residual is within {ADD_UP:.0%} of the measured difference.")
+    profiled_delta_s: float = Field(description="B's profiled step minus A's: what the unscaled parts sum to.")
+    scale: float = Field(gt=0, description="Timed over profiled step, over every run of both sides: the parts' factor.")
+
+
+class NotExplained(ValueError):
+    """A run without what the diff needs (untraced, no critical path, no timed steps)."""
+
+
+def _get(doc: Mapping[str, Any], run: str) -> tuple[float, dict[str, float], float]:
+    summary = doc.get("summary") or {}
+    step = (summary.get("step_time_s") or {}).get("median")
+    if not isinstance(step, (int, float)):
+        raise NotExplained(f"{run}: summary.step_time_s.median missing (the run has no timed steps)")
+    cp = doc.get("critical_path") or {}
+    parts = cp.get("rank_parts_s")
+    if not parts:
+        raise NotExplained(f"{run}: critical_path.rank_parts_s missing (untraced, or its traces could not be analysed)")
+    profiled = cp.get("rank_step_s")
+    if not isinstance(profiled, (int, float)) or profiled <= 0:
+        raise NotExplained(f"{run}: critical_path.rank_step_s missing or 0")
+    return float(step), {str(k): float(v) for k, v in parts.items()}, float(profiled)
+
+
+def _diff(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None]:
+    delta = statistics.fmean(b) - statistics.fmean(a)
+    if len(a) < 2 or len(b) < 2:
+        return delta, None
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    return delta, t_quantile(min(len(a), len(b)) - 1) * se
+
+
+def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, names: tuple[str, str] = ("A", "B")) -> Why:
+    """B against A (each a run's result document, or a repeat group's): NotExplained naming the run
+    and the missing field when one cannot be explained."""
+    if not a or not b:
+        raise NotExplained("each side needs at least one run")
+    got_a = [_get(d, f"{names[0]} run {i + 1}") for i, d in enumerate(a)]
+    got_b = [_get(d, f"{names[1]} run {i + 1}") for i, d in enumerate(b)]
+    keys = sorted({k for _, p, _ in got_a + got_b for k in p})
+    scale = sum(t for t, _, _ in got_a + got_b) / sum(p for _, _, p in got_a + got_b)
+    parts = []
+    measured, interval = _diff([t for t, _, _ in got_a], [t for t, _, _ in got_b])
+    for k in keys:
+        va, vb = [scale * p.get(k, 0.0) for _, p, _ in got_a], [scale * p.get(k, 0.0) for _, p, _ in got_b]
+        d, iv = _diff(va, vb)
+        parts.append(
+            PartChange(
+                part=k,
+                family=part_group(k),
+                a_s=statistics.fmean(va),
+                b_s=statistics.fmean(vb),
+                delta_s=d,
+                interval_s=iv,
+                share=d / measured if measured else None,
+            )
+        )
+    parts.sort(key=lambda p: -abs(p.delta_s))
+    total = sum(p.delta_s for p in parts)
+    residual = measured - total
+    frac = abs(residual) / abs(measured) if measured else None
+    return Why(
+        runs_a=len(a),
+        runs_b=len(b),
+        step_a_s=statistics.fmean(t for t, _, _ in got_a),
+        step_b_s=statistics.fmean(t for t, _, _ in got_b),
+        measured_delta_s=measured,
+        measured_interval_s=interval,
+        parts=parts,
+        parts_sum_s=total,
+        residual_s=residual,
+        residual_fraction=frac,
+        adds_up=frac is not None and frac <= ADD_UP,
+        profiled_delta_s=statistics.fmean(p for _, _, p in got_b) - statistics.fmean(p for _, _, p in got_a),
+        scale=scale,
+    )
+
+
+def share_of(why: Why, needle: str) -> float | None:
+    """The share of the measured difference in the parts whose name holds `needle` ('all_gather')."""
+    if not why.measured_delta_s:
+        return None
+    return sum(p.delta_s for p in why.parts if needle in p.part) / why.measured_delta_s
+
+
+def lines(why: Why, *, top: int = 12) -> list[str]:
+    """The diff as text (CLI, compare page)."""
+
+    def ms(v: float) -> str:
+        return f"{v * 1e3:+.2f} ms"
+
+    def iv(v: float | None) -> str:
+        return f" ± {v * 1e3:.2f}" if v is not None else ""
+
+    out = [
+        f"step time {why.step_a_s * 1e3:.2f} ms -> {why.step_b_s * 1e3:.2f} ms: {ms(why.measured_delta_s)}{iv(why.measured_interval_s)}"
+        f" (runs: {why.runs_a} vs {why.runs_b})",
+        f"parts: the profiled window's ({why.profiled_delta_s * 1e3:+.2f} ms), times {why.scale:.3f} (timed over profiled step, all runs)",
+    ]
+    for p in why.parts[:top]:
+        share = f" ({p.share * 100:.0f} %)" if p.share is not None else ""
+        out.append(f"  {p.part:<40} {ms(p.delta_s)}{iv(p.interval_s)}{share}")
+    rest = why.parts[top:]
+    if rest:
+        out.append(f"  {len(rest)} smaller parts{'':<26} {ms(sum(p.delta_s for p in rest))}")
+    verdict = "add up" if why.adds_up else "do NOT add up"
+    frac = f" ({why.residual_fraction * 100:.1f} % of the difference)" if why.residual_fraction is not None else ""
+    out.append(f"  residual (measured − parts){'':<13} {ms(why.residual_s)}{frac}: the parts {verdict} within {ADD_UP:.0%}")
+    return out
