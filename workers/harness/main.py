@@ -47,7 +47,7 @@ from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
-from workers.harness import amp, divergence, frozen, gradcheck, loop, measure, replicas
+from workers.harness import amp, divergence, faults, flight, frozen, gradcheck, loop, measure, replicas
 from workers.harness import routing as routing_module
 from workers.harness.families import build_model
 from workers.harness.model import Transformer, apply_activation_checkpointing, compile_blocks
@@ -287,6 +287,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         if job.spec.trace
         else None
     )
+    faults.inject(ctx.rank, ctx.device)  # a test's fault (PARALLAB_TEST_FAULT), none otherwise
     result = loop.train(applied=applied, strategy=strategy, options=options, ctx=ctx, job=job, progress=progress, profiler=profiler)
 
     # After the measured steps (and the profiled window): the collectives of the bookkeeping, then the measurements.
@@ -341,10 +342,13 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     code = 0
+    recorder: flight.Recorder | None = None
     try:
         run_dir = RunDir(args.run_dir).create()
         job = load_job(args.job)
         ctx = init_runtime(job)
+        recorder = flight.Recorder(run_dir, rank=ctx.rank, world_size=ctx.world_size, backend=ctx.backend)
+        recorder.arm()  # a SIGTERM (torchrun's, after another rank failed; the worker's timeout) dumps it too
         if job.trains:
             run_training(job, ctx, run_dir, args.cache_dir, args.trace_cap_bytes)
         else:
@@ -355,9 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         divergence.write_failure(RunDir(args.run_dir), exc.record)
         print(f"parallab: {exc}", file=sys.stderr, flush=True)
         code = 1
-    except BaseException:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit
+    except BaseException as exc:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
+        if recorder is not None:  # where this rank stood among the collectives, for the worker's analysis
+            recorder.dump(f"{type(exc).__name__}: {exc}")
         code = 1
     finally:
         shutdown()
