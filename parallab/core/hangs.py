@@ -177,7 +177,9 @@ class _Finding(BaseModel):
     first_ns: int
 
 
-def _first_disagreement(group: str, members: list[int], calls: Mapping[int, Mapping[int, Call]], dumps: Mapping[int, Dump]) -> _Finding | None:
+def _first_disagreement(
+    group: str, members: list[int], calls: Mapping[int, Mapping[int, Call]], dumps: Mapping[int, Dump]
+) -> _Finding | None:
     known = [r for r in members if r in dumps]
     if len(known) < 2:
         return None
@@ -210,6 +212,20 @@ def _sentence(f: _Finding, info: GroupInfo | None) -> str:
     )
 
 
+def _where_they_were(dumps: Mapping[int, Dump], groups: Mapping[str, GroupInfo]) -> str:
+    """The readable dumps agree: where they stood (the newest call recorded, and who made it)."""
+    newest = max(
+        ((e.time_created_ns, e.process_group[0], e.collective_seq_id) for d in dumps.values() for e in d.torch.entries if not e.is_p2p),
+        default=None,
+    )
+    if newest is None:
+        return "; the readable dumps hold no collective"
+    _, group, seq = newest
+    at = {r: c[group][seq] for r, c in ((r, _calls_by_group(d)) for r, d in dumps.items()) if seq in c.get(group, {})}
+    said = "; ".join(f"{_ranks([r for r in at if at[r] == call])} called {call.text}" for call in dict.fromkeys(at.values()))
+    return f"; the readable dumps agree, last at collective {seq} of {_group_words(group, groups.get(group))}: {said}"
+
+
 def analyse(files: Mapping[int, bytes | str | None], *, world_size: int, run: str | None = None) -> HangReport:
     """The first disagreement among the dumps of ranks 0..world_size-1 (`files[r]`: rank r's file
     content, None or absent when it wrote none); `run`: the run they must come from."""
@@ -232,8 +248,8 @@ def analyse(files: Mapping[int, bytes | str | None], *, world_size: int, run: st
         return HangReport(sentence=None, dumps=status, problems=problems)
     groups: dict[str, GroupInfo] = {}
     for d in dumps.values():
-        for name, info in d.groups.items():
-            groups.setdefault(name, info)
+        for name, group in d.groups.items():
+            groups.setdefault(name, group)
     calls = {r: _calls_by_group(d) for r, d in dumps.items()}
     names = sorted({g for c in calls.values() for g in c} | set(groups), key=lambda n: (len(n), n))
     findings = []
@@ -245,7 +261,7 @@ def analyse(files: Mapping[int, bytes | str | None], *, world_size: int, run: st
     base = HangReport(sentence=None, dumps=status, reasons=reasons, problems=problems)
     if not findings:
         if problems:
-            base.sentence = "hang not located: " + "; ".join(problems) + "; the other ranks' dumps agree"
+            base.sentence = "hang not located: " + "; ".join(problems) + _where_they_were(dumps, groups)
         return base
     f = min(findings, key=lambda x: (x.first_ns or 0, x.sequence))
     info = groups.get(f.group)

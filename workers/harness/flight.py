@@ -42,7 +42,8 @@ def _torch_dump(backend: str) -> dict[str, Any]:
     from torch._C import _distributed_c10d as c10d
 
     nccl = getattr(c10d, "_dump_nccl_trace_json", None)
-    text = nccl(True, False) if backend == "nccl" and nccl is not None else c10d._dump_fr_trace_json(True, False)
+    dump = nccl if backend == "nccl" and nccl is not None else getattr(c10d, "_dump_fr_trace_json")  # noqa: B009 — not in torch's stubs
+    text = dump(True, False)  # every entry, the completed ones too
     value = json.loads(text)
     return value if isinstance(value, dict) else {}
 
