@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -54,6 +55,29 @@ def hang_report(run_dir: RunDir) -> HangReport | None:
     except Exception:  # the analysis is evidence: the run's failure is reported without it
         log.exception("could not analyse the flight-recorder dumps in %s", run_dir.path)
         return None
+
+
+FLIGHT_CAP_BYTES = 16 * 1024 * 1024
+"""The largest rank's dump kept with a run (torch's 2000 entries take about 1 MB)."""
+
+
+def flight_recorder(run_dir: RunDir, world_size: int) -> dict[str, Any] | None:
+    """What a failed run keeps of its ranks' flight recorders: the analysis and every rank's dump
+    (as JSON; a dump that is not JSON as its text, one over the cap as null); None without any."""
+    files = flight_dumps(run_dir, world_size)
+    if all(d is None for d in files.values()):
+        return None
+    dumps: dict[str, Any] = {}
+    for rank, data in files.items():
+        if data is None or len(data) > FLIGHT_CAP_BYTES:
+            dumps[str(rank)] = None
+            continue
+        try:
+            dumps[str(rank)] = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            dumps[str(rank)] = data.decode(errors="replace")
+    report = hang_report(run_dir)
+    return {"report": report.model_dump(mode="json") if report is not None else None, "dumps": dumps}
 
 
 def failure_message(run_dir: RunDir, reason: str, log_tail: str) -> str:
