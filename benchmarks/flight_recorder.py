@@ -189,13 +189,15 @@ def report(results: dict[str, Any], steps: int, rounds: int, calls: int) -> str:
         "round after round. Step time: an untraced harness job's median step (per step the slowest rank), DDP on 2 gloo ranks, "
         f"fp32, {steps} timed steps.",
         "",
-        "| model | step on (ms) | step off (ms) | ratio on/off, median (each round) | collectives per step | recording's share of a step (bound) |",
+        "| model | step on (ms) | step off (ms) | ratio on/off, median (each round) | collectives per step "
+        "| recording's share of a step (bound) |",
         "|---|---:|---:|---|---:|---:|",
     ]
     for model, r in results["models"].items():
         each = ", ".join(f"{x:.3f}" for x in r["round_ratios"])
         lines.append(
-            f"| {model} | {r['on_ms']:.1f} | {r['off_ms']:.1f} | {r['ratio']:.3f} ({each}) | {r['collectives_per_step']} | {r['bound'] * 100:.3f} % |"
+            f"| {model} | {r['on_ms']:.1f} | {r['off_ms']:.1f} | {r['ratio']:.3f} ({each}) | {r['collectives_per_step']} "
+            f"| {r['bound'] * 100:.3f} % |"
         )
     lines += [
         "",

@@ -117,7 +117,7 @@ def op_name(profiling_name: str) -> str:
 def read_dump(data: bytes | str | None, *, rank: int, run: str | None) -> tuple[Dump | None, DumpStatus, str | None]:
     """(the dump, its status, the problem in words) of rank `rank`'s file content (None: no file)."""
     if data is None:
-        return None, "missing", f"rank {rank} left no dump (it died before it could write one)"
+        return None, "missing", f"rank {rank} left no dump here (it died before it could write one, or ran on another host)"
     try:
         raw = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -266,6 +266,9 @@ def analyse(files: Mapping[int, bytes | str | None], *, world_size: int, run: st
     f = min(findings, key=lambda x: (x.first_ns or 0, x.sequence))
     info = groups.get(f.group)
     sentence = _sentence(f, info)
+    failed = {r: reasons[r] for r in sorted(f.absent) if r in reasons and not reasons[r].startswith("stopped by")}
+    if failed:  # a rank that never arrived because it failed elsewhere: say how
+        sentence += "; " + "; ".join(f"rank {r} had failed: {why.splitlines()[0][:200]}" for r, why in failed.items())
     unknown = [r for r in (info.ranks if info else []) if r not in dumps]
     if unknown:
         sentence += f" ({_ranks(unknown)}: no readable dump)"

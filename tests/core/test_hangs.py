@@ -30,13 +30,21 @@ def entry(group: str, seq: int, op: str, sizes: list[list[int]] | None = None, *
     }
 
 
-def dump(rank: int, entries: list[dict[str, Any]], *, world: int = 4, run: str = RUN, groups: dict | None = None) -> bytes:
+def dump(
+    rank: int,
+    entries: list[dict[str, Any]],
+    *,
+    world: int = 4,
+    run: str = RUN,
+    groups: dict | None = None,
+    reason: str = "stopped by SIGTERM",
+) -> bytes:
     doc = {
         "format": FORMAT,
         "run": run,
         "rank": rank,
         "world_size": world,
-        "reason": "stopped by SIGTERM",
+        "reason": reason,
         "groups": groups if groups is not None else WORLD,
         "torch": {"version": "2.10", "entries": entries, "pg_config": {"": {"desc": "", "name": "", "ranks": "[]"}}},
     }
@@ -80,6 +88,14 @@ def test_a_rank_that_never_arrived_is_named_with_its_last_sequence() -> None:
         "hang: rank 2 never arrived at collective 5 of the world group (ranks 0, 1, 2, 3), where ranks 0, 1, 3 called "
         "all_reduce(Float[8]); last there: rank 2 at 4"
     )
+
+
+def test_a_rank_that_failed_before_arriving_says_how() -> None:
+    files = {r: dump(r, agreeing(5), reason="RuntimeError: Connection closed by peer") for r in range(3)}
+    files[3] = dump(3, agreeing(4), reason="ValueError: the batch is empty\nmore lines")
+    report = analyse(files, world_size=4, run=RUN)
+    assert report.never_arrived == [3] and report.reasons[3].startswith("ValueError")
+    assert (report.sentence or "").endswith("last there: rank 3 at 4; rank 3 had failed: ValueError: the batch is empty")
 
 
 def test_the_ring_compares_only_what_every_rank_still_holds() -> None:
@@ -139,7 +155,7 @@ def test_missing_and_malformed_dumps_are_named() -> None:
     files[3] = b'{"entries": []}'  # torch's own dump, no envelope
     report = analyse(files, world_size=4, run=RUN)
     assert report.dumps == {0: "ok", 1: "missing", 2: "invalid", 3: "invalid"}
-    assert report.problems[0] == "rank 1 left no dump (it died before it could write one)"
+    assert report.problems[0] == "rank 1 left no dump here (it died before it could write one, or ran on another host)"
     assert report.problems[1].startswith("rank 2's dump is malformed: torch.entries.0.collective_seq_id:")
     assert report.problems[2].startswith("rank 3's dump is not a parallab flight-recorder dump")
 

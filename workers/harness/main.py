@@ -13,7 +13,8 @@ nothing (`job.trains` false: the collectives sweep, the calibration) run their o
 The reference is the `single` run of the same workload and seed in fp32 with no recomputation
 and no accumulation (`parallab.core.recipes`): every recipe is held against it, each within the
 tolerance of its format. A rank first checks that its device can train in the job's precision.
-Any exception exits non-zero with its traceback on stderr; the process group is always destroyed.
+Any exception exits non-zero with its traceback on stderr and the rank's flight-recorder dump in
+the run directory (`workers.harness.flight`; a SIGTERM dumps it too); the process group is always destroyed.
 """
 
 from __future__ import annotations
