@@ -96,6 +96,71 @@ def count_rank(model_name: str, out: Path) -> None:
     dist.destroy_process_group()
 
 
+def probe_rank(model_name: str, steps: int, out: Path) -> None:
+    """Inside torchrun: the DDP step of `count_rank`, `steps` times after 3 warm-up steps; each rank
+    writes its process CPU time (every thread), its wall time and its voluntary context switches per step."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallab.core.model import PRESETS
+    from workers.harness.data import global_batch, micro_batch
+    from workers.harness.model import build_model
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    preset = PRESETS[model_name]
+    cfg, gbs = preset.config, preset.global_batch_size
+    model = DistributedDataParallel(build_model(cfg, seed=0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(s: int) -> None:
+        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=s)
+        inputs = micro_batch(inputs, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
+        labels = micro_batch(labels, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
+        optimizer.zero_grad(set_to_none=True)
+        model(inputs, labels=labels).backward()
+        optimizer.step()
+
+    for s in range(3):
+        step(s)
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for s in range(steps):
+        step(s)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    doc = {"cpu_ms": cpu / steps * 1e3, "wall_ms": wall / steps * 1e3, "switches": (after.ru_nvcsw - before.ru_nvcsw) / steps}
+    Path(f"{out}.{rank}").write_text(json.dumps(doc))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def probe(model: str, steps: int, on: bool) -> dict[str, float]:
+    """Per step, the mean over ranks: process CPU ms, wall ms, voluntary context switches."""
+    with tempfile.TemporaryDirectory(prefix="parallab-fr-") as tmp:
+        out = Path(tmp, "probe")
+        torchrun(["--probe-rank", model, str(steps), str(out)], {} if on else OFF)
+        docs = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+    return {k: statistics.mean(d[k] for d in docs) for k in ("cpu_ms", "wall_ms", "switches")}
+
+
+def probes(models: list[str], steps: int, rounds: int) -> dict[str, Any]:
+    """`probe` on and off, alternating, `rounds` times per model: medians and the on/off ratios."""
+    out: dict[str, Any] = {}
+    for model in models:
+        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        for r in range(rounds):
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                runs[on].append(probe(model, steps, on))
+                print(f"  probe {model} round {r + 1} {'on ' if on else 'off'} {runs[on][-1]}", file=sys.stderr)
+        med = {on: {k: statistics.median(x[k] for x in runs[on]) for k in ("cpu_ms", "wall_ms", "switches")} for on in runs}
+        out[model] = {"on": med[True], "off": med[False], "cpu_ratio": med[True]["cpu_ms"] / med[False]["cpu_ms"]}
+    return out
+
+
 def torchrun(args: list[str], env_extra: dict[str, str]) -> None:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
@@ -221,7 +286,15 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--micro-rank", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--count-rank", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--probe-rank", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--probe-only", action="store_true", help="only the CPU and context-switch probe (JSON)")
     args = parser.parse_args()
+    if args.probe_rank:
+        probe_rank(args.probe_rank[0], int(args.probe_rank[1]), Path(args.probe_rank[2]))
+        return
+    if args.probe_only:
+        print(json.dumps(probes(args.models, args.steps, args.rounds)))
+        return
     if args.micro_rank:
         micro_rank(int(args.micro_rank[0]), Path(args.micro_rank[1]))
         return
