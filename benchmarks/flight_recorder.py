@@ -16,7 +16,10 @@ drift of a shared machine hits both alike:
    over one step). (2) × (3) / the step time is the recorder's share of a step, a bound that the
    noise of (1) cannot blur.
 
-`--json` prints one line; `--write` puts the section "Flight recorder" in BENCHMARKS.md.
+`--probe-only` runs a plain DDP loop of each model instead, on and off, and prints per step the
+process CPU time (every thread), the wall time and the voluntary context switches: where a
+difference in (1) comes from. `--json` prints one line; `--write` puts the section "Flight
+recorder" in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -241,7 +244,8 @@ def measure(models: list[str], steps: int, rounds: int, calls: int) -> dict[str,
     }
     for r in results["models"].values():
         # The recording runs on the calling thread: its CPU time per call is the cost that load cannot inflate much.
-        r["bound"] = max(0.0, on_cpu - off_cpu) * r["collectives_per_step"] / (r["off_ms"] * 1e3)
+        # None when the measured cost is not above zero: below what this machine resolves, not a zero.
+        r["bound"] = (on_cpu - off_cpu) * r["collectives_per_step"] / (r["off_ms"] * 1e3) if on_cpu > off_cpu else None
     return results
 
 
@@ -262,7 +266,7 @@ def report(results: dict[str, Any], steps: int, rounds: int, calls: int) -> str:
         each = ", ".join(f"{x:.3f}" for x in r["round_ratios"])
         lines.append(
             f"| {model} | {r['on_ms']:.1f} | {r['off_ms']:.1f} | {r['ratio']:.3f} ({each}) | {r['collectives_per_step']} "
-            f"| {r['bound'] * 100:.3f} % |"
+            f"| {'not resolved' if r['bound'] is None else format(r['bound'] * 100, '.3f') + ' %'} |"
         )
     lines += [
         "",
