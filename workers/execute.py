@@ -55,7 +55,7 @@ from parallab.core.spec import JobSpec
 from workers import fleet as worker_fleet
 from workers.aggregate import build_result, merge_nodes, read_rank_records
 from workers.engines.host_torchrun import HostTorchrun, LocalWatch, reference_cache_dir
-from workers.engines.outputs import failure_message, read_traces
+from workers.engines.outputs import failure_message, flight_recorder, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch
 from workers.watch import Watcher
 
@@ -336,9 +336,11 @@ def _finish_run(
     error: str | None,
     document: ResultDocument | None,
     traces: dict[int, bytes],
+    flight: dict[str, Any] | None = None,
 ) -> str:
     """One transaction: the run's end (result, failure or cancel) and its hosts freed — unless the run
-    is no longer this worker's (it was reconciled as lost meanwhile): then only node 0 is closed."""
+    is no longer this worker's (it was reconciled as lost meanwhile): then only node 0 is closed.
+    `flight`: a failed run's flight-recorder dumps and their analysis, kept with it."""
 
     def write() -> str:
         with session_scope(settings.sqlalchemy_url) as session:
@@ -353,6 +355,8 @@ def _finish_run(
                 else:
                     store.set_status(session, run, "failed", error=error)
                     worker_store.delete_traces(session, run_id)  # other nodes' traces: nothing half-kept
+                    if flight is not None:
+                        store.set_flight_recorder(session, run_id, flight)
             else:
                 log.warning("run %s ended elsewhere (%s) while this worker ran it; not overwriting", run_id, run.status)
             node_status = {"succeeded": "succeeded", "cancelled": "stopped"}.get(run.status, "failed")
@@ -376,6 +380,16 @@ def _requeue(settings: Settings, run_id: str, pool: str, *, pause: bool) -> str:
                 store.set_status(session, run, "failed", error=f"could not reach the job queue while waiting for hosts: {exc}")
         return "failed"
     return "requeued"
+
+
+def _flight(settings: Settings, run_id: str, job: ResolvedJob) -> dict[str, Any] | None:
+    """This host's ranks' flight-recorder dumps of a failed run, with their analysis (best effort:
+    the run's failure is stored without them)."""
+    try:
+        return flight_recorder(RunDir(settings.runs_dir / run_id), job.world_size)
+    except Exception:
+        log.exception("could not read the flight-recorder dumps of run %s", run_id)
+        return None
 
 
 def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = None) -> str:
@@ -415,7 +429,8 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
         error = part.reason
         if node is not None and not part.stopped:
             error = _gang_failure(settings, run_id, f"node 0 (host {me.host}) failed: {part.reason}")
-        return _finish_run(settings, run_id, me, status="failed", error=error, document=None, traces={})
+        flight = _flight(settings, run_id, job)
+        return _finish_run(settings, run_id, me, status="failed", error=error, document=None, traces={}, flight=flight)
 
     per_node: list[list[RankRecord]] = [part.records or []]
     if job.nodes > 1:

@@ -112,15 +112,23 @@ def harness_args(run_dir: RunDir, *, trace_cap_bytes: int, cache_dir: Path | Non
 
 
 COLLECTIVE_TIMEOUT_ENV = "PARALLAB_COLLECTIVE_TIMEOUT_S"
+FLIGHT_RECORDER_ENTRIES = 2000
+"""Collectives each rank's flight recorder keeps (torch's ring; `workers.harness.flight` dumps it
+when the rank fails or is stopped). Its cost is measured in BENCHMARKS.md ("Flight recorder")."""
+FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""torch 2.13's name for the recorder's size, and the older NCCL-only one."""
 
 
 def rank_environment(
     job: ResolvedJob, allowed_modules: frozenset[str] = frozenset(), *, collective_timeout_s: float | None = None
 ) -> dict[str, str]:
     """The ranks' environment: this process's, with their threads, this checkout on the path, this
-    worker's allow-list of entry points (the rank checks its entry point against it again) and, when
-    set, how long a rank waits in one collective of its world group."""
+    worker's allow-list of entry points (the rank checks its entry point against it again), the
+    flight recorder on (unless the environment sizes it itself; 0 turns it off) and, when set, how
+    long a rank waits in one collective of its world group."""
     env = dict(os.environ)
+    for name in FLIGHT_RECORDER_ENV:
+        env.setdefault(name, str(FLIGHT_RECORDER_ENTRIES))
     env[ALLOW_LIST_ENV] = ",".join(sorted(allowed_modules))
     if collective_timeout_s is not None:
         env[COLLECTIVE_TIMEOUT_ENV] = str(collective_timeout_s)
@@ -283,7 +291,11 @@ def launch(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=rank_environment(job, allowed_modules, collective_timeout_s=collective_timeout_s),
+            env={
+                **rank_environment(job, allowed_modules, collective_timeout_s=collective_timeout_s),
+                # torch's own dumps (NCCL's watchdog writes one on a collective's timeout) land with the run
+                "TORCH_FR_DUMP_TEMP_FILE": str(run_dir.path / "torch_flight_rank"),
+            },
             start_new_session=True,
         )
         reason = None

@@ -342,6 +342,11 @@ def set_run_tags(*, session: Session, run_id: str, text: str) -> list[str]:
     return tags
 
 
+def flight_recorder_dumps(*, session: Session, run_id: str) -> int | None:
+    """How many ranks' flight-recorder dumps a failed run kept (`GET /runs/{id}/flight-recorder`); None: none kept."""
+    return store.flight_recorder_dumps(session, run_id)
+
+
 def tags_of(*, session: Session, run_ids: Sequence[str]) -> dict[str, list[str]]:
     return store.tags_of(session, run_ids)
 

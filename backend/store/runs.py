@@ -231,6 +231,38 @@ def part_rows(run_id: str, parts: dict[str, result_parts.Part]) -> list[dict[str
     return [{"run_id": run_id, "part": key, "items": items, "data": data} for key, (items, data) in parts.items()]
 
 
+FLIGHT_RECORDER_PART = "flight_recorder"
+"""The `run_result_parts` row of a failed run's flight-recorder dumps and their analysis (a run
+with no result document holds it alone; never merged into a document)."""
+
+
+def set_flight_recorder(session: Session, run_id: str, value: dict[str, Any]) -> None:
+    """Keep a failed run's flight-recorder dumps (`{"report": …, "dumps": {rank: …}}`), replacing any
+    kept before — caller's transaction."""
+    session.execute(delete(RunResultPart).where(RunResultPart.run_id == run_id, RunResultPart.part == FLIGHT_RECORDER_PART))
+    dumps = value.get("dumps") or {}
+    row = {
+        "run_id": run_id,
+        "part": FLIGHT_RECORDER_PART,
+        "items": sum(d is not None for d in dumps.values()),
+        "data": result_parts.pack(value),
+    }
+    session.execute(insert(RunResultPart), [row])
+
+
+def flight_recorder_dumps(session: Session, run_id: str) -> int | None:
+    """How many ranks' dumps a failed run kept (None: it kept no flight recorder), without reading them."""
+    query = select(RunResultPart.items).where(RunResultPart.run_id == run_id, RunResultPart.part == FLIGHT_RECORDER_PART)
+    return session.execute(query).scalar_one_or_none()
+
+
+def get_flight_recorder(session: Session, run_id: str) -> dict[str, Any] | None:
+    query = select(RunResultPart.data).where(RunResultPart.run_id == run_id, RunResultPart.part == FLIGHT_RECORDER_PART)
+    data = session.execute(query).scalar_one_or_none()
+    value = result_parts.unpack(data) if data is not None else None
+    return value if isinstance(value, dict) else None
+
+
 def get_trace(session: Session, run_id: str, rank: int) -> bytes | None:
     return session.execute(select(RunTrace.data).where(RunTrace.run_id == run_id, RunTrace.rank == rank)).scalar_one_or_none()
 

@@ -7,6 +7,7 @@ One place for every name, so the launcher, the ranks, the aggregation and the te
     progress.jsonl        live progress, one JSON line per step (one rank writes it)
     rank{r}.json          rank r's `RankRecord`, written atomically at the end
     trace_rank{r}.json.gz rank r's Chrome trace (traced runs, size-capped)
+    flight_rank{r}.json   rank r's flight-recorder dump, written when it fails or is stopped (`parallab.core.hangs`)
     failure.json          why the ranks stopped, when a rank knows (`FailureRecord`: the loss diverged)
     noise.json            the host around a Slurm job (`HostNoise`, sampled by its batch script on node 0)
     reference.fetched     a Slurm run whose reference curve its agent copied from the lab database
@@ -54,6 +55,10 @@ class RunDir:
 
     def trace(self, rank: int) -> Path:
         return self.path / f"trace_rank{rank}.json.gz"
+
+    def flight(self, rank: int) -> Path:
+        """Rank r's flight-recorder dump (`parallab.core.hangs.Dump`), written when the rank fails or is stopped."""
+        return self.path / f"flight_rank{rank}.json"
 
     def raw_trace(self, rank: int) -> Path:
         """The profiler's uncompressed export, deleted once the rank has read it."""

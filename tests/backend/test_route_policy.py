@@ -49,6 +49,7 @@ POLICY: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/runs"): "read",
     ("GET", "/api/v1/runs/{run_id}"): "read",
     ("GET", "/api/v1/runs/{run_id}/trace"): "read",
+    ("GET", "/api/v1/runs/{run_id}/flight-recorder"): "read",
     ("GET", "/api/v1/runs/{run_id}/timeline"): "read",
     ("GET", "/api/v1/runs/{run_id}/reproduction"): "read",
     ("GET", "/api/v1/plan"): "read",

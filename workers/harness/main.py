@@ -13,7 +13,8 @@ nothing (`job.trains` false: the collectives sweep, the calibration) run their o
 The reference is the `single` run of the same workload and seed in fp32 with no recomputation
 and no accumulation (`parallab.core.recipes`): every recipe is held against it, each within the
 tolerance of its format. A rank first checks that its device can train in the job's precision.
-Any exception exits non-zero with its traceback on stderr; the process group is always destroyed.
+Any exception exits non-zero with its traceback on stderr and the rank's flight-recorder dump in
+the run directory (`workers.harness.flight`; a SIGTERM dumps it too); the process group is always destroyed.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
 from workers import lifeline, strategies, topology
-from workers.harness import amp, divergence, frozen, gradcheck, loop, measure, replicas
+from workers.harness import amp, divergence, faults, flight, frozen, gradcheck, loop, measure, replicas
 from workers.harness import routing as routing_module
 from workers.harness.families import build_model
 from workers.harness.model import Transformer, apply_activation_checkpointing, compile_blocks
@@ -287,6 +288,7 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         if job.spec.trace
         else None
     )
+    faults.inject(ctx.rank, ctx.device)  # a test's fault (PARALLAB_TEST_FAULT), none otherwise
     result = loop.train(applied=applied, strategy=strategy, options=options, ctx=ctx, job=job, progress=progress, profiler=profiler)
 
     # After the measured steps (and the profiled window): the collectives of the bookkeeping, then the measurements.
@@ -341,10 +343,13 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     code = 0
+    recorder: flight.Recorder | None = None
     try:
         run_dir = RunDir(args.run_dir).create()
         job = load_job(args.job)
         ctx = init_runtime(job)
+        recorder = flight.Recorder(run_dir, rank=ctx.rank, world_size=ctx.world_size, backend=ctx.backend)
+        recorder.arm()  # a SIGTERM (torchrun's, after another rank failed; the worker's timeout) dumps it too
         if job.trains:
             run_training(job, ctx, run_dir, args.cache_dir, args.trace_cap_bytes)
         else:
@@ -355,9 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         divergence.write_failure(RunDir(args.run_dir), exc.record)
         print(f"parallab: {exc}", file=sys.stderr, flush=True)
         code = 1
-    except BaseException:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit
+    except BaseException as exc:  # noqa: BLE001 — any failure: traceback to stderr, non-zero exit
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
+        if recorder is not None:  # where this rank stood among the collectives, for the worker's analysis
+            recorder.dump(f"{type(exc).__name__}: {exc}")
         code = 1
     finally:
         shutdown()

@@ -181,6 +181,7 @@ def run_page(request: Request, run_id: str, session: SessionDep, settings: Setti
         {
             "run": view.run,
             "run_error": error_for(viewer, view.run.error),
+            "flight_dumps": run_service.flight_recorder_dumps(session=session, run_id=view.run.id) if view.run.status == "failed" else None,
             "run_log": (progress_for(viewer, view.run.progress) or {}).get("log", ""),
             "doc": view.document,
             "figures": figures,

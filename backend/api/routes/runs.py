@@ -146,6 +146,22 @@ def read_reproduction(run_id: RunId, session: SessionDep) -> dict[str, Any]:
     return found.as_json()
 
 
+@router.get("/{run_id}/flight-recorder")
+def read_flight_recorder(run_id: RunId, session: SessionDep, viewer: CurrentUser) -> dict[str, Any]:
+    """A failed run's flight-recorder dumps, kept when its ranks failed or were stopped: `report`
+    (the first collective where the ranks disagree, what each called, which never arrived; its
+    `sentence` leads the run's error) and `dumps` (each rank's, torch's own dump under `torch`;
+    null for a rank that wrote none). 404 for a run that kept none."""
+    run_service.get_run(session=session, run_id=run_id)
+    kept = store.get_flight_recorder(session, run_id)
+    if kept is None:
+        raise HTTPException(404, detail=f"run {run_id} kept no flight-recorder dumps (only a failed or stopped run's ranks write them)")
+    report = kept.get("report")
+    if isinstance(report, dict) and isinstance(report.get("sentence"), str):
+        report = {**report, "sentence": error_for(viewer, report["sentence"])}
+    return {**kept, "report": report}
+
+
 @router.get("/{run_id}/trace", responses={200: {"content": {"application/gzip": {}}}})
 def read_trace(run_id: RunId, session: SessionDep, rank: Annotated[int, Query(ge=0, lt=MAX_RANKS)] = 0) -> Response:
     """One rank's Chrome trace (gzipped JSON): open it in https://ui.perfetto.dev or chrome://tracing."""
