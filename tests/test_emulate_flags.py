@@ -61,3 +61,28 @@ def test_a_rate_alone_is_one_tbf_and_latency_puts_netem_above_it() -> None:
 )
 def test_the_dimensions_whose_groups_span_nodes(mesh: list[tuple[str, int]], per_node: int, crossing: list[str]) -> None:
     assert crossing_dims(mesh, per_node) == crossing
+
+
+def test_a_runs_estimate_across_nodes_is_made_on_its_nodes_and_the_pools_link() -> None:
+    """`workers.aggregate.run_hardware`: a 2-node job's hardware is 2 × its ranks per node with the
+    pool's topology, so DDP's all-reduce is timed on the link; one node's is the host alone."""
+    from parallab.core.jobs import Limits, resolve_job
+    from parallab.core.planner import estimate_step_time
+    from parallab.core.pools import LinkFigures, PoolTopology
+    from parallab.core.spec import JobSpec
+    from workers.aggregate import run_hardware
+
+    def ddp(nodes: int):
+        doc = {"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 4}, "placement": {"nodes": nodes}}
+        return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=10))
+
+    reported = {"device": "cpu", "device_name": "some cpu", "device_count": 4}
+    topo = PoolTopology(source="emulated", nodes=2, ranks_per_node=2, inter_node=LinkFigures(bandwidth_bps=2e7))
+    across = run_hardware(reported, None, job=ddp(2), topology=topo)
+    alone = run_hardware(reported, None, job=ddp(1))
+    assert across is not None and alone is not None
+    assert (across.nodes, across.per_node, across.topology) == (2, 2, topo)
+    assert (alone.nodes, alone.per_node) == (1, 4)
+    slow, fast = estimate_step_time(ddp(2), across), estimate_step_time(ddp(1), alone)
+    assert slow.inter_node_dims == ["dp"] and fast.inter_node_dims == []
+    assert slow.comm_s > 20 * fast.comm_s  # a 20 Mbit/s link against the host's memory path

@@ -9,15 +9,19 @@ so fp8 sent to a CPU pool is refused with a 422 that names the device.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import HardwareProfileRow, Run, Worker
 from backend.store import planning as store
+from backend.store import pools as pool_store
 from backend.store import workers as worker_store
 from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
 from parallab.core.jobs import ResolvedJob
 from parallab.core.planner import Hardware, hardware_for
+from parallab.core.pools import PoolTopology
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.result import ResultDocument
 
@@ -92,7 +96,19 @@ def registered_worker(*, session: Session, pool: str) -> Worker | None:
 def pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
     """What a pool plans on: its latest calibration (with the catalogue entry its device matches);
     uncalibrated, the catalogue entry of the device its workers registered with — a CPU the
-    catalogue does not know keeps its own name over the generic CPU's figures — said so in the label."""
+    catalogue does not know keeps its own name over the generic CPU's figures — said so in the label.
+    A pool with a recorded topology (`parallab lab emulate`, or declared) plans on its nodes × ranks
+    per node, the collectives whose groups span nodes timed on its inter-node link."""
+    hw = _pool_hardware(session=session, settings=settings, pool=pool)
+    row = pool_store.get_pool(session, pool_of(settings, pool))
+    said = (row.settings or {}).get("topology") if row is not None else None
+    if not said:
+        return hw
+    topology = PoolTopology.model_validate(said)
+    return replace(hw, nodes=topology.nodes, devices_per_node=topology.ranks_per_node, topology=topology)
+
+
+def _pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
     cat = catalogue(settings)
     name = pool_of(settings, pool)
     profile = latest_profile(session=session, pool=name)
