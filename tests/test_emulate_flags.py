@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from parallab.cli import app
 from parallab.core.pools import crossing_dims
-from workers.netns import RANKS_PER_CORE, BadShape, ClusterSpec, LinkShape, parse_rate, parse_time
+from workers.netns import LOSS_SCALE, RANKS_PER_CORE, BadShape, ClusterSpec, LinkShape, loss_ruleset, parse_rate, parse_time
 
 
 def test_rates_and_times_parse_in_tc_units() -> None:
@@ -44,9 +44,18 @@ def test_the_core_bound_counts_ranks_of_all_nodes() -> None:
 def test_a_rate_alone_is_one_tbf_and_latency_puts_netem_above_it() -> None:
     (only,) = LinkShape(2e8).tc_commands("eth0")
     assert only[only.index("root") + 3 :][:3] == ["tbf", "rate", "200000000bit"]
-    netem, tbf = LinkShape(1e9, latency_s=2e-4, jitter_s=5e-5, loss_pct=1).tc_commands("eth0")
-    assert netem[netem.index("netem") :][:6] == ["netem", "delay", "200us", "50us", "loss", "1%"]
+    netem, tbf = LinkShape(1e9, latency_s=2e-4, jitter_s=5e-5).tc_commands("eth0")
+    assert netem[netem.index("netem") :][:4] == ["netem", "delay", "200us", "50us"]
     assert tbf[tbf.index("parent") + 1] == "1:" and "tbf" in tbf
+
+
+def test_loss_is_an_nftables_drop_on_the_links_ingress_not_netem() -> None:
+    lossy = LinkShape(1e9, loss_pct=2.5)
+    assert not lossy.needs_netem and len(lossy.tc_commands("eth0")) == 1
+    rules = loss_ruleset("eth0", 2.5)
+    assert 'hook ingress device "eth0"' in rules
+    assert f"numgen random mod {LOSS_SCALE} < {LOSS_SCALE * 25 // 1000} counter drop" in rules
+    assert loss_ruleset("eth0", 0) == ""
 
 
 @pytest.mark.parametrize(
