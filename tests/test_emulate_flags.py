@@ -20,6 +20,11 @@ def test_rates_and_times_parse_in_tc_units() -> None:
     ("args", "said"),
     [
         (["--inter-node", "0mbit"], "--inter-node: the bandwidth must be above 0"),
+        (["--inter-node", "0"], "--inter-node: the bandwidth must be above 0"),
+        (["--inter-node", "-5mbit"], "--inter-node: the bandwidth must be above 0"),
+        (["--inter-node", "100"], "--inter-node: '100' is not a rate"),
+        (["--jitter", "-1us"], "--jitter: must not be negative"),
+        (["--loss", "-1"], "--loss: a percentage in [0, 100)"),
         (["--inter-node", "fast"], "--inter-node: 'fast' is not a rate"),
         (["--latency", "-1ms"], "--latency: must not be negative"),
         (["--nodes", "1"], "--nodes: an emulated cluster has at least 2 nodes"),

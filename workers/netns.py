@@ -63,7 +63,9 @@ class BadShape(ValueError):
 
 def parse_rate(text: str, *, flag: str = "--inter-node") -> float:
     """'1gbit', '200mbit', '125mbps' (bytes) → bits per second; refused naming `flag` unless > 0."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*", text.lower())
+    match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([a-z]*)\s*", text.lower())
+    if match is not None and float(match.group(1)) <= 0:
+        raise BadShape(f"{flag}: the bandwidth must be above 0 (got {text!r})")
     if match is None or match.group(2) not in _UNITS:
         raise BadShape(f"{flag}: {text!r} is not a rate (a number and one of {', '.join(_UNITS)}: '1gbit', '200mbit')")
     bits = float(match.group(1)) * _UNITS[match.group(2)]
