@@ -1,15 +1,19 @@
 """Layouts across an emulated cluster: TP inside a node against TP across nodes, and four layouts
 of 2 nodes × 2 ranks, at two link rates — measured step times beside the planner's prediction.
 
-    sudo python benchmarks/emulated_layouts.py [--rates 1gbit 100mbit] [--steps 4]
+    sudo python benchmarks/emulated_layouts.py [--rates 1gbit 200mbit] [--steps 6]
 
-Each rate gets its own `workers.netns.EmulatedCluster` (2 namespaces, tbf-shaped links). A job
-runs as the workers would run it: one torchrun per node inside its namespace (`workers.launcher.launch`
-with the node's `netns` and a c10d `NodeLaunch`), the records of both nodes merged by
-`workers.aggregate.build_result`, whose `prediction.step_time_s` is the planner's estimate for the
-run's hardware. "tp=2 inside" runs both ranks in node 0; "tp=2 across" one rank in each node.
-Prints a Markdown table per rate and Spearman's ρ between predicted and measured step times of
-the four 2 × 2 layouts; the load average beside them (this machine is shared).
+Each rate gets its own `workers.netns.EmulatedCluster` (2 namespaces, tbf-shaped links), whose
+link is first measured (`workers.linkprobe`, gloo send/recv across and inside a node) into the
+pool topology `parallab lab emulate` would record. A job runs as the workers would run it: one
+torchrun per node inside its namespace (`workers.launcher.launch` with the node's `netns` and a
+c10d `NodeLaunch`), the records of both nodes merged by `workers.aggregate.build_result` with that
+topology, so `prediction.step_time_s` is the planner's estimate with the dimensions that cross
+nodes timed on the measured link. "tp=2 inside" runs both ranks in node 0; "tp=2 across" one rank
+in each node. Per layout: the measured step (median) and the prediction; per mesh dimension, the
+measured communication (the matched collectives' transfer time once every member arrived, per
+step) beside the predicted; and Spearman's ρ between predicted and measured step times of the four
+2 × 2 layouts; the load average beside them (this machine is shared).
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job  # noqa: E402
+from parallab.core.pools import LinkFigures, PoolTopology  # noqa: E402
 from parallab.core.rundir import RunDir  # noqa: E402
 from parallab.core.spec import JobSpec  # noqa: E402
 from workers.aggregate import build_result, read_node_records  # noqa: E402
 from workers.launcher import NodeLaunch, launch  # noqa: E402
+from workers.linkprobe import probe  # noqa: E402
 from workers.netns import ClusterSpec, EmulatedCluster, LinkShape, parse_rate  # noqa: E402
 
 PAIR = [("tp=2 inside a node", "tp", 2, {}, 1), ("tp=2 across nodes", "tp", 2, {}, 2)]
@@ -49,7 +55,22 @@ def job_of(strategy: str, world: int, options: dict[str, Any], nodes: int, steps
     return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=1000))
 
 
-def run_across(cluster: EmulatedCluster, job: ResolvedJob, root: Path, port: int) -> dict[str, Any]:
+def topology_of(cluster: EmulatedCluster) -> PoolTopology:
+    """The pool topology of `cluster`: declared link, and both paths as gloo measures them."""
+    a, b = cluster.nodes[0], cluster.nodes[1]
+    inter = probe(cluster.exec_args(a), cluster.exec_args(b), f"{a.address}:29431", megabytes=16)
+    intra = probe(cluster.exec_args(a), cluster.exec_args(a), f"{a.address}:29432", megabytes=16)
+    return PoolTopology(
+        source="emulated",
+        nodes=cluster.spec.nodes,
+        ranks_per_node=cluster.spec.ranks_per_node,
+        inter_node=LinkFigures(bandwidth_bps=cluster.spec.link.rate_bps, latency_s=cluster.spec.link.latency_s),
+        measured_inter_node=LinkFigures(bandwidth_bps=inter["bandwidth_bps"], latency_s=inter["latency_s"]),
+        measured_intra_node=LinkFigures(bandwidth_bps=intra["bandwidth_bps"], latency_s=intra["latency_s"]),
+    )
+
+
+def run_across(cluster: EmulatedCluster, job: ResolvedJob, root: Path, port: int, topology: PoolTopology) -> dict[str, Any]:
     """Run `job` on the cluster's first `job.nodes` nodes; its result document as a dict."""
     nodes = cluster.nodes[: job.nodes]
     dirs = [RunDir(root / f"node{n.index}") for n in nodes]
@@ -70,7 +91,21 @@ def run_across(cluster: EmulatedCluster, job: ResolvedJob, root: Path, port: int
     if failed:
         raise RuntimeError(f"{job.strategy}: {failed}: {outcomes[0].log_tail[-2000:]}")
     records = sorted((r for d in dirs for r in read_node_records(d)), key=lambda r: r.rank)
-    return build_result(job, records, hosts=[n.host for n in nodes]).model_dump(mode="json")
+    return build_result(job, records, hosts=[n.host for n in nodes], topology=topology).model_dump(mode="json")
+
+
+def measured_by_dim(doc: dict[str, Any]) -> dict[str, float]:
+    """Seconds per step each mesh dimension's collectives spent moving data once all members had
+    arrived (the matching's transfer time, averaged over the dimension's groups)."""
+    matched = doc.get("collectives_matched") or {}
+    steps = max(int(matched.get("steps") or 0), 1)
+    total: dict[str, float] = {}
+    groups: dict[str, int] = {}
+    for g in matched.get("groups", []):
+        dim = g.get("dim") or "?"
+        total[dim] = total.get(dim, 0.0) + g["transfer_s"]
+        groups[dim] = groups.get(dim, 0) + 1
+    return {dim: total[dim] / groups[dim] / steps for dim in total}
 
 
 def row(label: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +119,19 @@ def row(label: str, doc: dict[str, Any]) -> dict[str, Any]:
         "wire_mb": sum((s.get("wire_bytes_per_step") or s.get("comm_bytes_per_step") or {}).values()) / 1e6,
         "crossing": ",".join(doc["hardware"].get("inter_node_dims", [])) or "-",
         "loss_diff": s.get("loss_max_rel_diff_vs_reference"),
+        "measured_dims": measured_by_dim(doc),
+        "predicted_dims": (p.get("step_time_estimate") or {}).get("comm_by_dim", {}),
+        "predicted_exposed_ms": (p.get("step_time_estimate") or {}).get("exposed_comm_s", float("nan")) * 1e3,
+        "predicted_compute_ms": (p.get("step_time_estimate") or {}).get("compute_s", float("nan")) * 1e3,
     }
+
+
+def dims_cell(measured: dict[str, float], predicted: dict[str, float]) -> str:
+    """'tp 41 / 26' per dimension: measured / predicted ms per step."""
+    names = sorted(set(measured) | set(predicted))
+    return ", ".join(
+        f"{d} {fmt(measured.get(d, float('nan')) * 1e3, '.0f')} / {fmt(predicted.get(d, float('nan')) * 1e3, '.0f')}" for d in names
+    )
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -105,29 +152,38 @@ def fmt(x: float | None, spec: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rates", nargs="+", default=["1gbit", "200mbit"])
+    parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
     os.environ.update(GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
     port = 29600
     for rate in args.rates:
         with EmulatedCluster(ClusterSpec(2, 2, LinkShape(parse_rate(rate)))) as cluster, tempfile.TemporaryDirectory() as tmp:
+            topology = topology_of(cluster)
             rows = []
             for label, strategy, world, options, nodes in PAIR + FOUR:
                 port += 1
                 job = job_of(strategy, world, options, nodes, args.steps)
-                rows.append(row(label, run_across(cluster, job, Path(tmp) / f"r{port}", port)))
+                rows.append(row(label, run_across(cluster, job, Path(tmp) / f"r{port}", port, topology)))
             load = os.getloadavg()
+        inter, intra = topology.measured_inter_node, topology.measured_intra_node
+        assert inter is not None and intra is not None
         print(f"\n### {rate} links (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n")
         print(
-            "| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) "
-            "| comm fraction | exposed comm | loss vs single |"
+            f"link measured: {inter.bandwidth_bps / 1e6:.0f} Mbit/s across ({inter.latency_s * 1e3:.2f} ms one way), "
+            f"{intra.bandwidth_bps / 1e9:.1f} Gbit/s inside a node ({intra.latency_s * 1e3:.2f} ms)\n"
         )
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print(
+            "| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) | predicted compute (ms) "
+            "| exposed comm, measured / predicted (ms) | comm per dim, measured / predicted (ms) | loss vs single |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---|---:|")
         for r in rows:
+            exposed = (r["exposed_fraction"] or float("nan")) * r["measured_ms"]
             print(
                 f"| {r['layout']} | {r['crossing']} | {r['wire_mb']:.2f} | {r['measured_ms']:.0f} | {fmt(r['predicted_ms'], '.0f')} | "
-                f"{fmt(r['comm_fraction'], '.2f')} | {fmt(r['exposed_fraction'], '.2f')} | {fmt(r['loss_diff'], '.1e')} |"
+                f"{fmt(r['predicted_compute_ms'], '.0f')} | {fmt(exposed, '.0f')} / {fmt(r['predicted_exposed_ms'], '.0f')} | "
+                f"{dims_cell(r['measured_dims'], r['predicted_dims'])} | {fmt(r['loss_diff'], '.1e')} |"
             )
         four = rows[len(PAIR) :]
         if all(r["predicted_ms"] == r["predicted_ms"] for r in four):

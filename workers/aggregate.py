@@ -24,7 +24,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
 from parallab.core.planner import Hardware, hardware_for
-from parallab.core.pools import crossing_dims
+from parallab.core.pools import PoolTopology, crossing_dims
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
@@ -66,14 +66,27 @@ def merge_nodes(per_node: Sequence[Sequence[RankRecord]], world_size: int) -> li
     return [by_rank[r] for r in range(world_size)]
 
 
-def run_hardware(hardware: dict[str, Any], profile: HardwareProfile | None, catalogue: Catalogue | None = None) -> Hardware | None:
+def run_hardware(
+    hardware: dict[str, Any],
+    profile: HardwareProfile | None,
+    catalogue: Catalogue | None = None,
+    *,
+    job: ResolvedJob | None = None,
+    topology: PoolTopology | None = None,
+) -> Hardware | None:
     """What the step-time estimate runs on: the catalogue entry of the device the ranks reported,
-    with the pool's calibrated profile when there is one; None for a device the catalogue lacks."""
+    with the pool's calibrated profile when there is one; None for a device the catalogue lacks.
+    A `job` over several nodes is planned on its nodes × ranks per node, its collectives across
+    nodes on the pool's `topology` (its recorded inter-node link) when there is one."""
     catalogue = catalogue or load_catalogue()
     spec = catalogue.for_device(hardware.get("device_name"), hardware.get("device"))
     if spec is None:
         return None
-    return hardware_for(spec, profile=profile, devices_per_node=hardware.get("device_count") if profile is None else None)
+    if job is not None and job.nodes > 1:
+        return hardware_for(spec, profile=profile, nodes=job.nodes, devices_per_node=job.ranks_per_node, topology=topology)
+    return hardware_for(
+        spec, profile=profile, devices_per_node=hardware.get("device_count") if profile is None else None, topology=topology
+    )
 
 
 def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Sequence[str] | None = None) -> CollectivesMatched | None:
@@ -111,11 +124,13 @@ def build_result(
     profile: HardwareProfile | None = None,
     catalogue: Catalogue | None = None,
     noise: HostNoise | None = None,
+    topology: PoolTopology | None = None,
 ) -> ResultDocument:
     """The result document of a finished job from its ranks' records (rank order); `hosts`: the
     job's hosts by node, when a worker ran it (added to `hardware`); the prediction carries the
     step-time estimate on the run's hardware (`profile`: the pool's calibration); `noise`: node 0's
-    host around the run, as the launcher sampled it."""
+    host around the run, as the launcher sampled it; `topology`: how the pool's hosts are wired
+    (the estimate times the collectives that cross nodes on its inter-node link)."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
@@ -149,7 +164,7 @@ def build_result(
         summary["critical_path"] = PathSummary.of(path).model_dump()
     if matched is not None and any(g.matched for g in matched.groups):  # nothing matched: not analysed, not "none stands out"
         summary["stragglers"] = [s.model_dump() for s in name_stragglers(matched)]
-    prediction = predict(job, run_hardware(hardware, profile, catalogue)) if job.trains else predict(job)
+    prediction = predict(job, run_hardware(hardware, profile, catalogue, job=job, topology=topology)) if job.trains else predict(job)
     flags = (
         prediction_flags(prediction=prediction, summary=summary, ranks=rank_dicts, precision=job.workload.precision) if job.trains else []
     )

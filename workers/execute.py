@@ -41,6 +41,7 @@ from backend.queue import enqueue_run, send_node
 from backend.services import workers as fleet
 from backend.services.hardware import latest_profile
 from backend.services.ingest import attach_result
+from backend.services.pools import pool_topology
 from backend.services.workers import NotReserved, WorkerInfo
 from backend.store import references as reference_store
 from backend.store import runs as store
@@ -444,9 +445,16 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
         with session_scope(settings.sqlalchemy_url) as session:
             hosts = [n.host for n in worker_store.get_nodes(session, run_id)]
             profile = latest_profile(session=session, pool=claim.pool)  # the pool's calibration, for the step-time estimate
+            topology = pool_topology(session=session, name=claim.pool)  # its inter-node link, for the collectives across
         catalogue = load_catalogue(settings.hardware_catalogue)
         document = build_result(
-            job, merge_nodes(per_node, job.world_size), hosts=hosts, profile=profile, catalogue=catalogue, noise=part.outcome.noise
+            job,
+            merge_nodes(per_node, job.world_size),
+            hosts=hosts,
+            profile=profile,
+            catalogue=catalogue,
+            noise=part.outcome.noise,
+            topology=topology,
         )
     except Exception as exc:
         log.exception("could not build the result of run %s", run_id)

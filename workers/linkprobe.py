@@ -2,9 +2,10 @@
 
 Run as two processes (`python -m workers.linkprobe --rank 0|1 --master ADDR:PORT`), each where its
 rank lives — two emulated nodes' namespaces for the inter-node link, one namespace twice for the
-intra-node path. Rank 0 measures the round trip of a one-element message (the latency, halved)
+intra-node path. Rank 0 measures the round trip of a one-element message (the latency: half the least of
+`PINGS` per repeat)
 and the time to push `--megabytes` to rank 1 and hear its one-element ack; the bandwidth is the
-payload's bits over that time less one round trip. It prints one JSON line: what the pool's
+payload's bits over that time less the least round trip (median over repeats). It prints one JSON line: what the pool's
 topology records as "measured". Torch is imported only in the ranks (`main`), never by `probe`.
 """
 
@@ -17,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+PINGS = 20
+"""One-element round trips per repeat; the latency is half the least of them."""
+
 
 def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
     import torch
@@ -26,29 +30,34 @@ def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
     one = torch.zeros(1)
     payload = torch.zeros(int(args.megabytes * 1e6) // 4)
     peer = 1 - args.rank
-    rtts, rates = [], []
+    rtts, tooks = [], []
     for _ in range(args.repeat):
         dist.barrier()
         if args.rank == 0:
-            t0 = time.perf_counter()
-            dist.send(one, peer)
-            dist.recv(one, peer)
-            rtt = time.perf_counter() - t0
+            for _ in range(PINGS):
+                t0 = time.perf_counter()
+                dist.send(one, peer)
+                dist.recv(one, peer)
+                rtts.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             dist.send(payload, peer)
             dist.recv(one, peer)
-            took = time.perf_counter() - t0
-            rtts.append(rtt)
-            rates.append(payload.numel() * 4 * 8 / max(took - rtt, 1e-9))
+            tooks.append(time.perf_counter() - t0)
         else:
-            dist.recv(one, peer)
-            dist.send(one, peer)
+            for _ in range(PINGS):
+                dist.recv(one, peer)
+                dist.send(one, peer)
             dist.recv(payload, peer)
             dist.send(one, peer)
     dist.destroy_process_group()
     if args.rank != 0:
         return None
-    return {"bandwidth_bps": sorted(rates)[len(rates) // 2], "latency_s": min(rtts) / 2, "bytes": payload.numel() * 4}
+    # The path's own round trip is the floor of the pings: a loaded host only ever adds to it (a
+    # descheduled rank), so the median would measure the scheduler. The push pays one round trip
+    # (its ack) on top of the bytes: the floor, not this repeat's ping, is taken off.
+    rtt = min(rtts)
+    rates = sorted(payload.numel() * 4 * 8 / max(took - rtt, 1e-9) for took in tooks)
+    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "bytes": payload.numel() * 4}
 
 
 def _td(seconds: float):  # type: ignore[no-untyped-def]

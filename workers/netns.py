@@ -8,16 +8,21 @@ crosses a real link that `tc` can shape. `EmulatedCluster` makes N of them:
 - node i is the namespace `plb<tag>n<i>` with one veth whose inner end is `eth0` at 10.200.0.(i+1);
   the outer ends hang on a bridge `plb<tag>br` in this namespace (no address on it: nothing of this
   namespace is reachable from the nodes, nor the other way round);
-- each node's `eth0` egress is shaped — `tbf` for the rate, `netem` under it for latency, jitter
-  and loss — so a byte from node a to node b crosses exactly one shaped queue (a's), and a round
+- each node's `eth0` egress is shaped — `tbf` for the rate, `netem` above it for latency and
+  jitter — so a byte from node a to node b crosses exactly one shaped queue (a's), and a round
   trip pays the latency twice;
+- packet loss is an nftables rule on each node's `eth0` ingress (`numgen random` drops that share
+  of the packets arriving over the link): a packet that crossed the link is lost on arrival, and
+  the sender learns of it only as TCP does, by its retransmission timer — netem's loss without
+  netem, on kernels built without `sch_netem`;
 - the ranks of one node share its namespace: between them, traffic stays on that namespace's
   loopback path, unshaped (the "NVLink" of the box).
 
 One cluster at a time per machine (a lock file holding the owner's pid and tag): a second says so.
 On exit, on an exception and on Ctrl-C everything made is removed (processes left in the
 namespaces first); a cluster whose owner was SIGKILLed is swept by the next one, since its lock is
-free and its names are ours. Needs root and iproute2; `netem` only for latency, jitter or loss.
+free and its names are ours. Needs root and iproute2; `netem` only for latency or jitter; nftables
+(the `nft` tool and the kernel's nf_tables with `numgen`) only for loss.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ class BadShape(ValueError):
 
 def parse_rate(text: str, *, flag: str = "--inter-node") -> float:
     """'1gbit', '200mbit', '125mbps' (bytes) → bits per second; refused naming `flag` unless > 0."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*", text.lower())
+    match = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*([a-z]*)\s*", text.lower())
+    if match is not None and float(match.group(1)) <= 0:
+        raise BadShape(f"{flag}: the bandwidth must be above 0 (got {text!r})")
     if match is None or match.group(2) not in _UNITS:
         raise BadShape(f"{flag}: {text!r} is not a rate (a number and one of {', '.join(_UNITS)}: '1gbit', '200mbit')")
     bits = float(match.group(1)) * _UNITS[match.group(2)]
@@ -89,7 +96,7 @@ class LinkShape:
 
     @property
     def needs_netem(self) -> bool:
-        return self.latency_s > 0 or self.jitter_s > 0 or self.loss_pct > 0
+        return self.latency_s > 0 or self.jitter_s > 0
 
     def problems(self) -> list[str]:
         said = []
@@ -106,7 +113,7 @@ class LinkShape:
         return said
 
     def tc_commands(self, dev: str) -> list[list[str]]:
-        """The qdiscs of one node's egress: netem (delay, loss) at the root when asked, tbf for the rate."""
+        """The qdiscs of one node's egress: netem (delay, jitter) at the root when asked, tbf for the rate."""
         # tbf's bucket must hold a GSO super-packet (64 KiB) and a timer tick's worth of bytes.
         burst = max(256 * 1024, int(self.rate_bps / 8 / 100))
         tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "latency", "200ms"]
@@ -115,12 +122,30 @@ class LinkShape:
         netem = ["netem", "delay", f"{self.latency_s * 1e6:.0f}us"]
         if self.jitter_s > 0:
             netem += [f"{self.jitter_s * 1e6:.0f}us"]
-        if self.loss_pct > 0:
-            netem += ["loss", f"{self.loss_pct:g}%"]
         return [
             ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", *netem, "limit", "100000"],
             ["tc", "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", *tbf],
         ]
+
+
+LOSS_SCALE = 100_000
+"""`numgen random mod LOSS_SCALE`: loss settable to 0.001 %."""
+
+
+def loss_ruleset(dev: str, loss_pct: float) -> str:
+    """The nftables table that drops `loss_pct` % of the packets arriving on `dev` (its ingress: after
+    the link, before the stack), counting them; empty (no table) for none."""
+    drop = round(loss_pct / 100 * LOSS_SCALE)
+    if drop <= 0:
+        return ""
+    return (
+        "table netdev plbloss {\n"
+        "  chain ingress {\n"
+        f'    type filter hook ingress device "{dev}" priority 0; policy accept;\n'
+        f"    numgen random mod {LOSS_SCALE} < {drop} counter drop\n"
+        "  }\n"
+        "}\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -167,6 +192,13 @@ def _run(cmd: list[str], *, check: bool = True) -> subprocess.CompletedProcess[s
     return out
 
 
+def _nft(netns: str, ruleset: str) -> subprocess.CompletedProcess[str]:
+    """Load an nftables ruleset into `netns`."""
+    return subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", "-f", "-"], input=ruleset, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
 def preflight(link: LinkShape) -> None:
     """Refuse, saying why, where this machine cannot make namespaces or shape links as asked."""
     if hasattr(os, "geteuid") and os.geteuid() != 0:
@@ -184,8 +216,16 @@ def preflight(link: LinkShape) -> None:
         for kind in kinds:
             said = _run(["ip", "netns", "exec", probe, "tc", "qdisc", "replace", "dev", "lo", "root", *kind], check=False)
             if said.returncode != 0:
-                flags = "--latency, --jitter and --loss need" if kind[0] == "netem" else "the link's rate needs"
+                flags = "--latency and --jitter need" if kind[0] == "netem" else "the link's rate needs"
                 raise Refused(f"{flags} the kernel's '{kind[0]}' qdisc, which this kernel lacks ({said.stderr.strip()})")
+        if link.loss_pct > 0:
+            if shutil.which("nft") is None:
+                raise Refused("--loss needs nftables ('nft' is not on PATH): install the nftables package")
+            said = _nft(probe, loss_ruleset("lo", link.loss_pct))
+            if said.returncode != 0:
+                raise Refused(
+                    f"--loss needs the kernel's nf_tables with netdev ingress and numgen, which this kernel refused ({said.stderr.strip()})"
+                )
     finally:
         _run(["ip", "netns", "del", probe], check=False)
 
@@ -286,7 +326,33 @@ class EmulatedCluster:
         _run([*inside, "link", "set", "lo", "up"])
         for cmd in self.spec.link.tc_commands(INNER_IF):
             _run(["ip", "netns", "exec", node.netns, *cmd])
+        if self.spec.link.loss_pct > 0:
+            self.set_loss(node, self.spec.link.loss_pct)
         return node
+
+    def _wire_sized(self, node: Node) -> None:
+        """One segment per wire packet on node `node`'s link (no 64 KiB GSO super-packets), so a loss
+        rate counts the packets a real link would carry; both ends of the veth."""
+        for cmd in (["ip", "-n", node.netns, "link", "set", INNER_IF], ["ip", "link", "set", f"plb{self.tag}h{node.index}"]):
+            _run([*cmd, "gso_max_segs", "1"], check=False)
+
+    def set_loss(self, node: Node, loss_pct: float) -> None:
+        """Drop `loss_pct` % of what arrives at node `node` over its link from now on (0: none)."""
+        if not 0 <= loss_pct < 100:
+            raise BadShape(f"--loss: a percentage in [0, 100) (got {loss_pct:g})")
+        _nft(node.netns, "table netdev plbloss\ndelete table netdev plbloss\n")  # declare, then delete: idempotent
+        ruleset = loss_ruleset(INNER_IF, loss_pct)
+        if ruleset:
+            self._wire_sized(node)
+            said = _nft(node.netns, ruleset)
+            if said.returncode != 0:
+                raise RuntimeError(f"nft in {node.netns}: {said.stderr.strip()}")
+
+    def dropped(self, node: Node) -> int:
+        """Packets the loss rule has dropped on node `node`'s link (0 without one)."""
+        said = _run(["ip", "netns", "exec", node.netns, "nft", "list", "table", "netdev", "plbloss"], check=False)
+        match = re.search(r"counter packets (\d+)", said.stdout)
+        return int(match.group(1)) if match else 0
 
     def set_link(self, node: Node, *, up: bool) -> None:
         """Cut node `node` off the others (a partition) or join it again."""

@@ -9,16 +9,20 @@ so fp8 sent to a CPU pool is refused with a 422 that names the device.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.models import HardwareProfileRow, Run, Worker
 from backend.services import workers as fleet
 from backend.store import planning as store
+from backend.store import pools as pool_store
 from backend.store import workers as worker_store
 from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
 from parallab.core.jobs import ResolvedJob
 from parallab.core.planner import Hardware, hardware_for
+from parallab.core.pools import PoolTopology
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.result import ResultDocument
 
@@ -107,7 +111,19 @@ def pool_hardware(*, session: Session, settings: Settings, pool: str | None = No
     catalogue does not know keeps its own name over the generic CPU's figures — said so in the label.
     Its devices are those the pool declares (`declared_devices`), calibrated or not, so the plan
     counts what the form and the workers page count; a pool no worker registered with has the
-    calibration's ranks (a CPU's), else the deployment's ceiling."""
+    calibration's ranks (a CPU's), else the deployment's ceiling.
+    A pool with a recorded topology (`parallab lab emulate`, or declared) plans on its nodes × ranks
+    per node, the collectives whose groups span nodes timed on its inter-node link."""
+    hw = _pool_hardware(session=session, settings=settings, pool=pool)
+    row = pool_store.get_pool(session, pool_of(settings, pool))
+    said = (row.settings or {}).get("topology") if row is not None else None
+    if not said:
+        return hw
+    topology = PoolTopology.model_validate(said)
+    return replace(hw, nodes=topology.nodes, devices_per_node=topology.ranks_per_node, topology=topology)
+
+
+def _pool_hardware(*, session: Session, settings: Settings, pool: str | None = None) -> Hardware:
     cat = catalogue(settings)
     name = pool_of(settings, pool)
     devices = declared_devices(session=session, settings=settings, pool=name)

@@ -103,7 +103,7 @@ def emulate(
     inter_node: Annotated[str, typer.Option(help="Each node's link rate, tc's units: 1gbit, 200mbit.")] = "1gbit",
     latency: Annotated[str, typer.Option(help="One-way latency of a link (netem): 200us, 1ms; 0 for none.")] = "0",
     jitter: Annotated[str, typer.Option(help="Latency jitter (netem): 50us; 0 for none.")] = "0",
-    loss: Annotated[float, typer.Option(help="Packet loss of a link in percent (netem); 0 for none.")] = 0.0,
+    loss: Annotated[float, typer.Option(help="Packet loss of a link in percent (nftables drops that share on arrival); 0 for none.")] = 0.0,
     pool: Annotated[str, typer.Option(help="The pool the nodes' workers serve.")] = "emulated",
     workers: Annotated[bool, typer.Option(help="Start one parallab worker per node (--no-workers: namespaces only).")] = True,
     probe: Annotated[bool, typer.Option(help="Measure both paths with gloo before serving (--no-probe: declared figures only).")] = True,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
@@ -46,7 +46,9 @@ from parallab.core.gpu_time import Shares, Term, compute_terms
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
+from parallab.core.pools import PoolTopology
 from parallab.core.stats import spearman_rho
+from parallab.core.strategies.base import MeshDim
 
 MATMUL_EFFICIENCY = 0.7
 """Share of the datasheet's dense peak a large GEMM reaches (uncalibrated devices)."""
@@ -72,6 +74,10 @@ ADAMW_BYTES = 28
 """AdamW per fp32 parameter: reads param, grad, two moments (16 B), writes param and moments (12 B)."""
 P2P_OPS = {"send": "send_recv", "recv": "send_recv"}
 """The calibrated curve a descriptor's op is timed on."""
+RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "broadcast": 1.0}
+"""Latency terms of a ring collective over n ranks, in units of (n − 1): all-reduce is a
+reduce-scatter then an all-gather, 2(n − 1) steps each paying the link's latency once; a P2P
+transfer (send, recv) pays it once."""
 
 
 # ---- hardware ----
@@ -85,6 +91,10 @@ class Hardware:
     profile: HardwareProfile | None = None
     nodes: int = 1
     devices_per_node: int | None = None
+    topology: PoolTopology | None = None
+    """The pool's wiring (`parallab.core.pools.PoolTopology`): where given, a collective whose group
+    spans nodes is timed on its inter-node link — measured, else declared — and one inside a node
+    on its measured intra-node path unless the pool's calibration has a curve for it."""
 
     @property
     def per_node(self) -> int:
@@ -173,6 +183,27 @@ class Hardware:
     def crosses_nodes(self, group_size: int, stride: int) -> bool:
         return self.nodes > 1 and group_size * stride > self.per_node
 
+    def link_sharers(self, group_size: int, stride: int) -> int:
+        """Groups of one dimension whose traffic leaves a node over its one link at once: a node holds
+        `per_node` ranks, `members` of each crossing group, so per_node / members groups each run a
+        ring through it (2 × 2 with dp_shard across and tp inside: the two dp_shard groups share it)."""
+        members = min(group_size, max(1, self.per_node // max(stride, 1)))
+        return max(1, self.per_node // members)
+
+    def topology_link(self, inter: bool) -> tuple[float, float] | None:
+        """(bytes/s, one-way latency s) of the path the pool's topology gives, or None where it gives
+        none: across nodes the measured link (the declared rate × `LINK_EFFICIENCY` unmeasured),
+        inside a node only a measured path (the declared default is the host's unshaped memory)."""
+        topo = self.topology
+        if topo is None:
+            return None
+        if inter:
+            if topo.measured_inter_node is not None:
+                return topo.measured_inter_node.bandwidth_bps / 8, topo.measured_inter_node.latency_s
+            return topo.inter_node.bandwidth_bps / 8 * LINK_EFFICIENCY, topo.inter_node.latency_s
+        said = topo.measured_intra_node or topo.intra_node
+        return (said.bandwidth_bps / 8, said.latency_s) if said is not None else None
+
     def comm_seconds(self, op: str, bytes_per_call: int, calls: int, group_size: int, stride: int = 1) -> float:
         """Time of `calls` calls of `op` on a group of `group_size` ranks `stride` apart."""
         if calls <= 0 or bytes_per_call <= 0 or group_size <= 1:
@@ -183,6 +214,13 @@ class Hardware:
             busbw = self.profile.busbw(P2P_OPS.get(op, op), bytes_per_call)
             if busbw:
                 return calls * bytes_per_call * factor / busbw
+        said = self.topology_link(inter)
+        if said is not None:
+            # The textbook ring: (bytes × bus factor) over the link's share, plus a latency per step.
+            bandwidth, latency = said
+            share = bandwidth / (self.link_sharers(group_size, stride) if inter else 1)
+            steps = RING_STEPS.get(op, 0.0) * (group_size - 1) or 1.0
+            return calls * (steps * latency + bytes_per_call * factor / share)
         link = self.spec.inter_node_bandwidth if inter else self.spec.intra_node_bandwidth
         latency = LATENCY_S["inter" if inter else "intra"]
         return calls * (latency + bytes_per_call * factor / (link * LINK_EFFICIENCY))
@@ -197,12 +235,17 @@ class Hardware:
 
 
 def hardware_for(
-    catalogue_spec: DeviceSpec, *, profile: HardwareProfile | None = None, nodes: int = 1, devices_per_node: int | None = None
+    catalogue_spec: DeviceSpec,
+    *,
+    profile: HardwareProfile | None = None,
+    nodes: int = 1,
+    devices_per_node: int | None = None,
+    topology: PoolTopology | None = None,
 ) -> Hardware:
     """A `Hardware`; a CPU profile's ranks are the node (they share one host)."""
     if profile is not None and profile.device.kind == "cpu" and devices_per_node is None:
         devices_per_node = profile.world_size
-    return Hardware(spec=catalogue_spec, profile=profile, nodes=nodes, devices_per_node=devices_per_node)
+    return Hardware(spec=catalogue_spec, profile=profile, nodes=nodes, devices_per_node=devices_per_node, topology=topology)
 
 
 # ---- the step-time estimate ----
@@ -254,6 +297,13 @@ class StepTimeEstimate:
     step_s: float
     tokens_per_s: float
     calibrated: bool
+    comm_by_dim: dict[str, float] = field(default_factory=dict)
+    """Communication seconds per step by the mesh dimension its group spans ('?' where none fits)."""
+    exposed_by_dim: dict[str, float] = field(default_factory=dict)
+    """The exposed share of `comm_by_dim`: what no compute hides (an overflow of hideable comm
+    beyond compute split over the dimensions in proportion to what each wanted hidden)."""
+    inter_node_dims: list[str] = field(default_factory=list)
+    """Dimensions whose groups the estimate timed on the inter-node link."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -383,20 +433,45 @@ def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
 
 
+def _mesh_dim(mesh: Sequence[MeshDim], group_size: int, stride: int) -> str:
+    """The mesh dimension (row-major, last innermost) whose groups are `group_size` ranks `stride` apart."""
+    inner = 1
+    for dim in reversed(mesh):
+        if dim.size == group_size and inner == stride:
+            return dim.name
+        inner *= dim.size
+    return "?"
+
+
 def estimate_step_time(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> StepTimeEstimate:
     """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md)."""
     compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
     comm = exposed = hidden_want = 0.0
+    by_dim: dict[str, float] = {}
+    exposed_dim: dict[str, float] = {}
+    want_dim: dict[str, float] = {}
+    crossing: list[str] = []
     overlap_ok = hw.spec.comm_overlap
+    mesh = job.mesh if job.world_size > 1 else ()
     for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:
         seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, item.stride)
         if item.op == "recv":
             continue  # a P2P transfer is timed once, on its send
+        dim = _mesh_dim(mesh, item.group_size, item.stride)
+        if hw.crosses_nodes(item.group_size, item.stride) and dim not in crossing:
+            crossing.append(dim)
         comm += seconds
         share = item.overlap * overlap_ok
         exposed += seconds * (1 - share)
         hidden_want += seconds * share
-    exposed += max(0.0, hidden_want - compute)
+        by_dim[dim] = by_dim.get(dim, 0.0) + seconds
+        exposed_dim[dim] = exposed_dim.get(dim, 0.0) + seconds * (1 - share)
+        want_dim[dim] = want_dim.get(dim, 0.0) + seconds * share
+    overflow = max(0.0, hidden_want - compute)
+    exposed += overflow
+    for dim, want in want_dim.items():
+        if hidden_want > 0:
+            exposed_dim[dim] += overflow * want / hidden_want
     bubble_fraction = job.descriptor.bubble_fraction(job) or 0.0
     busy = compute + exposed
     # The critical path — (m+p−1) micro-batch slots of a stage — at the stage's own speed. CPU ranks
@@ -416,6 +491,9 @@ def estimate_step_time(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = 
         step_s=step,
         tokens_per_s=job.tokens_per_step / step if step > 0 else 0.0,
         calibrated=hw.calibrated,
+        comm_by_dim=by_dim,
+        exposed_by_dim=exposed_dim,
+        inter_node_dims=crossing,
     )
 
 

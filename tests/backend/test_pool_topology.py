@@ -39,3 +39,21 @@ def test_a_slurm_pool_keeps_its_settings(db_url: str) -> None:
         pools.record_topology(session=session, name="cluster", topology=TOPOLOGY)
     with session_scope(db_url) as session:
         assert pools.slurm_pool(session=session, name="cluster") == slurm
+
+
+def test_a_pool_with_a_topology_plans_on_its_nodes_and_link(db_url: str, tmp_path) -> None:
+    """The plan of a pool reads its recorded topology: 2 nodes × 2 ranks, the link as measured;
+    a pool without one plans on one node, as before."""
+    from backend.config import Settings
+    from backend.services.hardware import pool_hardware
+
+    settings = Settings(home=tmp_path, database_url=db_url)
+    with session_scope(db_url) as session:
+        plain = pool_hardware(session=session, settings=settings, pool="emu")
+        pools.record_topology(session=session, name="emu", topology=TOPOLOGY)
+    with session_scope(db_url) as session:
+        hw = pool_hardware(session=session, settings=settings, pool="emu")
+    assert plain.topology is None and plain.nodes == 1
+    assert (hw.nodes, hw.per_node, hw.topology) == (2, 2, TOPOLOGY)
+    assert hw.topology_link(inter=True) == (9.7e8 / 8, 3e-4)
+    assert hw.crosses_nodes(4, 1) and not hw.crosses_nodes(2, 1)

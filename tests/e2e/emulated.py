@@ -26,9 +26,10 @@ def assert_nothing_left() -> None:
 
 
 @contextmanager
-def emulated_cluster(*, nodes: int = 2, ranks_per_node: int = 2, rate: str = "1gbit") -> Iterator[EmulatedCluster]:
-    """`nodes` namespaces of `ranks_per_node` ranks each, links shaped to `rate`; removed on exit."""
-    cluster = EmulatedCluster(ClusterSpec(nodes, ranks_per_node, LinkShape(parse_rate(rate))))
+def emulated_cluster(*, nodes: int = 2, ranks_per_node: int = 2, rate: str = "1gbit", loss_pct: float = 0.0) -> Iterator[EmulatedCluster]:
+    """`nodes` namespaces of `ranks_per_node` ranks each, links shaped to `rate` (dropping `loss_pct` %
+    of the packets that arrive over them); removed on exit."""
+    cluster = EmulatedCluster(ClusterSpec(nodes, ranks_per_node, LinkShape(parse_rate(rate), loss_pct=loss_pct)))
     try:
         yield cluster.up()
     finally:

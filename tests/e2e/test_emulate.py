@@ -5,6 +5,7 @@ measures as set — gloo send/recv between two nodes' namespaces."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,6 +64,61 @@ def test_the_cli_records_the_pools_topology_and_ctrl_c_leaves_nothing(postgres_u
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert_nothing_left()
+
+
+def test_a_second_emulate_while_one_is_up_says_so(postgres_url: str, tmp_path: Path) -> None:
+    first = _start_cli(postgres_url, tmp_path, "emu-first")
+    try:
+        env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(tmp_path)}
+        cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1", "--no-workers", "--no-probe"]
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert f"an emulated cluster is already up (pid {first.pid}" in " ".join(second.stderr.split()), second.stderr
+        assert len(our_leftovers()["netns"]) == 2, "the second touched nothing of the first"
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert_nothing_left()
+
+
+def _send(cluster: EmulatedCluster, megabytes: int) -> tuple[int, float]:
+    """Bytes node 1 received of `megabytes` MB node 0 sent it over TCP, and the seconds it took."""
+    a, b = cluster.nodes
+    server = (
+        "import socket\ns=socket.socket(); s.bind(('0.0.0.0', 5555)); s.listen(); c,_=s.accept(); n=0\n"
+        "while d := c.recv(1 << 16): n += len(d)\nprint(n)"
+    )
+    receiver = subprocess.Popen([*cluster.exec_args(b), sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    start = time.monotonic()
+    client = f"import socket; c = socket.create_connection(('{b.address}', 5555)); c.sendall(b'x' * ({megabytes} << 20)); c.close()"
+    subprocess.run([*cluster.exec_args(a), sys.executable, "-c", client], check=True, timeout=120)
+    out, _ = receiver.communicate(timeout=120)
+    return int(out), time.monotonic() - start
+
+
+def test_a_lossy_link_drops_that_share_of_its_wire_packets_and_tcp_still_delivers() -> None:
+    with emulated_cluster(nodes=2, ranks_per_node=1, rate="500mbit", loss_pct=2.0) as cluster:
+        got, _ = _send(cluster, 16)
+        dropped = cluster.dropped(cluster.nodes[1])
+        cluster.set_loss(cluster.nodes[1], 0)
+        assert cluster.dropped(cluster.nodes[1]) == 0, "the rule is gone"
+    assert got == 16 << 20, "TCP retransmitted every lost segment"
+    segments = (16 << 20) / 1448  # one MSS a wire packet
+    assert 0.01 * segments < dropped < 0.04 * segments, (dropped, segments)
+
+
+def test_loss_is_refused_naming_the_missing_tool_where_nft_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("ip", "tc"):
+        (bare / tool).symlink_to(shutil.which(tool) or f"/usr/sbin/{tool}")
+    monkeypatch.setenv("PATH", str(bare))
+    with pytest.raises(Refused, match="--loss needs nftables \\('nft' is not on PATH\\)"):
+        EmulatedCluster(ClusterSpec(2, 1, LinkShape(1e8, loss_pct=1.0))).up()
     assert_nothing_left()
 
 

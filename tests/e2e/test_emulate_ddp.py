@@ -3,7 +3,8 @@ shaped link, each with its own worker of one pool (its ranks run inside its name
 the node's link). The job matches `single` — loss, gradient check, bytes as predicted — its result
 names the dimension that crossed nodes, and the gradients' bytes crossed the shaped link. Then a
 partition: node 1's link taken down mid-run fails the job, with a reason, within the collective
-timeout, and leaves no rank behind."""
+timeout, and leaves no rank behind; and the same for a link that starts losing most of its
+packets mid-run (TCP's retransmissions back off past the timeout)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ pytestmark = pytest.mark.slow
 
 POOL = "emu"
 STEPS = 3
-COLLECTIVE_TIMEOUT_S = 60
-"""A rank cut off fails in this time (a collective under load on 2 cores may wait tens of seconds)."""
+COLLECTIVE_TIMEOUT_S = 20
+"""A rank cut off fails in this time: the tiny model's collectives take well under a second even on
+a loaded 2-core host, so 20 s fails a partition fast without failing a healthy run."""
+LOSS_PCT = 80.0
+"""Loss that stalls a collective past the timeout: seven losses in a row (p = 0.8⁷ ≈ 0.2 per
+segment) back TCP's retransmission timer off to 25 s."""
 DDP = {
     "name": "2x2 ddp emulated",
     "workload": {"model": "tiny", "steps": STEPS, "warmup_steps": 1},
@@ -104,4 +109,27 @@ def test_a_partitioned_node_fails_the_job_within_the_collective_timeout_leaving_
     assert "host node" in run["error"], run["error"]
     assert took < COLLECTIVE_TIMEOUT_S + 180, took
     wait_until(lambda: not rank_processes(run_id), "every rank of the partitioned job to be gone", timeout=60)
+    wait_until(lambda: all(w["run_id"] is None for w in live_hosts(client).values()), "both nodes to be free", timeout=60)
+
+
+@pytest.mark.timeout(900)
+def test_a_link_losing_most_packets_fails_the_job_within_the_collective_timeout_leaving_no_rank(emulated_pool) -> None:
+    client, cluster = emulated_pool
+    long = {**DDP, "name": "2x2 lossy", "workload": {**DDP["workload"], "steps": 5000}}
+    run_id = client.post("/api/v1/runs", json=long).json()["id"]
+    wait_for_training(client, run_id, timeout=300)
+    start = time.monotonic()
+    cluster.set_loss(cluster.nodes[1], LOSS_PCT)
+    try:
+        run = wait_for_run(client, run_id, {"failed", "succeeded", "cancelled"}, timeout=COLLECTIVE_TIMEOUT_S + 240)
+        dropped = cluster.dropped(cluster.nodes[1])
+    finally:
+        cluster.set_loss(cluster.nodes[1], 0)
+    took = time.monotonic() - start
+    print(f"loss {LOSS_PCT:g} %: run {run['status']} {took:.0f} s after the loss began ({dropped} packets dropped): {run['error']}")
+    assert dropped > 0, "the rule dropped packets on the link"
+    assert run["status"] == "failed" and run["result"] is None
+    assert "host node" in run["error"], run["error"]
+    assert took < COLLECTIVE_TIMEOUT_S + 180, took
+    wait_until(lambda: not rank_processes(run_id), "every rank of the lossy job to be gone", timeout=60)
     wait_until(lambda: all(w["run_id"] is None for w in live_hosts(client).values()), "both nodes to be free", timeout=60)

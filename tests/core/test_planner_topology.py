@@ -1,0 +1,111 @@
+"""The planner reads a pool's topology: a collective whose groups span nodes is timed on the pool's
+inter-node link (the textbook ring: 2(n−1)/n·S over the link's share plus 2(n−1) latencies for an
+all-reduce), one inside a node on the node's own path — so the inter-node bandwidth moves a
+prediction only through the dimensions that cross nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallab.core.hardware import load_catalogue
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.planner import LINK_EFFICIENCY, Hardware, estimate_step_time, hardware_for
+from parallab.core.pools import LinkFigures, PoolTopology
+from parallab.core.spec import JobSpec
+
+CPU = load_catalogue().get("cpu")
+INSIDE = LinkFigures(bandwidth_bps=12.8e9, latency_s=1e-4)
+
+
+def job(strategy: str, world: int, options: dict | None = None, nodes: int = 2) -> ResolvedJob:
+    doc = {
+        "workload": {"model": "tiny", "steps": 4},
+        "strategy": {"name": strategy, "world_size": world, "options": options or {}},
+        "placement": {"nodes": nodes} if nodes > 1 else None,
+    }
+    return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=100))
+
+
+def pool(rate_bps: float, *, measured: float | None = None, latency_s: float = 0.0, per_node: int = 2) -> PoolTopology:
+    return PoolTopology(
+        source="emulated",
+        nodes=2,
+        ranks_per_node=per_node,
+        inter_node=LinkFigures(bandwidth_bps=rate_bps, latency_s=latency_s),
+        measured_inter_node=LinkFigures(bandwidth_bps=measured, latency_s=latency_s) if measured else None,
+        measured_intra_node=INSIDE,
+    )
+
+
+def on(j: ResolvedJob, topology: PoolTopology) -> Hardware:
+    return hardware_for(CPU, nodes=j.nodes, devices_per_node=j.ranks_per_node, topology=topology)
+
+
+def test_an_all_reduce_across_nodes_is_the_textbook_ring_on_the_link() -> None:
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2, topology=pool(1e9, measured=0.8e9, latency_s=2e-4))
+    size, n = 64 << 20, 4
+    expected = 2 * (n - 1) * 2e-4 + 2 * (n - 1) / n * size / (0.8e9 / 8)
+    assert hw.comm_seconds("all_reduce", size, 1, n) == pytest.approx(expected)
+    # Unmeasured: the declared rate at the uncalibrated link efficiency.
+    declared = hardware_for(CPU, nodes=2, devices_per_node=2, topology=pool(1e9, latency_s=2e-4))
+    assert declared.comm_seconds("all_reduce", size, 1, n) == pytest.approx(2 * 3 * 2e-4 + 1.5 * size / (1e9 / 8 * LINK_EFFICIENCY))
+    # Inside a node: the measured intra-node path, whatever the link.
+    assert hw.comm_seconds("all_reduce", size, 1, 2) == pytest.approx(2 * 1e-4 + size / (12.8e9 / 8))
+
+
+def test_groups_that_share_a_nodes_link_split_it() -> None:
+    """2 × 2, dp_shard across with tp inside: each node's two ranks are in two dp_shard groups, both
+    crossing at once over the node's one link; ddp over all four runs one ring through it."""
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2, topology=pool(1e9, measured=1e9))
+    assert hw.link_sharers(group_size=2, stride=2) == 2
+    assert hw.link_sharers(group_size=4, stride=1) == 1
+    assert hw.comm_seconds("all_gather", 1 << 20, 1, 2, stride=2) == pytest.approx(0.5 * (1 << 20) / (1e9 / 8 / 2))
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "options", "nodes", "crossing", "inside"),
+    [
+        ("tp", 2, {}, 1, [], ["tp"]),  # tp=2 inside one node
+        ("tp", 2, {}, 2, ["tp"], []),  # tp=2 across two nodes of one rank each
+        ("ddp", 4, {}, 2, ["dp"], []),
+        ("hybrid", 4, {"tp": 2}, 2, ["dp_shard"], ["tp"]),  # fsdp across, tp inside
+        ("tp", 4, {}, 2, ["tp"], []),
+    ],
+)
+def test_the_inter_node_bandwidth_moves_only_the_dimensions_that_cross(
+    strategy: str, world: int, options: dict, nodes: int, crossing: list[str], inside: list[str]
+) -> None:
+    j = job(strategy, world, options, nodes)
+    fast = estimate_step_time(j, on(j, pool(1e9, measured=1e9, per_node=j.ranks_per_node)))
+    slow = estimate_step_time(j, on(j, pool(2e8, measured=2e8, per_node=j.ranks_per_node)))
+    assert fast.inter_node_dims == slow.inter_node_dims == crossing
+    for dim in crossing:  # bandwidth-bound at this size: 5× slower link, about 5× the time
+        assert slow.comm_by_dim[dim] == pytest.approx(5 * fast.comm_by_dim[dim], rel=0.02)
+    for dim in inside:
+        assert slow.comm_by_dim[dim] == fast.comm_by_dim[dim]
+    assert fast.compute_s == slow.compute_s
+    assert (slow.step_s > fast.step_s) == bool(crossing)
+    assert sum(fast.exposed_by_dim.values()) == pytest.approx(fast.exposed_comm_s)
+
+
+def test_tp_across_nodes_is_predicted_slower_than_tp_inside_and_without_topology_they_tie() -> None:
+    inside, across = job("tp", 2, nodes=1), job("tp", 2, nodes=2)
+    topo = pool(1e9, measured=1e9)
+    assert (
+        estimate_step_time(across, on(across, pool(1e9, measured=1e9, per_node=1))).step_s
+        > estimate_step_time(inside, on(inside, topo)).step_s
+    )
+    # The catalogue alone knows no emulated link: a one-node estimate of either is the same.
+    plain = hardware_for(CPU, devices_per_node=2)
+    assert estimate_step_time(across, plain).step_s == estimate_step_time(inside, plain).step_s
+
+
+def test_a_pool_without_topology_keeps_the_catalogue_link() -> None:
+    j = job("ddp", 4)
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2)
+    assert hw.topology_link(inter=True) is None
+    e = estimate_step_time(j, hw)
+    assert e.inter_node_dims == ["dp"]
+    assert e.comm_s == pytest.approx(
+        hw.comm_seconds("all_reduce", j.descriptor.comm_items(j)[0].bytes_per_call, 1, 4) * j.descriptor.comm_items(j)[0].calls
+    )
