@@ -9,9 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    Float,
     Integer,
+    Text,
+    any_,
     bindparam,
+    cast,
     column,
+    exists,
     func,
     select,
     text,
@@ -62,13 +67,13 @@ def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes
             .scalar_subquery()
         )
         return {run_id: int(n) + 1 for run_id, n in session.execute(select(Entry.id, faster).where(Entry.id.in_(page_ids)))}
+    if board.cellable:
+        marked = _ranks_by_marks(session, board, rows)
+        if marked is not None:
+            return marked
     on_page: dict[tuple[Any, ...], list[float]] = {}
     for row in rows:
         on_page.setdefault(tuple(row[c] for c in group_cols), []).append(row["tokens_per_s"])
-    if board.cellable:
-        marked = _ranks_by_marks(session, board, rows, set(on_page))
-        if marked is not None:
-            return marked
     middles = _middles(session, group_cols, set(on_page))
     table = Entry.__table__
     plan = []
@@ -105,57 +110,69 @@ def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes
     return ranks
 
 
-def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]], groups: set[tuple[Any, ...]]) -> dict[str, int] | None:
+def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) -> dict[str, int] | None:
     """The page's ranks from its groups' cells' marks (`rank_marks`), when the cells answer the
     filters: for each run and each config of its group, the runs faster than the first mark at or
-    above the run's throughput, plus the runs between the two — one short index range per
-    (run, config), all counted in one statement. None when a config has no hardware key (its
-    range is not indexable) or no marks yet: the caller reads the groups instead."""
+    above the run's throughput, plus the runs between the two — one short index range per (run,
+    config), all counted and summed per run in one statement.
+
+    Two statements whose text does not depend on the page: the cells of the page's groups (found
+    from the page's ids), and the counts of the bands, sent as four arrays of numbers (the band's
+    run on the page, its cell's id, its bounds). None when a config has no hardware key (its range
+    is not indexable) or no marks yet: the caller reads the groups instead."""
     group_cols = board.group_cols
-    cols = [getattr(Cell, c) for c in (*group_cols, *CONFIG)]
-    which = any_of(Cell, group_cols, groups)
-    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[float], list[list[float]]]]] = {}
-    for cell in session.execute(select(*cols, Cell.marks).where(*cell_conditions(board.filters, board.group), which)):
-        config = tuple(cell[len(group_cols) : len(group_cols) + len(CONFIG)])
-        if cell.marks is None or any(v is None for v in config):
+    cells, table = Cell.__table__, Entry.__table__
+    page = table.alias("page")
+    on_page = exists().where(page.c.id == any_(bindparam("page_ids", [row["id"] for row in rows], type_=ARRAY(table.c.id.type))))
+    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cells.c.marks).where(
+        *cell_conditions(board.filters, board.group), on_page.where(*match(page.c, cells.c, group_cols))
+    )
+    configs: dict[tuple[Any, ...], list[tuple[int, list[float], list[list[float]]]]] = {}
+    for cell in session.execute(query):
+        if cell.marks is None or cell.hardware_key is None:
             return None
-        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, [m[0] for m in cell.marks], cell.marks))
-    faster: dict[str, int] = {}
-    bands: list[tuple[Any, ...]] = []
-    for row in rows:
-        faster[row["id"]] = 0
+        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, [m[0] for m in cell.marks], cell.marks))
+    faster = [0] * len(rows)
+    bands: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+    for at, row in enumerate(rows):
         x = row["tokens_per_s"]
-        for config, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
+        for cell_id, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
             i = bisect_left(speeds, x)
             if i == len(marks):  # faster than every run of this config
                 continue
             mark, above = marks[i]
-            faster[row["id"]] += int(above)
+            faster[at] += int(above)
             if mark > x:
-                bands.append((row["id"], *config, x, mark))
-    if bands:
-        table = Entry.__table__
-        names = ("run_id", *CONFIG, "lo", "hi")
-        types = (table.c.id.type, *(table.c[c].type for c in CONFIG), table.c.tokens_per_s.type, table.c.tokens_per_s.type)
-        columns = list(zip(*bands, strict=True))  # one array per column: a few parameters, not one per value
+                for column, value in zip(bands, (at, cell_id, x, mark), strict=True):
+                    column.append(value)
+    if bands[0]:
+        kinds = (Integer, Integer, Float, Float)
         arrays = [
-            bindparam(f"band_{name}", list(values), type_=ARRAY(kind)) for name, values, kind in zip(names, columns, types, strict=True)
+            cast(bindparam(f"band_{n}", _array_text(v), type_=Text), ARRAY(k))
+            for n, v, k in zip(("at", "cell", "lo", "hi"), bands, kinds, strict=True)
         ]
-        band = func.unnest(*arrays).table_valued(*names).render_derived(name="band")
-        e = table.alias("e")
+        band = func.unnest(*arrays).table_valued("at", "cell", "lo", "hi").render_derived(name="band")
+        cell, e = cells.alias("cell"), table.alias("e")
         between = (
             select(func.count())
             .where(
                 *conditions(board.filters, e.c),
-                *(e.c[c] == band.c[c] for c in CONFIG),
+                *(e.c[c] == cell.c[c] for c in CONFIG),
                 e.c.tokens_per_s > band.c.lo,
                 e.c.tokens_per_s <= band.c.hi,
             )
             .scalar_subquery()
         )
-        for run_id, n in session.execute(select(band.c.run_id, between)):
-            faster[run_id] += int(n)
-    return {run_id: n + 1 for run_id, n in faster.items()}
+        summed = select(band.c.at, func.sum(between)).select_from(band.join(cell, cell.c.id == band.c.cell)).group_by(band.c.at)
+        for at, n in session.execute(summed):
+            faster[at] += int(n)
+    return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
+
+
+def _array_text(values: Sequence[float]) -> str:
+    """Numbers as one Postgres array literal (`repr` round-trips a float exactly): sent as one text
+    parameter, a thousand numbers cost one string, not a dumper call and a quoting check each."""
+    return "{" + ",".join(map(repr, values)) + "}"
 
 
 def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:
