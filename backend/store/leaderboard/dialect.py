@@ -133,7 +133,7 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
             return None
         configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, [m[0] for m in cell.marks], cell.marks))
     faster = [0] * len(rows)
-    bands: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
+    bands: list[list[Any]] = [[], [], [], []]  # each band's run on the page, cell id, low and high bound
     for at, row in enumerate(rows):
         x = row["tokens_per_s"]
         for cell_id, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
@@ -147,23 +147,23 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
                     column.append(value)
     if bands[0]:
         kinds = (Integer, Integer, Float, Float)
-        arrays = [
+        arrays: list[Any] = [
             cast(bindparam(f"band_{n}", _array_text(v), type_=Text), ARRAY(k))
             for n, v, k in zip(("at", "cell", "lo", "hi"), bands, kinds, strict=True)
         ]
         band = func.unnest(*arrays).table_valued("at", "cell", "lo", "hi").render_derived(name="band")
-        cell, e = cells.alias("cell"), table.alias("e")
+        owner, e = cells.alias("owner"), table.alias("e")
         between = (
             select(func.count())
             .where(
                 *conditions(board.filters, e.c),
-                *(e.c[c] == cell.c[c] for c in CONFIG),
+                *(e.c[c] == owner.c[c] for c in CONFIG),
                 e.c.tokens_per_s > band.c.lo,
                 e.c.tokens_per_s <= band.c.hi,
             )
             .scalar_subquery()
         )
-        summed = select(band.c.at, func.sum(between)).select_from(band.join(cell, cell.c.id == band.c.cell)).group_by(band.c.at)
+        summed = select(band.c.at, func.sum(between)).select_from(band.join(owner, owner.c.id == band.c.cell)).group_by(band.c.at)
         for at, n in session.execute(summed):
             faster[at] += int(n)
     return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
@@ -276,6 +276,8 @@ def rank_band_rows(
     """
     ra, rb = band
     group_cols, descending = board.group_cols, board.descending
+    if not descending:
+        return _best_first_band(session, board, sizes=sizes, band=band)
     table = Entry.__table__
     groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
         [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
@@ -300,6 +302,59 @@ def rank_band_rows(
     found = session.execute(query).all()
     counted = found[0].before if found else session.execute(select(before)).scalar_one()
     return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
+
+
+def _best_first_band(
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
+) -> tuple[list[tuple[str, int]], int]:
+    """`rank_band_rows` best first: each group's runs at positions ra - 2 to rb - 1 of its
+    throughput order (ties at the cut included), the ones before skipped by the index scan (OFFSET:
+    no window, no row kept for them). Each run read is ranked the runs skipped plus its rank among
+    those read: exact for a run slower than the first one read (every skipped run is faster), and
+    for a run as fast as that first run, at position ra - 2, both that figure and its true rank are
+    below ra — it only counts before the band. (Skipping to ra - 1 would rank a run that ties a
+    skipped one ra, in the band, when it ranks better.)"""
+    ra, rb = band
+    group_cols = board.group_cols
+    table = Entry.__table__
+    plan, skipped = [], 0
+    for key, n in sizes.items():
+        take = min(n, rb)
+        skip = _skipped(ra, take)
+        skipped += skip
+        if take > skip:
+            plan.append((*key, skip, take - skip))
+    if not plan:
+        return [], skipped
+    groups = values(
+        *(column(c, table.c[c].type) for c in group_cols), column("skip", Integer), column("take", Integer), name="groups"
+    ).data(plan)
+    e = table.alias("e")
+    reached = (
+        select(e.c.id, e.c.model, *(e.c[c] for c in group_cols), e.c.tokens_per_s)
+        .where(*entry_conditions(board.filters, board.group, e.c), *match(e.c, groups.c, group_cols))
+        .order_by(e.c.tokens_per_s.desc())
+        .offset(groups.c.skip)
+        .fetch(groups.c.take, with_ties=True)
+        .lateral("reached")
+    )
+    rows = select(reached, groups.c.skip).select_from(groups.join(reached, true())).subquery("rows")
+    part = [rows.c[c] for c in group_cols]
+    rank = rows.c.skip + func.rank().over(partition_by=part, order_by=rows.c.tokens_per_s.desc())
+    ranked = select(rows.c.id, rows.c.model, *part, rank.label("rank")).cte("ranked")
+    before = select(func.count()).select_from(ranked).where(ranked.c.rank < ra).scalar_subquery()
+    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, False).where(
+        ranked.c.rank.between(ra, rb)
+    )
+    found = session.execute(query).all()
+    counted = found[0].before if found else session.execute(select(before)).scalar_one()
+    return [(run_id, int(rank)) for run_id, rank, _ in found], skipped + int(counted)
+
+
+def _skipped(ra: int, take: int) -> int:
+    """How many of a group's fastest runs a best-first band skips: those before position ra - 2
+    (0-based), the run there kept to stand for them, and never past the runs the band reads."""
+    return max(0, min(ra - 2, take))
 
 
 def _rank_order(query: Any, ranked: Any, group_cols: Sequence[str], descending: bool) -> Any:
