@@ -270,9 +270,10 @@ def rank_band_rows(
 
     Each group is read from one end in index order, only as far as the band reaches, and ranked
     as it streams (no sort of the group): best first, its rb fastest runs (ties at the cut
-    included: FETCH ... WITH TIES) hold every run of rank <= rb, each ranked by the runs read
-    before it; worst first, its n - ra + 1 slowest runs (ties included) hold every run of rank
-    >= ra, each ranked 1 + n minus the runs at most as fast. Only the band's rows are sorted.
+    included: FETCH ... WITH TIES) hold every run of rank <= rb, those ranked better than the
+    band skipped by the index scan (`_best_first_band`); worst first, its n - ra + 1 slowest
+    runs (ties included) hold every run of rank >= ra, each ranked 1 + n minus the runs at most
+    as fast. Only the band's rows are sorted.
     """
     ra, rb = band
     group_cols, descending = board.group_cols, board.descending
