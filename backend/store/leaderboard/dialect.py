@@ -9,9 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    Float,
     Integer,
+    Text,
+    any_,
     bindparam,
+    cast,
     column,
+    exists,
     func,
     select,
     text,
@@ -62,13 +67,13 @@ def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes
             .scalar_subquery()
         )
         return {run_id: int(n) + 1 for run_id, n in session.execute(select(Entry.id, faster).where(Entry.id.in_(page_ids)))}
+    if board.cellable:
+        marked = _ranks_by_marks(session, board, rows)
+        if marked is not None:
+            return marked
     on_page: dict[tuple[Any, ...], list[float]] = {}
     for row in rows:
         on_page.setdefault(tuple(row[c] for c in group_cols), []).append(row["tokens_per_s"])
-    if board.cellable:
-        marked = _ranks_by_marks(session, board, rows, set(on_page))
-        if marked is not None:
-            return marked
     middles = _middles(session, group_cols, set(on_page))
     table = Entry.__table__
     plan = []
@@ -105,57 +110,69 @@ def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes
     return ranks
 
 
-def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]], groups: set[tuple[Any, ...]]) -> dict[str, int] | None:
+def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) -> dict[str, int] | None:
     """The page's ranks from its groups' cells' marks (`rank_marks`), when the cells answer the
     filters: for each run and each config of its group, the runs faster than the first mark at or
-    above the run's throughput, plus the runs between the two — one short index range per
-    (run, config), all counted in one statement. None when a config has no hardware key (its
-    range is not indexable) or no marks yet: the caller reads the groups instead."""
+    above the run's throughput, plus the runs between the two — one short index range per (run,
+    config), all counted and summed per run in one statement.
+
+    Two statements whose text does not depend on the page: the cells of the page's groups (found
+    from the page's ids), and the counts of the bands, sent as four arrays of numbers (the band's
+    run on the page, its cell's id, its bounds). None when a config has no hardware key (its range
+    is not indexable) or no marks yet: the caller reads the groups instead."""
     group_cols = board.group_cols
-    cols = [getattr(Cell, c) for c in (*group_cols, *CONFIG)]
-    which = any_of(Cell, group_cols, groups)
-    configs: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], list[float], list[list[float]]]]] = {}
-    for cell in session.execute(select(*cols, Cell.marks).where(*cell_conditions(board.filters, board.group), which)):
-        config = tuple(cell[len(group_cols) : len(group_cols) + len(CONFIG)])
-        if cell.marks is None or any(v is None for v in config):
+    cells, table = Cell.__table__, Entry.__table__
+    page = table.alias("page")
+    on_page = exists().where(page.c.id == any_(bindparam("page_ids", [row["id"] for row in rows], type_=ARRAY(table.c.id.type))))
+    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cells.c.marks).where(
+        *cell_conditions(board.filters, board.group), on_page.where(*match(page.c, cells.c, group_cols))
+    )
+    configs: dict[tuple[Any, ...], list[tuple[int, list[float], list[list[float]]]]] = {}
+    for cell in session.execute(query):
+        if cell.marks is None or cell.hardware_key is None:
             return None
-        configs.setdefault(tuple(cell[: len(group_cols)]), []).append((config, [m[0] for m in cell.marks], cell.marks))
-    faster: dict[str, int] = {}
-    bands: list[tuple[Any, ...]] = []
-    for row in rows:
-        faster[row["id"]] = 0
+        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, [m[0] for m in cell.marks], cell.marks))
+    faster = [0] * len(rows)
+    bands: list[list[Any]] = [[], [], [], []]  # each band's run on the page, cell id, low and high bound
+    for at, row in enumerate(rows):
         x = row["tokens_per_s"]
-        for config, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
+        for cell_id, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
             i = bisect_left(speeds, x)
             if i == len(marks):  # faster than every run of this config
                 continue
             mark, above = marks[i]
-            faster[row["id"]] += int(above)
+            faster[at] += int(above)
             if mark > x:
-                bands.append((row["id"], *config, x, mark))
-    if bands:
-        table = Entry.__table__
-        names = ("run_id", *CONFIG, "lo", "hi")
-        types = (table.c.id.type, *(table.c[c].type for c in CONFIG), table.c.tokens_per_s.type, table.c.tokens_per_s.type)
-        columns = list(zip(*bands, strict=True))  # one array per column: a few parameters, not one per value
-        arrays = [
-            bindparam(f"band_{name}", list(values), type_=ARRAY(kind)) for name, values, kind in zip(names, columns, types, strict=True)
+                for column, value in zip(bands, (at, cell_id, x, mark), strict=True):
+                    column.append(value)
+    if bands[0]:
+        kinds = (Integer, Integer, Float, Float)
+        arrays: list[Any] = [
+            cast(bindparam(f"band_{n}", _array_text(v), type_=Text), ARRAY(k))
+            for n, v, k in zip(("at", "cell", "lo", "hi"), bands, kinds, strict=True)
         ]
-        band = func.unnest(*arrays).table_valued(*names).render_derived(name="band")
-        e = table.alias("e")
+        band = func.unnest(*arrays).table_valued("at", "cell", "lo", "hi").render_derived(name="band")
+        owner, e = cells.alias("owner"), table.alias("e")
         between = (
             select(func.count())
             .where(
                 *conditions(board.filters, e.c),
-                *(e.c[c] == band.c[c] for c in CONFIG),
+                *(e.c[c] == owner.c[c] for c in CONFIG),
                 e.c.tokens_per_s > band.c.lo,
                 e.c.tokens_per_s <= band.c.hi,
             )
             .scalar_subquery()
         )
-        for run_id, n in session.execute(select(band.c.run_id, between)):
-            faster[run_id] += int(n)
-    return {run_id: n + 1 for run_id, n in faster.items()}
+        summed = select(band.c.at, func.sum(between)).select_from(band.join(owner, owner.c.id == band.c.cell)).group_by(band.c.at)
+        for at, n in session.execute(summed):
+            faster[at] += int(n)
+    return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
+
+
+def _array_text(values: Sequence[float]) -> str:
+    """Numbers as one Postgres array literal (`repr` round-trips a float exactly): sent as one text
+    parameter, a thousand numbers cost one string, not a dumper call and a quoting check each."""
+    return "{" + ",".join(map(repr, values)) + "}"
 
 
 def _middles(session: Session, group_cols: Sequence[str], keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:
@@ -253,12 +270,15 @@ def rank_band_rows(
 
     Each group is read from one end in index order, only as far as the band reaches, and ranked
     as it streams (no sort of the group): best first, its rb fastest runs (ties at the cut
-    included: FETCH ... WITH TIES) hold every run of rank <= rb, each ranked by the runs read
-    before it; worst first, its n - ra + 1 slowest runs (ties included) hold every run of rank
-    >= ra, each ranked 1 + n minus the runs at most as fast. Only the band's rows are sorted.
+    included: FETCH ... WITH TIES) hold every run of rank <= rb, those ranked better than the
+    band skipped by the index scan (`_best_first_band`); worst first, its n - ra + 1 slowest
+    runs (ties included) hold every run of rank >= ra, each ranked 1 + n minus the runs at most
+    as fast. Only the band's rows are sorted.
     """
     ra, rb = band
     group_cols, descending = board.group_cols, board.descending
+    if not descending:
+        return _best_first_band(session, board, sizes=sizes, band=band)
     table = Entry.__table__
     groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
         [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
@@ -283,6 +303,59 @@ def rank_band_rows(
     found = session.execute(query).all()
     counted = found[0].before if found else session.execute(select(before)).scalar_one()
     return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
+
+
+def _best_first_band(
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
+) -> tuple[list[tuple[str, int]], int]:
+    """`rank_band_rows` best first: each group's runs at positions ra - 2 to rb - 1 of its
+    throughput order (ties at the cut included), the ones before skipped by the index scan (OFFSET:
+    no window, no row kept for them). Each run read is ranked the runs skipped plus its rank among
+    those read: exact for a run slower than the first one read (every skipped run is faster), and
+    for a run as fast as that first run, at position ra - 2, both that figure and its true rank are
+    below ra — it only counts before the band. (Skipping to ra - 1 would rank a run that ties a
+    skipped one ra, in the band, when it ranks better.)"""
+    ra, rb = band
+    group_cols = board.group_cols
+    table = Entry.__table__
+    plan, skipped = [], 0
+    for key, n in sizes.items():
+        take = min(n, rb)
+        skip = _skipped(ra, take)
+        skipped += skip
+        if take > skip:
+            plan.append((*key, skip, take - skip))
+    if not plan:
+        return [], skipped
+    groups = values(
+        *(column(c, table.c[c].type) for c in group_cols), column("skip", Integer), column("take", Integer), name="groups"
+    ).data(plan)
+    e = table.alias("e")
+    reached = (
+        select(e.c.id, e.c.model, *(e.c[c] for c in group_cols), e.c.tokens_per_s)
+        .where(*entry_conditions(board.filters, board.group, e.c), *match(e.c, groups.c, group_cols))
+        .order_by(e.c.tokens_per_s.desc())
+        .offset(groups.c.skip)
+        .fetch(groups.c.take, with_ties=True)
+        .lateral("reached")
+    )
+    rows = select(reached, groups.c.skip).select_from(groups.join(reached, true())).subquery("rows")
+    part = [rows.c[c] for c in group_cols]
+    rank = rows.c.skip + func.rank().over(partition_by=part, order_by=rows.c.tokens_per_s.desc())
+    ranked = select(rows.c.id, rows.c.model, *part, rank.label("rank")).cte("ranked")
+    before = select(func.count()).select_from(ranked).where(ranked.c.rank < ra).scalar_subquery()
+    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, False).where(
+        ranked.c.rank.between(ra, rb)
+    )
+    found = session.execute(query).all()
+    counted = found[0].before if found else session.execute(select(before)).scalar_one()
+    return [(run_id, int(rank)) for run_id, rank, _ in found], skipped + int(counted)
+
+
+def _skipped(ra: int, take: int) -> int:
+    """How many of a group's fastest runs a best-first band skips: those before position ra - 2
+    (0-based), the run there kept to stand for them, and never past the runs the band reads."""
+    return max(0, min(ra - 2, take))
 
 
 def _rank_order(query: Any, ranked: Any, group_cols: Sequence[str], descending: bool) -> Any:

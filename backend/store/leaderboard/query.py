@@ -219,9 +219,8 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
     rows = [by_id[i] for i in page_ids if i in by_id]
     counted = {"config_runs": board.config, "group_size": group_cols}
-    tallies = {  # the planner's whole sizes, else the page's groups and configs (read once: the ranks use the groups')
-        label: known_sizes.get(label) or tallied_sizes(session, board, columns, only={tuple(row[c] for c in columns) for row in rows})
-        for label, columns in counted.items()
+    tallies = {  # the planner's whole sizes, else every group's and config's (read once: the ranks use the groups')
+        label: known_sizes.get(label) or tallied_sizes(session, board, columns) for label, columns in counted.items()
     }
     ranks = known_ranks if known_ranks is not None else page_ranks(session, board, rows, tallies["group_size"])
     for row in rows:
