@@ -18,17 +18,24 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from backend.services.errors import DomainError
+
 T = TypeVar("T")
 
 
-class UploadsBusy(Exception):
+class UploadsBusy(DomainError):
     """Every upload thread is busy and the queue is full: answered 503 with Retry-After."""
+
+    status_code = 503
 
     def __init__(self, *, waiting: int, retry_after_s: int) -> None:
         self.retry_after_s = retry_after_s
         super().__init__(
             f"the server is storing other uploads ({waiting} waiting); retry in {retry_after_s} s with the same Idempotency-Key"
         )
+
+    def http_headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class UploadPool:

@@ -21,6 +21,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from sqlalchemy.orm import Session
 
 from backend.models import ROLES, User, utcnow
+from backend.services.errors import DomainError, FieldError
 from backend.store import accounts as store
 
 HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1)
@@ -41,20 +42,19 @@ ACTIONS: dict[str, tuple[str, str | None]] = {
 """action → (the weakest role allowed, the scope a token needs for it; None: any token)."""
 
 
-class AccountError(ValueError):
-    """A user could not be created or changed; the message names the field."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
+class AccountError(FieldError):
+    """A user could not be created or changed; the message names the field (422)."""
 
 
 class LoginFailed(PermissionError):
     pass
 
 
-class Forbidden(PermissionError):
-    """The principal is known but may not do this."""
+class Forbidden(DomainError, PermissionError):
+    """The principal is known but may not do this (403; a page route renders the error page)."""
+
+    status_code = 403
+    page_title = "Not allowed"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from backend.metrics import INGEST_LATENCY
 from backend.models import Run
+from backend.services.errors import DomainError
 from backend.services.hardware import record_profile
 from backend.services.recipes import recipe_columns
 from backend.store import references as references_store
@@ -221,8 +222,10 @@ def config_key(document: ResultDocument) -> tuple[Any, ...]:
             document.strategy.world_size, options_key(document.strategy.options))  # fmt: skip
 
 
-class IdempotencyConflict(ValueError):
-    """An Idempotency-Key already stored a different document."""
+class IdempotencyConflict(DomainError, ValueError):
+    """An Idempotency-Key already stored a different document (409)."""
+
+    status_code = 409
 
 
 def _canonical(value: Any, depth: int = 2) -> Iterator[str]:

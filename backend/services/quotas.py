@@ -12,12 +12,16 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from backend.config import Settings
+from backend.services.errors import DomainError
 from backend.store import accounts as account_store
 from backend.store import runs as run_store
 
 
-class QuotaExceeded(Exception):
-    """A submission over a user's quota (HTTP 429); the message names the limit."""
+class QuotaExceeded(DomainError):
+    """A submission over a user's quota (HTTP 429; a page route renders the error page); the message names the limit."""
+
+    status_code = 429
+    page_title = "Over the quota"
 
 
 def check_new_runs(*, session: Session, settings: Settings, user_id: int | None, adding: int, sweep: bool = False) -> None:

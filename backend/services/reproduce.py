@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.models import Run
 from backend.services import runs as run_service
+from backend.services.errors import DomainError
 from backend.services.ingest import UPLOAD_SOURCE
 from backend.store import runs as store
 from parallab.core.flags import FLAG_TOLERANCE
@@ -32,8 +33,10 @@ TOLERANCE = FLAG_TOLERANCE
 holds every measurement to against its prediction (`parallab.core.flags`), one rule for both."""
 
 
-class NotAnUpload(ValueError):
-    """Only an upload is reproduced: the lab's own runs are verified already."""
+class NotAnUpload(DomainError, ValueError):
+    """Only an upload is reproduced: the lab's own runs are verified already (409)."""
+
+    status_code = 409
 
 
 @dataclass(frozen=True)

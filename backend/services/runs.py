@@ -23,6 +23,7 @@ from backend.queue import enqueue_run
 from backend.services import pools, quotas
 from backend.services import workers as fleet
 from backend.services.auth import Forbidden, Principal
+from backend.services.errors import DomainError, capped
 from backend.services.hardware import check_precision
 from backend.services.recipes import job_columns
 from backend.store import runs as store
@@ -35,16 +36,25 @@ from parallab.core.spec import MAX_TAGS, JobSpec, RepeatOf, Tag
 log = logging.getLogger(__name__)
 
 
-class RunNotFound(LookupError):
-    pass
+class RunNotFound(DomainError, LookupError):
+    """No run has this id (404; the id is echoed, capped)."""
+
+    status_code = 404
+
+    def http_detail(self) -> Any:
+        return f"no run {capped(self.args[0])!r}"
 
 
-class RunStateError(ValueError):
-    """The run is not in a state that allows what was asked."""
+class RunStateError(DomainError, ValueError):
+    """The run is not in a state that allows what was asked (409)."""
+
+    status_code = 409
 
 
-class QueueUnavailable(RuntimeError):
-    """The job queue could not be reached: the run was stored, then marked failed, not left queued."""
+class QueueUnavailable(DomainError, RuntimeError):
+    """The job queue could not be reached: the run was stored, then marked failed, not left queued (503)."""
+
+    status_code = 503
 
     def __init__(self, run: Run):
         self.run = run

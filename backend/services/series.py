@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from backend.models import Run, Series, SeriesVerdict, utcnow
 from backend.services import regression
 from backend.services.auth import Forbidden, Principal
+from backend.services.errors import DomainError, FieldError
 from backend.services.leaderboard import workload_label
 from backend.store import accounts as accounts_store
 from backend.store import runs as runs_store
@@ -40,14 +41,17 @@ class Unowned:
 UNOWNED = Unowned()
 
 
-class SeriesNotFound(LookupError):
-    pass
+class SeriesNotFound(DomainError, LookupError):
+    """No series has this id (404)."""
+
+    status_code = 404
+
+    def http_detail(self) -> Any:
+        return f"no series {self.args[0]!r}"
 
 
-class SeriesConfigError(ValueError):
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
+class SeriesConfigError(FieldError):
+    """A series' settings are not valid; the message names the field (422)."""
 
 
 def family_key(

@@ -17,6 +17,7 @@ from backend.models import Run, Series, SeriesVerdict
 from backend.services import exact_gates
 from backend.services import series as series_service
 from backend.services.auth import Principal
+from backend.services.errors import DomainError, validation_detail
 from backend.services.ingest import config_key, ingest_upload
 from backend.services.json_body import JSONNumberTooLong, parse_json
 from backend.store import leaderboard as leaderboard_store
@@ -26,19 +27,29 @@ from parallab.core.result import ResultDocument
 MAX_BATCH = 100
 
 
-class UploadInvalid(ValueError):
-    """The body is not a result document or a list of them; `detail` is FastAPI's 422 shape."""
+class UploadInvalid(DomainError, ValueError):
+    """The body is not a result document or a list of them; `detail` is FastAPI's 422 shape (answered capped)."""
+
+    status_code = 422
 
     def __init__(self, detail: list[dict[str, Any]]):
         self.detail = detail
         super().__init__(detail[0]["msg"] if detail else "invalid upload")
 
+    def http_detail(self) -> Any:
+        return validation_detail(self.detail)
 
-class UploadRaced(Exception):
-    """A concurrent upload took a row this one needed first (nothing of this one was stored): retry it."""
+
+class UploadRaced(DomainError):
+    """A concurrent upload took a row this one needed first (nothing of this one was stored): retry it (503, Retry-After: 1)."""
+
+    status_code = 503
 
     def __init__(self) -> None:
         super().__init__("a concurrent upload conflicted with this one and nothing was stored; retry with the same Idempotency-Key")
+
+    def http_headers(self) -> dict[str, str] | None:
+        return {"Retry-After": "1"}
 
 
 @dataclass
