@@ -12,7 +12,10 @@ from backend.services.quotas import QuotaExceeded
 
 @pytest.mark.parametrize(
     ("error", "status", "title"),
-    [(Forbidden("viewers may not cancel runs"), 403, "Not allowed"), (QuotaExceeded("at most 3 runs <b>queued</b>"), 429, "Over the quota")],
+    [
+        (Forbidden("viewers may not cancel runs"), 403, "Not allowed"),
+        (QuotaExceeded("at most 3 runs <b>queued</b>"), 429, "Over the quota"),
+    ],
 )
 def test_a_page_route_gets_the_error_page_and_the_api_gets_json(client, error: DomainError, status: int, title: str) -> None:
     def boom() -> None:
