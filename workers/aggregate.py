@@ -20,6 +20,7 @@ from parallab.core.critpath import CriticalPath, PathSummary, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
@@ -111,11 +112,12 @@ def build_result(
     profile: HardwareProfile | None = None,
     catalogue: Catalogue | None = None,
     noise: HostNoise | None = None,
+    host_speed: HostSpeed | None = None,
 ) -> ResultDocument:
     """The result document of a finished job from its ranks' records (rank order); `hosts`: the
     job's hosts by node, when a worker ran it (added to `hardware`); the prediction carries the
     step-time estimate on the run's hardware (`profile`: the pool's calibration); `noise`: node 0's
-    host around the run, as the launcher sampled it."""
+    host around the run, as the launcher sampled it; `host_speed`: the speed probe around it."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
@@ -171,6 +173,7 @@ def build_result(
             "calibration": lead.calibration,
             "tags": job.spec.tags,
             "noise": noise,
+            "host_speed": host_speed,
             "collectives_matched": matched,
             "critical_path": path,
         }

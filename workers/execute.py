@@ -153,7 +153,14 @@ def run_and_collect(
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
         catalogue = load_catalogue(settings.hardware_catalogue)
-        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue, noise=outcome.noise)
+        document = build_result(
+            job,
+            read_rank_records(files, job.world_size),
+            profile=profile,
+            catalogue=catalogue,
+            noise=outcome.noise,
+            host_speed=outcome.host_speed,
+        )
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
@@ -446,7 +453,13 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
             profile = latest_profile(session=session, pool=claim.pool)  # the pool's calibration, for the step-time estimate
         catalogue = load_catalogue(settings.hardware_catalogue)
         document = build_result(
-            job, merge_nodes(per_node, job.world_size), hosts=hosts, profile=profile, catalogue=catalogue, noise=part.outcome.noise
+            job,
+            merge_nodes(per_node, job.world_size),
+            hosts=hosts,
+            profile=profile,
+            catalogue=catalogue,
+            noise=part.outcome.noise,
+            host_speed=part.outcome.host_speed,
         )
     except Exception as exc:
         log.exception("could not build the result of run %s", run_id)
