@@ -1,14 +1,20 @@
-"""Time the host-speed probe (`parallab.core.hostspeed`) in this process: pure Python, one thread.
+"""Time the host-speed probe (`parallab.core.hostspeed`): pure Python, one process per rank on the host.
 
 The launcher runs it right before torchrun starts the ranks and right after they end, so it sees
-the host's load of the moment that the run's timings saw. Each side takes `REPEATS` runs of the
-probe (about 25–80 ms each on a 2-core CI runner; a few hundred ms for the pair). The mean of the
-rates, not the best, is kept: the point is to see the load, not to get past it.
+the host's load of the moment that the run's timings saw. It runs in as many processes at once as
+the run has ranks on the host (`lanes`): a job of two ranks on a two-core runner slows when
+another job takes one core, which a single-threaded probe would not see (it would get the other
+core to itself). Each lane discards one warm-up run (CPython specialises its bytecode on the first
+runs, and the clock may ramp), then times `REPEATS` runs (about 15–60 ms each on a 2-core CI
+runner). A sample's rate is the probe's operations over the lanes' mean time. The mean of the
+samples, not the best, is kept: the point is to see the load, not to get past it.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from multiprocessing.pool import Pool
 
 from parallab.core.hostspeed import PROBE_OPS, HostSpeed, from_samples
 
@@ -34,22 +40,44 @@ def probe_once() -> float:
     return elapsed
 
 
-def rates(repeats: int = REPEATS) -> list[float]:
-    """The probe's rate in ops/s, `repeats` times."""
-    return [PROBE_OPS / max(probe_once(), 1e-9) for _ in range(repeats)]
+def _lane(repeats: int) -> list[float]:
+    probe_once()  # warm-up, discarded
+    return [probe_once() for _ in range(repeats)]
+
+
+def rates(repeats: int = REPEATS, *, pool: Pool | None = None, lanes: int = 1) -> list[float]:
+    """The probe's rate in ops/s per lane, `repeats` times; `lanes` processes of `pool` at once."""
+    if pool is None or lanes == 1:
+        return [PROBE_OPS / max(t, 1e-9) for t in _lane(repeats)]
+    per_lane = pool.map(_lane, [repeats] * lanes, chunksize=1)
+    return [PROBE_OPS / max(sum(times) / lanes, 1e-9) for times in zip(*per_lane, strict=True)]
 
 
 class SpeedProbe:
-    """Around one launch: `start()` before the ranks, `stop()` after them."""
+    """Around one launch: `start()` before the ranks, `stop()` after them. With `lanes` > 1 the
+    lanes are spawned processes kept (idle) through the run and closed by `stop()`."""
 
-    def __init__(self, repeats: int = REPEATS) -> None:
+    def __init__(self, repeats: int = REPEATS, *, lanes: int = 1) -> None:
         self.repeats = repeats
+        self.lanes = max(1, lanes)
         self.before: list[float] = []
+        self._pool: Pool | None = None
 
     def start(self) -> None:
-        self.before = rates(self.repeats)
+        if self.lanes > 1:
+            try:
+                self._pool = multiprocessing.get_context("spawn").Pool(self.lanes)
+            except (AssertionError, OSError):  # a daemonic process may not have children: one lane, said so
+                self.lanes = 1
+        self.before = rates(self.repeats, pool=self._pool, lanes=self.lanes)
 
     def stop(self, *, ended: bool = True) -> HostSpeed | None:
-        if not self.before:
-            return None
-        return from_samples(self.before, rates(self.repeats) if ended else [])
+        try:
+            if not self.before:
+                return None
+            after = rates(self.repeats, pool=self._pool, lanes=self.lanes) if ended else []
+            return from_samples(self.before, after, lanes=self.lanes)
+        finally:
+            if self._pool is not None:
+                self._pool.terminate()
+                self._pool = None

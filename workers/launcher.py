@@ -284,7 +284,7 @@ def launch(
         return LaunchOutcome(returncode=None, reason=missing, log_tail=missing)
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress, log=run_dir.log)
-    speed = SpeedProbe()
+    speed = SpeedProbe(lanes=job.ranks_per_node)
     speed.start()  # before the noise sample: the probe's own CPU is not the run's
     sampler = NoiseSampler(ranks_on_host=job.ranks_per_node)
     sampler.start()

@@ -31,13 +31,14 @@ SCALE = 1e6
 
 
 class HostSpeed(BaseModel):
-    """The probe's rate around one run (node 0's host), in arithmetic operations per second."""
+    """The probe's rate around one run (node 0's host), in arithmetic operations per second per lane."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     probe: Literal["py-matmul64-axpy"] = Field(PROBE, description="Which fixed work was timed (`parallab.core.hostspeed.PROBE`).")
     version: int = Field(PROBE_VERSION, ge=1, le=1000, description="The probe's version: another version is another unit.")
     ops: int = Field(PROBE_OPS, ge=1, le=1 << 40, description="Arithmetic operations in one run of the probe.")
+    lanes: int = Field(1, ge=1, le=1024, description="Processes that ran the probe at once (the run's ranks on the host).")
     before_ops_per_s: list[float] = Field(
         min_length=1, max_length=MAX_SAMPLES, description="The probe's rate, each run, right before the ranks started."
     )
@@ -53,17 +54,17 @@ class HostSpeed(BaseModel):
                     raise ValueError(f"host_speed.{name}[{i}]: {v!r} is not in (0, {MAX_OPS_PER_S:g}] ops/s")
 
 
-def from_samples(before: list[float], after: list[float]) -> HostSpeed:
+def from_samples(before: list[float], after: list[float], *, lanes: int = 1) -> HostSpeed:
     """A HostSpeed from the probe's rates before and after a run."""
     samples = [*before, *after]
     if not samples:
         raise ValueError("host_speed: no probe sample")
-    return HostSpeed(before_ops_per_s=before, after_ops_per_s=after, ops_per_s=sum(samples) / len(samples))
+    return HostSpeed(before_ops_per_s=before, after_ops_per_s=after, ops_per_s=sum(samples) / len(samples), lanes=lanes)
 
 
 def comparable(a: HostSpeed, b: HostSpeed) -> bool:
     """Whether two probes measure in the same unit (same definition and version)."""
-    return (a.probe, a.version, a.ops) == (b.probe, b.version, b.ops)
+    return (a.probe, a.version, a.ops, a.lanes) == (b.probe, b.version, b.ops, b.lanes)
 
 
 def normalise(value: float, ops_per_s: float, *, higher_is_better: bool) -> float:

@@ -32,6 +32,7 @@ def test_a_probe_is_stored_with_its_definition_and_its_mean() -> None:
         ({"before_ops_per_s": [1e7] * 65}, "before_ops_per_s"),
         ({"probe": "my-own-loop"}, "probe"),
         ({"version": 0}, "version"),
+        ({"lanes": 0}, "lanes"),
         ({"extra": 1}, "extra"),
     ],
 )
@@ -71,6 +72,16 @@ def test_the_worker_times_the_probe_before_and_after() -> None:
     unfinished.start()
     ended = unfinished.stop(ended=False)
     assert ended is not None and ended.after_ops_per_s == [] and ended.ops_per_s == ended.before_ops_per_s[0]
+
+
+def test_the_probe_runs_in_one_lane_per_rank_and_a_slower_lane_shows() -> None:
+    probe = SpeedProbe(repeats=2, lanes=2)
+    probe.start()
+    speed = probe.stop()
+    assert speed is not None and speed.lanes == 2 and len(speed.before_ops_per_s) == len(speed.after_ops_per_s) == 2
+    assert probe._pool is None, "the lanes are closed with the probe"
+    one, two = from_samples([1e7], [], lanes=1), from_samples([1e7], [], lanes=2)
+    assert not hostspeed.comparable(one, two) and hostspeed.comparable(two, from_samples([2e7], [3e7], lanes=2))
 
 
 def test_the_result_document_field_is_optional() -> None:
