@@ -34,6 +34,9 @@ def test_a_series_of_uploads_is_judged_raw_and_normalised_by_their_probe(client,
     assert normalised["jobs"] == 11 and normalised["change_points"] == [], "normalised: nothing changed in the code"
     assert report["host_speed"]["jobs_with_probe"] == 11
     assert "1 of 12 jobs carry no host-speed probe: they are judged raw only" in report["host_speed"]["note"]
+    page = client.get(f"/series/{series_id}", headers=ada).text
+    assert 'data-metric="tokens_per_s/host" class="normalised"' in page and "Throughput ÷ host speed" in page
+    assert 'id="host-speed-note"' in page and "1 of 12 jobs carry no host-speed probe" in page
 
 
 def test_a_bad_probe_is_refused_naming_its_field(client, settings) -> None:
