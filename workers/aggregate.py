@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parallab.core import hostspeed
 from parallab.core.critpath import CriticalPath, PathSummary, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
@@ -120,6 +121,9 @@ def build_result(
     host around the run, as the launcher sampled it; `host_speed`: the speed probe around it."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
+    on_host = records[: job.ranks_per_node]  # node 0's ranks, as `noise` is node 0's host
+    in_steps = hostspeed.from_ranks([r.host_probe_before or [] for r in on_host], [r.host_probe_after or [] for r in on_host])
+    host_speed = in_steps or host_speed  # timed beside the steps, when the ranks did
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
     hardware = dict(lead.hardware or {})
     if hosts:

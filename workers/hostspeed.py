@@ -1,8 +1,9 @@
 """Time the host-speed probe (`parallab.core.hostspeed`): pure Python, one process per rank on the host.
 
-The launcher runs it right before torchrun starts the ranks and right after they end, so it sees
-the host's load of the moment that the run's timings saw. It runs in as many processes at once as
-the run has ranks on the host (`lanes`): a job of two ranks on a two-core runner slows when
+Every rank times it right before and right after its measured steps (`workers.harness.loop`,
+`IN_STEPS` runs each side), so it sees the host's load of the moment the steps saw; the launcher
+also times it before torchrun starts the ranks and after they end (`SpeedProbe`), kept where the
+ranks did not. It runs in as many processes at once as the run has ranks on the host (`lanes`): a job of two ranks on a two-core runner slows when
 another job takes one core, which a single-threaded probe would not see (it would get the other
 core to itself). Each lane discards one warm-up run (CPython specialises its bytecode on the first
 runs, and the clock may ramp), then times `REPEATS` runs (about 15–60 ms each on a 2-core CI
@@ -21,6 +22,8 @@ from parallab.core.hostspeed import PROBE_OPS, HostSpeed, from_samples
 N = 64
 AXPY = 50_000
 REPEATS = 5
+IN_STEPS = 3
+"""Timed runs each side of the measured steps, inside each rank (`workers.harness.loop`)."""
 _A = [[((i * 7 + j * 3) % 11) / 11.0 for j in range(N)] for i in range(N)]
 _B = [[((i * 5 + j * 2) % 13) / 13.0 for j in range(N)] for i in range(N)]
 _X = [(i % 17) / 17.0 for i in range(AXPY)]

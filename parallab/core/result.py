@@ -538,6 +538,10 @@ class RankRecord(RankResult):
     """The routing replay's choices against the reference's own (`workers.harness.routing`); the summary's."""
     frozen_check: FrozenCheck | None = None
     """Parameters that stopped moving after the check's step (`workers.harness.frozen`); the summary's."""
+    host_probe_before: list[float] | None = Field(
+        None, max_length=64, description="The host-speed probe's ops/s before the measured steps."
+    )
+    host_probe_after: list[float] | None = Field(None, max_length=64, description="The same after them.")
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

@@ -87,3 +87,13 @@ def test_the_probe_runs_in_one_lane_per_rank_and_a_slower_lane_shows() -> None:
 def test_the_result_document_field_is_optional() -> None:
     field = ResultDocument.model_fields["host_speed"]
     assert field.default is None and not field.is_required()
+
+
+def test_the_probe_timed_in_the_ranks_is_the_mean_over_them_sample_by_sample() -> None:
+    speed = hostspeed.from_ranks([[1e7, 2e7], [3e7, 4e7]], [[5e7], [7e7]])
+    assert speed is not None and speed.where == "steps" and speed.lanes == 2
+    assert speed.before_ops_per_s == [2e7, 3e7] and speed.after_ops_per_s == [6e7] and speed.ops_per_s == pytest.approx(11e7 / 3)
+    assert hostspeed.from_ranks([[], []], [[], []]) is None, "no rank timed it: the launcher's probe stands"
+    one = hostspeed.from_ranks([[1e7], []], [[2e7], []])
+    assert one is not None and one.lanes == 1
+    assert not hostspeed.comparable(speed, from_samples([2e7], [6e7], lanes=2)), "timed around the launch: another unit"
