@@ -6,8 +6,9 @@ piece of work timed in the same job measures that speed: every rank times it rig
 right after the measured steps (`where="steps"`, one lane per rank, `workers.harness.loop`), and
 the launcher around the whole launch (`where="launch"`, kept only when the ranks did not time
 it). A timing divided by it (a throughput ÷ the probe's ops/s, a duration × the probe's ops/s)
-keeps what the code changed and cancels what the host's load changed alike for both. The series shows the raw and the normalised metric side by
-side, each with its between-job CV, so a team sees which is quieter on its runner.
+keeps what the code changed and cancels what the host's load changed alike for both. The series
+shows the raw and the normalised metric side by side, each with its between-job CV, so a team
+sees which is quieter on its runner.
 
 The probe is defined by `PROBE` and `PROBE_VERSION`: results of another definition are not
 compared (`comparable`). Pure: the model and the arithmetic; the timing is the worker's.
