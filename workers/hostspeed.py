@@ -3,12 +3,13 @@
 Every rank times it right before and right after its measured steps (`workers.harness.loop`,
 `IN_STEPS` runs each side), so it sees the host's load of the moment the steps saw; the launcher
 also times it before torchrun starts the ranks and after they end (`SpeedProbe`), kept where the
-ranks did not. It runs in as many processes at once as the run has ranks on the host (`lanes`): a job of two ranks on a two-core runner slows when
-another job takes one core, which a single-threaded probe would not see (it would get the other
-core to itself). Each lane discards one warm-up run (CPython specialises its bytecode on the first
-runs, and the clock may ramp), then times `REPEATS` runs (about 15–60 ms each on a 2-core CI
-runner). A sample's rate is the probe's operations over the lanes' mean time. The mean of the
-samples, not the best, is kept: the point is to see the load, not to get past it.
+ranks did not. It runs in as many processes at once as the run has ranks on the host (`lanes`):
+a job of two ranks on a two-core runner slows when another job takes one core, which a
+single-threaded probe would not see (it would get the other core to itself). Each lane discards
+one warm-up run (CPython specialises its bytecode on the first runs, and the clock may ramp),
+then times its runs (about 15–60 ms each on a 2-core CI runner). A sample's rate is the probe's
+operations over the lanes' mean time. The mean of the samples, not the best, is kept: the point
+is to see the load, not to get past it.
 """
 
 from __future__ import annotations
