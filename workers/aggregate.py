@@ -16,10 +16,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from parallab.core import hostspeed
 from parallab.core.critpath import CriticalPath, PathSummary, analyse
 from parallab.core.families import model_flops_per_token
 from parallab.core.flags import prediction_flags
 from parallab.core.hardware import Catalogue, HardwareProfile, load_catalogue
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
@@ -125,14 +127,19 @@ def build_result(
     catalogue: Catalogue | None = None,
     noise: HostNoise | None = None,
     topology: PoolTopology | None = None,
+    host_speed: HostSpeed | None = None,
 ) -> ResultDocument:
     """The result document of a finished job from its ranks' records (rank order); `hosts`: the
     job's hosts by node, when a worker ran it (added to `hardware`); the prediction carries the
     step-time estimate on the run's hardware (`profile`: the pool's calibration); `noise`: node 0's
     host around the run, as the launcher sampled it; `topology`: how the pool's hosts are wired
-    (the estimate times the collectives that cross nodes on its inter-node link)."""
+    (the estimate times the collectives that cross nodes on its inter-node link); `host_speed`: the
+    speed probe around it."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
+    on_host = records[: job.ranks_per_node]  # node 0's ranks, as `noise` is node 0's host
+    in_steps = hostspeed.from_ranks([r.host_probe_before or [] for r in on_host], [r.host_probe_after or [] for r in on_host])
+    host_speed = in_steps or host_speed  # timed beside the steps, when the ranks did
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
     hardware = dict(lead.hardware or {})
     if hosts:
@@ -186,6 +193,7 @@ def build_result(
             "calibration": lead.calibration,
             "tags": job.spec.tags,
             "noise": noise,
+            "host_speed": host_speed,
             "collectives_matched": matched,
             "critical_path": path,
         }

@@ -154,7 +154,14 @@ def run_and_collect(
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
         catalogue = load_catalogue(settings.hardware_catalogue)
-        document = build_result(job, read_rank_records(files, job.world_size), profile=profile, catalogue=catalogue, noise=outcome.noise)
+        document = build_result(
+            job,
+            read_rank_records(files, job.world_size),
+            profile=profile,
+            catalogue=catalogue,
+            noise=outcome.noise,
+            host_speed=outcome.host_speed,
+        )
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
@@ -455,6 +462,7 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
             catalogue=catalogue,
             noise=part.outcome.noise,
             topology=topology,
+            host_speed=part.outcome.host_speed,
         )
     except Exception as exc:
         log.exception("could not build the result of run %s", run_id)

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from parallab.core.families.module import ALLOW_LIST_ENV
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
 from parallab.core.noise import HostNoise
 from parallab.core.rundir import RunDir
 from workers import extras, lifeline
+from workers.hostspeed import SpeedProbe
 from workers.noise import NoiseSampler
 
 LOG_TAIL_LINES = 60
@@ -66,6 +68,8 @@ class LaunchOutcome:
     log_tail: str
     noise: HostNoise | None = None
     """The host around the run (`workers.noise`): load, CPU steal, other jobs."""
+    host_speed: HostSpeed | None = None
+    """The host-speed probe's rate right before and after the ranks (`workers.hostspeed`)."""
 
     @property
     def ok(self) -> bool:
@@ -280,6 +284,8 @@ def launch(
         return LaunchOutcome(returncode=None, reason=missing, log_tail=missing)
     deadline = time.monotonic() + timeout_s
     progress = ProgressTail(run_dir.progress, log=run_dir.log)
+    speed = SpeedProbe(lanes=job.ranks_per_node)
+    speed.start()  # before the noise sample: the probe's own CPU is not the run's
     sampler = NoiseSampler(ranks_on_host=job.ranks_per_node)
     sampler.start()
     with run_dir.log.open("wb") as log:
@@ -329,4 +335,7 @@ def launch(
     code = proc.returncode
     if reason is None and code != 0:
         reason = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-    return LaunchOutcome(returncode=code, reason=reason, log_tail=read_log_tail(run_dir.log), noise=sampler.stop(exclude={proc.pid}))
+    noise = sampler.stop(exclude={proc.pid})
+    return LaunchOutcome(
+        returncode=code, reason=reason, log_tail=read_log_tail(run_dir.log), noise=noise, host_speed=speed.stop(ended=code == 0)
+    )

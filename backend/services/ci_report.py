@@ -6,6 +6,13 @@ test it without a database; `series_report` reads a series and hands it the fact
 Timing metrics are judged over *jobs*, not runs: the results of one commit uploaded together are
 repetitions inside one CI job, which share that runner's luck, so they are averaged into one
 value and the noise is the spread between jobs (`parallab.core.changepoints.between_job_cv`).
+Where a job carries the host-speed probe (`parallab.core.hostspeed`: a fixed CPU reference timed
+right before and after its ranks), each throughput and duration is also judged normalised by it —
+tokens/s ÷ the probe's rate, step time × it — beside the raw metric, each with its own between-job
+CV, so a team sees which is quieter on its runner. Jobs without the probe (uploads from before it,
+or of another probe version) are judged raw only, and the report says how many there were. The
+report's "changed" reads the raw metrics.
+
 A change point's bisect hint is the range from the last uploaded commit before it to the first
 after it: the commits between them were not measured.
 """
@@ -22,6 +29,7 @@ from backend.services import exact_gates, regression
 from backend.services import series as series_service
 from backend.store import series as store
 from parallab.core import changepoints as cp
+from parallab.core import hostspeed
 
 TIMING_METRICS = ("tokens_per_s", "step_time_p50", "exposed_comm_fraction")
 MAX_JOBS = 60
@@ -38,22 +46,69 @@ class Job:
     values: dict[str, float]
     first_point: int
     """The index of its first result among the series' results (for the chart)."""
+    ops_per_s: float | None = None
+    """The host-speed probe's rate (mean over the job's results that carry it); None: no probe."""
 
 
-def jobs_of(points: Sequence[tuple[str | None, dict[str, float]]]) -> list[Job]:
-    """Consecutive results of one commit form one job; each metric averaged over the job."""
-    grouped: list[tuple[str | None, list[dict[str, float]], int]] = []
+NORMALISED = {"tokens_per_s": "tokens per Mop", "step_time_p50": "Mops"}
+"""The timing metrics judged normalised by the host's speed too, with their normalised unit."""
+
+
+def jobs_of(points: Sequence[tuple[str | None, dict[str, float]]], speeds: Sequence[float | None] | None = None) -> list[Job]:
+    """Consecutive results of one commit form one job; each metric averaged over the job, and so is
+    the host-speed probe (`speeds`, by result; None where a result carries none)."""
+    if speeds is not None and len(speeds) != len(points):
+        raise ValueError(f"speeds: {len(speeds)} values for {len(points)} results")
+    grouped: list[tuple[str | None, list[dict[str, float]], list[float], int]] = []
     for i, (commit, values) in enumerate(points):
+        speed = speeds[i] if speeds is not None else None
         if grouped and commit is not None and grouped[-1][0] == commit:
             grouped[-1][1].append(values)
         else:
-            grouped.append((commit, [values], i))
+            grouped.append((commit, [values], [], i))
+        if speed is not None:
+            grouped[-1][2].append(speed)
     out = []
-    for commit, members, first in grouped:
+    for commit, members, rates, first in grouped:
         names = {k for m in members for k in m}
         averaged = {k: sum(m[k] for m in members if k in m) / sum(1 for m in members if k in m) for k in names}
-        out.append(Job(commit, averaged, first))
+        out.append(Job(commit, averaged, first, sum(rates) / len(rates) if rates else None))
     return out
+
+
+def normalised_metric(metric: regression.Metric) -> regression.Metric:
+    """The metric with the host's speed taken out (`parallab.core.hostspeed.normalise`)."""
+    return regression.Metric(
+        f"{metric.name}/host", f"{metric.label} ÷ host speed", NORMALISED[metric.name], metric.higher_is_better, lambda s: None
+    )
+
+
+def normalised_jobs(jobs: Sequence[Job], metric: regression.Metric) -> list[Job]:
+    """Each job's metric normalised by its probe, under the normalised metric's name; a job without
+    the probe keeps only its raw values (so the normalised search leaves it out)."""
+    name = normalised_metric(metric).name
+    out = []
+    for j in jobs:
+        values = dict(j.values)
+        if j.ops_per_s is not None and metric.name in j.values:
+            values[name] = hostspeed.normalise(j.values[metric.name], j.ops_per_s, higher_is_better=metric.higher_is_better)
+        out.append(Job(j.commit, values, j.first_point, j.ops_per_s))
+    return out
+
+
+def host_speed_note(jobs: Sequence[Job]) -> dict[str, Any]:
+    """How many jobs carry the probe, and what that means for the verdict."""
+    probed = sum(1 for j in jobs if j.ops_per_s is not None)
+    if probed == 0:
+        note = "no job carries a host-speed probe: timings are judged raw only"
+    elif probed < len(jobs):
+        note = (
+            f"{len(jobs) - probed} of {len(jobs)} jobs carry no host-speed probe: they are judged raw only; "
+            f"the normalised metrics cover the {probed} that do"
+        )
+    else:
+        note = f"every job carries the host-speed probe ({hostspeed.PROBE} v{hostspeed.PROBE_VERSION})"
+    return {"probe": hostspeed.PROBE, "version": hostspeed.PROBE_VERSION, "jobs": len(jobs), "jobs_with_probe": probed, "note": note}
 
 
 def timing(jobs: Sequence[Job], metric: regression.Metric, *, window: int, alpha: float) -> dict[str, Any]:
@@ -100,10 +155,22 @@ def assemble(*, series: dict[str, Any], jobs: Sequence[Job], latest: dict[str, A
     baseline_run_id, baseline_commit, changes} with changes marked accepted; baseline_run_id None
     when there was nothing of its config to compare with), None when the series has no counters."""
     metrics = [regression.METRICS_BY_NAME[m] for m in TIMING_METRICS if any(m in j.values for j in jobs)]
-    timings = [timing(jobs, m, window=window, alpha=alpha) for m in metrics]
+    timings = []
+    for m in metrics:
+        t = timing(jobs, m, window=window, alpha=alpha)
+        if m.name in NORMALISED and any(j.ops_per_s is not None for j in jobs):
+            t["normalised"] = timing(normalised_jobs(jobs, m), normalised_metric(m), window=window, alpha=alpha)
+        timings.append(t)
     open_changes = [c for c in (latest or {}).get("changes", []) if not c["accepted"]]
     recent = any(p["recent"] and p["worse"] for t in timings for p in t["change_points"])
-    return {"series": series, "jobs": len(jobs), "exact": latest, "timing": timings, "changed": bool(open_changes) or recent}
+    return {
+        "series": series,
+        "jobs": len(jobs),
+        "exact": latest,
+        "timing": timings,
+        "host_speed": host_speed_note(jobs),
+        "changed": bool(open_changes) or recent,
+    }
 
 
 def series_report(*, session: Session, series_id: str) -> dict[str, Any]:
@@ -116,6 +183,8 @@ def view_report(*, session: Session, view: series_service.SeriesView) -> dict[st
     s = view.series
     series_id = s.id
     points = [(p.run.commit, {m: v.value for m, v in p.verdicts.items()}) for p in view.points]
+    probes = store.host_speeds(session, [p.run.id for p in view.points])
+    speeds = [_ops_per_s(probes.get(p.run.id)) for p in view.points]
     commits = {p.run.id: p.run.commit for p in view.points}
     history = store.counters_history(session, series_id)
     latest = None
@@ -140,4 +209,15 @@ def view_report(*, session: Session, view: series_service.SeriesView) -> dict[st
         "strategy": s.strategy,
         "world_size": s.world_size,
     }
-    return assemble(series=info, jobs=jobs_of(points), latest=latest, window=s.window, alpha=s.alpha)
+    return assemble(series=info, jobs=jobs_of(points, speeds), latest=latest, window=s.window, alpha=s.alpha)
+
+
+def _ops_per_s(stored: Any) -> float | None:
+    """A stored result's probe rate, when it carries one of this probe's definition and version."""
+    if not isinstance(stored, dict):
+        return None
+    try:
+        speed = hostspeed.HostSpeed.model_validate(stored)
+    except ValueError:
+        return None
+    return speed.ops_per_s if speed.version == hostspeed.PROBE_VERSION and speed.ops == hostspeed.PROBE_OPS else None

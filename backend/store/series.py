@@ -10,7 +10,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from backend.models import Run, Series, SeriesAccept, SeriesCounters, SeriesVerdict
+from backend.models import Run, RunResult, Series, SeriesAccept, SeriesCounters, SeriesVerdict
 
 
 def get_series(session: Session, series_id: str) -> Series | None:
@@ -154,6 +154,15 @@ def history(session: Session, series_id: str) -> list[tuple[Run, list[SeriesVerd
     for v in verdicts_for_runs(session, [r.id for r in runs]):
         verdicts.setdefault(v.run_id, []).append(v)
     return [(r, verdicts.get(r.id, [])) for r in runs]
+
+
+def host_speeds(session: Session, run_ids: Sequence[str]) -> dict[str, Any]:
+    """Each run's stored `host_speed` (the document's field only), where its result has one."""
+    if not run_ids:
+        return {}
+    field = RunResult.document["host_speed"]
+    rows = session.execute(select(RunResult.run_id, field).where(RunResult.run_id.in_(list(run_ids)))).all()
+    return {run_id: value for run_id, value in rows if value is not None}
 
 
 def get_verdict(session: Session, verdict_id: int) -> SeriesVerdict | None:

@@ -2,7 +2,8 @@
 
 Exact changes come first (they carry no noise: any one is a change of code or config), then each
 timing metric's change points with their intervals and bisect ranges, and what the metric's
-noise lets it see at all. Pure: a dict in, text out, so a CI step can post it as a comment.
+noise lets it see at all; where jobs carry the host-speed probe, the metric normalised by it is
+shown beneath the raw one with its own between-job CV. Pure: a dict in, text out, so a CI step can post it as a comment.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _exact(exact: Mapping[str, Any] | None) -> list[str]:
 
 
 def _timing(t: Mapping[str, Any]) -> list[str]:
+    lines = _one_timing(t)
+    if t.get("normalised"):
+        lines += ["  " + line for line in _one_timing(t["normalised"])]
+    return lines
+
+
+def _one_timing(t: Mapping[str, Any]) -> list[str]:
     head = f"**{t['label']}** (`{t['metric']}`, {t['unit']})"
     if t["status"] == "too_few":
         return [f"- {head}: not judged — a change-point search needs at least {t['needed']} CI jobs; this series has {t['jobs']}."]
@@ -76,4 +84,6 @@ def render(report: Mapping[str, Any]) -> str:
     ]
     timings = report.get("timing") or []
     lines += [line for t in timings for line in _timing(t)] or ["No timing metric on this series."]
+    if report.get("host_speed") and timings:
+        lines += ["", f"Host speed: {report['host_speed']['note']}."]
     return "\n".join(lines) + "\n"

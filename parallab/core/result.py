@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from parallab.core.bounds import INT32_MAX, INT64_MAX, Bytes, Count, JSONObject, Label, Name, SafeStr, ShortName, check_json
 from parallab.core.critpath import CriticalPath, PathSummary, StepSegments
 from parallab.core.hardware import HardwareProfile
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.noise import HostNoise
 from parallab.core.stragglers import CollectivesMatched, GroupTimes, Straggler
 
@@ -497,6 +498,11 @@ class ResultDocument(OpenModel):
     noise: HostNoise | None = Field(
         None, description="The host around the run: load average, CPU steal, ranks against cores, other jobs (`parallab.core.noise`)."
     )
+    host_speed: HostSpeed | None = Field(
+        None,
+        description="A fixed CPU probe's rate right before and after the ranks (`parallab.core.hostspeed`): "
+        "a series can divide its timings by it. Optional: results without it are judged raw.",
+    )
     critical_path: CriticalPath | None = Field(
         None, description="The profiled steps' critical path across the ranks and each rank's step split (`parallab.core.critpath`)."
     )
@@ -532,6 +538,10 @@ class RankRecord(RankResult):
     """The routing replay's choices against the reference's own (`workers.harness.routing`); the summary's."""
     frozen_check: FrozenCheck | None = None
     """Parameters that stopped moving after the check's step (`workers.harness.frozen`); the summary's."""
+    host_probe_before: list[float] | None = Field(
+        None, max_length=64, description="The host-speed probe's ops/s before the measured steps."
+    )
+    host_probe_after: list[float] | None = Field(None, max_length=64, description="The same after them.")
 
     def rank_result(self) -> RankResult:
         """The part that goes into the result document's `ranks`."""

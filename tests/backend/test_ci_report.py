@@ -74,3 +74,70 @@ def test_a_series_with_too_few_jobs_says_so_rather_than_judging() -> None:
     tokens = next(t for t in report["timing"] if t["metric"] == "tokens_per_s")
     assert tokens["status"] == "too_few" and tokens["change_points"] == [] and tokens["needed"] == 8
     assert "not judged" in render(report) and report["changed"] is False
+
+
+def hosted(n: int, *, host_at: int | None = None, code_at: int | None = None, seed: int = 3) -> tuple[list[Any], list[float | None]]:
+    """`n` jobs of tokens/s with the host-speed probe: from `host_at` on the host runs everything
+    (the job and the probe alike) at 0.6 of its speed; from `code_at` on the code is 20 % slower."""
+    rng = random.Random(seed)
+    points, speeds = [], []
+    for i in range(n):
+        host = 0.6 if host_at is not None and i >= host_at else 1.0
+        code = 0.8 if code_at is not None and i >= code_at else 1.0
+        value = 1000.0 * host * code * (1 + rng.gauss(0, 0.03))
+        points.append((f"{i:04x}beef", {"tokens_per_s": value, "step_time_p50": 512 / value}))
+        speeds.append(2e7 * host * (1 + rng.gauss(0, 0.01)))
+    return points, speeds
+
+
+def report_of(points: list[Any], speeds: list[float | None]) -> dict[str, Any]:
+    return assemble(series=SERIES, jobs=jobs_of(points, speeds), latest=None, window=10, alpha=0.01)
+
+
+def by_metric(report: dict[str, Any], metric: str) -> dict[str, Any]:
+    return next(t for t in report["timing"] if t["metric"] == metric)
+
+
+def test_a_host_slowdown_is_a_change_point_raw_and_none_normalised() -> None:
+    report = report_of(*hosted(16, host_at=8))
+    for metric in ("tokens_per_s", "step_time_p50"):
+        raw = by_metric(report, metric)
+        assert [p["job"] for p in raw["change_points"]] == [8], "raw, the host's slowdown reads as a change"
+        normalised = raw["normalised"]
+        assert normalised["metric"] == f"{metric}/host" and normalised["jobs"] == 16 and normalised["status"] == "judged"
+        assert normalised["change_points"] == [], "the probe slowed alike: nothing changed in the code"
+        assert normalised["cv"] is not None and normalised["cv"] < 0.06, "3 % job noise and 1 % probe noise, the host's step gone"
+    assert by_metric(report, "tokens_per_s")["normalised"]["unit"] == "tokens per Mop"
+    assert report["host_speed"]["jobs_with_probe"] == 16 and "every job" in report["host_speed"]["note"]
+    text = render(report)
+    assert "Throughput ÷ host speed" in text and "Host speed: every job carries" in text
+
+
+def test_a_code_slowdown_stays_a_change_point_when_normalised() -> None:
+    report = report_of(*hosted(16, host_at=4, code_at=10))
+    normalised = by_metric(report, "tokens_per_s")["normalised"]
+    [change] = normalised["change_points"]
+    assert change["job"] == 10 and change["worse"] and change["lower_pct"] < -20 < change["upper_pct"] < -10
+
+
+def test_the_check_fails_when_the_probe_is_not_taken_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from parallab.core import hostspeed
+
+    monkeypatch.setattr(hostspeed, "normalise", lambda value, ops_per_s, *, higher_is_better: value)  # the probe ignored
+    normalised = by_metric(report_of(*hosted(16, host_at=8)), "tokens_per_s")["normalised"]
+    assert [p["job"] for p in normalised["change_points"]] == [8], "without the probe, the host's change is back"
+
+
+def test_uploads_without_the_probe_are_judged_raw_with_a_note() -> None:
+    points, speeds = hosted(16, host_at=8)
+    none = report_of(points, [None] * 16)
+    assert "normalised" not in by_metric(none, "tokens_per_s") and none["host_speed"]["jobs_with_probe"] == 0
+    assert "Host speed: no job carries a host-speed probe: timings are judged raw only." in render(none)
+    mixed = report_of(points, [None] * 4 + speeds[4:])  # the first four uploaded before the probe existed
+    normalised = by_metric(mixed, "tokens_per_s")["normalised"]
+    assert by_metric(mixed, "tokens_per_s")["jobs"] == 16 and normalised["jobs"] == 12
+    assert "4 of 16 jobs carry no host-speed probe: they are judged raw only" in render(mixed)
+    short = report_of(points, [None] * 10 + speeds[10:])
+    assert by_metric(short, "tokens_per_s")["normalised"]["status"] == "too_few", "6 probed jobs: not judged normalised"
+    with pytest.raises(ValueError, match="speeds: 3 values for 16 results"):
+        jobs_of(points, speeds[:3])

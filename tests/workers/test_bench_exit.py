@@ -97,3 +97,7 @@ def test_a_run_whose_checks_pass_exits_0_with_its_flags_printed(tmp_path: Path) 
     document = ResultDocument.model_validate_json((tmp_path / "result.json").read_text())
     assert document.summary.gradient_check is not None and document.summary.gradient_check.passed
     assert all(f"⚑ {flag}" in done.stderr for flag in prediction_flags(document))
+    speed = document.host_speed  # the host-speed probe, timed in both ranks right before and after the measured steps
+    assert (
+        speed is not None and speed.where == "steps" and speed.lanes == 2 and len(speed.before_ops_per_s) == len(speed.after_ops_per_s) == 3
+    )

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
 from parallab.core.strategies.base import StrategyOptions
+from workers import hostspeed
 from workers.harness import divergence
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
@@ -72,6 +73,10 @@ class TrainResult:
     peak_allocated_bytes: int | None = None
     """The CUDA allocator's peak over the measured steps (parameters included); None on CPU."""
     peak_reserved_bytes: int | None = None
+    probe_before: list[float] = field(default_factory=list)
+    """The host-speed probe's rate (ops/s) right before the measured steps, on this rank (`workers.hostspeed`)."""
+    probe_after: list[float] = field(default_factory=list)
+    """The same right after them."""
 
 
 def moe_layers(model: torch.nn.Module) -> list[MoE]:
@@ -138,6 +143,9 @@ def train(
     for moe in moe_layers(model):
         moe.reset_stats()
 
+    # The host's speed right before and after the measured steps, every rank at once (one lane
+    # per rank): what the steps' timings saw of the host's load, outside the timed steps.
+    result.probe_before = hostspeed.rates(hostspeed.IN_STEPS)
     reset_device_peaks(ctx.device)
     for i in range(wl.steps):
         ctx.synchronize()
@@ -147,6 +155,7 @@ def train(
         result.step_times_s.append(time.perf_counter() - start)
         result.losses.append(loss.detach())
         report(wl.warmup_steps + i, False, loss, result.step_times_s[-1])
+    result.probe_after = hostspeed.rates(hostspeed.IN_STEPS)
     result.peak_allocated_bytes, result.peak_reserved_bytes = device_peaks(ctx.device)
 
     if profiler is not None:

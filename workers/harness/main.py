@@ -310,6 +310,8 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
         rank=ctx.rank,
         model_state_bytes=measure.model_state_bytes(applied.model, result.optimizer),
         step_times_s=result.step_times_s,
+        host_probe_before=result.probe_before or None,
+        host_probe_after=result.probe_after or None,
         moe=loop.moe_stats(applied.model, ctx=ctx),
         **profiled,
         peak_rss_bytes=measure.peak_rss_bytes(),  # before rank 0's reference run adds its own
