@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import re
 
-import typer
-from typer.testing import CliRunner
-
 from backend.db import session_scope
 from backend.services import hardware
 from backend.services import workers as fleet
 from backend.services.workers import WorkerInfo
-from parallab.commands.plan import plan
+from tests.backend.plan_cli import run_plan_cli
 from tests.backend.test_planning_api import store_calibration
 
 EPYC = "AMD EPYC 7B13 64-Core Processor"
@@ -53,17 +50,7 @@ def test_an_uncalibrated_pool_plans_on_its_own_cpu_and_says_to_calibrate_until_i
 
 
 def test_the_plan_cli_says_a_pool_is_uncalibrated(settings, monkeypatch) -> None:
-    monkeypatch.setenv("PARALLAB_DATABASE_URL", settings.sqlalchemy_url)
-    monkeypatch.setenv("PARALLAB_HOME", str(settings.resolved_home))
-    from backend.config import get_settings
-
-    get_settings.cache_clear()
-    app = typer.Typer()
-    app.command()(plan)
-    try:
-        result = CliRunner().invoke(app, ["--model", "tiny", "--pool", "nowhere", "--top", "1"])
-    finally:
-        get_settings.cache_clear()
+    result = run_plan_cli(settings, monkeypatch, ["--model", "tiny", "--pool", "nowhere", "--top", "1"])
     assert result.exit_code == 0, result.output
     assert "pool 'nowhere' has no calibration" in result.stderr and "calibrate" in result.stderr
 

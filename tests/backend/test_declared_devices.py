@@ -9,13 +9,11 @@ import re
 from collections.abc import Callable
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from backend.db import session_scope
 from backend.services import hardware
 from backend.services import workers as fleet
-from parallab.commands.plan import plan
+from tests.backend.plan_cli import run_plan_cli
 from tests.backend.test_planning_api import store_calibration
 from workers.fleet import describe
 
@@ -28,17 +26,7 @@ def _one(pattern: str, text: str, where: str) -> int:
 
 def devices_everywhere(client, settings, monkeypatch) -> dict[str, int]:
     """The pool 'cpu''s devices per host as each place shows them."""
-    monkeypatch.setenv("PARALLAB_DATABASE_URL", settings.sqlalchemy_url)
-    monkeypatch.setenv("PARALLAB_HOME", str(settings.resolved_home))
-    from backend.config import get_settings
-
-    get_settings.cache_clear()
-    app = typer.Typer()
-    app.command()(plan)
-    try:
-        cli = CliRunner().invoke(app, ["--model", "tiny", "--pool", "cpu", "--top", "1"])
-    finally:
-        get_settings.cache_clear()
+    cli = run_plan_cli(settings, monkeypatch, ["--model", "tiny", "--pool", "cpu", "--top", "1"])
     assert cli.exit_code == 0, cli.output
     ranked = client.get("/api/v1/plan", params={"mode": "rank", "model": "tiny", "pool": "cpu"}).json()
     return {
