@@ -232,8 +232,11 @@ def test_compose_commands_run_a_lab_two_pools_each_running_its_job(lab: tuple[La
     t0 = time.monotonic()
 
     # Two API processes came up, and the admin exists once whichever seeded it.
+    def both_started() -> bool:  # the first process answers /healthz while a loaded host may still be starting the second
+        return len(re.findall(r"Started server process \[\d+\]", the_lab.log("api"))) == 2
+
+    wait_until(both_started, "both API processes to start", timeout=60)
     api_log = the_lab.log("api")
-    assert len(re.findall(r"Started server process \[\d+\]", api_log)) == 2, api_log[-3000:]
     assert "Traceback" not in api_log, api_log[-3000:]
     anonymous = httpx.Client(base_url=url, timeout=30)
     assert anonymous.get("/api/v1/runs").status_code == 401, "PARALLAB_HOST=0.0.0.0: no local mode"

@@ -13,8 +13,10 @@ from backend.config import Settings, get_settings
 from backend.db import session_scope
 from backend.migrate import upgrade
 from backend.services import hardware, runs, sweeps
+from backend.services import workers as fleet
 from parallab.core.spec import JobSpec
 from workers.execute import execute_run
+from workers.fleet import describe
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +41,13 @@ def test_a_calibrated_sweep_of_tiny_runs_and_ranks_its_prediction(tmp_path):
     settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'parallab.db'}", max_world_size=2, sweep_steps=3)
     settings.ensure_home()
     upgrade(settings.sqlalchemy_url)
+    # This test's own worker, registered as `parallab worker` does: not the process's cached one, which
+    # an earlier test may have described on other settings and registered in another database.
+    me = describe(settings)
     with session_scope(settings.sqlalchemy_url) as session:
+        fleet.register(session=session, info=me)
         calibration = runs.submit_run(session=session, spec=JobSpec.model_validate(CALIBRATE), settings=settings, source="api").id
-    assert execute_run(calibration, settings) == "succeeded"
+    assert execute_run(calibration, settings, me) == "succeeded"
     with session_scope(settings.sqlalchemy_url) as session:
         profile = hardware.latest_profile(session=session, pool=hardware.pool_of(settings))
         assert profile is not None and profile.world_size == 2 and profile.matmul
@@ -58,7 +64,7 @@ def test_a_calibrated_sweep_of_tiny_runs_and_ranks_its_prediction(tmp_path):
         run_ids = [c["run_id"] for c in sweep.candidates]
         assert sweep.hardware["calibrated"] and len(run_ids) == 3
     for run_id in run_ids:
-        assert execute_run(run_id, settings) == "succeeded"
+        assert execute_run(run_id, settings, me) == "succeeded"
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: settings
     with TestClient(app) as client:
