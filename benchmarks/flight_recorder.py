@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,36 +63,49 @@ def micro_rank(calls: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def count_rank(model_name: str, out: Path) -> None:
-    """Inside torchrun, recorder on: one DDP step of `model_name` (as the harness's DDP), its collectives counted by the recorder."""
+def ddp_stepper(model_name: str) -> tuple[int, Callable[[int], None]]:
+    """Inside torchrun (gloo up): this rank and one DDP training step of `model_name` as the harness's
+    DDP takes it (the step's global batch, this rank's share), for `count_rank` and `probe_rank`."""
     import torch
     import torch.distributed as dist
-    from torch._C import _distributed_c10d as c10d
     from torch.nn.parallel import DistributedDataParallel
 
     from parallab.core.model import PRESETS
     from workers.harness.data import global_batch, micro_batch
     from workers.harness.model import build_model
 
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
     preset = PRESETS[model_name]
     cfg, gbs = preset.config, preset.global_batch_size
     model = DistributedDataParallel(build_model(cfg, seed=0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def recorded() -> int:
-        return len(json.loads(getattr(c10d, "_dump_fr_trace_json")(True, False))["entries"])  # noqa: B009
-
-    counts = []
-    for step in range(3):
-        before = recorded()
-        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=step)
+    def step(s: int) -> None:
+        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=s)
         inputs = micro_batch(inputs, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
         labels = micro_batch(labels, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
         optimizer.zero_grad(set_to_none=True)
         model(inputs, labels=labels).backward()
         optimizer.step()
+
+    return rank, step
+
+
+def count_rank(model_name: str, out: Path) -> None:
+    """Inside torchrun, recorder on: one DDP step of `model_name` (as the harness's DDP), its collectives counted by the recorder."""
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
+    dist.init_process_group("gloo")
+    rank, step = ddp_stepper(model_name)
+
+    def recorded() -> int:
+        return len(json.loads(getattr(c10d, "_dump_fr_trace_json")(True, False))["entries"])  # noqa: B009
+
+    counts = []
+    for i in range(3):
+        before = recorded()
+        step(i)
         counts.append(recorded() - before)
     if rank == 0:
         out.write_text(json.dumps({"per_step": counts[-1]}))
@@ -106,27 +120,10 @@ def probe_rank(model_name: str, steps: int, out: Path) -> None:
 
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from parallab.core.model import PRESETS
-    from workers.harness.data import global_batch, micro_batch
-    from workers.harness.model import build_model
 
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     torch.set_num_threads(1)
-    preset = PRESETS[model_name]
-    cfg, gbs = preset.config, preset.global_batch_size
-    model = DistributedDataParallel(build_model(cfg, seed=0))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(s: int) -> None:
-        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=s)
-        inputs = micro_batch(inputs, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
-        labels = micro_batch(labels, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
-        optimizer.zero_grad(set_to_none=True)
-        model(inputs, labels=labels).backward()
-        optimizer.step()
+    rank, step = ddp_stepper(model_name)
 
     for s in range(3):
         step(s)
