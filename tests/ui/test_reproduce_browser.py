@@ -98,6 +98,11 @@ def test_an_upload_is_reproduced_by_a_real_worker_and_both_pages_show_the_verdic
         assert (ran["name"], ran["world_size"]) == ("ddp", 2) and finished["result"]["workload"]["steps"] == 4
         assert finished["result"]["summary"]["checks_not_checked"] == [], "the lab's run carries every check"
 
+        # the queued page reloads itself when the run finishes (watch.js); a goto racing that reload
+        # is interrupted, so the finished pages are read in a fresh tab
+        page.close()
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
         sides = {}
         for side in (run_id, upload_id):
             page.goto(f"{bench.url}/runs/{side}")

@@ -107,7 +107,15 @@ def test_deepseek_matches_single_in_loss_and_gradients(harness_job, key):
     assert check.params_checked == TENSORS, "every tensor (both stages' under pp)"
     # the latent attention's own saved tensors are predicted (without them: 19% under, flagged);
     # under tp the prediction is 14% under what is measured (6.43 MB against 7.31 MB): not explained yet
-    if key != "tp":
+    if key == "ep":
+        # a rank's routed activations follow the router, as its all-to-all bytes do (ROUTED): the
+        # prediction is the ranks' mean, and the flag (the max rank) sits above it by the routing's
+        # imbalance (+5 % here when quiet, +11 % once under load, when gloo's buffers outlived the peak)
+        measured = [r.memory_breakdown["activations"] for r in doc.ranks if r.memory_breakdown]
+        predicted = doc.prediction.activation_bytes_per_rank
+        assert len(measured) == 2 and predicted
+        assert abs(sum(measured) / len(measured) / predicted - 1) <= 0.10, (measured, predicted)
+    elif key != "tp":
         assert not [f for f in doc.flags if f.metric == "activation_bytes_per_rank"], doc.flags
 
 
