@@ -186,14 +186,16 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
     )
 
 
-def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) -> PlanRow:
+def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False, predict_only: bool = False) -> PlanRow:
     """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time.
 
     On a GPU with a device profile the memory is what the allocator reserves: torch.compile's
     share of the eager activations, and reserved over allocated (`device_profile.Allocator`);
-    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism."""
+    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism;
+    `predict_only` predicts a recipe the ranks refuse but the planner models (a published run's:
+    fp8 beside tensor parallelism), its accuracy saying it is not runnable here."""
     try:
-        job = resolve_job(JobSpec.model_validate(raw), Limits())
+        job = resolve_job(JobSpec.model_validate(raw), Limits(), predict_only=predict_only)
     except SpecError as exc:
         row = _row(raw, None)
         row.reasons, row.valid = [str(p) for p in exc.problems], False
