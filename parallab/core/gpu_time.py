@@ -19,7 +19,9 @@ Per forward of the busiest rank (t tokens, L blocks, tensor-parallel degree tp):
   under torch.compile). The weights: cast in each forward that runs; under FSDP with fp8
   all-gather (torchtitan's recipe) cast on the rank's shard (1/N of them) before each of the two
   all-gathers of a micro-step instead; at `fp8.weight_bytes_per_element`. Memory-bound.
-- recomputation: selective re-runs the memory-bound ops and the attention forward; full the whole
+- recomputation: selective re-runs the memory-bound ops and the attention forward (parallab's
+  policy keeps every matmul's output) or, under torchtitan's policy, the memory-bound ops and the
+  wk, wo and w3 GEMMs (it keeps the attention's output and every other matmul's); full the whole
   block forward.
 - launches: the kernels of a step × `launch_s` (compiled: × `compiled_share`), the gap each
   kernel leaves on the device.
@@ -74,6 +76,10 @@ class Shares:
     """Under TP, whether the h-wide ops (norms, residual adds) run on sequence shards."""
     stream_bytes: int = 2
     """Bytes per element of the residual stream (`dims.base.residual_stream_bytes`)."""
+    selective_policy: str = "every_matmul"
+    """What selective recomputation keeps (`activations.SELECTIVE_POLICIES`)."""
+    recomputed_gemm_forward_s: float = 0.0
+    """One block's forward GEMMs the selective policy recomputes (torchtitan's: wk, wo, w3)."""
 
 
 def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> float:
@@ -109,7 +115,11 @@ def compute_terms(
     loss = t * vocab * 4 * 3 / bw
     gemm_fwd = layers * shares.gemm_forward_s
 
-    recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": attn_fwd + mem_fwd}.get(mode, 0.0)
+    # selective: parallab's policy keeps every matmul and recomputes the attention; torchtitan's
+    # keeps the attention and every other matmul, recomputing wk, wo and w3
+    titan = shares.selective_policy == "torchtitan_op"
+    selective = mem_fwd + (layers * shares.recomputed_gemm_forward_s if titan else attn_fwd)
+    recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": selective}.get(mode, 0.0)
     terms = [
         Term(
             "weight GEMMs",
@@ -134,7 +144,7 @@ def compute_terms(
         Term(
             f"recomputation ({mode})",
             n * recompute,
-            "selective: attention + memory-bound forward; full: the block forward",
+            "selective: memory-bound forward + attention (parallab's policy) or wk, wo, w3 (torchtitan's); full: the block forward",
             "attention, memory_bound, gemm",
         ),
     ]

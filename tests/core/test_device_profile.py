@@ -8,6 +8,7 @@ import json
 import pytest
 
 from parallab.core.accuracy import OUTSIDE, accuracy_of
+from parallab.core.activations import selective_kept_bytes
 from parallab.core.device_profile import PROFILES_DIR, ProfileError, load_profile, parse_profile
 from parallab.core.dims.tp import tp_comm
 from parallab.core.hardware import load_catalogue
@@ -151,6 +152,41 @@ def test_fp8_beside_tensor_parallelism_is_predicted_only():
     saved = 2 * cfg.num_layers * 2 * tokens * cfg.hidden_size  # 2 blocks a layer, 2 gathers each, 1 B an element saved
     assert bf16_tp["all_gather"] - fp8_tp["all_gather"] == saved
     assert bf16_tp["reduce_scatter"] == fp8_tp["reduce_scatter"]
+
+
+def test_torchtitans_selective_policy_keeps_every_other_matmul_and_the_attention():
+    """torchtitan's op-level policy keeps wq, wv, w1, w2 and the flash attention's output and
+    logsumexp where parallab's keeps every matmul; its recomputation re-runs wk, wo and w3 instead of
+    the attention. A policy it does not know is refused naming the field."""
+    cfg = job().model
+    h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+    ours = selective_kept_bytes(cfg, "bf16", params_16bit=True)
+    titan = selective_kept_bytes(cfg, "bf16", params_16bit=True, policy="torchtitan_op")
+    assert ours - titan == 2 * (kv + h + f) - (2 * h + 4 * cfg.num_heads)
+    terms = {
+        policy: {t.name: t.seconds for t in profile_terms(job(), H100, selective_policy=policy)}
+        for policy in ("every_matmul", "torchtitan_op")
+    }
+    memory_forward = terms["every_matmul"]["memory-bound ops"] / 3
+    recomputed_share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)  # wk, wo, w3 of the block's GEMMs
+    titan_gemms = terms["torchtitan_op"]["recomputation (selective)"] - memory_forward
+    assert titan_gemms == pytest.approx(terms["torchtitan_op"]["weight GEMMs"] / 3 * recomputed_share, rel=1e-6)
+    attention_forward = terms["every_matmul"]["recomputation (selective)"] - memory_forward
+    assert 0 < attention_forward < terms["every_matmul"]["attention (flash)"] / 3
+    with pytest.raises(ValueError, match="selective_policy: 'bogus'"):
+        selective_kept_bytes(cfg, "bf16", policy="bogus")
+
+
+def test_the_loss_peak_is_log_softmax_backward_at_twelve_bytes_an_entry():
+    """At the loss's backward PyTorch holds log-softmax's fp32 output, nll_loss's dense fp32 gradient
+    and log-softmax's own: 12 B per vocabulary entry and token (the 16-bit copy comes later, at 6)."""
+    j = job()
+    prediction = predict(j)
+    acts = prediction["activations"]
+    head = {c["name"]: c["bytes"] for c in reserved_memory(j, prediction, load_profile("h100-hbm2e-96gb"))}["head and loss"]
+    tokens = 2 * j.model.seq_len
+    assert acts["logits_gradient"] == 4 * j.model.vocab_size * tokens
+    assert head - acts["head"] == 8 * j.model.vocab_size * tokens
 
 
 def test_loss_parallel_shards_the_logits_under_tensor_parallelism():
