@@ -110,7 +110,8 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
     """The planner's row for `run` on its hardware, and the comparison (the band holds the row out)."""
     hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
     loss_parallel = bool(run.get("loss_parallel", False))
-    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel)
+    policy = str(run.get("selective_policy") or "every_matmul")
+    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel, predict_only=True, selective_policy=policy)
     world = run["nodes"] * run["gpus_per_node"]
     accuracy = row.accuracy or {}
     kind = str((accuracy.get("band") or {}).get("kind") or accuracy.get("regime", ""))
@@ -138,7 +139,7 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
 def kind_of_run(run: dict[str, Any]) -> str:
     """The band kind of a published run (`parallab.core.accuracy.kind_of`)."""
     hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
-    return kind_of(resolve_job(JobSpec.model_validate(spec_of(run)), Limits())) if hw else ""
+    return kind_of(resolve_job(JobSpec.model_validate(spec_of(run)), Limits(), predict_only=True)) if hw else ""
 
 
 def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -215,10 +215,19 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
     if prediction.get("step_time_s") is not None:
         table.add_row("step time (estimate)", f"{prediction['step_time_s'] * 1e3:,.1f} ms {band_label(prediction)}")
         table.add_row("not modelled", escape(", ".join(prediction.get("not_modelled") or []) or "—"))
+    else:  # the counts above are exact formulas; a time, and its band, need hardware
+        table.add_row("step time (estimate)", escape(NO_HARDWARE))
     zero = "2+2+12" if job.workload.precision != "fp32" else "4+4+8"
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper, {zero})", format_bytes(value))
     Console().print(table)
+
+
+NO_HARDWARE = (
+    "not estimated: no hardware, so no time and no error band — give --device (or --pool) for a step time "
+    "with its band; the memory above is allocated bytes by formula (the reserved peak needs a device profile)"
+)
+"""What a plan without hardware prints where the step time and its band would be."""
 
 
 def band_label(accuracy: dict[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parallab.core.dims import DIMENSIONS, Dimension
+from parallab.core.recipes import not_runnable_here
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -79,8 +80,13 @@ def band_for(kind: str, *, leave_out: str | None = None, bands: dict[str, Any] |
 
 
 def accuracy_of(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, leave_out: str | None = None) -> dict[str, Any]:
-    """The prediction's band, what it does not model, and whether it lies in a validated regime."""
+    """The prediction's band, what it does not model, whether it lies in a validated regime, and
+    what of it parallab's ranks would refuse (a predicted-only recipe: `recipes.not_runnable_here`)."""
     kind = kind_of(job)
     band = band_for(kind, leave_out=leave_out) if hw.device_profile is not None else None
     regime = "validated" if band is not None else f"{OUTSIDE} ({kind} on {hw.spec.key})"
-    return {"band": band, "not_modelled": not_modelled(job, hw, loss_parallel=loss_parallel), "regime": regime}
+    out = {"band": band, "not_modelled": not_modelled(job, hw, loss_parallel=loss_parallel), "regime": regime}
+    unrunnable = not_runnable_here(job)
+    if unrunnable:
+        out["not_runnable_here"] = unrunnable
+    return out

@@ -78,6 +78,9 @@ wk, wv, wo and w2, 2 each, and w1's, 8): it saves 54 % for that shape.
   under full recomputation. (The count that kept every tensor but the logsumexp described
   Korthikanti's attention-only mode, which this harness does not run: a fused SDPA stores no
   s² scores, so recomputing it alone would save nothing.)
+  A published run's own policy is counted where the row names it (`SELECTIVE_POLICIES`):
+  torchtitan's keeps every other matmul of a block (wq, wv, w1, w2), the flash attention's output
+  and logsumexp and the reduce-scatters' outputs, and recomputes wk, wo and w3.
 - Full recomputation keeps each block's input, the fp32 residual stream (4h; 4h/t under SP),
   and one layer's full set for one micro-batch while it is recomputed.
 - The peak (`parallab.core.prediction`). Without recomputation it is the head's backward: every
@@ -294,17 +297,41 @@ def per_token_bytes(terms: list[Term], recompute: Recompute) -> float:
     return sum(t.bytes_per_token for t in terms if not (recompute == "selective" and t.core_attention))
 
 
+SELECTIVE_POLICIES = {
+    "every_matmul": "parallab's harness: every matmul's and collective's output kept, the rest recomputed",
+    "torchtitan_op": "torchtitan's op-level policy (parallelize_llama.py, _save_list at 9dec370): every other matmul "
+    "of a block kept (wq, wv, w1, w2; wk, wo, w3 recomputed), the flash attention's output and logsumexp, and the "
+    "reduce-scatters' outputs",
+}
+"""Selective recomputation policies the planner counts: parallab's own, and the one a published run used."""
+
+
 def selective_kept_bytes(
-    cfg: ModelConfig, precision: str, *, tp: int = 1, sequence_parallel: bool = False, params_16bit: bool = False
+    cfg: ModelConfig,
+    precision: str,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    params_16bit: bool = False,
+    policy: str = "every_matmul",
 ) -> float:
     """Per token, what op-level selective recomputation keeps of one block on one rank: its input
     (`checkpoint_input_bytes`) and the outputs of its matmuls and collectives (see the module
-    docstring); everything else is recomputed in backward."""
+    docstring); everything else is recomputed in backward. `policy` (`SELECTIVE_POLICIES`):
+    torchtitan's keeps every other matmul's output and the attention's instead."""
     a = activation_dtype_bytes(precision)
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     readers = 2 if cfg.mlp == "swiglu" else 1  # w1 (and w3) outputs kept
     block_input = checkpoint_input_bytes(cfg, tp=tp, sequence_parallel=sequence_parallel, precision=precision, params_16bit=params_16bit)
     reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
+    if policy == "torchtitan_op":
+        if cfg.is_moe or cfg.is_mla or cfg.mlp != "swiglu":
+            raise ValueError("selective_policy: torchtitan_op is counted for dense SwiGLU blocks with multi-head attention only")
+        matmuls = a * ((h + cfg.kv_dim + f) / tp + h)  # wq, wv, w1 (column-split), w2 (full width, partial under tp)
+        attention = a * h / tp + RESIDUAL_BYTES * cfg.num_heads / tp  # the flash kernel's output and logsumexp
+        return block_input + matmuls + attention + (reduced if sequence_parallel else 0.0)  # only reduce-scatters are kept
+    if policy != "every_matmul":
+        raise ValueError(f"selective_policy: {policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
     attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
     if cfg.is_mla:  # the matmuls' outputs: q_a (if any), q, kv_a (latent and rotary key), kv_b, o (no tp: refused)
         heads = cfg.num_heads

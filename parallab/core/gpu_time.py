@@ -12,9 +12,16 @@ Per forward of the busiest rank (t tokens, L blocks, tensor-parallel degree tp):
   three passes (forward, backward twice), at `memory_bound.bandwidth_share` of the bandwidth;
   torch.compile keeps `memory_bound.compiled_share` of those bytes (fusion).
 - the loss: the fp32 logits (V/tp wide under loss parallel, V otherwise) read and written three times.
-- fp8 casts: per token and block the linears' inputs and output gradients, and per step every
-  block weight element, at `fp8.*_bytes_per_element` (amax, cast, transpose), memory-bound.
-- recomputation: selective re-runs the memory-bound ops and the attention forward; full the whole
+- fp8 casts (torchao's Float8Linear, dynamic tensorwise; torchao's float8 roofline counts the
+  same casts): each linear casts its input once per forward it runs (again when recomputation
+  re-runs the forward) and its output gradient once in backward — the backward's GEMMs reuse the
+  fp8 input and weight the forward saved; at `fp8.activation_bytes_per_element` (× compiled_share
+  under torch.compile). The weights: cast in each forward that runs; under FSDP with fp8
+  all-gather (torchtitan's recipe) cast on the rank's shard (1/N of them) before each of the two
+  all-gathers of a micro-step instead; at `fp8.weight_bytes_per_element`. Memory-bound.
+- recomputation: selective re-runs the memory-bound ops and the attention forward (parallab's
+  policy keeps every matmul's output) or, under torchtitan's policy, the memory-bound ops and the
+  wk, wo and w3 GEMMs (it keeps the attention's output and every other matmul's); full the whole
   block forward.
 - launches: the kernels of a step × `launch_s` (compiled: × `compiled_share`), the gap each
   kernel leaves on the device.
@@ -32,6 +39,9 @@ if TYPE_CHECKING:
 
 KERNELS_PER_LAYER = 90 * 2.65
 """Kernels one block launches per forward and backward (counted on `tiny`: 90 forward, 1.65× that backward)."""
+RECOMPUTED_FORWARDS = {"selective": 1.0, "full": 1.0, "alternate": 0.5}
+"""Share of a block's forward casts run again in backward, by recomputation mode: a selective
+policy keeps the matmuls' outputs, not the fp8 casts of their inputs, so it re-runs those too."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,10 @@ class Shares:
     """Under TP, whether the h-wide ops (norms, residual adds) run on sequence shards."""
     stream_bytes: int = 2
     """Bytes per element of the residual stream (`dims.base.residual_stream_bytes`)."""
+    selective_policy: str = "every_matmul"
+    """What selective recomputation keeps (`activations.SELECTIVE_POLICIES`)."""
+    recomputed_gemm_forward_s: float = 0.0
+    """One block's forward GEMMs the selective policy recomputes (torchtitan's: wk, wo, w3)."""
 
 
 def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> float:
@@ -101,7 +115,11 @@ def compute_terms(
     loss = t * vocab * 4 * 3 / bw
     gemm_fwd = layers * shares.gemm_forward_s
 
-    recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": attn_fwd + mem_fwd}.get(mode, 0.0)
+    # selective: parallab's policy keeps every matmul and recomputes the attention; torchtitan's
+    # keeps the attention and every other matmul, recomputing wk, wo and w3
+    titan = shares.selective_policy == "torchtitan_op"
+    selective = mem_fwd + (layers * shares.recomputed_gemm_forward_s if titan else attn_fwd)
+    recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": selective}.get(mode, 0.0)
     terms = [
         Term(
             "weight GEMMs",
@@ -126,7 +144,7 @@ def compute_terms(
         Term(
             f"recomputation ({mode})",
             n * recompute,
-            "selective: attention + memory-bound forward; full: the block forward",
+            "selective: memory-bound forward + attention (parallab's policy) or wk, wo, w3 (torchtitan's); full: the block forward",
             "attention, memory_bound, gemm",
         ),
     ]
@@ -140,15 +158,26 @@ def compute_terms(
 
 
 def _fp8_term(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, bw: float, fused: float) -> Term:
-    """torchao Float8Linear's scaling and casts per step (module docstring)."""
+    """torchao Float8Linear's scaling and casts per step (module docstring): the inputs in every
+    forward that runs (the forward and its recomputation), the output gradients once, the weights
+    per forward — or, under FSDP's fp8 all-gather, the rank's shard per all-gather."""
     cfg, mode, tp = job.model, job.workload.activation_checkpointing, shares.tp
     h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
-    per_token = 5 * h + h / tp + f / tp + (h + 2 * kv) / tp + h + 2 * f / tp + h  # linears' inputs and output gradients
-    acts = shares.layers * shares.tokens * per_token * profile.fp8.activation_bytes_per_element * fused / bw
-    weights = shares.block_weights * profile.fp8.weight_bytes_per_element * (3 if mode == "full" else 2) / bw
+    inputs = 5 * h + h / tp + f / tp  # wq, wk, wv, w1, w3 read the (gathered) normed stream; wo, w2 their local inputs
+    grads = (h + 2 * kv) / tp + h + 2 * f / tp + h  # the output gradients of wq, wk, wv, wo, w1, w3, w2
+    recast = RECOMPUTED_FORWARDS.get(mode, 0.0)
+    per_byte = profile.fp8.activation_bytes_per_element * fused / bw
+    acts = shares.layers * shares.tokens * (inputs * (1 + recast) + grads) * per_byte
+    shard = job.degrees["dp_shard"]
+    if shard > 1:  # cast on the shard before the forward's and the backward's all-gather
+        weights = 2 * shares.block_weights / shard * profile.fp8.weight_bytes_per_element / bw
+        weight_formula = "2 all-gathers × W/dp_shard·B"
+    else:
+        weights = (1 + recast) * shares.block_weights * profile.fp8.weight_bytes_per_element / bw
+        weight_formula = "forwards run × W·B"
     return Term(
         "fp8 scaling and casts",
-        shares.forwards * (3 * acts) + weights,
-        "inputs and grads: 3 × L·t·elements·B; weights: passes × W·B; / (bw·share)",
+        shares.forwards * (acts + weights),
+        f"L·t·(inputs × forwards run + output grads)·B; weights: {weight_formula}; / (bw·share)",
         "fp8",
     )

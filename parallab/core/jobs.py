@@ -252,8 +252,10 @@ def _default_batch(preset_batch: int, split: int) -> int:
     return -(-preset_batch // split) * split
 
 
-def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
-    """Fill defaults and check every rule; raise SpecError naming each field at fault."""
+def resolve_job(spec: JobSpec, limits: Limits | None = None, *, predict_only: bool = False) -> ResolvedJob:
+    """Fill defaults and check every rule; raise SpecError naming each field at fault. `predict_only`:
+    the job is predicted, never run (a published run the planner is held against), so a recipe the
+    ranks refuse but the planner models is let through (`recipes.not_runnable_here` says which)."""
     limits = limits or Limits()
     wl, st = spec.workload, spec.strategy
     descriptor = get_descriptor(st.name)
@@ -314,7 +316,7 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None) -> ResolvedJob:
         problems.append(
             SpecProblem(("workload", "num_experts"), f"{descriptor.name} supports dense models only; use the moe strategy for experts")
         )
-    problems += recipe_problems(descriptor, options, world, wl.precision)
+    problems += recipe_problems(descriptor, options, world, wl.precision, predict_only=predict_only)
     problems += data_problems(wl.data, model.vocab_size)
     if layout is not None:
         problems += family_of(model).layout_problems(model, layout)

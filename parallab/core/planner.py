@@ -358,11 +358,23 @@ def _mla_gemms(job: ResolvedJob, hw: Hardware, t: int) -> float:
     return q + latent + _gemm(hw, precision, t, heads * cfg.v_head_dim, h)
 
 
+def _policy_recomputed_gemms(job: ResolvedJob, hw: Hardware, lay: Layout, policy: str) -> float:
+    """One block's forward GEMMs a selective policy recomputes (`activations.SELECTIVE_POLICIES`):
+    none under parallab's (it keeps every matmul's output); wk, wo and w3 under torchtitan's."""
+    if policy != "torchtitan_op":
+        return 0.0
+    cfg, precision, t, tp = job.model, job.workload.precision, lay.tokens, lay.tp
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    return _gemm(hw, precision, t, h, cfg.kv_dim // tp) + _gemm(hw, precision, t, h // tp, h) + _gemm(hw, precision, t, h, f // tp)
+
+
 def _recomputed_blocks(mode: str, layers: int) -> float:
     return {"full": layers, "alternate": math.ceil(layers / 2)}.get(mode, 0)
 
 
-def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False) -> list[Term]:
+def profile_terms(
+    job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
+) -> list[Term]:
     """The step's compute by term on a GPU with a device profile (`parallab.core.gpu_time`)."""
     device_profile = hw.device_profile
     if device_profile is None:
@@ -377,15 +389,20 @@ def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, 
     sp = bool(getattr(job.options, "sequence_parallel", False))
     fsdp = job.degrees[FSDP_DIMENSION.name] > 1
     stream = residual_stream_bytes(precision, fsdp=fsdp)
-    shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream)
+    recomputed = _policy_recomputed_gemms(job, hw, lay, selective_policy)
+    shares = Shares(
+        lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream, selective_policy, recomputed
+    )
     peak16 = hw.peak_flops("bf16" if precision != "fp32" else "fp32")
     return compute_terms(job, shares, device_profile, peak16=peak16, bandwidth=hw.spec.memory_bandwidth, loss_parallel=loss_parallel)
 
 
-def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False) -> float:
+def compute_seconds(
+    job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
+) -> float:
     """Forward, backward and recomputation of one optimizer step on the busiest rank."""
     if hw.device_profile is not None:
-        return sum(term.seconds for term in profile_terms(job, hw, lay, loss_parallel=loss_parallel))
+        return sum(term.seconds for term in profile_terms(job, hw, lay, loss_parallel=loss_parallel, selective_policy=selective_policy))
     lay = lay or layout(job)
     cfg, wl = job.model, job.workload
     precision, mode = wl.precision, wl.activation_checkpointing
@@ -398,7 +415,8 @@ def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *
         forward += lay.tokens * vocab * 4 * 3 / hw.memory_bandwidth  # fp32 logits: softmax, loss
     recompute = _recomputed_blocks(mode, lay.layers) * block
     if mode == "selective":
-        recompute = lay.layers * (attention + memory)
+        recomputed = _policy_recomputed_gemms(job, hw, lay, selective_policy)
+        recompute = lay.layers * (memory + (recomputed if selective_policy == "torchtitan_op" else attention))
     ops = OPS_PER_LAYER * lay.layers * (1 + BACKWARD_OPS + (1 if mode != "none" else 0)) * hw.op_overhead_s
     if mode == "selective":  # the policy's caching mode sees every op of the block
         ops += OPS_PER_LAYER * lay.layers * hw.selective_op_overhead_s
@@ -443,9 +461,12 @@ def _mesh_dim(mesh: Sequence[MeshDim], group_size: int, stride: int) -> str:
     return "?"
 
 
-def estimate_step_time(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> StepTimeEstimate:
-    """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md)."""
-    compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
+def estimate_step_time(
+    job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
+) -> StepTimeEstimate:
+    """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md);
+    `selective_policy`: a published run's selective recomputation policy (`activations.SELECTIVE_POLICIES`)."""
+    compute = compute_seconds(job, hw, loss_parallel=loss_parallel, selective_policy=selective_policy)
     comm = exposed = hidden_want = 0.0
     by_dim: dict[str, float] = {}
     exposed_dim: dict[str, float] = {}

@@ -73,11 +73,14 @@ def model_state_per_rank(job: ResolvedJob) -> dict[str, int]:
     return {"params": p * most, "grads": g * most, "optimizer": k * most}
 
 
-def layout_activations(job: ResolvedJob, layout: ActivationLayout, *, loss_parallel: bool = False) -> dict[str, Any]:
+def layout_activations(
+    job: ResolvedJob, layout: ActivationLayout, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
+) -> dict[str, Any]:
     """The activation bytes of one kind of rank, by part (see `parallab.core.activations`);
     `loss_parallel`: the head's output is sharded over the vocabulary under tensor parallelism
     (torchtitan's ColwiseParallel head with Shard(-1) output and loss_parallel), so its log-softmax
-    and the logits' gradient are V/tp wide on each rank."""
+    and the logits' gradient are V/tp wide on each rank; `selective_policy`: what selective
+    recomputation keeps (`activations.SELECTIVE_POLICIES`: parallab's, or a published run's)."""
     cfg, wl = job.model, job.workload
     mode = wl.activation_checkpointing
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
@@ -97,7 +100,9 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout, *, loss_paral
     if mode == "none":
         kept_per_token = per_token
     elif mode == "selective":
-        kept_per_token = selective_kept_bytes(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
+        kept_per_token = selective_kept_bytes(
+            cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16, policy=selective_policy
+        )
     else:
         kept_per_token = input_bytes
     kept = layout.held_layers * layout.tokens * kept_per_token
@@ -126,11 +131,11 @@ def layout_activations(job: ResolvedJob, layout: ActivationLayout, *, loss_paral
     }
 
 
-def activation_prediction(job: ResolvedJob, *, loss_parallel: bool = False) -> dict[str, Any]:
+def activation_prediction(job: ResolvedJob, *, loss_parallel: bool = False, selective_policy: str = "every_matmul") -> dict[str, Any]:
     """The activation estimate of the rank that holds the most, its parts, and the paper's per-layer
     figure for the same micro-batch (16-bit GPT with dropout and materialised scores)."""
     layouts = job.descriptor.activation_layouts(job)
-    ranks = [layout_activations(job, layout, loss_parallel=loss_parallel) for layout in layouts]
+    ranks = [layout_activations(job, layout, loss_parallel=loss_parallel, selective_policy=selective_policy) for layout in layouts]
     most = max(range(len(ranks)), key=lambda i: ranks[i]["total"] + ranks[i]["logits_gradient"])
     layout, cfg = layouts[most], job.model
     paper = korthikanti_layer_bytes(
@@ -150,16 +155,19 @@ def activation_prediction(job: ResolvedJob, *, loss_parallel: bool = False) -> d
     }
 
 
-def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel: bool = False) -> dict[str, Any]:
+def predict(
+    job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
+) -> dict[str, Any]:
     """The `prediction` block of a result document ({} for job kinds that train nothing); with
     `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`), its error
-    band, what it does not model and whether it lies in a validated regime (`parallab.core.accuracy`)."""
+    band, what it does not model and whether it lies in a validated regime (`parallab.core.accuracy`).
+    `selective_policy`: a published run's selective recomputation policy (`activations.SELECTIVE_POLICIES`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
     psi = param_counts(job.model).total
     p, g, k = state_bytes_per_param(precision)
-    activations = activation_prediction(job, loss_parallel=loss_parallel)
+    activations = activation_prediction(job, loss_parallel=loss_parallel, selective_policy=selective_policy)
     distributed = job.world_size > 1
     out: dict[str, Any] = {
         "model_state_bytes_per_rank": model_state_per_rank(job),
@@ -183,11 +191,14 @@ def predict(job: ResolvedJob, hardware: Hardware | None = None, *, loss_parallel
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
-    kinds = [layout_activations(job, lay, loss_parallel=loss_parallel) for lay in job.descriptor.activation_layouts(job)]
+    kinds = [
+        layout_activations(job, lay, loss_parallel=loss_parallel, selective_policy=selective_policy)
+        for lay in job.descriptor.activation_layouts(job)
+    ]
     states = out.get("model_state_bytes_per_stage") or [out["model_state_bytes_per_rank"]]
     out["memory_curve"] = [c.model_dump() for c in inputs_for(job, states, kinds)]
     if hardware is not None:
-        estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel)
+        estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel, selective_policy=selective_policy)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
         out.update(accuracy_of(job, hardware, loss_parallel=loss_parallel))
     return out

@@ -186,14 +186,19 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
     )
 
 
-def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) -> PlanRow:
+def evaluate(
+    raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False, predict_only: bool = False, selective_policy: str = "every_matmul"
+) -> PlanRow:
     """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time.
 
     On a GPU with a device profile the memory is what the allocator reserves: torch.compile's
     share of the eager activations, and reserved over allocated (`device_profile.Allocator`);
-    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism."""
+    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism;
+    `predict_only` predicts a recipe the ranks refuse but the planner models (a published run's:
+    fp8 beside tensor parallelism), its accuracy saying it is not runnable here; `selective_policy`:
+    what selective recomputation keeps (`activations.SELECTIVE_POLICIES`: a published run's)."""
     try:
-        job = resolve_job(JobSpec.model_validate(raw), Limits())
+        job = resolve_job(JobSpec.model_validate(raw), Limits(), predict_only=predict_only)
     except SpecError as exc:
         row = _row(raw, None)
         row.reasons, row.valid = [str(p) for p in exc.problems], False
@@ -209,7 +214,7 @@ def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) 
     problem = precision_problem(job.workload.precision, hw.device)
     if problem:
         row.reasons.append(f"workload.precision: {problem}")
-    prediction = predict(job, loss_parallel=loss_parallel)
+    prediction = predict(job, loss_parallel=loss_parallel, selective_policy=selective_policy)
     state = sum(prediction["model_state_bytes_per_rank"].values())
     # beyond the model state the peak holds the activations and, at the head's backward, the logits' gradient
     activations = int(prediction.get("activation_bytes_per_rank") or 0) + int(prediction.get("backward_temporary_bytes_per_rank") or 0)
@@ -226,7 +231,7 @@ def evaluate(raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False) 
             f"{hw.spec.name} gives a rank {gib(budget)} "
             + (f"({USABLE_MEMORY:.0%} of its memory)" if device_profile is None else "(its memory less the CUDA context)")
         )
-    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel)
+    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel, selective_policy=selective_policy)
     row.accuracy = accuracy_of(job, hw, loss_parallel=loss_parallel)
     row.step_time_s, row.tokens_per_s, row.estimate = estimate.step_s, estimate.tokens_per_s, estimate.as_dict()
     return row

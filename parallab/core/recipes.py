@@ -87,12 +87,20 @@ def recipe_of(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
-def recipe_problems(descriptor: StrategyDescriptor[Any], options: Any, world_size: int, precision: str) -> list[SpecProblem]:
-    """Recipe rules that depend on the layout, not on the device (the device's are `hardware.precision_problem`):
-    fp8 where a dimension of the layout cannot run it (the dimensions' `fp8` capability)."""
+def fp8_unwired(descriptor: StrategyDescriptor[Any], options: Any, world_size: int, precision: str) -> list[str]:
+    """The on dimensions of the layout whose ranks cannot run fp8 yet (the dimensions' `fp8` capability)."""
     layout = descriptor.layout(world_size, options) if descriptor.trains else None
-    refused = fp8_refused_by(layout) if layout is not None and precision == "fp8" else []
-    if refused:
+    return fp8_refused_by(layout) if layout is not None and precision == "fp8" else []
+
+
+def recipe_problems(
+    descriptor: StrategyDescriptor[Any], options: Any, world_size: int, precision: str, *, predict_only: bool = False
+) -> list[SpecProblem]:
+    """Recipe rules that depend on the layout, not on the device (the device's are `hardware.precision_problem`):
+    fp8 where a dimension of the layout cannot run it (`fp8_unwired`) — unless the job is only
+    predicted (`predict_only`: a published run the planner models, which parallab's ranks need not run)."""
+    refused = fp8_unwired(descriptor, options, world_size, precision)
+    if refused and not predict_only:
         return [
             SpecProblem(
                 ("workload", "precision"),
@@ -101,3 +109,12 @@ def recipe_problems(descriptor: StrategyDescriptor[Any], options: Any, world_siz
             )
         ]
     return []
+
+
+def not_runnable_here(job: ResolvedJob) -> list[str]:
+    """What a predicted-only job (`resolve_job(..., predict_only=True)`) asks that parallab's ranks
+    refuse, in words: the prediction stands, a run of it would be refused."""
+    refused = fp8_unwired(job.descriptor, job.options, job.world_size, job.workload.precision)
+    if not refused:
+        return []
+    return [f"fp8 beside {', '.join(refused)}: predicted (torchao's Float8 TP styles), not runnable here — parallab's ranks refuse it"]

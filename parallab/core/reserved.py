@@ -5,10 +5,14 @@ category, each with its formula and the profile entry it used.
 - model state: the prediction's params, grads and optimizer state of the rank (`prediction`).
 - blocks' activations: the prediction's, × `allocator.compiled_activation_share` under
   torch.compile (the partitioner recomputes fused pointwise ops instead of keeping them), except
-  under full recomputation, where a block keeps only its input.
-- head and loss: the head's kept tensors and the fp32 logits' gradient of the prediction, plus the
-  16-bit copy of that gradient the head's matmul reads (V/tp wide under loss parallel, as the
-  prediction's gradient is) — the loss runs uncompiled.
+  under recomputation: full keeps only each block's input, and a selective policy's tags decide
+  what a block keeps (AOTAutograd's partitioner saves what the policy marks MUST_SAVE, as eager
+  does), so no fusion removes either.
+- head and loss: the head's kept tensors (among them the fp32 log-softmax) and, at the peak,
+  log-softmax's backward: nll_loss's dense fp32 gradient and log-softmax's own fp32 gradient
+  beside its kept output (12 B per vocabulary entry and token with the output; V/tp wide under
+  loss parallel, as the prediction's gradient is) — the loss runs uncompiled, and the 16-bit copy
+  of the gradient the head's matmul reads comes after nll_loss's gradient is freed (6 B, lower).
 - FSDP buffers: FSDP2 holds a block's gathered parameters while the next is prefetched (2 × the
   block's parameters in the gathered dtype) and the fp32 reduce-scatter input of the block being
   reduced and of the one in flight (2 × 4 B), per the FSDP paper's (Zhao et al. 2023, §3.3)
@@ -39,11 +43,11 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
     compiled = bool(wl.compile)
     acts = prediction["activations"]
     state = sum(prediction["model_state_bytes_per_rank"].values())
-    # under full recomputation a block keeps only its input, which no fusion removes
-    shrink = compiled and wl.activation_checkpointing != "full"
+    # under full recomputation a block keeps only its input, under a selective policy what the
+    # policy tags: the partitioner removes neither
+    shrink = compiled and wl.activation_checkpointing not in ("full", "selective")
     blocks = (acts["blocks"] + acts["weight_copies"]) * (profile.allocator.compiled_activation_share if shrink else 1.0)
-    logits_copy = acts["logits_gradient"] // 2 if wl.precision != "fp32" else 0  # 2 B per fp32 gradient's 4
-    head = acts["head"] + acts["logits_gradient"] + logits_copy
+    head = acts["head"] + 2 * acts["logits_gradient"]  # log-softmax's backward: nll_loss's gradient and its own
     per_layer = param_counts(cfg).per_layer // tp
     fsdp = 2 * per_layer * gathered_param_bytes(wl.precision) + 2 * per_layer * 4 if dp_shard > 1 else 0
     allocated = state + blocks + head + fsdp
@@ -59,7 +63,7 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
         {
             "name": "head and loss",
             "bytes": int(head),
-            "formula": "head kept + fp32 logits' gradient + its 16-bit copy (V/tp under loss parallel)",
+            "formula": "head kept + 2 × fp32 logits' gradient (log-softmax's backward; V/tp under loss parallel)",
             "entry": "-",
         },
         {"name": "FSDP buffers", "bytes": int(fsdp), "formula": "2 × block params × gathered bytes + 2 × block params × 4 B", "entry": "-"},

@@ -62,3 +62,10 @@ def test_explain_needs_one_configuration_and_its_hardware(home: Path) -> None:
     assert result.returncode != 0 and "--explain: give the one configuration" in result.stderr
     result = parallab(home, "plan", "--model", "tiny", "--strategy", "fsdp", "-n", "2", "--explain")
     assert result.returncode != 0 and "--explain: give the hardware" in result.stderr
+
+
+def test_a_plan_without_hardware_says_it_has_no_time_and_no_band(home: Path) -> None:
+    result = parallab(home, "plan", "--model", "tiny", "--strategy", "fsdp", "-n", "2")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "not estimated: no hardware, so no time and no error band" in text and "--device" in text

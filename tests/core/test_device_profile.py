@@ -8,7 +8,9 @@ import json
 import pytest
 
 from parallab.core.accuracy import OUTSIDE, accuracy_of
+from parallab.core.activations import selective_kept_bytes
 from parallab.core.device_profile import PROFILES_DIR, ProfileError, load_profile, parse_profile
+from parallab.core.dims.tp import tp_comm
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import resolve_job
 from parallab.core.planner import estimate_step_time, hardware_for, profile_terms
@@ -102,6 +104,89 @@ def test_fp8_runs_the_gemms_faster_and_pays_its_casts():
     assert fp8_terms["weight GEMMs"] < 0.75 * gemm and fp8_terms["fp8 scaling and casts"] > 0
     assert "fp8 scaling and casts" not in {t.name for t in bf16}
     assert estimate_step_time(job(compile=True, precision="fp8"), H100).step_s < estimate_step_time(job(compile=True), H100).step_s
+
+
+def _casts(**workload) -> float:
+    return {t.name: t.seconds for t in profile_terms(job(compile=True, precision="fp8", **workload), H100)}["fp8 scaling and casts"]
+
+
+def test_fp8_casts_each_input_per_forward_run_each_gradient_once_and_fsdp_weights_on_the_shard():
+    """torchao's Float8Linear: a linear casts its input in every forward that runs (recomputation
+    runs it again), its output gradient once in backward, and under FSDP's fp8 all-gather its
+    weight on the rank's shard before each of the two all-gathers; nothing is cast once more for
+    backward (the forward's fp8 input and weight are saved)."""
+    profile = load_profile("h100-hbm2e-96gb")
+    assert profile is not None
+    cfg = job().model
+    h, f, kv, layers, tokens = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim, cfg.num_layers, 2 * cfg.seq_len
+    bw = H100.spec.memory_bandwidth * profile.memory_bound.bandwidth_share
+    per_element = profile.fp8.activation_bytes_per_element * profile.memory_bound.compiled_share / bw
+    inputs, grads = 6 * h + f, 3 * h + 2 * kv + 2 * f
+    weights = layers * (2 * h * h + 2 * h * kv + 3 * h * f)
+    shard_casts = 2 * weights / 8 * profile.fp8.weight_bytes_per_element / bw
+    none, full = _casts(activation_checkpointing="none"), _casts(activation_checkpointing="full")
+    assert none == pytest.approx(layers * tokens * (inputs + grads) * per_element + shard_casts, rel=1e-9)
+    assert full - none == pytest.approx(layers * tokens * inputs * per_element, rel=1e-9)  # the recomputed forward's casts
+    ddp = _casts(activation_checkpointing="none", strategy={"name": "ddp", "world_size": 8, "options": {}})
+    assert ddp - none == pytest.approx(weights * profile.fp8.weight_bytes_per_element / bw - shard_casts, rel=1e-9)
+
+
+def test_fp8_beside_tensor_parallelism_is_predicted_only():
+    """The ranks refuse fp8 with tp (torchao's Float8 TP styles are not wired); the planner models it
+    for a published run (`predict_only`), says it is not runnable here, and its SP all-gathers of the
+    blocks' inputs and output gradients travel in fp8 (half of bf16's bytes)."""
+    from parallab.core.problems import SpecError
+
+    spec = raw(model="llama-3-70b", global_batch_size=512, activation_checkpointing="full", compile=True, precision="fp8")
+    spec["strategy"] = {"name": "hybrid", "world_size": 256, "options": {"tp": 8, "sequence_parallel": True}}
+    with pytest.raises(SpecError, match="fp8 with hybrid needs torchao's Float8 tensor-parallel styles"):
+        resolve_job(JobSpec.model_validate(spec))
+    hw = hardware_for(CATALOGUE.get("h100-96gb"), nodes=32, devices_per_node=8)
+    fp8 = evaluate(spec, hw, loss_parallel=True, predict_only=True)
+    bf16 = evaluate({**spec, "workload": {**spec["workload"], "precision": "bf16"}}, hw, loss_parallel=True, predict_only=True)
+    assert fp8.valid and fp8.fits and (fp8.step_time_s or 0) < 0.85 * (bf16.step_time_s or 0)
+    assert any("not runnable here" in n for n in (fp8.accuracy or {})["not_runnable_here"])
+    assert "not_runnable_here" not in (bf16.accuracy or {})
+    cfg, tokens = resolve_job(JobSpec.model_validate(spec), predict_only=True).model, 16 * 8192
+    bf16_tp, fp8_tp = (tp_comm(cfg, tokens, 2, sequence_parallel=True, grad_bytes=2, stream=2, float8_gathers=g) for g in (False, True))
+    saved = 2 * cfg.num_layers * 2 * tokens * cfg.hidden_size  # 2 blocks a layer, 2 gathers each, 1 B an element saved
+    assert bf16_tp["all_gather"] - fp8_tp["all_gather"] == saved
+    assert bf16_tp["reduce_scatter"] == fp8_tp["reduce_scatter"]
+
+
+def test_torchtitans_selective_policy_keeps_every_other_matmul_and_the_attention():
+    """torchtitan's op-level policy keeps wq, wv, w1, w2 and the flash attention's output and
+    logsumexp where parallab's keeps every matmul; its recomputation re-runs wk, wo and w3 instead of
+    the attention. A policy it does not know is refused naming the field."""
+    cfg = job().model
+    h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+    ours = selective_kept_bytes(cfg, "bf16", params_16bit=True)
+    titan = selective_kept_bytes(cfg, "bf16", params_16bit=True, policy="torchtitan_op")
+    assert ours - titan == 2 * (kv + h + f) - (2 * h + 4 * cfg.num_heads)
+    terms = {
+        policy: {t.name: t.seconds for t in profile_terms(job(), H100, selective_policy=policy)}
+        for policy in ("every_matmul", "torchtitan_op")
+    }
+    memory_forward = terms["every_matmul"]["memory-bound ops"] / 3
+    recomputed_share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)  # wk, wo, w3 of the block's GEMMs
+    titan_gemms = terms["torchtitan_op"]["recomputation (selective)"] - memory_forward
+    assert titan_gemms == pytest.approx(terms["torchtitan_op"]["weight GEMMs"] / 3 * recomputed_share, rel=1e-6)
+    attention_forward = terms["every_matmul"]["recomputation (selective)"] - memory_forward
+    assert 0 < attention_forward < terms["every_matmul"]["attention (flash)"] / 3
+    with pytest.raises(ValueError, match="selective_policy: 'bogus'"):
+        selective_kept_bytes(cfg, "bf16", policy="bogus")
+
+
+def test_the_loss_peak_is_log_softmax_backward_at_twelve_bytes_an_entry():
+    """At the loss's backward PyTorch holds log-softmax's fp32 output, nll_loss's dense fp32 gradient
+    and log-softmax's own: 12 B per vocabulary entry and token (the 16-bit copy comes later, at 6)."""
+    j = job()
+    prediction = predict(j)
+    acts = prediction["activations"]
+    head = {c["name"]: c["bytes"] for c in reserved_memory(j, prediction, load_profile("h100-hbm2e-96gb"))}["head and loss"]
+    tokens = 2 * j.model.seq_len
+    assert acts["logits_gradient"] == 4 * j.model.vocab_size * tokens
+    assert head - acts["head"] == 8 * j.model.vocab_size * tokens
 
 
 def test_loss_parallel_shards_the_logits_under_tensor_parallelism():

@@ -64,13 +64,24 @@ def test_every_table_of_torchtitans_benchmark_is_recorded():
         assert any(f"Table {table_no}," in r["source"] for r in [*RUNS, *NOT_EVALUATED]), table_no
 
 
-def test_at_most_five_rows_are_known_misses_and_each_says_why():
-    """Five, not the two a trustworthy planner may leave: the two Float8 rows joined the three when
-    the fsdp preset's buffers and bf16 residual stream were counted (their fp8 GEMM share is assumed,
-    see the rows' reasons). Lower this as the misses are modelled."""
-    assert len(MISSES) <= 5
+def test_at_most_one_row_is_a_known_miss_and_it_says_why():
+    """One, within the two explained exceptions a trustworthy planner may leave, and a memory miss:
+    the Float8 rows' step times came within the bound once each fp8 cast was counted once per cast
+    torchao makes, the 70B rows' once fp8 beside TP was predicted, and the 32k and AsyncTP rows'
+    memory once the loss's backward was counted at 12 B an entry and the 8B rows were sized with
+    torchtitan's own selective policy. Lower this as the misses are modelled."""
+    assert len(MISSES) <= 1
+    assert not [name for name, miss in MISSES.items() if miss.get("step_time")]
     for name, miss in MISSES.items():
         assert len(miss["reason"]) > 60 and (miss.get("step_time") or miss.get("memory")), name
+
+
+def test_every_selective_row_names_torchtitans_policy_and_its_source():
+    """torchtitan's selective rows ran its op-level policy, not parallab's: the row says so, and where."""
+    for run in RUNS:
+        if run["activation_checkpointing"] == "selective":
+            assert run["selective_policy"] == "torchtitan_op", run["name"]
+            assert "_save_list" in run["selective_policy_source"] and "9dec370" in run["selective_policy_source"]
 
 
 @pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS])

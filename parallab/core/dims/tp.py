@@ -51,7 +51,14 @@ def norm_grad_bytes(precision: str, *, fsdp: bool) -> int:
 
 
 def tp_comm(
-    cfg: ModelConfig, tokens: int, act: int, *, sequence_parallel: bool, grad_bytes: int, stream: int | None = None
+    cfg: ModelConfig,
+    tokens: int,
+    act: int,
+    *,
+    sequence_parallel: bool,
+    grad_bytes: int,
+    stream: int | None = None,
+    float8_gathers: bool = False,
 ) -> dict[str, int]:
     """Megatron TP per step, for `tokens` tokens (b·s) of `act`-byte activations, on a residual
     stream of `stream` bytes per element (`residual_stream_bytes`; None: `act`), with gradients
@@ -78,6 +85,12 @@ def tp_comm(
     Dtypes: the row-parallel outputs (forward) and their gradients (backward, under SP) are
     autocast's `act`; what sits on the residual stream — block inputs and their gradients, the
     embedding's output, the head's input — is `stream`. Per layer that is half of each.
+
+    `float8_gathers` (torchao's Float8 TP styles, fp8 beside SP; predicted only — parallab's ranks
+    refuse fp8 with TP): each split block's input is cast to fp8 on its sequence shard before the
+    forward all-gather (PrepareFloat8ModuleInput, Float8ColwiseParallel) and each row-parallel
+    output's gradient before the backward all-gather (Float8RowwiseParallel), 1 B an element; the
+    reduce-scatters and the two ends (embedding, the unconverted head) keep their dtypes.
     """
     stream = act if stream is None else stream
     bsh = tokens * cfg.hidden_size
@@ -88,7 +101,8 @@ def tp_comm(
     if not sequence_parallel:
         return {"all_reduce": outputs + residual + latent_input_bytes(cfg, tokens, act, stream), "all_gather": logits}
     norms = norm_elements(cfg) * grad_bytes
-    return {"all_gather": outputs + residual + logits, "reduce_scatter": outputs + residual, "all_reduce": norms}
+    gathered = (2 * blocks * bsh + 2 * bsh * stream) if float8_gathers else outputs + residual
+    return {"all_gather": gathered + logits, "reduce_scatter": outputs + residual, "all_reduce": norms}
 
 
 def latent_input_bytes(cfg: ModelConfig, tokens: int, act: int, stream: int) -> int:
@@ -194,7 +208,8 @@ class TensorParallel(Dimension):
         stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
         stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
         grad = norm_grad_bytes(plan.precision, fsdp=lay.dp_shard > 1)
-        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream)
+        fp8 = plan.precision == "fp8"  # predicted only: the ranks refuse fp8 with tp (`recipes.not_runnable_here`)
+        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream, float8_gathers=fp8)
         if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding
             bsh = plan.tokens_per_replica * model.hidden_size * stream
             comm["all_reduce"] -= bsh
