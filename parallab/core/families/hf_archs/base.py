@@ -122,7 +122,14 @@ FEATURES: dict[str, str] = {
 
 
 def _on(cfg: ModelConfig, name: str) -> bool:
-    return getattr(cfg, name) not in (None, 0, False)
+    """Whether feature `name` is there (a width equal to the one it defaults to is none of its own:
+    a shape checked before validation may still hold it)."""
+    value = getattr(cfg, name)
+    if name == "moe_ffn_hidden_size":
+        return value not in (None, cfg.ffn_hidden_size)
+    if name == "head_dim":
+        return value not in (None, cfg.hidden_size // cfg.num_heads)
+    return value not in (None, 0, False)
 
 
 def swiglu_params(module: str, h: int, f: int) -> list[Param]:
