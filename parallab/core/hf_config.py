@@ -50,7 +50,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from parallab.core.bounds import MAX_JSON_DEPTH, json_problem
-from parallab.core.families.hf_archs import ARCHS, REFUSED, SUPPORTED
+from parallab.core.families.hf_archs import ARCHS, REFUSED
+from parallab.core.families.hf_archs import SUPPORTED as SUPPORTED  # the config input's help and the form name them from here
 from parallab.core.families.hf_archs.base import COMMON_MUST_HOLD
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecError, SpecProblem

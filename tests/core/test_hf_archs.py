@@ -27,7 +27,9 @@ def resolve(config: Any, strategy: str = "fsdp", world: int = 2, options: dict[s
     return resolve_job(JobSpec.model_validate(spec))
 
 
-def refusal(config: Any = None, strategy: str = "fsdp", world: int = 2, options: dict[str, Any] | None = None, **workload: Any) -> dict[str, str]:
+def refusal(
+    config: Any = None, strategy: str = "fsdp", world: int = 2, options: dict[str, Any] | None = None, **workload: Any
+) -> dict[str, str]:
     with pytest.raises(SpecError) as caught:
         if config is None:
             resolve_job(JobSpec.model_validate({"workload": workload, "strategy": {"name": strategy, "world_size": world}}))
@@ -86,7 +88,10 @@ def test_phi_3_reads_its_window_and_count_and_is_refused_under_tensor_parallelis
     assert shape.fields["model_type"] == "phi3" and shape.seq_limit == ("sliding_window", 2047)
     job = resolve(PHI_3_MINI_4K)
     assert param_counts(job.model).total == PHI_3_MINI_PARAMS and HF.architecture(job.model) == "Phi3ForCausalLM"
-    assert {t.name for t in HF.tensors(job.model) if t.layer == 0} >= {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"}
+    assert {t.name for t in HF.tensors(job.model) if t.layer == 0} >= {
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
+    }
     assert "Phi-3 does not run tensor parallelism" in refusal(TINY_PHI_3, "tp", 2)["strategy.name"]
     assert resolve(TINY_PHI_3, "pp", 2).model.model_type == "phi3"
 
@@ -110,11 +115,16 @@ def test_a_model_type_and_the_features_it_has_not_are_refused_naming_the_field(w
 
 def test_a_model_type_given_as_a_field_builds_that_architecture_on_a_preset():
     job = resolve_job(
-        JobSpec.model_validate({"workload": {"model": "tiny", "family": "hf", "model_type": "gemma2", "head_dim": 32}, "strategy": {"name": "single"}})
+        JobSpec.model_validate(
+            {"workload": {"model": "tiny", "family": "hf", "model_type": "gemma2", "head_dim": 32}, "strategy": {"name": "single"}}
+        )
     )
     assert (arch_of(job.model).title, job.model.head_width) == ("Gemma 2", 32)
     block = HF.block_params(job.model, 0)
     assert [p.module for p in block][-4:] == list(ARCHS["gemma2"].norms)
-    assert resolve_job(
-        JobSpec.model_validate({"workload": {"model": "tiny", "family": "hf", "model_type": "llama"}, "strategy": {"name": "single"}})
-    ).model.model_type is None
+    assert (
+        resolve_job(
+            JobSpec.model_validate({"workload": {"model": "tiny", "family": "hf", "model_type": "llama"}, "strategy": {"name": "single"}})
+        ).model.model_type
+        is None
+    )

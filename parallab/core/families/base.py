@@ -123,7 +123,8 @@ def attention_params(cfg: ModelConfig) -> int:
     """One block's attention parameters.
 
     Multi-head (grouped-query) attention: q and o h×(heads·head_dim) (h×h unless the heads have a
-    width of their own), k and v h×(kv_heads·head_dim), plus the q, k, v biases. Multi-head latent attention (DeepSeek-V2 §2.1; A heads, d_c = kv_lora_rank,
+    width of their own), k and v h×(kv_heads·head_dim), plus the q, k, v biases. Multi-head
+    latent attention (DeepSeek-V2 §2.1; A heads, d_c = kv_lora_rank,
     d_c' = q_lora_rank, d_h = qk_nope_head_dim, d_R = qk_rope_head_dim, d_v = v_head_dim): the
     query h·A(d_h + d_R), or compressed, h·d_c' + its RMSNorm d_c' + d_c'·A(d_h + d_R); the joint
     key/value compression with the shared rotary key, h·(d_c + d_R), its RMSNorm d_c; the

@@ -55,7 +55,8 @@ def arch_of(cfg: ModelConfig) -> HFArch:
     """The architecture an hf shape is built as."""
     if cfg.model_type is not None:
         return ARCHS[cfg.model_type]
-    return ARCHS[implied_model_type({"kv_lora_rank": cfg.kv_lora_rank, "num_experts": cfg.num_experts, "attention_bias": cfg.attention_bias})]
+    features = {"kv_lora_rank": cfg.kv_lora_rank, "num_experts": cfg.num_experts, "attention_bias": cfg.attention_bias}
+    return ARCHS[implied_model_type(features)]
 
 
 def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
