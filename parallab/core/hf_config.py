@@ -1,25 +1,13 @@
 """A Hugging Face `config.json` as a workload's model: the `hf` family's shape fields read from it.
 
-`read_hf_config` maps the dict a model's `config.json` holds onto `ModelConfig`'s fields
-(family `hf`, vocab_size, hidden_size, ffn_hidden_size, num_layers, num_heads, num_kv_heads,
-tie_embeddings, attention_bias, norm_eps, rope_theta) for the `model_type`s the family builds
-exactly (`ARCHITECTURES`): `llama`, `qwen2`, `mistral` — the rank side builds it as
-`LlamaForCausalLM`, which is Mistral's module for module (same names, same tensors) with full
-causal attention, so a Mistral config is accepted only where its sliding window covers the whole
-sequence (the window is then no window at all) — and `mixtral`, Mistral's attention with MoE
-blocks: `num_local_experts` → num_experts, `num_experts_per_tok` → top_k (its `sliding_window`
-bounds the sequence as Mistral's does). Mixtral's router settings are held to what the rank side
-computes: `router_jitter_noise` must be 0 (noise multiplies the router's input in training) and
-`output_router_logits` false (true adds the load-balancing loss to the library's loss, changing
-the gradients); `router_aux_loss_coef` is then unused by the model and ignored. The run's loss is
-the harness's mean cross-entropy, with no load-balancing term. And `deepseek_v2`: multi-head
-latent attention (`kv_lora_rank`, `q_lora_rank` — null: no query compression; absent: the
-library's 1536 —, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`) and DeepSeekMoE
-(`n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`, `first_k_dense_replace`,
-`moe_intermediate_size`), its router held to the one the library builds (`topk_method` greedy,
-`scoring_func` softmax, `routed_scaling_factor` 1, `norm_topk_prob` false — DeepSeek-V2-Lite's);
-the groups greedy routing does not use and the auxiliary losses' weights the library does not
-apply are ignored. `deepseek_v3` is refused saying why (`REFUSED`: another router).
+`read_hf_config` maps the dict a model's `config.json` holds onto `ModelConfig`'s fields (family
+`hf`, its `model_type`, vocab_size, hidden_size, ffn_hidden_size, num_layers, num_heads,
+num_kv_heads, head_dim, tie_embeddings, attention_bias, norm_eps, rope_theta, and an
+architecture's own: Mixtral's and DeepSeek-V2's experts, DeepSeek-V2's latent attention) for the
+`model_type`s the family builds exactly. Which keys each model_type reads, defaults, holds and
+ignores is its architecture's (`parallab.core.families.hf_archs`, one module each: `Keys`); this
+module reads any config with them. A model_type the family does not build is refused naming the
+key, a near neighbour with its own reason (`hf_archs.REFUSED`: DeepSeek-V3's router).
 
 What a config does not decide: `seq_len`, the batch and the recipe are the workload's. A config's
 `max_position_embeddings` (and Mistral's `sliding_window`) is the most tokens a sequence may
@@ -31,12 +19,12 @@ Every key of the file falls in one of four classes, and the class decides what h
 - **read** (`READ`): a shape key, mapped onto its field and held to that field's bounds (a
   10⁶-layer config is refused naming `num_hidden_layers`); `REQUIRED` ones must be there (a
   config saved by `transformers` always has them), the others default as the library's config
-  class defaults them (`Architecture`);
-- **must hold** (`Architecture.must_hold`): keys whose other values would build another model than
+  class defaults them (`Keys`);
+- **must hold** (`Keys.must_hold`): keys whose other values would build another model than
   the family's (`hidden_act` not SiLU, `mlp_bias`, Llama's `attention_bias` on o_proj too, a used
   sliding window, dropout, ...): accepted only at the value the family builds, refused otherwise
   naming the key;
-- **ignored** (`METADATA`, `Architecture.ignored`): what neither a tensor nor the training step
+- **ignored** (`METADATA`, `Keys.ignored`): what neither a tensor nor the training step
   depends on — names, token ids, the checkpoint's dtype, library versions, generation and
   inference settings, the initialiser's range (the family initialises with its own), and
   `rope_scaling` / a `rope_parameters.rope_type` (they change the rotary frequencies only: not a
@@ -56,13 +44,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from parallab.core.bounds import MAX_JSON_DEPTH, json_problem
+from parallab.core.families.hf_archs import ARCHS, REFUSED
+from parallab.core.families.hf_archs import SUPPORTED as SUPPORTED  # the config input's help and the form name them from here
+from parallab.core.families.hf_archs.base import COMMON_MUST_HOLD
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecError, SpecProblem
 
@@ -74,13 +64,14 @@ MAX_CONFIG_DEPTH = MAX_JSON_DEPTH
 LOC: Loc = ("workload", "hf_config")
 """Where a job spec carries a config."""
 
-READ: dict[str, str] = {  # every model_type's (an architecture adds its own: `Architecture.reads`)
+READ: dict[str, str] = {  # every model_type's (an architecture adds its own: `Keys.reads`)
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "intermediate_size": "ffn_hidden_size",
     "num_hidden_layers": "num_layers",
     "num_attention_heads": "num_heads",
     "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
     "tie_word_embeddings": "tie_embeddings",
     "rms_norm_eps": "norm_eps",
     "rope_theta": "rope_theta",
@@ -162,189 +153,6 @@ METADATA = frozenset(
     }
 )
 """Keys every config may carry that change neither a tensor nor the training step: ignored."""
-
-
-def _is_false(value: Any) -> bool:
-    return value is False
-
-
-def _is_false_or_null(value: Any) -> bool:
-    return value is None or value is False
-
-
-def _is_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
-
-def _is_one_or_null(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1)
-
-
-def _is_silu(value: Any) -> bool:
-    return value in ("silu", "swish")
-
-
-def _is_empty(value: Any) -> bool:
-    return value is None or value == {} or value == []
-
-
-def _full_attention_only(value: Any) -> bool:
-    return value is None or (isinstance(value, list) and all(v == "full_attention" for v in value))
-
-
-Check = tuple[Callable[[Any], bool], str]
-"""A must-hold key's test and what it must be (the refusal says it)."""
-
-COMMON_MUST_HOLD: dict[str, Check] = {
-    "hidden_act": (_is_silu, '"silu" (the SwiGLU MLP the hf family builds)'),
-    "attention_dropout": (_is_zero, "0 (the family trains without dropout)"),
-    "is_encoder_decoder": (_is_false, "false (a decoder-only model)"),
-    "add_cross_attention": (_is_false, "false (a decoder-only model)"),
-    "pruned_heads": (_is_empty, "empty (pruned heads change the attention's tensors)"),
-    "layer_types": (_full_attention_only, 'every layer "full_attention" (the family builds no sliding-window layer)'),
-}
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What the family builds for one `model_type`, and what that config class defaults."""
-
-    attention_bias: bool
-    """Biases on q, k and v (Qwen2): the `attention_bias` field."""
-    kv_heads_default: int | None
-    """`num_key_value_heads` when the config has none (None: as many as the query heads)."""
-    max_positions_default: int
-    sliding_window_default: int | None = None
-    """The attention window when the config names none (None: no window)."""
-    must_hold: dict[str, Check] = field(default_factory=dict)
-    ignored: frozenset[str] = frozenset()
-    window_key: str | None = None
-    """The key whose window must cover the sequence (Mistral's `sliding_window`)."""
-    reads: dict[str, str] = field(default_factory=dict)
-    """Shape keys of this model_type only (Mixtral's experts), as `READ`: key → field."""
-    read_defaults: dict[str, Any] = field(default_factory=dict)
-    """Values of `reads` keys the config lacks (the config class's defaults)."""
-    null_reads: dict[str, Any] = field(default_factory=dict)
-    """Values of `reads` keys the config sets to null (DeepSeek's `q_lora_rank` null: no query
-    compression, 0), where null means other than the default."""
-    zero_reads: frozenset[str] = frozenset()
-    """`reads` keys that may be 0 (the others are positive integers: a model_type's own shape keys
-    say what it is)."""
-    required: tuple[str, ...] = ()
-    """Keys of this model_type a config must have besides `REQUIRED` (the config class has no usable default)."""
-    norm_eps_default: float = 1e-6
-    rope_theta_default: float = 10_000.0
-    """`rms_norm_eps` and `rope_theta` when the config has none (the config class's defaults)."""
-
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture(
-        attention_bias=False,
-        kv_heads_default=None,
-        max_positions_default=2048,
-        must_hold={
-            "attention_bias": (_is_false, "false (Llama's bias is on o_proj too: not a shape the hf family builds)"),
-            "mlp_bias": (_is_false, "false"),
-            "pretraining_tp": (_is_one_or_null, "1"),
-        },
-    ),
-    "mistral": Architecture(
-        attention_bias=False,
-        kv_heads_default=8,
-        max_positions_default=4096 * 32,
-        sliding_window_default=4096,
-        window_key="sliding_window",
-    ),
-    "qwen2": Architecture(
-        attention_bias=True,
-        kv_heads_default=32,
-        max_positions_default=32768,
-        must_hold={
-            "use_sliding_window": (_is_false, "false (the family builds full attention in every layer)"),
-            "use_mrope": (_is_false, "false (multimodal rotary positions are Qwen2-VL's)"),
-        },
-        ignored=frozenset({"sliding_window", "max_window_layers"}),  # used only with use_sliding_window
-    ),
-    "mixtral": Architecture(
-        attention_bias=False,
-        kv_heads_default=8,
-        max_positions_default=4096 * 32,
-        window_key="sliding_window",
-        reads={"num_local_experts": "num_experts", "num_experts_per_tok": "top_k"},
-        read_defaults={"num_local_experts": 8, "num_experts_per_tok": 2},
-        norm_eps_default=1e-5,
-        rope_theta_default=1e6,
-        must_hold={
-            "router_jitter_noise": (_is_zero, "0 (jitter multiplies the router's input by noise in training)"),
-            "output_router_logits": (
-                _is_false_or_null,
-                "false (true adds the load-balancing loss to the library's loss; the run's loss is cross-entropy only)",
-            ),
-        },
-        ignored=frozenset({"router_aux_loss_coef"}),  # the load-balancing loss's weight: unused without output_router_logits
-    ),
-    "deepseek_v2": Architecture(
-        attention_bias=False,
-        kv_heads_default=None,
-        max_positions_default=2048,
-        reads={
-            "kv_lora_rank": "kv_lora_rank",
-            "q_lora_rank": "q_lora_rank",
-            "qk_nope_head_dim": "qk_nope_head_dim",
-            "qk_rope_head_dim": "qk_rope_head_dim",
-            "v_head_dim": "v_head_dim",
-            "n_routed_experts": "num_experts",
-            "num_experts_per_tok": "top_k",
-            "n_shared_experts": "num_shared_experts",
-            "first_k_dense_replace": "first_dense_layers",
-            "moe_intermediate_size": "moe_ffn_hidden_size",
-        },
-        read_defaults={
-            "kv_lora_rank": 512,
-            "q_lora_rank": 1536,
-            "qk_nope_head_dim": 128,
-            "qk_rope_head_dim": 64,
-            "v_head_dim": 128,
-            "n_routed_experts": 64,
-            "n_shared_experts": 2,
-            "first_k_dense_replace": 0,
-            "moe_intermediate_size": 1407,
-        },
-        null_reads={"q_lora_rank": 0},
-        zero_reads=frozenset({"q_lora_rank", "first_k_dense_replace"}),
-        required=("num_experts_per_tok",),
-        must_hold={
-            "attention_bias": (_is_false, "false (DeepSeek-V2's bias is on q_a, kv_a and o: not a shape the hf family builds)"),
-            "mlp_bias": (_is_false, "false"),
-            "pretraining_tp": (_is_one_or_null, "1"),
-            "moe_layer_freq": (_is_one_or_null, "1 (every block after the first_k_dense_replace dense ones is MoE)"),
-            "topk_method": (
-                lambda v: v in (None, "greedy"),
-                '"greedy" (DeepSeek-V2-Lite\'s router; group-limited routing is not a field of the workload)',
-            ),
-            "scoring_func": (lambda v: v in (None, "softmax"), '"softmax" (the router DeepSeek-V2 has)'),
-            "routed_scaling_factor": (
-                lambda v: v in (None, 1, 1.0) and not isinstance(v, bool),
-                "1.0 (the routed experts' output unscaled)",
-            ),
-            "norm_topk_prob": (_is_false_or_null, "false (DeepSeek-V2's top-k weights are the softmax's, not renormalised)"),
-            "output_router_logits": (_is_false_or_null, "false (the run's loss is cross-entropy only)"),
-        },
-        # head_dim and qk_head_dim the library derives (the rotary width; nope + rope); the groups
-        # are unused by greedy routing; the auxiliary losses' weights are unused (the library's model
-        # adds none, as Mixtral's without output_router_logits); ep_size is a deployment setting
-        ignored=frozenset({"head_dim", "qk_head_dim", "n_group", "topk_group", "aux_loss_alpha", "seq_aux", "ep_size"}),
-    ),
-}
-"""The `model_type`s the hf family builds, by name."""
-REFUSED: dict[str, str] = {
-    "deepseek_v3": (
-        "DeepSeek-V3 is not built: its router (sigmoid scores with a score-correction bias, group-limited top-k, "
-        "renormalised and scaled weights) is another model's than DeepSeek-V2's, which the hf family builds (deepseek_v2)"
-    ),
-}
-"""`model_type`s refused with their own reason (a neighbour of a supported one)."""
-SUPPORTED: tuple[str, ...] = tuple(ARCHITECTURES)
 
 
 @dataclass(frozen=True)
@@ -464,7 +272,7 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
         raise SpecError([SpecProblem((*loc, key) if key else loc, why)])
     assert isinstance(config, dict)
     model_type = config.get("model_type")
-    arch = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
+    arch = ARCHS[model_type].keys if isinstance(model_type, str) and model_type in ARCHS else None
     if isinstance(model_type, str) and model_type in REFUSED:
         raise SpecError([SpecProblem((*loc, "model_type"), f"model_type {model_type!r}: {REFUSED[model_type]}")])
     if arch is None:
@@ -478,15 +286,13 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     fields: dict[str, Any] = {}
     source: dict[str, str] = {}
     must_hold = {**COMMON_MUST_HOLD, **arch.must_hold}
-    reads = {**READ, **arch.reads}
+    reads = {k: v for k, v in {**READ, **arch.reads}.items() if k not in arch.ignored}
     rope_parameters: Any = None
     for key, value in config.items():
         if key in reads or key in LIMITS or key in METADATA or key in arch.ignored:
             continue
         if key == "rope_parameters":
             rope_parameters = value
-        elif key == "head_dim":
-            continue  # checked against the shape below
         elif key in must_hold:
             test, expected = must_hold[key]
             if not test(value):
@@ -531,17 +337,8 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
     if "num_kv_heads" not in fields and "num_heads" in fields:
         fields["num_kv_heads"] = arch.kv_heads_default or fields["num_heads"]  # the config class's default
         source["num_kv_heads"] = "num_key_value_heads"
-    head_dim = None if "head_dim" in arch.ignored else config.get("head_dim")
-    if head_dim is not None and "hidden_size" in fields and "num_heads" in fields:
-        derived = fields["hidden_size"] // fields["num_heads"]
-        if head_dim != derived or fields["hidden_size"] % fields["num_heads"]:
-            problems.append(
-                SpecProblem(
-                    (*loc, "head_dim"),
-                    f"{json.dumps(head_dim)[:20]} is not hidden_size / num_attention_heads ({fields['hidden_size']} / "
-                    f"{fields['num_heads']}): the hf family's heads are hidden_size / num_heads wide",
-                )
-            )
+    if arch.cross_checks is not None:
+        problems += [SpecProblem((*loc, key), why) for key, why in arch.cross_checks(config, fields)]
 
     limits: list[tuple[str, int]] = []
     positions = config.get("max_position_embeddings", arch.max_positions_default)
@@ -562,17 +359,20 @@ def read_hf_config(config: Any, *, loc: Loc = LOC) -> HFShape:
 
     fields.update(
         family="hf",
+        model_type=model_type,
+        head_dim=fields.get("head_dim"),
         mlp="swiglu",
         num_experts=fields.get("num_experts", 0),
         num_shared_experts=fields.get("num_shared_experts", 0),
         first_dense_layers=fields.get("first_dense_layers", 0),
         **{name: fields.get(name, 0) for name in MLA_FIELDS},
         attention_bias=arch.attention_bias,
-        tie_embeddings=fields.get("tie_embeddings", False),
+        tie_embeddings=fields.get("tie_embeddings", arch.tie_default),
         norm_eps=fields.get("norm_eps", arch.norm_eps_default),
         rope_theta=fields.get("rope_theta", arch.rope_theta_default),
     )
     source.setdefault("attention_bias", "model_type")
+    source.setdefault("model_type", "model_type")
     source.setdefault("num_experts", "model_type")
     for name in ("tie_embeddings", "norm_eps", "rope_theta"):
         source.setdefault(name, next(k for k, v in READ.items() if v == name))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from parallab.core.families import hf_archs
 from parallab.core.families.module import module_problems
 
 _UNSET: Any = object()
@@ -46,7 +47,7 @@ class ModelConfig(BaseModel):
     with routed experts), and with `kv_lora_rank` DeepSeek-V2 (multi-head latent attention, shared
     experts, dense first layers, experts `moe_ffn_hidden_size` wide)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
     family: Family = shape_field(
         "Model family: parallab (our own decoder) or hf (a Hugging Face transformers model of the same shape built offline "
@@ -67,10 +68,29 @@ class ModelConfig(BaseModel):
         min_length=3,
         max_length=200,
     )
+    model_type: str | None = shape_field(
+        "The hf family's architecture, a Hugging Face config's model_type (llama, mistral, qwen2, mixtral, deepseek_v2, "
+        "gemma2, phi3); default: the one the shape implies (DeepSeek-V2 with kv_lora_rank, Mixtral with num_experts, "
+        "Qwen2 with attention_bias, else Llama).",
+        cli="--model-type",
+        default=None,
+        neutral=None,
+        min_length=1,
+        max_length=40,
+    )
     vocab_size: int = shape_field("Tokens in the (synthetic) vocabulary (V).", cli="--vocab", ge=2, le=1 << 21)
     hidden_size: int = shape_field("Width of the residual stream (h).", cli="--hidden", ge=2, le=1 << 16)
     num_layers: int = shape_field("Transformer blocks (L).", cli="--layers", ge=1, le=1024)
     num_heads: int = shape_field("Attention heads (A); the head dim is hidden_size / num_heads.", cli="--heads", ge=1, le=1024)
+    head_dim: int | None = shape_field(
+        "Width of each attention head where it is not hidden_size / num_heads (Gemma's 256; the hf family only); "
+        "default: hidden_size / num_heads.",
+        cli="--head-dim",
+        ge=2,
+        le=4096,
+        default=None,
+        neutral=None,
+    )
     num_kv_heads: int | None = shape_field(
         "Key/value heads (grouped-query attention: K and V are kv_heads × head_dim wide); default: num_heads (multi-head).",
         cli="--kv-heads",
@@ -171,11 +191,17 @@ class ModelConfig(BaseModel):
             data = {**data, "num_kv_heads": data["num_heads"]}
         if data.get("moe_ffn_hidden_size") is not None and data.get("moe_ffn_hidden_size") == data.get("ffn_hidden_size"):
             data = {**data, "moe_ffn_hidden_size": None}
+        heads, hidden = data.get("num_heads"), data.get("hidden_size")
+        if isinstance(heads, int) and isinstance(hidden, int) and heads and data.get("head_dim") == hidden // heads and not hidden % heads:
+            data = {**data, "head_dim": None}  # the width hidden_size / num_heads gives: no width of its own
+        if data.get("model_type") is not None and data.get("family") == "hf":
+            data = {**data, "model_type": hf_archs.stored_model_type(data)}  # the implied architecture: none of its own
         return data
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_width(self) -> int:
+        """Each head's width: `head_dim`, else hidden_size / num_heads."""
+        return self.head_dim or self.hidden_size // self.num_heads
 
     @property
     def kv_heads(self) -> int:
@@ -183,8 +209,8 @@ class ModelConfig(BaseModel):
 
     @property
     def kv_dim(self) -> int:
-        """Width of the K (and of the V) projection: kv_heads × head_dim."""
-        return self.kv_heads * self.head_dim
+        """Width of the K (and of the V) projection: kv_heads × head_width."""
+        return self.kv_heads * self.head_width
 
     @property
     def is_mla(self) -> bool:
@@ -194,12 +220,12 @@ class ModelConfig(BaseModel):
     @property
     def qk_head_dim(self) -> int:
         """Each head's query/key width (what QKᵀ contracts): head_dim, or MLA's nope + rope parts."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_width
 
     @property
     def value_head_dim(self) -> int:
         """Each head's value width (what PV produces and o_proj reads): head_dim, or MLA's v_head_dim."""
-        return self.v_head_dim if self.is_mla else self.head_dim
+        return self.v_head_dim if self.is_mla else self.head_width
 
     @property
     def expert_ffn(self) -> int:
@@ -229,39 +255,25 @@ SHAPE_FIELDS: tuple[str, ...] = tuple(ModelConfig.model_fields)
 
 
 def _mla_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
-    """Multi-head latent attention's rules: its widths only with kv_lora_rank, which only the hf
-    family builds (as DeepSeek-V2); per-head K/V from the latent (no K/V head sharing), rotary on an
-    even width, no q/k/v biases (DeepSeek-V2's attention_bias is on q_a, kv_a and o)."""
+    """Multi-head latent attention's widths only with kv_lora_rank, which only the hf family builds
+    (as DeepSeek-V2, whose module holds its other rules)."""
     widths = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     if not cfg.is_mla:
         return [(name, f"{name} is multi-head latent attention's: it needs kv_lora_rank") for name in widths if getattr(cfg, name)]
     if cfg.family != "hf":
         return [("kv_lora_rank", f"multi-head latent attention is built by the hf family (DeepSeek-V2), not the {cfg.family} family")]
-    out: list[tuple[str, str]] = []
-    if cfg.qk_rope_head_dim < 2 or cfg.qk_rope_head_dim % 2:
-        out.append(("qk_rope_head_dim", f"must be even and at least 2 for rotary positions, not {cfg.qk_rope_head_dim}"))
-    if cfg.v_head_dim < 1:
-        out.append(("v_head_dim", "multi-head latent attention needs a value width of at least 1"))
-    if cfg.kv_heads != cfg.num_heads:
-        out.append(
-            (
-                "num_kv_heads",
-                f"multi-head latent attention expands its latent into every head's key and value: num_kv_heads {cfg.kv_heads} "
-                f"must equal num_heads {cfg.num_heads}",
-            )
-        )
-    if cfg.attention_bias:
-        out.append(("attention_bias", "DeepSeek-V2's attention has no q/k/v biases (its attention_bias is on q_a, kv_a and o)"))
-    return out
+    return []
 
 
 def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
-    """(field, message) for each rule that ties shape fields together."""
+    """(field, message) for each rule that ties shape fields together (the hf family's
+    architectures hold their own: `parallab.core.families.hf_archs`)."""
     out: list[tuple[str, str]] = []
     if cfg.hidden_size % cfg.num_heads:
         out.append(("num_heads", f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}"))
-    elif cfg.head_dim % 2:
-        out.append(("num_heads", f"head dim (hidden_size / num_heads = {cfg.head_dim}) must be even for rotary positions"))
+    elif cfg.head_width % 2:
+        width = f"head dim ({cfg.head_dim})" if cfg.head_dim else f"head dim (hidden_size / num_heads = {cfg.head_width})"
+        out.append(("head_dim" if cfg.head_dim else "num_heads", f"{width} must be even for rotary positions"))
     kv = cfg.kv_heads
     if cfg.num_heads % kv:
         out.append(("num_kv_heads", f"num_heads {cfg.num_heads} is not divisible by num_kv_heads {kv}"))
@@ -271,37 +283,20 @@ def shape_problems(cfg: ModelConfig) -> list[tuple[str, str]]:
         field = "num_shared_experts" if cfg.num_shared_experts else "first_dense_layers"
         out.append((field, f"{field} needs an MoE model (num_experts is 0)"))
     out += _mla_problems(cfg)
-    if cfg.moe_ffn_hidden_size not in (None, cfg.ffn_hidden_size) and not (cfg.family == "hf" and cfg.is_mla and cfg.is_moe):
-        out.append(
-            (
-                "moe_ffn_hidden_size",
-                "experts narrower or wider than the dense MLP are DeepSeek-V2's (the hf family with kv_lora_rank and "
-                "num_experts); other models' experts are ffn_hidden_size wide",
-            )
-        )
     if cfg.family == "hf":
-        if cfg.mlp != "swiglu":
-            out.append(("mlp", f"the hf family builds Llama's SwiGLU MLP; mlp {cfg.mlp!r} is the parallab family's only"))
-        if cfg.num_experts and not cfg.is_mla:  # Mixtral: routed experts only, in every block, attention without biases
-            for name, why in (
-                ("num_shared_experts", "shared experts"),
-                ("first_dense_layers", "dense first layers"),
-                ("attention_bias", "q/k/v biases"),
-            ):
-                if getattr(cfg, name):
-                    out.append(
-                        (
-                            name,
-                            f"the hf family's MoE model without kv_lora_rank is Mixtral, which has no {why} (DeepSeek-V2, "
-                            "with kv_lora_rank, has shared experts and dense first layers)",
-                        )
-                    )
-        if cfg.num_experts and cfg.is_mla and not cfg.num_shared_experts:
-            out.append(("num_shared_experts", "DeepSeek-V2's MoE blocks always have shared experts: at least 1"))
-        default = ModelConfig.model_fields["capacity_factor"].default
-        if cfg.num_experts and cfg.capacity_factor != default:  # a key field that would split identical runs apart
-            model = "DeepSeek-V2" if cfg.is_mla else "Mixtral"
-            out.append(("capacity_factor", f"{model}'s experts take every routed token (no capacity): leave it at {default}"))
+        out += hf_archs.shape_problems(cfg)
+    else:
+        for name in ("model_type", "head_dim"):
+            if getattr(cfg, name) is not None:
+                out.append((name, f"{name} is the hf family's (a Hugging Face architecture), not the {cfg.family} family's"))
+        if cfg.moe_ffn_hidden_size not in (None, cfg.ffn_hidden_size):
+            out.append(
+                (
+                    "moe_ffn_hidden_size",
+                    "experts narrower or wider than the dense MLP are DeepSeek-V2's (the hf family with kv_lora_rank and "
+                    "num_experts); other models' experts are ffn_hidden_size wide",
+                )
+            )
     out += module_problems(cfg)
     if cfg.num_experts and cfg.first_dense_layers >= cfg.num_layers:
         out.append(

@@ -57,6 +57,8 @@ def test_fields_added_later_keep_stored_keys_at_their_neutral_value() -> None:
         "qk_nope_head_dim",
         "qk_rope_head_dim",
         "v_head_dim",
+        "model_type",
+        "head_dim",
     }
     assert KEY_NEUTRAL_AS == {"num_kv_heads": "num_heads", "moe_ffn_hidden_size": "ffn_hidden_size"}
     today = {**TINY, **KEY_NEUTRAL, "num_kv_heads": TINY["num_heads"], "moe_ffn_hidden_size": None}
@@ -80,6 +82,8 @@ NEW_VALUES = {
     "qk_nope_head_dim": 16,
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
+    "model_type": "gemma2",
+    "head_dim": 32,
 }
 """A value off the neutral one for each field added later."""
 

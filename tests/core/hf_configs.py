@@ -271,3 +271,122 @@ TINY_DEEPSEEK_V2: dict[str, Any] = {
 """DeepSeek-V2-Lite's architecture at `tiny`'s width: 2 blocks (the first dense, 128 wide; the
 second 4 routed experts top-2 and 1 shared, 32 wide), hidden 64, 4 heads over a 32-wide latent
 (query/key 16 + 8 rotary, value 16), vocabulary 256."""
+
+
+GEMMA_2_2B: dict[str, Any] = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "initializer_range": 0.02,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "model_type": "gemma2",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "torch_dtype": "float32",
+    "transformers_version": "4.42.4",
+    "use_cache": True,
+    "vocab_size": 256000,
+}
+"""google/gemma-2-2b config.json: heads 256 wide over a 2,304-wide stream (not 2304 / 8), the head
+tied (no key: the config class's default), soft-caps 50 and 30, a 4,096-token window."""
+
+GEMMA_2_9B: dict[str, Any] = {
+    **GEMMA_2_2B,
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 42,
+    "num_key_value_heads": 8,
+}
+"""google/gemma-2-9b config.json (its shape keys; the rest as 2B's)."""
+
+GEMMA_2_27B: dict[str, Any] = {
+    **GEMMA_2_2B,
+    "head_dim": 128,
+    "hidden_size": 4608,
+    "intermediate_size": 36864,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 46,
+    "num_key_value_heads": 16,
+    "query_pre_attn_scalar": 144,
+}
+"""google/gemma-2-27b config.json (its shape keys): attention scaled by 144⁻½, not head_dim⁻½."""
+
+TINY_GEMMA_2: dict[str, Any] = {
+    **GEMMA_2_2B,
+    **TINY_WIDTH,
+    "head_dim": 32,
+    "query_pre_attn_scalar": 32,
+}
+"""Gemma 2 at `tiny`'s width with heads of their own width: 4 heads 32 wide over a 64-wide stream
+(hidden_size / num_heads would be 16), 2 KV heads, 2 layers, the head tied, vocabulary 256."""
+
+PHI_3_MINI_4K: dict[str, Any] = {
+    "_name_or_path": "Phi-3-mini-4k-instruct",
+    "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config", "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+    "bos_token_id": 1,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 32000,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 4096,
+    "model_type": "phi3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000,
+    "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "sliding_window": 2047,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.2",
+    "use_cache": True,
+    "vocab_size": 32064,
+}
+"""microsoft/Phi-3-mini-4k-instruct config.json: fused qkv_proj and gate_up_proj, a 2,047-token window."""
+
+PHI_3_MEDIUM_4K: dict[str, Any] = {
+    **PHI_3_MINI_4K,
+    "_name_or_path": "Phi-3-medium-4k-instruct",
+    "hidden_size": 5120,
+    "intermediate_size": 17920,
+    "num_attention_heads": 40,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 10,
+}
+"""microsoft/Phi-3-medium-4k-instruct config.json (its shape keys): grouped-query attention, 40 heads over 10."""
+
+TINY_PHI_3: dict[str, Any] = {
+    **PHI_3_MINI_4K,
+    **TINY_WIDTH,
+    "sliding_window": 64,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+"""Phi-3 at `tiny`'s width: 4 heads over 2 KV heads in one fused qkv_proj, 2 layers, vocabulary
+256, a 64-token window (tiny's whole sequence)."""

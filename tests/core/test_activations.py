@@ -271,7 +271,7 @@ def block_kept_bytes(cfg, mode: str, batch: int = 4) -> int:
     block = model.blocks()[0]
     block.recompute = mode
     x = torch.randn(batch, cfg.seq_len, cfg.hidden_size, requires_grad=True)
-    cos, sin = rope_tables(torch.arange(cfg.seq_len), cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_tables(torch.arange(cfg.seq_len), cfg.head_width, cfg.rope_theta)
     skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), cos, sin)}
     kept: dict[int, int] = {}
     made: list[tuple[int, int, weakref.ref]] = []

@@ -45,7 +45,7 @@ def test_the_parameter_formula_counts_the_declared_tensors(workload):
 def test_gqa_k_and_v_are_kv_heads_times_head_dim_wide_and_flops_follow():
     cfg = PRESETS["llama-3-8b"].config
     h, f, v, layers, kv = 4096, 14336, 128256, 32, 8 * 128
-    assert (cfg.kv_heads, cfg.head_dim, cfg.kv_dim) == (8, 128, kv)
+    assert (cfg.kv_heads, cfg.head_width, cfg.kv_dim) == (8, 128, kv)
     block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     assert param_counts(cfg).total == layers * block + 2 * v * h + h
     # 6N (N: blocks, final norm and the head's matmul) + 12·L·h·T: QKᵀ and PV over every query head

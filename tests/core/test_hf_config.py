@@ -116,7 +116,7 @@ def test_a_mistral_config_is_llama_while_its_window_covers_the_sequence():
         ({"attention_bias": True}, "attention_bias", "o_proj"),
         ({"mlp_bias": True}, "mlp_bias", "must be false"),
         ({"attention_dropout": 0.1}, "attention_dropout", "must be 0"),
-        ({"head_dim": 64}, "head_dim", "is not hidden_size / num_attention_heads"),
+        ({"head_dim": 7}, "head_dim", "head dim (7) must be even"),
         ({"hidden_size": "4096"}, "hidden_size", 'hidden_size "4096": Input should be a valid integer'),
         ({"num_hidden_layers": True}, "num_hidden_layers", "valid integer"),
         ({"tie_word_embeddings": "no"}, "tie_word_embeddings", "valid boolean"),
@@ -126,6 +126,17 @@ def test_a_mistral_config_is_llama_while_its_window_covers_the_sequence():
 def test_a_key_that_would_build_another_model_is_refused_by_name(change, key, words):
     found = refusal({**LLAMA_3_8B, **change})
     assert words in found[f"workload.hf_config.{key}"], found
+
+
+def test_a_head_dim_of_its_own_is_a_field_and_one_equal_to_the_derived_width_is_none():
+    """Llama's config may name head_dim (Llama 3.2's, Qwen3's): heads of that width, q and o
+    projections heads·head_dim wide; a head_dim that is hidden_size / num_heads is no width of its own."""
+    narrow = resolve({**LLAMA_3_8B, "head_dim": 64}).model
+    assert (narrow.head_dim, narrow.head_width, narrow.model_type) == (64, 64, None)
+    q_and_o = 2 * 4096 * (4096 - 32 * 64)
+    kv = 2 * 4096 * 8 * (128 - 64)
+    assert param_counts(narrow).total == LLAMA_3_8B_PARAMS - 32 * (q_and_o + kv)
+    assert resolve({**LLAMA_3_8B, "head_dim": 128}).model == resolve(LLAMA_3_8B).model
 
 
 def test_a_qwen2_sliding_window_is_refused():
@@ -273,7 +284,7 @@ def test_an_unknown_model_type_is_refused_listing_the_supported_ones():
     found = refusal({**LLAMA_3_8B, "model_type": "gpt_neox"})
     msg = found["workload.hf_config.model_type"]
     assert 'model_type "gpt_neox"' in msg and all(name in msg for name in SUPPORTED)
-    assert SUPPORTED == ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2")
+    assert SUPPORTED == ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2", "gemma2", "phi3")
     assert "no model_type" in refusal({k: v for k, v in LLAMA_3_8B.items() if k != "model_type"})["workload.hf_config.model_type"]
 
 

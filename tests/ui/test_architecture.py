@@ -28,6 +28,8 @@ NEWER_FIELDS = (
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "model_type",
+    "head_dim",
 )
 
 

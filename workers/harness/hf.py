@@ -7,9 +7,12 @@ paths; this module only builds. `transformers` is an optional extra (`parallab[h
 here and nowhere else, only when an `hf` model is built; the hub is never asked for anything
 (`HF_HUB_OFFLINE`: a config, not a checkpoint, so there is nothing to download).
 
-The same build serves Llama, Qwen2, Mixtral and DeepSeek-V2 (the descriptor's `architecture`;
-DeepSeek-V2's rotary embedding returns one complex table rather than cos and sin, which the
-wrapper hands to its blocks as it gets it): a Mixtral or DeepSeek-V2 block's MoE is the
+The same build serves every architecture (the descriptor's `architecture`, by the workload's
+`model_type`); what one runs otherwise — its attention implementation, a mask, what its
+`…ForCausalLM` does to the logits (Gemma 2's soft-cap) — is its builder's
+(`workers.harness.hf_archs`, keyed by the same model_type). DeepSeek-V2's rotary embedding
+returns one complex table rather than cos and sin, which the wrapper hands to its blocks as it
+gets it: a Mixtral or DeepSeek-V2 block's MoE is the
 library's own (its router, its dropless loop over the hit experts), so the experts the harness's
 `MoE` has (capacity, dispatch, aux loss) are not here — `moe_layers` is empty, and the
 strategies that would split experts are refused for this family at resolution.
@@ -18,7 +21,7 @@ The wrapper holds the library's own `model` (embed_tokens, layers, norm, rotary_
 `lm_head`, so parameter names are the library's. Its forward runs those modules itself rather
 than `LlamaModel.forward`: the blocks are kept in a dict keyed "0".."L-1" (the family's block
 container, what FSDP and TP walk), which the library's forward cannot slice; no attention mask is
-made (SDPA's causal flag does it), and the loss is the harness's — mean cross-entropy of the
+made unless the builder asks for one (SDPA's causal flag does it), and the loss is the harness's — mean cross-entropy of the
 logits against the already shifted labels, the parallab family's definition — not the library's
 internal shift-and-loss, so a run is checked against `single` on the same quantity.
 
@@ -41,8 +44,11 @@ from torch.utils.checkpoint import checkpoint
 
 from parallab.core.families import model_tensors
 from parallab.core.families.hf import FAMILY
+from parallab.core.families.hf_archs import arch_of
 from parallab.core.model import ModelConfig
 from workers import extras
+from workers.harness.hf_archs import BUILDERS
+from workers.harness.hf_archs.base import Builder
 from workers.harness.model import Attention, ExpertLayer, MoE, Transformer, local_dispatch, selective_contexts
 from workers.harness.routing import Tape, set_tape
 
@@ -64,12 +70,16 @@ def hf_module(cfg: ModelConfig) -> nn.Module:
     """The library's model of `cfg`'s shape (`…ForCausalLM`), initialised by the library's own
     `_init_weights` (normal 0.02, norms at one, biases at zero) from the current RNG state."""
     transformers = _transformers()
-    arch = FAMILY.architecture(cfg)
-    config_class = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    config = config_class(**FAMILY.hf_config(cfg))
-    module: nn.Module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    assert type(module).__name__ == arch, f"{arch} expected, {type(module).__name__} built"
+    arch = arch_of(cfg)
+    config = getattr(transformers, arch.config_class)(**arch.hf_config(cfg))
+    module: nn.Module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=builder_of(cfg).attn_implementation)
+    assert type(module).__name__ == arch.hf_class, f"{arch.hf_class} expected, {type(module).__name__} built"
     return module
+
+
+def builder_of(cfg: ModelConfig) -> Builder:
+    """The rank-side builder of `cfg`'s architecture (the same model_type as the descriptor's)."""
+    return BUILDERS[arch_of(cfg).model_type]
 
 
 TAPED_ROUTERS = frozenset({"MixtralTopKRouter"})
@@ -144,6 +154,8 @@ class HFCausalLM(Transformer):
     def __init__(self, cfg: ModelConfig, hf: nn.Module):
         nn.Module.__init__(self)
         self.cfg = cfg
+        self.builder = builder_of(cfg)
+        self.library_config: Any = getattr(hf, "config", None)  # what the builder's logits read (Gemma 2's cap)
         base = hf.get_submodule("model")
         layers = base.get_submodule("layers")
         assert isinstance(layers, nn.ModuleList), f"{type(hf).__name__} keeps its blocks in a ModuleList"
@@ -189,9 +201,11 @@ class HFCausalLM(Transformer):
             out.append(experts)
         return out
 
-    def _block(self, block: nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    def _block(
+        self, block: nn.Module, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         def run(x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = block(x, attention_mask=None, position_ids=ids, position_embeddings=rope)
+            out: torch.Tensor = block(x, attention_mask=mask, position_ids=ids, position_embeddings=rope)
             return out
 
         mode = getattr(block, "recompute", "none")
@@ -212,14 +226,15 @@ class HFCausalLM(Transformer):
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         ids = positions[None, :]
         rope = base.get_submodule("rotary_emb")(h, position_ids=ids)
+        mask = self.builder.mask(h)
         for block in self.blocks():
-            h = self._block(block, h, rope, ids)
+            h = self._block(block, h, rope, ids, mask)
         norm = getattr(base, "norm", None)
         if norm is not None:
             h = norm(h)
         if self.lm_head is None:
             return h
-        logits: torch.Tensor = self.lm_head(h)
+        logits: torch.Tensor = self.builder.logits(self.library_config, self.lm_head(h))
         if labels is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())

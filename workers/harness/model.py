@@ -91,7 +91,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, kv, bias = cfg.hidden_size, cfg.kv_dim, cfg.attention_bias
-        self.head_dim = cfg.head_dim
+        self.head_dim = cfg.head_width
         self.wq = nn.Linear(h, h, bias=bias)
         self.wk = nn.Linear(h, kv, bias=bias)
         self.wv = nn.Linear(h, kv, bias=bias)
@@ -373,7 +373,7 @@ class Transformer(nn.Module):
         if positions is None:
             # From the input, not from h: under sequence parallelism h is a sequence shard.
             positions = torch.arange(tokens.shape[1], device=tokens.device)
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg.head_width, self.cfg.rope_theta)
         for block in self.layers.values():
             h = block(h, cos, sin)
         if self.norm is not None:

@@ -122,31 +122,32 @@ class ParamCounts:
 def attention_params(cfg: ModelConfig) -> int:
     """One block's attention parameters.
 
-    Multi-head (grouped-query) attention: q and o h×h, k and v h×(kv_heads·head_dim), plus the
-    q, k, v biases. Multi-head latent attention (DeepSeek-V2 §2.1; A heads, d_c = kv_lora_rank,
+    Multi-head (grouped-query) attention: q and o h×(heads·head_dim) (h×h unless the heads have a
+    width of their own), k and v h×(kv_heads·head_dim), plus the q, k, v biases. Multi-head
+    latent attention (DeepSeek-V2 §2.1; A heads, d_c = kv_lora_rank,
     d_c' = q_lora_rank, d_h = qk_nope_head_dim, d_R = qk_rope_head_dim, d_v = v_head_dim): the
     query h·A(d_h + d_R), or compressed, h·d_c' + its RMSNorm d_c' + d_c'·A(d_h + d_R); the joint
     key/value compression with the shared rotary key, h·(d_c + d_R), its RMSNorm d_c; the
     up-projection of keys and values, d_c·A(d_h + d_v); the output A·d_v·h."""
     h, a = cfg.hidden_size, cfg.num_heads
     if not cfg.is_mla:
-        kv = cfg.kv_dim
-        return 2 * h * h + 2 * h * kv + ((h + 2 * kv) if cfg.attention_bias else 0)
+        q, kv = a * cfg.head_width, cfg.kv_dim  # q = h unless the heads have a width of their own (head_dim)
+        return 2 * h * q + 2 * h * kv + ((q + 2 * kv) if cfg.attention_bias else 0)
     qk, rank, q_rank = cfg.qk_head_dim, cfg.kv_lora_rank, cfg.q_lora_rank
     query = (h * q_rank + q_rank + q_rank * a * qk) if q_rank else h * a * qk
     latent = h * (rank + cfg.qk_rope_head_dim) + rank + rank * a * (cfg.qk_nope_head_dim + cfg.v_head_dim)
     return query + latent + a * cfg.v_head_dim * h
 
 
-def decoder_param_counts(cfg: ModelConfig) -> ParamCounts:
+def decoder_param_counts(cfg: ModelConfig, *, block_norms: int = 2) -> ParamCounts:
     """Closed form of every family's decoder (the same maths under different module names):
-    attention (`attention_params`), two norms, an MLP of m·h·f (m = 3 SwiGLU, 2 GELU); an MoE
+    attention (`attention_params`), `block_norms` norms (two; Gemma 2 four), an MLP of m·h·f (m = 3 SwiGLU, 2 GELU); an MoE
     block E·m·h·f_e + the router h·E + the shared experts' m·h·(S·f_e) (f_e the experts' width,
     `expert_ffn`: f unless DeepSeek's narrower experts), of which a token multiplies top_k
     experts; embedding V·h, final norm h and an untied head V·h."""
     h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
     mlp, expert = cfg.mlp_matrices * h * f, cfg.mlp_matrices * h * cfg.expert_ffn
-    dense = attention_params(cfg) + 2 * h + mlp
+    dense = attention_params(cfg) + block_norms * h + mlp
     moe = dense - mlp + h * cfg.num_experts + cfg.num_shared_experts * expert
     moe_total, moe_active = moe + cfg.num_experts * expert, moe + cfg.top_k * expert
     m = cfg.moe_layers
