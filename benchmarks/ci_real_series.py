@@ -132,6 +132,22 @@ def start_server(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes
         time.sleep(0.3)
 
 
+def load_average() -> float:
+    """The 1-minute load average (the machine's load is part of what a timing measured)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+TIMING_FIELDS = ("metric", "jobs", "status", "judged_on", "cv", "mdc_pct", "mdc_single_pct", "change_points")
+
+
+def timing_summary(t: dict[str, Any]) -> dict[str, Any]:
+    """One timing metric of the report, raw and (where the jobs carry the probe) normalised by the host's speed."""
+    out = {k: t.get(k) for k in TIMING_FIELDS}
+    if t.get("normalised"):
+        out["normalised"] = {k: t["normalised"].get(k) for k in TIMING_FIELDS}
+    return out
+
+
 def commit_of(i: int) -> str:
     return f"{i + 1:04x}" + "c1" * 18
 
@@ -177,12 +193,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths = [work / f"job{i:03d}.json" for i in range(args.jobs)]
         series_file = work / "series.txt"
         exits: dict[int, int] = {}
+        loads: dict[int, tuple[float, float]] = {}
         for i, path in enumerate(paths):
             gain = args.exact_plant is not None and i >= args.exact_plant
             (work / "lab" / "ci_lab.py").write_text(BEFORE if i < args.plant else AFTER.format(extra=args.extra, gain=gain))
             if not path.exists():
+                before = load_average()
                 bench = ["bench", "--family", "module", "--module", ENTRY, "--model", "tiny", "--strategy", "ddp", "--world-size", "2"]
                 sh([*bench, "--steps", str(args.steps), "--out", str(path), "--run-dir", str(work / f"run{i:03d}")], env)
+                loads[i] = (before, load_average())
             up = ["upload", str(path), "--server", url, "--token", token, "--repository", "lab/ci-series", "--branch", "main"]
             up += ["--commit", commit_of(i), "--series-file", str(series_file), "--fail-on-change", "all"]
             done = subprocess.run([sys.executable, "-m", "parallab", *up], capture_output=True, text=True, env=env, timeout=600)
@@ -213,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "mean_before": sum(values[: args.plant]) / args.plant,
         "mean_after": sum(values[args.plant :]) / max(1, len(values) - args.plant),
         "values": [round(v) for v in values],
-        "timing": [{k: t.get(k) for k in ("metric", "jobs", "status", "cv", "mdc_pct", "mdc_single_pct", "change_points")} for t in timing],
+        "timing": [timing_summary(t) for t in timing],
+        "load_average": {i: loads[i] for i in sorted(loads)},
         "changed": report["changed"],
     }
     (work / "report.md").write_text(markdown)

@@ -76,8 +76,9 @@ BYTES = {"buffer": "#ca8a04", "wire": "#7c2d12"}
 ROLES = {"top": "#2dd4bf", "control": "#a8a29e"}
 """A sweep's configurations: the top predicted, and the controls (predicted poor)."""
 
-SERIES = {"metric": "#1e293b", "band": "#64748b"}
-"""A CI series' history: the metric's line, and the threshold band (drawn translucent: `BAND_FILL`)."""
+SERIES = {"metric": "#1e293b", "band": "#64748b", "normalised": "#7e22ce"}
+"""A CI series' history: the metric's line, the threshold band (drawn translucent: `BAND_FILL`), and
+the change points of the metric normalised by the host's speed (the raw ones are `VERDICT["regressed"]`)."""
 BAND_FILL = "rgba(100, 116, 139, 0.15)"
 """`SERIES["band"]` at 15 % opacity, the fill of the threshold band."""
 

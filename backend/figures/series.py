@@ -4,7 +4,10 @@ Pure: a list of points in, a figure out. Each point is one result, oldest first:
 `{"label", "value", "lower", "upper", "verdict", "dismissed", "run_id", "commit", "branch"}` —
 `lower`/`upper` are the band of that result's verdict (None where it had no baseline).
 Change points (`{"run_id", "commit", "size_pct"}`, the first result after each) are drawn as a
-dashed line before that result, labelled with its commit and the size of the shift.
+dashed line before that result, labelled with its commit and the size of the shift. The change
+points of the metric normalised by the host's speed are drawn beside them as dotted lines in their
+own colour, labelled at the foot of the plot, so a shift of the host (a raw line with no dotted
+one) reads apart from a shift of the code (both); the label of whichever the verdict reads says so.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ VERDICT_STYLE = {
 
 
 def history(
-    points: Sequence[dict[str, Any]], *, title: str, unit: str, higher_is_better: bool, changes: Sequence[dict[str, Any]] = ()
+    points: Sequence[dict[str, Any]],
+    *,
+    title: str,
+    unit: str,
+    higher_is_better: bool,
+    changes: Sequence[dict[str, Any]] = (),
+    normalised_changes: Sequence[dict[str, Any]] = (),
+    judged_on: str | None = None,
 ) -> Figure:
     """The metric over the series' results, with the band, the alerts (✕ regressed; hollow when
-    dismissed) and the change points."""
+    dismissed), the change points, and those of the metric normalised by the host's speed
+    (`judged_on`: which of the two the series' verdict reads; None where nothing was normalised)."""
     if not points:
         return empty(title, "no results on this series yet")
     xs = list(range(1, len(points) + 1))
@@ -71,6 +82,7 @@ def history(
             hovertemplate="%{customdata[0]}<extra></extra>",
         )
     position = {p.get("run_id"): x for x, p in zip(xs, points, strict=True)}
+    mark = {"raw": "", "normalised": ""} | ({judged_on: " — the verdict's"} if judged_on else {})
     for change in changes:
         x = position.get(change["run_id"])
         if x is None:
@@ -78,7 +90,23 @@ def history(
         fig.add_vline(
             x=x - 0.5,
             line={"color": palette.VERDICT["regressed"], "dash": "dash", "width": 1.5},
-            label=f"change at {(change.get('commit') or '?')[:8]} ({change['size_pct']:+.0f}%)",
+            label=f"change at {(change.get('commit') or '?')[:8]} ({change['size_pct']:+.0f}%){mark['raw']}",
+        )
+    for change in normalised_changes:
+        x = position.get(change["run_id"])
+        if x is None:
+            continue
+        fig.add_vline(x=x - 0.5, line={"color": palette.SERIES["normalised"], "dash": "dot", "width": 1.5})
+        fig.add_annotation(
+            x=x - 0.5,
+            y=0,
+            xref="x",
+            yref="y domain",
+            text=f"÷ host speed: change at {(change.get('commit') or '?')[:8]} ({change['size_pct']:+.0f}%){mark['normalised']}",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            font={"color": palette.SERIES["normalised"]},
         )
     fig.update_xaxes(tickvals=xs, ticktext=[str(p.get("label") or x) for x, p in zip(xs, points, strict=True)], tickangle=-30)
     return fig

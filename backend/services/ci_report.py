@@ -10,8 +10,12 @@ Where a job carries the host-speed probe (`parallab.core.hostspeed`: a fixed CPU
 right before and after its ranks), each throughput and duration is also judged normalised by it —
 tokens/s ÷ the probe's rate, step time × it — beside the raw metric, each with its own between-job
 CV, so a team sees which is quieter on its runner. Jobs without the probe (uploads from before it,
-or of another probe version) are judged raw only, and the report says how many there were. The
-report's "changed" reads the raw metrics.
+or of another probe version) are judged raw only, and the report says how many there were.
+
+Which of the two the verdict (`changed`, and `parallab upload --fail-on-change timing`) reads is
+the *basis* (`BASES`): `raw`, `normalised`, or `auto` — normalised where every job compared
+carries the probe, raw otherwise, since normalising only some jobs would compare two units. Each
+timing metric says which it was judged on and why (`judged_on`, `judged_because`).
 
 A change point's bisect hint is the range from the last uploaded commit before it to the first
 after it: the commits between them were not measured.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
@@ -36,6 +40,10 @@ MAX_JOBS = 60
 """Change points are searched over the latest this many jobs (the permutation test reruns the search per shuffle)."""
 RECENT = 2 * cp.MIN_SIZE
 """A change point among the latest this many jobs makes the report say something changed."""
+Basis = Literal["auto", "raw", "normalised"]
+BASES: tuple[Basis, ...] = ("auto", "raw", "normalised")
+"""What the timing verdict reads: the raw metric, the metric normalised by the host's speed, or
+`auto` — normalised where every job compared carries the probe, raw otherwise."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class Job:
     first_point: int
     """The index of its first result among the series' results (for the chart)."""
     ops_per_s: float | None = None
-    """The host-speed probe's rate (mean over the job's results that carry it); None: no probe."""
+    """The host-speed probe's rate (mean over the job's results); None unless every one carries it."""
 
 
 NORMALISED = {"tokens_per_s": "tokens per Mop", "step_time_p50": "Mops"}
@@ -56,23 +64,24 @@ NORMALISED = {"tokens_per_s": "tokens per Mop", "step_time_p50": "Mops"}
 
 def jobs_of(points: Sequence[tuple[str | None, dict[str, float]]], speeds: Sequence[float | None] | None = None) -> list[Job]:
     """Consecutive results of one commit form one job; each metric averaged over the job, and so is
-    the host-speed probe (`speeds`, by result; None where a result carries none)."""
+    the host-speed probe (`speeds`, by result; None where a result carries none). A job with a
+    result that carries no probe has none: its averaged metric would mix in an unprobed result."""
     if speeds is not None and len(speeds) != len(points):
         raise ValueError(f"speeds: {len(speeds)} values for {len(points)} results")
-    grouped: list[tuple[str | None, list[dict[str, float]], list[float], int]] = []
+    grouped: list[tuple[str | None, list[dict[str, float]], list[float | None], int]] = []
     for i, (commit, values) in enumerate(points):
         speed = speeds[i] if speeds is not None else None
         if grouped and commit is not None and grouped[-1][0] == commit:
             grouped[-1][1].append(values)
         else:
             grouped.append((commit, [values], [], i))
-        if speed is not None:
-            grouped[-1][2].append(speed)
+        grouped[-1][2].append(speed)
     out = []
     for commit, members, rates, first in grouped:
         names = {k for m in members for k in m}
         averaged = {k: sum(m[k] for m in members if k in m) / sum(1 for m in members if k in m) for k in names}
-        out.append(Job(commit, averaged, first, sum(rates) / len(rates) if rates else None))
+        probed = [r for r in rates if r is not None]
+        out.append(Job(commit, averaged, first, sum(probed) / len(probed) if len(probed) == len(rates) else None))
     return out
 
 
@@ -150,35 +159,72 @@ def timing(jobs: Sequence[Job], metric: regression.Metric, *, window: int, alpha
     }
 
 
-def assemble(*, series: dict[str, Any], jobs: Sequence[Job], latest: dict[str, Any] | None, window: int, alpha: float) -> dict[str, Any]:
+def judged_on(jobs: Sequence[Job], metric: str, normalised: dict[str, Any] | None, basis: Basis) -> tuple[str, str]:
+    """(`raw` or `normalised`, why): which of a metric's two searches its verdict reads."""
+    compared = [j for j in jobs if metric in j.values][-MAX_JOBS:]
+    unprobed = sum(1 for j in compared if j.ops_per_s is None)
+    if basis not in BASES:
+        raise ValueError(f"basis: {basis!r} is not one of {', '.join(BASES)}")
+    if metric not in NORMALISED:
+        return "raw", "this metric is not normalised by the host's speed"
+    if normalised is None:
+        return "raw", "no job compared carries the host-speed probe"
+    if basis == "raw":
+        return "raw", "asked for raw"
+    if basis == "normalised":
+        left_out = f"; the {unprobed} jobs without the probe are left out" if unprobed else ""
+        return "normalised", f"asked for normalised{left_out}"
+    if unprobed:
+        return "raw", f"{unprobed} of the {len(compared)} jobs compared carry no host-speed probe"
+    return "normalised", f"every one of the {len(compared)} jobs compared carries the host-speed probe"
+
+
+def judged(t: dict[str, Any]) -> dict[str, Any]:
+    """The search a timing metric's verdict reads (itself or its normalised twin)."""
+    return t["normalised"] if t["judged_on"] == "normalised" else t
+
+
+def assemble(
+    *,
+    series: dict[str, Any],
+    jobs: Sequence[Job],
+    latest: dict[str, Any] | None,
+    window: int,
+    alpha: float,
+    basis: Basis = "auto",
+) -> dict[str, Any]:
     """The report: `latest` is the series' latest result's exact comparison ({run_id, commit,
     baseline_run_id, baseline_commit, changes} with changes marked accepted; baseline_run_id None
-    when there was nothing of its config to compare with), None when the series has no counters."""
+    when there was nothing of its config to compare with), None when the series has no counters.
+    `basis` chooses what the timing verdict reads (`BASES`)."""
     metrics = [regression.METRICS_BY_NAME[m] for m in TIMING_METRICS if any(m in j.values for j in jobs)]
     timings = []
     for m in metrics:
         t = timing(jobs, m, window=window, alpha=alpha)
         if m.name in NORMALISED and any(j.ops_per_s is not None for j in jobs):
             t["normalised"] = timing(normalised_jobs(jobs, m), normalised_metric(m), window=window, alpha=alpha)
+        t["judged_on"], t["judged_because"] = judged_on(jobs, m.name, t.get("normalised"), basis)
         timings.append(t)
     open_changes = [c for c in (latest or {}).get("changes", []) if not c["accepted"]]
-    recent = any(p["recent"] and p["worse"] for t in timings for p in t["change_points"])
+    recent = any(p["recent"] and p["worse"] for t in timings for p in judged(t)["change_points"])
     return {
         "series": series,
         "jobs": len(jobs),
         "exact": latest,
         "timing": timings,
+        "basis": basis,
         "host_speed": host_speed_note(jobs),
+        "timing_changed": recent,
         "changed": bool(open_changes) or recent,
     }
 
 
-def series_report(*, session: Session, series_id: str) -> dict[str, Any]:
+def series_report(*, session: Session, series_id: str, basis: Basis = "auto") -> dict[str, Any]:
     """`GET /api/v1/series/{id}/report`: the report of a stored series."""
-    return view_report(session=session, view=series_service.series_view(session=session, series_id=series_id))
+    return view_report(session=session, view=series_service.series_view(session=session, series_id=series_id), basis=basis)
 
 
-def view_report(*, session: Session, view: series_service.SeriesView) -> dict[str, Any]:
+def view_report(*, session: Session, view: series_service.SeriesView, basis: Basis = "auto") -> dict[str, Any]:
     """The report of a series already read (the series page has it)."""
     s = view.series
     series_id = s.id
@@ -209,7 +255,7 @@ def view_report(*, session: Session, view: series_service.SeriesView) -> dict[st
         "strategy": s.strategy,
         "world_size": s.world_size,
     }
-    return assemble(series=info, jobs=jobs_of(points, speeds), latest=latest, window=s.window, alpha=s.alpha)
+    return assemble(series=info, jobs=jobs_of(points, speeds), latest=latest, window=s.window, alpha=s.alpha, basis=basis)
 
 
 def _ops_per_s(stored: Any) -> float | None:

@@ -3,7 +3,9 @@ a series' owner does about an intended change, both through the server's API.
 
 `ci report` prints the series' report as Markdown (`parallab.core.ci_markdown`) or, with
 `--json`, as the server answers it; with `--if-changed` it prints nothing when nothing changed,
-so a CI step posts a comment only when there is something to say.
+so a CI step posts a comment only when there is something to say. `--basis` chooses what its
+timing verdict reads: the raw metric, the metric normalised by the host-speed probe, or (`auto`,
+the default) normalised where every job compared carries the probe.
 
 Exit status: 0 done; 2 bad input (the server refused the request as invalid, or no such series);
 3 the server could not be reached or refused the token.
@@ -49,6 +51,21 @@ def _call(method: str, url: str, *, token: str | None = None, body: dict[str, An
     return response.json()
 
 
+BASES = ("auto", "raw", "normalised")
+BASIS_HELP = (
+    "What the timing verdict reads: raw, normalised (by the host-speed probe), or auto — normalised where every job "
+    "compared carries the probe, raw otherwise."
+)
+
+
+def series_report(server: str, series: str, *, token: str | None, basis: str) -> Any:
+    """The server's report of a series, its timing verdict read on `basis` (exit 2 naming --basis when it is not one of BASES)."""
+    if basis not in BASES:
+        err.print(f"[red]--basis: {basis!r} is not one of {', '.join(BASES)}[/red]")
+        raise typer.Exit(EXIT_INPUT)
+    return _call("GET", f"{server.rstrip('/')}/api/v1/series/{series}/report?basis={basis}", token=token)
+
+
 @ci_app.command("report")
 def report(
     series: Annotated[str, typer.Argument(help="The series id (`parallab upload` prints it).")],
@@ -60,9 +77,10 @@ def report(
     token: Annotated[
         str | None, typer.Option(envvar="PARALLAB_TOKEN", help="A token (any scope); a shared server answers no one without one.")
     ] = None,
+    basis: Annotated[str, typer.Option(help=BASIS_HELP)] = "auto",
 ) -> None:
     """A series' CI report: exact changes first, then timing change points with intervals, bisect ranges and what the noise lets it see."""
-    answer = _call("GET", f"{server.rstrip('/')}/api/v1/series/{series}/report", token=token)
+    answer = series_report(server, series, token=token, basis=basis)
     if if_changed and not answer["changed"]:
         err.print("nothing changed: no report")
         return

@@ -12,7 +12,13 @@ Exit status: 0 uploaded (no regression or change, or not asked to fail on one); 
 with --fail-on-regression; 2 bad input (a file, a flag, or a document the server refused as
 invalid); 3 the server could not be reached, stayed busy through every retry, or refused the
 token; 4 an exact counter changed in a category named by --fail-on-change (and nobody accepted
-the change: `parallab series accept`). A regression and a change together exit 1.
+the change: `parallab series accept`), or, with `timing` among them, the series' report finds a
+change point for the worse among its latest jobs — on the raw timing or the timing normalised by
+the host-speed probe, as `--timing-basis` says (`auto`: normalised where every job compared
+carries the probe). A regression and a change together exit 1.
+
+`timing` is named on its own (`all` means every exact category): a change point is a statistical
+verdict over the series, not an exact one, and asks the server for the series' report.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from parallab.commands.ci import BASES, series_report
 from parallab.commands.ci_env import ci_metadata
 from parallab.commands.jobspec import fail
 from parallab.commands.retry import RETRY_STATUSES, Attempt, post_with_retries
@@ -37,6 +44,7 @@ err = Console(stderr=True)
 EXIT_REGRESSION = 1
 EXIT_SERVER = 3
 EXIT_CHANGE = 4
+TIMING = "timing"
 STYLE = {"regressed": "bold red", "improved": "green", "unchanged": "", "no_baseline": "dim"}
 
 
@@ -115,6 +123,27 @@ def failing_changes(items: list[dict[str, Any]], categories: tuple[str, ...]) ->
     ]
 
 
+def parse_fail_on_change(text: str) -> tuple[tuple[str, ...], bool]:
+    """`bytes,memory,timing` → (the exact categories, whether timing change points fail the job too)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    rest = [n for n in names if n != TIMING]
+    if not rest and TIMING in names:
+        return (), True
+    return parse_categories(",".join(rest) or text), TIMING in names
+
+
+def failing_timing(report: dict[str, Any]) -> list[str]:
+    """`metric (basis): size first at commit` of every recent change point for the worse, on the basis its verdict read."""
+    out = []
+    for t in report.get("timing") or []:
+        basis = t.get("judged_on", "raw")
+        judged = t["normalised"] if basis == "normalised" else t
+        for p in judged["change_points"]:
+            if p["recent"] and p["worse"]:
+                out.append(f"{t['metric']} ({basis}): {p['size_pct']:+.1f}% first at {(p['commit'] or '?')[:10]}")
+    return out
+
+
 def upload(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False, help="Result documents (JSON); several go as one batch.")],
     server: Annotated[str, typer.Option(envvar="PARALLAB_SERVER", help="parallab's URL, e.g. http://lab:8000")],
@@ -125,9 +154,16 @@ def upload(
         typer.Option(
             "--fail-on-change",
             help="Exit 4 when an exact counter changed in one of these categories (comma-separated: bytes, calls, memory, params, "
-            "pipeline, or all), unless accepted.",
+            "pipeline, or all), unless accepted; with timing, also when the series' report finds a recent change point for the worse.",
         ),
     ] = None,
+    timing_basis: Annotated[
+        str,
+        typer.Option(
+            help="What `--fail-on-change timing` reads: raw, normalised (by the host-speed probe), or auto — normalised where "
+            "every job compared carries the probe."
+        ),
+    ] = "auto",
     series_file: Annotated[
         Path | None, typer.Option(help="Write the series id(s) the results joined here, one a line (for `parallab ci report`).")
     ] = None,
@@ -149,9 +185,11 @@ def upload(
     import httpx
 
     try:
-        categories = parse_categories(fail_on_change) if fail_on_change is not None else ()
+        categories, fail_on_timing = parse_fail_on_change(fail_on_change) if fail_on_change is not None else ((), False)
     except ValueError as exc:
         fail(f"--fail-on-change: {exc}")
+    if timing_basis not in BASES:
+        fail(f"--timing-basis: {timing_basis!r} is not one of {', '.join(BASES)}")
     flags = {"branch": branch, "commit": commit, "repository": repository, "pr": pr, "ci_url": ci_url}
     from_ci = ci_metadata(os.environ)
     metadata = {k: flags[k] if flags[k] not in (None, "") else from_ci.get(k) for k in flags}
@@ -203,6 +241,10 @@ def upload(
         if fail_on_regression:
             raise typer.Exit(EXIT_REGRESSION)
     changed = failing_changes(items, categories)
+    if fail_on_timing:
+        for sid in dict.fromkeys(i["series_id"] for i in items if i.get("series_id")):
+            timing = failing_timing(series_report(server, sid, token=token, basis=timing_basis))
+            changed += [f"series {sid[:8]}: {t}" for t in timing]
     if changed:
-        err.print(f"[bold red]exact counters changed ({', '.join(categories)}): {'; '.join(changed)}[/bold red]")
+        err.print(f"[bold red]changed ({', '.join(categories + ((TIMING,) if fail_on_timing else ()))}): {'; '.join(changed)}[/bold red]")
         raise typer.Exit(EXIT_CHANGE)

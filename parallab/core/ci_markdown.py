@@ -3,7 +3,8 @@
 Exact changes come first (they carry no noise: any one is a change of code or config), then each
 timing metric's change points with their intervals and bisect ranges, and what the metric's
 noise lets it see at all; where jobs carry the host-speed probe, the metric normalised by it is
-shown beneath the raw one with its own between-job CV. Pure: a dict in, text out, so a CI step can post it as a comment.
+shown beneath the raw one with its own between-job CV, and which of the two the verdict read.
+Pure: a dict in, text out, so a CI step can post it as a comment.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def _timing(t: Mapping[str, Any]) -> list[str]:
     lines = _one_timing(t)
     if t.get("normalised"):
         lines += ["  " + line for line in _one_timing(t["normalised"])]
+        basis = t.get("judged_on", "raw")
+        lines.append(f"  - The verdict reads the **{basis}** {t['label'].lower()}: {t.get('judged_because', '')}.")
     return lines
 
 

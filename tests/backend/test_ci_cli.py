@@ -69,3 +69,35 @@ def test_the_report_of_a_shared_server_is_read_with_a_token(settings, tmp_path: 
         assert code == 3 and "401" in out, out
         code, out = run("ci", "report", sid, "--server", server.url, "--token", bearer, "--json")
         assert code == 0 and '"changed": false' in out, out
+
+
+def test_fail_on_change_timing_reads_the_normalised_metric_unless_asked_for_raw(settings, tmp_path: Path) -> None:
+    import httpx
+
+    from tests.backend.test_host_speed_series import probed
+
+    bearer = member(settings, "ada@lab.org")["Authorization"].removeprefix("Bearer ")
+    docs = []
+    for i in range(20):
+        host = 0.6 if i >= 15 else 1.0  # from job 15 the runner is loaded: the job and the probe slow alike
+        docs.append(probed(document(tokens_per_s=1000.0 * host * (1 + 0.02 * (-1) ** i), commit=f"{i:07x}"), 2e7 * host))
+    last = tmp_path / "last.json"
+    last.write_text(json.dumps(docs[-1]))
+    with served(settings) as server:
+        for doc in docs[:-1]:
+            answer = httpx.post(f"{server.url}/api/v1/results", json=doc, headers={"Authorization": f"Bearer {bearer}"}, timeout=60)
+            assert answer.status_code == 201, answer.text
+        auth = ("--server", server.url, "--token", bearer)
+        code, out = run("upload", str(last), *auth, "--fail-on-change", "bytes,timing")
+        assert code == 0, f"auto: every job probed, the normalised throughput did not change: {out}"
+        code, out = run("upload", str(last), *auth, "--fail-on-change", "timing", "--timing-basis", "raw")
+        assert code == 4 and "tokens_per_s (raw): -4" in out and "000000f" in out, out
+        assert run("upload", str(last), *auth, "--fail-on-change", "bytes", "--timing-basis", "raw")[0] == 0, "timing not named"
+        code, out = run("upload", str(last), *auth, "--fail-on-change", "timing", "--timing-basis", "normal")
+        assert code == 2 and "--timing-basis" in out and "'normal'" in out, out
+        ids = tmp_path / "series.txt"
+        run("upload", str(last), *auth, "--series-file", str(ids))
+        code, markdown = run("ci", "report", ids.read_text().strip(), "--server", server.url, "--basis", "raw")
+        assert code == 0 and "something changed" in markdown and "The verdict reads the **raw** throughput" in markdown, markdown
+        code, out = run("ci", "report", ids.read_text().strip(), "--server", server.url, "--if-changed")
+        assert code == 0 and "nothing changed" in out, "auto reads the normalised metrics: the host's slowdown is no change"

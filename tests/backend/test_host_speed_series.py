@@ -37,6 +37,12 @@ def test_a_series_of_uploads_is_judged_raw_and_normalised_by_their_probe(client,
     page = client.get(f"/series/{series_id}", headers=ada).text
     assert 'data-metric="tokens_per_s/host" class="normalised"' in page and "Throughput ÷ host speed" in page
     assert 'id="host-speed-note"' in page and "1 of 12 jobs carry no host-speed probe" in page
+    assert 'data-metric="tokens_per_s" data-judged="raw"' in page, "one job unprobed: the verdict reads the raw metric"
+    assert "the verdict reads the raw metric — 1 of the 12 jobs compared carry no host-speed probe" in page
+    assert tokens["judged_on"] == "raw" and report["changed"] is True, "one job unprobed keeps auto on raw, where the host's load reads"
+    assert client.get(f"/api/v1/series/{series_id}/report?basis=normalised", headers=ada).json()["changed"] is False
+    refused = client.get(f"/api/v1/series/{series_id}/report?basis=normal", headers=ada)
+    assert refused.status_code == 422 and "basis" in refused.text, refused.text
 
 
 def test_a_bad_probe_is_refused_naming_its_field(client, settings) -> None:

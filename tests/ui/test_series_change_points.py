@@ -1,5 +1,7 @@
 """The series page in a real headless Chromium marks a timing change point on the chart and names the
-first commit after it, with the series' between-job CV and smallest detectable change."""
+first commit after it, with the series' between-job CV and smallest detectable change; the change
+point of the metric normalised by the host-speed probe is drawn beside the raw one, dotted, and the
+one the verdict reads is labelled so."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ JOBS = 20
 
 @pytest.fixture(scope="module")
 def drop_series(session_factory) -> tuple[str, str]:
-    """A series of JOBS CI uploads of ddp × 4 on main, tokens/s 20 % lower from the DROP_AT-th on: (its id, that commit)."""
+    """A series of JOBS CI uploads of ddp × 4 on main, each with the host-speed probe (the host's
+    speed steady), tokens/s 20 % lower from the DROP_AT-th on: (its id, that commit)."""
     from backend.services.auth import LOCAL
     from backend.services.uploads import upload_results
+    from parallab.core.hostspeed import from_samples
     from tests.ui.factories import make_document
 
     sid, commits = None, []
@@ -29,6 +33,8 @@ def drop_series(session_factory) -> tuple[str, str]:
             doc = make_document(strategy="ddp", world_size=4, tokens_per_s=tps, name=f"ddp ×4 (CI {i})", branch="main", seed=500 + i)
             assert doc.source is not None
             doc.source.commit = f"{i:04x}beadfeed"  # each job its own commit
+            speed = 2e7 * (1 + 0.01 * ((i * 3) % 5 - 2))
+            doc.host_speed = from_samples([speed], [speed], lanes=4, where="steps")
             (uploaded,) = upload_results(session=session, documents=[doc], batch=False, idempotency_key=None, principal=LOCAL)
             session.commit()
             sid = uploaded.run.series_id
@@ -48,11 +54,18 @@ def test_the_series_page_marks_the_change_point_and_names_its_commit(browser, ap
         page.wait_for_function("() => document.getElementById('chart-series-tokens_per_s')?._fullLayout !== undefined")
         marks = page.evaluate(
             "() => { const l = document.getElementById('chart-series-tokens_per_s')._fullLayout;"
-            " return {shapes: l.shapes.map(s => [s.type, s.x0]), notes: l.annotations.map(a => a.text)}; }"
+            " return {shapes: l.shapes.map(s => [s.type, s.x0, s.line.dash]), notes: l.annotations.map(a => a.text)}; }"
         )
         row = page.locator("#change-points-table tr[data-metric='tokens_per_s']").inner_text()
+        judged = page.locator("#change-points-table tr[data-judged]").evaluate_all("rows => rows.map(r => r.dataset.metric)")
         context.close()
     assert errors == [], errors
-    assert ["line", DROP_AT + 0.5] in marks["shapes"], marks  # before the first result after the drop (x is 1-based)
-    assert any(commit[:8] in note and "-2" in note for note in marks["notes"]), marks
+    assert ["line", DROP_AT + 0.5, "dash"] in marks["shapes"], marks  # before the first result after the drop (x is 1-based)
+    assert ["line", DROP_AT + 0.5, "dot"] in marks["shapes"], "the normalised change point, beside the raw one"
+    raw = [n for n in marks["notes"] if n.startswith("change at")]
+    normalised = [n for n in marks["notes"] if n.startswith("÷ host speed: change at")]
+    assert any(commit[:8] in note and "-2" in note for note in raw), marks
+    assert len(normalised) == 1 and commit[:8] in normalised[0] and "the verdict's" in normalised[0], marks
+    assert not any("the verdict's" in note for note in raw), "every job is probed: the verdict reads the normalised metric"
     assert commit[:10] in row and "bisect" in row and "%" in row, row
+    assert judged == ["tokens_per_s/host", "step_time_p50/host"], judged

@@ -54,10 +54,21 @@ def series_page(request: Request, series_id: str, session: SessionDep, settings:
     except SeriesNotFound:
         return render_error(request, 404, "No such series", f"There is no series {series_id!r}.", settings=settings)
     report = ci_report.view_report(session=session, view=view)
-    changes = {t["metric"]: [{**c, "run_id": view.points[c["point"]].run.id} for c in t["change_points"]] for t in report["timing"]}
+    timings = {t["metric"]: t for t in report["timing"]}
+
+    def marks(t: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """A search's change points, each with the run of the first result after it (where the chart draws it)."""
+        return [{**c, "run_id": view.points[c["point"]].run.id} for c in (t or {}).get("change_points", [])]
+
     figures = {
         m.name: series_figs.history(
-            figure_points(view, m.name), title=m.label, unit=m.unit, higher_is_better=m.higher_is_better, changes=changes.get(m.name, ())
+            figure_points(view, m.name),
+            title=m.label,
+            unit=m.unit,
+            higher_is_better=m.higher_is_better,
+            changes=marks(timings.get(m.name)),
+            normalised_changes=marks(timings.get(m.name, {}).get("normalised")),
+            judged_on=timings[m.name]["judged_on"] if timings.get(m.name, {}).get("normalised") else None,
         )
         for m in regression.METRICS
         if any(m.name in p.verdicts for p in view.points)

@@ -15,6 +15,9 @@ from backend.services import series as series_service
 from parallab.core.options import KnownKeys
 
 router = APIRouter(prefix="/series", tags=["series"])
+BASIS_HELP = (
+    "What the timing verdict reads: raw, normalised by the host's speed, or auto (normalised where every job compared carries the probe)."
+)
 
 
 class SeriesConfigUpdate(KnownKeys):
@@ -82,10 +85,18 @@ def dismiss_alert(series_id: str, verdict_id: RowId, body: Dismissal, session: S
 
 
 @router.get("/{series_id}/report")
-def read_report(series_id: str, session: SessionDep) -> dict[str, Any]:
+def read_report(
+    series_id: str,
+    session: SessionDep,
+    basis: Annotated[
+        ci_report.Basis,
+        Query(description=BASIS_HELP),
+    ] = "auto",
+) -> dict[str, Any]:
     """The CI report: the latest result's exact changes, each timing metric's change points with
-    intervals and bisect ranges, its between-job CV and minimum detectable change, and `changed`."""
-    return ci_report.series_report(session=session, series_id=series_id)
+    intervals and bisect ranges, its between-job CV and minimum detectable change, which basis
+    (raw or normalised) its verdict read, and `changed`."""
+    return ci_report.series_report(session=session, series_id=series_id, basis=basis)
 
 
 @router.post("/{series_id}/accept")
