@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.models.base import Base
@@ -68,6 +68,7 @@ class LeaderboardEntry(Base):
     micro_batch_size: Mapped[int | None] = mapped_column(Integer)
     checks_failed: Mapped[str | None] = mapped_column(String(64), doc="As the run's (migration 0019).")
     checks_stated: Mapped[str | None] = mapped_column(String(64), doc="As the run's (migration 0019).")
+    straggler: Mapped[bool | None] = mapped_column(Boolean, doc="As the run's (migration 0029).")
 
     __table_args__ = (
         # rank within a group (a count of the faster runs), best per config, the scaling page
@@ -174,6 +175,10 @@ class LeaderboardCell(ConfigColumns, Base):
     # migration 0022: [throughput, runs faster than it] at evenly spaced positions of its runs
     # (`backend.store.leaderboard.rank_marks`), so a run's rank reads only the runs up to the next mark
     marks: Mapped[list[list[float]] | None] = mapped_column(JSON)
+    # migration 0029: of the config's ranked runs (whatever the subset), those the straggler
+    # analysis covered and those with a rank named, so a page flags its rows without counting runs
+    straggler_runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    straggler_analysed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (UniqueConstraint("workload_key", "hardware_key", "strategy", "world_size", "strategy_options", "subset"),)
 

@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session
 from backend.services.ingest import NOT_CHECKED, UPLOADED
 from backend.store import accounts as accounts_store
 from backend.store import leaderboard as store
-from backend.store import runs as runs_store
 from parallab.core.data import DEFAULT_DATA
 from parallab.core.jobs import model_label, workload_custom_fields
 from parallab.core.recipes import loss_tolerance
@@ -128,7 +127,7 @@ EXPORT_FIELDS = (
     "checks_stated",
     "failed_runs",
     "stated_runs",
-    # the config's succeeded runs with a rank named a straggler, of those the analysis covered
+    # the config's ranked runs with a rank named a straggler, of those the analysis covered
     "straggler_runs",
     "straggler_analysed",
 )
@@ -259,12 +258,12 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
 
 
 def flag_stragglers(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Each row's `straggler_runs` and `straggler_analysed`: of its config's succeeded runs the
-    straggler analysis covered, how many had a rank named (None, None: none covered)."""
-    keys = [tuple(row.get(c) for c in runs_store.STRAGGLER_CONFIG) for row in rows]
-    counts = runs_store.straggler_counts(session, keys)
-    for row, key in zip(rows, keys, strict=True):
-        row["straggler_runs"], row["straggler_analysed"] = counts.get(key, (None, None))
+    """Each row's `straggler_runs` and `straggler_analysed`: of its config's ranked runs the
+    straggler analysis covered, how many had a rank named (None, None: none covered), from the
+    configs' cells."""
+    counts = store.straggler_counts(session, [row["id"] for row in rows])
+    for row in rows:
+        row["straggler_runs"], row["straggler_analysed"] = counts.get(row["id"], (None, None))
 
 
 def encode_cursor(row: dict[str, Any], query: LeaderboardQuery) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, null, or_, select, update
+from sqlalchemy import case, delete, func, insert, null, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -100,27 +100,6 @@ def list_runs(
         named = func.lower(Run.name).like(pattern, escape="\\") | func.lower(Run.model).like(pattern, escape="\\")
         query = query.where(named | Run.id.startswith(search.lower(), autoescape=True))
     return list(session.execute(query).scalars())
-
-
-STRAGGLER_CONFIG = ("workload_key", "hardware_key", "strategy", "world_size", "strategy_options")
-"""What makes one leaderboard config (its `CONFIG`), read from the runs table."""
-
-
-def straggler_counts(session: Session, configs: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[int, int]]:
-    """Per config (`STRAGGLER_CONFIG` values): (its succeeded runs where a rank was named a
-    straggler, its succeeded runs the analysis covered); configs without an analysed run are left out."""
-    wanted = list(dict.fromkeys(configs))
-    if not wanted:
-        return {}
-    cols = [getattr(Run, c) for c in STRAGGLER_CONFIG]
-    named = func.sum(case((Run.straggler.is_(True), 1), else_=0))
-    query = (
-        select(*cols, named, func.count(Run.straggler))
-        .where(Run.status == "succeeded", Run.straggler.is_not(None))
-        .where(or_(*(and_(*(c == v for c, v in zip(cols, key, strict=True))) for key in wanted)))
-        .group_by(*cols)
-    )
-    return {tuple(row[: len(cols)]): (int(row[-2] or 0), int(row[-1])) for row in session.execute(query)}
 
 
 def get_runs(session: Session, run_ids: Sequence[str]) -> list[Run]:

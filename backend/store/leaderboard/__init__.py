@@ -42,6 +42,7 @@ from backend.store.leaderboard.query import (
     page_key,
     scaling_points,
     specs,
+    straggler_counts,
     workload_groups,
 )
 
@@ -76,6 +77,7 @@ __all__ = [
     "runs_by_config",
     "scaling_points",
     "specs",
+    "straggler_counts",
     "subset_cells",
     "subset_of",
     "workload_groups",

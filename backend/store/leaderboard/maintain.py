@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    case,
     delete,
     func,
     insert,
@@ -111,7 +112,7 @@ def _refresh_cell(session: Session, key: tuple[Any, ...]) -> None:
     conn = session.connection()
     lock_config(conn, key)
     match = equals(Entry, CONFIG, key)
-    attributes = conn.execute(select(*(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES)).where(*match)).one()
+    attributes = conn.execute(select(*(func.min(getattr(Entry, c)).label(c) for c in CELL_ATTRIBUTES), *STRAGGLERS).where(*match)).one()
     conn.execute(delete(Cell).where(*equals(Cell, CONFIG, key)))
     ordered = conn.execute(select(*RUN_CHECKS).where(*match).order_by(Entry.tokens_per_s, Entry.id)).all()
     cells = [{**dict(zip(CONFIG, key, strict=True)), **attributes._mapping, **cell} for cell in subset_cells(ordered)]
@@ -128,6 +129,13 @@ def counts_of(entries: Any, where: Sequence[ColumnElement[bool]] = (), count_key
     key = [entries.c[c] for c in count_key]
     return select(*key, func.count().label("runs")).where(*where).group_by(*key)
 
+
+STRAGGLERS = (
+    func.coalesce(func.sum(case((Entry.straggler.is_(True), 1), else_=0)), 0).label("straggler_runs"),
+    func.count(Entry.straggler).label("straggler_analysed"),
+)
+"""A config's straggler counts, as its every cell carries them: its runs with a rank named a
+straggler, and those the analysis covered (the rest were untraced or stored before it)."""
 
 RUN_CHECKS = (Entry.id, Entry.tokens_per_s, Entry.checks_failed.is_not(None), Entry.checks_stated.is_not(None))
 """What `subset_cells` reads of a run: its id, throughput, whether it failed a check and whether its checks were stated."""
@@ -224,9 +232,10 @@ def _fill_cells(session: Session) -> None:
     """Every config's cells (`subset_cells`), from one aggregate of its attributes and one ordered
     pass over the entries (a bulk load's rebuild), written CELL_BATCH at a time."""
     config = [getattr(Entry, c) for c in CONFIG]
+    named = (*CELL_ATTRIBUTES, *(s.name for s in STRAGGLERS))
     attributes = {
-        tuple(r[: len(CONFIG)]): dict(zip(CELL_ATTRIBUTES, r[len(CONFIG) :], strict=True))
-        for r in session.execute(select(*config, *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES)).group_by(*config))
+        tuple(r[: len(CONFIG)]): dict(zip(named, r[len(CONFIG) :], strict=True))
+        for r in session.execute(select(*config, *(func.min(getattr(Entry, c)) for c in CELL_ATTRIBUTES), *STRAGGLERS).group_by(*config))
     }
     rows = session.execute(runs_by_config(Entry.__table__))
     batch: list[dict[str, Any]] = []

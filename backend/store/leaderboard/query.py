@@ -32,6 +32,7 @@ from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
 from backend.store.leaderboard.board import (
     CELL_FILTERS,
+    CONFIG,
     FILTERS,
     ROW_COLUMNS,
     SORTABLE,
@@ -42,6 +43,7 @@ from backend.store.leaderboard.board import (
     direction,
     equals,
     group_order,
+    match,
     partition,
     tallied_sizes,
     tally_source,
@@ -403,3 +405,19 @@ def scaling_points(session: Session, *, workload_key: str, hardware_key: str) ->
         .order_by(Cell.strategy, Cell.world_size)
     )
     return [dict(r._mapping) for r in session.execute(query)]
+
+
+def straggler_counts(session: Session, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """{run id: (its config's ranked runs with a rank named a straggler, those the analysis covered)}
+    for the runs on a page, from their configs' cells (one statement whose text does not change
+    with the page); a run whose config has no analysed run is left out."""
+    if not run_ids:
+        return {}
+    page = Entry.__table__.alias("page")
+    cells = Cell.__table__
+    query = (
+        select(page.c.id, cells.c.straggler_runs, cells.c.straggler_analysed)
+        .select_from(page.join(cells, and_(*match(cells.c, page.c, CONFIG), cells.c.subset == "all")))
+        .where(page.c.id.in_(list(run_ids)), cells.c.straggler_analysed > 0)
+    )
+    return {run_id: (int(named), int(analysed)) for run_id, named, analysed in session.execute(query)}
