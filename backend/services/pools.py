@@ -4,28 +4,24 @@ A Slurm pool's runs are not sent to a Celery queue: its `parallab slurm-agent` r
 database (`next_to_submit`), because the database is where a run's state already lives — taking
 a run, recording its Slurm job id and, later, its end are row-locked transactions that survive
 an agent restart, and nothing is lost or delivered twice by a broker the login node may not even
-reach. The agent's other writes are here too, one function per transaction: what Slurm said of a
-job (`observe`) and how its run ended (`finish`, fenced like a worker's end: a run that already
-ended — cancelled while pending — is not overwritten).
+reach. The agent's other writes are here too, one function per piece of a ledger transaction
+(`backend.services.ledger.DbLedger` owns the transactions): what Slurm said of a job (`observe`);
+how its run ended is the ledger's one fenced `finish`, shared with the workers.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from backend.models import FINISHED_STATUSES, EngineJob, Run, utcnow
-from backend.services.ingest import attach_result
 from backend.store import pools as store
 from backend.store import runs as run_store
 from backend.store import workers as worker_store
 from parallab.core.jobs import ResolvedJob
+from parallab.core.ledger import Observed
 from parallab.core.pools import PoolTopology, SlurmPool
 from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.result import ResultDocument
 
 
 class PoolError(ValueError):
@@ -129,17 +125,6 @@ def submission_failed(*, session: Session, run: Run, error: str) -> None:
     run_store.set_status(session, run, "failed", error=error)
 
 
-@dataclass(frozen=True)
-class Observed:
-    """What the agent needs back after recording a job's state."""
-
-    run_status: str
-    cancel: bool
-    """The run was cancelled (or asked to be): the job must be cancelled in the scheduler."""
-    job: dict[str, Any] | None
-    """The run's frozen job (what its ranks ran)."""
-
-
 def observe(*, session: Session, run_id: str, state: str, reason: str | None, nodes: str | None, running: bool) -> Observed | None:
     """Record the scheduler's view of a run's job; a run whose job started becomes `running`
     (no lease: the scheduler, not a worker, holds it). None if the run is gone."""
@@ -159,36 +144,6 @@ def observe(*, session: Session, run_id: str, state: str, reason: str | None, no
 def open_jobs(*, session: Session, pool: str) -> list[EngineJob]:
     """The pool's submitted jobs whose runs the agent has not ended yet."""
     return store.open_engine_jobs(session, pool)
-
-
-def progress(*, session: Session, run_id: str, line: dict[str, Any]) -> None:
-    run_store.set_progress(session, run_id, line)
-
-
-def finish(
-    *,
-    session: Session,
-    run_id: str,
-    status: str,
-    error: str | None,
-    document: ResultDocument | None = None,
-    traces: dict[int, bytes] | None = None,
-) -> str:
-    """One transaction: the run's end as its job ended, and the job no longer watched. A run that
-    already ended (cancelled before its job started) keeps its end. Returns the run's status."""
-    job = store.get_engine_job_for_update(session, run_id)
-    run = run_store.get_run_for_update(session, run_id)
-    if job is not None:
-        job.finished, job.updated_at = True, utcnow()
-    if run is None:
-        return "missing"
-    if run.status in FINISHED_STATUSES:
-        return run.status
-    if status == "succeeded" and document is not None:
-        attach_result(session, run=run, document=document, traces=traces or {}, pool=run.pool)
-    else:
-        run_store.set_status(session, run, status, error=error)
-    return run.status
 
 
 def engine_job(*, session: Session, run_id: str) -> EngineJob | None:

@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from backend.config import Settings, get_settings
 from backend.db import session_scope
 from backend.services import pools, runs
+from backend.services.ledger import DbLedger
 from backend.services.workers import register
 from parallab.cli import app
+from parallab.core.ledger import End, Ending
 from parallab.core.pools import SlurmPool
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec
@@ -57,7 +59,7 @@ def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(setting
     with session_scope(settings.sqlalchemy_url) as session:
         seen = pools.observe(session=session, run_id=run.id, state="PENDING", reason=None, nodes=None, running=False)
         assert seen is not None and seen.cancel  # … and its agent told to scancel the pending job
-        assert pools.finish(session=session, run_id=run.id, status="failed", error="late") == "cancelled"  # its end stands
+    assert DbLedger(settings).finish(run.id, Ending(End.FAILED, "late")) == "cancelled"  # its end stands
 
 
 @pytest.mark.parametrize(
