@@ -33,6 +33,7 @@ from backend.services import pools
 from backend.services.ledger import DbLedger
 from parallab.core.jobs import ResolvedJob
 from parallab.core.ledger import End, Ending, Ledger, Submitted
+from parallab.core.pools import SlurmPool
 from workers.coordinator import Coordinator, RunAt
 from workers.engines.base import EngineState, LaunchRefused
 from workers.engines.slurm import SlurmEngine, SlurmHandle, SlurmUnavailable, read_noise
@@ -53,8 +54,8 @@ class SlurmAgent:
     def __init__(self, settings: Settings, pool: str, ledger: Ledger | None = None):
         self.settings, self.pool = settings, pool
         with session_scope(settings.sqlalchemy_url) as session:
-            config = pools.slurm_pool(session=session, name=pool)
-        if config is None:
+            config = pools.scheduled_pool(session=session, name=pool)
+        if not isinstance(config, SlurmPool):
             raise NoSuchPool(f"no Slurm pool named {pool!r} (declare it with `parallab pool create-slurm`)")
         self.engine = SlurmEngine(
             pool,

@@ -36,7 +36,7 @@ def spec(world_size: int = 8, nodes: int = 2) -> JobSpec:
 def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(settings: Settings, client: Any) -> None:
     unreachable = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0", "max_world_size": 8})
     with session_scope(settings.sqlalchemy_url) as session:
-        pools.declare_slurm_pool(session=session, name="a100-slurm", settings=GPU)
+        pools.declare_pool(session=session, name="a100-slurm", settings=GPU)
     with session_scope(settings.sqlalchemy_url) as session:
         run = runs.submit_run(session=session, spec=spec(), settings=unreachable, source="api")  # no broker needed
         assert (run.status, run.pool) == ("queued", "a100-slurm")
@@ -71,7 +71,7 @@ def test_a_job_beyond_the_slurm_pools_limits_is_refused_naming_the_field(
 ) -> None:
     settings = settings.model_copy(update={"max_world_size": 16})
     with session_scope(settings.sqlalchemy_url) as session:
-        pools.declare_slurm_pool(session=session, name="a100-slurm", settings=GPU)
+        pools.declare_pool(session=session, name="a100-slurm", settings=GPU)
     with session_scope(settings.sqlalchemy_url) as session, pytest.raises(SpecError) as caught:
         runs.create_run(session=session, spec=spec(world_size, nodes), settings=settings, source="api")
     assert any(".".join(p.loc) == field and words in p.msg for p in caught.value.problems)
@@ -81,7 +81,7 @@ def test_a_pool_name_celery_workers_serve_cannot_become_a_slurm_pool(settings: S
     with session_scope(settings.sqlalchemy_url) as session:
         register(session=session, info=info("gpu-1", pool="h100x8"))
     with session_scope(settings.sqlalchemy_url) as session, pytest.raises(pools.PoolError, match="served by Celery workers"):
-        pools.declare_slurm_pool(session=session, name="h100x8", settings=GPU)
+        pools.declare_pool(session=session, name="h100x8", settings=GPU)
 
 
 def test_the_cli_declares_a_slurm_pool_and_refuses_bad_settings_naming_the_flag(
@@ -98,11 +98,11 @@ def test_the_cli_declares_a_slurm_pool_and_refuses_bad_settings_naming_the_flag(
         relative = runner.invoke(app, [*base[:-1], "runs"])
         assert relative.exit_code == 2 and "--run-dir" in relative.output
         with session_scope(settings.sqlalchemy_url) as session:
-            assert pools.list_slurm_pools(session=session) == {}  # nothing half-written
+            assert pools.scheduled_pools(session=session) == {}  # nothing half-written
         done = runner.invoke(app, [*base, "--partition", "gpu", "--gpus-per-node", "4", "--time", "04:00:00"])
         assert done.exit_code == 0, done.output
         with session_scope(settings.sqlalchemy_url) as session:
-            declared = pools.slurm_pool(session=session, name="a100-slurm")
+            declared = pools.scheduled_pool(session=session, name="a100-slurm")
         assert declared is not None and (declared.partition, declared.gpus_per_node, declared.time_limit) == ("gpu", 4, "04:00:00")
         agent = runner.invoke(app, ["slurm-agent", "--pool", "nope", "--once"])
         assert agent.exit_code == 2 and "no Slurm pool named 'nope'" in agent.output
