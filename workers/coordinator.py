@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import ResolvedJob
-from parallab.core.ledger import Claimed, End, Ending, Ledger, Refused, WorkerInfo
+from parallab.core.ledger import BuildContext, Claimed, End, Ending, Ledger, Refused, WorkerInfo
 from parallab.core.reference import cache_path, is_reference, read_cached, reference_key, write_cached
 from parallab.core.result import RankRecord, ResultDocument
 from workers.aggregate import build_result, merge_nodes
-from workers.engines.base import Engine, EngineState, LaunchRefused
+from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused
 from workers.watch import stop_reason
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,27 @@ class RunAt:
     """The worker holding its lease (None: a scheduler holds the job)."""
     gang: bool = False
     """Its other nodes are hosts of the fleet that hand their records on through the ledger."""
+
+
+def build_document(
+    job: ResolvedJob, per_node: list[list[RankRecord]], context: BuildContext, facts: EngineFacts, *, catalogue: Path | None
+) -> ResultDocument:
+    """The one way a result document is built from ranks' records (a coordinated run, `parallab
+    bench`, a Kubernetes job's collector): every node's records in rank order, the pool's
+    calibration and wiring (`context`, the ledger's), and where the job ran (`facts`, the engine's)."""
+    document = build_result(
+        job,
+        merge_nodes(per_node, job.world_size),
+        hosts=facts.hosts if facts.hosts is not None else context.hosts,
+        profile=context.profile,
+        catalogue=load_catalogue(catalogue),
+        noise=facts.noise,
+        topology=context.topology,
+        host_speed=facts.host_speed,
+    )
+    if facts.hardware:
+        document = document.model_copy(update={"hardware": {**document.hardware, **facts.hardware}})
+    return document
 
 
 class Coordinator:
@@ -150,23 +171,9 @@ class Coordinator:
         return Ending(End.SUCCEEDED, document=self.share(run, document), traces=found.traces)
 
     def build(self, run: RunAt, engine: Engine[H], handle: H, state: EngineState, per_node: list[list[RankRecord]]) -> ResultDocument:
-        """The run's one result document: every rank's record, the pool's calibration and wiring
-        (the ledger's), and where the job ran (the engine's)."""
+        """The run's one result document, with the ledger's context and the engine's facts."""
         context = self.ledger.context(run.run_id, run.pool)
-        facts = engine.facts(handle, state)
-        document = build_result(
-            run.job,
-            merge_nodes(per_node, run.job.world_size),
-            hosts=facts.hosts if facts.hosts is not None else context.hosts,
-            profile=context.profile,
-            catalogue=load_catalogue(self.catalogue),
-            noise=facts.noise,
-            topology=context.topology,
-            host_speed=facts.host_speed,
-        )
-        if facts.hardware:
-            document = document.model_copy(update={"hardware": {**document.hardware, **facts.hardware}})
-        return document
+        return build_document(run.job, per_node, context, engine.facts(handle, state), catalogue=self.catalogue)
 
     # ---- the reference curve ----
 

@@ -21,14 +21,14 @@ from typing import Any
 from backend.config import Settings
 from backend.queue import enqueue_run, send_node
 from backend.services.ledger import DbLedger
-from parallab.core.hardware import HardwareProfile, load_catalogue
+from parallab.core.hardware import HardwareProfile
 from parallab.core.jobs import ResolvedJob
-from parallab.core.ledger import Claimed, Ledger, Refusal, Refused, WorkerInfo
+from parallab.core.ledger import BuildContext, Claimed, Ledger, Refusal, Refused, WorkerInfo
 from parallab.core.result import ResultDocument
 from parallab.core.rundir import RunDir
 from workers import fleet as worker_fleet
-from workers.aggregate import build_result, read_rank_records
-from workers.coordinator import Coordinator
+from workers.aggregate import read_rank_records
+from workers.coordinator import Coordinator, build_document
 from workers.engines.base import LaunchRefused
 from workers.engines.host_torchrun import HostTorchrun, LocalWatch, reference_cache_dir
 from workers.engines.outputs import failure_message, read_traces
@@ -75,15 +75,9 @@ def run_and_collect(
     if not outcome.ok:
         return Collected(outcome, error=failure_reason(files, outcome))
     try:
-        catalogue = load_catalogue(settings.hardware_catalogue)
-        document = build_result(
-            job,
-            read_rank_records(files, job.world_size),
-            profile=profile,
-            catalogue=catalogue,
-            noise=outcome.noise,
-            host_speed=outcome.host_speed,
-        )
+        records = read_rank_records(files, job.world_size)
+        facts = engine.facts(handle, engine.state(handle))
+        document = build_document(job, [records], BuildContext(profile=profile), facts, catalogue=settings.hardware_catalogue)
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
