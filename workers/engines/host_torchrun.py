@@ -13,7 +13,6 @@ kills those.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Callable
@@ -27,10 +26,9 @@ from backend.config import Settings
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
 from workers.engines.base import Engine, EngineFacts, EngineState, Records
-from workers.engines.outputs import failure_message, flight_recorder, node_records, read_traces
+from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch, launch
 
-log = logging.getLogger(__name__)
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -163,12 +161,7 @@ class HostTorchrun(Engine[HostJob]):
         return state.reason or "stopped"
 
     def flight(self, handle: HostJob, job: ResolvedJob) -> dict[str, Any] | None:
-        """Best effort: the run's failure is stored without them when they cannot be read."""
-        try:
-            return flight_recorder(handle.run_dir, job.world_size)
-        except Exception:
-            log.exception("could not read the flight-recorder dumps in %s", handle.run_dir.path)
-            return None
+        return kept_flight(handle.run_dir, job.world_size)
 
     def facts(self, handle: HostJob, state: EngineState) -> EngineFacts:
         outcome = handle.outcome

@@ -25,6 +25,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -35,7 +36,7 @@ from parallab.core.pools import SlurmPool
 from parallab.core.rundir import RunDir
 from workers import extras
 from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
-from workers.engines.outputs import failure_message, node_records, read_traces
+from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, read_log_tail
 
 log = logging.getLogger(__name__)
@@ -293,6 +294,10 @@ class SlurmEngine(Engine[SlurmHandle]):
         if files.failure.exists():
             return f"{state.reason}\n{failure_message(files, state.reason or '', self.log_tail(handle))}"
         return f"{state.reason}\n--- log tail ---\n{self.log_tail(handle)}"
+
+    def flight(self, handle: SlurmHandle, job: ResolvedJob) -> dict[str, Any] | None:
+        """The ranks' flight-recorder dumps on the shared filesystem (every node's ranks wrote there)."""
+        return kept_flight(self.run_dir(handle.run_id), job.world_size)
 
     def hostnames(self, nodes: str) -> list[str]:
         """A Slurm node list (`node[01-02]`) as host names, in order."""
