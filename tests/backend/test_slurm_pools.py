@@ -103,7 +103,8 @@ def test_the_cli_declares_a_slurm_pool_and_refuses_bad_settings_naming_the_flag(
         assert done.exit_code == 0, done.output
         with session_scope(settings.sqlalchemy_url) as session:
             declared = pools.scheduled_pool(session=session, name="a100-slurm")
-        assert declared is not None and (declared.partition, declared.gpus_per_node, declared.time_limit) == ("gpu", 4, "04:00:00")
+        assert isinstance(declared, SlurmPool)
+        assert (declared.partition, declared.gpus_per_node, declared.time_limit) == ("gpu", 4, "04:00:00")
         agent = runner.invoke(app, ["slurm-agent", "--pool", "nope", "--once"])
         assert agent.exit_code == 2 and "no Slurm pool named 'nope'" in agent.output
     finally:
