@@ -10,6 +10,13 @@
   imports another;
 - no strategy or dimension name is compared as a string outside its own descriptor and rank
   module (capability facts live on the descriptors, not in `if name == ...` elsewhere);
+- no engine module (workers/engines) reaches the database: it never opens a session, the
+  coordinator's ledger does;
+- the run coordinator (workers/coordinator) reaches no backend module, the database or Celery: it
+  speaks to the database through the ledger's interface (parallab.core.ledger), and its drivers
+  wire the implementation in;
+- no engine class is named outside its own module, the engine registry
+  (workers.engines.registry) and the drivers the registry lists for it;
 - no import cycle among the repo's modules.
 
 Imports are read with `ast`, never executed: module-level and function-level alike (an import
@@ -311,6 +318,52 @@ def name_owners() -> dict[str, frozenset[str]]:
     return out
 
 
+DATABASE = ("backend.db", "backend.store", "backend.models", "backend.services", "sqlalchemy")
+
+
+def engine_wall(g: ImportGraph) -> list[str]:
+    """No engine module reaches the database (a session, the store, the services that open them)."""
+    return g.breaches(_under("workers.engines"), _under(*DATABASE))
+
+
+def coordinator_wall(g: ImportGraph) -> list[str]:
+    """The run coordinator reaches no backend module, the database or Celery: only the ledger's interface."""
+    return g.breaches(_under("workers.coordinator"), _under("backend", "sqlalchemy", "celery"))
+
+
+def _named(source: str) -> set[str]:
+    """Every identifier a module's code names (names, attributes, imported names)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add(node.name.rpartition(".")[2])
+    return out
+
+
+def engine_names(
+    g: ImportGraph, engines: Mapping[str, frozenset[str]], *, registry: str, under: tuple[str, ...] = ("parallab", "backend", "workers")
+) -> list[str]:
+    """Modules that name an engine class (`engines`: class name → the modules that may: its own
+    and its drivers'), the registry aside."""
+    out = []
+    for module in sorted(m for m in g.modules if m.split(".")[0] in under and m != registry):
+        for name in sorted(_named(g.sources[module]) & set(engines)):
+            if module not in engines[name]:
+                out.append(f"{module} names engine {name}")
+    return out
+
+
+def engine_classes() -> dict[str, frozenset[str]]:
+    """Each registered engine class's name → its module and its drivers'."""
+    from workers.engines.registry import ENGINES
+
+    return {kind.engine.__name__: frozenset({kind.engine.__module__, *kind.drivers}) for kind in ENGINES.values()}
+
+
 def cycle_wall(g: ImportGraph) -> list[str]:
     """No import cycle among the repo's modules."""
     return [" ↔ ".join(group) for group in g.cycles()]
@@ -323,6 +376,11 @@ WALLS: dict[str, Callable[[ImportGraph], list[str]]] = {
     "figures never reach the database or HTTP": figures_wall,
     "strategies never import each other (compose aside)": strategy_wall,
     "no strategy or dimension name is compared outside its own modules": lambda g: name_comparisons(g, name_owners()),
+    "no engine module reaches the database": engine_wall,
+    "the run coordinator reaches no backend module, the database or Celery": coordinator_wall,
+    "no engine is named outside its own module, its drivers and the registry": lambda g: engine_names(
+        g, engine_classes(), registry="workers.engines.registry"
+    ),
     "no import cycles": cycle_wall,
 }
 
@@ -490,3 +548,58 @@ def test_cycles_are_caught_even_through_function_level_imports_but_not_type_chec
     assert cycle_wall(ImportGraph.of(guarded)) == []
     registry = {"pkg.__init__": "from pkg import a", "pkg.a": "from pkg.b import x", "pkg.b": ""}
     assert cycle_wall(ImportGraph.of(registry)) == []  # a package importing its modules is no cycle
+
+
+def test_an_engine_opening_a_database_session_is_caught_directly_and_through_a_helper():
+    ok = {
+        "workers.__init__": "",
+        "workers.engines.__init__": "",
+        "workers.engines.base": "from parallab.core.jobs import ResolvedJob",
+        "workers.engines.host": "from workers.engines.base import Engine\nfrom backend.config import Settings",
+        "backend.__init__": "",
+        "backend.config": "import pydantic",
+        "backend.db": "import sqlalchemy",
+        "workers.helper": "from backend.db import session_scope",
+    }
+    assert engine_wall(ImportGraph.of(ok)) == []
+    direct = ImportGraph.of({**ok, "workers.engines.host": "from backend.db import session_scope"})
+    assert engine_wall(direct) == ["workers.engines.host imports backend.db (reached from workers.engines.host → backend.db)"]
+    through = ImportGraph.of({**ok, "workers.engines.host": "def reconcile():\n    from workers import helper\n"})
+    assert any("workers.helper imports backend.db" in v for v in engine_wall(through))
+    assert engine_wall(ImportGraph.of({**ok, "workers.engines.base": "from sqlalchemy.orm import Session"})) != []
+
+
+def test_the_coordinator_reaching_a_backend_module_is_caught_even_the_ledgers_implementation():
+    ok = {
+        "workers.__init__": "",
+        "workers.coordinator": "from parallab.core.ledger import Ledger\nfrom workers import aggregate",
+        "workers.aggregate": "from parallab.core.result import ResultDocument",
+        "backend.__init__": "",
+        "backend.services.__init__": "",
+        "backend.services.ledger": "from backend.db import session_scope",
+    }
+    assert coordinator_wall(ImportGraph.of(ok)) == []
+    wired = ImportGraph.of({**ok, "workers.coordinator": "from backend.services.ledger import DbLedger"})
+    assert coordinator_wall(wired) != []
+    through = ImportGraph.of({**ok, "workers.aggregate": "from backend.config import Settings", "backend.config": ""})
+    assert any("workers.aggregate imports backend" in v for v in coordinator_wall(through))
+    assert coordinator_wall(ImportGraph.of({**ok, "workers.aggregate": "import celery"})) != []
+
+
+def test_an_engine_named_outside_its_module_and_the_registry_is_caught():
+    engines = {
+        "SlurmEngine": frozenset({"workers.engines.slurm", "workers.agent"}),
+        "HostTorchrun": frozenset({"workers.engines.host"}),
+    }
+    ok = {
+        "workers.engines.slurm": "class SlurmEngine:\n    pass\n",
+        "workers.engines.host": "class HostTorchrun:\n    pass\n",
+        "workers.engines.registry": "from workers.engines.slurm import SlurmEngine\nimport workers.engines.host as h\nH = h.HostTorchrun",
+        "workers.agent": "from workers.engines.slurm import SlurmEngine",
+        "workers.coordinator": "from workers.engines.base import Engine",
+    }
+    assert engine_names(ImportGraph.of(ok), engines, registry="workers.engines.registry") == []
+    imported = ImportGraph.of({**ok, "workers.coordinator": "from workers.engines.slurm import SlurmEngine"})
+    assert engine_names(imported, engines, registry="workers.engines.registry") == ["workers.coordinator names engine SlurmEngine"]
+    attribute = ImportGraph.of({**ok, "backend.pools": "from workers.engines import host\ne = host.HostTorchrun(1)"})
+    assert engine_names(attribute, engines, registry="workers.engines.registry") == ["backend.pools names engine HostTorchrun"]

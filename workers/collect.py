@@ -1,5 +1,6 @@
 """`python -m workers.collect --job FILE --run-dir DIR --out FILE`: the result document of ranks
-that ran elsewhere (a Kubernetes TrainJob's pods), built from their records as a worker builds it.
+that ran elsewhere (a Kubernetes TrainJob's pods), built from their records as a coordinated run's
+is (`workers.coordinator.build_document`).
 
 Node 0 runs it after its torchrun exits; on a multi-node job every node's ranks write into the
 same run directory (a shared volume), so it waits, up to `--wait-s`, for all of their records.
@@ -13,8 +14,11 @@ import time
 from pathlib import Path
 
 from parallab.core.jobs import ResolvedJob
+from parallab.core.ledger import BuildContext
 from parallab.core.rundir import RunDir
-from workers.aggregate import build_result, read_rank_records
+from workers.aggregate import read_rank_records
+from workers.coordinator import build_document
+from workers.engines.base import EngineFacts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"collect: {exc}", file=sys.stderr)
                 return 1
             time.sleep(2)
-    args.out.write_text(build_result(job, records).model_dump_json(indent=2))
+    document = build_document(job, [records], BuildContext(), EngineFacts(), catalogue=None)
+    args.out.write_text(document.model_dump_json(indent=2))
     return 0
 
 

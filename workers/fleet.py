@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -29,13 +28,13 @@ from backend.db import session_scope
 from backend.models import FINAL_NODE_STATUSES, Run
 from backend.services import pools
 from backend.services import workers as fleet
-from backend.services.workers import WorkerInfo
 from backend.store import workers as store
+from parallab.core.ledger import WorkerInfo
 from workers import topology
+from workers.engines.host_torchrun import HostTorchrun
 
 log = logging.getLogger(__name__)
 
-_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _current: WorkerInfo | None = None
 
 
@@ -100,26 +99,10 @@ def current(settings: Settings) -> WorkerInfo:
 # ---- the reaper: ranks whose worker died ----
 
 
-def _rank_groups() -> dict[str, set[int]]:
-    """Process groups of parallab ranks (and their torchrun) on this machine, by run id (the name
-    of the run directory on their command line). Never this process's own group."""
-    own = os.getpgrp()
-    groups: dict[str, set[int]] = {}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        if "--run-dir" not in cmd or not any(part in ("workers.harness.main", "torch.distributed.run") for part in cmd):
-            continue
-        index = cmd.index("--run-dir")
-        run_id = Path(cmd[index + 1]).name if index + 1 < len(cmd) else ""
-        if not _RUN_ID.fullmatch(run_id):
-            continue
-        try:
-            pgid = os.getpgid(proc.info["pid"])
-        except ProcessLookupError:
-            continue
-        if pgid != own:
-            groups.setdefault(run_id, set()).add(pgid)
-    return groups
+def _rank_groups(settings: Settings) -> dict[str, set[int]]:
+    """Process groups of parallab ranks (and their torchrun) on this machine, by run id: what the
+    host engine still holds after a restart."""
+    return {run_id: job.pgids for run_id, job in HostTorchrun(settings).reconcile().items()}
 
 
 def _kill_groups(pgids: set[int], wait_s: float = 10) -> None:
@@ -141,7 +124,7 @@ def _pgid(proc: psutil.Process) -> int | None:
 
 def reap_orphans(settings: Settings, me: WorkerInfo) -> list[str]:
     """Kill the ranks on this machine of runs that no live worker watches; returns their run ids."""
-    found = _rank_groups()
+    found = _rank_groups(settings)
     with session_scope(settings.sqlalchemy_url) as session:
         nodes = store.open_nodes_on(session, me.machine)
         holders = store.workers_by_id(session, [worker_id for _, _, worker_id in nodes if worker_id])
@@ -160,7 +143,7 @@ def reap_orphans(settings: Settings, me: WorkerInfo) -> list[str]:
             # a run on a Slurm pool is its scheduler's (and its agent's), even when its ranks share this machine
             if run is not None and pools.uses_queue(session=session, pool=run.pool):
                 live = found.get(run_id, set())
-                victims[run_id] = live | (recorded.get(run_id, set()) & _groups_of(run_id))
+                victims[run_id] = live | (recorded.get(run_id, set()) & _groups_of(settings, run_id))
     for run_id, pgids in victims.items():
         if pgids:
             log.warning("killing the orphaned ranks of run %s (process groups %s)", run_id, sorted(pgids))
@@ -175,8 +158,8 @@ def reap_orphans(settings: Settings, me: WorkerInfo) -> list[str]:
     return sorted(victims)
 
 
-def _groups_of(run_id: str) -> set[int]:
-    return _rank_groups().get(run_id, set())
+def _groups_of(settings: Settings, run_id: str) -> set[int]:
+    return _rank_groups(settings).get(run_id, set())
 
 
 def reconcile(settings: Settings, me: WorkerInfo) -> None:

@@ -1,101 +1,87 @@
-"""Declared pools (kind `slurm`) and the ledger of runs a Slurm agent holds.
+"""Declared pools, of any kind in the registry (`parallab.core.pools.POOL_KINDS`), and the ledger of
+runs a scheduler's agent holds.
 
 A Slurm pool's runs are not sent to a Celery queue: its `parallab slurm-agent` reads them from the
 database (`next_to_submit`), because the database is where a run's state already lives — taking
 a run, recording its Slurm job id and, later, its end are row-locked transactions that survive
 an agent restart, and nothing is lost or delivered twice by a broker the login node may not even
-reach. The agent's other writes are here too, one function per transaction: what Slurm said of a
-job (`observe`) and how its run ended (`finish`, fenced like a worker's end: a run that already
-ended — cancelled while pending — is not overwritten).
+reach. The agent's other writes are here too, one function per piece of a ledger transaction
+(`backend.services.ledger.DbLedger` owns the transactions): what Slurm said of a job (`observe`);
+how its run ended is the ledger's one fenced `finish`, shared with the workers.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from backend.models import FINISHED_STATUSES, EngineJob, Run, utcnow
-from backend.services.ingest import attach_result
 from backend.store import pools as store
 from backend.store import runs as run_store
 from backend.store import workers as worker_store
 from parallab.core.jobs import ResolvedJob
-from parallab.core.pools import PoolTopology, SlurmPool
-from parallab.core.problems import SpecError, SpecProblem
-from parallab.core.result import ResultDocument
+from parallab.core.ledger import Observed
+from parallab.core.pools import CeleryPool, PoolSettings, PoolTopology, pool_settings
+from parallab.core.problems import SpecError
 
 
 class PoolError(ValueError):
     """A pool cannot be declared as asked (the name is a live Celery pool's, a bad setting)."""
 
 
-def declare_slurm_pool(*, session: Session, name: str, settings: SlurmPool) -> None:
-    """Declare (or re-declare) `name` as a Slurm pool (caller commits). A name that Celery workers
-    serve stays theirs: one pool, one engine."""
-    if any(worker.pool == name for worker in worker_store.list_workers(session)):
+def declare_pool(*, session: Session, name: str, settings: PoolSettings) -> None:
+    """Declare (or re-declare) `name` as a pool of `settings`' kind (caller commits). A name that
+    Celery workers serve stays theirs: one pool, one engine."""
+    if not settings.queued and any(worker.pool == name for worker in worker_store.list_workers(session)):
         raise PoolError(f"pool {name!r} is served by Celery workers; choose another name")
-    store.put_pool(session, name=name, kind="slurm", settings=settings.model_dump(mode="json"))
+    store.put_pool(session, name=name, kind=settings.kind, settings=settings.model_dump(mode="json"))
 
 
-def slurm_pool(*, session: Session, name: str | None) -> SlurmPool | None:
-    """The settings of Slurm pool `name`; None if no such pool is declared."""
+def declared_pool(*, session: Session, name: str | None) -> PoolSettings | None:
+    """The settings of declared pool `name`, as its kind's model; None if no such pool is declared."""
     pool = store.get_pool(session, name) if name else None
-    if pool is None or pool.kind != "slurm":
-        return None
-    return SlurmPool.model_validate(pool.settings)
+    return pool_settings(pool.kind, pool.settings) if pool is not None else None
 
 
-def list_slurm_pools(*, session: Session) -> dict[str, SlurmPool]:
-    return {p.name: SlurmPool.model_validate(p.settings) for p in store.list_pools(session) if p.kind == "slurm"}
+def scheduled_pool(*, session: Session, name: str | None) -> PoolSettings | None:
+    """The settings of pool `name` when it is a scheduler's (its runs are not queued for workers)."""
+    settings = declared_pool(session=session, name=name)
+    return settings if settings is not None and not settings.queued else None
+
+
+def scheduled_pools(*, session: Session) -> dict[str, PoolSettings]:
+    """Every declared scheduler's pool (Slurm's, …) by name."""
+    found = {p.name: pool_settings(p.kind, p.settings) for p in store.list_pools(session)}
+    return {name: settings for name, settings in found.items() if not settings.queued}
 
 
 def record_topology(*, session: Session, name: str, topology: PoolTopology) -> None:
     """Write how a Celery pool's hosts are wired into its settings (`topology`), declaring the pool
-    if it has no row yet; a Slurm pool keeps its own settings and is refused."""
-    pool = store.get_pool(session, name)
-    if pool is not None and pool.kind != "celery":
-        raise ValueError(f"pool {name!r} is a {pool.kind} pool; its topology is not recorded here")
-    settings = {**(pool.settings if pool is not None else {}), "topology": topology.model_dump(mode="json")}
-    store.put_pool(session, name=name, kind="celery", settings=settings)
+    if it has no row yet; a scheduler's pool keeps its own settings and is refused."""
+    current = declared_pool(session=session, name=name) or CeleryPool()
+    if not isinstance(current, CeleryPool):
+        raise ValueError(f"pool {name!r} is a {current.kind} pool; its topology is not recorded here")
+    declare_pool(session=session, name=name, settings=current.model_copy(update={"topology": topology}))
 
 
 def pool_topology(*, session: Session, name: str) -> PoolTopology | None:
     """The recorded topology of pool `name`, if any."""
-    pool = store.get_pool(session, name)
-    said = (pool.settings or {}).get("topology") if pool is not None else None
-    return PoolTopology.model_validate(said) if said else None
+    settings = declared_pool(session=session, name=name)
+    return settings.topology if isinstance(settings, CeleryPool) else None
 
 
 def uses_queue(*, session: Session, pool: str | None) -> bool:
-    """Whether a run of `pool` is sent to a Celery queue (False: its Slurm agent takes it from the database)."""
-    return slurm_pool(session=session, name=pool) is None
+    """Whether a run of `pool` is sent to a Celery queue (False: its scheduler's agent takes it from the database)."""
+    return scheduled_pool(session=session, name=pool) is None
 
 
-def slurm_problems(pool: str, settings: SlurmPool, job: ResolvedJob) -> list[SpecProblem]:
-    """Why Slurm pool `pool` cannot run `job` (empty: it can)."""
-    out = []
-    if job.nodes > settings.max_nodes:
-        out.append(SpecProblem(("placement", "nodes"), f"pool {pool!r} allows {settings.max_nodes} node(s); this job asks for {job.nodes}"))
-    if settings.gpus_per_node and job.ranks_per_node > settings.gpus_per_node:
-        out.append(
-            SpecProblem(
-                ("strategy", "world_size"),
-                f"pool {pool!r} has {settings.gpus_per_node} GPU(s) per node; this job puts {job.ranks_per_node} rank(s) on each node",
-            )
-        )
-    return out
-
-
-def place_on_slurm(*, session: Session, job: ResolvedJob) -> str | None:
-    """The Slurm pool the job names, when it names one that can run it; None when it names none
-    (SpecError naming the limit when the pool cannot)."""
-    settings = slurm_pool(session=session, name=job.pool)
+def place_declared(*, session: Session, job: ResolvedJob) -> str | None:
+    """The scheduler's pool the job names, when it names one that can run it; None when it names
+    none (SpecError naming the limit when the pool cannot)."""
+    settings = scheduled_pool(session=session, name=job.pool)
     if settings is None or job.pool is None:
         return None
-    problems = slurm_problems(job.pool, settings, job)
+    problems = settings.problems(job.pool, job)
     if problems:
         raise SpecError(problems)
     return job.pool
@@ -129,17 +115,6 @@ def submission_failed(*, session: Session, run: Run, error: str) -> None:
     run_store.set_status(session, run, "failed", error=error)
 
 
-@dataclass(frozen=True)
-class Observed:
-    """What the agent needs back after recording a job's state."""
-
-    run_status: str
-    cancel: bool
-    """The run was cancelled (or asked to be): the job must be cancelled in the scheduler."""
-    job: dict[str, Any] | None
-    """The run's frozen job (what its ranks ran)."""
-
-
 def observe(*, session: Session, run_id: str, state: str, reason: str | None, nodes: str | None, running: bool) -> Observed | None:
     """Record the scheduler's view of a run's job; a run whose job started becomes `running`
     (no lease: the scheduler, not a worker, holds it). None if the run is gone."""
@@ -159,36 +134,6 @@ def observe(*, session: Session, run_id: str, state: str, reason: str | None, no
 def open_jobs(*, session: Session, pool: str) -> list[EngineJob]:
     """The pool's submitted jobs whose runs the agent has not ended yet."""
     return store.open_engine_jobs(session, pool)
-
-
-def progress(*, session: Session, run_id: str, line: dict[str, Any]) -> None:
-    run_store.set_progress(session, run_id, line)
-
-
-def finish(
-    *,
-    session: Session,
-    run_id: str,
-    status: str,
-    error: str | None,
-    document: ResultDocument | None = None,
-    traces: dict[int, bytes] | None = None,
-) -> str:
-    """One transaction: the run's end as its job ended, and the job no longer watched. A run that
-    already ended (cancelled before its job started) keeps its end. Returns the run's status."""
-    job = store.get_engine_job_for_update(session, run_id)
-    run = run_store.get_run_for_update(session, run_id)
-    if job is not None:
-        job.finished, job.updated_at = True, utcnow()
-    if run is None:
-        return "missing"
-    if run.status in FINISHED_STATUSES:
-        return run.status
-    if status == "succeeded" and document is not None:
-        attach_result(session, run=run, document=document, traces=traces or {}, pool=run.pool)
-    else:
-        run_store.set_status(session, run, status, error=error)
-    return run.status
 
 
 def engine_job(*, session: Session, run_id: str) -> EngineJob | None:

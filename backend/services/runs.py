@@ -152,7 +152,7 @@ def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
     """The pool a valid job runs on — the Slurm pool it names, or a worker pool that can run it —
     checked against what that pool's device can train in. SpecError naming the field otherwise.
     The submit and the form's live check both call this, so the form refuses all the submit does."""
-    pool = pools.place_on_slurm(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
+    pool = pools.place_declared(session=session, job=job) or fleet.place(session=session, job=job, settings=settings)
     check_precision(session=session, settings=settings, job=job, pool=pool)
     return pool
 

@@ -262,7 +262,7 @@ def create_sweep(
             planned=len(ranking.fits) + len(ranking.rejected),
         ),
     )
-    slurm = pools.slurm_pool(session=session, name=request.pool) is not None
+    scheduled = pools.scheduled_pool(session=session, name=request.pool) is not None
     groups = [new_id() for _ in chosen]
     run_ids: list[list[str]] = [[] for _ in chosen]
     errors: list[str | None] = [None for _ in chosen]
@@ -276,7 +276,7 @@ def create_sweep(
         if request.repeats > 1:
             spec["repeats"] = request.repeats
             spec["repeat"] = RepeatOf(group=groups[c], index=index, of=request.repeats).model_dump()
-        if slurm:  # a Slurm pool's runs must say so: placement is what sends them to its agent
+        if scheduled:  # a scheduler pool's runs must say so: placement is what sends them to its agent
             spec["placement"] = {"pool": request.pool}
         try:
             run = create_run(

@@ -21,7 +21,7 @@ restart. Redis stays a queue: losing it loses no state about who runs what.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -33,32 +33,13 @@ from backend.queue import pool_queue
 from backend.store import runs as run_store
 from backend.store import workers as store
 from parallab.core.jobs import ResolvedJob
+from parallab.core.ledger import GangState, NodeState, WorkerInfo
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError, SpecProblem
 
 GIB = 1024**3
 FORGET_AFTER = timedelta(days=1)
 """A dead worker's row is kept this long for the /workers page, then forgotten."""
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """What a worker says about itself when it registers (read without torch: workers.fleet)."""
-
-    id: str
-    host: str
-    machine: str
-    address: str
-    pid: int
-    pool: str
-    device: str
-    device_name: str | None
-    device_count: int
-    memory_per_device_bytes: int | None
-    interconnect: str
-
-    def fields(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class NotReserved(RuntimeError):
@@ -294,28 +275,6 @@ def close_nodes(*, session: Session, run_id: str) -> None:
                 node.status, node.finished_at = "stopped", utcnow()
             node.pgid = None
             store.release_worker(session, node.worker_id, run_id=run_id)
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """One node of a running run as the others watch it."""
-
-    node_rank: int
-    host: str
-    status: str
-    reason: str | None
-    alive: bool
-    reserved_at: datetime
-
-
-@dataclass(frozen=True)
-class GangState:
-    """What a node's watcher needs each poll: the run's status, a cancel, and every node."""
-
-    status: str
-    cancel_requested: bool
-    nodes: list[NodeState]
-    records: dict[int, list[dict[str, Any]] | None]
 
 
 def gang_state(*, session: Session, run_id: str, settings: Settings) -> GangState | None:

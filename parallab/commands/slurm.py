@@ -20,7 +20,7 @@ from rich.table import Table
 from parallab.commands.jobspec import fail
 
 pool_app = typer.Typer(
-    help="Pools declared by an admin (Slurm pools; Celery pools appear when their workers register).", no_args_is_help=True
+    help="Pools declared by an admin (a scheduler's, such as Slurm; Celery pools appear when their workers register).", no_args_is_help=True
 )
 console = Console()
 
@@ -42,7 +42,7 @@ def create_slurm(
 
     from backend.config import get_settings
     from backend.db import session_scope
-    from backend.services.pools import PoolError, declare_slurm_pool
+    from backend.services.pools import PoolError, declare_pool
     from parallab.core.pools import SlurmPool
     from parallab.core.spec import POOL_PATTERN
 
@@ -59,7 +59,7 @@ def create_slurm(
         fail(f"{flags.get(field, '--' + field.replace('_', '-'))}: {first['msg']}")
     try:
         with session_scope(get_settings().sqlalchemy_url) as session:
-            declare_slurm_pool(session=session, name=name, settings=settings)
+            declare_pool(session=session, name=name, settings=settings)
     except PoolError as exc:
         fail(f"NAME: {exc}")
     console.print(f"Slurm pool [bold]{name}[/bold] declared; start its agent on the login node: parallab slurm-agent --pool {name}")
@@ -67,17 +67,16 @@ def create_slurm(
 
 @pool_app.command("list")
 def list_() -> None:
-    """Declared Slurm pools and their settings."""
+    """Declared pools of every scheduler's kind (the registry's), with their settings."""
     from backend.config import get_settings
     from backend.db import session_scope
-    from backend.services.pools import list_slurm_pools
+    from backend.services.pools import scheduled_pools
 
-    table = Table("pool", "partition", "account", "qos", "gpus/node", "time", "python", "run dir")
+    table = Table("pool", "kind", "settings")
     with session_scope(get_settings().sqlalchemy_url) as session:
-        for name, s in list_slurm_pools(session=session).items():
-            table.add_row(
-                name, s.partition or "-", s.account or "-", s.qos or "-", str(s.gpus_per_node), s.time_limit or "-", s.python, s.run_root
-            )
+        for name, said in scheduled_pools(session=session).items():
+            fields = said.model_dump(mode="json", exclude_none=True)
+            table.add_row(name, said.kind, " ".join(f"{key}={value}" for key, value in fields.items()))
     console.print(table)
 
 

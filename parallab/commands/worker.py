@@ -37,7 +37,6 @@ def worker(
     from backend.services import workers as fleet_service
     from parallab.core.spec import POOL_PATTERN
     from workers import fleet
-    from workers.engines.host_torchrun import HostTorchrun
 
     settings = get_settings()
     if pool is not None and not re.fullmatch(POOL_PATTERN, pool):
@@ -55,7 +54,7 @@ def worker(
         # the database is down: the heartbeat registers this worker once it is back
         said = database_hint(exc) or (str(exc).splitlines() or [type(exc).__name__])[0]
         console.print(f"[yellow]could not register yet ({escape(said)}); the heartbeat will[/yellow]")
-    HostTorchrun(settings, me=me).reconcile()  # the engine's: lapsed leases failed, orphaned ranks killed
+    fleet.reconcile(settings, me)  # lapsed leases failed; the ranks the host engine still holds and no live worker watches killed
     heartbeat = fleet.Heartbeat(settings, me)
     heartbeat.start()
     console.print(f"worker {me.id[:8]} on host {me.host}: pool {me.pool}, {me.device_count} × {me.device_name} ({me.interconnect})")

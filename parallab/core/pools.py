@@ -1,28 +1,52 @@
-"""What an admin sets up for a pool whose jobs go through a scheduler rather than to workers.
+"""The kinds of pool, as a registry: each kind's settings model, by the kind's name (`POOL_KINDS`).
 
-A pool of kind `celery` needs no set-up: it exists as soon as a worker registers it. A pool of
-kind `slurm` is declared once (`parallab pool create-slurm`) with what every `sbatch` of its jobs
+A pool of kind `celery` needs no set-up: it exists as soon as a worker registers it, and its
+settings hold only how its hosts are wired (`topology`). A pool of a scheduler's kind is declared
+once by an admin: kind `slurm` (`parallab pool create-slurm`) with what every `sbatch` of its jobs
 carries — partition, account, QoS, GPUs per node, a time limit — and what the cluster provides:
 the Python environment that runs the ranks and a directory on the cluster's shared filesystem
 where each run gets its run directory (every node of a job reads and writes the same one).
+
+Placement, the pool services and the CLI read the registry, never a kind's name: a kind says
+whether its runs go to a Celery queue (`queued`) and what it cannot run (`problems`). The engine
+that runs a kind's jobs is registered beside it on the run side (`workers.engines.registry`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from parallab.core.problems import SpecProblem
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
 
 
-class SlurmPool(BaseModel):
-    """How the jobs of one Slurm pool are submitted (every field but `python` and `run_root` optional)."""
+class PoolSettings(BaseModel):
+    """A pool kind's settings, stored with a declared pool; the class says what the kind is."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: ClassVar[str]
+    queued: ClassVar[bool] = False
+    """Its runs go to a Celery queue that its workers consume (False: its agent takes them from the database)."""
+
+    def problems(self, pool: str, job: ResolvedJob) -> list[SpecProblem]:
+        """Why pool `pool` of this kind cannot run `job` (empty: it can)."""
+        return []
+
+
+class SlurmPool(PoolSettings):
+    """How the jobs of one Slurm pool are submitted (every field but `python` and `run_root` optional)."""
+
+    kind: ClassVar[str] = "slurm"
 
     partition: str | None = Field(None, pattern=_NAME, description="`--partition`; none: the cluster's default partition.")
     account: str | None = Field(None, pattern=_NAME, description="`--account` charged for the jobs.")
@@ -52,6 +76,15 @@ class SlurmPool(BaseModel):
         if not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path on the cluster")
         return value
+
+    def problems(self, pool: str, job: ResolvedJob) -> list[SpecProblem]:
+        out = []
+        if job.nodes > self.max_nodes:
+            out.append(SpecProblem(("placement", "nodes"), f"pool {pool!r} allows {self.max_nodes} node(s); this job asks for {job.nodes}"))
+        if self.gpus_per_node and job.ranks_per_node > self.gpus_per_node:
+            said = f"pool {pool!r} has {self.gpus_per_node} GPU(s) per node; this job puts {job.ranks_per_node} rank(s) on each node"
+            out.append(SpecProblem(("strategy", "world_size"), said))
+        return out
 
 
 class LinkFigures(BaseModel):
@@ -91,3 +124,41 @@ def crossing_dims(mesh: Sequence[tuple[str, int]], ranks_per_node: int) -> list[
             crossing.append(name)
         stride *= size
     return list(reversed(crossing))
+
+
+class CeleryPool(PoolSettings):
+    """A pool of Celery workers, one per host: it exists once a worker registers it; its settings
+    keep only how its hosts are wired, where that was recorded."""
+
+    kind: ClassVar[str] = "celery"
+    queued: ClassVar[bool] = True
+
+    topology: PoolTopology | None = None
+
+
+POOL_KINDS: dict[str, type[PoolSettings]] = {}
+"""Every pool kind's settings model, by kind (`register_pool_kind`)."""
+
+
+def register_pool_kind(settings: type[PoolSettings]) -> type[PoolSettings]:
+    """Register a pool kind by its settings model (its `kind` names it)."""
+    if settings.kind in POOL_KINDS and POOL_KINDS[settings.kind] is not settings:
+        raise ValueError(f"pool kind {settings.kind!r} is registered already")
+    POOL_KINDS[settings.kind] = settings
+    return settings
+
+
+for _kind in (CeleryPool, SlurmPool):
+    register_pool_kind(_kind)
+
+
+DEFAULT_KIND = CeleryPool.kind
+"""The kind of a pool that nobody declared: one its workers registered."""
+
+
+def pool_settings(kind: str, said: dict[str, Any] | None) -> PoolSettings:
+    """A stored pool's settings read as its kind's model (a ValueError naming an unknown kind)."""
+    model = POOL_KINDS.get(kind)
+    if model is None:
+        raise ValueError(f"unknown pool kind {kind!r}; known: {', '.join(sorted(POOL_KINDS))}")
+    return model.model_validate(said or {})

@@ -17,9 +17,10 @@ from backend.db import session_scope
 from backend.models import Run, Worker, utcnow
 from backend.services import workers as fleet
 from backend.services.runs import create_run
-from backend.services.workers import NotReserved, WorkerInfo
+from backend.services.workers import NotReserved
 from backend.store import workers as store
 from parallab.core.jobs import ResolvedJob, resolve_job
+from parallab.core.ledger import Refusal, Refused, WorkerInfo
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec
 
@@ -290,7 +291,7 @@ def test_a_redelivered_message_does_not_reserve_a_running_run_again(settings: Se
     a = info("host-a")
     register(settings, a)
     run_id = running_run(settings, a)
-    assert claim_run(settings, run_id, a) == "skip"
+    assert claim_run(settings, run_id, a) == Refused(Refusal.SKIP)
     with session_scope(settings.sqlalchemy_url) as session:
         assert len(store.get_nodes(session, run_id)) == 1
 
@@ -303,6 +304,6 @@ def test_a_worker_reserved_by_a_gang_puts_a_single_node_job_back(settings: Setti
     gang = queued_run(settings, job(nodes=2))
     assert reserve(settings, gang, job(nodes=2), a) == [0, 1]
     single = queued_run(settings, job(world=2, nodes=1))
-    assert claim_run(settings, single, b) == "requeue-now"
+    assert claim_run(settings, single, b) == Refused(Refusal.REQUEUE_NOW, "cpu")
     with session_scope(settings.sqlalchemy_url) as session:
         assert session.get(Run, single).status == "queued"

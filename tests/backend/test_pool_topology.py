@@ -34,11 +34,11 @@ def test_the_topology_is_recorded_read_back_and_replaced(db_url: str) -> None:
 def test_a_slurm_pool_keeps_its_settings(db_url: str) -> None:
     slurm = SlurmPool(python="/opt/venv/bin/python", run_root="/shared/runs")
     with session_scope(db_url) as session:
-        pools.declare_slurm_pool(session=session, name="cluster", settings=slurm)
+        pools.declare_pool(session=session, name="cluster", settings=slurm)
     with pytest.raises(ValueError, match="pool 'cluster' is a slurm pool"), session_scope(db_url) as session:
         pools.record_topology(session=session, name="cluster", topology=TOPOLOGY)
     with session_scope(db_url) as session:
-        assert pools.slurm_pool(session=session, name="cluster") == slurm
+        assert pools.scheduled_pool(session=session, name="cluster") == slurm
 
 
 def test_a_pool_with_a_topology_plans_on_its_nodes_and_link(db_url: str, tmp_path) -> None:

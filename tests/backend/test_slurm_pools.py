@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from backend.config import Settings, get_settings
 from backend.db import session_scope
 from backend.services import pools, runs
+from backend.services.ledger import DbLedger
 from backend.services.workers import register
 from parallab.cli import app
+from parallab.core.ledger import End, Ending
 from parallab.core.pools import SlurmPool
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec
@@ -34,7 +36,7 @@ def spec(world_size: int = 8, nodes: int = 2) -> JobSpec:
 def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(settings: Settings, client: Any) -> None:
     unreachable = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0", "max_world_size": 8})
     with session_scope(settings.sqlalchemy_url) as session:
-        pools.declare_slurm_pool(session=session, name="a100-slurm", settings=GPU)
+        pools.declare_pool(session=session, name="a100-slurm", settings=GPU)
     with session_scope(settings.sqlalchemy_url) as session:
         run = runs.submit_run(session=session, spec=spec(), settings=unreachable, source="api")  # no broker needed
         assert (run.status, run.pool) == ("queued", "a100-slurm")
@@ -57,7 +59,7 @@ def test_a_run_placed_on_a_slurm_pool_waits_for_its_agent_not_on_a_queue(setting
     with session_scope(settings.sqlalchemy_url) as session:
         seen = pools.observe(session=session, run_id=run.id, state="PENDING", reason=None, nodes=None, running=False)
         assert seen is not None and seen.cancel  # … and its agent told to scancel the pending job
-        assert pools.finish(session=session, run_id=run.id, status="failed", error="late") == "cancelled"  # its end stands
+    assert DbLedger(settings).finish(run.id, Ending(End.FAILED, "late")) == "cancelled"  # its end stands
 
 
 @pytest.mark.parametrize(
@@ -69,7 +71,7 @@ def test_a_job_beyond_the_slurm_pools_limits_is_refused_naming_the_field(
 ) -> None:
     settings = settings.model_copy(update={"max_world_size": 16})
     with session_scope(settings.sqlalchemy_url) as session:
-        pools.declare_slurm_pool(session=session, name="a100-slurm", settings=GPU)
+        pools.declare_pool(session=session, name="a100-slurm", settings=GPU)
     with session_scope(settings.sqlalchemy_url) as session, pytest.raises(SpecError) as caught:
         runs.create_run(session=session, spec=spec(world_size, nodes), settings=settings, source="api")
     assert any(".".join(p.loc) == field and words in p.msg for p in caught.value.problems)
@@ -79,7 +81,7 @@ def test_a_pool_name_celery_workers_serve_cannot_become_a_slurm_pool(settings: S
     with session_scope(settings.sqlalchemy_url) as session:
         register(session=session, info=info("gpu-1", pool="h100x8"))
     with session_scope(settings.sqlalchemy_url) as session, pytest.raises(pools.PoolError, match="served by Celery workers"):
-        pools.declare_slurm_pool(session=session, name="h100x8", settings=GPU)
+        pools.declare_pool(session=session, name="h100x8", settings=GPU)
 
 
 def test_the_cli_declares_a_slurm_pool_and_refuses_bad_settings_naming_the_flag(
@@ -96,12 +98,13 @@ def test_the_cli_declares_a_slurm_pool_and_refuses_bad_settings_naming_the_flag(
         relative = runner.invoke(app, [*base[:-1], "runs"])
         assert relative.exit_code == 2 and "--run-dir" in relative.output
         with session_scope(settings.sqlalchemy_url) as session:
-            assert pools.list_slurm_pools(session=session) == {}  # nothing half-written
+            assert pools.scheduled_pools(session=session) == {}  # nothing half-written
         done = runner.invoke(app, [*base, "--partition", "gpu", "--gpus-per-node", "4", "--time", "04:00:00"])
         assert done.exit_code == 0, done.output
         with session_scope(settings.sqlalchemy_url) as session:
-            declared = pools.slurm_pool(session=session, name="a100-slurm")
-        assert declared is not None and (declared.partition, declared.gpus_per_node, declared.time_limit) == ("gpu", 4, "04:00:00")
+            declared = pools.scheduled_pool(session=session, name="a100-slurm")
+        assert isinstance(declared, SlurmPool)
+        assert (declared.partition, declared.gpus_per_node, declared.time_limit) == ("gpu", 4, "04:00:00")
         agent = runner.invoke(app, ["slurm-agent", "--pool", "nope", "--once"])
         assert agent.exit_code == 2 and "no Slurm pool named 'nope'" in agent.output
     finally:

@@ -123,7 +123,7 @@ def lab(slurm_conf: str, postgres_url: str, tmp_path_factory: pytest.TempPathFac
     with session_scope(settings.sqlalchemy_url) as session:
         for name, extra in ((POOL, {}), (SHORT, {"time_limit": "1"}), (NOPE, {"partition": "no-such-partition"})):
             config = SlurmPool.model_validate({"python": sys.executable, "run_root": str(shared / name), **extra})
-            pools.declare_slurm_pool(session=session, name=name, settings=config)
+            pools.declare_pool(session=session, name=name, settings=config)
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: settings
     with TestClient(app) as client:

@@ -10,10 +10,19 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.store import runs as store
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.ledger import Claimed, Refusal, Refused
 from parallab.core.spec import JobSpec
-from workers.execute import _claim
+from workers.execute import claim_run
+from workers.fleet import current
 
 SPEC: dict[str, Any] = {"workload": {"model": "tiny", "steps": 3}, "strategy": {"name": "fsdp", "world_size": 2}}
+
+
+def _claim(settings: Settings, run_id: str) -> ResolvedJob | Refusal:
+    """The claimed job, or why the run was not started."""
+    got = claim_run(settings, run_id, current(settings))
+    assert isinstance(got, (Claimed, Refused))
+    return got.job if isinstance(got, Claimed) else got.refusal
 
 
 def add_run(settings: Settings, spec: dict[str, Any], job: ResolvedJob | None, status: str = "queued") -> str:
@@ -60,7 +69,7 @@ def test_the_frozen_job_is_run_as_it_was_resolved(settings: Settings) -> None:
 
 def test_an_invalid_unfrozen_spec_fails_the_run_naming_the_field(settings: Settings) -> None:
     run_id = add_run(settings, {**SPEC, "strategy": {"name": "tp", "world_size": 64}}, job=None)
-    assert _claim(settings, run_id) is None
+    assert _claim(settings, run_id) is Refusal.FAILED
     run = stored(settings, run_id)
     assert run.status == "failed" and run.job is None
     assert run.error is not None and run.error.startswith("invalid spec:") and "strategy.world_size" in run.error
@@ -68,7 +77,7 @@ def test_an_invalid_unfrozen_spec_fails_the_run_naming_the_field(settings: Setti
 
 def test_a_run_that_is_not_queued_is_not_claimed(settings: Settings) -> None:
     run_id = add_run(settings, SPEC, job=None, status="cancelled")
-    assert _claim(settings, run_id) is None
+    assert _claim(settings, run_id) is Refusal.SKIP
     run = stored(settings, run_id)
     assert run.status == "cancelled" and run.job is None
 
@@ -173,7 +182,8 @@ def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node
     from datetime import timedelta
 
     from backend.models import utcnow
-    from backend.services.workers import GangState, NodeState
+    from backend.services.ledger import DbLedger
+    from parallab.core.ledger import GangState, NodeState
     from tests.backend.test_fleet import info
     from workers.watch import Watcher
 
@@ -185,8 +195,9 @@ def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node
     def node(rank: int, status: str, *, alive: bool = True, age_s: float = 0, reason: str | None = None) -> NodeState:
         return NodeState(rank, f"host-{rank}", status, reason, alive, now - timedelta(seconds=age_s))
 
-    lead = Watcher(settings, run_id="r", node_rank=0, me=info("host-0"))
-    other = Watcher(settings, run_id="r", node_rank=1, me=info("host-1"))
+    timeouts = {"reservation_timeout_s": settings.reservation_timeout_s, "heartbeat_s": settings.heartbeat_s}
+    lead = Watcher(DbLedger(settings), run_id="r", node_rank=0, me=info("host-0"), **timeouts)
+    other = Watcher(DbLedger(settings), run_id="r", node_rank=1, me=info("host-1"), **timeouts)
     healthy = state(node(0, "running"), node(1, "running"))
     assert lead.reason(healthy) is None and other.reason(healthy) is None
     assert lead.reason(state(node(0, "running"), node(1, "succeeded"))) is None
@@ -259,13 +270,7 @@ def test_the_host_engine_stops_its_ranks_through_its_cancel_and_fails_them_for_a
     for watch, status in ((Stub("cancelled"), "cancelled"), (Stub("node 1 (host b) failed: exit code 1"), "failed")):
         engine = HostTorchrun(settings, watcher=watch, runs_dir=tmp_path)
         handle = engine.launch(job, f"r-{status}")
-        assert engine.stopped(handle) and engine.state(handle) == host_torchrun.EngineState(status, watch.reason)
+        assert engine.stopped(handle) and engine.state(handle) == host_torchrun.EngineState(status, watch.reason, stopped=True)
     assert cancels == ["cancelled"]
     engine = HostTorchrun(settings, watcher=LocalWatch(should_cancel=lambda: True), runs_dir=tmp_path)
     assert engine.state(engine.launch(job, "bench")).status == "cancelled" and cancels == ["cancelled", "cancelled"]
-    try:
-        HostTorchrun(settings).reconcile()
-    except ValueError as exc:
-        assert "me=" in str(exc)
-    else:
-        raise AssertionError("reconcile without the worker it serves must refuse")

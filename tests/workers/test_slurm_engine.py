@@ -101,7 +101,7 @@ def test_a_job_slurm_does_not_know_has_vanished(tmp_path: Path, slurm_conf: str)
 
 
 def test_the_agent_reads_the_batch_scripts_noise_and_does_without_a_bad_one(tmp_path: Path) -> None:
-    from workers.slurm_agent import read_noise
+    from workers.engines.slurm import read_noise
 
     path = tmp_path / "noise.json"
     assert read_noise(path) is None, "none written: none recorded"

@@ -6,8 +6,11 @@
 4. `collect`: the rank records it left behind (and their traces);
 5. `reconcile`: after a restart, the jobs this engine still holds, so the coordinator carries on.
 
-The coordinator (the Celery task's `workers.execute`, or `workers.slurm_agent`) is a state machine
-over these calls and the database; an engine never opens a database session itself.
+The coordinator (`workers.coordinator`, driven by the Celery task and by the Slurm agent) is a
+state machine over these calls and the ledger (`parallab.core.ledger`); an engine never opens a
+database session itself. Besides the five, an engine may say more about a job it ran — its log
+tail, why it failed, its flight-recorder dumps, where it ran (`facts`) — for the one result
+document the coordinator builds; the defaults say nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
+from parallab.core.noise import HostNoise
 from parallab.core.result import RankRecord
 
 H = TypeVar("H")
@@ -35,6 +40,8 @@ class EngineState:
     """Why it is where it is, in the engine's words (Slurm's PENDING reason, an exit code, TIMEOUT)."""
     detail: dict[str, Any] = field(default_factory=dict)
     """What the engine knows of where it runs (Slurm's job id, state and node list)."""
+    stopped: bool = False
+    """Stopped from outside (a cancel, another node's fault) rather than failing by itself."""
 
     @property
     def active(self) -> bool:
@@ -47,6 +54,17 @@ class Records:
 
     records: list[RankRecord]
     traces: dict[int, bytes]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine knows of where a finished job ran, for its result document (None: nothing)."""
+
+    hosts: list[str] | None = None
+    noise: HostNoise | None = None
+    host_speed: HostSpeed | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+    """Added to the document's `hardware` (a scheduler's job id and nodes)."""
 
 
 class Engine(ABC, Generic[H]):
@@ -73,6 +91,22 @@ class Engine(ABC, Generic[H]):
     @abstractmethod
     def reconcile(self) -> dict[str, H]:
         """After a restart: the jobs this engine still holds, by run id."""
+
+    def log_tail(self, handle: H) -> str:
+        """The end of the job's output."""
+        return ""
+
+    def failure(self, handle: H, state: EngineState) -> str:
+        """Why a failed job failed, in full (with a rank's own record and the log tail where known)."""
+        return state.reason or "failed"
+
+    def flight(self, handle: H, job: ResolvedJob) -> dict[str, Any] | None:
+        """A failed job's flight-recorder dumps and their analysis, when its ranks left any."""
+        return None
+
+    def facts(self, handle: H, state: EngineState) -> EngineFacts:
+        """Where a finished job ran."""
+        return EngineFacts()
 
 
 class LaunchRefused(RuntimeError):

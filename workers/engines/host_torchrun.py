@@ -6,25 +6,30 @@ worker's `workers.watch.Watcher` (progress, the lease's heartbeat, a cancel, ano
 or, for `parallab bench` (`workers.execute.run_and_collect`), a `LocalWatch` of two callbacks. A
 cancel the watch sees goes through this engine's `cancel`; any other stop (another node's fault, a
 lapsed lease) stops the ranks as the watch's reason. So `state` is final once `launch` returns.
-`reconcile` is the fleet's, for the worker that starts (`parallab worker`): runs whose lease lapsed
-are failed and the ranks a dead worker left on this machine are killed.
+`reconcile` finds the ranks still running on this machine, by run id (their process groups); which
+of them no live worker watches is the ledger's to say, and the fleet's reaper (`workers.fleet`)
+kills those.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import psutil
+
 from backend.config import Settings
-from backend.services.workers import WorkerInfo
 from parallab.core.jobs import ResolvedJob
 from parallab.core.rundir import RunDir
-from workers import fleet
-from workers.engines.base import Engine, EngineState, Records
-from workers.engines.outputs import failure_message, node_records, read_traces
+from workers.engines.base import Engine, EngineFacts, EngineState, Records
+from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch, launch
+
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def reference_cache_dir(settings: Settings) -> Path:
@@ -75,6 +80,8 @@ class HostJob:
     outcome: LaunchOutcome | None = None
     cancelled: str | None = field(default=None)
     """Why `cancel` stopped it, if it did."""
+    pgids: set[int] = field(default_factory=set)
+    """The process groups of its ranks found on this machine (`reconcile`)."""
 
 
 class HostTorchrun(Engine[HostJob]):
@@ -88,13 +95,11 @@ class HostTorchrun(Engine[HostJob]):
         *,
         watcher: Watch | None = None,
         node: NodeLaunch | None = None,
-        me: WorkerInfo | None = None,
         runs_dir: Path | None = None,
     ):
-        """`watcher`: the run's watch (none: only `cancel` stops the ranks); `me`: the worker this
-        engine serves (what `reconcile` needs); `runs_dir`: where run directories go (default: the
-        settings' runs directory)."""
-        self.settings, self.watcher, self.node, self.me = settings, watcher, node, me
+        """`watcher`: the run's watch (none: only `cancel` stops the ranks); `runs_dir`: where run
+        directories go (default: the settings' runs directory)."""
+        self.settings, self.watcher, self.node = settings, watcher, node
         self.runs_dir = runs_dir or settings.runs_dir
 
     def launch(self, job: ResolvedJob, run_id: str) -> HostJob:
@@ -137,7 +142,7 @@ class HostTorchrun(Engine[HostJob]):
         if outcome.ok:
             return EngineState("succeeded")
         if self.stopped(handle):
-            return EngineState("cancelled" if handle.cancelled is not None else "failed", outcome.reason)
+            return EngineState("cancelled" if handle.cancelled is not None else "failed", outcome.reason, stopped=True)
         return EngineState("failed", failure_message(handle.run_dir, outcome.reason or "", outcome.log_tail))
 
     def cancel(self, handle: HostJob, reason: str = "cancelled") -> None:
@@ -149,10 +154,38 @@ class HostTorchrun(Engine[HostJob]):
         traces = read_traces(handle.run_dir, job.world_size, self.settings.max_trace_bytes) if job.spec.trace else {}
         return Records(records, traces)
 
+    def log_tail(self, handle: HostJob) -> str:
+        return handle.outcome.log_tail if handle.outcome else ""
+
+    def failure(self, handle: HostJob, state: EngineState) -> str:
+        return state.reason or "stopped"
+
+    def flight(self, handle: HostJob, job: ResolvedJob) -> dict[str, Any] | None:
+        return kept_flight(handle.run_dir, job.world_size)
+
+    def facts(self, handle: HostJob, state: EngineState) -> EngineFacts:
+        outcome = handle.outcome
+        return EngineFacts(noise=outcome.noise, host_speed=outcome.host_speed) if outcome else EngineFacts()
+
     def reconcile(self) -> dict[str, HostJob]:
-        """Fail runs whose lease lapsed and kill this machine's orphaned ranks; a worker that
-        restarts resumes nothing (its ranks died with it), so it holds no job afterwards."""
-        if self.me is None:
-            raise ValueError("reconcile needs the worker this engine serves (me=)")
-        fleet.reconcile(self.settings, self.me)
-        return {}
+        """The ranks (and their torchrun) still running on this machine, by run id — the name of the
+        run directory on their command line — never this process's own group. A worker that
+        restarts resumes none of them (they lost their worker); the fleet's reaper kills those
+        that no live worker watches."""
+        own = os.getpgrp()
+        found: dict[str, HostJob] = {}
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmd = proc.info.get("cmdline") or []
+            if "--run-dir" not in cmd or not any(part in ("workers.harness.main", "torch.distributed.run") for part in cmd):
+                continue
+            index = cmd.index("--run-dir")
+            run_id = Path(cmd[index + 1]).name if index + 1 < len(cmd) else ""
+            if not _RUN_ID.fullmatch(run_id):
+                continue
+            try:
+                pgid = os.getpgid(proc.info["pid"])
+            except ProcessLookupError:
+                continue
+            if pgid != own:
+                found.setdefault(run_id, HostJob(RunDir(self.runs_dir / run_id))).pgids.add(pgid)
+        return found

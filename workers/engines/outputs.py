@@ -61,6 +61,16 @@ FLIGHT_CAP_BYTES = 16 * 1024 * 1024
 """The largest rank's dump kept with a run (torch's 2000 entries take about 1 MB)."""
 
 
+def kept_flight(run_dir: RunDir, world_size: int) -> dict[str, Any] | None:
+    """`flight_recorder`, best effort: a failed run's failure is stored without its dumps when
+    they cannot be read (an engine's `flight`)."""
+    try:
+        return flight_recorder(run_dir, world_size)
+    except Exception:
+        log.exception("could not read the flight-recorder dumps in %s", run_dir.path)
+        return None
+
+
 def flight_recorder(run_dir: RunDir, world_size: int) -> dict[str, Any] | None:
     """What a failed run keeps of its ranks' flight recorders: the analysis and every rank's dump
     (as JSON; a dump that is not JSON as its text, one over the cap as null); None without any."""

@@ -25,14 +25,18 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.jobs import ResolvedJob
+from parallab.core.noise import HostNoise
 from parallab.core.pools import SlurmPool
 from parallab.core.rundir import RunDir
 from workers import extras
-from workers.engines.base import Engine, EngineState, LaunchRefused, Records
-from workers.engines.outputs import failure_message, node_records, read_traces
+from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
+from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, read_log_tail
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,17 @@ FAILURES = {
 
 UNREACHABLE = ("Unable to contact", "Socket timed out", "Connection refused", "Zero Bytes were transmitted")
 """Words of a Slurm command that could not reach slurmctld (nothing was refused: try again later)."""
+
+
+def read_noise(path: Path) -> HostNoise | None:
+    """The host noise the batch script sampled, or None where it wrote none or nothing readable:
+    the run's result stands without it (`noise` is optional), never fails for it."""
+    try:
+        return HostNoise.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        if path.exists():
+            log.warning("ignoring the host noise in %s: %s", path, exc)
+        return None
 
 
 class SlurmUnavailable(RuntimeError):
@@ -280,12 +295,26 @@ class SlurmEngine(Engine[SlurmHandle]):
             return f"{state.reason}\n{failure_message(files, state.reason or '', self.log_tail(handle))}"
         return f"{state.reason}\n--- log tail ---\n{self.log_tail(handle)}"
 
+    def flight(self, handle: SlurmHandle, job: ResolvedJob) -> dict[str, Any] | None:
+        """The ranks' flight-recorder dumps on the shared filesystem (every node's ranks wrote there)."""
+        return kept_flight(self.run_dir(handle.run_id), job.world_size)
+
     def hostnames(self, nodes: str) -> list[str]:
         """A Slurm node list (`node[01-02]`) as host names, in order."""
         try:
             return self._command(["scontrol", "show", "hostnames", nodes]).stdout.split() or [nodes]
         except SlurmUnavailable:
             return [nodes]
+
+    def facts(self, handle: SlurmHandle, state: EngineState) -> EngineFacts:
+        """The job's hosts (its Slurm node list), the host noise the batch script sampled on the
+        first node, and its Slurm job id, nodes and pool for the document's `hardware`."""
+        nodes = state.detail.get("slurm_nodes")
+        return EngineFacts(
+            hosts=self.hostnames(nodes) if nodes else None,
+            noise=read_noise(self.run_dir(handle.run_id).noise),
+            hardware={"slurm_job_id": handle.job_id, "slurm_nodes": nodes, "slurm_pool": self.pool},
+        )
 
     # ---- cancel, collect, reconcile ----
 

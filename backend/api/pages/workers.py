@@ -11,6 +11,7 @@ from backend.api.pages.rendering import render
 from backend.queue import queue_lengths
 from backend.services import pools as declared
 from backend.services import workers as fleet
+from parallab.core.pools import SlurmPool
 
 router = APIRouter(include_in_schema=False)
 
@@ -20,5 +21,5 @@ def workers_page(request: Request, session: SessionDep, settings: SettingsDep) -
     fleet.reconcile_lost_runs(session=session, settings=settings)
     session.commit()
     pools = fleet.fleet(session=session, settings=settings, queue_lengths=lambda names: queue_lengths(settings, names))
-    slurm = declared.list_slurm_pools(session=session)
+    slurm = {name: said for name, said in declared.scheduled_pools(session=session).items() if isinstance(said, SlurmPool)}
     return render(request, "workers.html", {"pools": pools, "slurm_pools": slurm, "ttl_s": settings.worker_ttl_s}, settings=settings)
