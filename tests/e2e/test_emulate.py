@@ -42,7 +42,7 @@ def test_a_second_cluster_while_one_is_up_is_refused_saying_so() -> None:
 def _start_cli(postgres_url: str, home: Path, pool: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(home)}
     cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1"]
-    cmd += ["--inter-node", "300mbit", "--pool", pool, "--no-workers", "--no-probe"]
+    cmd += ["--inter-node", "300mbit", "--pool", pool, "--no-workers", "--no-probe", "--no-calibrate"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
@@ -71,7 +71,20 @@ def test_a_second_emulate_while_one_is_up_says_so(postgres_url: str, tmp_path: P
     first = _start_cli(postgres_url, tmp_path, "emu-first")
     try:
         env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(tmp_path)}
-        cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1", "--no-workers", "--no-probe"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "parallab",
+            "lab",
+            "emulate",
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "1",
+            "--no-workers",
+            "--no-probe",
+            "--no-calibrate",
+        ]
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
         assert f"an emulated cluster is already up (pid {first.pid}" in " ".join(second.stderr.split()), second.stderr
