@@ -178,6 +178,7 @@ def test_the_example_sweep_shows_its_lesson_and_submits_its_layouts_to_its_pool(
     for layout in ("tp=2 inside a node", "tp=2 across nodes", "fsdp 2 × tp 2 (tp inside)", "tp 4 (tp across)"):
         assert layout in table, layout
     assert re.search(r"tp \d+ / \d+ \(\d+\)", table), "communication per dimension, measured / predicted (exposed)"
+    assert re.search(r"±\d+% \(n=\d+\) (in|<strong>out</strong>)", table), "the band each prediction stated, and the verdict"
     assert 'name="pool" maxlength="100" value="emulated"' in lesson.text
     strategies = re.findall(r'<input type="checkbox" name="strategies" value="(\w+)" checked>', lesson.text)
     assert strategies == ["ddp", "fsdp", "hybrid", "tp"]
