@@ -52,16 +52,23 @@ def record_profile(*, session: Session, run: Run, document: ResultDocument, pool
     profile = document.calibration
     if profile is None:
         return None
+    return store_profile(session=session, profile=profile, pool=pool or key, key=key, run_id=run.id)
+
+
+def store_profile(*, session: Session, profile: HardwareProfile, pool: str, key: str, run_id: str | None = None) -> HardwareProfileRow:
+    """Store `profile` as `pool`'s latest calibration, in the caller's transaction; `run_id`: the
+    calibrate run it came from (None: measured outside the queue, as `parallab lab emulate` does
+    before its workers serve)."""
     return store.add_profile(
         session,
         HardwareProfileRow(
-            pool=(pool or key)[:100],
+            pool=pool[:100],
             hardware_key=key,
             device_kind=profile.device.kind,
             device_name=profile.device.name,
             world_size=profile.world_size,
             profile=profile.model_dump(mode="json"),
-            run_id=run.id,
+            run_id=run_id,
         ),
     )
 

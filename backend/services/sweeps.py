@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings, get_settings
 from backend.models import FINISHED_STATUSES, Run, Sweep, utcnow
 from backend.models.base import new_id
-from backend.services import hardware, pools, quotas
+from backend.services import hardware, quotas
 from backend.services.auth import Principal
 from backend.services.redact import strip_paths
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
@@ -262,7 +262,6 @@ def create_sweep(
             planned=len(ranking.fits) + len(ranking.rejected),
         ),
     )
-    scheduled = pools.scheduled_pool(session=session, name=request.pool) is not None
     groups = [new_id() for _ in chosen]
     run_ids: list[list[str]] = [[] for _ in chosen]
     errors: list[str | None] = [None for _ in chosen]
@@ -276,8 +275,8 @@ def create_sweep(
         if request.repeats > 1:
             spec["repeats"] = request.repeats
             spec["repeat"] = RepeatOf(group=groups[c], index=index, of=request.repeats).model_dump()
-        if scheduled:  # a scheduler pool's runs must say so: placement is what sends them to its agent
-            spec["placement"] = {"pool": request.pool}
+        if request.pool:  # the pool it was planned for (a scheduler pool's agent, too, finds its runs by it)
+            spec["placement"] = {**(row.spec.get("placement") or {}), "pool": request.pool}
         try:
             run = create_run(
                 session=session, spec=JobSpec.model_validate(spec), settings=settings, source=source, user_id=user_id, local=local

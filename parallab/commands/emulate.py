@@ -3,8 +3,11 @@
 The nodes and their shaped links come from `workers.netns.EmulatedCluster`; this command adds what
 makes them a pool: the link is measured (gloo send/recv between two nodes, and between two ranks
 of one node), the pool's topology — declared and measured — is written to its settings where a
-planner reads it, and one `parallab worker --pool NAME` per node registers as its own host, its
-ranks running inside its node's namespace. It holds until Ctrl-C (or SIGTERM), then stops the
+planner reads it, the pool is calibrated (the `calibrate` job with every emulated rank at once
+inside node 0: the nodes share this host's cores, so that is what each rank of a job filling the
+pool gets) so its plans and its runs' predictions use measured compute rather than the catalogue
+CPU's, and one `parallab worker --pool NAME` per node registers as its own host, its ranks running
+inside its node's namespace. It holds until Ctrl-C (or SIGTERM), then stops the
 workers and removes every namespace and link; a crash does the same on its way out.
 """
 
@@ -82,6 +85,24 @@ def record(pool: str, cluster: Any, measured: tuple[Any, Any] | None) -> Any:
     return topology
 
 
+def calibrate(pool: str, cluster: Any, model: str) -> Any:
+    """Run the `calibrate` job in node 0 with all the cluster's ranks and store the profile as the pool's."""
+    import tempfile
+    from pathlib import Path
+
+    from backend.config import get_settings
+    from backend.db import session_scope
+    from backend.services.hardware import store_profile
+    from workers.emulated_calibration import calibrate_node
+
+    world = cluster.spec.nodes * cluster.spec.ranks_per_node
+    with tempfile.TemporaryDirectory(prefix="parallab-calibrate-") as tmp:
+        profile = calibrate_node(cluster.nodes[0].netns, world, Path(tmp), model=model)
+    with session_scope(get_settings().sqlalchemy_url) as session:
+        store_profile(session=session, profile=profile, pool=pool, key=f"{profile.device.kind}:{profile.device.name}")
+    return profile
+
+
 def start_workers(cluster: Any, pool: str) -> list[subprocess.Popen[bytes]]:
     """One `parallab worker --pool POOL` per node, each its own host with its ranks in its namespace."""
     procs = []
@@ -107,8 +128,17 @@ def emulate(
     pool: Annotated[str, typer.Option(help="The pool the nodes' workers serve.")] = "emulated",
     workers: Annotated[bool, typer.Option(help="Start one parallab worker per node (--no-workers: namespaces only).")] = True,
     probe: Annotated[bool, typer.Option(help="Measure both paths with gloo before serving (--no-probe: declared figures only).")] = True,
+    calibrate_pool: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate/--no-calibrate",
+            help="Calibrate the pool before serving (all its ranks at once in node 0); --no-calibrate: catalogue CPU figures.",
+        ),
+    ] = True,
+    calibrate_model: Annotated[str, typer.Option(help="The model preset whose GEMM shapes the calibration times.")] = "tiny",
 ) -> None:
     """Emulate NODES nodes of RANKS-PER-NODE ranks joined by shaped links, until Ctrl-C."""
+    from workers.emulated_calibration import CalibrationFailed
     from workers.launcher import stop_process_group
     from workers.netns import BadShape, EmulatedCluster, Refused
 
@@ -123,6 +153,10 @@ def emulate(
         measured = measure(cluster) if probe else None
         topology = record(pool, cluster, measured)
         console.print(f"pool {pool}: {topology.model_dump_json(exclude_none=True)}")
+        if calibrate_pool:
+            console.print(f"calibrating pool {pool} ({nodes * ranks_per_node} ranks at once, {calibrate_model}'s shapes)")
+            profile = calibrate(pool, cluster, calibrate_model)
+            console.print(f"pool {pool}: calibrated (op overhead {profile.op_overhead_s or 0:.2e} s, {len(profile.matmul)} GEMMs)")
         if workers:
             procs = start_workers(cluster, pool)
         console.print("[bold]up[/bold] — Ctrl-C tears it down")
@@ -131,7 +165,7 @@ def emulate(
             if any(p.poll() is not None for p in procs):
                 console.print("[red]a node's worker exited; tearing the cluster down[/red]")
                 raise typer.Exit(1)
-    except (Refused, BadShape) as exc:
+    except (Refused, BadShape, CalibrationFailed) as exc:
         console.print(f"[red]parallab lab emulate: {exc}[/red]")
         raise typer.Exit(2 if isinstance(exc, BadShape) else 1) from None
     except KeyboardInterrupt:

@@ -7,6 +7,12 @@ kind, and how many there are (n). Each published run is held out of its own band
 when the table is printed, so a band rests only on other runs. A prediction on a device without a
 profile, or of a kind no published run covers, is labelled "outside every validated regime"
 instead of carrying a band that looks exact.
+
+A calibrated CPU pool has no published runs; its band comes from runs measured on such a pool
+(`benchmarks/emulated_layouts.py --write-band` writes `profiles/bands_cpu.json`: layouts on an
+emulated cluster, predicted with the pool's calibration, at link rates kept apart from the ones
+the band is then judged on). Its memory share is absent: a CPU rank's resident memory is mostly
+the runtime's, not the model's, so no memory error is measured there.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ if TYPE_CHECKING:
     from parallab.core.planner import Hardware
 
 BANDS_FILE = Path(__file__).with_name("profiles") / "bands.json"
+CPU_BANDS_FILE = Path(__file__).with_name("profiles") / "bands_cpu.json"
 OUTSIDE = "outside every validated regime"
 
 
@@ -58,32 +65,56 @@ def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list
     return list(dict.fromkeys(out))
 
 
-@lru_cache(maxsize=1)
-def _bands(path: Path = BANDS_FILE) -> dict[str, Any]:
+def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     return dict(json.loads(path.read_text()).get("bands", {}))
 
 
-def band_for(kind: str, *, leave_out: str | None = None, bands: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The band of `kind` from the published runs (`leave_out`: a run's own name, held out)."""
+@lru_cache(maxsize=1)
+def _bands(path: Path = BANDS_FILE) -> dict[str, Any]:
+    return _read(path)
+
+
+def band_for(
+    kind: str, *, leave_out: str | None = None, bands: dict[str, Any] | None = None, runs_of: str = "published run(s)"
+) -> dict[str, Any] | None:
+    """The band of `kind` from the runs in `bands` (default: the published ones; `leave_out`: a
+    run's own name, held out); its memory share is None where no run measured a memory error."""
     runs = [r for r in (bands if bands is not None else _bands()).get(kind, []) if r["name"] != leave_out]
     if not runs:
         return None
+    memory = [abs(r["memory_error"]) for r in runs if r.get("memory_error") is not None]
     return {
         "kind": kind,
         "step_time_share": max(abs(r["step_time_error"]) for r in runs),
-        "memory_share": max(abs(r["memory_error"]) for r in runs),
+        "memory_share": max(memory) if memory else None,
         "n": len(runs),
-        "basis": f"largest error of {len(runs)} held-out published run(s) of kind {kind}",
+        "basis": f"largest error of {len(runs)} held-out {runs_of} of kind {kind}",
     }
+
+
+@lru_cache(maxsize=1)
+def cpu_bands(path: Path = CPU_BANDS_FILE) -> dict[str, Any]:
+    """Runs measured on a calibrated CPU pool, by kind (empty where none were written)."""
+    return _read(path)
+
+
+def band_of(kind: str, hw: Hardware, *, leave_out: str | None = None) -> dict[str, Any] | None:
+    """The band a prediction on `hw` carries: a GPU with a device profile reads the published runs,
+    a calibrated CPU pool the runs measured on one; anything else has none."""
+    if hw.device_profile is not None:
+        return band_for(kind, leave_out=leave_out)
+    if hw.calibrated and hw.device.kind == "cpu":
+        return band_for(kind, leave_out=leave_out, bands=cpu_bands(), runs_of="run(s) measured on a calibrated CPU pool")
+    return None
 
 
 def accuracy_of(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, leave_out: str | None = None) -> dict[str, Any]:
     """The prediction's band, what it does not model, whether it lies in a validated regime, and
     what of it parallab's ranks would refuse (a predicted-only recipe: `recipes.not_runnable_here`)."""
     kind = kind_of(job)
-    band = band_for(kind, leave_out=leave_out) if hw.device_profile is not None else None
+    band = band_of(kind, hw, leave_out=leave_out)
     regime = "validated" if band is not None else f"{OUTSIDE} ({kind} on {hw.spec.key})"
     out = {"band": band, "not_modelled": not_modelled(job, hw, loss_parallel=loss_parallel), "regime": regime}
     unrunnable = not_runnable_here(job)

@@ -383,7 +383,7 @@ class PredictionBand(OpenModel):
 
     kind: SafeStr = Field(max_length=100)
     step_time_share: float = Field(ge=0)
-    memory_share: float = Field(ge=0)
+    memory_share: float | None = Field(None, ge=0, description="None where the runs measured no memory error (a CPU pool).")
     n: int = Field(ge=1)
     basis: SafeStr = Field("", max_length=300)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.db import session_scope
-from backend.services import pools
+from backend.services import hardware, pools
 from tests.e2e.emulated import assert_nothing_left, emulated_cluster
 from workers.linkprobe import probe
 from workers.netns import ClusterSpec, EmulatedCluster, LinkShape, Refused, our_leftovers
@@ -39,13 +39,14 @@ def test_a_second_cluster_while_one_is_up_is_refused_saying_so() -> None:
         assert sorted(our_leftovers()["netns"]) == sorted(n.netns for n in first.nodes), "the refused one touched nothing"
 
 
-def _start_cli(postgres_url: str, home: Path, pool: str) -> subprocess.Popen[str]:
+def _start_cli(postgres_url: str, home: Path, pool: str, *, calibrate: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(home)}
     cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1"]
     cmd += ["--inter-node", "300mbit", "--pool", pool, "--no-workers", "--no-probe"]
+    cmd += ["--calibrate"] if calibrate else ["--no-calibrate"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + (600 if calibrate else 60)
     while "up" not in (line := proc.stderr.readline()) and time.monotonic() < deadline:
         assert line or proc.poll() is None, "emulate exited before it was up"
     assert len(our_leftovers()["netns"]) == 2
@@ -67,11 +68,41 @@ def test_the_cli_records_the_pools_topology_and_ctrl_c_leaves_nothing(postgres_u
     assert_nothing_left()
 
 
+def test_the_cli_calibrates_the_pool_before_it_serves(postgres_url: str, tmp_path: Path) -> None:
+    """Both emulated ranks at once in node 0: the pool's profile is what its plans and runs use."""
+    proc = _start_cli(postgres_url, tmp_path, "emu-calibrated", calibrate=True)
+    try:
+        with session_scope(postgres_url) as session:
+            profile = hardware.latest_profile(session=session, pool="emu-calibrated")
+        assert profile is not None and profile.world_size == 2 and profile.device.kind == "cpu"
+        assert profile.matmul and profile.op_overhead_s and profile.dtensor_op_overhead_s is not None
+        assert {p.op for p in profile.collectives} >= {"all_reduce", "all_gather", "reduce_scatter"}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_nothing_left()
+
+
 def test_a_second_emulate_while_one_is_up_says_so(postgres_url: str, tmp_path: Path) -> None:
     first = _start_cli(postgres_url, tmp_path, "emu-first")
     try:
         env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(tmp_path)}
-        cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1", "--no-workers", "--no-probe"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "parallab",
+            "lab",
+            "emulate",
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "1",
+            "--no-workers",
+            "--no-probe",
+            "--no-calibrate",
+        ]
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
         assert f"an emulated cluster is already up (pid {first.pid}" in " ".join(second.stderr.split()), second.stderr

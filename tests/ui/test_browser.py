@@ -369,3 +369,20 @@ def test_run_page_and_compare_draw_the_memory_timeline_and_hover_names_phase_and
     assert [name.split(" (")[0] for name in lines[:2]] == ["ddp traced", "fsdp traced"]
     assert lines[2:] == [f"{name}, predicted" for name in lines[:2]]  # each run's planner curve beside it
     assert "comm_buffers" in (page.locator("#chart-memory_timeline .gtitle").text_content() or "")
+
+
+def test_the_example_sweep_fills_the_form_shows_its_measurements_and_submits(page, live_server, session_factory):
+    page.goto(f"{live_server.url}/sweeps/new")
+    page.click('#sweep-examples a[href="/sweeps/new?example=tp-across-nodes"]')
+    page.wait_for_url(re.compile(r"example=tp-across-nodes"))
+    rows = page.locator("#lesson-table tbody tr")
+    assert rows.count() >= 6
+    assert "tp=2 across nodes" in page.locator("#lesson-table").inner_text()
+    assert page.input_value('#sweep-form input[name="pool"]') == "emulated"
+    assert page.input_value('#sweep-form select[name="model"]') == "tiny"
+    page.click('#sweep-form button[type="submit"]')
+    page.wait_for_url(re.compile(r"/sweeps/[0-9a-f-]+$"))
+    sweep_id = page.url.rsplit("/", 1)[-1]
+    with session_factory() as session:
+        runs = session.query(Run).filter(Run.sweep_id == sweep_id).all()
+    assert runs and {r.pool for r in runs} == {"emulated"} and {r.strategy for r in runs} <= {"ddp", "fsdp", "hybrid", "tp"}

@@ -167,3 +167,27 @@ def test_nothing_fits_shows_the_closest_candidate_as_the_cli_does_and_counts_no_
     cli = CliRunner().invoke(app, ["--model", "llama-8b", "--device", "cpu", "--gpus-per-node", "8", "--top", "1"])
     assert cli.exit_code == 1 and f"the closest: {html.unescape(closest.group(1))}" in cli.stderr, cli.stderr
     assert f"0 of {considered} configurations fit" in cli.stdout and f"not counted: {invalid} combinations" in cli.stdout
+
+
+def test_the_example_sweep_shows_its_lesson_and_submits_its_layouts_to_its_pool(client, session_factory):
+    page = client.get("/sweeps/new")
+    assert 'href="/sweeps/new?example=tp-across-nodes"' in page.text
+    lesson = client.get("/sweeps/new", params={"example": "tp-across-nodes"})
+    assert lesson.status_code == 200 and 'id="sweep-lesson"' in lesson.text
+    table = lesson.text[lesson.text.index('id="lesson-table"') :]
+    for layout in ("tp=2 inside a node", "tp=2 across nodes", "fsdp 2 × tp 2 (tp inside)", "tp 4 (tp across)"):
+        assert layout in table, layout
+    assert re.search(r"tp \d+ / \d+ \(\d+\)", table), "communication per dimension, measured / predicted (exposed)"
+    assert re.search(r"±\d+% \(n=\d+\) (in|<strong>out</strong>)", table), "the band each prediction stated, and the verdict"
+    assert 'name="pool" maxlength="100" value="emulated"' in lesson.text
+    strategies = re.findall(r'<input type="checkbox" name="strategies" value="(\w+)" checked>', lesson.text)
+    assert strategies == ["ddp", "fsdp", "hybrid", "tp"]
+    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "4", "top": "8", "controls": "0", "steps": "6"}
+    form.update({"pool": "emulated", "strategies": strategies, "precisions": "fp32", "checkpointing": "none", "accumulation": "1"})
+    created = client.post("/sweeps/new", data=form, follow_redirects=False)
+    assert created.status_code == 303, created.text[:2000]
+    with session_factory() as session:
+        runs = session.query(Run).filter(Run.sweep_id == created.headers["location"].rsplit("/", 1)[-1]).all()
+    assert runs and {r.strategy for r in runs} <= set(strategies) and {r.pool for r in runs} == {"emulated"}
+    unknown = client.get("/sweeps/new", params={"example": "nope"})
+    assert unknown.status_code == 404 and "example: no example &#39;nope&#39;" in unknown.text

@@ -73,11 +73,17 @@ def test_a_run_that_trains_nothing_or_measured_no_step_gets_no_line():
 def test_the_prediction_carries_its_band_and_what_it_does_not_model(client, session_factory):
     doc = make_document(strategy="ddp", world_size=2, tokens_per_s=11_114.0).model_dump(mode="json")
     predicted = doc["summary"]["step_time_s"]["median"] / 1.1
-    band = {"kind": "dp/eager", "step_time_share": 0.093, "memory_share": 0.04, "n": 3, "basis": "b"}
+    band = {
+        "kind": "dp/eager",
+        "step_time_share": 0.093,
+        "memory_share": 0.04,
+        "n": 3,
+        "basis": "largest error of 3 held-out published run(s) of kind dp/eager",
+    }
     doc["prediction"].update(step_time_s=predicted, band=band, not_modelled=["async TP", XSS], regime="validated")
     doc["prediction"]["step_time_estimate"] = {"step_s": predicted, "calibrated": True}
     line = prediction_line(stored_page(client, session_factory, doc))
-    assert 'id="step-prediction-band"' in line and "band ±9% (n=3 held-out published runs of kind dp/eager)" in line
+    assert 'id="step-prediction-band"' in line and "band ±9% (largest error of 3 held-out published run(s) of kind dp/eager)" in line
     assert "not modelled: async TP, &lt;script&gt;" in line
     outside = make_document(strategy="ddp", world_size=2, tokens_per_s=11_115.0).model_dump(mode="json")
     outside["prediction"].update(step_time_s=predicted, regime="outside every validated regime (dp/eager on cpu)")

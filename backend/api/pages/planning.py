@@ -20,6 +20,7 @@ from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.figures import sweeps as sweep_figs
 from backend.services import plan as plan_service
+from backend.services import sweep_examples
 from backend.services import sweeps as sweep_service
 from backend.services import vary as vary_service
 from backend.services.auth import ANONYMOUS
@@ -120,13 +121,23 @@ def sweeps_page(request: Request, session: SessionDep, settings: SettingsDep) ->
     return render(request, "sweeps.html", {"sweeps": sweep_service.list_sweeps(session=session)}, settings=settings)
 
 
-def _sweep_form(request: Request, settings: Settings, values: dict[str, Any], errors: list[str], status_code: int = 200) -> HTMLResponse:
+def _sweep_form(
+    request: Request,
+    settings: Settings,
+    values: dict[str, Any],
+    errors: list[str],
+    status_code: int = 200,
+    example: sweep_examples.SweepExample | None = None,
+) -> HTMLResponse:
     return render(
         request,
         "sweep_new.html",
         {
             "values": values,
             "errors": errors,
+            "example": example,
+            "measured": sweep_examples.measured_rows(example.measured) if example and example.measured else [],
+            "examples": list(sweep_examples.EXAMPLES.values()),
             "presets": list(PRESETS),
             "max_world_size": settings.max_world_size,
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
@@ -149,8 +160,13 @@ SWEEP_DEFAULTS: dict[str, Any] = {
 
 
 @router.get("/sweeps/new", response_class=HTMLResponse)
-def new_sweep(request: Request, settings: SettingsDep) -> HTMLResponse:
-    return _sweep_form(request, settings, dict(SWEEP_DEFAULTS), [])
+def new_sweep(request: Request, settings: SettingsDep, example: str | None = None) -> HTMLResponse:
+    """The form; `?example=KEY` fills it with that example sweep and shows its lesson."""
+    chosen = sweep_examples.example(example)
+    if example and chosen is None:
+        known = ", ".join(sweep_examples.EXAMPLES)
+        return _sweep_form(request, settings, dict(SWEEP_DEFAULTS), [f"example: no example {example!r}; known: {known}"], 404)
+    return _sweep_form(request, settings, dict(chosen.values if chosen else SWEEP_DEFAULTS), [], example=chosen)
 
 
 def sweep_request(form: Any) -> dict[str, Any]:
@@ -169,9 +185,11 @@ def sweep_request(form: Any) -> dict[str, Any]:
         "checkpointing": form.getlist("checkpointing"),
         "accumulation": form.getlist("accumulation"),
     }
-    for name in ("steps", "name", "repeats"):
+    for name in ("steps", "name", "repeats", "pool"):
         if get(name):
             body[name] = get(name)
+    if form.getlist("strategies"):
+        body["strategies"] = form.getlist("strategies")
     if get("global_batch_size"):
         body["workload"]["global_batch_size"] = get("global_batch_size")
     return body
@@ -180,7 +198,9 @@ def sweep_request(form: Any) -> dict[str, Any]:
 @router.post("/sweeps/new", response_class=HTMLResponse)
 def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
     values = {
-        k: (form.getlist(k) if k in ("precisions", "checkpointing", "accumulation") else form.get(k)) for k in form if k != csrf.FIELD
+        k: (form.getlist(k) if k in ("precisions", "checkpointing", "accumulation", "strategies") else form.get(k))
+        for k in form
+        if k != csrf.FIELD
     }
     try:
         _form_post(request, form, settings)
