@@ -35,11 +35,11 @@ def _package_without_init() -> None:
 
     def __getattr__(name: str) -> Any:
         # `from package import X` for a name only the real __init__ defines: run it once, here.
-        del package.__getattr__  # type: ignore[attr-defined]
+        del vars(package)["__getattr__"]
         loader.exec_module(package)
         return getattr(package, name)
 
-    package.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    vars(package)["__getattr__"] = __getattr__  # a module-level __getattr__ (PEP 562)
     sys.modules[PACKAGE] = package
     setattr(sys.modules["torch.distributed"], "_tools", package)  # noqa: B010 (what an import sets)
 
