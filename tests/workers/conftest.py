@@ -2,7 +2,9 @@
 
 `harness_job` resolves a job once, runs it through the real launcher (which writes the frozen job
 to the run directory for the ranks) and returns (result document, run dir); jobs are memoised for
-the session, so tests that assert different things about the same job share one launch. All jobs
+the session, so tests that assert different things about the same job share one launch.
+`harness_jobs` runs a list of jobs, those of one world size in one launch (jobs_driver.py: each
+rank imports the harness once, not once a job), into the same memo. All jobs
 share a reference cache directory, so the `single` curve of a workload is computed in the first
 job that needs it (in-job path) and read from the cache after (cache path).
 """
@@ -117,10 +119,35 @@ def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("reference-cache")
 
 
-@pytest.fixture(scope="session")
-def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path) -> Callable[..., tuple[ResultDocument, Path]]:
-    done: dict[tuple[str, int], tuple[ResultDocument, Path]] = {}
+Launched = tuple[ResultDocument, Path]
+"""A harness job's result document and its run directory."""
 
+
+def run_jobs_together(jobs: list[ResolvedJob], run_dirs: list[Path], *, cache_dir: Path, trace_cap_bytes: int) -> list[ResultDocument]:
+    """Several jobs of one world size in one torchrun of jobs_driver.py (the harness's own
+    `run_training` for each, in turn) and each job's ranks' records merged as the worker merges
+    them: one agent and one import of the harness a rank, however many jobs."""
+    (world,) = {job.world_size for job in jobs}
+    files = [RunDir(d).create() for d in run_dirs]
+    for job, run_dir in zip(jobs, files, strict=True):
+        run_dir.write_atomic(run_dir.job, job.model_dump_json(indent=2).encode())
+    args = ["--runs", *map(str, run_dirs), "--cache-dir", str(cache_dir), "--trace-cap-bytes", str(trace_cap_bytes)]
+    proc = torchrun(world, [str(Path(__file__).with_name("jobs_driver.py")), *args], timeout=1500)
+    assert proc.returncode == 0, f"jobs driver failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    return [build_result(job, read_rank_records(f, world)) for job, f in zip(jobs, files, strict=True)]
+
+
+@pytest.fixture(scope="session")
+def harness_runs() -> dict[tuple[str, int], Launched]:
+    """Every harness job this session ran, by (job, trace cap): what `harness_job` and
+    `harness_jobs` share, so a job either asked for is launched once."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def harness_job(
+    tmp_path_factory: pytest.TempPathFactory, reference_cache: Path, harness_runs: dict[tuple[str, int], Launched]
+) -> Callable[..., Launched]:
     def run(
         strategy: str,
         world_size: int,
@@ -129,17 +156,48 @@ def harness_job(tmp_path_factory: pytest.TempPathFactory, reference_cache: Path)
         *,
         trace: bool = True,
         trace_cap_bytes: int = TRACE_CAP_BYTES,
-    ) -> tuple[ResultDocument, Path]:
+    ) -> Launched:
         job = make_job(strategy, world_size, options, workload, trace=trace)
         key = (job.model_dump_json(), trace_cap_bytes)
-        if key not in done:
+        if key not in harness_runs:
             run_dir = tmp_path_factory.mktemp(f"{strategy}{world_size}")
             doc = run_job(job, run_dir, cache_dir=reference_cache, trace_cap_bytes=trace_cap_bytes)
-            done[key] = (doc, run_dir)
-            THROUGHPUT.append((strategy, world_size, job.strategy_document()["options"], job.workload_document(), doc.summary.tokens_per_s))
-        return done[key]
+            harness_runs[key] = (doc, run_dir)
+            _note_throughput(job, doc)
+        return harness_runs[key]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def harness_jobs(
+    tmp_path_factory: pytest.TempPathFactory, reference_cache: Path, harness_runs: dict[tuple[str, int], Launched]
+) -> Callable[[list[tuple[str, int, dict[str, Any], dict[str, Any]]]], list[Launched]]:
+    """`harness_job` for a list of (strategy, world size, options, workload), traced: the ones not
+    yet run go in one launch per world size (`run_jobs_together`), and are memoised with
+    `harness_job`'s."""
+
+    def run(specs: list[tuple[str, int, dict[str, Any], dict[str, Any]]]) -> list[Launched]:
+        jobs = [make_job(name, n, options, workload) for name, n, options, workload in specs]
+        keys = [(job.model_dump_json(), TRACE_CAP_BYTES) for job in jobs]
+        todo = {key: job for key, job in zip(keys, jobs, strict=True) if key not in harness_runs}
+        for world in sorted({job.world_size for job in todo.values()}):
+            batch = [(key, job) for key, job in todo.items() if job.world_size == world]
+            dirs = [tmp_path_factory.mktemp(f"{job.strategy}{world}") for _, job in batch]
+            if len(batch) == 1:  # alone: through the worker's own launcher
+                docs = [run_job(batch[0][1], dirs[0], cache_dir=reference_cache)]
+            else:
+                docs = run_jobs_together([job for _, job in batch], dirs, cache_dir=reference_cache, trace_cap_bytes=TRACE_CAP_BYTES)
+            for (key, job), doc, run_dir in zip(batch, docs, dirs, strict=True):
+                harness_runs[key] = (doc, run_dir)
+                _note_throughput(job, doc)
+        return [harness_runs[key] for key in keys]
+
+    return run
+
+
+def _note_throughput(job: ResolvedJob, doc: ResultDocument) -> None:
+    THROUGHPUT.append((job.strategy, job.world_size, job.strategy_document()["options"], job.workload_document(), doc.summary.tokens_per_s))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from parallab.core.prediction import predict
 from tests.workers.conftest import make_job
@@ -30,6 +29,7 @@ from workers.harness import loop, main, measure
 from workers.harness.amp import Amp
 from workers.harness.data import global_batch
 from workers.harness.runtime import RunContext
+from workers.harness.torchtools import MemTracker
 
 RECIPES: dict[str, dict[str, Any]] = {
     "fp32": {},

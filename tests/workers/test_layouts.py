@@ -3,8 +3,10 @@ world 4 (cp and ep beside dp_shard included, ep on a MoE `tiny`) and pp × dp_sh
 agrees with `single` — loss within 1e-5, the gradient check passing — and measures, op by op,
 exactly the communication its dimensions predict (the router's all-to-alls on the ranks' mean).
 
-`layout_runs` launches every case once per session (through `harness_job`, which memoises, so
-`hybrid` shares its launch with test_strategies.py); each test reads its result.
+`layout_runs` runs every case once per session through `harness_jobs`: the seven at world 4 in
+one launch (each rank runs the harness's `run_training` for each job in turn, jobs_driver.py),
+the one at world 8 through the worker's launcher; they are memoised with `harness_job`'s, so
+`hybrid` is shared with test_strategies.py. Each test reads its result.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import pytest
 
 from parallab.core.result import ResultDocument
 
-# The first test pays for the session's eight launches (one of 8 ranks) on 2 cores: more than the
-# suite's 600 s per test when the machine is loaded.
+# The first test pays for the session's two launches (7 jobs at 4 ranks, 1 at 8) on 2 cores: more
+# than the suite's 600 s per test when the machine is loaded.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MOE: dict[str, Any] = {"num_experts": 4, "capacity_factor": 2.0}
@@ -43,8 +45,10 @@ LAYOUTS: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
 
 
 @pytest.fixture(scope="session")
-def layout_runs(harness_job) -> dict[str, ResultDocument]:
-    return {key: harness_job(name, n, options, workload)[0] for key, (name, n, options, workload) in LAYOUTS.items()}
+def layout_runs(harness_jobs) -> dict[str, ResultDocument]:
+    """The seven 4-rank layouts in one launch, pp × dp_shard × tp alone at 8 (`harness_jobs`)."""
+    runs = harness_jobs(list(LAYOUTS.values()))
+    return {key: doc for key, (doc, _) in zip(LAYOUTS, runs, strict=True)}
 
 
 @pytest.mark.parametrize("key", list(LAYOUTS))

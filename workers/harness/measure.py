@@ -27,9 +27,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._tools.common_utils import get_untyped_storages
-from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -41,6 +38,7 @@ from parallab.core.rundir import RunDir
 from parallab.core.stragglers import GroupTimes, columns
 from workers.harness import attribution, critsegments, memtimeline
 from workers.harness.attribution import CommRequest
+from workers.harness.torchtools import MemTracker, ModTracker, get_untyped_storages
 
 
 def local_nbytes(t: object) -> int:
