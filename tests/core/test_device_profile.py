@@ -35,7 +35,7 @@ def job(**workload):
 
 
 def test_every_packaged_profile_loads_names_its_device_and_its_source():
-    keys = [p.stem for p in PROFILES_DIR.glob("*.json") if p.stem != "bands"]
+    keys = [p.stem for p in PROFILES_DIR.glob("*.json") if not p.stem.startswith("bands")]  # the error bands sit beside them
     assert {"h200", "h100-sxm", "h100-hbm2e-96gb"} <= set(keys)
     for key in keys:
         profile = load_profile(key)
