@@ -71,6 +71,10 @@ class LayoutOptions(PresetOptions):
     virtual_stages: int = virtual_stages_field()
     microbatches: int | None = Field(None, ge=1, le=4096, description="pp: micro-batches per step; default 2 × stages.")
     zigzag: bool = Field(False, description="cp: load-balanced causal sharding.")
+    shard_over_cp: bool = Field(
+        False,
+        description="cp: FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp); predicted only, the ranks replicate shards over cp.",
+    )
     aux_loss_coef: float = Field(0.01, ge=0, le=100, description="ep: weight of the load-balancing loss.")
 
     def to_layout(self, world_size: int) -> Layout:
