@@ -147,3 +147,13 @@ def test_fsdp_over_cp_is_predicted_where_a_run_is_refused():
     """torchtitan's dp_shard_cp layout resolves for a prediction (`predict_only`), FSDP then sharding over dp_shard × cp."""
     job = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2, "shard_over_cp": True})), predict_only=True)
     assert job.layout is not None and (job.layout.dp_shard, job.layout.fsdp_shards) == (2, 4)
+
+
+def test_fsdp_over_cp_is_stored_only_where_it_is_on():
+    """Off, the option is left out of the stored options, so a layout run's leaderboard key is what
+    it was before the option existed; on, it is kept and resolves to FSDP over dp_shard × cp."""
+    off = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2})))
+    assert "shard_over_cp" not in off.spec.strategy.options and "zigzag" in off.spec.strategy.options
+    on = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2, "shard_over_cp": True})), predict_only=True)
+    again = resolve_job(JobSpec.model_validate(on.spec.model_dump(mode="json")), predict_only=True)
+    assert again.spec.strategy.options["shard_over_cp"] is True and again.fsdp_shards == 4
