@@ -168,7 +168,7 @@ def _fp8_term(job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, bw: f
     recast = RECOMPUTED_FORWARDS.get(mode, 0.0)
     per_byte = profile.fp8.activation_bytes_per_element * fused / bw
     acts = shares.layers * shares.tokens * (inputs * (1 + recast) + grads) * per_byte
-    shard = job.degrees["dp_shard"]
+    shard = job.fsdp_shards
     if shard > 1:  # cast on the shard before the forward's and the backward's all-gather
         weights = 2 * shares.block_weights / shard * profile.fp8.weight_bytes_per_element / bw
         weight_formula = "2 all-gathers × W/dp_shard·B"

@@ -184,6 +184,12 @@ class ResolvedJob(BaseModel):
         return {name: (getattr(layout, name) if layout is not None else 1) for name in names}
 
     @property
+    def fsdp_shards(self) -> int:
+        """Ranks FSDP shards parameters, gradients and optimizer state over (`Layout.fsdp_shards`)."""
+        layout = self.layout
+        return layout.fsdp_shards if layout is not None else 1
+
+    @property
     def dp_degree(self) -> int:
         """How many ways the global batch is split (1 for tp/pp/ring, world/tp for hybrid)."""
         return self.descriptor.dp_degree(self.world_size, self.options)

@@ -68,6 +68,10 @@ class Layout:
     """pp: micro-batches per accumulation micro-step (filled in at resolution)."""
     zigzag: bool = False
     """cp: load-balanced causal sharding."""
+    shard_over_cp: bool = False
+    """cp: FSDP shards over dp_shard × cp, torchtitan's flattened `dp_shard_cp` mesh (the cp ranks
+    also shard parameters, gradients and optimizer state), instead of replicating the dp_shard
+    shards over cp. Predicted only: parallab's ranks run the replicated form."""
     aux_loss_coef: float = 0.01
     """ep: weight of the load-balancing loss."""
 
@@ -85,6 +89,11 @@ class Layout:
     def dp(self) -> int:
         """Ways the global batch is split: replicas × shards × expert ranks (each routes its own rows)."""
         return self.dp_replicate * self.dp_shard * self.ep
+
+    @property
+    def fsdp_shards(self) -> int:
+        """Ranks FSDP shards over: dp_shard, times cp where the cp ranks shard too (`shard_over_cp`)."""
+        return self.dp_shard * (self.cp if self.shard_over_cp else 1)
 
     @property
     def on(self) -> tuple[str, ...]:

@@ -208,7 +208,7 @@ def inputs_for(job: ResolvedJob, state: Sequence[dict[str, int]], activations: S
 
     layout = job.descriptor.layout(job.world_size, job.options)
     _, g_bytes, _ = state_bytes_per_param(job.workload.precision)
-    shard = layout.dp_shard if layout is not None else 1
+    shard = layout.fsdp_shards if layout is not None else 1
     p_bytes = 2 if job.workload.precision in ("bf16", "fp16") else 4  # FSDP gathers in its param_dtype: the precision's
     replicated = layout is not None and layout.dp_replicate > 1
     stages = len(activations)

@@ -99,22 +99,38 @@ def recipe_problems(
     """Recipe rules that depend on the layout, not on the device (the device's are `hardware.precision_problem`):
     fp8 where a dimension of the layout cannot run it (`fp8_unwired`) — unless the job is only
     predicted (`predict_only`: a published run the planner models, which parallab's ranks need not run)."""
+    if predict_only:
+        return []
+    problems = []
     refused = fp8_unwired(descriptor, options, world_size, precision)
-    if refused and not predict_only:
-        return [
+    if refused:
+        problems.append(
             SpecProblem(
                 ("workload", "precision"),
                 f"fp8 with {descriptor.name} needs torchao's Float8 tensor-parallel styles, which are not wired yet "
                 f"({', '.join(refused)}); use bf16, or fp8 with a layout without them",
             )
-        ]
-    return []
+        )
+    if getattr(options, "shard_over_cp", False):
+        problems.append(
+            SpecProblem(
+                ("strategy", "options", "shard_over_cp"),
+                "shard_over_cp (FSDP over dp_shard × cp, torchtitan's dp_shard_cp) is predicted only: "
+                "parallab's ranks replicate the dp_shard shards over cp; leave it off to run",
+            )
+        )
+    return problems
 
 
 def not_runnable_here(job: ResolvedJob) -> list[str]:
     """What a predicted-only job (`resolve_job(..., predict_only=True)`) asks that parallab's ranks
     refuse, in words: the prediction stands, a run of it would be refused."""
     refused = fp8_unwired(job.descriptor, job.options, job.world_size, job.workload.precision)
-    if not refused:
-        return []
-    return [f"fp8 beside {', '.join(refused)}: predicted (torchao's Float8 TP styles), not runnable here — parallab's ranks refuse it"]
+    out = []
+    if refused:
+        out.append(
+            f"fp8 beside {', '.join(refused)}: predicted (torchao's Float8 TP styles), not runnable here — parallab's ranks refuse it"
+        )
+    if getattr(job.options, "shard_over_cp", False):
+        out.append("FSDP over dp_shard × cp (torchtitan's dp_shard_cp): predicted, not runnable here — the ranks replicate shards over cp")
+    return out

@@ -39,7 +39,7 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
     """The reserved peak of the busiest rank by category (module docstring); the last is the total."""
     wl, cfg = job.workload, job.model
     dims = job.degrees
-    tp, dp_shard = dims["tp"], dims["dp_shard"]
+    tp, dp_shard = dims["tp"], job.fsdp_shards
     compiled = bool(wl.compile)
     acts = prediction["activations"]
     state = sum(prediction["model_state_bytes_per_rank"].values())

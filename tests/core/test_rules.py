@@ -50,6 +50,8 @@ CASES = [
          "global batch size (6) is not divisible by 4", spec("pp", 2, {"microbatches": 4}, global_batch_size=12)),
     case("seq/ring", spec("ring", 4, seq_len=66), f"{W}.seq_len", "sequence length (66) is not divisible by 4",
          spec("ring", 4, seq_len=68)),
+    case("cp/fsdp over cp", spec("layout", 4, {"cp": 2, "shard_over_cp": True}), f"{OPT}.shard_over_cp", "predicted only",
+         spec("layout", 4, {"cp": 2})),
     case("seq/ring zig-zag", spec("ring", 2, {"zigzag": True}, seq_len=66), f"{W}.seq_len", "zig-zag needs 2 × ring size",
          spec("ring", 2, {"zigzag": False}, seq_len=66)),
     case("experts/world", spec("moe", 3), f"{W}.num_experts", "experts (4) is not divisible by 3", spec("moe", 3, num_experts=6)),
@@ -139,3 +141,19 @@ def test_bounds_and_unknown_strategies_fail_in_the_spec_itself():
         JobSpec.model_validate(spec("warp", 2, seq_len=1))
     locs = {tuple(e["loc"]) for e in caught.value.errors()}
     assert locs == {("strategy", "name"), ("workload", "seq_len")}
+
+
+def test_fsdp_over_cp_is_predicted_where_a_run_is_refused():
+    """torchtitan's dp_shard_cp layout resolves for a prediction (`predict_only`), FSDP then sharding over dp_shard × cp."""
+    job = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2, "shard_over_cp": True})), predict_only=True)
+    assert job.layout is not None and (job.layout.dp_shard, job.layout.fsdp_shards) == (2, 4)
+
+
+def test_fsdp_over_cp_is_stored_only_where_it_is_on():
+    """Off, the option is left out of the stored options, so a layout run's leaderboard key is what
+    it was before the option existed; on, it is kept and resolves to FSDP over dp_shard × cp."""
+    off = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2})))
+    assert "shard_over_cp" not in off.spec.strategy.options and "zigzag" in off.spec.strategy.options
+    on = resolve_job(JobSpec.model_validate(spec("layout", 4, {"cp": 2, "shard_over_cp": True})), predict_only=True)
+    again = resolve_job(JobSpec.model_validate(on.spec.model_dump(mode="json")), predict_only=True)
+    assert again.spec.strategy.options["shard_over_cp"] is True and again.fsdp_shards == 4

@@ -216,7 +216,7 @@ def held_grad_elements(shapes: list[tuple[int, ...]], layout: Layout) -> int:
     before FSDP left): FSDP2 reduce-scatters them, so under dp_shard only the rank's dim-0 chunk
     (torch.chunk's ceil: the busiest rank) — what a dimension that replicates the FSDP shards
     (HSDP's dp_replicate, cp, ep) then all-reduces over its own ranks."""
-    return sum(numel(chunk(s, 0, layout.dp_shard)) for s in shapes)
+    return sum(numel(chunk(s, 0, layout.fsdp_shards)) for s in shapes)
 
 
 def divisible(loc: Loc, what: str, value: int, dim: str, degree: int) -> list[SpecProblem]:

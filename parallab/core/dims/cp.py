@@ -5,9 +5,12 @@ group takes the same rows and its own chunk of the sequence, so its parameters a
 cp and each rank's loss covers 1/cp of the group's tokens. After backward the gradients are
 averaged over cp in one flat all-reduce — beside dp_shard, of the FSDP shards the reduce-scatter
 left (`held_grad_elements`), an HSDP over ("cp", "dp_shard") in effect. torchtitan shards over the
-flattened dp_shard × cp instead (less memory, and no all-reduce); here the replicated-shard form
-keeps each dimension's traffic on its own sub-mesh, as the prediction sums it: dp_shard's
-all-gathers and reduce-scatters over dp_shard, cp's P2P hops and this all-reduce over cp.
+flattened dp_shard × cp instead (its `dp_shard_cp` mesh: less memory, and no all-reduce), which
+the planner predicts under `shard_over_cp` (parallab's ranks run the replicated form): FSDP's
+all-gathers and reduce-scatters then span dp_shard × cp and this all-reduce is gone.
+The K/V exchange is counted as ring hops, overlapped with the next chunk's attention; torchtitan's
+default rotate method all-gathers the same (n − 1)/n of K/V per pass instead, also behind the
+rank's own chunk.
 """
 
 from __future__ import annotations
@@ -41,12 +44,11 @@ class Context(Dimension):
         block = plan.tokens_per_replica // n * cfg.hidden_size * 4
         p2p = cfg.num_layers * block * (2 * (n - 1) + 4 * (n - 1) + 2)
         hops = cfg.num_layers * plan.job.accum_steps * (2 * (n - 1) + 1)
+        ring = [CommItem("send", p2p, hops, 2, overlap=1.0), CommItem("recv", p2p, hops, 2, overlap=1.0)]
+        if lay.shard_over_cp:  # FSDP's reduce-scatter over dp_shard × cp already averaged them
+            return ring
         grads = held_grad_elements(plan.busiest_shapes("cp"), lay) * GRAD_BYTES
-        return [
-            CommItem("send", p2p, hops, 2, overlap=1.0),
-            CommItem("recv", p2p, hops, 2, overlap=1.0),
-            CommItem("all_reduce", grads, 1, n, lay.inner("cp")),
-        ]
+        return [*ring, CommItem("all_reduce", grads, 1, n, lay.inner("cp"))]
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
         n = plan.layout.cp

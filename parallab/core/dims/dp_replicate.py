@@ -29,7 +29,7 @@ class DataReplicate(Dimension):
         shapes = plan.busiest_shapes("dp_shard")
         if lay.dp_shard > 1:  # HSDP: the reduce-scattered shard, per FSDP group and micro-step, overlapped like them
             micro_steps = plan.job.accum_steps
-            nbytes = sum(numel(chunk(s, 0, lay.dp_shard)) for s in shapes) * GRAD_BYTES * micro_steps
+            nbytes = sum(numel(chunk(s, 0, lay.fsdp_shards)) for s in shapes) * GRAD_BYTES * micro_steps
             groups = plan.model.num_layers // lay.pp + 1
             return [CommItem("all_reduce", nbytes, groups * micro_steps, n, stride, overlap=(groups - 1) / groups)]
         nbytes = sum(numel(s) for s in shapes) * GRAD_BYTES

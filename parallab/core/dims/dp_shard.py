@@ -58,16 +58,17 @@ class DataShard(Dimension):
     splits_batch: ClassVar[bool] = True
 
     def local_shape(self, t: Tensor, shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
-        return chunk(shape, 0, layout.dp_shard)
+        return chunk(shape, 0, layout.fsdp_shards)
 
     def comm(self, plan: Plan) -> list[CommItem]:
         lay = plan.layout
-        if lay.dp_shard == 1:
+        n = lay.fsdp_shards
+        if n == 1:
             return []
         shapes = plan.busiest_shapes("dp_shard")
         comm = fsdp_comm(
             [Tensor("", s, None, None) for s in shapes],
-            lay.dp_shard,
+            n,
             reshard_after_forward=lay.reshard_after_forward,
             param_bytes=gathered_param_bytes(plan.precision),
             micro_steps=plan.job.accum_steps,
@@ -77,9 +78,10 @@ class DataShard(Dimension):
             comm,
             groups=groups,
             reshard_after_forward=lay.reshard_after_forward,
-            n=lay.dp_shard,
+            n=n,
             micro_steps=plan.job.accum_steps,
-            stride=lay.inner("dp_shard"),
+            # the flattened dp_shard × cp group's members are cp's inner degrees apart
+            stride=lay.inner("cp" if lay.shard_over_cp and lay.cp > 1 else "dp_shard"),
         )
         if lay.pp == 1 or not lay.reshard_after_forward:
             return items
@@ -94,7 +96,7 @@ class DataShard(Dimension):
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:
         """FSDP gathers 16-bit weights (its param_dtype): no autocast copies of the block weights."""
-        if plan.layout.dp_shard == 1:
+        if plan.layout.fsdp_shards == 1:
             return layouts
         return [replace(a, weight_copies=False) for a in layouts]
 

@@ -164,7 +164,7 @@ class Pipeline(Dimension):
         if lay.pp == 1:
             return []
         ways = max(p2p_per_microbatch(r, lay.pp, lay.virtual_stages, lay.schedule) for r in range(lay.pp))
-        stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
+        stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         boundary = plan.tokens_per_replica * plan.model.hidden_size * stream * ways
         calls = lay.microbatches * plan.job.accum_steps * ways
         stride = lay.inner("pp")

@@ -206,8 +206,8 @@ class TensorParallel(Dimension):
         sp, model = lay.sequence_parallel, plan.model
         act = activation_dtype_bytes(plan.precision)
         stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
-        stream = residual_stream_bytes(plan.precision, fsdp=lay.dp_shard > 1)
-        grad = norm_grad_bytes(plan.precision, fsdp=lay.dp_shard > 1)
+        stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
+        grad = norm_grad_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         fp8 = plan.precision == "fp8"  # predicted only: the ranks refuse fp8 with tp (`recipes.not_runnable_here`)
         comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream, float8_gathers=fp8)
         if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from parallab.core import dims
 from parallab.core.dims.pp import schedule_field, virtual_stages_field
@@ -71,7 +71,20 @@ class LayoutOptions(PresetOptions):
     virtual_stages: int = virtual_stages_field()
     microbatches: int | None = Field(None, ge=1, le=4096, description="pp: micro-batches per step; default 2 × stages.")
     zigzag: bool = Field(False, description="cp: load-balanced causal sharding.")
+    shard_over_cp: bool = Field(
+        False,
+        description="cp: FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp); predicted only, the ranks replicate shards over cp.",
+    )
     aux_loss_coef: float = Field(0.01, ge=0, le=100, description="ep: weight of the load-balancing loss.")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_shard_over_cp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`shard_over_cp` only where it is on: the options as stored (and the leaderboard's options
+        key) stay what they were for every run that does not ask for it."""
+        out: dict[str, Any] = handler(self)
+        if not self.shard_over_cp:
+            out.pop("shard_over_cp", None)
+        return out
 
     def to_layout(self, world_size: int) -> Layout:
         others = self.dp_replicate * self.cp * self.tp * self.pp * self.ep
