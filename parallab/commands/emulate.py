@@ -145,6 +145,9 @@ def emulate(
     spec = spec_from_flags(nodes, ranks_per_node, inter_node, latency, jitter, loss)
     cluster = EmulatedCluster(spec)
     signal.signal(signal.SIGTERM, _raise_on_term)
+    # Ctrl-C tears the cluster down even where the CLI started with SIGINT ignored (a background
+    # job of a non-interactive shell inherits it ignored, and Python then installs no handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         cluster.up()
