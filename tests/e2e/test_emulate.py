@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,12 +41,20 @@ def test_a_second_cluster_while_one_is_up_is_refused_saying_so() -> None:
         assert sorted(our_leftovers()["netns"]) == sorted(n.netns for n in first.nodes), "the refused one touched nothing"
 
 
-def _start_cli(postgres_url: str, home: Path, pool: str, *, calibrate: bool = False) -> subprocess.Popen[str]:
-    env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(home)}
+def _cli_command(*, pool: str | None = None, calibrate: bool = False) -> list[str]:
+    """`parallab lab emulate` of 2 nodes × 1 rank, no workers, no probe."""
     cmd = [sys.executable, "-m", "parallab", "lab", "emulate", "--nodes", "2", "--ranks-per-node", "1"]
-    cmd += ["--inter-node", "300mbit", "--pool", pool, "--no-workers", "--no-probe"]
-    cmd += ["--calibrate"] if calibrate else ["--no-calibrate"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    cmd += ["--inter-node", "300mbit", "--no-workers", "--no-probe"] + (["--pool", pool] if pool else [])
+    return cmd + (["--calibrate"] if calibrate else ["--no-calibrate"])
+
+
+def _env(postgres_url: str, home: Path) -> dict[str, str]:
+    return {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(home)}
+
+
+def _start_cli(postgres_url: str, home: Path, pool: str, *, calibrate: bool = False) -> subprocess.Popen[str]:
+    """The CLI, once it says it is up (its two namespaces made)."""
+    proc = subprocess.Popen(_cli_command(pool=pool, calibrate=calibrate), env=_env(postgres_url, home), stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + (600 if calibrate else 60)
     while "up" not in (line := proc.stderr.readline()) and time.monotonic() < deadline:
@@ -53,66 +63,43 @@ def _start_cli(postgres_url: str, home: Path, pool: str, *, calibrate: bool = Fa
     return proc
 
 
-def test_the_cli_records_the_pools_topology_and_ctrl_c_leaves_nothing(postgres_url: str, tmp_path: Path) -> None:
-    proc = _start_cli(postgres_url, tmp_path, "emu-cli")
+@contextmanager
+def _emulating(postgres_url: str, home: Path, pool: str, *, calibrate: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """The CLI up; on leaving, Ctrl-C ends it with exit 0 and leaves nothing behind (killed instead
+    if it does not end)."""
+    proc = _start_cli(postgres_url, home, pool, calibrate=calibrate)
     try:
-        with session_scope(postgres_url) as session:
-            topology = pools.pool_topology(session=session, name="emu-cli")
-        assert topology is not None and topology.source == "emulated"
-        assert (topology.nodes, topology.ranks_per_node, topology.inter_node.bandwidth_bps) == (2, 1, 3e8)
+        yield proc
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
     assert_nothing_left()
+
+
+def test_the_cli_records_the_pools_topology_and_ctrl_c_leaves_nothing(postgres_url: str, tmp_path: Path) -> None:
+    with _emulating(postgres_url, tmp_path, "emu-cli"), session_scope(postgres_url) as session:
+        topology = pools.pool_topology(session=session, name="emu-cli")
+        assert topology is not None and topology.source == "emulated"
+        assert (topology.nodes, topology.ranks_per_node, topology.inter_node.bandwidth_bps) == (2, 1, 3e8)
 
 
 def test_the_cli_calibrates_the_pool_before_it_serves(postgres_url: str, tmp_path: Path) -> None:
     """Both emulated ranks at once in node 0: the pool's profile is what its plans and runs use."""
-    proc = _start_cli(postgres_url, tmp_path, "emu-calibrated", calibrate=True)
-    try:
-        with session_scope(postgres_url) as session:
-            profile = hardware.latest_profile(session=session, pool="emu-calibrated")
+    with _emulating(postgres_url, tmp_path, "emu-calibrated", calibrate=True), session_scope(postgres_url) as session:
+        profile = hardware.latest_profile(session=session, pool="emu-calibrated")
         assert profile is not None and profile.world_size == 2 and profile.device.kind == "cpu"
         assert profile.matmul and profile.op_overhead_s and profile.dtensor_op_overhead_s is not None
         assert {p.op for p in profile.collectives} >= {"all_reduce", "all_gather", "reduce_scatter"}
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert_nothing_left()
 
 
 def test_a_second_emulate_while_one_is_up_says_so(postgres_url: str, tmp_path: Path) -> None:
-    first = _start_cli(postgres_url, tmp_path, "emu-first")
-    try:
-        env = {**os.environ, "PARALLAB_DATABASE_URL": postgres_url, "PARALLAB_HOME": str(tmp_path)}
-        cmd = [
-            sys.executable,
-            "-m",
-            "parallab",
-            "lab",
-            "emulate",
-            "--nodes",
-            "2",
-            "--ranks-per-node",
-            "1",
-            "--no-workers",
-            "--no-probe",
-            "--no-calibrate",
-        ]
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    with _emulating(postgres_url, tmp_path, "emu-first") as first:
+        second = subprocess.run(_cli_command(), env=_env(postgres_url, tmp_path), capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
         assert f"an emulated cluster is already up (pid {first.pid}" in " ".join(second.stderr.split()), second.stderr
         assert len(our_leftovers()["netns"]) == 2, "the second touched nothing of the first"
-        first.send_signal(signal.SIGINT)
-        assert first.wait(timeout=60) == 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert_nothing_left()
 
 
 def _send(cluster: EmulatedCluster, megabytes: int) -> tuple[int, float]:
