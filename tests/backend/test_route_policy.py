@@ -324,3 +324,20 @@ def test_a_csrf_token_from_one_login_session_is_refused_in_another(world: World)
     sign_forms(other)  # its own session's token passes
     with other:
         assert other.post("/tokens", data={csrf.FIELD: sign_forms(other), "name": "x", "scope": ["upload"]}).status_code == 200
+
+
+PAGE_POSTS = sorted(path for method, path in POLICY if method == "POST" and not path.startswith("/api/") and path != "/login")
+
+
+@pytest.mark.parametrize("path", PAGE_POSTS)
+def test_every_page_post_refuses_a_form_without_its_csrf_token(world: World, path: str) -> None:
+    """The admin passes every role check, so the one thing wrong here is the missing token: each
+    form route answers 403 naming it before doing anything (login, whose own page shows the
+    message, is held in test_series). Dropping a route's checked form fails its case."""
+    client = client_for(world, "admin")
+    with client:
+        response = client.post(path.format(**world.ids), data={"name": "x"})
+    assert response.status_code == 403, f"POST {path} without a CSRF token: {response.status_code}"
+    assert "CSRF" in response.text, response.text[:300]
+    with session_scope(world.settings.sqlalchemy_url) as session:
+        assert run_service.get_run(session=session, run_id=world.ids["run_id"]).status == "queued", "nothing was done"

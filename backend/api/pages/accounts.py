@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from backend.api import csrf
 from backend.api.deps import SESSION_COOKIE, AdminDep, CurrentUser, RowId, SessionDep, SettingsDep, TokenHolderDep
+from backend.api.pages.forms import CheckedFormDep, FormDep
 from backend.api.pages.rendering import render, secure_cookies
-from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.models import ROLES, User
 from backend.services import auth as auth_service
@@ -31,13 +31,6 @@ def safe_next(target: str | None) -> str:
     if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
         return target
     return "/"
-
-
-def check_csrf(request: Request, form_value: object, settings: Settings) -> None:
-    try:
-        csrf.verify(request, form_value if isinstance(form_value, str) else None, settings.secret_key)
-    except csrf.CSRFError as exc:
-        raise HTTPException(403, detail=str(exc)) from None
 
 
 # ---- login, logout ----
@@ -113,8 +106,7 @@ def throttled(request: Request, settings: Settings, *, next_url: str, email: str
 
 
 @router.post("/logout")
-def logout(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
-    check_csrf(request, form.get(csrf.FIELD), settings)
+def logout(request: Request, session: SessionDep, settings: SettingsDep, form: CheckedFormDep) -> RedirectResponse:
     if cookie := request.cookies.get(SESSION_COOKIE):
         auth_service.end_session(session=session, cookie=cookie)
         session.commit()
@@ -157,9 +149,10 @@ def tokens(request: Request, session: SessionDep, settings: SettingsDep, princip
 
 
 @router.post("/tokens", response_class=HTMLResponse)
-def create_token(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep) -> HTMLResponse:
+def create_token(
+    request: Request, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep, form: CheckedFormDep
+) -> HTMLResponse:
     """Create a token for oneself; the page shows it once (it is not kept: only its hash is)."""
-    check_csrf(request, form.get(csrf.FIELD), settings)
     if principal.user_id is None:
         return tokens_page(request, session, settings, principal, error="local mode has no user to own a token: `parallab user create` one")
     user = auth_service.get_user(session=session, user_id=principal.user_id)
@@ -173,9 +166,8 @@ def create_token(request: Request, form: FormDep, session: SessionDep, settings:
 
 @router.post("/tokens/{token_id}/revoke")
 def revoke_token(
-    request: Request, token_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep
+    request: Request, token_id: RowId, session: SessionDep, settings: SettingsDep, principal: TokenHolderDep, form: CheckedFormDep
 ) -> RedirectResponse:
-    check_csrf(request, form.get(csrf.FIELD), settings)
     try:
         token_service.revoke_token(session=session, token_id=token_id, principal=principal)
     except LookupError as exc:
@@ -205,8 +197,7 @@ def users(request: Request, session: SessionDep, settings: SettingsDep, _: Admin
 
 
 @router.post("/users", response_class=HTMLResponse)
-def create_user(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, _: AdminDep) -> HTMLResponse:
-    check_csrf(request, form.get(csrf.FIELD), settings)
+def create_user(request: Request, session: SessionDep, settings: SettingsDep, _: AdminDep, form: CheckedFormDep) -> HTMLResponse:
     try:
         user = auth_service.create_user(
             session=session,
@@ -230,10 +221,9 @@ def user_or_404(session: Session, user_id: int) -> User:
 
 @router.post("/users/{user_id}/unlock")
 def unlock_user(
-    request: Request, user_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, _: AdminDep
+    request: Request, user_id: RowId, session: SessionDep, settings: SettingsDep, _: AdminDep, form: CheckedFormDep
 ) -> RedirectResponse:
     """Lift a user's login lockout now (and forget its failed logins)."""
-    check_csrf(request, form.get(csrf.FIELD), settings)
     user = user_or_404(session, user_id)
     login_guard.login_guard(settings).unlock(email=user.email)
     return RedirectResponse("/users", status_code=303)
@@ -241,10 +231,9 @@ def unlock_user(
 
 @router.post("/users/{user_id}/disable")
 def disable_user(
-    request: Request, user_id: RowId, form: FormDep, session: SessionDep, settings: SettingsDep, principal: AdminDep
+    request: Request, user_id: RowId, session: SessionDep, settings: SettingsDep, principal: AdminDep, form: CheckedFormDep
 ) -> RedirectResponse:
     """Disable (or, with enable=1, enable again) a user; an admin cannot disable itself."""
-    check_csrf(request, form.get(csrf.FIELD), settings)
     user = user_or_404(session, user_id)
     if user.id == principal.user_id:
         raise Forbidden("you cannot disable yourself")

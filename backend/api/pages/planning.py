@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from backend.api import csrf
 from backend.api.deps import CancellerDep, SessionDep, SettingsDep, SubmitterDep, local_mode
+from backend.api.pages.forms import CheckedFormDep, FormDep
 from backend.api.pages.rendering import render, render_error
-from backend.api.pages.runs import FormDep
 from backend.config import Settings
 from backend.figures import sweeps as sweep_figs
 from backend.services import plan as plan_service
@@ -34,11 +34,6 @@ from parallab.core.problems import SpecError
 from parallab.core.ranking import rejected_by_reason
 
 router = APIRouter(include_in_schema=False)
-
-
-def _form_post(request: Request, form: Any, settings: Settings) -> None:
-    """A page's POST carries a valid CSRF token (who may post is the route's role check)."""
-    csrf.require_form_token(request, form, settings.secret_key)
 
 
 # ---- /plan: the ranking ----
@@ -203,9 +198,9 @@ def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings:
         if k != csrf.FIELD
     }
     try:
-        _form_post(request, form, settings)
-    except HTTPException as exc:
-        return _sweep_form(request, settings, values, [str(exc.detail)], status_code=exc.status_code)
+        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+    except csrf.CSRFError as exc:
+        return _sweep_form(request, settings, values, [str(exc)], status_code=403)
     try:
         body = SweepRequest.model_validate(sweep_request(form))
         sweep = sweep_service.create_sweep(
@@ -253,9 +248,8 @@ def sweep_page(request: Request, sweep_id: str, session: SessionDep, settings: S
 
 @router.post("/sweeps/{sweep_id}/cancel")
 def cancel_sweep(
-    request: Request, sweep_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+    request: Request, sweep_id: str, session: SessionDep, settings: SettingsDep, principal: CancellerDep, form: CheckedFormDep
 ) -> RedirectResponse:
-    _form_post(request, form, settings)
     try:
         sweep_service.cancel_sweep(session=session, sweep_id=sweep_id, principal=principal)
     except SweepNotFound:
@@ -267,9 +261,10 @@ def cancel_sweep(
 
 
 @router.post("/runs/{run_id}/vary")
-def vary_run(request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
+def vary_run(
+    request: Request, run_id: str, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, form: CheckedFormDep
+) -> Response:
     """Submit the run's job with one dimension changed, then open the comparison of the two."""
-    _form_post(request, form, settings)
     field, value = str(form.get("field") or ""), str(form.get("value") or "")
     try:
         run = vary_service.vary_run(

@@ -10,13 +10,13 @@ import contextlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from starlette.datastructures import FormData
 
 from backend.api import csrf
 from backend.api.deps import CancellerDep, LocalModeDep, SessionDep, SettingsDep, SubmitterDep, local_mode
 from backend.api.formatting import fmt_when
+from backend.api.pages.forms import CheckedFormDep, FormDep
 from backend.api.pages.rendering import render, render_error
 from backend.api.queries import RunFilters
 from backend.config import Settings
@@ -39,14 +39,6 @@ from parallab.core.problems import SpecError
 from parallab.core.strategies import STRATEGY_NAMES
 
 router = APIRouter(include_in_schema=False)
-
-
-async def read_form(request: Request) -> FormData:
-    """The posted form, read before the (sync) route runs."""
-    return await request.form()
-
-
-FormDep = Annotated[FormData, Depends(read_form)]
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -256,10 +248,9 @@ def watch(session: SessionDep, ids: Annotated[str, Query(description="Run ids, c
 
 @router.post("/runs/{run_id}/tags", response_model=None)
 def edit_tags(
-    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+    request: Request, run_id: str, session: SessionDep, settings: SettingsDep, principal: CancellerDep, form: CheckedFormDep
 ) -> Response:
     """The run page's tag box: replace the run's tags (its owner or an admin, CSRF-checked)."""
-    csrf.require_form_token(request, form, settings.secret_key)
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     try:
         run_service.set_run_tags(session=session, run_id=run_id, text=str(form.get("tags") or ""))
@@ -270,9 +261,8 @@ def edit_tags(
 
 @router.post("/runs/{run_id}/cancel")
 def cancel(
-    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: CancellerDep
+    request: Request, run_id: str, session: SessionDep, settings: SettingsDep, principal: CancellerDep, form: CheckedFormDep
 ) -> RedirectResponse:
-    csrf.require_form_token(request, form, settings.secret_key)
     run_service.check_owner(principal=principal, run=run_service.get_run(session=session, run_id=run_id))
     with contextlib.suppress(RunStateError):  # already finished: the run page says so
         run_service.cancel_run(session=session, run_id=run_id, settings=settings)
@@ -281,10 +271,15 @@ def cancel(
 
 @router.post("/runs/{run_id}/reproduce", response_model=None)
 def reproduce(
-    request: Request, run_id: str, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep, local: LocalModeDep
+    request: Request,
+    run_id: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: SubmitterDep,
+    local: LocalModeDep,
+    form: CheckedFormDep,
 ) -> Response:
     """The upload page's Reproduce button: the lab re-runs the upload (`services.reproduce`), then its page."""
-    csrf.require_form_token(request, form, settings.secret_key)
     try:
         run = reproduce_service.reproduce(
             session=session, settings=settings, upload_id=run_id, source="form", user_id=principal.user_id, local=local

@@ -7,10 +7,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from backend.api import csrf
 from backend.api.deps import RowId, SeriesEditorDep, SessionDep, SettingsDep
+from backend.api.pages.forms import CheckedFormDep
 from backend.api.pages.rendering import render, render_error
-from backend.api.pages.runs import FormDep
 from backend.figures import series as series_figs
 from backend.services import ci_report, regression
 from backend.services import series as series_service
@@ -82,13 +81,12 @@ def dismiss(
     request: Request,
     series_id: str,
     verdict_id: RowId,
-    form: FormDep,
     session: SessionDep,
     settings: SettingsDep,
     principal: SeriesEditorDep,
+    form: CheckedFormDep,
 ) -> RedirectResponse:
     """Mark an alert a false positive from the history page."""
-    csrf.require_form_token(request, form, settings.secret_key)
     try:
         series_service.dismiss_alert(
             session=session, series_id=series_id, verdict_id=verdict_id, principal=principal, note=str(form.get("note") or "") or None
