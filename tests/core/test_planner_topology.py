@@ -109,3 +109,39 @@ def test_a_pool_without_topology_keeps_the_catalogue_link() -> None:
     assert e.comm_s == pytest.approx(
         hw.comm_seconds("all_reduce", j.descriptor.comm_items(j)[0].bytes_per_call, 1, 4) * j.descriptor.comm_items(j)[0].calls
     )
+
+
+def placed(order: str) -> ResolvedJob:
+    doc = {
+        "workload": {"model": "tiny", "steps": 4},
+        "strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}},
+        "placement": {"nodes": 2, "order": order},
+    }
+    return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=100))
+
+
+def test_placement_across_puts_tp_on_the_link_and_keeps_dp_shard_inside() -> None:
+    """fsdp 2 × tp 2 on 2 × 2: inner-first keeps tp inside a node (dp_shard crosses); `across`
+    reverses the mesh over the nodes, so tp's groups cross and the planner times tp on the slow
+    link — tp's predicted time grows by the link, dp_shard's shrinks to the node's own path."""
+    inner, across = placed("inner-first"), placed("across")
+    assert inner.crossing_dims == ["dp_shard"] and across.crossing_dims == ["tp"]
+    assert [across.node_of(r) for r in range(4)] == [0, 1, 0, 1]  # tp pairs (0,1), (2,3) split over the nodes
+    assert [inner.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    slow = pool(20e6, measured=20e6, latency_s=2e-4)
+    a, b = estimate_step_time(inner, on(inner, slow)), estimate_step_time(across, on(across, slow))
+    assert a.inter_node_dims == ["dp_shard"] and b.inter_node_dims == ["tp"]
+    assert b.comm_by_dim["tp"] > 5 * a.comm_by_dim["tp"]
+    assert b.comm_by_dim["dp_shard"] < a.comm_by_dim["dp_shard"] / 5
+    # One node: nothing crosses, whatever the order.
+    one = hardware_for(CPU, nodes=1, devices_per_node=4, topology=None)
+    assert estimate_step_time(across, one).comm_by_dim == pytest.approx(estimate_step_time(inner, one).comm_by_dim)
+
+
+def test_a_bad_placement_order_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError
+
+    doc = {"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}}, "placement": {"nodes": 2, "order": "sideways"}}
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate(doc)
+    assert [e["loc"] for e in err.value.errors()] == [("placement", "order")]
