@@ -145,3 +145,29 @@ def test_a_bad_placement_order_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError) as err:
         JobSpec.model_validate(doc)
     assert [e["loc"] for e in err.value.errors()] == [("placement", "order")]
+
+
+def test_a_ranking_on_two_nodes_plans_each_layout_in_each_order_once() -> None:
+    """Placed in both orders, fsdp × tp is planned twice (tp inside, tp across: different crossing
+    dimensions and times); a one-dimensional mesh lays the same either way, so it is planned once."""
+    from parallab.core.ranking import plan_cluster
+
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2, topology=pool(20e6, measured=20e6, latency_s=2e-4))
+    ranking = plan_cluster(
+        {"model": "tiny"},
+        hw,
+        world_size=4,
+        strategies=["ddp", "hybrid"],
+        precisions=["fp32"],
+        checkpointing=["none"],
+        accumulation=[1],
+        nodes=2,
+        placements=["inner-first", "across"],
+    )
+    rows = {(r.label, tuple(r.estimate["inter_node_dims"])) for r in ranking.fits if not r.options.get("sequence_parallel")}
+    assert rows == {
+        ("ddp dp4", ("dp",)),
+        ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2", ("dp_shard",)),
+        ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2 (across)", ("tp",)),
+    }
+    assert all(r.spec["placement"]["nodes"] == 2 for r in ranking.fits)
