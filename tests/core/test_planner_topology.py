@@ -171,3 +171,16 @@ def test_a_ranking_on_two_nodes_plans_each_layout_in_each_order_once() -> None:
         ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2 (across)", ("tp",)),
     }
     assert all(r.spec["placement"]["nodes"] == 2 for r in ranking.fits)
+
+
+def test_host_and_mesh_ranks_are_inverse_and_across_reverses_the_mesh_over_the_hosts() -> None:
+    from parallab.core.pools import host_rank, mesh_rank
+
+    mesh = [("dp_shard", 2), ("cp", 3), ("tp", 2)]
+    for order in ("inner-first", "across"):
+        assert sorted(host_rank(r, mesh, order) for r in range(12)) == list(range(12))
+        assert all(mesh_rank(host_rank(r, mesh, order), mesh, order) == r for r in range(12))
+    assert [host_rank(r, mesh, "inner-first") for r in range(12)] == list(range(12))
+    # across: tp (stride 1 on the mesh) sits 6 host ranks apart, dp_shard (stride 6) 1 apart.
+    assert host_rank(1, mesh, "across") - host_rank(0, mesh, "across") == 6
+    assert host_rank(6, mesh, "across") - host_rank(0, mesh, "across") == 1
