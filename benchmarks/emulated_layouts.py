@@ -252,6 +252,15 @@ def print_table(rate: str, rows: list[dict[str, Any]], topology: PoolTopology, l
     if all(r["predicted_ms"] == r["predicted_ms"] for r in four):
         rho = spearman([r["predicted_ms"] for r in four], [r["measured_ms"] for r in four])
         print(f"\nSpearman ρ (predicted vs measured step time, 4 layouts of 2 × 2): {rho:+.2f}")
+    print("\nHost speed (the fixed CPU probe, `parallab.core.hostspeed`) at calibration and beside each run's steps:\n")
+    print("| layout | load | probe beside the steps (ops/s) | calibration's / run's | collectives matched per step |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = (r.get("calibration_ops_per_s") or float("nan")) / (r.get("host_ops_per_s") or float("nan"))
+        print(
+            f"| {r['layout']} | {r.get('load', float('nan')):.1f} | {fmt(r.get('host_ops_per_s'), '.3g')} | {fmt(ratio, '.2f')} | "
+            f"{fmt(r.get('matched_calls_per_step'), '.0f')} |"
+        )
     sys.stdout.flush()
 
 
@@ -287,7 +296,9 @@ def main() -> None:
                 port += 1
                 job = job_of(strategy, world, options, nodes, args.steps, order)
                 doc = run_across(cluster, job, Path(tmp) / f"r{port}", port, topology, profiles.get(world))
-                rows.append(row(label, rate, kind_of(job), doc) | {"load": os.getloadavg()[0]})
+                speed = LAST_SPEED.get(cluster.nodes[0].netns)
+                extra = {"load": os.getloadavg()[0], "calibration_ops_per_s": speed.ops_per_s if speed else None}
+                rows.append(row(label, rate, kind_of(job), doc) | extra)
                 print(f"{label} at {rate}: {json.dumps(rows[-1], ensure_ascii=False)}", file=sys.stderr)
             load = os.getloadavg()
         print_table(rate, rows, topology, load)
