@@ -9,8 +9,9 @@ pool topology `parallab lab emulate` would record. A job runs as the workers wou
 torchrun per node inside its namespace (`workers.launcher.launch` with the node's `netns` and a
 c10d `NodeLaunch`), the records of both nodes merged by `workers.aggregate.build_result` with that
 topology, so `prediction.step_time_s` is the planner's estimate with the dimensions that cross
-nodes timed on the measured link. "tp=2 inside" runs both ranks in node 0; "tp=2 across" one rank
-in each node. Per layout: the measured step (median) and the prediction; per mesh dimension, the
+nodes timed on the measured link. "tp inside" and "tp across" are fsdp 2 × tp 2 placed
+`inner-first` (each tp pair in one node, FSDP across) and `across` (each tp pair split over the
+nodes, FSDP inside). Per layout: the measured step (median) and the prediction; per mesh dimension, the
 measured communication (the matched collectives' transfer time once every member arrived, per
 step) beside the predicted; and Spearman's ρ between predicted and measured step times of the four
 2 × 2 layouts; the load average beside them (this machine is shared).
@@ -46,28 +47,29 @@ from parallab.core.pools import LinkFigures, PoolTopology  # noqa: E402
 from parallab.core.rundir import RunDir  # noqa: E402
 from parallab.core.spec import JobSpec  # noqa: E402
 from workers.aggregate import build_result, read_node_records  # noqa: E402
-from workers.emulated_calibration import calibrate_node  # noqa: E402
+from workers.emulated_calibration import LAST_SPEED, calibrate_node  # noqa: E402
 from workers.launcher import NodeLaunch, launch  # noqa: E402
 from workers.linkprobe import probe  # noqa: E402
 from workers.netns import ClusterSpec, EmulatedCluster, LinkShape, parse_rate  # noqa: E402
 
-Layout = tuple[str, str, int, dict[str, Any], int]
-"""(label, strategy, world size, options, nodes)."""
+Layout = tuple[str, str, int, dict[str, Any], int, str]
+"""(label, strategy, world size, options, nodes, placement order)."""
 
-PAIR: list[Layout] = [("tp=2 inside a node", "tp", 2, {}, 1), ("tp=2 across nodes", "tp", 2, {}, 2)]
 FOUR: list[Layout] = [
-    ("ddp 4 (dp across)", "ddp", 4, {}, 2),
-    ("fsdp 4 (dp_shard across)", "fsdp", 4, {}, 2),
-    ("fsdp 2 × tp 2 (tp inside)", "hybrid", 4, {"tp": 2}, 2),
-    ("tp 4 (tp across)", "tp", 4, {}, 2),
+    ("fsdp 2 × tp 2, tp inside a node (FSDP across)", "hybrid", 4, {"tp": 2}, 2, "inner-first"),
+    ("fsdp 2 × tp 2, tp across nodes (FSDP inside)", "hybrid", 4, {"tp": 2}, 2, "across"),
+    ("ddp 4 (dp across)", "ddp", 4, {}, 2, "inner-first"),
+    ("fsdp 4 (dp_shard across)", "fsdp", 4, {}, 2, "inner-first"),
 ]
+"""The four layouts of 2 nodes × 2 ranks; the first two are the same layout with tp inside a node
+and across nodes (`placement.order`)."""
 
 
-def job_of(strategy: str, world: int, options: dict[str, Any], nodes: int, steps: int) -> ResolvedJob:
+def job_of(strategy: str, world: int, options: dict[str, Any], nodes: int, steps: int, order: str = "inner-first") -> ResolvedJob:
     doc = {
         "workload": {"model": "tiny", "steps": steps, "warmup_steps": 1},
         "strategy": {"name": strategy, "world_size": world, "options": options},
-        "placement": {"nodes": nodes} if nodes > 1 else None,
+        "placement": {"nodes": nodes, "order": order} if nodes > 1 else None,
     }
     return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=1000))
 
@@ -77,6 +79,7 @@ def topology_of(cluster: EmulatedCluster) -> PoolTopology:
     a, b = cluster.nodes[0], cluster.nodes[1]
     inter = probe(cluster.exec_args(a), cluster.exec_args(b), f"{a.address}:29431", megabytes=16)
     intra = probe(cluster.exec_args(a), cluster.exec_args(a), f"{a.address}:29432", megabytes=16)
+    LINK_MEDIANS[cluster.spec.link.rate_bps] = (inter.get("latency_median_s"), intra.get("latency_median_s"))
     return PoolTopology(
         source="emulated",
         nodes=cluster.spec.nodes,
@@ -85,6 +88,10 @@ def topology_of(cluster: EmulatedCluster) -> PoolTopology:
         measured_inter_node=LinkFigures(bandwidth_bps=inter["bandwidth_bps"], latency_s=inter["latency_s"]),
         measured_intra_node=LinkFigures(bandwidth_bps=intra["bandwidth_bps"], latency_s=intra["latency_s"]),
     )
+
+
+LINK_MEDIANS: dict[float, tuple[float | None, float | None]] = {}
+"""Per link rate: the median one-way ping across and inside a node (the probe's floor is the latency)."""
 
 
 def run_across(
@@ -127,10 +134,22 @@ def measured_by_dim(doc: dict[str, Any]) -> dict[str, float]:
     return {dim: total[dim] / groups[dim] / steps for dim in total}
 
 
+def matched_calls(doc: dict[str, Any]) -> float | None:
+    """Collectives matched per step in the profiled window, over every group (`GroupMatch.matched`)."""
+    matched = doc.get("collectives_matched") or {}
+    steps = max(int(matched.get("steps") or 0), 1)
+    groups = matched.get("groups") or []
+    if not groups:
+        return None
+    return sum(int(g.get("matched") or 0) for g in groups) / steps
+
+
 def row(label: str, rate: str, kind: str, doc: dict[str, Any]) -> dict[str, Any]:
     s, p = doc["summary"], doc["prediction"]
     estimate = p.get("step_time_estimate") or {}
     return {
+        "host_ops_per_s": (doc.get("host_speed") or {}).get("ops_per_s"),
+        "matched_calls_per_step": matched_calls(doc),
         "layout": label,
         "rate": rate,
         "kind": kind,
@@ -204,8 +223,8 @@ def fmt(x: float | None, spec: str) -> str:
 
 
 def calibrate(cluster: EmulatedCluster, root: Path) -> dict[int, HardwareProfile]:
-    """The pool's profile at 2 and at 4 ranks, measured in node 0 (link-independent: once a run)."""
-    return {w: calibrate_node(cluster.nodes[0].netns, w, root / f"calibrate{w}") for w in (2, 4)}
+    """The pool's profile at 4 ranks (every layout here runs 4), measured in node 0 (link-independent: once a run)."""
+    return {w: calibrate_node(cluster.nodes[0].netns, w, root / f"calibrate{w}") for w in (4,)}
 
 
 def print_table(rate: str, rows: list[dict[str, Any]], topology: PoolTopology, load: tuple[float, float, float]) -> None:
@@ -229,10 +248,19 @@ def print_table(rate: str, rows: list[dict[str, Any]], topology: PoolTopology, l
             f"{fmt(r['predicted_compute_ms'], '.0f')} | {fmt(exposed, '.0f')} / {fmt(r['predicted_exposed_ms'], '.0f')} | "
             f"{dims_cell(r['measured_dims'], r['predicted_dims'], r['predicted_exposed_dims'])} | {fmt(r['loss_diff'], '.1e')} |"
         )
-    four = rows[len(PAIR) :]
+    four = rows
     if all(r["predicted_ms"] == r["predicted_ms"] for r in four):
         rho = spearman([r["predicted_ms"] for r in four], [r["measured_ms"] for r in four])
         print(f"\nSpearman ρ (predicted vs measured step time, 4 layouts of 2 × 2): {rho:+.2f}")
+    print("\nHost speed (the fixed CPU probe, `parallab.core.hostspeed`) at calibration and beside each run's steps:\n")
+    print("| layout | load | probe beside the steps (ops/s) | calibration's / run's | collectives matched per step |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = (r.get("calibration_ops_per_s") or float("nan")) / (r.get("host_ops_per_s") or float("nan"))
+        print(
+            f"| {r['layout']} | {r.get('load', float('nan')):.1f} | {fmt(r.get('host_ops_per_s'), '.3g')} | {fmt(ratio, '.2f')} | "
+            f"{fmt(r.get('matched_calls_per_step'), '.0f')} |"
+        )
     sys.stdout.flush()
 
 
@@ -254,14 +282,24 @@ def main() -> None:
             if not args.no_calibrate and not profiles:
                 profiles = calibrate(cluster, Path(tmp))
                 for w, p in profiles.items():
-                    print(f"calibrated at {w} ranks: op {p.op_overhead_s}, dtensor op {p.dtensor_op_overhead_s}", file=sys.stderr)
+                    speed = LAST_SPEED.get(cluster.nodes[0].netns)
+                    print(
+                        f"calibrated at {w} ranks (load {os.getloadavg()[0]:.1f}, host probe "
+                        f"{speed.ops_per_s if speed else float('nan'):.3g} ops/s): "
+                        f"op {p.op_overhead_s}, dtensor op {p.dtensor_op_overhead_s}",
+                        file=sys.stderr,
+                    )
             topology = topology_of(cluster)
+            print(f"{rate}: link medians (across, inside) one way: {LINK_MEDIANS.get(cluster.spec.link.rate_bps)}", file=sys.stderr)
             rows = []
-            for label, strategy, world, options, nodes in PAIR + FOUR:
+            for label, strategy, world, options, nodes, order in FOUR:
                 port += 1
-                job = job_of(strategy, world, options, nodes, args.steps)
+                job = job_of(strategy, world, options, nodes, args.steps, order)
                 doc = run_across(cluster, job, Path(tmp) / f"r{port}", port, topology, profiles.get(world))
-                rows.append(row(label, rate, kind_of(job), doc))
+                speed = LAST_SPEED.get(cluster.nodes[0].netns)
+                extra = {"load": os.getloadavg()[0], "calibration_ops_per_s": speed.ops_per_s if speed else None}
+                rows.append(row(label, rate, kind_of(job), doc) | extra)
+                print(f"{label} at {rate}: {json.dumps(rows[-1], ensure_ascii=False)}", file=sys.stderr)
             load = os.getloadavg()
         print_table(rate, rows, topology, load)
         every += rows

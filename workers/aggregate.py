@@ -26,7 +26,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
 from parallab.core.planner import Hardware, hardware_for
-from parallab.core.pools import PoolTopology, crossing_dims
+from parallab.core.pools import PoolTopology
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument
 from parallab.core.rundir import RunDir
@@ -96,7 +96,7 @@ def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Se
     rank profiled a step). Ranks on other hosts are aligned on collective ends (`hosts` by node)."""
     if not any(r.profiled_steps for r in records):
         return None
-    host_of = {r.rank: hosts[min(r.rank // job.ranks_per_node, len(hosts) - 1)] for r in records} if hosts and len(hosts) > 1 else None
+    host_of = {r.rank: hosts[min(job.node_of(r.rank), len(hosts) - 1)] for r in records} if hosts and len(hosts) > 1 else None
     return match(
         {r.rank: None if r.collective_times is None else rows(r.collective_times) for r in records},
         world_size=job.world_size,
@@ -137,15 +137,16 @@ def build_result(
     speed probe around it."""
     lead = records[0]
     ranks = [record.rank_result() for record in records]
-    on_host = records[: job.ranks_per_node]  # node 0's ranks, as `noise` is node 0's host
+    on_host = [r for r in records if job.node_of(r.rank) == 0]  # node 0's ranks, as `noise` is node 0's host
     in_steps = hostspeed.from_ranks([r.host_probe_before or [] for r in on_host], [r.host_probe_after or [] for r in on_host])
     host_speed = in_steps or host_speed  # timed beside the steps, when the ranks did
     rank_dicts: list[Mapping[str, Any]] = [rank.model_dump(mode="json") for rank in ranks]
     hardware = dict(lead.hardware or {})
     if hosts:
         hardware["hosts"] = list(hosts)
-        if len(hosts) > 1:  # which dimensions' collectives cross the inter-node link (tp innermost stays inside)
-            hardware["inter_node_dims"] = crossing_dims([(d.name, d.size) for d in job.mesh], job.ranks_per_node)
+        if len(hosts) > 1:  # which dimensions' collectives cross the inter-node link, as the placement laid the mesh
+            hardware["inter_node_dims"] = job.crossing_dims
+            hardware["placement_order"] = job.placement_order
     loss = lead.loss or LossCurve()
     summary = summarize(
         ranks=rank_dicts,

@@ -79,6 +79,9 @@ def build_document(
     )
     if facts.hardware:
         document = document.model_copy(update={"hardware": {**document.hardware, **facts.hardware}})
+    if len(per_node) > 1:  # where the mesh ranks ran, as the hosts' record files say (the placement order's evidence)
+        placed = [sorted(r.rank for r in records) for records in per_node]
+        document = document.model_copy(update={"hardware": {**document.hardware, "mesh_ranks_by_node": placed}})
     return document
 
 

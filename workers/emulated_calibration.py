@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parallab.core.hardware import HardwareProfile
+from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import Limits, resolve_job
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
@@ -56,4 +57,10 @@ def calibrate_node(
     profile = build_result(job, records).calibration
     if profile is None:
         raise CalibrationFailed(f"calibrate in {netns}: the result carries no profile")
+    LAST_SPEED[netns] = outcome.host_speed
     return profile
+
+
+LAST_SPEED: dict[str, HostSpeed | None] = {}
+"""The host-speed probe (`parallab.core.hostspeed`) the launcher timed around the last calibration
+in each namespace: how loaded the host was when the profile was taken."""

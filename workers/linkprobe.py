@@ -57,7 +57,10 @@ def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
     # (its ack) on top of the bytes: the floor, not this repeat's ping, is taken off.
     rtt = min(rtts)
     rates = sorted(payload.numel() * 4 * 8 / max(took - rtt, 1e-9) for took in tooks)
-    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "bytes": payload.numel() * 4}
+    # Beside the floor, the median: what a round trip took on this host as loaded as it was (a
+    # descheduled peer included) — reported, not used as the path's latency.
+    median = sorted(rtts)[len(rtts) // 2]
+    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "latency_median_s": median / 2, "bytes": payload.numel() * 4}
 
 
 def _td(seconds: float):  # type: ignore[no-untyped-def]

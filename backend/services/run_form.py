@@ -207,8 +207,10 @@ def form_to_spec(form: Any) -> dict[str, Any]:
         "strategy": {"name": strategy, "world_size": get("world_size") or "1", "options": options},
         "trace": form.get("trace") is not None,
     }
-    if get("pool") or get("nodes") not in ("", "1"):
+    if get("pool") or get("nodes") not in ("", "1") or get("order") not in ("", "inner-first"):
         spec["placement"] = {"pool": get("pool") or None, "nodes": get("nodes") or "1"}
+        if get("order") not in ("", "inner-first"):
+            spec["placement"]["order"] = get("order")
     if get("name"):
         spec["name"] = get("name")
     if get("repeats"):
@@ -327,9 +329,8 @@ def check_form(*, form: Any, settings: Settings, local: bool, session: Session |
 def form_fields(strategy: str) -> frozenset[str]:
     """The fields the form shows for `strategy`, each with its own place for a message."""
     options = (o.input_name for o in option_fields().get(strategy, []))
-    return frozenset({"name", "model", "strategy", "world_size", "pool", "nodes", "repeats", "hf_config", "tags", "__all__"}).union(
-        JOB_FIELDS, WORKLOAD_FIELDS, options
-    )
+    fields = {"name", "model", "strategy", "world_size", "pool", "nodes", "order", "repeats", "hf_config", "tags", "__all__"}
+    return frozenset(fields).union(JOB_FIELDS, WORKLOAD_FIELDS, options)
 
 
 def _onto_fields(errors: dict[str, list[str]], strategy: str) -> dict[str, list[str]]:
@@ -389,6 +390,8 @@ def spec_to_values(spec: dict[str, Any], *, name: str | None = None) -> dict[str
         values["pool"] = placement["pool"]
     if placement.get("nodes", 1) != 1:
         values["nodes"] = str(placement["nodes"])
+    if placement.get("order", "inner-first") != "inner-first":
+        values["order"] = str(placement["order"])
     if spec.get("trace"):
         values["trace"] = "on"
     if again_of:  # not carried over: the new run is named for what it is once changed

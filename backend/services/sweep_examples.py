@@ -37,24 +37,27 @@ EXAMPLES: dict[str, SweepExample] = {
     for e in [
         SweepExample(
             key="tp-across-nodes",
-            title="Tensor parallelism inside a node, FSDP across (2 emulated nodes × 2 ranks)",
+            title="Tensor parallelism inside a node against across nodes (2 emulated nodes × 2 ranks)",
             lesson=(
                 "Tensor parallelism all-reduces activations in every layer, forward and backward, so its "
                 "traffic is on the critical path; data parallelism moves gradients once a step. Put tp's group "
-                "inside a node and only the data-parallel dimension crosses the slow link. The table is one "
-                "measurement of the same model as tp=2 inside a node, tp=2 across nodes, and the four layouts "
-                "of 2 × 2 ranks, beside the planner's prediction on the calibrated emulated pool; the sweep below "
-                "runs the four 2 × 2 layouts on your pool."
+                "inside a node and only the data-parallel dimension crosses the slow link. The sweep below plans "
+                "and runs, on 2 nodes × 2 ranks, fsdp 2 × tp 2 with tp inside a node (FSDP across: placement "
+                "inner-first) and the same with tp across nodes (FSDP inside: placement across), beside ddp and "
+                "fsdp over all four; each run records which dimensions crossed the link, and the planner times "
+                "each dimension on the path its groups take."
             ),
             values={
                 "name": "tp inside a node vs across",
                 "model": "tiny",
                 "world_size": "4",
+                "nodes": "2",
                 "top": "8",
                 "controls": "0",
                 "steps": "6",
                 "pool": "emulated",
-                "strategies": ["ddp", "fsdp", "hybrid", "tp"],
+                "strategies": ["ddp", "fsdp", "hybrid"],
+                "placements": ["inner-first", "across"],
                 "precisions": ["fp32"],
                 "checkpointing": ["none"],
                 "accumulation": ["1"],

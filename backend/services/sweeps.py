@@ -47,7 +47,7 @@ from parallab.core.ranking import (
     plan_cluster,
     rejected_by_reason,
 )
-from parallab.core.spec import MAX_GRAD_ACCUMULATION, MAX_REPEATS, POOL_PATTERN, JobSpec, RepeatOf, Workload
+from parallab.core.spec import MAX_GRAD_ACCUMULATION, MAX_REPEATS, POOL_PATTERN, JobSpec, PlacementOrder, RepeatOf, Workload
 from parallab.core.stats import Interval, median_interval, spearman_interval
 from parallab.core.strategies.calibrate import Calibrate
 
@@ -55,6 +55,10 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Checkpointing = Literal["none", "selective", "alternate", "full"]
 OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|bad_alloc|killed by signal 9|Cannot allocate memory", re.I)
 """How a run that ran out of memory ends: an allocator's error, or the kernel's OOM killer (SIGKILL)."""
+
+
+def _inner_first() -> list[PlacementOrder]:
+    return ["inner-first"]
 
 
 def _precisions() -> list[Precision]:
@@ -91,6 +95,16 @@ class SweepRequest(KnownKeys):
         default_factory=lambda: [1, 2], min_length=1, max_length=MAX_ACCUMULATION
     )
     pool: str | None = Field(None, pattern=POOL_PATTERN, description="The pool to run on (default: this deployment's queue).")
+    nodes: int = Field(1, ge=1, le=1024, description="Hosts each run spans (a multi-node pool: the world size split evenly over them).")
+    placements: list[PlacementOrder] = Field(
+        default_factory=_inner_first,
+        min_length=1,
+        max_length=2,
+        description=(
+            "On more than one node, the placement orders to plan each layout in: `inner-first` keeps tp inside a node, "
+            "`across` puts tp's groups over the nodes (`placement.order`)."
+        ),
+    )
     repeats: int = Field(
         1,
         ge=1,
@@ -101,7 +115,7 @@ class SweepRequest(KnownKeys):
         ),
     )
 
-    @field_validator("strategies", "precisions", "checkpointing", "accumulation")
+    @field_validator("strategies", "precisions", "checkpointing", "accumulation", "placements")
     @classmethod
     def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
         """A value named twice is planned once (the lists' product is the search space)."""
@@ -233,6 +247,8 @@ def create_sweep(
         precisions=request.precisions,
         checkpointing=request.checkpointing,
         accumulation=request.accumulation,
+        nodes=request.nodes,
+        placements=request.placements,
     )
     if not ranking.fits:
         reasons = "; ".join(f"{g['count']}× {g['reason']}" for g in rejected_by_reason(ranking.rejected or ranking.invalid)[:3])

@@ -13,7 +13,7 @@ from typing import Any
 
 from parallab.core.dims import APPLY_ORDER, compose
 from parallab.core.jobs import ResolvedJob
-from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, profile_terms
+from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, placed_item_stride, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.reserved import reserved_memory
 
@@ -35,7 +35,8 @@ def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float) -> list[dict[str
             continue
         seconds = exposed = 0.0
         for item in items:
-            t = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, item.stride)
+            stride = placed_item_stride(job, item.group_size, item.stride)
+            t = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, stride)
             share = item.overlap * hw.spec.comm_overlap
             seconds += t
             exposed += t * (1 - share)

@@ -25,6 +25,7 @@ from parallab.core.families.module import allow_list_problem
 from parallab.core.hf_config import HFShape, read_hf_config
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
+from parallab.core.pools import crossing_dims, host_rank, mesh_rank
 from parallab.core.problems import Loc, SpecError, SpecProblem, divides
 from parallab.core.recipes import recipe_problems
 from parallab.core.spec import JobSpec
@@ -125,6 +126,30 @@ class ResolvedJob(BaseModel):
     def nodes(self) -> int:
         """Hosts the job spans (1 unless its placement says more)."""
         return self.spec.placement.nodes if self.spec.placement is not None else 1
+
+    @property
+    def placement_order(self) -> str:
+        """How the mesh is laid over the nodes (`parallab.core.spec.PlacementOrder`)."""
+        return self.spec.placement.order if self.spec.placement is not None else "inner-first"
+
+    def host_rank(self, rank: int) -> int:
+        """Where mesh rank `rank` runs: its torchrun global rank (node × ranks per node + local)."""
+        return host_rank(rank, [(d.name, d.size) for d in self.mesh], self.placement_order)
+
+    def mesh_rank(self, position: int) -> int:
+        """The mesh rank torchrun's global rank `position` runs (the inverse of `host_rank`)."""
+        return mesh_rank(position, [(d.name, d.size) for d in self.mesh], self.placement_order)
+
+    def node_of(self, rank: int) -> int:
+        """The node mesh rank `rank` runs on."""
+        return self.host_rank(rank) // max(self.ranks_per_node, 1)
+
+    @property
+    def crossing_dims(self) -> list[str]:
+        """The mesh dimensions whose groups span nodes under the placement (none on one node)."""
+        if self.nodes < 2:
+            return []
+        return crossing_dims([(d.name, d.size) for d in self.mesh], self.ranks_per_node, self.placement_order)
 
     @property
     def ranks_per_node(self) -> int:

@@ -46,7 +46,7 @@ from parallab.core.gpu_time import Shares, Term, compute_terms
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import busbw_factor
-from parallab.core.pools import PoolTopology
+from parallab.core.pools import PoolTopology, placed_stride
 from parallab.core.stats import spearman_rho
 from parallab.core.strategies.base import MeshDim
 
@@ -451,6 +451,13 @@ def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
 
 
+def placed_item_stride(job: ResolvedJob, group_size: int, stride: int) -> int:
+    """The host-rank distance between a collective group's members (what decides whether it
+    crosses nodes) for a group of `group_size` mesh ranks `stride` apart, under the job's placement
+    order: `across` lays tp's groups over the nodes (`parallab.core.pools.placed_stride`)."""
+    return placed_stride([(d.name, d.size) for d in job.mesh], job.placement_order, group_size, stride)
+
+
 def _mesh_dim(mesh: Sequence[MeshDim], group_size: int, stride: int) -> str:
     """The mesh dimension (row-major, last innermost) whose groups are `group_size` ranks `stride` apart."""
     inner = 1
@@ -475,11 +482,12 @@ def estimate_step_time(
     overlap_ok = hw.spec.comm_overlap
     mesh = job.mesh if job.world_size > 1 else ()
     for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:
-        seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, item.stride)
+        placed = placed_item_stride(job, item.group_size, item.stride)
+        seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, placed)
         if item.op == "recv":
             continue  # a P2P transfer is timed once, on its send
         dim = _mesh_dim(mesh, item.group_size, item.stride)
-        if hw.crosses_nodes(item.group_size, item.stride) and dim not in crossing:
+        if hw.crosses_nodes(item.group_size, placed) and dim not in crossing:
             crossing.append(dim)
         comm += seconds
         share = item.overlap * overlap_ok

@@ -113,17 +113,75 @@ class PoolTopology(BaseModel):
     measured_inter_node: LinkFigures | None = None
 
 
-def crossing_dims(mesh: Sequence[tuple[str, int]], ranks_per_node: int) -> list[str]:
-    """The mesh dimensions whose groups span nodes, with ranks placed in order on the nodes
-    (node = rank // ranks_per_node) and the mesh row-major, its last dimension innermost — torchtitan's
-    order, which puts tp innermost so that it stays inside a node. A dimension of size s whose
-    members sit `stride` ranks apart stays inside a node when stride × s divides the ranks per node."""
-    crossing, stride = [], 1
+def placed_mesh(mesh: Sequence[tuple[str, int]], order: str = "inner-first") -> list[tuple[str, int]]:
+    """The mesh's dimensions in the order they are laid over the hosts' ranks (row-major, last
+    innermost: consecutive host ranks differ in the last); `order` is a placement's
+    (`parallab.core.spec.PlacementOrder`)."""
+    return list(reversed(list(mesh))) if order == "across" else list(mesh)
+
+
+def _row_major(coords: Sequence[int], sizes: Sequence[int]) -> int:
+    index = 0
+    for c, s in zip(coords, sizes, strict=True):
+        index = index * s + c
+    return index
+
+
+def _coords(index: int, sizes: Sequence[int]) -> list[int]:
+    out = []
+    for s in reversed(list(sizes)):
+        out.append(index % s)
+        index //= s
+    return list(reversed(out))
+
+
+def host_rank(rank: int, mesh: Sequence[tuple[str, int]], order: str = "inner-first") -> int:
+    """The position (torchrun's global rank: node × ranks per node + local rank) of the mesh's
+    `rank` (row-major over `mesh`) under `order`."""
+    if order != "across" or len(mesh) < 2:
+        return rank
+    coords = _coords(rank, [s for _, s in mesh])
+    return _row_major(list(reversed(coords)), [s for _, s in reversed(list(mesh))])
+
+
+def mesh_rank(position: int, mesh: Sequence[tuple[str, int]], order: str = "inner-first") -> int:
+    """The mesh rank a host position runs (the inverse of `host_rank`)."""
+    if order != "across" or len(mesh) < 2:
+        return position
+    coords = _coords(position, [s for _, s in reversed(list(mesh))])
+    return _row_major(list(reversed(coords)), [s for _, s in mesh])
+
+
+def placed_stride(mesh: Sequence[tuple[str, int]], order: str, group_size: int, stride: int) -> int:
+    """The host-rank distance between the members of a mesh dimension's groups, for the dimension
+    whose groups are `group_size` mesh ranks `stride` apart (row-major, last innermost); `stride`
+    itself where no dimension matches or the order keeps the mesh's."""
+    if order != "across":
+        return stride
+    inner = 1
     for name, size in reversed(list(mesh)):
+        if size == group_size and inner == stride:
+            out = 1
+            for other, s in reversed(placed_mesh(mesh, order)):
+                if other == name:
+                    return out
+                out *= s
+        inner *= size
+    return stride
+
+
+def crossing_dims(mesh: Sequence[tuple[str, int]], ranks_per_node: int, order: str = "inner-first") -> list[str]:
+    """The mesh dimensions whose groups span nodes, with host ranks in order on the nodes
+    (node = host rank // ranks_per_node) and the mesh laid over them by `order` (`placed_mesh`) —
+    `inner-first` is torchtitan's order, which puts tp innermost so that it stays inside a node. A
+    dimension of size s whose members sit `stride` host ranks apart stays inside a node when
+    stride × s divides the ranks per node. Mesh order."""
+    crossing, stride = set(), 1
+    for name, size in reversed(placed_mesh(mesh, order)):
         if size > 1 and ranks_per_node % (stride * size) != 0:
-            crossing.append(name)
+            crossing.add(name)
         stride *= size
-    return list(reversed(crossing))
+    return [name for name, _ in mesh if name in crossing]
 
 
 class CeleryPool(PoolSettings):

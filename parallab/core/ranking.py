@@ -73,6 +73,8 @@ class PlanRow:
     reasons: list[str] = field(default_factory=list)
     valid: bool = True
     """False: the spec itself was refused (`resolve_job`), before memory, devices or precision were asked."""
+    duplicate: bool = False
+    """A placement order that lays this mesh as the default does (`across` on a one-dimensional mesh)."""
 
     @property
     def fits(self) -> bool:
@@ -83,7 +85,9 @@ class PlanRow:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if k != "microbatches")
         world = self.spec.get("strategy", {}).get("world_size", 1)
         dims = " × ".join(f"{k}{v}" for k, v in self.mesh.items() if v > 1) or f"×{world}"
-        return f"{self.strategy}[{opts}] {dims}" if opts else f"{self.strategy} {dims}"
+        order = (self.spec.get("placement") or {}).get("order", "inner-first")
+        where = f" ({order})" if order != "inner-first" else ""
+        return (f"{self.strategy}[{opts}] {dims}" if opts else f"{self.strategy} {dims}") + where
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits, "label": self.label}
@@ -132,8 +136,12 @@ def candidate_specs(
     precisions: Iterable[str] = DEFAULT_PRECISIONS,
     checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
     accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
+    nodes: int = 1,
+    placements: Iterable[str] = ("inner-first",),
 ) -> list[dict[str, Any]]:
     """Every (strategy, options, precision, recomputation, accumulation) of `workload` on `world_size` ranks, as raw specs.
+    On `nodes` > 1 each is placed over the nodes once per order of `placements`
+    (`parallab.core.spec.PlacementOrder`: tp inside a node, or across).
 
     Each descriptor says what it plans on `world_size` ranks (`plan_grid`: `single` only on one
     rank, a pipeline's micro-batch counts as multiples of its stages) and whether it needs a model
@@ -142,6 +150,7 @@ def candidate_specs(
     preset = PRESETS.get(str(workload.get("model")))
     is_moe = bool(workload.get("num_experts") or (preset is not None and preset.config.num_experts))
     names = list(strategies) if strategies is not None else list(TRAINING_STRATEGIES)
+    orders = list(dict.fromkeys(placements)) if nodes > 1 else ["inner-first"]
     out = []
     for name in names:
         descriptor = get_descriptor(name)
@@ -150,8 +159,8 @@ def candidate_specs(
         grid = descriptor.plan_grid(world_size) if strategies is None else (descriptor.plan_grid(world_size) or [{}])
         for opts in grid:
             for precision, mode, accum in product(precisions, checkpointing, accumulation):
-                out.append(
-                    {
+                for order in orders:
+                    raw: dict[str, Any] = {
                         "workload": {
                             **workload,
                             "precision": precision,
@@ -160,7 +169,9 @@ def candidate_specs(
                         },
                         "strategy": {"name": name, "world_size": world_size, "options": opts},
                     }
-                )
+                    if nodes > 1:
+                        raw["placement"] = {"nodes": nodes, "order": order}
+                    out.append(raw)
     return out
 
 
@@ -209,6 +220,7 @@ def evaluate(
         return row
     row = _row(raw, job)
     row.spec = job.spec.model_dump(mode="json", exclude_none=True)
+    row.duplicate = job.placement_order != "inner-first" and sum(d.size > 1 for d in job.mesh) < 2
     if job.world_size > hw.devices:
         row.reasons.append(f"strategy.world_size: {job.world_size} ranks but the cluster has {hw.devices} devices")
     problem = precision_problem(job.workload.precision, hw.device)
@@ -247,7 +259,7 @@ def rank(
 ) -> Ranking:
     """Evaluate every candidate; those that fit, fastest first, those that don't, with why, and apart
     the combinations the spec refuses (not configurations of this workload)."""
-    rows = [evaluate(raw, hw, loss_parallel=loss_parallel) for raw in specs]
+    rows = [row for raw in specs if not (row := evaluate(raw, hw, loss_parallel=loss_parallel)).duplicate]
     fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
     rejected = [r for r in rows if not r.fits and r.valid]
     invalid = [r for r in rows if not r.valid]
@@ -264,8 +276,11 @@ def plan_cluster(
     checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
     accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
     loss_parallel: bool = False,
+    nodes: int = 1,
+    placements: Iterable[str] = ("inner-first",),
 ) -> Ranking:
-    """Rank every configuration of `workload` on all of `hw`'s devices (or `world_size` of them).
+    """Rank every configuration of `workload` on all of `hw`'s devices (or `world_size` of them);
+    on `nodes` > 1, placed over them in each of `placements`' orders (`candidate_specs`).
 
     Without a global batch in the workload, the preset's is rounded up to a multiple of the world
     size, so every data-parallel degree can split it (the same batch for every candidate).
@@ -275,7 +290,16 @@ def plan_cluster(
     if not wl.get("global_batch_size") and wl.get("model") in PRESETS:
         preset = PRESETS[str(wl["model"])].global_batch_size
         wl["global_batch_size"] = -(-preset // world) * world
-    specs = candidate_specs(wl, world, strategies=strategies, precisions=precisions, checkpointing=checkpointing, accumulation=accumulation)
+    specs = candidate_specs(
+        wl,
+        world,
+        strategies=strategies,
+        precisions=precisions,
+        checkpointing=checkpointing,
+        accumulation=accumulation,
+        nodes=nodes,
+        placements=placements,
+    )
     return rank(specs, hw, workload=wl, world_size=world, loss_parallel=loss_parallel)
 
 

@@ -296,11 +296,22 @@ POOL_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 """A pool's name: lower-case letters, digits, '-' and '_' (it is part of a queue name)."""
 
 
+PlacementOrder = Literal["inner-first", "across"]
+"""How a job's mesh is laid over its nodes. `inner-first` (torchtitan's order): ranks in order on
+the nodes, the mesh row-major with its last dimension innermost, so tp (innermost) stays inside a
+node and the outer dimensions cross. `across`: the mesh's dimensions reversed over the nodes
+(node-major: the innermost dimension varies slowest over the hosts' ranks), so tp's groups span
+nodes and the outer dimensions stay inside one — the layout to measure what tp across a slow link
+costs (`parallab.core.pools.placed_mesh`)."""
+PLACEMENT_ORDERS: tuple[str, ...] = ("inner-first", "across")
+
+
 class Placement(KnownKeys):
     """Where a job runs: a pool of workers, and over how many of its hosts.
 
     `strategy.world_size` is the total number of ranks; they are split evenly over the nodes, so
-    node r runs global ranks r·(world/nodes) … (r+1)·(world/nodes) − 1 (torchrun's layout)."""
+    node r runs global ranks r·(world/nodes) … (r+1)·(world/nodes) − 1 (torchrun's layout); `order`
+    says which mesh rank each of them runs."""
 
     model_config = STRICT
     unknown_key_kind = "placement field"
@@ -309,6 +320,13 @@ class Placement(KnownKeys):
         None, pattern=POOL_PATTERN, description="A pool of workers (one hardware kind), e.g. `cpu` or `h100x8`; none: the default pool."
     )
     nodes: int = Field(1, ge=1, le=1024, description="Hosts the job spans (multi-node over torchrun's c10d rendezvous).")
+    order: PlacementOrder = Field(
+        "inner-first",
+        description=(
+            "How the mesh is laid over the nodes: `inner-first` keeps the innermost dimensions (tp) inside a node; "
+            "`across` reverses the mesh over the nodes, so tp's groups span them. The run records which dimensions crossed."
+        ),
+    )
 
 
 MAX_REPEATS = 20

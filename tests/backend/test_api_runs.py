@@ -152,7 +152,12 @@ def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(clien
         (
             {"strategy": {"name": "ddp", "world_size": 2}, "placement": {"pol": "cpu"}},
             ["body", "placement"],
-            "unknown placement field 'pol'; valid: nodes, pool; did you mean 'pool'?",
+            "unknown placement field 'pol'; valid: nodes, order, pool; did you mean 'pool'?",
+        ),
+        (
+            {"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}}, "placement": {"nodes": 2, "order": "tp-outside"}},
+            ["body", "placement", "order"],
+            "Input should be 'inner-first' or 'across'",
         ),
         (
             {"strategy": {"name": "ddp", "world_size": 2}, "repeat": {"group": "ab", "index": 1, "off": 2}},

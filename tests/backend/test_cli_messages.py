@@ -87,7 +87,7 @@ def test_a_wrong_option_name_lists_the_valid_ones(fresh_home: Path) -> None:
         ({"strategy": {"nam": "ddp"}}, "strategy: unknown strategy field 'nam'; valid: name, options, world_size; did you mean 'name'?"),
         (
             {"strategy": {"name": "ddp", "world_size": 2}, "placement": {"pol": "cpu"}},
-            "placement: unknown placement field 'pol'; valid: nodes, pool; did you mean 'pool'?",
+            "placement: unknown placement field 'pol'; valid: nodes, order, pool; did you mean 'pool'?",
         ),
     ],
 )

@@ -109,3 +109,78 @@ def test_a_pool_without_topology_keeps_the_catalogue_link() -> None:
     assert e.comm_s == pytest.approx(
         hw.comm_seconds("all_reduce", j.descriptor.comm_items(j)[0].bytes_per_call, 1, 4) * j.descriptor.comm_items(j)[0].calls
     )
+
+
+def placed(order: str) -> ResolvedJob:
+    doc = {
+        "workload": {"model": "tiny", "steps": 4},
+        "strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}},
+        "placement": {"nodes": 2, "order": order},
+    }
+    return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=16, max_steps=100))
+
+
+def test_placement_across_puts_tp_on_the_link_and_keeps_dp_shard_inside() -> None:
+    """fsdp 2 × tp 2 on 2 × 2: inner-first keeps tp inside a node (dp_shard crosses); `across`
+    reverses the mesh over the nodes, so tp's groups cross and the planner times tp on the slow
+    link — tp's predicted time grows by the link, dp_shard's shrinks to the node's own path."""
+    inner, across = placed("inner-first"), placed("across")
+    assert inner.crossing_dims == ["dp_shard"] and across.crossing_dims == ["tp"]
+    assert [across.node_of(r) for r in range(4)] == [0, 1, 0, 1]  # tp pairs (0,1), (2,3) split over the nodes
+    assert [inner.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    slow = pool(20e6, measured=20e6, latency_s=2e-4)
+    a, b = estimate_step_time(inner, on(inner, slow)), estimate_step_time(across, on(across, slow))
+    assert a.inter_node_dims == ["dp_shard"] and b.inter_node_dims == ["tp"]
+    assert b.comm_by_dim["tp"] > 5 * a.comm_by_dim["tp"]
+    assert b.comm_by_dim["dp_shard"] < a.comm_by_dim["dp_shard"] / 5
+    # One node: nothing crosses, whatever the order.
+    one = hardware_for(CPU, nodes=1, devices_per_node=4, topology=None)
+    assert estimate_step_time(across, one).comm_by_dim == pytest.approx(estimate_step_time(inner, one).comm_by_dim)
+
+
+def test_a_bad_placement_order_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError
+
+    doc = {"strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}}, "placement": {"nodes": 2, "order": "sideways"}}
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate(doc)
+    assert [e["loc"] for e in err.value.errors()] == [("placement", "order")]
+
+
+def test_a_ranking_on_two_nodes_plans_each_layout_in_each_order_once() -> None:
+    """Placed in both orders, fsdp × tp is planned twice (tp inside, tp across: different crossing
+    dimensions and times); a one-dimensional mesh lays the same either way, so it is planned once."""
+    from parallab.core.ranking import plan_cluster
+
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2, topology=pool(20e6, measured=20e6, latency_s=2e-4))
+    ranking = plan_cluster(
+        {"model": "tiny"},
+        hw,
+        world_size=4,
+        strategies=["ddp", "hybrid"],
+        precisions=["fp32"],
+        checkpointing=["none"],
+        accumulation=[1],
+        nodes=2,
+        placements=["inner-first", "across"],
+    )
+    rows = {(r.label, tuple(r.estimate["inter_node_dims"])) for r in ranking.fits if not r.options.get("sequence_parallel")}
+    assert rows == {
+        ("ddp dp4", ("dp",)),
+        ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2", ("dp_shard",)),
+        ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2 (across)", ("tp",)),
+    }
+    assert all(r.spec["placement"]["nodes"] == 2 for r in ranking.fits)
+
+
+def test_host_and_mesh_ranks_are_inverse_and_across_reverses_the_mesh_over_the_hosts() -> None:
+    from parallab.core.pools import host_rank, mesh_rank
+
+    mesh = [("dp_shard", 2), ("cp", 3), ("tp", 2)]
+    for order in ("inner-first", "across"):
+        assert sorted(host_rank(r, mesh, order) for r in range(12)) == list(range(12))
+        assert all(mesh_rank(host_rank(r, mesh, order), mesh, order) == r for r in range(12))
+    assert [host_rank(r, mesh, "inner-first") for r in range(12)] == list(range(12))
+    # across: tp (stride 1 on the mesh) sits 6 host ranks apart, dp_shard (stride 6) 1 apart.
+    assert host_rank(1, mesh, "across") - host_rank(0, mesh, "across") == 6
+    assert host_rank(6, mesh, "across") - host_rank(0, mesh, "across") == 1

@@ -91,6 +91,40 @@ def test_ddp_across_two_emulated_nodes_matches_single_and_its_gradients_cross_th
     wait_until(lambda: not rank_processes(run["id"]), "every rank to be gone", timeout=30)
 
 
+TP_ACROSS = {
+    "name": "2x2 fsdp x tp, tp across",
+    "workload": {"model": "tiny", "steps": STEPS, "warmup_steps": 1},
+    "strategy": {"name": "hybrid", "world_size": 4, "options": {"tp": 2}},
+    "placement": {"pool": POOL, "nodes": 2, "order": "across"},
+}
+
+
+@pytest.mark.timeout(900)
+def test_placement_across_runs_tp_over_the_link_and_the_run_records_it(emulated_pool) -> None:
+    """fsdp 2 × tp 2 with `order: across`: each tp pair runs one rank per node (the hosts' record
+    files say which mesh ranks each ran), the run names tp as the dimension that crossed, the
+    prediction times tp on the link, tp's all-reduces cross it, and the loss still matches `single`."""
+    client, cluster = emulated_pool
+    before = [link_bytes(node) for node in cluster.nodes]
+    answer = client.post("/api/v1/runs", json=TP_ACROSS)
+    assert answer.status_code == 202, answer.text
+    run = wait_for_run(client, answer.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=800)
+    after = [link_bytes(node) for node in cluster.nodes]
+    assert run["status"] == "succeeded", run["error"]
+    result = run["result"]
+    summary, hardware = result["summary"], result["hardware"]
+    assert hardware["placement_order"] == "across" and hardware["inter_node_dims"] == ["tp"]
+    # Inner-first would run mesh ranks 0, 1 (one tp pair) on one host; across splits every pair.
+    assert sorted(hardware["mesh_ranks_by_node"]) == [[0, 2], [1, 3]], hardware["mesh_ranks_by_node"]
+    assert result["prediction"]["step_time_estimate"]["inter_node_dims"] == ["tp"]
+    assert summary["loss_max_rel_diff_vs_reference"] <= 1e-4
+    assert summary["gradient_check"]["passed"], summary["gradient_check"]
+    # tp's activation all-reduces (the step's all_reduce bytes) cross the link every step.
+    crossed = sum(a["tx"] - b["tx"] for a, b in zip(after, before, strict=True))
+    assert crossed >= summary["comm_bytes_per_step"]["all_reduce"] * STEPS, (crossed, summary["comm_bytes_per_step"])
+    wait_until(lambda: not rank_processes(run["id"]), "every rank to be gone", timeout=30)
+
+
 @pytest.mark.timeout(900)
 def test_a_partitioned_node_fails_the_job_within_the_collective_timeout_leaving_no_rank(emulated_pool) -> None:
     client, cluster = emulated_pool

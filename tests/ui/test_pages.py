@@ -137,6 +137,16 @@ def test_form_error_is_inline_with_input_kept_and_nothing_stored(client, session
     r = client.post("/runs/new", data={"csrf_token": token, "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "0"})
     block = r.text[r.text.index('data-field="steps"') :][:1500]
     assert r.status_code == 422 and "greater than or equal to 1" in block
+    # A placement order the spec does not know lands beside the order's select, the choice kept.
+    r = client.post(
+        "/runs/new",
+        data={
+            **{"csrf_token": token, "model": "tiny", "strategy": "hybrid", "world_size": "4"},
+            **{"opt.hybrid.tp": "2", "nodes": "2", "order": "sideways"},
+        },
+    )
+    block = r.text[r.text.index('data-field="order"') :][:1500]
+    assert r.status_code == 422 and "Input should be &#39;inner-first&#39; or &#39;across&#39;" in block
     assert count_runs(session_factory) == before
 
 

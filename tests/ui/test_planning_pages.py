@@ -181,13 +181,22 @@ def test_the_example_sweep_shows_its_lesson_and_submits_its_layouts_to_its_pool(
     assert re.search(r"±\d+% \(n=\d+\) (in|<strong>out</strong>)", table), "the band each prediction stated, and the verdict"
     assert 'name="pool" maxlength="100" value="emulated"' in lesson.text
     strategies = re.findall(r'<input type="checkbox" name="strategies" value="(\w+)" checked>', lesson.text)
-    assert strategies == ["ddp", "fsdp", "hybrid", "tp"]
-    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "4", "top": "8", "controls": "0", "steps": "6"}
+    assert strategies == ["ddp", "fsdp", "hybrid"]
+    placements = re.findall(r'<input type="checkbox" name="placements" value="([\w-]+)" checked>', lesson.text)
+    assert placements == ["inner-first", "across"] and 'name="nodes" min="1" value="2"' in lesson.text
+    form = {"csrf_token": csrf_token(client), "model": "tiny", "world_size": "4", "nodes": "2", "top": "8", "controls": "0", "steps": "6"}
     form.update({"pool": "emulated", "strategies": strategies, "precisions": "fp32", "checkpointing": "none", "accumulation": "1"})
-    created = client.post("/sweeps/new", data=form, follow_redirects=False)
+    created = client.post("/sweeps/new", data={**form, "placements": placements}, follow_redirects=False)
     assert created.status_code == 303, created.text[:2000]
     with session_factory() as session:
         runs = session.query(Run).filter(Run.sweep_id == created.headers["location"].rsplit("/", 1)[-1]).all()
+        placed = {(r.strategy, (r.spec.get("placement") or {}).get("order")) for r in runs}
+        assert {(r.spec.get("placement") or {}).get("nodes") for r in runs} == {2}
     assert runs and {r.strategy for r in runs} <= set(strategies) and {r.pool for r in runs} == {"emulated"}
+    # The lesson's pair: fsdp × tp with tp inside a node and with tp across, both queued; ddp too.
+    assert {("hybrid", "inner-first"), ("hybrid", "across"), ("ddp", "inner-first")} <= placed, placed
+    # An order the spec does not know is refused, naming the field.
+    bad = client.post("/sweeps/new", data={**form, "placements": ["inner-first", "diagonal"]})
+    assert bad.status_code == 422 and "placements.1: Input should be &#39;inner-first&#39; or &#39;across&#39;" in bad.text
     unknown = client.get("/sweeps/new", params={"example": "nope"})
     assert unknown.status_code == 404 and "example: no example &#39;nope&#39;" in unknown.text

@@ -66,8 +66,10 @@ class RunContext:
 
 def init_runtime(job: ResolvedJob) -> RunContext:
     """Init the process group from torchrun's environment, pin the device, build the job's mesh."""
-    rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    # torchrun's global rank is where this process sits (node × ranks per node + local rank); the
+    # placement's order says which mesh rank runs there (`inner-first`: the same one).
+    rank = job.mesh_rank(int(os.environ.get("RANK", "0"))) if world == job.world_size else int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if world != job.world_size:

@@ -180,11 +180,13 @@ def sweep_request(form: Any) -> dict[str, Any]:
         "checkpointing": form.getlist("checkpointing"),
         "accumulation": form.getlist("accumulation"),
     }
-    for name in ("steps", "name", "repeats", "pool"):
+    for name in ("steps", "name", "repeats", "pool", "nodes"):
         if get(name):
             body[name] = get(name)
     if form.getlist("strategies"):
         body["strategies"] = form.getlist("strategies")
+    if form.getlist("placements"):
+        body["placements"] = form.getlist("placements")
     if get("global_batch_size"):
         body["workload"]["global_batch_size"] = get("global_batch_size")
     return body
@@ -193,7 +195,7 @@ def sweep_request(form: Any) -> dict[str, Any]:
 @router.post("/sweeps/new", response_class=HTMLResponse)
 def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings: SettingsDep, principal: SubmitterDep) -> Response:
     values = {
-        k: (form.getlist(k) if k in ("precisions", "checkpointing", "accumulation", "strategies") else form.get(k))
+        k: (form.getlist(k) if k in ("precisions", "checkpointing", "accumulation", "strategies", "placements") else form.get(k))
         for k in form
         if k != csrf.FIELD
     }
