@@ -3,7 +3,8 @@
 Launched by `harness_jobs` (tests/workers/conftest.py). Each `--runs` directory holds a job file
 written as the launcher writes it; for each, in order, every rank runs the harness's own
 `main.run_training` (model, strategy, gradient check, training under the profiler, the
-end-of-run checks, rank 0's reference) on a fresh mesh over the one process group, and writes
+end-of-run checks, rank 0's reference) on a fresh mesh over the one process group, or for a job
+that trains nothing (the collectives sweep) `main.run_sweep` as `main()` dispatches it, and writes
 its rank record into that run directory, which the fixture merges with `build_result` exactly as
 the worker does. What this skips is what a launch costs and no job needs: torchrun's agent and
 every rank importing the harness once per job (about 4 s a rank).
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from parallab.core.rundir import RunDir
 from tests.workers.driver_context import gloo_context
-from workers.harness.main import load_job, run_training
+from workers.harness.main import load_job, run_sweep, run_training
 
 
 def main_() -> None:
@@ -37,7 +38,10 @@ def main_() -> None:
     for path in args.runs:
         run_dir = RunDir(path)
         job = load_job(run_dir.job)
-        run_training(job, gloo_context(job), run_dir, args.cache_dir, args.trace_cap_bytes)
+        if job.trains:
+            run_training(job, gloo_context(job), run_dir, args.cache_dir, args.trace_cap_bytes)
+        else:
+            run_sweep(job, gloo_context(job), run_dir)
         gc.collect()  # the job's wrapped model and its groups go before the next job builds its own
         dist.barrier()  # rank 0's reference run ends before the next job's first collective
     dist.destroy_process_group()

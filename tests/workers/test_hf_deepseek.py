@@ -94,7 +94,14 @@ def test_the_router_picks_each_tokens_experts_alone():
     assert torch.equal(experts[:2].sort().values, alone_e.sort().values) and torch.allclose(weights[:2].sum(-1), alone_w.sum(-1))
 
 
+@pytest.fixture(scope="module")
+def deepseek_runs(harness_jobs) -> None:
+    """The five 2-rank jobs of RUNS in one launch (`harness_jobs`), read through `harness_job`'s memo."""
+    harness_jobs([(strategy, 2, options, DEEPSEEK) for strategy, options in RUNS.values()])
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("deepseek_runs")
 @pytest.mark.parametrize("key", list(RUNS))
 def test_deepseek_matches_single_in_loss_and_gradients(harness_job, key):
     strategy, options = RUNS[key]
@@ -120,6 +127,7 @@ def test_deepseek_matches_single_in_loss_and_gradients(harness_job, key):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("deepseek_runs")
 @pytest.mark.parametrize("key", list(RUNS))
 def test_deepseek_communicates_exactly_what_the_family_predicts(harness_job, key):
     strategy, options = RUNS[key]

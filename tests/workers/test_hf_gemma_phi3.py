@@ -83,7 +83,7 @@ def test_the_rank_sides_builders_are_keyed_as_the_cores_architectures():
     assert set(BUILDERS) == set(ARCHS)
 
 
-RUNS = {
+RUNS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
     "gemma2-fsdp": (TINY_GEMMA_2, "fsdp", {}),
     "gemma2-tp": ({**TINY_GEMMA_2, "tie_word_embeddings": False}, "tp", {}),
     "phi3-fsdp": (TINY_PHI_3, "fsdp", {}),
@@ -93,7 +93,14 @@ RUNS = {
 untied — tied embeddings are not composed with tp; pp: a block a stage)."""
 
 
+@pytest.fixture(scope="module")
+def gemma_phi3_runs(harness_jobs) -> None:
+    """The four 2-rank jobs of RUNS in one launch (`harness_jobs`), read through `harness_job`'s memo."""
+    harness_jobs([(strategy, 2, options, {"hf_config": config}) for config, strategy, options in RUNS.values()])
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("gemma_phi3_runs")
 @pytest.mark.parametrize("key", list(RUNS))
 def test_gemma2_and_phi3_match_single_in_loss_and_gradients(harness_job, key):
     config, strategy, options = RUNS[key]

@@ -41,6 +41,12 @@ ARCHITECTURES = {"llama": ("LlamaForCausalLM", 0, 21), "qwen2": ("Qwen2ForCausal
 """What each config resolves to: the library's class, its experts, and its parameter tensors."""
 
 
+@pytest.fixture(scope="module", autouse=True)
+def hf_runs(harness_jobs) -> None:
+    """The ten 2-rank jobs of RUNS in one launch (`harness_jobs`), read through `harness_job`'s memo."""
+    harness_jobs([(strategy, 2, {}, CONFIGS[model]) for model, strategy in RUNS])
+
+
 @pytest.mark.parametrize(("model", "strategy"), RUNS)
 def test_each_run_matches_single_in_loss_and_gradients(harness_job, model, strategy):
     doc, _ = harness_job(strategy, 2, workload=CONFIGS[model])

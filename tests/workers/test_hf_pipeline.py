@@ -58,7 +58,15 @@ def test_each_stage_holds_exactly_the_tensors_the_prediction_puts_on_it(stage):
     assert (held.model.embed_tokens is None) == (stage == 1) and (held.lm_head is None) == (stage == 0)
 
 
+@pytest.fixture(scope="module")
+def pipeline_runs(harness_jobs) -> None:
+    """RUNS through `harness_jobs`: the two 2-rank ones in one launch, pp × dp_shard alone at 4 (the
+    worker's launcher); read through `harness_job`'s memo."""
+    harness_jobs(list(RUNS.values()))
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("pipeline_runs")
 @pytest.mark.parametrize("key", list(RUNS))
 def test_the_pipeline_matches_single_in_loss_and_gradients(harness_job, key):
     strategy, n, options, workload = RUNS[key]
@@ -71,6 +79,7 @@ def test_the_pipeline_matches_single_in_loss_and_gradients(harness_job, key):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("pipeline_runs")
 @pytest.mark.parametrize("key", list(RUNS))
 def test_the_pipeline_sends_exactly_the_residual_stream_predicted(harness_job, key):
     strategy, n, options, workload = RUNS[key]
@@ -83,6 +92,7 @@ def test_the_pipeline_sends_exactly_the_residual_stream_predicted(harness_job, k
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("pipeline_runs")
 def test_the_stages_hold_the_declared_halves_of_the_model(harness_job):
     """Each stage holds its own parameters: stage 0 the embedding and layer 0, stage 1 layer 1,
     the norm and the head (measured against the prediction's per-stage model state)."""

@@ -1,7 +1,8 @@
 """Memory over the profiled step, by category, from real gloo runs of the module family on tiny.
 
-Three launches shared by every test here: DDP × 2, the same with each block keeping a copy of its
-output (`lab_builds.keeps_a_copy_of_each_activation`, the mutation), and FSDP × 2. The rules
+Three jobs shared by every test here, in one 2-rank launch (`harness_jobs`): DDP × 2, the same
+with each block keeping a copy of its output (`lab_builds.keeps_a_copy_of_each_activation`, the
+mutation), and FSDP × 2. The rules
 themselves are checked on synthetic events first (no launch)."""
 
 from __future__ import annotations
@@ -75,12 +76,13 @@ def test_downsample_keeps_the_peak_and_the_bound() -> None:
 
 
 @pytest.fixture(scope="module")
-def launched(harness_job: Callable[..., tuple[ResultDocument, Path]]) -> dict[str, tuple[ResultDocument, Path]]:
-    return {
-        "ddp": harness_job("ddp", 2, workload=MODULE_WORKLOAD),
-        "mutant": harness_job("ddp", 2, workload=MUTANT),
-        "fsdp": harness_job("fsdp", 2, workload=MODULE_WORKLOAD),
+def launched(harness_jobs: Callable[..., list[tuple[ResultDocument, Path]]]) -> dict[str, tuple[ResultDocument, Path]]:
+    jobs: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
+        "ddp": ("ddp", 2, {}, MODULE_WORKLOAD),
+        "mutant": ("ddp", 2, {}, MUTANT),
+        "fsdp": ("fsdp", 2, {}, MODULE_WORKLOAD),
     }
+    return dict(zip(jobs, harness_jobs(list(jobs.values())), strict=True))
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,13 @@ def test_ep_with_drops_equals_one_rank_routing_in_n_groups(ring_moe_results, n):
     assert max(errors.values()) <= 1e-5, errors
 
 
+@pytest.fixture(scope="module", autouse=True)
+def moe_runs(harness_jobs) -> None:
+    """The two traced 2-rank jobs below (moe, and tp on an MoE tiny) in one launch (`harness_jobs`),
+    read through `harness_job`'s memo; the untraced bf16 one goes through the worker's launcher."""
+    harness_jobs([("moe", 2, {}, {}), ("tp", 2, {}, {"num_experts": 4, "first_dense_layers": 1})])
+
+
 def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
     doc, run_dir = harness_job("moe", 2)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss

@@ -1,8 +1,12 @@
 """Every strategy through the real entry point (torchrun, gloo) agrees with `single`.
 
-Each job is resolved once, launched once per session through the worker's launcher
-(`harness_job` memoises) and merged by `workers.aggregate.build_result` exactly as the worker
-does; the assertions read the document.
+Each job is resolved once and launched once per session (`harness_job` memoises), its ranks'
+records merged by `workers.aggregate.build_result` exactly as the worker does; the assertions
+read the document. `strategy_runs` asks for every traced job of this file together through
+`harness_jobs`: the 2-rank ones in one launch, the 4-rank ones in another (jobs_driver.py runs
+the harness's `run_training` for each in turn). The jobs that differ in what the launch itself
+does go through the worker's launcher and the harness's `main()` alone: `single` on 1 rank, the
+untraced run and the 1 KiB trace cap, and the failing rank.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,9 +26,11 @@ from parallab.core.rundir import RunDir
 from tests.workers.conftest import make_job, torchrun
 from workers.harness import attribution
 
-pytestmark = pytest.mark.slow
+# The first test pays for the file's two folded launches (13 jobs at 2 ranks, 4 at 4) on 2 cores:
+# more than the suite's 600 s per test when the machine is loaded.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-CASES = [
+CASES: list[tuple[Any, ...]] = [
     ("ddp", 2, {}),
     ("fsdp", 2, {}),
     ("tp", 2, {}),
@@ -41,6 +48,23 @@ CASES = [
     ("pp", 2, {"schedule": "zbv", "virtual_stages": 2}),
     ("ddp", 2, {}, {"data": "text"}),  # data with structure: the loss moves, parity must still hold
 ]
+
+
+FOLDED: list[tuple[str, int, dict[str, Any], dict[str, Any]]] = [
+    *((name, n, options, workload[0] if workload else {}) for name, n, options, *workload in CASES),
+    ("fsdp", 2, {}, {"precision": "bf16", "activation_checkpointing": "full", "grad_accumulation_steps": 2}),
+    ("ddp", 2, {}, {"steps": 4}),
+    ("ddp", 2, {}, {"steps": 10}),
+    ("collectives", 2, {"ops": ["all_reduce", "all_to_all"], "max_bytes": 8192, "iters": 2, "warmup_iters": 1}, {}),
+]
+"""Every traced job at the default trace cap that the tests below read: launched together."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def strategy_runs(harness_jobs) -> None:
+    """The file's traced jobs, one launch per world size (`harness_jobs`), into `harness_job`'s memo:
+    the tests' own `harness_job` calls then read them."""
+    harness_jobs(FOLDED)
 
 
 def _id(case) -> str:
@@ -141,9 +165,10 @@ def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
 
 
 def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):
-    doc, run_dir = harness_job("tp", 2)
+    """Read from a job the worker's launcher wrote and `main()` ran (not a folded one)."""
+    doc, run_dir = harness_job("ddp", 2, trace=False)
     job = ResolvedJob.model_validate_json(RunDir(run_dir).job.read_text())
-    assert job == make_job("tp", 2)
+    assert job == make_job("ddp", 2, trace=False)
     assert doc.workload == job.workload_document() and doc.strategy.model_dump() == job.strategy_document()
 
 
