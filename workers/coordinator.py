@@ -153,9 +153,18 @@ class Coordinator:
             return Ending(End.CANCELLED, said + (f"\n--- log tail ---\n{tail}" if tail else ""))
         if state.status != "succeeded":
             error = engine.failure(handle, state)
-            if run.gang and not state.stopped:
+            if not run.gang:
+                return Ending(End.FAILED, error, flight=engine.flight(handle, job))
+            if not state.stopped:
                 error = self.gang_failure(run, error)
-            return Ending(End.FAILED, error, flight=engine.flight(handle, job))
+            else:
+                self.settle(run)
+            flight = engine.flight(handle, job, self.other_dumps(run))
+            report = (flight or {}).get("report")
+            sentence = report.get("sentence") if isinstance(report, dict) else None
+            if sentence and not error.startswith(sentence):  # every node's ranks seen together: it leads
+                error = f"{sentence}\n\n{error}"
+            return Ending(End.FAILED, error, flight=flight)
         try:
             found = engine.collect(handle, job)
         except ValueError as exc:
@@ -232,15 +241,17 @@ class Coordinator:
                 return [], f"not every node reported within {self.node_timeout_s:.0f} s of node 0's end"
             self.sleep(0.5)
 
-    def gang_failure(self, run: RunAt, reason: str, settle_s: float = 10) -> str:
-        """Node 0 failed by itself: a peer's death often surfaces here as a broken connection, so
-        wait briefly for the other nodes to end and name every node that failed, the others first."""
-        host = run.worker.host if run.worker is not None else "?"
-        own = f"node 0 (host {host}) failed: {reason}"
+    def other_dumps(self, run: RunAt) -> dict[int, str]:
+        """The flight-recorder dumps the other nodes handed on (best effort: none when the ledger is away)."""
         try:
-            self.ledger.fail_node(run.run_id, 0, own)
+            return self.ledger.node_flight(run.run_id)
         except Exception as exc:
-            log.warning("could not mark node 0 of %s failed: %s", run.run_id, exc)
+            log.warning("could not read the other nodes' flight-recorder dumps of %s: %s", run.run_id, exc)
+            return {}
+
+    def settle(self, run: RunAt, settle_s: float = 10) -> list[str]:
+        """Wait briefly for the other nodes to end (they hand on their dumps as they do); the
+        failures of those that failed, in words."""
         deadline = time.monotonic() + settle_s
         others: list[str] = []
         while time.monotonic() < deadline:
@@ -254,4 +265,15 @@ class Coordinator:
                 if all(n.status not in ("reserved", "running") for n in rest):
                     break
             self.sleep(0.5)
-        return "\n\n".join([*others, own])
+        return others
+
+    def gang_failure(self, run: RunAt, reason: str, settle_s: float = 10) -> str:
+        """Node 0 failed by itself: a peer's death often surfaces here as a broken connection, so
+        wait briefly for the other nodes to end and name every node that failed, the others first."""
+        host = run.worker.host if run.worker is not None else "?"
+        own = f"node 0 (host {host}) failed: {reason}"
+        try:
+            self.ledger.fail_node(run.run_id, 0, own)
+        except Exception as exc:
+            log.warning("could not mark node 0 of %s failed: %s", run.run_id, exc)
+        return "\n\n".join([*self.settle(run, settle_s), own])

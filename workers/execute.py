@@ -31,7 +31,7 @@ from workers.aggregate import read_rank_records
 from workers.coordinator import Coordinator, build_document
 from workers.engines.base import LaunchRefused
 from workers.engines.host_torchrun import HostTorchrun, LocalWatch, reference_cache_dir
-from workers.engines.outputs import failure_message, read_traces
+from workers.engines.outputs import failure_message, kept_node_flight, read_traces
 from workers.launcher import LaunchOutcome, NodeLaunch
 from workers.watch import Watcher
 
@@ -193,6 +193,7 @@ def execute_node(run_id: str, node_rank: int, settings: Settings, worker: Worker
     status, reason = "failed", None
     records: list[dict[str, Any]] | None = None
     traces: dict[int, bytes] = {}
+    flight: dict[int, str] | None = None
     try:
         handle = engine.launch(job, run_id)
     except Exception as exc:
@@ -202,11 +203,12 @@ def execute_node(run_id: str, node_rank: int, settings: Settings, worker: Worker
         state = engine.state(handle)
         if state.status != "succeeded":
             status, reason = ("stopped" if state.stopped else "failed"), engine.failure(handle, state)
+            flight = kept_node_flight(handle.run_dir, job, node_rank)
         else:
             try:
                 found = engine.collect(handle, job)
                 status, records, traces = "succeeded", [r.model_dump(mode="json") for r in found.records], found.traces
             except ValueError as exc:
                 reason = str(exc)
-    ledger.finish_node(run_id, node_rank, me, status=status, reason=reason, records=records, traces=traces)
+    ledger.finish_node(run_id, node_rank, me, status=status, reason=reason, records=records, traces=traces, flight=flight)
     return status

@@ -163,6 +163,7 @@ class DbLedger:
         reason: str | None,
         records: list[dict[str, Any]] | None,
         traces: dict[int, bytes],
+        flight: dict[int, str] | None = None,
     ) -> None:
         def write() -> None:
             with self._db() as session:
@@ -171,8 +172,17 @@ class DbLedger:
                 )
                 if status == "succeeded":
                     worker_store.add_traces(session, run_id, traces)
+                if flight:
+                    store.add_node_flight(session, run_id, node_rank, flight)
+                    run = store.get_run(session, run_id)
+                    if run is not None and run.status == "failed" and run.job is not None:
+                        store.merge_late_flight(session, run_id, world_size=ResolvedJob.model_validate(run.job).world_size, files=flight)
 
         with_db_retry(self.settings, f"storing node {node_rank} of run {run_id}", write)
+
+    def node_flight(self, run_id: str) -> dict[int, str]:
+        with self._db() as session:
+            return store.node_flight(session, run_id)
 
     # ---- any run ----
 

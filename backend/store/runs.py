@@ -16,6 +16,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from backend.models import CommMetric, RankMetric, Run, RunResult, RunResultPart, RunTag, RunTrace, utcnow
 from backend.store import leaderboard, result_parts
+from parallab.core import hangs
 
 
 def add_run(session: Session, run: Run) -> Run:
@@ -227,6 +228,43 @@ def set_flight_recorder(session: Session, run_id: str, value: dict[str, Any]) ->
         "data": result_parts.pack(value),
     }
     session.execute(insert(RunResultPart), [row])
+
+
+NODE_FLIGHT_PART = "flight_node"
+"""The `run_result_parts` rows of the dumps a gang's other nodes handed on (`flight_node1`, …),
+read by node 0 when the run fails and merged into `flight_recorder`."""
+
+
+def add_node_flight(session: Session, run_id: str, node_rank: int, files: dict[int, str]) -> None:
+    """Keep the dumps node `node_rank` of a gang handed on (`{global rank: dump text}`) — caller's transaction."""
+    part = f"{NODE_FLIGHT_PART}{node_rank}"
+    session.execute(delete(RunResultPart).where(RunResultPart.run_id == run_id, RunResultPart.part == part))
+    value = {str(rank): text for rank, text in files.items()}
+    session.execute(insert(RunResultPart), [{"run_id": run_id, "part": part, "items": len(value), "data": result_parts.pack(value)}])
+
+
+def node_flight(session: Session, run_id: str) -> dict[int, str]:
+    """Every dump the other nodes of a gang handed on, by global rank."""
+    query = select(RunResultPart.data).where(RunResultPart.run_id == run_id, RunResultPart.part.startswith(NODE_FLIGHT_PART))
+    out: dict[int, str] = {}
+    for data in session.execute(query).scalars():
+        value = result_parts.unpack(data)
+        if isinstance(value, dict):
+            out.update({int(rank): str(text) for rank, text in value.items() if text is not None})
+    return out
+
+
+def merge_late_flight(session: Session, run_id: str, *, world_size: int, files: dict[int, str]) -> None:
+    """A node's dumps that came after its run had already ended failed: merged into the dumps the
+    run kept (a rank's own dump never replaced) and every rank analysed again — caller's transaction."""
+    before = get_flight_recorder(session, run_id)
+    merged: dict[int, str | None] = hangs.kept_files(before) if before is not None else {}
+    for rank, text in files.items():
+        if merged.get(rank) is None:
+            merged[rank] = text
+    value = hangs.kept(merged, world_size=world_size, run=run_id)
+    if value is not None:
+        set_flight_recorder(session, run_id, value)
 
 
 def flight_recorder_dumps(session: Session, run_id: str) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -117,7 +117,7 @@ def op_name(profiling_name: str) -> str:
 def read_dump(data: bytes | str | None, *, rank: int, run: str | None) -> tuple[Dump | None, DumpStatus, str | None]:
     """(the dump, its status, the problem in words) of rank `rank`'s file content (None: no file)."""
     if data is None:
-        return None, "missing", f"rank {rank} left no dump here (it died before it could write one, or ran on another host)"
+        return None, "missing", f"rank {rank} left no dump (it died before it could write one, or its node's dumps never reached the lab)"
     try:
         raw = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -284,3 +284,39 @@ def analyse(files: Mapping[int, bytes | str | None], *, world_size: int, run: st
             "last_sequence": dict(sorted(f.absent.items())),
         }
     )
+
+
+DUMP_CAP_BYTES = 16 * 1024 * 1024
+"""The largest rank's dump kept with a run (torch's 2000 entries take about 1 MB)."""
+
+
+def kept(files: Mapping[int, bytes | str | None], *, world_size: int, run: str | None = None) -> dict[str, Any] | None:
+    """What a failed run keeps of its ranks' flight recorders, every node's alike: the analysis
+    of all `world_size` ranks (a rank absent from `files` is named missing) and every rank's dump
+    (as JSON; a dump that is not JSON as its text, one over the cap or absent as null); None when
+    no rank left one."""
+    if all(files.get(r) is None for r in range(world_size)):
+        return None
+    dumps: dict[str, Any] = {}
+    for rank in range(world_size):
+        data = files.get(rank)
+        if data is None or len(data) > DUMP_CAP_BYTES:
+            dumps[str(rank)] = None
+            continue
+        try:
+            dumps[str(rank)] = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            dumps[str(rank)] = data.decode(errors="replace") if isinstance(data, bytes) else data
+    try:
+        report: dict[str, Any] | None = analyse(files, world_size=world_size, run=run).model_dump(mode="json")
+    except Exception:  # noqa: BLE001 — the dumps are evidence: kept without their analysis
+        report = None
+    return {"report": report, "dumps": dumps}
+
+
+def kept_files(value: Mapping[str, Any]) -> dict[int, str | None]:
+    """The rank files back out of a value `kept` made (to merge a late node's dumps into it)."""
+    out: dict[int, str | None] = {}
+    for rank, dump in (value.get("dumps") or {}).items():
+        out[int(rank)] = None if dump is None else dump if isinstance(dump, str) else json.dumps(dump, separators=(",", ":"))
+    return out

@@ -200,9 +200,15 @@ class Ledger(Protocol):
         reason: str | None,
         records: list[dict[str, Any]] | None,
         traces: dict[int, bytes],
+        flight: dict[int, str] | None = None,
     ) -> None:
         """Record how a non-zero node's part ended and hand on its records and traces (kept for node
-        0's result, in the same transaction); frees the worker."""
+        0's result, in the same transaction); frees the worker. `flight`: its ranks' flight-recorder
+        dumps when it failed or was stopped (by global rank), kept for node 0 — or, when the run has
+        already ended failed, merged into the dumps it kept and analysed again with them."""
+
+    def node_flight(self, run_id: str) -> dict[int, str]:
+        """The flight-recorder dumps the other nodes of a gang handed on so far, by global rank."""
 
     # ---- any run ----
 

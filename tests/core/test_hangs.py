@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from parallab.core.hangs import FORMAT, analyse
+from parallab.core.hangs import FORMAT, analyse, kept, kept_files
 
 RUN = "run-a"
 WORLD = {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}
@@ -155,7 +155,7 @@ def test_missing_and_malformed_dumps_are_named() -> None:
     files[3] = b'{"entries": []}'  # torch's own dump, no envelope
     report = analyse(files, world_size=4, run=RUN)
     assert report.dumps == {0: "ok", 1: "missing", 2: "invalid", 3: "invalid"}
-    assert report.problems[0] == "rank 1 left no dump here (it died before it could write one, or ran on another host)"
+    assert report.problems[0] == "rank 1 left no dump (it died before it could write one, or its node's dumps never reached the lab)"
     assert report.problems[1].startswith("rank 2's dump is malformed: torch.entries.0.collective_seq_id:")
     assert report.problems[2].startswith("rank 3's dump is not a parallab flight-recorder dump")
 
@@ -170,3 +170,21 @@ def test_a_dump_filed_under_another_rank_or_world_is_not_trusted() -> None:
 def test_no_dump_at_all_gives_no_sentence() -> None:
     report = analyse({}, world_size=2, run=RUN)
     assert report.sentence is None and report.dumps == {0: "missing", 1: "missing"}
+
+
+def test_kept_analyses_every_rank_names_an_absent_one_and_gives_the_files_back() -> None:
+    """Two nodes' dumps merged (ranks 0-1 on node 0, 2-3 on node 1, rank 3's never came): every
+    rank is in the kept value, rank 3 named missing; the files come back out for a late merge."""
+    files: dict[int, bytes | str | None] = {r: dump(r, [*agreeing(2), entry("0", 3, "all_reduce")]) for r in range(3)}
+    value = kept(files, world_size=4, run=RUN)
+    assert value is not None and sorted(value["dumps"]) == ["0", "1", "2", "3"] and value["dumps"]["3"] is None
+    report = value["report"]
+    assert report["dumps"] == {"0": "ok", "1": "ok", "2": "ok", "3": "missing"}
+    assert report["problems"] == ["rank 3 left no dump (it died before it could write one, or its node's dumps never reached the lab)"]
+    assert report["sentence"].startswith("hang not located: rank 3 left no dump")
+    back = kept_files(value)
+    assert sorted(back) == [0, 1, 2, 3] and back[3] is None and json.loads(back[2] or "")["rank"] == 2
+    late = kept({**back, 3: dump(3, [*agreeing(2), entry("0", 3, "barrier", [])])}, world_size=4, run=RUN)
+    assert late is not None and late["report"]["problems"] == []
+    assert late["report"]["sentence"].endswith("ranks 0, 1, 2 called all_reduce(Float[8]); rank 3 called barrier")
+    assert kept({0: None}, world_size=2, run=RUN) is None

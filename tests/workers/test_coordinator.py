@@ -7,7 +7,7 @@ ledger transactions it made, in order, and the one ending it stored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class FakeLedger:
     calls: list[str] = field(default_factory=list)
     endings: list[tuple[Ending, WorkerInfo | None]] = field(default_factory=list)
     shared: list[list[float]] = field(default_factory=list)
+    node_dumps: dict[int, str] = field(default_factory=dict)
+    """What the gang's other nodes handed on (`node_flight`)."""
 
     def claim(self, run_id: str, me: WorkerInfo, endpoint: str) -> Claimed | Refused:
         self.calls.append("claim")
@@ -85,6 +87,10 @@ class FakeLedger:
 
     def finish_node(self, run_id: str, node_rank: int, me: WorkerInfo, **_: Any) -> None:
         self.calls.append("finish_node")
+
+    def node_flight(self, run_id: str) -> dict[int, str]:
+        self.calls.append("node_flight")
+        return dict(self.node_dumps)
 
     def progress(self, run_id: str, line: dict[str, Any]) -> None:
         self.calls.append("progress")
@@ -127,6 +133,9 @@ class FakeEngine(Engine[str]):
     polls: int = 0
     launch_error: Exception | None = None
     calls: list[str] = field(default_factory=list)
+    flight_others: dict[int, str] | None = None
+    """The other nodes' dumps `flight` was handed (None: not asked)."""
+    report: Any = "hang"
     name = "fake"
 
     def launch(self, job: ResolvedJob, run_id: str) -> str:
@@ -155,8 +164,9 @@ class FakeEngine(Engine[str]):
     def log_tail(self, handle: str) -> str:
         return "last words"
 
-    def flight(self, handle: str, job: ResolvedJob) -> dict[str, Any] | None:
-        return {"report": "hang"}
+    def flight(self, handle: str, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+        self.flight_others = dict(others or {})
+        return {"report": self.report}
 
     def facts(self, handle: str, state: EngineState) -> EngineFacts:
         return EngineFacts(hardware={"fake_job": handle})
@@ -237,6 +247,22 @@ def test_a_schedulers_failed_job_ends_its_run_with_the_engines_reason_and_flight
     assert ledger.calls == ["finish"] and engine.calls == []
     [(ending, worker)] = ledger.endings
     assert worker is None and ending == Ending(End.FAILED, "Slurm job 7 FAILED: a task exited non-zero", flight={"report": "hang"})
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_gangs_failure_analyses_every_nodes_dumps_and_leads_with_that_sentence(tmp_path: Path, stopped: bool) -> None:
+    """Node 0 fails (or is stopped on another node's fault): the dumps node 1 handed on through the
+    ledger reach the engine's analysis beside node 0's own, and its sentence leads the error."""
+    ledger = FakeLedger(claimed=Claimed(JOB, "cpu", [(0, ME.id), (1, "w2")], "127.0.0.1:29400"), node_dumps={1: "rank 1's dump"})
+    sentence = "hang: ranks disagree at collective 9 of the world group (ranks 0, 1): rank 0 called all_reduce; rank 1 called barrier"
+    engine = FakeEngine(end=EngineState("failed", "exit code 1", stopped=stopped), report={"sentence": sentence})
+    status, _ = drive(ledger, engine, tmp_path)
+    assert status == "failed"
+    assert engine.flight_others == {1: "rank 1's dump"}
+    [(ending, _worker)] = ledger.endings
+    assert ending.flight == {"report": {"sentence": sentence}}
+    assert ending.error is not None and ending.error.splitlines()[0] == sentence
+    assert ("fail_node" in ledger.calls) is not stopped
 
 
 def test_an_ending_holds_a_document_exactly_when_it_succeeded() -> None:

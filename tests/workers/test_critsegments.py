@@ -39,3 +39,21 @@ def test_a_step_is_cut_to_its_work_classed_with_its_messages_keyed_by_rank_pair(
     assert ("coll", "all_reduce", "0,1", 0, 1e6 + 500, 1e6 + 600) in rows
     assert ("recv", "pp recv", "p2p:2->0", 0, 1e6 + 950, 1e6 + 1000) in rows
     assert not any(label.startswith("ProfilerStep") for label in s.label)
+
+
+def test_a_wrappers_own_time_while_a_collective_is_in_flight_is_waiting_not_compute():
+    """FSDP's post-backward hook blocked on its reduce-scatter, on CPU: the hook's own time while the
+    collective runs is left to the collective; a kernel (aten::) overlapping it stays compute."""
+    span = op("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    events = [
+        span,
+        op("RegisterPostBackwardFunctionBackward", 100, 600),
+        op("aten::mm", 150, 50),
+        op("aten::add", 400, 100),
+    ]
+    coll = CommRequest("reduce_scatter", 64, 0, start_us=200.0, time_us=400.0, group="0,1")
+    (s,) = step_segments(events, [coll], [None], [span], rank=0, offset_us=0.0)
+    compute = [(label, a, b) for kind, label, a, b in zip(s.kind, s.label, s.start, s.end, strict=True) if kind == "compute"]
+    hook = "norms and elementwise"
+    assert compute == [(hook, 100, 150), ("matmul", 150, 200), (hook, 400, 500), (hook, 600, 700)]
+    assert ("coll", "reduce_scatter", 200, 600) in [(k, lab, a, b) for k, lab, a, b in zip(s.kind, s.label, s.start, s.end, strict=True)]

@@ -135,3 +135,30 @@ def test_every_op_in_the_table_exists_with_its_buffer_argument():
         assert arg in args, (name, args)
         if name.startswith("_c10d_functional") and "all_gather" in name:
             assert "group_size" in args
+
+
+def test_the_raw_trace_is_streamed_kept_as_written_and_a_truncated_one_skips_the_analyses(tmp_path):
+    """The profiler's file is read one event at a time; the kept trace is that file gzipped as it
+    was written; a file cut short is named in the trace note, its analyses skipped, no crash."""
+    import torch
+
+    from workers.harness.measure import StepProfiler
+
+    def profiler(text: str) -> StepProfiler:
+        prof = StepProfiler(rank=0, world_size=1, out_dir=tmp_path, device=torch.device("cpu"), trace_cap_bytes=1 << 30)
+        prof._profiled = 2
+        prof._raw_trace = RunDir(tmp_path).create().raw_trace(0)
+        prof._raw_trace.write_text(text)
+        return prof
+
+    text = json.dumps(chrome_trace(steps=3, events_per_step=300))
+    whole = profiler(text)._compute()
+    assert whole.trace_file == RunDir(tmp_path).trace(0).name and whole.trace_note is None
+    assert gzip.decompress(RunDir(tmp_path).trace(0).read_bytes()).decode() == text
+    assert whole.step_time_breakdown is not None
+
+    RunDir(tmp_path).trace(0).unlink()
+    cut = profiler(text[: len(text) // 2])._compute()
+    assert cut.trace_file is None and cut.step_time_breakdown is None
+    assert cut.trace_note is not None and cut.trace_note.startswith("the profiler's trace could not be read (the trace ends")
+    assert not RunDir(tmp_path).trace(0).exists() and not RunDir(tmp_path).raw_trace(0).exists()

@@ -16,6 +16,7 @@ document the coordinator builds; the defaults say nothing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -100,8 +101,9 @@ class Engine(ABC, Generic[H]):
         """Why a failed job failed, in full (with a rank's own record and the log tail where known)."""
         return state.reason or "failed"
 
-    def flight(self, handle: H, job: ResolvedJob) -> dict[str, Any] | None:
-        """A failed job's flight-recorder dumps and their analysis, when its ranks left any."""
+    def flight(self, handle: H, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+        """A failed job's flight-recorder dumps and their analysis, when its ranks left any: its own
+        ranks' with `others` (the dumps its gang's other nodes handed on), every rank analysed together."""
         return None
 
     def facts(self, handle: H, state: EngineState) -> EngineFacts:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -160,8 +160,8 @@ class HostTorchrun(Engine[HostJob]):
     def failure(self, handle: HostJob, state: EngineState) -> str:
         return state.reason or "stopped"
 
-    def flight(self, handle: HostJob, job: ResolvedJob) -> dict[str, Any] | None:
-        return kept_flight(handle.run_dir, job.world_size)
+    def flight(self, handle: HostJob, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+        return kept_flight(handle.run_dir, job.world_size, others)
 
     def facts(self, handle: HostJob, state: EngineState) -> EngineFacts:
         outcome = handle.outcome

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
-from parallab.core.hangs import HangReport, analyse
+from parallab.core.hangs import HangReport, analyse, kept
 from parallab.core.jobs import ResolvedJob
 from parallab.core.result import FailureRecord, RankRecord
 from parallab.core.rundir import RunDir
@@ -29,10 +30,10 @@ def read_traces(run_dir: RunDir, world_size: int, cap_bytes: int) -> dict[int, b
     return traces
 
 
-def flight_dumps(run_dir: RunDir, world_size: int) -> dict[int, bytes | None]:
-    """Each rank's flight-recorder dump as its bytes (None: the rank wrote none)."""
+def flight_dumps(run_dir: RunDir, ranks: Iterable[int]) -> dict[int, bytes | None]:
+    """Each of `ranks`' flight-recorder dumps here as its bytes (None: the rank wrote none here)."""
     out: dict[int, bytes | None] = {}
-    for rank in range(world_size):
+    for rank in ranks:
         try:
             out[rank] = run_dir.flight(rank).read_bytes()
         except OSError:
@@ -40,14 +41,41 @@ def flight_dumps(run_dir: RunDir, world_size: int) -> dict[int, bytes | None]:
     return out
 
 
-def hang_report(run_dir: RunDir) -> HangReport | None:
-    """What the ranks' flight-recorder dumps say (`parallab.core.hangs`); None when no rank wrote
-    one (the run failed before its process group existed, or on another engine's host)."""
+def node_flight(run_dir: RunDir, job: ResolvedJob, node_rank: int) -> dict[int, str]:
+    """The dumps this node's ranks wrote (as text, by global rank), for the run's node 0: the
+    ranks of node k are k * ranks_per_node onwards (torchrun's order)."""
+    first = node_rank * job.ranks_per_node
+    found = flight_dumps(run_dir, range(first, first + job.ranks_per_node))
+    return {rank: data.decode(errors="replace") for rank, data in found.items() if data is not None}
+
+
+def kept_node_flight(run_dir: RunDir, job: ResolvedJob, node_rank: int) -> dict[int, str] | None:
+    """`node_flight`, best effort (None: none, or unreadable): a node's end is stored without its dumps rather than lost."""
     try:
-        world_size = int(json.loads(run_dir.job.read_text())["spec"]["strategy"]["world_size"])
+        return node_flight(run_dir, job, node_rank) or None
+    except Exception:
+        log.exception("could not read node %d's flight-recorder dumps in %s", node_rank, run_dir.path)
+        return None
+
+
+def _world_size(run_dir: RunDir) -> int | None:
+    try:
+        return int(json.loads(run_dir.job.read_text())["spec"]["strategy"]["world_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    dumps = flight_dumps(run_dir, world_size)
+
+
+def hang_report(run_dir: RunDir, others: Mapping[int, bytes | str | None] | None = None) -> HangReport | None:
+    """What the ranks' flight-recorder dumps say (`parallab.core.hangs`): those found here and
+    `others` (the dumps the other nodes of a gang handed on); None when no rank wrote one (the run
+    failed before its process group existed)."""
+    world_size = _world_size(run_dir)
+    if world_size is None:
+        return None
+    dumps: dict[int, bytes | str | None] = {**flight_dumps(run_dir, range(world_size))}
+    for rank, data in (others or {}).items():
+        if dumps.get(rank) is None:
+            dumps[rank] = data
     if all(d is None for d in dumps.values()):
         return None
     try:
@@ -57,37 +85,25 @@ def hang_report(run_dir: RunDir) -> HangReport | None:
         return None
 
 
-FLIGHT_CAP_BYTES = 16 * 1024 * 1024
-"""The largest rank's dump kept with a run (torch's 2000 entries take about 1 MB)."""
-
-
-def kept_flight(run_dir: RunDir, world_size: int) -> dict[str, Any] | None:
+def kept_flight(run_dir: RunDir, world_size: int, others: Mapping[int, bytes | str | None] | None = None) -> dict[str, Any] | None:
     """`flight_recorder`, best effort: a failed run's failure is stored without its dumps when
     they cannot be read (an engine's `flight`)."""
     try:
-        return flight_recorder(run_dir, world_size)
+        return flight_recorder(run_dir, world_size, others)
     except Exception:
         log.exception("could not read the flight-recorder dumps in %s", run_dir.path)
         return None
 
 
-def flight_recorder(run_dir: RunDir, world_size: int) -> dict[str, Any] | None:
-    """What a failed run keeps of its ranks' flight recorders: the analysis and every rank's dump
-    (as JSON; a dump that is not JSON as its text, one over the cap as null); None without any."""
-    files = flight_dumps(run_dir, world_size)
-    if all(d is None for d in files.values()):
-        return None
-    dumps: dict[str, Any] = {}
-    for rank, data in files.items():
-        if data is None or len(data) > FLIGHT_CAP_BYTES:
-            dumps[str(rank)] = None
-            continue
-        try:
-            dumps[str(rank)] = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            dumps[str(rank)] = data.decode(errors="replace")
-    report = hang_report(run_dir)
-    return {"report": report.model_dump(mode="json") if report is not None else None, "dumps": dumps}
+def flight_recorder(run_dir: RunDir, world_size: int, others: Mapping[int, bytes | str | None] | None = None) -> dict[str, Any] | None:
+    """What a failed run keeps of its ranks' flight recorders (`parallab.core.hangs.kept`): the
+    dumps found here with those of its other nodes (`others`), all `world_size` ranks analysed
+    together; None without any."""
+    files: dict[int, bytes | str | None] = {**flight_dumps(run_dir, range(world_size))}
+    for rank, data in (others or {}).items():
+        if files.get(rank) is None:
+            files[rank] = data
+    return kept(files, world_size=world_size, run=run_dir.path.name)
 
 
 def failure_message(run_dir: RunDir, reason: str, log_tail: str) -> str:

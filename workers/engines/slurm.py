@@ -23,6 +23,7 @@ import math
 import re
 import shlex
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from parallab.core.pools import SlurmPool
 from parallab.core.rundir import RunDir
 from workers import extras
 from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
-from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
+from workers.engines.outputs import failure_message, hang_report, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, read_log_tail
 
 log = logging.getLogger(__name__)
@@ -289,15 +290,18 @@ class SlurmEngine(Engine[SlurmHandle]):
         return read_log_tail(self.run_dir(handle.run_id).log)
 
     def failure(self, handle: SlurmHandle, state: EngineState) -> str:
-        """Why a job failed: Slurm's state and reason, a rank's own failure record if one wrote it, and the log tail."""
+        """Why a job failed: Slurm's state and reason, a rank's own failure record if one wrote it
+        (else led by the hang every node's ranks' dumps show, when they show one), and the log tail."""
         files = self.run_dir(handle.run_id)
         if files.failure.exists():
             return f"{state.reason}\n{failure_message(files, state.reason or '', self.log_tail(handle))}"
-        return f"{state.reason}\n--- log tail ---\n{self.log_tail(handle)}"
+        report = hang_report(files)
+        lead = f"{report.sentence}\n" if report is not None and report.sentence else ""
+        return f"{lead}{state.reason}\n--- log tail ---\n{self.log_tail(handle)}"
 
-    def flight(self, handle: SlurmHandle, job: ResolvedJob) -> dict[str, Any] | None:
+    def flight(self, handle: SlurmHandle, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
         """The ranks' flight-recorder dumps on the shared filesystem (every node's ranks wrote there)."""
-        return kept_flight(self.run_dir(handle.run_id), job.world_size)
+        return kept_flight(self.run_dir(handle.run_id), job.world_size, others)
 
     def hostnames(self, nodes: str) -> list[str]:
         """A Slurm node list (`node[01-02]`) as host names, in order."""

@@ -4,7 +4,11 @@ Pure (no torch), from what the profiler exported and what the comm recorder saw:
 - compute: on CPU the main thread's operators, each instant given to the innermost operator then
   running (its exclusive time), classed by its name (`op_class`; inside the optimizer's
   `Optimizer.step#…` range: optimizer); on CUDA each compute kernel, classed by its name. The
-  main thread's communication operators are not compute (as in `attribution.cpu_busy`).
+  main thread's communication operators are not compute (as in `attribution.cpu_busy`), and
+  neither is a wrapper's own time (an operator that is not an `aten::` kernel: the autograd
+  engine's nodes, a hook such as FSDP's post-backward, a dispatch mode) while one of the rank's
+  collectives is in flight: on CPU that is the main thread blocked on the collective (FSDP's
+  all-gather wait, its reduce-scatter's), not work.
 - collectives: each timed request with its group and its sequence number in that group (issue
   order on this rank, as `attribution.arrivals` numbers them).
 - point-to-point: each timed send or receive keyed by its ordered pair of global ranks and its
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from parallab.core.critpath import COLL, COMPUTE, RECV, SEND, StepSegments, op_class
@@ -31,6 +35,42 @@ training step spends it."""
 
 def _iv(e: TraceEvent) -> tuple[float, float]:
     return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+
+
+def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `intervals`, as sorted disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def without_waits(pieces: Sequence[tuple[str, float, float]], inflight: Sequence[tuple[float, float]]) -> list[tuple[str, float, float]]:
+    """`pieces` (start order) with a wrapper's time (not an `aten::` kernel) cut where a collective
+    is in flight (`inflight`: sorted, disjoint): the main thread waiting on it, not computing."""
+    if not inflight:
+        return list(pieces)
+    starts = [a for a, _ in inflight]
+    out: list[tuple[str, float, float]] = []
+    for name, a, b in pieces:
+        if name.startswith("aten::"):
+            out.append((name, a, b))
+            continue
+        cursor = a
+        i = max(0, bisect.bisect_right(starts, a) - 1)
+        while i < len(inflight) and inflight[i][0] < b:
+            lo, hi = inflight[i]
+            if hi > cursor:
+                if lo > cursor:
+                    out.append((name, cursor, lo))
+                cursor = max(cursor, hi)
+            i += 1
+        if cursor < b:
+            out.append((name, cursor, b))
+    return out
 
 
 def exclusive(ops: Sequence[TraceEvent]) -> list[tuple[str, float, float]]:
@@ -87,7 +127,8 @@ def step_segments(
         pieces.sort(key=lambda p: p[1])
     else:
         ops = [e for e in events if e.get("ph") == "X" and e.get("tid") == main and e.get("cat") == "cpu_op"]
-        pieces = exclusive(ops)
+        inflight = merged((r.start_us, r.start_us + r.time_us) for r in requests if r.start_us is not None and r.kind not in P2P)
+        pieces = without_waits(exclusive(ops), inflight)
     # comm: sequence numbers over the whole window, in issue order
     comm: list[tuple[str, str, str, int, float, float]] = []
     seq: dict[str, int] = {}

@@ -15,6 +15,7 @@ import gc
 import gzip
 import json
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from parallab.core import tracestream
 from parallab.core.critpath import StepSegments
 from parallab.core.result import CommOp, MemoryPeak, MemoryPoint, ModelStateBytes, StepBreakdown, TimelineEvent
 from parallab.core.rundir import RunDir
@@ -638,8 +640,13 @@ class StepProfiler:
             if self.device.type != "cuda":
                 out.peak_allocated_bytes = total
         doc: dict[str, Any] = {}
+        unread: str | None = None
         if self._raw_trace is not None and self._raw_trace.exists():
-            doc = json.loads(self._raw_trace.read_text())
+            try:  # streamed: the file's text is never held whole beside its events
+                meta, kept = tracestream.read_trace(self._raw_trace)
+                doc = {**meta, "traceEvents": kept}
+            except (tracestream.NotATrace, UnicodeDecodeError) as exc:
+                unread = f"the profiler's trace could not be read ({exc}); its analyses were skipped"
         events: list[dict[str, Any]] = doc.get("traceEvents", [])
         spans = self._window_spans(events)
         if spans:
@@ -682,6 +689,8 @@ class StepProfiler:
             )
         if doc:
             out.trace_file, out.trace_note = self._keep_trace(doc)
+        elif unread is not None:
+            out.trace_note = unread
         if self._raw_trace is not None:
             self._raw_trace.unlink(missing_ok=True)
         return out
@@ -701,8 +710,16 @@ class StepProfiler:
         """(file name, note): the Chrome trace gzipped; over the cap only the last step, else nothing."""
         path = self.run_dir.trace(self.rank)
         cap = self.trace_cap_bytes
-        data = gzip.compress(json.dumps(doc).encode(), compresslevel=6)
         note = None
+        if self._raw_trace is not None and self._raw_trace.exists():  # the profiler's file, gzipped as it streams
+            tmp = path.with_name(f".{path.name}.tmp")
+            with self._raw_trace.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            if cap is None or tmp.stat().st_size <= cap:
+                tmp.replace(path)
+                return path.name, note
+            tmp.unlink(missing_ok=True)
+        data = gzip.compress(json.dumps(doc).encode(), compresslevel=6)
         if cap is not None and len(data) > cap:
             last = self._last_step_span(doc["traceEvents"])
             if last is not None:

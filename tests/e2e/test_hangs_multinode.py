@@ -1,0 +1,112 @@
+"""A hang across two hosts of one pool: two `parallab worker` processes pose as two hosts (separate
+homes, one CPU rank each, c10d rendezvous over loopback), on Redis and Postgres as a lab runs
+them. Rank 1 — node 1's only rank — calls barrier where rank 0 calls all_reduce (the harness's
+test-only knob `PARALLAB_TEST_FAULT`, in both workers' environments, inherited by their ranks).
+
+Each node's rank dumps its flight recorder into its own host's run directory; node 1 hands its
+dumps on through the ledger, and node 0 analyses every rank's dump together: the run's error
+leads with the sentence naming both ranks' calls, and the dumps of both nodes are kept with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.config import Settings
+from tests.e2e.fleet import (
+    api_client,
+    host_settings,
+    live_hosts,
+    private_redis,
+    rank_processes,
+    start_worker,
+    stop_worker,
+    wait_for_run,
+    wait_until,
+)
+from workers.harness.faults import FAULT_ENV
+
+pytestmark = pytest.mark.slow
+
+POOL = "hangduo"
+COLLECTIVE_TIMEOUT_S = 10
+MAX_JOB_S = 300
+SPEC = {
+    "name": "hang across nodes",
+    "workload": {"model": "tiny", "steps": 2, "warmup_steps": 1},
+    "strategy": {"name": "ddp", "world_size": 2},
+    "placement": {"pool": POOL, "nodes": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def two_hosts(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, dict[str, Path]]]:
+    root = tmp_path_factory.mktemp("hang-two-hosts")
+    with private_redis(root) as redis:
+        base = Settings(
+            home=root / "api",
+            database_url=postgres_url,
+            broker_url=redis.url,
+            worker_devices=1,
+            max_job_seconds=MAX_JOB_S,
+            heartbeat_s=1.0,
+            worker_ttl_s=6.0,
+            reservation_timeout_s=90.0,
+        )
+        homes = {"hang-a": root / "a", "hang-b": root / "b"}
+        env = {FAULT_ENV: "mismatch:1", "PARALLAB_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_TIMEOUT_S)}
+        procs = [
+            start_worker(host_settings(base, home, host), root / f"{host}.log", pool=POOL, extra_env=env) for host, home in homes.items()
+        ]
+        try:
+            with api_client(base) as client:
+                wait_until(lambda: set(homes) <= set(live_hosts(client)), "both workers to register", timeout=60)
+                yield client, homes
+        finally:
+            for proc in procs:
+                stop_worker(proc)
+
+
+@pytest.mark.timeout(600)
+def test_a_hang_across_two_nodes_is_analysed_from_both_nodes_dumps_and_they_stay_with_the_run(two_hosts) -> None:
+    client, homes = two_hosts
+    submitted = client.post("/api/v1/runs", json=SPEC)
+    assert submitted.status_code == 202, submitted.text
+    run_id = submitted.json()["id"]
+    run = wait_for_run(client, run_id, {"succeeded", "failed", "cancelled"}, timeout=400)
+    assert run["status"] == "failed", run
+    took = (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])).total_seconds()
+    assert took < MAX_JOB_S / 2, f"took {took:.0f} s: ended by the wall-clock limit, not the collective timeout"
+
+    # Each host's run directory holds only its own rank's dump: the analysis needed both.
+    leader = run["host"]
+    other = next(host for host in homes if host != leader)
+    assert (homes[leader] / "runs" / run_id / "flight_rank0.json").exists()
+    assert (homes[other] / "runs" / run_id / "flight_rank1.json").exists()
+    assert not (homes[leader] / "runs" / run_id / "flight_rank1.json").exists()
+
+    first = run["error"].splitlines()[0]
+    assert first.startswith("hang: ranks disagree at collective "), run["error"][:800]
+    assert first.endswith(" of the world group (ranks 0, 1): rank 0 called all_reduce(Float[8]); rank 1 called barrier"), first
+    assert f"host {other}" in run["error"], "node 1's own failure is still told"
+
+    kept = client.get(f"/api/v1/runs/{run_id}/flight-recorder")
+    assert kept.status_code == 200
+    body = kept.json()
+    report = body["report"]
+    assert report["sentence"] == first
+    assert report["dumps"] == {"0": "ok", "1": "ok"} and report["problems"] == []
+    assert report["calls"] == {"0": "all_reduce(Float[8])", "1": "barrier"}
+    assert sorted(body["dumps"]) == ["0", "1"]
+    for rank, dump in body["dumps"].items():
+        assert dump is not None, f"rank {rank}'s dump was not kept"
+        assert dump["run"] == run_id and dump["rank"] == int(rank) and dump["torch"]["entries"]
+    page = client.get(f"/runs/{run_id}").text
+    assert "2 of 2 ranks dumped theirs" in page
+    wait_until(lambda: all(w["run_id"] is None for w in live_hosts(client).values()), "both hosts to be free", timeout=60)
+    wait_until(lambda: not rank_processes(run_id), "every rank of the failed job to be gone", timeout=30)

@@ -1,0 +1,131 @@
+"""The diff of two runs that explains the difference, on real runs across an emulated cluster:
+FSDP over 2 ranks, one in each of two network namespaces behind a shaped link, `tiny`, traced,
+with `reshard_after_forward` on against off, 3 repeats each, interleaved.
+
+Resharding after the forward frees each block's gathered parameters, so the backward gathers them
+again: the only change in what the step does is those all-gathers. On one host's loopback they
+are nearly free and the host's noise swamps them; behind a slow link (`RATE`) each gathers over
+the wire, so the extra ones cost real time. The diff must put at least 80 % of the step-time
+difference on the all-gathers (their transfer and the wait at them, each a part under the
+collective's dimension and op), and its parts must add up to the measured difference within 5 %.
+An attribution that drops the all-gathers (their time counted as compute, as the loopback split
+did) must fail the first claim. The diff itself is unit-tested on synthetic documents in
+tests/core/test_whydiff.py.
+
+Needs root (network namespaces); one emulated cluster per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.rundir import RunDir
+from parallab.core.spec import JobSpec
+from parallab.core.whydiff import Why, explain, lines, share_of
+from tests.e2e.emulated import emulated_cluster
+from workers.aggregate import build_result, read_node_records
+from workers.launcher import NodeLaunch, launch
+from workers.netns import INNER_IF, EmulatedCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+REPEATS = 3
+RATE = "3mbit"
+"""Slow enough that the backward's extra all-gathers (tiny's four blocks, ~0.4 MB each way) take
+about a second on the wire, far above the host's noise; fast enough for six runs in minutes."""
+STEPS = 6
+
+
+def job_of(reshard: bool) -> ResolvedJob:
+    doc = {
+        "workload": {"model": "tiny", "steps": STEPS, "warmup_steps": 1},
+        "strategy": {"name": "fsdp", "world_size": 2, "options": {"reshard_after_forward": reshard}},
+        "placement": {"nodes": 2},
+        "trace": True,
+    }
+    return resolve_job(JobSpec.model_validate(doc), Limits(max_world_size=8))
+
+
+def run_across(cluster: EmulatedCluster, job: ResolvedJob, root: Path, port: int, cache_dir: Path) -> dict[str, Any]:
+    """One torchrun per node inside its namespace, as the workers run it; the merged document."""
+    dirs = [RunDir(root / f"node{n.index}") for n in cluster.nodes]
+    outcomes: list[Any] = [None] * len(cluster.nodes)
+
+    def one(i: int) -> None:
+        here = cluster.nodes[i]
+        node = NodeLaunch(job.nodes, i, f"{cluster.nodes[0].address}:{port}", root.name, join_timeout_s=300, local_addr=here.address)
+        outcomes[i] = launch(job, dirs[i], timeout_s=900, trace_cap_bytes=16 << 20, cache_dir=cache_dir, node=node, netns=here.netns)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cluster.nodes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [o.reason for o in outcomes if not o.ok]
+    assert not failed, f"{failed}: {outcomes[0].log_tail[-3000:]}"
+    records = sorted((r for d in dirs for r in read_node_records(d)), key=lambda r: r.rank)
+    return build_result(job, records, hosts=[n.host for n in cluster.nodes]).model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def reshard_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, list[dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("reshard-emulated")
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    with emulated_cluster(nodes=2, ranks_per_node=1, rate=RATE) as cluster, pytest.MonkeyPatch.context() as env:
+        for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):  # the ranks bind their node's link, as a worker's do
+            env.setenv(name, INNER_IF)
+        port = 29450
+        for i in range(REPEATS):
+            for flag in (False, True):  # interleaved: a drift in the host's load falls on both sides
+                port += 1
+                runs[flag].append(run_across(cluster, job_of(flag), root / f"reshard{int(flag)}_{i}", port, root / "cache"))
+    keep = os.environ.get("PARALLAB_KEEP_WHY")
+    if keep:  # the documents, for BENCHMARKS.md's figures
+        Path(keep).write_text(json.dumps({"off": runs[False], "on": runs[True]}))
+    return runs
+
+
+def without_all_gathers(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The document as an attribution that drops the all-gathers would leave it: their transfer and
+    wait counted as compute (the profiled step unchanged)."""
+    cp = dict(doc["critical_path"])
+    parts = {k: v for k, v in cp["rank_parts_s"].items() if "all_gather" not in k}
+    dropped = sum(v for k, v in cp["rank_parts_s"].items() if "all_gather" in k)
+    parts["compute matmul"] = parts.get("compute matmul", 0.0) + dropped
+    cp["rank_parts_s"] = parts
+    return {**doc, "critical_path": cp}
+
+
+def claims(why: Why) -> tuple[bool, bool]:
+    """(≥ 80 % of the difference on the all-gathers, the parts add up within 5 %)."""
+    share = share_of(why, "all_gather")
+    return share is not None and share >= 0.8, why.adds_up and why.residual_fraction is not None and why.residual_fraction <= 0.05
+
+
+def test_resharding_after_forward_is_explained_by_its_all_gathers(reshard_runs: dict[bool, list[dict[str, Any]]]) -> None:
+    why = explain(reshard_runs[False], reshard_runs[True], names=("reshard off", "reshard on"))
+    text = "\n".join(lines(why))
+    print(text)
+    assert why.measured_delta_s > 0, text  # resharding costs time
+    on_all_gathers, adds_up = claims(why)
+    assert on_all_gathers, text
+    assert adds_up, text
+    assert all(p.interval_s is not None for p in why.parts), text
+
+
+def test_an_attribution_that_drops_the_all_gathers_fails_the_claim(reshard_runs: dict[bool, list[dict[str, Any]]]) -> None:
+    broken = explain(
+        [without_all_gathers(d) for d in reshard_runs[False]],
+        [without_all_gathers(d) for d in reshard_runs[True]],
+        names=("reshard off", "reshard on"),
+    )
+    on_all_gathers, _ = claims(broken)
+    assert not on_all_gathers, "\n".join(lines(broken))
