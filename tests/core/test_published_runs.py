@@ -32,6 +32,8 @@ from parallab.core.families import param_counts
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
 from parallab.core.layout import Layout, stage_sizes
+from parallab.core.megatron import FP16_OPTIMIZER_BYTES_PER_PARAM, step_terms
+from parallab.core.planner import hardware_for
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.reserved import reserved_memory
@@ -280,6 +282,25 @@ def test_korthikantis_mean_step_time_error_is_under_eight_percent():
     errors = [abs(megatron_step_s(r) / r["published_step_time_s"] - 1) for r in MEGATRON]
     assert sum(errors) / len(errors) < MEAN_STEP_TIME_TOLERANCE
     assert f"mean |error| {sum(errors) / len(errors):.1%}" in megatron_table(MEGATRON)
+
+
+def test_korthikantis_mean_step_time_error_is_under_seven_and_a_half_percent():
+    """With Megatron's fp16 optimizer step and the pipeline's scatter-gather counted the mean is 6.5 %
+    (it was 7.5 % without them); Calculon's 3.65 % is not reached."""
+    errors = [abs(megatron_step_s(r) / r["published_step_time_s"] - 1) for r in MEGATRON]
+    assert sum(errors) / len(errors) < 0.075
+
+
+def test_megatrons_optimizer_step_moves_46_bytes_a_parameter():
+    """Float16OptimizerWithFloat16Params.step: unscale and inf check (8 B), the gradient norm (4 B),
+    FusedAdam (28 B), the fp16 copy of the main params (6 B)."""
+    run = next(r for r in MEGATRON if "22B" in r["name"] and r["recompute"] == "full")
+    lay = megatron_layout(run)
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=1, devices_per_node=8)
+    (optimizer,) = [t for t in step_terms(lay, hw) if t.name.startswith("optimizer")]
+    params = (12 * lay.layers * lay.hidden**2 + lay.vocab * lay.hidden) // lay.tp
+    assert optimizer.seconds == pytest.approx(params * 46 / hw.memory_bandwidth)
+    assert sum(FP16_OPTIMIZER_BYTES_PER_PARAM.values()) == 46
 
 
 def test_selective_recomputation_with_sequence_parallel_is_the_faster_recipe_by_the_papers_margin():
