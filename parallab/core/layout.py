@@ -68,6 +68,10 @@ class Layout:
     """pp: micro-batches per accumulation micro-step (filled in at resolution)."""
     zigzag: bool = False
     """cp: load-balanced causal sharding."""
+    async_tp: bool = False
+    """tp: torch's async (micro-pipelined) TP, as torchtitan's `enable_async_tensor_parallel` asks.
+    Predicted only and not modelled: the planner times TP's collectives exposed, as without it, and
+    every prediction that asks for it says so; parallab's ranks do not run it."""
     shard_over_cp: bool = False
     """cp: FSDP shards over dp_shard × cp, torchtitan's flattened `dp_shard_cp` mesh (the cp ranks
     also shard parameters, gradients and optimizer state), instead of replicating the dp_shard

@@ -28,6 +28,7 @@ from benchmarks.published import (
 )
 from parallab.core.device_profile import load_profile
 from parallab.core.dims.pp import bubble as pp_bubble
+from parallab.core.dims.tp import ASYNC_TP_NOT_MODELLED
 from parallab.core.families import param_counts
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
@@ -163,7 +164,7 @@ def test_every_configuration_torchtitan_ran_ranks_as_fitting(checked):
 def test_the_70b_row_runs_torchtitans_layout_and_needs_loss_parallel_to_fit():
     (run, *_) = [r for r in RUNS if r["model"] == "llama-3-70b"]
     row = evaluate_run(run)[0]
-    assert spec_of(run)["strategy"]["options"] == {"tp": 8, "sequence_parallel": True}
+    assert spec_of(run)["strategy"]["options"] == {"tp": 8, "sequence_parallel": True}  # the 2D row: no async TP
     assert (row.mesh["dp"], row.mesh["tp"], row.micro_batch_size) == (32, 8, 16)
     whole_head = evaluate_run({**run, "loss_parallel": False})[0]
     assert (whole_head.memory_per_rank_bytes or 0) > (row.memory_per_rank_bytes or 0) + 20 * 2**30
@@ -235,7 +236,10 @@ def test_each_row_carries_its_held_out_band_and_what_it_does_not_model(checked):
         if row.band is not None:
             assert name not in row.band["basis"] and row.band["n"] >= 1
     tp_row, async_row = (r for n, r in checked.items() if "70B" in n)
-    assert "async TP" in (tp_row.not_modelled or [])
+    assert not [x for x in tp_row.not_modelled or [] if "async TP" in x]  # the 2D row does not ask for it
+    for name, row in checked.items():  # every run that used AsyncTP asks for it, and its prediction says it is not modelled
+        asked = "AsyncTP" in name or "405B" in name
+        assert (ASYNC_TP_NOT_MODELLED in (row.not_modelled or [])) == asked, name
     assert tp_row.band is not None and tp_row.band["n"] == 1  # the AsyncTP row, the one other fp8 TP run
     assert async_row.band is None  # its one TP peer is a known miss: outside the validated regime
 
@@ -330,3 +334,24 @@ def test_interleaving_shrinks_the_pipeline_bubble_by_the_chunk_count():
     run = next(r for r in MEGATRON if "175B" in r["name"] and r["recompute"] == "full")
     ratio = megatron_step_s({**run, "pipeline_interleaving": 1}) / megatron_step_s(run)
     assert ratio == pytest.approx((64 + 7) / (64 + 7 / 3), rel=0.01)
+
+
+def test_async_tp_is_asked_for_predicted_only_and_labelled_not_modelled():
+    """A run asking for async TP: refused for parallab's ranks (naming the option), predicted with the
+    same step as without it (the planner does not model it) and labelled so, on the CLI's, the plan
+    page's and the run page's prediction alike (they all print `not_modelled`)."""
+    (run,) = [r for r in RUNS if r["name"] == "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 + AsyncTP, 256 x H100"]
+    assert run["options"]["async_tp"] is True
+    with pytest.raises(SpecError, match="strategy.options.async_tp: async_tp"):
+        resolve_job(JobSpec.model_validate({**spec_of(run), "workload": {**spec_of(run)["workload"], "precision": "bf16"}}), Limits())
+    job = resolve_job(JobSpec.model_validate(spec_of(run)), Limits(), predict_only=True)
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
+    prediction = predict(job, hw, loss_parallel=True)
+    assert ASYNC_TP_NOT_MODELLED in prediction["not_modelled"]
+    assert any("async TP" in line for line in prediction["not_runnable_here"])
+    without = {**run, "options": {k: v for k, v in run["options"].items() if k != "async_tp"}}
+    job2 = resolve_job(JobSpec.model_validate(spec_of(without)), Limits(), predict_only=True)
+    plain = predict(job2, hw, loss_parallel=True)
+    assert ASYNC_TP_NOT_MODELLED not in plain["not_modelled"]
+    assert prediction["step_time_s"] == plain["step_time_s"]
+    assert "async_tp" not in job2.spec.model_dump(mode="json")["strategy"]["options"]  # stored options unchanged without it

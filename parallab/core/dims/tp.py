@@ -50,6 +50,10 @@ def norm_grad_bytes(precision: str, *, fsdp: bool) -> int:
     return 2 if fsdp and precision != "fp32" else state_bytes_per_param(precision)[1]
 
 
+ASYNC_TP_NOT_MODELLED = "async TP (asked for: TP's collectives are timed exposed, as without it)"
+"""What a prediction of a run that asks for async TP says (the planner does not model it)."""
+
+
 def tp_comm(
     cfg: ModelConfig,
     tokens: int,
@@ -176,11 +180,13 @@ def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Lo
 
 
 class TensorParallel(Dimension):
-    not_modelled: ClassVar[tuple[str, ...]] = ("async TP",)
     splits_head: ClassVar[bool] = True
     name = "tp"
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
     fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan
+
+    def asked_not_modelled(self, layout: Layout) -> tuple[str, ...]:
+        return (ASYNC_TP_NOT_MODELLED,) if layout.async_tp else ()
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         tp, model = draft.layout.tp, draft.model
