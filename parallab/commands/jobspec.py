@@ -208,9 +208,11 @@ def fail(*lines: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def resolve(doc: dict[str, Any], limits: Limits) -> ResolvedJob:
-    """The job a spec document describes, resolved; exits 2 naming each field at fault otherwise."""
+def resolve(doc: dict[str, Any], limits: Limits, *, predict_only: bool = False) -> ResolvedJob:
+    """The job a spec document describes, resolved; exits 2 naming each field at fault otherwise.
+    `predict_only`: a plan, never run — what the ranks refuse but the planner models passes
+    (`resolve_job`), and the prediction lists it under `not_runnable_here`."""
     try:
-        return resolve_job(JobSpec.model_validate(doc), limits)
+        return resolve_job(JobSpec.model_validate(doc), limits, predict_only=predict_only)
     except (SpecError, ValidationError) as exc:
         fail(*problems(exc))

@@ -122,7 +122,7 @@ def plan(
     except ValueError as exc:
         fail(str(exc))
     doc = spec_document({}, strategy=strategy, world_size=world_size, options=options, workload=workload)
-    job = resolve(doc, Limits(allowed_modules=_allowed_modules()))
+    job = resolve(doc, Limits(allowed_modules=_allowed_modules()), predict_only=not dry_run)
     if not job.trains:
         fail(f"strategy.name: {strategy} trains nothing, so there is nothing to predict; plan one of {', '.join(TRAINING_STRATEGIES)}")
     if dry_run:
@@ -217,6 +217,10 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
         table.add_row("not modelled", escape(", ".join(prediction.get("not_modelled") or []) or "—"))
     else:  # the counts above are exact formulas; a time, and its band, need hardware
         table.add_row("step time (estimate)", escape(NO_HARDWARE))
+    from parallab.core.recipes import not_runnable_here
+
+    for line in not_runnable_here(job):  # a predicted-only recipe: the plan stands, a run of it is refused
+        table.add_row("not runnable here", escape(line))
     zero = "2+2+12" if job.workload.precision != "fp32" else "4+4+8"
     for stage, value in (prediction.get("zero_stages_bytes_per_rank") or {}).items():
         table.add_row(f"ZeRO {stage} (paper, {zero})", format_bytes(value))

@@ -50,8 +50,11 @@ def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list
     out = []
     if hw.device_profile is None and not hw.calibrated:
         out.append("kernel efficiency (datasheet only: no device profile, no calibration)")
+    layout = job.descriptor.layout(job.world_size, job.options) if job.descriptor.trains else None
     for dim in _on(job):
         out += dim.not_modelled
+        if layout is not None:
+            out += dim.asked_not_modelled(layout)
         if dim.splits_head and not loss_parallel:
             out.append("loss parallel (the logits are gathered whole on every rank)")
     if job.model.is_moe:

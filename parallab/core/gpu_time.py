@@ -112,7 +112,7 @@ def compute_terms(
     per_token = a * h_wide * shares.stream_bytes + b * width * act_bytes + casts
     mem_fwd = layers * t * per_token * profile.memory_bound.measured_factor * fused / bw
     vocab = cfg.vocab_size // tp if loss_parallel and tp > 1 else cfg.vocab_size
-    loss = t * vocab * 4 * 3 / bw
+    loss = t * vocab * 4 * 3 / bw if shares.head_forward_s else 0.0  # on the rank holding the head
     gemm_fwd = layers * shares.gemm_forward_s
 
     # selective: parallab's policy keeps every matmul and recomputes the attention; torchtitan's

@@ -338,9 +338,8 @@ def resolve_job(spec: JobSpec, limits: Limits | None = None, *, predict_only: bo
     split = accum * math.lcm(dp, descriptor.batch_split(world, options))
     gbs = wl.global_batch_size or _default_batch(preset.global_batch_size, split)
     problems += divides(("workload", "global_batch_size"), gbs, dp * accum, "global batch size")
-    problems += descriptor.rules(
-        Draft(model=model, world_size=world, options=options, global_batch_size=gbs, grad_accumulation_steps=accum)
-    )
+    rules = descriptor.rules(Draft(model=model, world_size=world, options=options, global_batch_size=gbs, grad_accumulation_steps=accum))
+    problems += [p for p in rules if not (predict_only and p.predictable)]
     layout = descriptor.layout(world, options)
     per_token = family_of(model).routes_per_token
     if descriptor.dense_only and model.is_moe and (layout is None or dims.dense_only_dims(layout, routes_per_token=per_token)):

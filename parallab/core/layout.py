@@ -68,6 +68,10 @@ class Layout:
     """pp: micro-batches per accumulation micro-step (filled in at resolution)."""
     zigzag: bool = False
     """cp: load-balanced causal sharding."""
+    async_tp: bool = False
+    """tp: torch's async (micro-pipelined) TP, as torchtitan's `enable_async_tensor_parallel` asks.
+    Predicted only and not modelled: the planner times TP's collectives exposed, as without it, and
+    every prediction that asks for it says so; parallab's ranks do not run it."""
     shard_over_cp: bool = False
     """cp: FSDP shards over dp_shard × cp, torchtitan's flattened `dp_shard_cp` mesh (the cp ranks
     also shard parameters, gradients and optimizer state), instead of replicating the dp_shard
@@ -114,6 +118,14 @@ class Layout:
     def stages(self) -> int:
         """Pipeline stages: pp × virtual stages per rank."""
         return self.pp * self.virtual_stages
+
+    def rank_layers(self, num_layers: int) -> list[int]:
+        """Blocks each pp rank holds (`rank_layers`): L/p each where the stages divide L."""
+        return rank_layers(num_layers, self.pp, self.virtual_stages, self.schedule)
+
+    def most_layers(self, num_layers: int) -> int:
+        """Blocks of the pp rank that holds the most (the busiest stage's)."""
+        return max(self.rank_layers(num_layers))
 
     def stage_layer_ranges(self, num_layers: int) -> list[range]:
         """Every pipeline stage's blocks, stage 0 first (`rank_stages` says which rank holds each)."""
@@ -206,10 +218,31 @@ def rank_stages(rank: int, pp: int, virtual_stages: int, schedule: str) -> list[
     return [k for k in range(pp * virtual_stages) if stage_rank(k, pp, schedule) == rank]
 
 
+def stage_sizes(num_layers: int, stages: int) -> list[int]:
+    """Blocks per stage, torchtitan's split (`generate_split_points`, pipelining_utils.py at
+    9dec370): L // S each, the middle stages one more while L % S lasts, the last stage the rest —
+    equal stages wherever S divides L (Llama 3.1 405B's 126 over 8: 15, 16 × 6, 15)."""
+    base, extra = divmod(num_layers, stages)
+    sizes = [base]
+    for _ in range(1, stages - 1):
+        sizes.append(base + (1 if extra > 0 else 0))
+        extra -= 1 if extra > 0 else 0
+    if stages > 1:
+        sizes.append(num_layers - sum(sizes))
+    return sizes
+
+
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:
-    """The blocks of stage `stage` of `stages` equal contiguous stages."""
-    per = num_layers // stages
-    return range(stage * per, (stage + 1) * per)
+    """The blocks of stage `stage` of `stages` contiguous stages (`stage_sizes`)."""
+    sizes = stage_sizes(num_layers, stages)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
+
+
+def rank_layers(num_layers: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
+    """Blocks each pp rank holds over its stages (`rank_stages`), rank 0 first."""
+    sizes = stage_sizes(num_layers, pp * virtual_stages)
+    return [sum(sizes[k] for k in rank_stages(r, pp, virtual_stages, schedule)) for r in range(pp)]
 
 
 def last_stage_rank(pp: int, virtual_stages: int, schedule: str) -> int:

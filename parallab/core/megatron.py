@@ -34,7 +34,10 @@ a heads, vocabulary V, tensor-parallel degree tp, one block's forward on one ran
   forward and backward (Megatron's scatter-gather: t·h·2/tp bytes each), on the critical path.
 - after the pipeline: the word embedding's gradient all-reduced between the first and last stage
   (pp > 1), the data-parallel gradient all-reduce (dp > 1), and Adam on the rank's parameters
-  (28 B per parameter, fp32 master weights and moments, as the planner's optimizer term).
+  as Megatron's fp16 optimizer steps (`FP16_OPTIMIZER_BYTES_PER_PARAM`: 46 B per parameter — the
+  unscale and inf check, the gradient norm, Adam's 28 B and the fp16 copy of the main params).
+- scatter-gather (no sequence parallelism): each received 1/tp slice of the stream is all-gathered
+  over the tp group before its chunk runs (Narayanan et al. 2021, §4.1), on the critical path.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ FP16 = 2
 """Bytes per element of Megatron's fp16 activations, weights and collectives."""
 ADAM_BYTES_PER_PARAM = 28
 """Adam's memory traffic per parameter: fp32 master, two moments read and written, the fp16 gradient read and weight written."""
+FP16_OPTIMIZER_BYTES_PER_PARAM = {
+    "unscale and check for inf/nan": 8,
+    "gradient norm for clipping": 4,
+    "Adam": ADAM_BYTES_PER_PARAM,
+    "main params to fp16 model params": 6,
+}
+"""Megatron-LM's fp16 optimizer step per parameter (`Float16OptimizerWithFloat16Params.step`, megatron/
+optimizer/optimizer.py): `_unscale_main_grads_and_check_for_nan` reads and writes the fp32 main
+gradients (torch._amp_foreach_non_finite_check_and_unscale_), `clip_grad_norm` reads them once for
+the norm (clip_grad 1.0, Megatron's default), apex's FusedAdam reads the fp32 param, gradient and two
+moments and writes the param and moments (`ADAM_BYTES_PER_PARAM`), and
+`_copy_main_params_to_model_params` reads the fp32 main param and writes the fp16 model param."""
 
 
 @dataclass(frozen=True)
@@ -133,13 +148,27 @@ def step_terms(lay: MegatronLayout, hw: Hardware) -> list[Term]:
     if pp > 1:
         p2p = hw.comm_seconds("send", t * lay.hidden * FP16 // tp, 2 * v, 2, stride=tp)
         terms.append(Term("pipeline send/recv", slots * p2p, "(m + (pp−1)/v) × 2v × t·h·2/tp B / link", "inter_node_bandwidth"))
+        # scatter-gather (Narayanan et al. 2021, §4.1): each received 1/tp slice is all-gathered over NVLink
+        # before the chunk can run, unless sequence parallel keeps the stream sharded over tp
+        if not lay.sequence_parallel:
+            gather = hw.comm_seconds("all_gather", t * lay.hidden * FP16, 2 * v, tp)
+            formula = "(m + (pp−1)/v) × 2v × all-gather of t·h·2 B over tp"
+            terms.append(Term("pipeline scatter-gather", slots * gather, formula, "intra_node_bandwidth"))
         embedding = hw.comm_seconds("all_reduce", lay.vocab // tp * lay.hidden * FP16, 1, 2, stride=tp * pp)
         terms.append(Term("embedding gradient all-reduce", embedding, "V/tp·h·2 B, first and last stage", "inter_node_bandwidth"))
     params = (12 * per_rank * lay.hidden**2 + lay.vocab * lay.hidden) // tp
     if lay.dp > 1:
         grads = hw.comm_seconds("all_reduce", params * FP16, 1, lay.dp, stride=tp * pp)
         terms.append(Term("data-parallel all-reduce", grads, "params·2 B, ring", "inter_node_bandwidth"))
-    terms.append(Term("optimizer (Adam)", params * ADAM_BYTES_PER_PARAM / hw.memory_bandwidth, "params × 28 B / bw", "memory_bound"))
+    optimizer_bytes = sum(FP16_OPTIMIZER_BYTES_PER_PARAM.values())
+    terms.append(
+        Term(
+            "optimizer (fp16 Adam)",
+            params * optimizer_bytes / hw.memory_bandwidth,
+            f"params × {optimizer_bytes} B / bw (unscale 8, norm 4, Adam 28, fp16 copy 6)",
+            "memory_bound",
+        )
+    )
     return terms
 
 

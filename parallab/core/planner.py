@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
@@ -45,6 +45,7 @@ from parallab.core.families import tensor_count
 from parallab.core.gpu_time import Shares, Term, compute_terms
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
+from parallab.core.layout import last_stage_rank
 from parallab.core.metrics import busbw_factor
 from parallab.core.pools import PoolTopology, placed_stride
 from parallab.core.stats import spearman_rho
@@ -277,12 +278,30 @@ def layout(job: ResolvedJob) -> Layout:
     return Layout(
         tokens=sequences * job.model.seq_len // cp,
         forwards=job.accum_steps * m,
-        layers=job.model.num_layers // pp,
+        layers=_rank_layers(job)[-1] if pp > 1 else job.model.num_layers,
         context=job.model.seq_len,
         tp=dims["tp"],
         ep=dims["ep"],
         head=True,
     )
+
+
+def _rank_layers(job: ResolvedJob) -> list[int]:
+    """Blocks per pp rank, the rank holding the last stage (the head) last."""
+    mesh = job.descriptor.layout(job.world_size, job.options)
+    if mesh is None or mesh.pp == 1:
+        return [job.model.num_layers]
+    per_rank = mesh.rank_layers(job.model.num_layers)
+    last = last_stage_rank(mesh.pp, mesh.virtual_stages, mesh.schedule)
+    return [n for r, n in enumerate(per_rank) if r != last] + [per_rank[last]]
+
+
+def busiest_layouts(job: ResolvedJob) -> list[Layout]:
+    """The ranks that may be a pipeline's slowest: the one holding the head (`layout`) and, where
+    stages are uneven (torchtitan's split), the one holding the most blocks without it."""
+    lay = layout(job)
+    most = max(_rank_layers(job))
+    return [lay] if most <= lay.layers else [lay, replace(lay, layers=most, head=False)]
 
 
 @dataclass(frozen=True)
@@ -401,6 +420,11 @@ def compute_seconds(
     job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
 ) -> float:
     """Forward, backward and recomputation of one optimizer step on the busiest rank."""
+    if lay is None:
+        return max(
+            compute_seconds(job, hw, candidate, loss_parallel=loss_parallel, selective_policy=selective_policy)
+            for candidate in busiest_layouts(job)
+        )
     if hw.device_profile is not None:
         return sum(term.seconds for term in profile_terms(job, hw, lay, loss_parallel=loss_parallel, selective_policy=selective_policy))
     lay = lay or layout(job)

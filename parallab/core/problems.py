@@ -14,6 +14,9 @@ class SpecProblem:
 
     loc: Loc
     msg: str
+    predictable: bool = False
+    """A rule of parallab's ranks, not of the layout: the planner models what it refuses, so a
+    predicted-only job (`resolve_job(..., predict_only=True)`) passes it."""
 
     def as_detail(self) -> dict[str, Any]:
         """FastAPI's 422 detail item (`loc` starts at the request body)."""

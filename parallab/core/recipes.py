@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parallab.core.dims import fp8_refused_by
+from parallab.core.layout import stage_sizes
 from parallab.core.problems import SpecProblem
 
 if TYPE_CHECKING:
@@ -111,6 +112,14 @@ def recipe_problems(
                 f"({', '.join(refused)}); use bf16, or fp8 with a layout without them",
             )
         )
+    if getattr(options, "async_tp", False):
+        problems.append(
+            SpecProblem(
+                ("strategy", "options", "async_tp"),
+                "async_tp (torch's micro-pipelined TP, torchtitan's enable_async_tensor_parallel) is predicted only: "
+                "parallab's ranks run TP's collectives unfused; leave it off to run",
+            )
+        )
     if getattr(options, "shard_over_cp", False):
         problems.append(
             SpecProblem(
@@ -133,4 +142,16 @@ def not_runnable_here(job: ResolvedJob) -> list[str]:
         )
     if getattr(job.options, "shard_over_cp", False):
         out.append("FSDP over dp_shard × cp (torchtitan's dp_shard_cp): predicted, not runnable here — the ranks replicate shards over cp")
+    if getattr(job.options, "async_tp", False):
+        out.append("async TP: predicted (not modelled: TP's collectives timed exposed), not runnable here — the ranks run them unfused")
+    layout = job.descriptor.layout(job.world_size, job.options) if job.descriptor.trains else None
+    if layout is not None and layout.pp > 1:
+        sizes = stage_sizes(job.model.num_layers, layout.stages)
+        if len(set(sizes)) > 1:
+            out.append(
+                f"uneven pipeline stages ({job.model.num_layers} layers over {layout.stages}: {', '.join(map(str, sizes))}, "
+                "torchtitan's split): predicted, not runnable here — the ranks cut equal stages"
+            )
+        if layout.tp > 1 and layout.sequence_parallel:
+            out.append("sequence parallel beside pp: predicted, not runnable here — the ranks' stage outputs are not composed with it yet")
     return out

@@ -17,6 +17,15 @@ category, each with its formula and the profile entry it used.
   block's parameters in the gathered dtype) and the fp32 reduce-scatter input of the block being
   reduced and of the one in flight (2 × 4 B), per the FSDP paper's (Zhao et al. 2023, §3.3)
   rate limiter of two in-flight all-gathers.
+- FSDP2 under a pipeline (pp > 1): the schedule runs every micro-batch's backward but the last
+  with `set_reshard_after_backward(False)` and `set_requires_gradient_sync(False)` (torch's
+  `PipelineStage.backward_maybe_with_nosync`; torchtitan also turns `reshard_after_forward` off
+  under pp, `apply_fsdp` in parallelize_llama.py), so the rank holds its stages' parameters
+  unsharded (the gathered dtype) from the first micro-batch to the last, and — with more than one
+  micro-batch — their unsharded gradients, accumulated in the reduce dtype (fp32: FSDP2's
+  `to_accumulated_grad_if_needed` upcasts each micro-batch's gradient), reduce-scattered only after
+  the last micro-batch's backward. These replace the two blocks' gathered parameters above; the
+  reduce-scatter inputs stay.
 - budget: the device's memory less `allocator.context_bytes` (the CUDA context, cuBLAS workspaces
   and NCCL's buffers, which the allocator does not see).
 - allocator: reserved over allocated, × `allocator.reserved_over_allocated` (eager) or
@@ -27,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from parallab.core.costs import gathered_param_bytes
+from parallab.core.costs import gathered_param_bytes, state_bytes_per_param
 from parallab.core.device_profile import DeviceProfile
 from parallab.core.families import param_counts
 
@@ -50,9 +59,17 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
     head = acts["head"] + 2 * acts["logits_gradient"]  # log-softmax's backward: nll_loss's gradient and its own
     per_layer = param_counts(cfg).per_layer // tp
     fsdp = 2 * per_layer * gathered_param_bytes(wl.precision) + 2 * per_layer * 4 if dp_shard > 1 else 0
-    allocated = state + blocks + head + fsdp
+    held = held_grads = 0
+    pp, microbatches = dims["pp"], int(getattr(job.options, "microbatches", 1) or 1)
+    if dp_shard > 1 and pp > 1:
+        # the stage's parameters whole on the rank (its local elements × the shards), and their gradients
+        unsharded = prediction["model_state_bytes_per_rank"]["params"] // state_bytes_per_param(wl.precision)[0] * dp_shard
+        held = unsharded * gathered_param_bytes(wl.precision)
+        held_grads = unsharded * 4 if microbatches > 1 else 0
+        fsdp = 2 * per_layer * 4
+    allocated = state + blocks + head + fsdp + held + held_grads
     share = profile.reserved_share(compiled)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": "model state", "bytes": int(state), "formula": "params + grads + optimizer (4+4+8 B per local parameter)", "entry": "-"},
         {
             "name": "blocks' activations",
@@ -66,7 +83,30 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
             "formula": "head kept + 2 × fp32 logits' gradient (log-softmax's backward; V/tp under loss parallel)",
             "entry": "-",
         },
-        {"name": "FSDP buffers", "bytes": int(fsdp), "formula": "2 × block params × gathered bytes + 2 × block params × 4 B", "entry": "-"},
+        {
+            "name": "FSDP buffers",
+            "bytes": int(fsdp),
+            "formula": "2 × block params × 4 B (reduce-scatter inputs)" + (" + 2 × block params × gathered bytes" if not held else ""),
+            "entry": "-",
+        },
+        *(
+            [
+                {
+                    "name": "FSDP under pp: stage parameters held unsharded",
+                    "bytes": int(held),
+                    "formula": "stage params × gathered bytes (reshard after backward off until the last micro-batch)",
+                    "entry": "-",
+                },
+                {
+                    "name": "FSDP under pp: gradients held unsharded",
+                    "bytes": int(held_grads),
+                    "formula": "stage params × 4 B (fp32 reduce dtype; gradient sync off until the last micro-batch)",
+                    "entry": "-",
+                },
+            ]
+            if held
+            else []
+        ),
         {
             "name": "allocator reserve",
             "bytes": int(allocated * (share - 1)),

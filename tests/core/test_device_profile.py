@@ -198,7 +198,7 @@ def test_loss_parallel_shards_the_logits_under_tensor_parallelism():
     assert (whole.memory_per_rank_bytes or 0) - (sharded.memory_per_rank_bytes or 0) > 40 * 2**30
     assert (sharded.step_time_s or 0) < (whole.step_time_s or 0)
     assert "loss parallel (the logits are gathered whole on every rank)" in (whole.accuracy or {})["not_modelled"]
-    assert "async TP" in (sharded.accuracy or {})["not_modelled"]
+    assert not [x for x in (sharded.accuracy or {})["not_modelled"] if "async TP" in x]  # not asked for: not listed
 
 
 def test_a_prediction_outside_every_validated_regime_is_labelled_not_refused():

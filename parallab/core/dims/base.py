@@ -192,6 +192,10 @@ class Dimension:
     def degree(self, layout: Layout) -> int:
         return int(getattr(layout, self.name))
 
+    def asked_not_modelled(self, layout: Layout) -> tuple[str, ...]:
+        """What a layout asks of this dimension that the planner does not model (beside `not_modelled`)."""
+        return ()
+
     def rules(self, draft: Draft) -> list[SpecProblem]:
         return []
 

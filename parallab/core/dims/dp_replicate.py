@@ -30,7 +30,7 @@ class DataReplicate(Dimension):
         if lay.dp_shard > 1:  # HSDP: the reduce-scattered shard, per FSDP group and micro-step, overlapped like them
             micro_steps = plan.job.accum_steps
             nbytes = sum(numel(chunk(s, 0, lay.fsdp_shards)) for s in shapes) * GRAD_BYTES * micro_steps
-            groups = plan.model.num_layers // lay.pp + 1
+            groups = lay.most_layers(plan.model.num_layers) + 1
             return [CommItem("all_reduce", nbytes, groups * micro_steps, n, stride, overlap=(groups - 1) / groups)]
         nbytes = sum(numel(s) for s in shapes) * GRAD_BYTES
         if lay.on == ("dp_replicate",):  # DDP's buckets, all but the last overlapped

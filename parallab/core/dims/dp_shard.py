@@ -73,7 +73,7 @@ class DataShard(Dimension):
             param_bytes=gathered_param_bytes(plan.precision),
             micro_steps=plan.job.accum_steps,
         )
-        groups = plan.model.num_layers // lay.pp + 1
+        groups = lay.most_layers(plan.model.num_layers) + 1
         items = fsdp_items(
             comm,
             groups=groups,

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
-from parallab.core.layout import SCHEDULES, Layout, last_stage_rank, p2p_per_microbatch, rank_stages
+from parallab.core.layout import SCHEDULES, Layout, last_stage_rank, p2p_per_microbatch, rank_stages, stage_sizes
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 
@@ -61,14 +61,22 @@ def virtual_stages_field() -> Any:
 
 
 def stage_split_rule(model: ModelConfig, layout: Layout) -> list[SpecProblem]:
-    """The layers cut into p·v equal stages."""
+    """The layers cut into p·v stages: at least one block a stage; equal stages for parallab's ranks.
+    Unequal ones (torchtitan's split, `layout.stage_sizes`) are a predicted-only problem
+    (`SpecProblem.predictable`): the planner times and sizes each rank's own blocks."""
     p, v = layout.pp, layout.virtual_stages
+    splittable = p * v <= model.num_layers  # torchtitan's split needs a block a stage
     if v == 1 or p == 1:
-        return divisible(("workload", "num_layers"), "layers", model.num_layers, "pp", p)
+        return [replace(x, predictable=splittable) for x in divisible(("workload", "num_layers"), "layers", model.num_layers, "pp", p)]
     if model.num_layers % (p * v):
         msg = f"layers ({model.num_layers}) is not divisible by {p * v} stages (pp={p} × virtual_stages={v})"
-        return [SpecProblem(("workload", "num_layers"), msg)]
+        return [SpecProblem(("workload", "num_layers"), msg, predictable=splittable)]
     return []
+
+
+def uneven_stages(model: ModelConfig, layout: Layout) -> bool:
+    """Whether the pipeline's stages hold different numbers of blocks (predicted only)."""
+    return layout.pp > 1 and model.num_layers % layout.stages != 0
 
 
 def schedule_rules(loc: Loc, layout: Layout) -> list[SpecProblem]:
@@ -102,18 +110,26 @@ def in_flight(layout: Layout, rank: int) -> int:
     return m if layout.schedule == "gpipe" else min(p - rank, m)
 
 
-def bubble(layout: Layout) -> tuple[float, str]:
+def bubble(layout: Layout, num_layers: int | None = None) -> tuple[float, str]:
     """The schedule's bubble (module docstring), every pass of a stage taking the same time, and
-    its formula as the run page and `parallab plan` show it."""
+    its formula as the run page and `parallab plan` show it. With `num_layers` and uneven stages
+    (torchtitan's split) the fill and drain run through every other rank at its own pace: p − 1
+    becomes Σ_r L_r / max_r L_r − 1 in units of the busiest rank's pass (Narayanan et al. 2021,
+    §2.2: a micro-batch's forward crosses every stage once before the steady state, its backward
+    once after it)."""
     p, v, m = layout.pp, layout.virtual_stages, layout.microbatches
+    fill = p - 1.0
+    if num_layers is not None and p > 1:
+        per_rank = layout.rank_layers(num_layers)
+        fill = sum(per_rank) / max(per_rank) - 1
     facts = SCHEDULES[layout.schedule]
     if facts.v_shape:
         return 0.0, "(p−1)(T_F+T_B−2T_W) = 0 at T_F = T_B = T_W"
     if facts.split_backward:
-        return (p - 1) / (3 * v * m + p - 1), "(p−1)/(3·v·m+p−1)"
+        return fill / (3 * v * m + fill), "(p−1)/(3·v·m+p−1)"
     if facts.chunks is None:
-        return (p - 1) / (v * m + p - 1), "(p−1)/(v·m+p−1)"
-    return (p - 1) / (m + p - 1), "(p−1)/(m+p−1)"
+        return fill / (v * m + fill), "(p−1)/(v·m+p−1)"
+    return fill / (m + fill), "(p−1)/(m+p−1)"
 
 
 def pipeline_facts(layout: Layout) -> dict[str, Any] | None:
@@ -166,6 +182,8 @@ class Pipeline(Dimension):
         ways = max(p2p_per_microbatch(r, lay.pp, lay.virtual_stages, lay.schedule) for r in range(lay.pp))
         stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         boundary = plan.tokens_per_replica * plan.model.hidden_size * stream * ways
+        if lay.sequence_parallel and lay.tp > 1:  # a stage's output is its rank's sequence shard
+            boundary //= lay.tp
         calls = lay.microbatches * plan.job.accum_steps * ways
         stride = lay.inner("pp")
         return [CommItem(op, boundary, calls, 2, stride, overlap=1.0) for op in ("send", "recv")]
@@ -179,6 +197,8 @@ class Pipeline(Dimension):
         per_micro = base.tokens // m
         gpipe, last = lay.schedule == "gpipe", last_stage_rank(p, v, lay.schedule)
         out = []
+        per_rank = lay.rank_layers(plan.model.num_layers)
+        chunks = stage_sizes(plan.model.num_layers, p * v)
         for rank in range(p):
             held = in_flight(lay, rank)
             name = f"stage {rank}" if v == 1 else f"rank {rank} (stages {', '.join(map(str, rank_stages(rank, p, v, lay.schedule)))})"
@@ -186,8 +206,8 @@ class Pipeline(Dimension):
                 replace(
                     base,
                     tokens=per_micro * held,
-                    layers=base.layers // p,
-                    chunk_layers=base.layers // (p * v) if v > 1 else None,
+                    layers=per_rank[rank],
+                    chunk_layers=max(chunks[k] for k in rank_stages(rank, p, v, lay.schedule)) if v > 1 else None,
                     head_tokens=per_micro * (m if gpipe else 1) if rank == last else 0,
                     micro_tokens=per_micro,
                     name=name,
@@ -196,7 +216,7 @@ class Pipeline(Dimension):
         return out
 
     def bubble(self, plan: Plan) -> float | None:
-        return bubble(plan.layout)[0] if plan.layout.pp > 1 else None
+        return bubble(plan.layout, plan.model.num_layers)[0] if plan.layout.pp > 1 else None
 
 
 DIMENSION = Pipeline()

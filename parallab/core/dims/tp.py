@@ -50,6 +50,10 @@ def norm_grad_bytes(precision: str, *, fsdp: bool) -> int:
     return 2 if fsdp and precision != "fp32" else state_bytes_per_param(precision)[1]
 
 
+ASYNC_TP_NOT_MODELLED = "async TP (asked for: TP's collectives are timed exposed, as without it)"
+"""What a prediction of a run that asks for async TP says (the planner does not model it)."""
+
+
 def tp_comm(
     cfg: ModelConfig,
     tokens: int,
@@ -176,11 +180,13 @@ def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Lo
 
 
 class TensorParallel(Dimension):
-    not_modelled: ClassVar[tuple[str, ...]] = ("async TP",)
     splits_head: ClassVar[bool] = True
     name = "tp"
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
     fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan
+
+    def asked_not_modelled(self, layout: Layout) -> tuple[str, ...]:
+        return (ASYNC_TP_NOT_MODELLED,) if layout.async_tp else ()
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         tp, model = draft.layout.tp, draft.model
@@ -191,7 +197,9 @@ class TensorParallel(Dimension):
                 loc = (*draft.loc, "sequence_parallel")
                 out.append(
                     SpecProblem(
-                        loc, f"sequence parallel with pp={draft.layout.pp} is not composed yet: its stage outputs are sequence shards"
+                        loc,
+                        f"sequence parallel with pp={draft.layout.pp} is not composed yet: its stage outputs are sequence shards",
+                        predictable=True,
                     )
                 )
         return out
@@ -205,18 +213,22 @@ class TensorParallel(Dimension):
             return []
         sp, model = lay.sequence_parallel, plan.model
         act = activation_dtype_bytes(plan.precision)
-        stage_model = model.model_copy(update={"num_layers": model.num_layers // lay.pp})
+        stage_model = model.model_copy(update={"num_layers": lay.most_layers(model.num_layers)})
         stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         grad = norm_grad_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         fp8 = plan.precision == "fp8"  # predicted only: the ranks refuse fp8 with tp (`recipes.not_runnable_here`)
         comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream, float8_gathers=fp8)
-        if lay.pp > 1:  # one end per stage: the busiest (last) has the head, not the embedding
+        # one end per stage: the busiest (last) has the head, not the embedding — whose output is
+        # all-reduced, or under SP reduce-scattered forward and its gradient all-gathered backward
+        ends = ("reduce_scatter", "all_gather") if sp else ("all_reduce",)
+        if lay.pp > 1:
             bsh = plan.tokens_per_replica * model.hidden_size * stream
-            comm["all_reduce"] -= bsh
+            for op in ends:
+                comm[op] -= bsh
         forwards = plan.job.accum_steps * lay.microbatches  # every pipeline micro-batch runs the stage's TP
         items = tp_items(comm, stage_model, micro_steps=forwards, sequence_parallel=sp, n=lay.tp)
         if lay.pp > 1:
-            items = [replace(i, calls=i.calls - forwards) if i.op == "all_reduce" else i for i in items]
+            items = [replace(i, calls=i.calls - forwards) if i.op in ends else i for i in items]
         return items
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:

@@ -6,7 +6,9 @@ dimensions' (`parallab.core.dims`), composed.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
@@ -17,6 +19,21 @@ class HybridOptions(PresetOptions):
     tp: int = Field(2, ge=1, le=1024, description="Tensor-parallel degree (inner mesh dim); FSDP runs over world_size / tp.")
     reshard_after_forward: bool = Field(True, description="FSDP over dp: True ≈ ZeRO-3, False ≈ ZeRO-2.")
     sequence_parallel: bool = Field(False, description="TP with sequence parallel norms and residual.")
+    async_tp: bool = Field(
+        False,
+        description=(
+            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
+            "TP's collectives are timed exposed."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_async_tp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`async_tp` only where it is on: stored options stay what they were for every run without it."""
+        out: dict[str, Any] = handler(self)
+        if not self.async_tp:
+            out.pop("async_tp", None)
+        return out
 
     def to_layout(self, world_size: int) -> Layout:
         return Layout(**preset_fields(self), dp_shard=max(world_size // self.tp, 1))

@@ -76,14 +76,23 @@ class LayoutOptions(PresetOptions):
         description="cp: FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp); predicted only, the ranks replicate shards over cp.",
     )
     aux_loss_coef: float = Field(0.01, ge=0, le=100, description="ep: weight of the load-balancing loss.")
+    async_tp: bool = Field(
+        False,
+        description=(
+            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
+            "TP's collectives are timed exposed."
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _leave_out_shard_over_cp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`shard_over_cp` only where it is on: the options as stored (and the leaderboard's options
-        key) stay what they were for every run that does not ask for it."""
+        """`shard_over_cp` and `async_tp` only where they are on: the options as stored (and the
+        leaderboard's options key) stay what they were for every run that does not ask for them."""
         out: dict[str, Any] = handler(self)
         if not self.shard_over_cp:
             out.pop("shard_over_cp", None)
+        if not self.async_tp:
+            out.pop("async_tp", None)
         return out
 
     def to_layout(self, world_size: int) -> Layout:

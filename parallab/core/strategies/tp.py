@@ -7,7 +7,9 @@ are replicated. Every rank sees the whole batch (no data parallelism on this mes
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from parallab.core.dims.tp import shape_rules
 from parallab.core.layout import Layout
@@ -21,6 +23,21 @@ class TPOptions(StrategyOptions):
     sequence_parallel: bool = Field(
         False, description="Shard norms/residual over the sequence (all-gather/reduce-scatter instead of all-reduce)."
     )
+    async_tp: bool = Field(
+        False,
+        description=(
+            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
+            "TP's collectives are timed exposed."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_async_tp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`async_tp` only where it is on: stored options stay what they were for every run without it."""
+        out: dict[str, Any] = handler(self)
+        if not self.async_tp:
+            out.pop("async_tp", None)
+        return out
 
 
 def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[SpecProblem]:
@@ -38,7 +55,7 @@ class TP(ComposedCosts[TPOptions]):
     plan_options = ({"sequence_parallel": False}, {"sequence_parallel": True})
 
     def layout(self, world_size: int, options: TPOptions) -> Layout:
-        return Layout(tp=world_size, sequence_parallel=options.sequence_parallel)
+        return Layout(tp=world_size, sequence_parallel=options.sequence_parallel, async_tp=options.async_tp)
 
     def mesh(self, world_size: int, options: TPOptions) -> tuple[MeshDim, ...]:
         return (MeshDim("tp", world_size),)
