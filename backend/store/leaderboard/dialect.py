@@ -279,6 +279,11 @@ def rank_band_rows(
     group_cols, descending = board.group_cols, board.descending
     if not descending:
         return _best_first_band(session, board, sizes=sizes, band=band)
+    if _top_is_nearer(sizes, band):
+        # worst first, a band in the upper half of its groups: the same band read from the top
+        # (skipping the faster runs), before it every run not ranked in or better than the band
+        in_band, better = _best_first_band(session, board, sizes=sizes, band=band, descending=True)
+        return in_band, sum(sizes.values()) - better - len(in_band)
     table = Entry.__table__
     groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
         [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
@@ -305,8 +310,22 @@ def rank_band_rows(
     return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
 
 
+def _top_is_nearer(sizes: dict[tuple[Any, ...], int], band: tuple[int, int]) -> bool:
+    """Whether the band costs less read from each group's fastest run (the runs above it skipped in
+    index order, about a third of a ranked row's cost each) than from its slowest (every run below
+    it ranked)."""
+    ra, rb = band
+    from_bottom = sum(max(0, n - ra + 1) for n in sizes.values())
+    from_top = 0.0
+    for n in sizes.values():
+        take = min(n, rb)
+        skip = _skipped(ra, take)
+        from_top += skip / 3 + (take - skip)
+    return from_top < from_bottom
+
+
 def _best_first_band(
-    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int], descending: bool = False
 ) -> tuple[list[tuple[str, int]], int]:
     """`rank_band_rows` best first: each group's runs at positions ra - 2 to rb - 1 of its
     throughput order (ties at the cut included), the ones before skipped by the index scan (OFFSET:
@@ -314,7 +333,12 @@ def _best_first_band(
     those read: exact for a run slower than the first one read (every skipped run is faster), and
     for a run as fast as that first run, at position ra - 2, both that figure and its true rank are
     below ra — it only counts before the band. (Skipping to ra - 1 would rank a run that ties a
-    skipped one ra, in the band, when it ranks better.)"""
+    skipped one ra, in the band, when it ranks better.)
+
+    Every run ranked rb or better is skipped or read (the read ends at the rb-th, ties included),
+    so it also serves a worst-first page (`descending`: the band in that order) whose band lies
+    nearer the groups' fast end: the runs ranked in it are exactly those found, and the count
+    returned is still the runs ranked better than ra."""
     ra, rb = band
     group_cols = board.group_cols
     table = Entry.__table__
@@ -344,7 +368,7 @@ def _best_first_band(
     rank = rows.c.skip + func.rank().over(partition_by=part, order_by=rows.c.tokens_per_s.desc())
     ranked = select(rows.c.id, rows.c.model, *part, rank.label("rank")).cte("ranked")
     before = select(func.count()).select_from(ranked).where(ranked.c.rank < ra).scalar_subquery()
-    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, False).where(
+    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, descending).where(
         ranked.c.rank.between(ra, rb)
     )
     found = session.execute(query).all()
