@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import event, text
 
+SORT = __import__("os").environ.get("PROFILE_SORT", "cumulative")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -139,7 +140,7 @@ def profiled(url: str, path: str) -> None:
             board = leaderboard_page(session, leaderboard_query(LeaderboardParams(**query), session))
             json.dumps(jsonable_encoder(leaderboard(board)))
             profile.disable()
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(60)
+    pstats.Stats(profile).sort_stats(SORT).print_stats(40)
 
 
 if __name__ == "__main__":

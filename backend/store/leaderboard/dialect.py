@@ -4,6 +4,7 @@ windows over what the filters keep, with the same results."""
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -124,14 +125,14 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
     cells, table = Cell.__table__, Entry.__table__
     page = table.alias("page")
     on_page = exists().where(page.c.id == any_(bindparam("page_ids", [row["id"] for row in rows], type_=ARRAY(table.c.id.type))))
-    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cells.c.marks).where(
+    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cast(cells.c.marks, Text).label("marks")).where(
         *cell_conditions(board.filters, board.group), on_page.where(*match(page.c, cells.c, group_cols))
     )
     configs: dict[tuple[Any, ...], list[tuple[int, list[float], list[list[float]]]]] = {}
     for cell in session.execute(query):
         if cell.marks is None or cell.hardware_key is None:
             return None
-        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, [m[0] for m in cell.marks], cell.marks))
+        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, *_decoded_marks(cell.marks)))
     faster = [0] * len(rows)
     bands: list[list[Any]] = [[], [], [], []]  # each band's run on the page, cell id, low and high bound
     for at, row in enumerate(rows):
@@ -167,6 +168,26 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
         for at, n in session.execute(summed):
             faster[at] += int(n)
     return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
+
+
+MARKS_KEPT = 16_384
+"""Decoded marks kept in memory, keyed by their JSON text (a few hundred bytes each)."""
+_marks: dict[str, tuple[list[float], list[list[float]]]] = {}
+
+
+def _decoded_marks(text: str) -> tuple[list[float], list[list[float]]]:
+    """A cell's marks from their JSON text, with their throughputs apart (for bisection): decoded
+    once per distinct text, not per page — a page reads the marks of every config of its groups,
+    and a cell's marks change only when its config's runs do (the text then differs). Never
+    mutated by a reader; kept whole until MARKS_KEPT texts, then started afresh."""
+    found = _marks.get(text)
+    if found is None:
+        marks = json.loads(text)
+        found = ([m[0] for m in marks], marks)
+        if len(_marks) >= MARKS_KEPT:
+            _marks.clear()
+        _marks[text] = found
+    return found
 
 
 def _array_text(values: Sequence[float]) -> str:
