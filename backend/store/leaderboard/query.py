@@ -207,7 +207,7 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     by rank (`by_rank`, either direction) and by runs per config (`_by_config_runs`).
     """
     filters, group, sort, group_cols = board.filters, board.group, board.sort, board.group_cols
-    if sort not in INDEXED_SORTS or not board.cellable:  # a sort, or the groups' ranges read, may need room
+    if sort not in INDEXED_SORTS or group != "workload" or not board.cellable:  # a sort, or the groups' ranges read, may need room
         with_work_mem(session)
     known_ranks: dict[str, int] | None = None
     known_sizes: dict[str, dict[tuple[Any, ...], int]] = {}  # a planner's whole group or config sizes
@@ -254,7 +254,8 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
 
 
 INDEXED_SORTS = frozenset({None, *SORTED_COLUMNS})
-"""The every-run sorts an index holds in the board's whole order (None: the default order's index)."""
+"""The every-run sorts an index holds in the board's whole order when ranked within a workload
+(None: the default order's index); under another grouping the order's tail differs from the index's."""
 
 
 def summed(sizes: dict[tuple[Any, ...], int], columns: Sequence[str], within: Sequence[str]) -> dict[tuple[Any, ...], int]:
