@@ -260,10 +260,11 @@ def get_leaderboard(*, session: Session, query: LeaderboardQuery) -> Leaderboard
 def flag_stragglers(session: Session, rows: list[dict[str, Any]]) -> None:
     """Each row's `straggler_runs` and `straggler_analysed`: of its config's ranked runs the
     straggler analysis covered, how many had a rank named (None, None: none covered), from the
-    configs' cells."""
-    counts = store.straggler_counts(session, [row["id"] for row in rows])
+    configs' cells (every-run rows carry them already: read with the rows)."""
+    counts = store.straggler_counts(session, [row["id"] for row in rows if "straggler_analysed" not in row])
     for row in rows:
-        row["straggler_runs"], row["straggler_analysed"] = counts.get(row["id"], (None, None))
+        if "straggler_analysed" not in row:
+            row["straggler_runs"], row["straggler_analysed"] = counts.get(row["id"], (None, None))
 
 
 def encode_cursor(row: dict[str, Any], query: LeaderboardQuery) -> str:

@@ -9,6 +9,10 @@ the skip), every grouping × filter is read page by page at offsets through the 
 checked against the plain query: each run's rank one plus the faster runs of its group, in the
 board's order (rank, model, group, id). Skipping one run more, with no run to stand for the
 skipped ones, is caught.
+
+Worst first, a band in the upper half of its groups is read the same way, from the fast end
+(`_top_is_nearer`), and the runs before it (ranked worse) are the rest of the board: checked
+page by page against the plain query in that order too, and a count off by one is caught.
 """
 
 from __future__ import annotations
@@ -27,24 +31,26 @@ from tests.backend.test_leaderboard_marks import FILTERS, GROUPS, crowded_lab, p
 PAGE = 45
 
 
-def plain_board(session, *, filters: dict[str, Any], group: str) -> list[tuple[str, int]]:
-    """(id, rank) of every competing run in the board's order when sorted by rank, best first."""
+def plain_board(session, *, filters: dict[str, Any], group: str, descending: bool = False) -> list[tuple[str, int]]:
+    """(id, rank) of every competing run in the board's order when sorted by rank, best first
+    (`descending`: worst first; the order after the rank the same)."""
     ranks = plain_ranks(session, filters=filters, group=group)
     runs = {r.id: r for r in session.execute(select(Run).where(Run.id.in_(list(ranks)))).scalars()}
     parts = store.partition(group)
+    sign = -1 if descending else 1
 
     def order(run_id: str) -> tuple[Any, ...]:
         run = runs[run_id]
-        return (ranks[run_id], run.model, *((getattr(run, c) is None, getattr(run, c) or "") for c in parts), run_id)
+        return (sign * ranks[run_id], run.model, *((getattr(run, c) is None, getattr(run, c) or "") for c in parts), run_id)
 
     return [(run_id, ranks[run_id]) for run_id in sorted(ranks, key=order)]
 
 
-def paged(session, *, filters: dict[str, Any], group: str, total: int) -> list[tuple[str, int]]:
+def paged(session, *, filters: dict[str, Any], group: str, total: int, descending: bool = False) -> list[tuple[str, int]]:
     rows = []
     for offset in range(0, total, PAGE):
         page, counted = store.leaderboard_rows(
-            session, filters=filters, best_only=False, sort="rank", descending=False, limit=PAGE, offset=offset, group=group
+            session, filters=filters, best_only=False, sort="rank", descending=descending, limit=PAGE, offset=offset, group=group
         )
         assert counted == total
         rows += [(r["id"], r["rank"]) for r in page]
@@ -77,3 +83,37 @@ def test_skipping_without_a_run_to_stand_for_the_head_is_caught(settings, monkey
         session.commit()
         expected = plain_board(session, filters={}, group="workload")
         assert paged(session, filters={}, group="workload", total=len(expected)) != expected
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_worst_first_pages_read_from_the_top_equal_the_plain_query(settings, monkeypatch) -> None:
+    ends: list[bool] = []
+    real = dialect._top_is_nearer
+    monkeypatch.setattr(dialect, "_top_is_nearer", lambda sizes, band: ends.append(real(sizes, band)) or ends[-1])
+    with session_scope(settings.sqlalchemy_url) as session:
+        crowded_lab(session)
+        session.commit()
+        for group in GROUPS:
+            for filters in FILTERS:
+                expected = plain_board(session, filters=filters, group=group, descending=True)
+                assert len(expected) > 4 * PAGE
+                got = paged(session, filters=filters, group=group, total=len(expected), descending=True)
+                assert got == expected, (group, filters)
+    assert True in ends and False in ends  # both ends read: the shallow pages from the bottom, the deep from the top
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_worst_first_from_the_top_counting_one_run_too_many_before_is_caught(settings, monkeypatch) -> None:
+    """Count the band's runs before it one too many (read from the top): the page starts one run late."""
+    real = dialect._best_first_band
+
+    def miscounted(*args: Any, **kwargs: Any) -> tuple[list[tuple[str, int]], int]:
+        found, better = real(*args, **kwargs)
+        return found, better - 1 if kwargs.get("descending") else better
+
+    monkeypatch.setattr(dialect, "_best_first_band", miscounted)
+    with session_scope(settings.sqlalchemy_url) as session:
+        crowded_lab(session)
+        session.commit()
+        expected = plain_board(session, filters={}, group="workload", descending=True)
+        assert paged(session, filters={}, group="workload", total=len(expected), descending=True) != expected

@@ -4,6 +4,7 @@ windows over what the filters keep, with the same results."""
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -124,14 +125,14 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
     cells, table = Cell.__table__, Entry.__table__
     page = table.alias("page")
     on_page = exists().where(page.c.id == any_(bindparam("page_ids", [row["id"] for row in rows], type_=ARRAY(table.c.id.type))))
-    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cells.c.marks).where(
+    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cast(cells.c.marks, Text).label("marks")).where(
         *cell_conditions(board.filters, board.group), on_page.where(*match(page.c, cells.c, group_cols))
     )
     configs: dict[tuple[Any, ...], list[tuple[int, list[float], list[list[float]]]]] = {}
     for cell in session.execute(query):
         if cell.marks is None or cell.hardware_key is None:
             return None
-        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, [m[0] for m in cell.marks], cell.marks))
+        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, *_decoded_marks(cell.marks)))
     faster = [0] * len(rows)
     bands: list[list[Any]] = [[], [], [], []]  # each band's run on the page, cell id, low and high bound
     for at, row in enumerate(rows):
@@ -167,6 +168,26 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
         for at, n in session.execute(summed):
             faster[at] += int(n)
     return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
+
+
+MARKS_KEPT = 16_384
+"""Decoded marks kept in memory, keyed by their JSON text (a few hundred bytes each)."""
+_marks: dict[str, tuple[list[float], list[list[float]]]] = {}
+
+
+def _decoded_marks(text: str) -> tuple[list[float], list[list[float]]]:
+    """A cell's marks from their JSON text, with their throughputs apart (for bisection): decoded
+    once per distinct text, not per page — a page reads the marks of every config of its groups,
+    and a cell's marks change only when its config's runs do (the text then differs). Never
+    mutated by a reader; kept whole until MARKS_KEPT texts, then started afresh."""
+    found = _marks.get(text)
+    if found is None:
+        marks = json.loads(text)
+        found = ([m[0] for m in marks], marks)
+        if len(_marks) >= MARKS_KEPT:
+            _marks.clear()
+        _marks[text] = found
+    return found
 
 
 def _array_text(values: Sequence[float]) -> str:
@@ -279,6 +300,11 @@ def rank_band_rows(
     group_cols, descending = board.group_cols, board.descending
     if not descending:
         return _best_first_band(session, board, sizes=sizes, band=band)
+    if _top_is_nearer(sizes, band):
+        # worst first, a band in the upper half of its groups: the same band read from the top
+        # (skipping the faster runs), before it every run not ranked in or better than the band
+        in_band, better = _best_first_band(session, board, sizes=sizes, band=band, descending=True)
+        return in_band, sum(sizes.values()) - better - len(in_band)
     table = Entry.__table__
     groups = values(*(column(c, table.c[c].type) for c in group_cols), column("n", Integer), column("take", Integer), name="groups").data(
         [(*key, n, min(n, rb) if not descending else max(0, n - ra + 1)) for key, n in sizes.items()]
@@ -305,8 +331,22 @@ def rank_band_rows(
     return [(run_id, int(rank)) for run_id, rank, _ in found], int(counted)
 
 
+def _top_is_nearer(sizes: dict[tuple[Any, ...], int], band: tuple[int, int]) -> bool:
+    """Whether the band costs less read from each group's fastest run (the runs above it skipped in
+    index order, about a third of a ranked row's cost each) than from its slowest (every run below
+    it ranked)."""
+    ra, rb = band
+    from_bottom = sum(max(0, n - ra + 1) for n in sizes.values())
+    from_top = 0.0
+    for n in sizes.values():
+        take = min(n, rb)
+        skip = _skipped(ra, take)
+        from_top += skip / 3 + (take - skip)
+    return from_top < from_bottom
+
+
 def _best_first_band(
-    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int]
+    session: Session, board: Board, *, sizes: dict[tuple[Any, ...], int], band: tuple[int, int], descending: bool = False
 ) -> tuple[list[tuple[str, int]], int]:
     """`rank_band_rows` best first: each group's runs at positions ra - 2 to rb - 1 of its
     throughput order (ties at the cut included), the ones before skipped by the index scan (OFFSET:
@@ -314,7 +354,12 @@ def _best_first_band(
     those read: exact for a run slower than the first one read (every skipped run is faster), and
     for a run as fast as that first run, at position ra - 2, both that figure and its true rank are
     below ra — it only counts before the band. (Skipping to ra - 1 would rank a run that ties a
-    skipped one ra, in the band, when it ranks better.)"""
+    skipped one ra, in the band, when it ranks better.)
+
+    Every run ranked rb or better is skipped or read (the read ends at the rb-th, ties included),
+    so it also serves a worst-first page (`descending`: the band in that order) whose band lies
+    nearer the groups' fast end: the runs ranked in it are exactly those found, and the count
+    returned is still the runs ranked better than ra."""
     ra, rb = band
     group_cols = board.group_cols
     table = Entry.__table__
@@ -344,7 +389,7 @@ def _best_first_band(
     rank = rows.c.skip + func.rank().over(partition_by=part, order_by=rows.c.tokens_per_s.desc())
     ranked = select(rows.c.id, rows.c.model, *part, rank.label("rank")).cte("ranked")
     before = select(func.count()).select_from(ranked).where(ranked.c.rank < ra).scalar_subquery()
-    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, False).where(
+    query = _rank_order(select(ranked.c.id, ranked.c.rank, before.label("before")), ranked, group_cols, descending).where(
         ranked.c.rank.between(ra, rb)
     )
     found = session.execute(query).all()

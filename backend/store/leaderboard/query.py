@@ -16,6 +16,8 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     and_,
+    any_,
+    bindparam,
     case,
     cast,
     exists,
@@ -25,11 +27,13 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from backend.models import LeaderboardCell as Cell
 from backend.models import LeaderboardEntry as Entry
 from backend.models import Run
+from backend.models.leaderboard import SORTED_COLUMNS
 from backend.store.leaderboard.board import (
     CELL_FILTERS,
     CONFIG,
@@ -88,17 +92,15 @@ def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     here, and only the runs standing for them are read.
     """
     configs = _cell_medians(session, board) if board.cellable else _config_medians(session, board)
-    ids = [c["median_run_id"] for c in configs]
-    by_id: dict[str, dict[str, Any]] = {}
-    for chunk in range(0, len(ids), 5000):
-        query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(ids[chunk : chunk + 5000]))
-        by_id.update({r.id: dict(r._mapping) for r in session.execute(query)})
+    parts = partition(board.group)
+    # every config's median run, only the columns that rank and order the configs; the page's rows whole after
+    ordering = [c for c in ROW_COLUMNS if c in {"id", "model", *parts, BEST_SORTS.get(board.sort or "", board.sort)}]
+    by_id = _rows_by_id(session, ordering, [c["median_run_id"] for c in configs])
     rows: list[dict[str, Any]] = []
     for figures in configs:
         row = by_id.get(figures["median_run_id"])
         if row is not None:  # (a run deleted between the two reads)
             rows.append({**row, **figures, "config_runs": figures["n"]})
-    parts = partition(board.group)
     groups: dict[tuple[Any, ...], list[float]] = {}
     for row in rows:
         groups.setdefault(tuple(row[c] for c in parts), []).append(row["median_tokens_per_s"])
@@ -112,7 +114,22 @@ def _best_rows(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         present = [r for r in rows if r[column] is not None]
         present.sort(key=lambda r: r[column], reverse=board.descending)  # stable: ties keep the order above
         rows = present + [r for r in rows if r[column] is None]
-    return rows[board.offset : board.offset + board.limit], len(rows)
+    page = rows[board.offset : board.offset + board.limit]
+    whole = _rows_by_id(session, ROW_COLUMNS, [r["id"] for r in page])
+    return [{**whole[r["id"]], **r} for r in page if r["id"] in whole], len(rows)
+
+
+def _rows_by_id(session: Session, columns: Sequence[str], ids: list[str]) -> dict[str, dict[str, Any]]:
+    """These runs' `columns` (id among them) by id, 5,000 at a time (on Postgres the ids sent as one
+    array, not a parameter each)."""
+    by_id: dict[str, dict[str, Any]] = {}
+    postgres = session.get_bind().dialect.name == "postgresql"
+    for chunk in range(0, len(ids), 5000):
+        some = ids[chunk : chunk + 5000]
+        which = Entry.id == any_(bindparam("ids", some, type_=ARRAY(Entry.id.type))) if postgres else Entry.id.in_(some)
+        query = select(*(getattr(Entry, c) for c in columns)).where(which)
+        by_id.update({r.id: dict(r._mapping) for r in session.execute(query)})
+    return by_id
 
 
 BEST_SORTS = {"tokens_per_s": "median_tokens_per_s", "config_runs": "n"}
@@ -190,7 +207,8 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
     by rank (`by_rank`, either direction) and by runs per config (`_by_config_runs`).
     """
     filters, group, sort, group_cols = board.filters, board.group, board.sort, board.group_cols
-    with_work_mem(session)
+    if sort not in INDEXED_SORTS or group != "workload" or not board.cellable:  # a sort, or the groups' ranges read, may need room
+        with_work_mem(session)
     known_ranks: dict[str, int] | None = None
     known_sizes: dict[str, dict[tuple[Any, ...], int]] = {}  # a planner's whole group or config sizes
     if sort == "rank":
@@ -209,27 +227,45 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
             page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
         else:
             page_ids = _after_key(session, board, ids_query)
-    if known_sizes:  # a planner's sizes cover every competing run
-        total = sum(next(iter(known_sizes.values())).values())
-    else:  # a sum of the cells or the counts, not a count of every run
-        source, conds = tally_source(board)
-        total = session.execute(select(func.coalesce(func.sum(source.runs), 0)).where(*conds)).scalar_one()
-    total = int(total)
+    counted = {"config_runs": board.config, "group_size": group_cols}
+    # every config's size (the planner's, else one sum of the cells or the counts — never a count of
+    # every run); each group's is the sum of its configs' (a group's columns are among a config's),
+    # unless a planner knows it, and the total the sum of them all
+    configs = known_sizes.get("config_runs") or tallied_sizes(session, board, board.config)
+    tallies = {"config_runs": configs, "group_size": known_sizes.get("group_size") or summed(configs, board.config, group_cols)}
+    total = sum(tallies["group_size"].values())
     if not page_ids:
         return [], total
-    query = select(*(getattr(Entry, c) for c in ROW_COLUMNS)).where(Entry.id.in_(page_ids))
-    by_id = {r.id: dict(r._mapping) for r in session.execute(query)}
+    cells = Cell.__table__
+    analysed = and_(*match(cells.c, Entry, CONFIG), cells.c.subset == "all", cells.c.straggler_analysed > 0)
+    query = (
+        select(*(getattr(Entry, c) for c in ROW_COLUMNS), cells.c.straggler_runs, cells.c.straggler_analysed)
+        .select_from(Entry.__table__.outerjoin(cells, analysed))
+        .where(Entry.id.in_(page_ids))
+    )
+    by_id = {r.id: dict(r._mapping) for r in session.execute(query)}  # with its config's straggler counts (as `straggler_counts`)
     rows = [by_id[i] for i in page_ids if i in by_id]
-    counted = {"config_runs": board.config, "group_size": group_cols}
-    tallies = {  # the planner's whole sizes, else every group's and config's (read once: the ranks use the groups')
-        label: known_sizes.get(label) or tallied_sizes(session, board, columns) for label, columns in counted.items()
-    }
     ranks = known_ranks if known_ranks is not None else page_ranks(session, board, rows, tallies["group_size"])
     for row in rows:
         row["rank"] = ranks[row["id"]]
         for label, columns in counted.items():
             row[label] = tallies[label].get(tuple(row[c] for c in columns), 0)
     return rows, total
+
+
+INDEXED_SORTS = frozenset({None, *SORTED_COLUMNS})
+"""The every-run sorts an index holds in the board's whole order when ranked within a workload
+(None: the default order's index); under another grouping the order's tail differs from the index's."""
+
+
+def summed(sizes: dict[tuple[Any, ...], int], columns: Sequence[str], within: Sequence[str]) -> dict[tuple[Any, ...], int]:
+    """Sizes keyed by `columns` summed by `within` (some of those columns)."""
+    at = [list(columns).index(c) for c in within]
+    out: dict[tuple[Any, ...], int] = {}
+    for key, n in sizes.items():
+        part = tuple(key[i] for i in at)
+        out[part] = out.get(part, 0) + n
+    return out
 
 
 def keyset_sort(sort: str | None) -> bool:
