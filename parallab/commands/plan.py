@@ -308,7 +308,7 @@ def _rank(
     loss_parallel: bool = False,
 ) -> Any:
     from parallab.core.model import PRESETS
-    from parallab.core.ranking import plan_cluster
+    from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, plan_cluster
 
     if "model" not in workload:
         workload = {**workload, "model": "tiny"}
@@ -321,9 +321,9 @@ def _rank(
         hw,
         world_size=world_size,
         loss_parallel=loss_parallel,
-        **({"precisions": [recipe["precision"]]} if "precision" in recipe else {}),
-        **({"checkpointing": [recipe["activation_checkpointing"]]} if "activation_checkpointing" in recipe else {}),
-        **({"accumulation": [recipe["grad_accumulation_steps"]]} if "grad_accumulation_steps" in recipe else {}),
+        precisions=[recipe["precision"]] if "precision" in recipe else DEFAULT_PRECISIONS,
+        checkpointing=[recipe["activation_checkpointing"]] if "activation_checkpointing" in recipe else DEFAULT_CHECKPOINTING,
+        accumulation=[recipe["grad_accumulation_steps"]] if "grad_accumulation_steps" in recipe else DEFAULT_ACCUMULATION,
     )
 
     def show(*, top: int, json_out: bool, show_all: bool) -> None:
