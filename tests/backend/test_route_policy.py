@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from starlette.routing import Mount
 
 from backend.api import csrf
@@ -335,9 +336,16 @@ def test_every_page_post_refuses_a_form_without_its_csrf_token(world: World, pat
     form route answers 403 naming it before doing anything (login, whose own page shows the
     message, is held in test_series). Dropping a route's checked form fails its case."""
     client = client_for(world, "admin")
+    before = database_state(world)
     with client:
         response = client.post(path.format(**world.ids), data={"name": "x"})
     assert response.status_code == 403, f"POST {path} without a CSRF token: {response.status_code}"
     assert "CSRF" in response.text, response.text[:300]
+    assert database_state(world) == before, "nothing was written"
+
+
+def database_state(world: World) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table but the login sessions' (whose last-seen time a request moves)."""
     with session_scope(world.settings.sqlalchemy_url) as session:
-        assert run_service.get_run(session=session, run_id=world.ids["run_id"]).status == "queued", "nothing was done"
+        tables = [name for (name,) in session.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))]
+        return {t: sorted(map(tuple, session.execute(text(f'SELECT * FROM "{t}"'))), key=repr) for t in tables if "session" not in t}
