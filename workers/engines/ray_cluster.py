@@ -246,11 +246,20 @@ class RayEngine(Engine[RayHandle]):
         except Exception:
             self._remove(run_id, job.world_size)
             raise
-        said = {"world_size": job.world_size, "deadline": time.time() + self.max_job_seconds, "ranks": where, "pids": pids}
-        files.write_atomic(files.path / LAUNCH_FILE, json.dumps(said).encode())
+        placed = {"world_size": job.world_size, "deadline": time.time() + self.max_job_seconds, "ranks": where, "pids": pids}
+        files.write_atomic(files.path / LAUNCH_FILE, json.dumps(placed).encode())
         return RayHandle(run_id, group_name(run_id))
 
     # ---- state ----
+
+    def world_size(self, run_id: str) -> int:
+        """How many ranks the run has (its launch record, else its frozen job; 0 if neither is readable)."""
+        if (said := self.launched(run_id)) is not None:
+            return int(said["world_size"])
+        try:
+            return ResolvedJob.model_validate_json(self.run_dir(run_id).job.read_text()).world_size
+        except (OSError, ValueError):
+            return 0
 
     def launched(self, run_id: str) -> dict[str, Any] | None:
         try:
@@ -283,7 +292,8 @@ class RayEngine(Engine[RayHandle]):
         ray = self.connect()
         group = handle.job_id
         if said is None:
-            return self.end(handle, EngineState("failed", f"Ray placement group {group}: its ranks never started"), 0)
+            why = f"Ray placement group {group}: its ranks never started"
+            return self.end(handle, EngineState("failed", why), self.world_size(handle.run_id))
         world = int(said["world_size"])
         detail = {"ray_group": group, "ray_nodes": ",".join(dict.fromkeys(str(w["ip"]) for w in said["ranks"]))}
         codes: list[int | None] = []
@@ -334,9 +344,7 @@ class RayEngine(Engine[RayHandle]):
     # ---- cancel, collect, reconcile ----
 
     def cancel(self, handle: RayHandle, reason: str = "cancelled") -> None:
-        said = self.launched(handle.run_id) or {}
-        world = int(said.get("world_size", 0))
-        self.end(handle, EngineState("cancelled", reason, {"ray_group": handle.job_id}, stopped=True), world)
+        self.end(handle, EngineState("cancelled", reason, {"ray_group": handle.job_id}, stopped=True), self.world_size(handle.run_id))
 
     def collect(self, handle: RayHandle, job: ResolvedJob) -> Records:
         files = self.run_dir(handle.run_id)
@@ -353,12 +361,6 @@ class RayEngine(Engine[RayHandle]):
             if namespace == self.namespace and (run_id := run_of(name)) is not None:
                 found[run_id] = RayHandle(run_id, group_name(run_id))
         return found
-
-    def actors(self) -> list[str]:
-        """The names of the pool's live actors (what a cancel or an end leaves: none of the run's)."""
-        ray = self.connect()
-        entries = ray.util.list_named_actors(all_namespaces=True)
-        return sorted(e["name"] for e in entries if isinstance(e, dict) and e["namespace"] == self.namespace)
 
     # ---- removal ----
 
