@@ -21,6 +21,7 @@ from parallab.commands.compare import compare
 from parallab.commands.emulate import lab_app
 from parallab.commands.export import export_app
 from parallab.commands.plan import plan
+from parallab.commands.ray_pool import ray_agent
 from parallab.commands.slurm import pool_app, slurm_agent
 from parallab.commands.sweep import sweep
 from parallab.commands.token import token_app
@@ -51,6 +52,7 @@ app.command("compare")(compare)
 app.command("worker")(worker)
 app.command("sweep")(sweep)
 app.command("slurm-agent")(slurm_agent)
+app.command("ray-agent")(ray_agent)
 
 
 @db_app.command("upgrade")

@@ -180,3 +180,13 @@ def slurm_conf() -> str:
     conf = done.stdout.strip().splitlines()[-1]
     os.environ["SLURM_CONF"] = conf
     return conf
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real one-node Ray cluster (2 CPUs) for the session's Ray pool tests, started once (its
+    start costs tens of seconds on 2 cores) and torn down with every process it started."""
+    from tests.e2e.raycluster import ray_cluster as start
+
+    with start(num_cpus=2) as cluster:
+        yield cluster

@@ -5,7 +5,9 @@ settings hold only how its hosts are wired (`topology`). A pool of a scheduler's
 once by an admin: kind `slurm` (`parallab pool create-slurm`) with what every `sbatch` of its jobs
 carries — partition, account, QoS, GPUs per node, a time limit — and what the cluster provides:
 the Python environment that runs the ranks and a directory on the cluster's shared filesystem
-where each run gets its run directory (every node of a job reads and writes the same one).
+where each run gets its run directory (every node of a job reads and writes the same one). Kind
+`ray` (`parallab pool create-ray`) holds a Ray cluster's address, what each rank's bundle of its
+placement group asks for, and the run directories' root on the cluster's shared filesystem.
 
 Placement, the pool services and the CLI read the registry, never a kind's name: a kind says
 whether its runs go to a Celery queue (`queued`) and what it cannot run (`problems`). The engine
@@ -85,6 +87,38 @@ class SlurmPool(PoolSettings):
             said = f"pool {pool!r} has {self.gpus_per_node} GPU(s) per node; this job puts {job.ranks_per_node} rank(s) on each node"
             out.append(SpecProblem(("strategy", "world_size"), said))
         return out
+
+
+class RayPool(PoolSettings):
+    """A Ray cluster: each run's ranks are actors of one placement group, one bundle a rank."""
+
+    kind: ClassVar[str] = "ray"
+
+    address: str = Field(
+        ..., min_length=1, max_length=1000, description="The cluster's address as `ray.init` takes it (its GCS `host:port`, or `auto`)."
+    )
+    run_root: str = Field(
+        ..., min_length=1, max_length=1000, description="A directory every Ray node and the agent share: each run's files go under it."
+    )
+    namespace: str | None = Field(None, pattern=_NAME, description="The Ray namespace of the pool's actors; none: `parallab-<pool>`.")
+    cpus_per_rank: float = Field(1.0, gt=0, le=256, description="CPUs in each rank's bundle.")
+    gpus_per_rank: int = Field(0, ge=0, le=1, description="GPUs in each rank's bundle: 1 puts the ranks on CUDA (NCCL), 0 on CPU (gloo).")
+    strategy: Literal["STRICT_PACK", "PACK"] = Field("PACK", description="The placement group's strategy (STRICT_PACK: one node).")
+    place_timeout_s: float = Field(60.0, gt=0, le=3600, description="How long a launch waits for the cluster to place every bundle.")
+    max_ranks: int = Field(1024, ge=1, le=65536, description="The most ranks one job of this pool may ask for.")
+
+    @field_validator("run_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path on the cluster")
+        return value
+
+    def problems(self, pool: str, job: ResolvedJob) -> list[SpecProblem]:
+        if job.world_size > self.max_ranks:
+            said = f"pool {pool!r} allows {self.max_ranks} rank(s); this job asks for {job.world_size}"
+            return [SpecProblem(("strategy", "world_size"), said)]
+        return []
 
 
 class LinkFigures(BaseModel):
@@ -206,7 +240,7 @@ def register_pool_kind(settings: type[PoolSettings]) -> type[PoolSettings]:
     return settings
 
 
-for _kind in (CeleryPool, SlurmPool):
+for _kind in (CeleryPool, SlurmPool, RayPool):
     register_pool_kind(_kind)
 
 

@@ -15,20 +15,20 @@ from workers.engines.base import Engine
 
 def test_every_pool_kind_has_one_engine_and_every_engine_a_kind() -> None:
     assert registry.unregistered() == []
-    assert set(POOL_KINDS) == set(registry.ENGINES) == {"celery", "slurm"}
+    assert set(POOL_KINDS) == set(registry.ENGINES) == {"celery", "slurm", "ray"}
     for kind, entry in registry.ENGINES.items():
         assert entry.settings.kind == kind and issubclass(entry.engine, Engine) and entry.drivers
 
 
 def test_a_kind_missing_from_either_registry_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(POOL_KINDS, "ray", CeleryPool)
-    assert registry.unregistered() == ["ray"]
+    monkeypatch.setitem(POOL_KINDS, "k8s", CeleryPool)
+    assert registry.unregistered() == ["k8s"]
 
 
 def test_an_unknown_kind_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="no engine runs pools of kind 'k8s'; known: celery, slurm"):
+    with pytest.raises(ValueError, match="no engine runs pools of kind 'k8s'; known: celery, ray, slurm"):
         registry.engine_kind("k8s")
-    with pytest.raises(ValueError, match="unknown pool kind 'k8s'; known: celery, slurm"):
+    with pytest.raises(ValueError, match="unknown pool kind 'k8s'; known: celery, ray, slurm"):
         pool_settings("k8s", {})
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from parallab.core.pools import POOL_KINDS, CeleryPool, PoolSettings, SlurmPool
+from parallab.core.pools import POOL_KINDS, CeleryPool, PoolSettings, RayPool, SlurmPool
 from workers.engines.base import Engine
 from workers.engines.host_torchrun import HostTorchrun
+from workers.engines.ray_cluster import RayEngine
 from workers.engines.slurm import SlurmEngine
 
 
@@ -31,6 +32,7 @@ class EngineKind:
 ENGINES: dict[str, EngineKind] = {
     CeleryPool.kind: EngineKind(CeleryPool, HostTorchrun, ("workers.execute", "workers.fleet")),
     SlurmPool.kind: EngineKind(SlurmPool, SlurmEngine, ("workers.slurm_agent",)),
+    RayPool.kind: EngineKind(RayPool, RayEngine, ("workers.ray_agent",)),
 }
 
 

@@ -1,0 +1,45 @@
+"""A Ray pool is declared like a Slurm pool: the CLI names the flag of a bad setting and writes
+nothing, a good one is stored as the ray kind's settings, its runs are not queued for workers,
+a job asking for more ranks than the pool allows is refused naming the limit, and the agent
+refuses a pool that is not a Ray pool."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from backend.config import Settings, get_settings
+from backend.db import session_scope
+from backend.services import pools
+from parallab.cli import app
+from parallab.core.jobs import Limits, resolve_job
+from parallab.core.pools import RayPool
+from parallab.core.spec import JobSpec
+
+
+def test_the_cli_declares_a_ray_pool_and_refuses_bad_settings_naming_the_flag(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARALLAB_DATABASE_URL", settings.sqlalchemy_url)
+    monkeypatch.setenv("PARALLAB_HOME", str(settings.resolved_home))
+    get_settings.cache_clear()
+    runner = CliRunner()
+    base = ["pool", "create-ray", "ray-cpu", "--address", "10.0.0.5:6379", "--run-dir", "/shared/runs"]
+    try:
+        relative = runner.invoke(app, [*base[:-1], "runs"])
+        assert relative.exit_code == 2 and "--run-dir" in relative.output
+        bad = runner.invoke(app, [*base, "--strategy", "spread"])
+        assert bad.exit_code == 2 and "--strategy" in bad.output
+        with session_scope(settings.sqlalchemy_url) as session:
+            assert pools.scheduled_pools(session=session) == {}  # nothing half-written
+        done = runner.invoke(app, [*base, "--gpus-per-rank", "1", "--strategy", "strict_pack", "--max-ranks", "2"])
+        assert done.exit_code == 0, done.output
+        with session_scope(settings.sqlalchemy_url) as session:
+            declared = pools.scheduled_pool(session=session, name="ray-cpu")
+            assert not pools.uses_queue(session=session, pool="ray-cpu")
+        assert isinstance(declared, RayPool)
+        assert (declared.address, declared.gpus_per_rank, declared.strategy, declared.max_ranks) == ("10.0.0.5:6379", 1, "STRICT_PACK", 2)
+        job = resolve_job(JobSpec.model_validate({"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 4}}), Limits())
+        assert [p.msg for p in declared.problems("ray-cpu", job)] == ["pool 'ray-cpu' allows 2 rank(s); this job asks for 4"]
+        agent = runner.invoke(app, ["ray-agent", "--pool", "nope", "--once"])
+        assert agent.exit_code == 2 and "no Ray pool named 'nope'" in agent.output
+    finally:
+        get_settings.cache_clear()
