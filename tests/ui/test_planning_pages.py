@@ -175,7 +175,7 @@ def test_the_example_sweep_shows_its_lesson_and_submits_its_layouts_to_its_pool(
     lesson = client.get("/sweeps/new", params={"example": "tp-across-nodes"})
     assert lesson.status_code == 200 and 'id="sweep-lesson"' in lesson.text
     table = lesson.text[lesson.text.index('id="lesson-table"') :]
-    for layout in ("tp=2 inside a node", "tp=2 across nodes", "fsdp 2 × tp 2 (tp inside)", "tp 4 (tp across)"):
+    for layout in ("tp inside a node (FSDP across)", "tp across nodes (FSDP inside)", "ddp 4 (dp across)", "fsdp 4 (dp_shard across)"):
         assert layout in table, layout
     assert re.search(r"tp \d+ / \d+ \(\d+\)", table), "communication per dimension, measured / predicted (exposed)"
     assert re.search(r"±\d+% \(n=\d+\) (in|<strong>out</strong>)", table), "the band each prediction stated, and the verdict"
