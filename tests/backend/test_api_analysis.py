@@ -55,3 +55,33 @@ def test_the_page_its_exports_and_rest_read_the_same_parameters(client, lab, url
     response = client.get(url, params={"strategy": "fsdp", "world_size": "", "model": "", "runs": "all"})
     assert response.status_code == 200
     assert lab["fsdp2"] in response.text and lab["ddp2"] not in response.text
+
+
+def test_leaderboard_json_is_what_fastapi_writes_for_the_same_dict(client, lab, settings) -> None:
+    """The route writes its dict with pydantic's serializer itself: the bytes must be those FastAPI
+    writes for a route returning that dict (datetimes as pydantic writes them, floats the same)."""
+    from typing import Any
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from backend.services import leaderboard as leaderboard_service
+
+    with session_scope(settings.sqlalchemy_url) as session:
+        board = leaderboard_service.get_leaderboard(session=session, query=leaderboard_service.LeaderboardQuery(best_only=False))
+        payload = {
+            "items": leaderboard_service.export_rows(board),
+            "total": board.total,
+            "limit": 50,
+            "offset": 0,
+            "next_cursor": board.next_cursor,
+        }
+    reference = FastAPI()
+
+    @reference.get("/board")
+    def _board() -> dict[str, Any]:
+        return payload
+
+    expected = TestClient(reference).get("/board").content
+    assert b'"created_at":"' in expected
+    assert client.get("/api/v1/leaderboard", params={"runs": "all"}).content == expected
