@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,8 +333,9 @@ class RayEngine(Engine[RayHandle]):
             return f"{state.reason}\n{failure_message(files, state.reason or '', self.log_tail(handle))}"
         return failure_message(files, state.reason or "failed", self.log_tail(handle))
 
-    def flight(self, handle: RayHandle, job: ResolvedJob) -> dict[str, Any] | None:
-        return kept_flight(self.run_dir(handle.run_id), job.world_size)
+    def flight(self, handle: RayHandle, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
+        """The ranks' flight-recorder dumps in the run directory, with those `others` handed on."""
+        return kept_flight(self.run_dir(handle.run_id), job.world_size, others)
 
     def facts(self, handle: RayHandle, state: EngineState) -> EngineFacts:
         """The job's hosts (its ranks' nodes, in rank order) and its placement group and pool for the document's `hardware`."""
