@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import RayPool
 from parallab.core.rundir import RunDir
 from workers import extras
-from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
+from workers.engines.base import EngineFacts, EngineState, LaunchRefused, PoolEngine, Records
 from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, rank_environment, read_log_tail
 
@@ -155,7 +156,7 @@ def rank_envs(job: ResolvedJob, where: list[dict[str, Any]], *, base: dict[str, 
     return envs
 
 
-class RayEngine(Engine[RayHandle]):
+class RayEngine(PoolEngine[RayHandle]):
     """One Ray pool's jobs."""
 
     name = "ray"
@@ -332,7 +333,7 @@ class RayEngine(Engine[RayHandle]):
             return f"{state.reason}\n{failure_message(files, state.reason or '', self.log_tail(handle))}"
         return failure_message(files, state.reason or "failed", self.log_tail(handle))
 
-    def flight(self, handle: RayHandle, job: ResolvedJob) -> dict[str, Any] | None:
+    def flight(self, handle: RayHandle, job: ResolvedJob, others: Mapping[int, str] | None = None) -> dict[str, Any] | None:
         return kept_flight(self.run_dir(handle.run_id), job.world_size)
 
     def facts(self, handle: RayHandle, state: EngineState) -> EngineFacts:
