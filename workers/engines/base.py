@@ -6,7 +6,7 @@
 4. `collect`: the rank records it left behind (and their traces);
 5. `reconcile`: after a restart, the jobs this engine still holds, so the coordinator carries on.
 
-The coordinator (`workers.coordinator`, driven by the Celery task and by the Slurm agent) is a
+The coordinator (`workers.coordinator`, driven by the Celery task and by the scheduler pools' agent) is a
 state machine over these calls and the ledger (`parallab.core.ledger`); an engine never opens a
 database session itself. Besides the five, an engine may say more about a job it ran — its log
 tail, why it failed, its flight-recorder dumps, where it ran (`facts`) — for the one result
