@@ -3,7 +3,7 @@ build the result document (once) → finish.
 
 It speaks to the database only through the ledger (`parallab.core.ledger.Ledger`) and to the
 compute only through the engine (`workers.engines.base.Engine`), so the Celery task
-(`workers.execute`) and the Slurm agent (`workers.slurm_agent`) are thin drivers of it, and it is
+(`workers.execute`) and the scheduler pools' agent (`workers.scheduler_agent`) are thin drivers of it, and it is
 tested with an in-memory ledger and engine. The steps:
 
 - claim: `Ledger.claim` moves a queued run to running with its hosts reserved, or says why not

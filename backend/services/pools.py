@@ -12,6 +12,9 @@ how its run ended is the ledger's one fenced `finish`, shared with the workers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -21,7 +24,7 @@ from backend.store import runs as run_store
 from backend.store import workers as worker_store
 from parallab.core.jobs import ResolvedJob
 from parallab.core.ledger import Observed
-from parallab.core.pools import CeleryPool, PoolSettings, PoolTopology, pool_settings
+from parallab.core.pools import POOL_KINDS, CeleryPool, PoolSettings, PoolTopology, pool_settings
 from parallab.core.problems import SpecError
 
 
@@ -53,6 +56,44 @@ def scheduled_pools(*, session: Session) -> dict[str, PoolSettings]:
     """Every declared scheduler's pool (Slurm's, …) by name."""
     found = {p.name: pool_settings(p.kind, p.settings) for p in store.list_pools(session)}
     return {name: settings for name, settings in found.items() if not settings.queued}
+
+
+@dataclass(frozen=True)
+class SettingColumn:
+    """One setting of a pool kind, as a column of its table: its field, heading and description."""
+
+    field: str
+    heading: str
+    description: str
+
+
+@dataclass(frozen=True)
+class KindPools:
+    """The declared pools of one scheduler's kind, for the /workers page."""
+
+    kind: str
+    title: str
+    columns: list[SettingColumn]
+    pools: dict[str, dict[str, Any]]
+    """Each pool's settings by name, as stored (JSON values), in the columns' order."""
+
+
+def scheduled_pools_by_kind(*, session: Session) -> list[KindPools]:
+    """Every declared scheduler's pool, grouped by kind in the registry's order (`POOL_KINDS`); a
+    kind with no pool declared is left out. Columns are the kind's settings, as its model says."""
+    declared = scheduled_pools(session=session)
+    out = []
+    for kind, model in POOL_KINDS.items():
+        mine = {name: said for name, said in sorted(declared.items()) if type(said) is model}
+        if model.queued or not mine:
+            continue
+        columns = [
+            SettingColumn(field, info.title or field.replace("_", " ").capitalize(), info.description or "")
+            for field, info in model.model_fields.items()
+        ]
+        pools = {name: said.model_dump(mode="json") for name, said in mine.items()}
+        out.append(KindPools(kind, model.title or kind, columns, pools))
+    return out
 
 
 def record_topology(*, session: Session, name: str, topology: PoolTopology) -> None:

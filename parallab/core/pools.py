@@ -37,6 +37,8 @@ class PoolSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: ClassVar[str]
+    title: ClassVar[str] = ""
+    """The kind's name on pages (`Slurm`); empty: the kind itself."""
     queued: ClassVar[bool] = False
     """Its runs go to a Celery queue that its workers consume (False: its agent takes them from the database)."""
 
@@ -49,11 +51,14 @@ class SlurmPool(PoolSettings):
     """How the jobs of one Slurm pool are submitted (every field but `python` and `run_root` optional)."""
 
     kind: ClassVar[str] = "slurm"
+    title: ClassVar[str] = "Slurm"
 
     partition: str | None = Field(None, pattern=_NAME, description="`--partition`; none: the cluster's default partition.")
     account: str | None = Field(None, pattern=_NAME, description="`--account` charged for the jobs.")
-    qos: str | None = Field(None, pattern=_NAME, description="`--qos`.")
-    gpus_per_node: int = Field(0, ge=0, le=64, description="`--gpus-per-node`; 0: CPU nodes (the ranks run on gloo).")
+    qos: str | None = Field(None, pattern=_NAME, title="QoS", description="`--qos`.")
+    gpus_per_node: int = Field(
+        0, ge=0, le=64, title="GPUs per node", description="`--gpus-per-node`; 0: CPU nodes (the ranks run on gloo)."
+    )
     time_limit: str | None = Field(
         None, description="`--time` in Slurm's format (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS); none: the partition's limit."
     )
@@ -62,7 +67,11 @@ class SlurmPool(PoolSettings):
         ..., min_length=1, max_length=1000, description="The Python on the cluster's nodes that has parallab and torch installed."
     )
     run_root: str = Field(
-        ..., min_length=1, max_length=1000, description="A directory on the cluster's shared filesystem: each run's files go under it."
+        ...,
+        min_length=1,
+        max_length=1000,
+        title="Run directory",
+        description="A directory on the cluster's shared filesystem: each run's files go under it.",
     )
 
     @field_validator("time_limit")
@@ -93,16 +102,23 @@ class RayPool(PoolSettings):
     """A Ray cluster: each run's ranks are actors of one placement group, one bundle a rank."""
 
     kind: ClassVar[str] = "ray"
+    title: ClassVar[str] = "Ray"
 
     address: str = Field(
         ..., min_length=1, max_length=1000, description="The cluster's address as `ray.init` takes it (its GCS `host:port`, or `auto`)."
     )
     run_root: str = Field(
-        ..., min_length=1, max_length=1000, description="A directory every Ray node and the agent share: each run's files go under it."
+        ...,
+        min_length=1,
+        max_length=1000,
+        title="Run directory",
+        description="A directory every Ray node and the agent share: each run's files go under it.",
     )
     namespace: str | None = Field(None, pattern=_NAME, description="The Ray namespace of the pool's actors; none: `parallab-<pool>`.")
-    cpus_per_rank: float = Field(1.0, gt=0, le=256, description="CPUs in each rank's bundle.")
-    gpus_per_rank: int = Field(0, ge=0, le=1, description="GPUs in each rank's bundle: 1 puts the ranks on CUDA (NCCL), 0 on CPU (gloo).")
+    cpus_per_rank: float = Field(1.0, gt=0, le=256, title="CPUs per rank", description="CPUs in each rank's bundle.")
+    gpus_per_rank: int = Field(
+        0, ge=0, le=1, title="GPUs per rank", description="GPUs in each rank's bundle: 1 puts the ranks on CUDA (NCCL), 0 on CPU (gloo)."
+    )
     strategy: Literal["STRICT_PACK", "PACK"] = Field("PACK", description="The placement group's strategy (STRICT_PACK: one node).")
     place_timeout_s: float = Field(60.0, gt=0, le=3600, description="How long a launch waits for the cluster to place every bundle.")
     max_ranks: int = Field(1024, ge=1, le=65536, description="The most ranks one job of this pool may ask for.")
@@ -223,6 +239,7 @@ class CeleryPool(PoolSettings):
     keep only how its hosts are wired, where that was recorded."""
 
     kind: ClassVar[str] = "celery"
+    title: ClassVar[str] = "Celery"
     queued: ClassVar[bool] = True
 
     topology: PoolTopology | None = None

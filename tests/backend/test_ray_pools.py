@@ -1,11 +1,12 @@
 """A Ray pool is declared like a Slurm pool: the CLI names the flag of a bad setting and writes
 nothing, a good one is stored as the ray kind's settings, its runs are not queued for workers,
-a job asking for more ranks than the pool allows is refused naming the limit, and the agent
-refuses a pool that is not a Ray pool."""
+a job asking for more ranks than the pool allows is refused naming the limit, the agent
+refuses a pool that is not a Ray pool, and the /workers page lists it in a table of its own."""
 
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from backend.config import Settings, get_settings
@@ -13,7 +14,7 @@ from backend.db import session_scope
 from backend.services import pools
 from parallab.cli import app
 from parallab.core.jobs import Limits, resolve_job
-from parallab.core.pools import RayPool
+from parallab.core.pools import RayPool, SlurmPool
 from parallab.core.spec import JobSpec
 
 
@@ -43,3 +44,27 @@ def test_the_cli_declares_a_ray_pool_and_refuses_bad_settings_naming_the_flag(se
         assert agent.exit_code == 2 and "no Ray pool named 'nope'" in agent.output
     finally:
         get_settings.cache_clear()
+
+
+def test_the_workers_page_lists_the_declared_pools_of_every_scheduler_kind_ray_included(settings: Settings, client: TestClient) -> None:
+    """Each kind in the registry that a scheduler drives gets its own table of its declared pools,
+    with the kind's settings as columns: a Ray pool shows beside a Slurm pool, each only in its own."""
+    ray = RayPool(address="10.0.0.5:6379", run_root="/shared/ray-runs", gpus_per_rank=1, max_ranks=16)
+    slurm = SlurmPool(python="/shared/env/bin/python", run_root="/shared/slurm-runs", partition="gpu")
+    with session_scope(settings.sqlalchemy_url) as session:
+        pools.declare_pool(session=session, name="ray-gpu", settings=ray)
+        pools.declare_pool(session=session, name="a100-slurm", settings=slurm)
+    page = client.get("/workers")
+    assert page.status_code == 200
+    html = page.text
+    assert "No worker has registered yet" not in html
+    sections = {kind: html[html.index(f'id="{kind}-pools"') :] for kind in ("slurm", "ray")}
+    sections = {kind: text[: text.index("</section>")] for kind, text in sections.items()}
+    assert "<h2>Ray pools</h2>" in sections["ray"] and "<h2>Slurm pools</h2>" in sections["slurm"]
+    assert "<code>parallab ray-agent --pool NAME</code>" in sections["ray"]
+    row = sections["ray"][sections["ray"].index('id="ray-pool-ray-gpu"') :].split("</tr>")[0]
+    assert "<td>10.0.0.5:6379</td>" in row and "<code>/shared/ray-runs</code>" in row and "<td>PACK</td>" in row and "<td>16</td>" in row
+    assert '<th title="The cluster&#39;s address' in sections["ray"] and ">GPUs per rank</th>" in sections["ray"]
+    assert "a100-slurm" not in sections["ray"] and "ray-gpu" not in sections["slurm"]
+    slurm_row = sections["slurm"][sections["slurm"].index('id="slurm-pool-a100-slurm"') :].split("</tr>")[0]
+    assert "<td>gpu</td>" in slurm_row and "<code>/shared/slurm-runs</code>" in slurm_row and ">QoS</th>" in sections["slurm"]

@@ -6,7 +6,7 @@
 4. `collect`: the rank records it left behind (and their traces);
 5. `reconcile`: after a restart, the jobs this engine still holds, so the coordinator carries on.
 
-The coordinator (`workers.coordinator`, driven by the Celery task and by the Slurm agent) is a
+The coordinator (`workers.coordinator`, driven by the Celery task and by the scheduler pools' agent) is a
 state machine over these calls and the ledger (`parallab.core.ledger`); an engine never opens a
 database session itself. Besides the five, an engine may say more about a job it ran — its log
 tail, why it failed, its flight-recorder dumps, where it ran (`facts`) — for the one result
@@ -18,12 +18,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
 from parallab.core.noise import HostNoise
 from parallab.core.result import RankRecord
+from parallab.core.rundir import RunDir
 
 H = TypeVar("H")
 """An engine's handle on one launched job (a torchrun process, a Slurm job id)."""
@@ -109,6 +111,26 @@ class Engine(ABC, Generic[H]):
     def facts(self, handle: H, state: EngineState) -> EngineFacts:
         """Where a finished job ran."""
         return EngineFacts()
+
+
+class PoolEngine(Engine[H]):
+    """The engine of a declared pool, driven by its scheduler agent (`workers.scheduler_agent`): its
+    runs keep their files under the pool's run root, where the agent reads their progress."""
+
+    pool: str
+
+    @abstractmethod
+    def run_dir(self, run_id: str) -> RunDir:
+        """Where run `run_id`'s files live."""
+
+    @property
+    @abstractmethod
+    def device(self) -> str:
+        """What the ranks train on (the key of the lab's reference curves)."""
+
+    @abstractmethod
+    def cache_dir(self) -> Path:
+        """The pool's cache of reference curves, which the ranks read."""
 
 
 class LaunchRefused(RuntimeError):

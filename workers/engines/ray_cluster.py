@@ -38,7 +38,7 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.pools import RayPool
 from parallab.core.rundir import RunDir
 from workers import extras
-from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
+from workers.engines.base import EngineFacts, EngineState, LaunchRefused, PoolEngine, Records
 from workers.engines.outputs import failure_message, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, rank_environment, read_log_tail
 
@@ -156,7 +156,7 @@ def rank_envs(job: ResolvedJob, where: list[dict[str, Any]], *, base: dict[str, 
     return envs
 
 
-class RayEngine(Engine[RayHandle]):
+class RayEngine(PoolEngine[RayHandle]):
     """One Ray pool's jobs."""
 
     name = "ray"

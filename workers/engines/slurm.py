@@ -36,7 +36,7 @@ from parallab.core.noise import HostNoise
 from parallab.core.pools import SlurmPool
 from parallab.core.rundir import RunDir
 from workers import extras
-from workers.engines.base import Engine, EngineFacts, EngineState, LaunchRefused, Records
+from workers.engines.base import EngineFacts, EngineState, LaunchRefused, PoolEngine, Records
 from workers.engines.outputs import failure_message, hang_report, kept_flight, node_records, read_traces
 from workers.launcher import harness_args, read_log_tail
 
@@ -129,7 +129,7 @@ class SlurmHandle:
     job_id: str
 
 
-class SlurmEngine(Engine[SlurmHandle]):
+class SlurmEngine(PoolEngine[SlurmHandle]):
     """One Slurm pool's jobs."""
 
     name = "slurm"

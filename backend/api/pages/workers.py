@@ -1,5 +1,5 @@
 """The /workers page: each pool, its hosts, which are alive, what each runs now, its queue length;
-and the Slurm pools, with what every `sbatch` of theirs carries."""
+and the declared pools of every scheduler's kind in the registry (Slurm's, Ray's, …), with their settings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from backend.api.pages.rendering import render
 from backend.queue import queue_lengths
 from backend.services import pools as declared
 from backend.services import workers as fleet
-from parallab.core.pools import SlurmPool
 
 router = APIRouter(include_in_schema=False)
 
@@ -21,5 +20,5 @@ def workers_page(request: Request, session: SessionDep, settings: SettingsDep) -
     fleet.reconcile_lost_runs(session=session, settings=settings)
     session.commit()
     pools = fleet.fleet(session=session, settings=settings, queue_lengths=lambda names: queue_lengths(settings, names))
-    slurm = {name: said for name, said in declared.scheduled_pools(session=session).items() if isinstance(said, SlurmPool)}
-    return render(request, "workers.html", {"pools": pools, "slurm_pools": slurm, "ttl_s": settings.worker_ttl_s}, settings=settings)
+    scheduled = declared.scheduled_pools_by_kind(session=session)
+    return render(request, "workers.html", {"pools": pools, "scheduled": scheduled, "ttl_s": settings.worker_ttl_s}, settings=settings)
