@@ -377,7 +377,7 @@ def test_the_example_sweep_fills_the_form_shows_its_measurements_and_submits(pag
     page.wait_for_url(re.compile(r"example=tp-across-nodes"))
     rows = page.locator("#lesson-table tbody tr")
     assert rows.count() >= 6
-    assert "tp=2 across nodes" in page.locator("#lesson-table").inner_text()
+    assert "tp across nodes (FSDP inside)" in page.locator("#lesson-table").inner_text()
     assert page.input_value('#sweep-form input[name="pool"]') == "emulated"
     assert page.input_value('#sweep-form select[name="model"]') == "tiny"
     page.click('#sweep-form button[type="submit"]')
