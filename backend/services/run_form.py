@@ -25,6 +25,7 @@ from backend.services.json_body import parse_json
 from backend.services.runs import check_spec, place, run_name
 from parallab.core.families import FAMILIES
 from parallab.core.hf_config import MAX_CONFIG_BYTES, SUPPORTED
+from parallab.core.jobs import ResolvedJob
 from parallab.core.model import PRESETS, SHAPE_FIELDS
 from parallab.core.problems import SpecError
 from parallab.core.spec import MAX_REPEATS, JobSpec, workload_fields
@@ -276,6 +277,8 @@ class FormCheck:
     """The name the run gets when the form leaves it empty (`runs.run_name`)."""
     shape: dict[str, Any] | None = None
     """A pasted config's shape, field by field, for the form to show in its shape fields."""
+    job: ResolvedJob | None = None
+    """The spec's resolved job, checked as the submit checks it: what the submit stores, unresolved again."""
 
     @property
     def ok(self) -> bool:
@@ -323,6 +326,7 @@ def check_form(*, form: Any, settings: Settings, local: bool, session: Session |
         fit.as_json() if fit is not None else None,
         name=run_name(spec, checked.job),
         shape=shape,
+        job=checked.job,
     )
 
 

@@ -157,15 +157,26 @@ def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
     return pool
 
 
-def create_run(*, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False) -> Run:
+def create_run(
+    *,
+    session: Session,
+    spec: JobSpec,
+    settings: Settings,
+    source: str,
+    user_id: int | None = None,
+    local: bool = False,
+    job: ResolvedJob | None = None,
+) -> Run:
     """Store a `queued` run for a valid spec, its resolved job frozen in the row (caller commits, then enqueues).
 
     `user_id`: who submitted it (None in local mode). `local`: the request came through local mode,
-    where the ranks share this host's memory. The run is placed on the Slurm pool it names, or on a pool that can run it
+    where the ranks share this host's memory. `job`: the spec's job as `validate_spec` already gave
+    it (the form's check, a repeat group), so a spec is resolved once; None resolves it here. The
+    run is placed on the Slurm pool it names, or on a pool that can run it
     (SpecError, a 422 naming the pool and the limit, if none can), and the pool's device, when a
     calibration recorded it, must be able to train in the job's precision. QuotaExceeded
     when the user already has as many runs queued or running as they may."""
-    job = validate_spec(spec=spec, settings=settings, local=local)
+    job = job if job is not None else validate_spec(spec=spec, settings=settings, local=local)
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=1)
     pool = place(session=session, job=job, settings=settings)
     return store.add_run(
@@ -194,14 +205,29 @@ def repeat_specs(spec: JobSpec, group: str) -> list[JobSpec]:
     return [spec.model_copy(update={"repeat": RepeatOf(group=group, index=i, of=spec.repeats)}) for i in range(1, spec.repeats + 1)]
 
 
+def with_repeat(job: ResolvedJob, one: JobSpec) -> ResolvedJob:
+    """`job` as one run of its repeat group: resolution leaves `repeat` as the spec gave it, so a
+    group's job is resolved once and each run's copy differs in that field alone."""
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"repeat": one.repeat})})
+
+
 def create_runs(
-    *, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False
+    *,
+    session: Session,
+    spec: JobSpec,
+    settings: Settings,
+    source: str,
+    user_id: int | None = None,
+    local: bool = False,
+    job: ResolvedJob | None = None,
 ) -> list[Run]:
     """The spec's `repeats` runs as one repeat group, in queue order (caller commits, then enqueues);
-    the quota is checked for all of them first, so a refused group leaves nothing behind."""
+    the quota is checked for all of them first, so a refused group leaves nothing behind. The spec
+    is resolved once (or not at all when `job`, its checked job, is given)."""
     quotas.check_new_runs(session=session, settings=settings, user_id=user_id, adding=spec.repeats)
+    job = job if job is not None else validate_spec(spec=spec, settings=settings, local=local)
     return [
-        create_run(session=session, spec=one, settings=settings, source=source, user_id=user_id, local=local)
+        create_run(session=session, spec=one, settings=settings, source=source, user_id=user_id, local=local, job=with_repeat(job, one))
         for one in repeat_specs(spec, new_id())
     ]
 
@@ -222,14 +248,22 @@ def enqueue_stored(*, session: Session, settings: Settings, runs: Sequence[Run])
 
 
 def submit_runs(
-    *, session: Session, spec: JobSpec, settings: Settings, source: str, user_id: int | None = None, local: bool = False
+    *,
+    session: Session,
+    spec: JobSpec,
+    settings: Settings,
+    source: str,
+    user_id: int | None = None,
+    local: bool = False,
+    job: ResolvedJob | None = None,
 ) -> list[Run]:
     """Commit the spec's runs (its `repeats`), then enqueue them (Celery's rule: enqueue only what is committed).
+    `job`: the spec's job as a check already resolved it (the form), not resolved again.
 
     If the broker is unreachable the run is marked failed rather than left queued forever, and
     QueueUnavailable says so.
     """
-    runs = create_runs(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local)
+    runs = create_runs(session=session, spec=spec, settings=settings, source=source, user_id=user_id, local=local, job=job)
     session.commit()
     enqueue_stored(session=session, settings=settings, runs=runs)
     return runs

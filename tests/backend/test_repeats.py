@@ -21,7 +21,7 @@ from parallab.core.noise import HostNoise
 from parallab.core.spec import JobSpec
 from parallab.core.verdict import check_adds_up
 from tests.backend.test_api_results import DOCUMENT, token
-from tests.ui.factories import make_document
+from tests.ui.factories import csrf_token, make_document
 
 SPEC = {"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}, "trace": False}
 
@@ -68,6 +68,33 @@ def test_a_job_with_repeats_is_queued_as_one_group_in_order(client, settings) ->
     # a single run is no group, whatever the client says it is
     one = client.post("/api/v1/runs", json={**SPEC, "repeat": {"group": "abc", "index": 2, "of": 5}}).json()
     assert one["spec"]["repeat"] is None and one["repeat_run_ids"] == []
+
+
+def test_a_group_is_resolved_once_and_each_run_stores_what_its_own_spec_resolves_to(client, settings, monkeypatch) -> None:
+    """The form's check hands its job to the submit and a repeat group resolves its spec once; each
+    run's stored job is still exactly what resolving that run's own spec (its `repeat`) gives."""
+    from backend.services import runs as run_service
+    from parallab.core.jobs import ResolvedJob, resolve_job
+
+    calls: list[JobSpec] = []
+
+    def counted(spec: JobSpec, *args: Any, **kwargs: Any) -> ResolvedJob:
+        calls.append(spec)
+        return resolve_job(spec, *args, **kwargs)
+
+    monkeypatch.setattr(run_service, "resolve_job", counted)
+    form = {"csrf_token": csrf_token(client), "model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "2", "repeats": "3"}
+    response = client.post("/runs/new", data=form, follow_redirects=False)
+    assert response.status_code == 303, response.text[:500]
+    assert len(calls) == 1, f"the form's check resolved the spec; the submit resolved it {len(calls) - 1} more times"
+    ids = response.headers["location"].split("ids=")[1].split(",")
+    assert len(ids) == 3
+    with session_scope(settings.sqlalchemy_url) as session:
+        for run_id in ids:
+            run = session.get(Run, run_id)
+            alone = resolve_job(JobSpec.model_validate(run.spec), run_service.limits(settings))
+            assert run.job == alone.model_dump(mode="json"), "the copied job differs from its own spec's"
+            assert run.job["spec"]["repeat"] == run.spec["repeat"] and run.spec["repeat"]["of"] == 3
 
 
 @pytest.mark.parametrize("repeats", [0, 21, "many"])

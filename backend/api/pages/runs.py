@@ -134,7 +134,7 @@ def submit_run(
         return form_page(request, settings, values, check.errors, status_code=422, pools=pools)
     try:
         runs = run_service.submit_runs(
-            session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local
+            session=session, settings=settings, spec=check.spec, source="form", user_id=principal.user_id, local=local, job=check.job
         )
     except SpecError as exc:  # what only the submit could see (a pool that changed since the check)
         pools = run_form.pool_choices(session=session, settings=settings)
