@@ -7,7 +7,7 @@ from __future__ import annotations
 from difflib import get_close_matches
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 def known_keys_only(model: type[BaseModel], data: Any, *, what: str = "field") -> Any:
@@ -47,6 +47,22 @@ class StrategyOptions(KnownKeys):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     unknown_key_kind = "option"
+
+
+class FlagsStoredWhenOn(StrategyOptions):
+    """Options with flags added after runs were stored: each flag in `stored_when_on` is left out of
+    the serialized options while it is off, so the options every earlier run stored (and the
+    leaderboard's options key built from them) stay what they were, byte for byte."""
+
+    stored_when_on: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_flags_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        for name in self.stored_when_on:
+            if not getattr(self, name):
+                out.pop(name, None)
+        return out
 
 
 class NoOptions(StrategyOptions):

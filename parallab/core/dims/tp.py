@@ -18,7 +18,9 @@ would hand each rank a sequence shard to route (other capacity groups), so it st
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from pydantic import Field
 
 from parallab.core.costs import Tensor, activation_dtype_bytes, state_bytes_per_param, tp_local
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
@@ -31,6 +33,18 @@ TP_ALL_REDUCES_PER_LAYER = 4
 training step, one all-reduce of (b, s, h) after the attention and one after the MLP forward
 (the row-parallel outputs, operator g), and one each backward (the conjugate operator f at each
 block's input) — 4 all-reduces of b·s·h per layer."""
+
+
+def async_tp_field() -> Any:
+    """The `async_tp` option of every strategy with a tp dimension: asked for by torchtitan's
+    published rows, predicted only (the ranks refuse it) and timed as without it."""
+    return Field(
+        False,
+        description=(
+            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
+            "TP's collectives are timed exposed."
+        ),
+    )
 
 
 def norm_elements(cfg: ModelConfig) -> int:

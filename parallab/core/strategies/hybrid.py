@@ -6,34 +6,20 @@ dimensions' (`parallab.core.dims`), composed.
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
-
+from parallab.core.dims.tp import async_tp_field
 from parallab.core.layout import Layout
 from parallab.core.problems import SpecProblem
 from parallab.core.strategies.layout import OPTIONS, LayoutDescriptor, PresetOptions, preset_fields
 
 
 class HybridOptions(PresetOptions):
+    stored_when_on = ("async_tp",)
     tp: int = Field(2, ge=1, le=1024, description="Tensor-parallel degree (inner mesh dim); FSDP runs over world_size / tp.")
     reshard_after_forward: bool = Field(True, description="FSDP over dp: True ≈ ZeRO-3, False ≈ ZeRO-2.")
     sequence_parallel: bool = Field(False, description="TP with sequence parallel norms and residual.")
-    async_tp: bool = Field(
-        False,
-        description=(
-            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
-            "TP's collectives are timed exposed."
-        ),
-    )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_async_tp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`async_tp` only where it is on: stored options stay what they were for every run without it."""
-        out: dict[str, Any] = handler(self)
-        if not self.async_tp:
-            out.pop("async_tp", None)
-        return out
+    async_tp: bool = async_tp_field()
 
     def to_layout(self, world_size: int) -> Layout:
         return Layout(**preset_fields(self), dp_shard=max(world_size // self.tp, 1))

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
 from parallab.core import dims
 from parallab.core.dims.pp import schedule_field, virtual_stages_field
+from parallab.core.dims.tp import async_tp_field
 from parallab.core.families import family_of
 from parallab.core.layout import MESH_ORDER, Layout, Schedule
 from parallab.core.model import ModelConfig
+from parallab.core.options import FlagsStoredWhenOn
 from parallab.core.problems import Loc, SpecProblem
 from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
 from parallab.core.strategies.composed import ComposedCosts
@@ -25,7 +27,7 @@ from parallab.core.strategies.composed import ComposedCosts
 OPTIONS: Loc = ("strategy", "options")
 
 
-class PresetOptions(StrategyOptions):
+class PresetOptions(FlagsStoredWhenOn):
     """Options that fill a layout; subclasses declare the fields a spec may set."""
 
     def to_layout(self, world_size: int) -> Layout:
@@ -54,6 +56,8 @@ def preset_fields(options: StrategyOptions) -> dict[str, Any]:
 class LayoutOptions(PresetOptions):
     """Every degree and every dimension's option: a layout written out (`--layout pp=2,dp_shard=2,tp=2`)."""
 
+    stored_when_on = ("shard_over_cp", "async_tp")
+
     dp_replicate: int = Field(1, ge=1, le=1024, description="Replicas (gradient all-reduce; HSDP's outer dim).")
     dp_shard: int | None = Field(
         None, ge=1, le=1024, description="FSDP2 sharding degree; default: the ranks the other degrees leave (torchtitan's -1)."
@@ -76,24 +80,7 @@ class LayoutOptions(PresetOptions):
         description="cp: FSDP shards over dp_shard × cp (torchtitan's dp_shard_cp); predicted only, the ranks replicate shards over cp.",
     )
     aux_loss_coef: float = Field(0.01, ge=0, le=100, description="ep: weight of the load-balancing loss.")
-    async_tp: bool = Field(
-        False,
-        description=(
-            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
-            "TP's collectives are timed exposed."
-        ),
-    )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_shard_over_cp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`shard_over_cp` and `async_tp` only where they are on: the options as stored (and the
-        leaderboard's options key) stay what they were for every run that does not ask for them."""
-        out: dict[str, Any] = handler(self)
-        if not self.shard_over_cp:
-            out.pop("shard_over_cp", None)
-        if not self.async_tp:
-            out.pop("async_tp", None)
-        return out
+    async_tp: bool = async_tp_field()
 
     def to_layout(self, world_size: int) -> Layout:
         others = self.dp_replicate * self.cp * self.tp * self.pp * self.ep

@@ -7,37 +7,24 @@ are replicated. Every rank sees the whole batch (no data parallelism on this mes
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
-
-from parallab.core.dims.tp import shape_rules
+from parallab.core.dims.tp import async_tp_field, shape_rules
 from parallab.core.layout import Layout
 from parallab.core.model import ModelConfig
+from parallab.core.options import FlagsStoredWhenOn
 from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
+from parallab.core.strategies.base import Draft, MeshDim
 from parallab.core.strategies.composed import ComposedCosts
 
 
-class TPOptions(StrategyOptions):
+class TPOptions(FlagsStoredWhenOn):
+    stored_when_on = ("async_tp",)
+
     sequence_parallel: bool = Field(
         False, description="Shard norms/residual over the sequence (all-gather/reduce-scatter instead of all-reduce)."
     )
-    async_tp: bool = Field(
-        False,
-        description=(
-            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
-            "TP's collectives are timed exposed."
-        ),
-    )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_async_tp_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`async_tp` only where it is on: stored options stay what they were for every run without it."""
-        out: dict[str, Any] = handler(self)
-        if not self.async_tp:
-            out.pop("async_tp", None)
-        return out
+    async_tp: bool = async_tp_field()
 
 
 def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[SpecProblem]:
