@@ -21,8 +21,9 @@ from parallab.commands.compare import compare
 from parallab.commands.emulate import lab_app
 from parallab.commands.export import export_app
 from parallab.commands.plan import plan
+from parallab.commands.pools import pool_app
 from parallab.commands.ray_pool import ray_agent
-from parallab.commands.slurm import pool_app, slurm_agent
+from parallab.commands.slurm import slurm_agent
 from parallab.commands.sweep import sweep
 from parallab.commands.token import token_app
 from parallab.commands.upload import upload

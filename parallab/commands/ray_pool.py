@@ -7,19 +7,11 @@ launches, watches, cancels and stores the pool's runs.
 
 from __future__ import annotations
 
-import logging
-import re
-import signal
-import threading
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from parallab.commands.jobspec import fail
-from parallab.commands.slurm import pool_app
-
-console = Console()
+from parallab.commands.pools import console, declare_from_flags, pool_app, run_agent
 
 
 @pool_app.command("create-ray")
@@ -35,30 +27,11 @@ def create_ray(
     max_ranks: Annotated[int, typer.Option(help="The most ranks one job may ask for.")] = 1024,
 ) -> None:
     """Declare (or update) a pool whose jobs run as Ray actors, one a rank, in a placement group."""
-    from pydantic import ValidationError
-
-    from backend.config import get_settings
-    from backend.db import session_scope
-    from backend.services.pools import PoolError, declare_pool
     from parallab.core.pools import RayPool
-    from parallab.core.spec import POOL_PATTERN
 
-    if not re.fullmatch(POOL_PATTERN, name):
-        fail(f"NAME: {name!r} is not a pool name (lower-case letters, digits, '-' and '_')")
     fields: dict[str, object] = {"address": address, "run_root": run_dir, "namespace": namespace, "strategy": strategy.upper()}
     fields |= {"gpus_per_rank": gpus_per_rank, "cpus_per_rank": cpus_per_rank, "place_timeout_s": place_timeout, "max_ranks": max_ranks}
-    try:
-        settings = RayPool.model_validate(fields)
-    except ValidationError as exc:
-        flags = {"run_root": "--run-dir", "place_timeout_s": "--place-timeout"}
-        first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
-        fail(f"{flags.get(field, '--' + field.replace('_', '-'))}: {first['msg']}")
-    try:
-        with session_scope(get_settings().sqlalchemy_url) as session:
-            declare_pool(session=session, name=name, settings=settings)
-    except PoolError as exc:
-        fail(f"NAME: {exc}")
+    declare_from_flags(name, RayPool, fields, {"run_root": "--run-dir", "place_timeout_s": "--place-timeout"})
     console.print(f"Ray pool [bold]{name}[/bold] declared; start its agent: parallab ray-agent --pool {name}")
 
 
@@ -70,19 +43,6 @@ def ray_agent(
 ) -> None:
     """Launch a Ray pool's queued runs as actors in placement groups, watch them, cancel them and store their results."""
     from backend.config import get_settings
-    from workers.ray_agent import NoSuchPool, RayAgent
+    from workers.ray_agent import RayAgent
 
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        agent = RayAgent(get_settings(), pool, poll_s=poll_s)
-    except NoSuchPool as exc:
-        fail(f"--pool: {exc}")
-    if once:
-        agent.reconcile()
-        agent.poll()
-        return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    console.print(f"Ray agent of pool [bold]{pool}[/bold]: polling every {poll_s:g} s")
-    agent.run(stop)
+    run_agent(lambda: RayAgent(get_settings(), pool, poll_s=poll_s), pool=pool, once=once, loglevel=loglevel, poll_s=poll_s, label="Ray")

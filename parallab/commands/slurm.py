@@ -1,4 +1,4 @@
-"""`parallab pool create-slurm|list` and `parallab slurm-agent --pool NAME`: labs on a Slurm cluster.
+"""`parallab pool create-slurm` and `parallab slurm-agent --pool NAME`: labs on a Slurm cluster.
 
 An admin declares a Slurm pool once (straight to the lab's database, like `parallab user`); the
 agent then runs on the cluster's login node under the lab's account — typically as a systemd
@@ -7,22 +7,11 @@ user service (docs/deploy.md) — and submits, watches, cancels and stores the p
 
 from __future__ import annotations
 
-import logging
-import re
-import signal
-import threading
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from parallab.commands.jobspec import fail
-
-pool_app = typer.Typer(
-    help="Pools declared by an admin (a scheduler's, such as Slurm; Celery pools appear when their workers register).", no_args_is_help=True
-)
-console = Console()
+from parallab.commands.pools import console, declare_from_flags, pool_app, run_agent
 
 
 @pool_app.command("create-slurm")
@@ -38,46 +27,12 @@ def create_slurm(
     max_nodes: Annotated[int, typer.Option(help="The most nodes one job may ask for.")] = 1024,
 ) -> None:
     """Declare (or update) a pool whose jobs go through sbatch."""
-    from pydantic import ValidationError
-
-    from backend.config import get_settings
-    from backend.db import session_scope
-    from backend.services.pools import PoolError, declare_pool
     from parallab.core.pools import SlurmPool
-    from parallab.core.spec import POOL_PATTERN
 
-    if not re.fullmatch(POOL_PATTERN, name):
-        fail(f"NAME: {name!r} is not a pool name (lower-case letters, digits, '-' and '_')")
     fields: dict[str, object] = {"python": python, "run_root": run_dir, "partition": partition, "account": account, "qos": qos}
     fields |= {"gpus_per_node": gpus_per_node, "time_limit": time, "max_nodes": max_nodes}
-    try:
-        settings = SlurmPool.model_validate(fields)
-    except ValidationError as exc:
-        flags = {"run_root": "--run-dir", "time_limit": "--time"}
-        first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
-        fail(f"{flags.get(field, '--' + field.replace('_', '-'))}: {first['msg']}")
-    try:
-        with session_scope(get_settings().sqlalchemy_url) as session:
-            declare_pool(session=session, name=name, settings=settings)
-    except PoolError as exc:
-        fail(f"NAME: {exc}")
+    declare_from_flags(name, SlurmPool, fields, {"run_root": "--run-dir", "time_limit": "--time"})
     console.print(f"Slurm pool [bold]{name}[/bold] declared; start its agent on the login node: parallab slurm-agent --pool {name}")
-
-
-@pool_app.command("list")
-def list_() -> None:
-    """Declared pools of every scheduler's kind (the registry's), with their settings."""
-    from backend.config import get_settings
-    from backend.db import session_scope
-    from backend.services.pools import scheduled_pools
-
-    table = Table("pool", "kind", "settings")
-    with session_scope(get_settings().sqlalchemy_url) as session:
-        for name, said in scheduled_pools(session=session).items():
-            fields = said.model_dump(mode="json", exclude_none=True)
-            table.add_row(name, said.kind, " ".join(f"{key}={value}" for key, value in fields.items()))
-    console.print(table)
 
 
 def slurm_agent(
@@ -87,20 +42,7 @@ def slurm_agent(
 ) -> None:
     """Submit a Slurm pool's queued runs with sbatch, watch them, cancel them and store their results."""
     from backend.config import get_settings
-    from workers.slurm_agent import NoSuchPool, SlurmAgent
+    from workers.slurm_agent import SlurmAgent
 
-    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
-    try:
-        agent = SlurmAgent(settings, pool)
-    except NoSuchPool as exc:
-        fail(f"--pool: {exc}")
-    if once:
-        agent.reconcile()
-        agent.poll()
-        return
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    console.print(f"Slurm agent of pool [bold]{pool}[/bold]: polling every {settings.slurm_poll_s:g} s")
-    agent.run(stop)
+    run_agent(lambda: SlurmAgent(settings, pool), pool=pool, once=once, loglevel=loglevel, poll_s=settings.slurm_poll_s, label="Slurm")
