@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -68,15 +69,21 @@ def emulated_pool(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -
                 stop_worker(proc)
 
 
-@pytest.mark.timeout(900)
-def test_ddp_across_two_emulated_nodes_matches_single_and_its_gradients_cross_the_link(emulated_pool) -> None:
-    client, cluster = emulated_pool
+def run_across_the_link(client: TestClient, cluster: EmulatedCluster, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Submit `spec` to the emulated pool and wait for it to succeed; the run and the bytes its nodes
+    sent over their links meanwhile."""
     before = [link_bytes(node) for node in cluster.nodes]
-    answer = client.post("/api/v1/runs", json=DDP)
+    answer = client.post("/api/v1/runs", json=spec)
     assert answer.status_code == 202, answer.text
     run = wait_for_run(client, answer.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=800)
     after = [link_bytes(node) for node in cluster.nodes]
     assert run["status"] == "succeeded", run["error"]
+    return run, sum(a["tx"] - b["tx"] for a, b in zip(after, before, strict=True))
+
+
+@pytest.mark.timeout(900)
+def test_ddp_across_two_emulated_nodes_matches_single_and_its_gradients_cross_the_link(emulated_pool) -> None:
+    run, crossed = run_across_the_link(*emulated_pool, DDP)
     result = run["result"]
     summary, hardware = result["summary"], result["hardware"]
     assert summary["loss_max_rel_diff_vs_reference"] <= 1e-4
@@ -86,7 +93,6 @@ def test_ddp_across_two_emulated_nodes_matches_single_and_its_gradients_cross_th
     assert hardware["inter_node_dims"] == ["dp"], "DDP's one dimension spans both nodes"
     # Every step's gradients cross the link: at least one gradient's worth each way per step.
     grads = summary["comm_bytes_per_step"]["all_reduce"]
-    crossed = sum(a["tx"] - b["tx"] for a, b in zip(after, before, strict=True))
     assert crossed >= 2 * grads * STEPS, (crossed, grads)
     wait_until(lambda: not rank_processes(run["id"]), "every rank to be gone", timeout=30)
 
@@ -104,13 +110,7 @@ def test_placement_across_runs_tp_over_the_link_and_the_run_records_it(emulated_
     """fsdp 2 × tp 2 with `order: across`: each tp pair runs one rank per node (the hosts' record
     files say which mesh ranks each ran), the run names tp as the dimension that crossed, the
     prediction times tp on the link, tp's all-reduces cross it, and the loss still matches `single`."""
-    client, cluster = emulated_pool
-    before = [link_bytes(node) for node in cluster.nodes]
-    answer = client.post("/api/v1/runs", json=TP_ACROSS)
-    assert answer.status_code == 202, answer.text
-    run = wait_for_run(client, answer.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=800)
-    after = [link_bytes(node) for node in cluster.nodes]
-    assert run["status"] == "succeeded", run["error"]
+    run, crossed = run_across_the_link(*emulated_pool, TP_ACROSS)
     result = run["result"]
     summary, hardware = result["summary"], result["hardware"]
     assert hardware["placement_order"] == "across" and hardware["inter_node_dims"] == ["tp"]
@@ -120,7 +120,6 @@ def test_placement_across_runs_tp_over_the_link_and_the_run_records_it(emulated_
     assert summary["loss_max_rel_diff_vs_reference"] <= 1e-4
     assert summary["gradient_check"]["passed"], summary["gradient_check"]
     # tp's activation all-reduces (the step's all_reduce bytes) cross the link every step.
-    crossed = sum(a["tx"] - b["tx"] for a, b in zip(after, before, strict=True))
     assert crossed >= summary["comm_bytes_per_step"]["all_reduce"] * STEPS, (crossed, summary["comm_bytes_per_step"])
     wait_until(lambda: not rank_processes(run["id"]), "every rank to be gone", timeout=30)
 
