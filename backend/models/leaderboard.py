@@ -92,6 +92,22 @@ class LeaderboardEntry(Base):
         Index("ix_leaderboard_entries_branch", "branch"),
         # the every-run board's default order (model, group, rank, id)
         Index("ix_leaderboard_entries_default", "model", "workload_key", "hardware_key", tokens_per_s.desc(), "id"),
+        # a recipe config's runs by throughput (a page of every run grouped by shape or a recipe
+        # dimension, sorted by runs per config; migration 0031)
+        Index(
+            "ix_leaderboard_entries_recipe_config",
+            "shape_key",
+            "hardware_key",
+            "strategy",
+            "world_size",
+            "strategy_options",
+            "precision",
+            "activation_checkpointing",
+            "grad_accumulation_steps",
+            "micro_batch_size",
+            tokens_per_s.desc(),
+            "id",
+        ),
     )
 
 

@@ -3,8 +3,10 @@
 A deep page read by offset counts off every row before it; read after a cursor (the last row's
 place in the board's whole order) it starts where the last page ended. On a lab with ties in the
 sort column and in throughput, nulls in the sort column and in the grouping, and two sources,
-every grouping × sort column × direction × filter is read whole by offset and page by page by
-cursor: the same rows, in the same order, with the same ranks and counts — on SQLite and Postgres.
+every grouping × sort column × direction is read whole by offset and page by page by cursor,
+under one of the filters, rotating so each grouping and each sort column is read under every
+filter (`filtered`): the same rows, in the same order, with the same ranks and counts — on SQLite
+and Postgres.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy import select
 from backend.db import session_scope
 from backend.models import Run
 from backend.store import leaderboard as store
+from backend.store.leaderboard import query
 from tests.backend.test_leaderboard_planner import lab_runs
 
 GROUPS = ("workload", "shape", "precision")
@@ -37,6 +40,13 @@ def with_metrics(session) -> None:
         run.mfu = rng.choice([0.1, 0.2, 0.35, 0.5, None])
         run.created_at = start + timedelta(minutes=rng.choice([0, 1, 2]))
     session.flush()
+
+
+def filtered(filters: dict[str, Any], *axes: int) -> bool:
+    """Whether a case (its place on the other axes) is read under `filters`: one filter a case, the
+    next one for the next sort, direction or grouping (the cursor's predicate and the board's order
+    are the same code under every filter; the filters only change which runs compete)."""
+    return FILTERS.index(filters) == sum(axes) % len(FILTERS)
 
 
 def rows_of(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -66,6 +76,8 @@ def test_cursor_pages_match_the_offset_query(settings) -> None:
             for sort in SORTS:
                 for descending in (False, True):
                     for filters in FILTERS:
+                        if not filtered(filters, GROUPS.index(group), SORTS.index(sort), descending):
+                            continue
                         case = (group, sort, descending, filters)
                         whole, total = store.leaderboard_rows(
                             session, filters=filters, best_only=False, sort=sort, descending=descending, limit=500, offset=0, group=group
@@ -113,3 +125,36 @@ def test_the_page_links_its_next_page_by_cursor(settings, client) -> None:
     by_offset = client.get(f"/api/v1/leaderboard?runs=all&sort=mfu&limit={PAGE}&offset={PAGE}").json()
     assert [r["id"] for r in second["items"]] == [r["id"] for r in by_offset["items"]]
     assert second["offset"] == PAGE  # the link states where the page stands
+
+
+def test_deep_grouped_pages_from_the_sort_index_match_the_plain_query(settings, monkeypatch) -> None:
+    """Every run under a shape or recipe grouping, sorted by a measured column: a deep page is found
+    in the sort index's own order first (`_deep_grouped_page`; here from offset 1 on). Each page at
+    every fourth offset equals the plain query's rows there — ties and nulls in the sort column
+    (MFU from five values, creation times from three), ties in throughput, two models, a null
+    precision group — rows, ranks and counts. Each grouping × sort × direction is read under one
+    filter, rotating as in the cursor's test."""
+    monkeypatch.setattr(query, "DEEP_FROM_INDEX", 1)
+    read = []
+    real = query._deep_grouped_page
+    monkeypatch.setattr(query, "_deep_grouped_page", lambda *args: read.append(1) or real(*args))
+    with session_scope(settings.sqlalchemy_url) as session:
+        lab_runs(session)
+        with_metrics(session)
+        session.commit()
+        pages = 0
+        for g, group in enumerate(("shape", "precision")):
+            for s, sort in enumerate(("mfu", "tokens_per_s", "created_at")):
+                for descending in (False, True):
+                    for filters in FILTERS:
+                        if not filtered(filters, g, s, descending):
+                            continue
+                        case = (group, sort, descending, filters)
+                        board = {"filters": filters, "best_only": False, "sort": sort, "descending": descending, "group": group}
+                        whole, total = store.leaderboard_rows(session, **board, limit=500, offset=0)  # offset 0: the plain query
+                        assert total == len(whole) > 3 * PAGE, case
+                        for offset in range(1, total + 1, 4):
+                            page, _ = store.leaderboard_rows(session, **board, limit=PAGE, offset=offset)
+                            pages += 1
+                            assert rows_of(page) == rows_of(whole[offset : offset + PAGE]), (*case, offset)
+    assert len(read) == pages > 100  # the index's path read every deep page

@@ -29,6 +29,8 @@ from backend.store.leaderboard import dialect
 from tests.backend.test_leaderboard_marks import FILTERS, GROUPS, crowded_lab, plain_ranks
 
 PAGE = 45
+LAB_RUNS = 640
+"""Groups of about 160 runs (workload grouping), every filter's board over four pages."""
 
 
 def plain_board(session, *, filters: dict[str, Any], group: str, descending: bool = False) -> list[tuple[str, int]]:
@@ -63,7 +65,7 @@ def test_deep_rank_pages_skip_the_head_and_equal_the_plain_query(settings, monke
     real = dialect._skipped
     monkeypatch.setattr(dialect, "_skipped", lambda ra, take: skips.append(real(ra, take)) or skips[-1])
     with session_scope(settings.sqlalchemy_url) as session:
-        crowded_lab(session)
+        crowded_lab(session, n=LAB_RUNS)
         session.commit()
         for group in GROUPS:
             for filters in FILTERS:
@@ -79,7 +81,7 @@ def test_skipping_without_a_run_to_stand_for_the_head_is_caught(settings, monkey
     in the band, when it ranks better, and the runs counted before the band are too few."""
     monkeypatch.setattr(dialect, "_skipped", lambda ra, take: max(0, min(ra - 1, take)))
     with session_scope(settings.sqlalchemy_url) as session:
-        crowded_lab(session)
+        crowded_lab(session, n=LAB_RUNS)
         session.commit()
         expected = plain_board(session, filters={}, group="workload")
         assert paged(session, filters={}, group="workload", total=len(expected)) != expected
@@ -91,7 +93,7 @@ def test_worst_first_pages_read_from_the_top_equal_the_plain_query(settings, mon
     real = dialect._top_is_nearer
     monkeypatch.setattr(dialect, "_top_is_nearer", lambda sizes, band: ends.append(real(sizes, band)) or ends[-1])
     with session_scope(settings.sqlalchemy_url) as session:
-        crowded_lab(session)
+        crowded_lab(session, n=LAB_RUNS)
         session.commit()
         for group in GROUPS:
             for filters in FILTERS:
@@ -113,7 +115,7 @@ def test_worst_first_from_the_top_counting_one_run_too_many_before_is_caught(set
 
     monkeypatch.setattr(dialect, "_best_first_band", miscounted)
     with session_scope(settings.sqlalchemy_url) as session:
-        crowded_lab(session)
+        crowded_lab(session, n=LAB_RUNS)
         session.commit()
         expected = plain_board(session, filters={}, group="workload", descending=True)
         assert paged(session, filters={}, group="workload", total=len(expected), descending=True) != expected

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    ClauseElement,
     ColumnElement,
     Integer,
     and_,
@@ -187,10 +188,19 @@ def cell_conditions(filters: dict[str, Any], group: str) -> list[ColumnElement[b
 
 
 def equals(table: Any, columns: Sequence[str], values: Sequence[Any]) -> list[ColumnElement[bool]]:
-    """Equality with given values on `columns`, null-safe off the keyed columns (as `match`)."""
-    return [
-        getattr(table, c) == v if c in KEYED else getattr(table, c).is_not_distinct_from(v) for c, v in zip(columns, values, strict=True)
-    ]
+    """Equality with given values on `columns`, null-safe off the keyed columns (as `match`): a value
+    compares with `=` and a missing one with IS NULL — what IS NOT DISTINCT FROM means, in the form a
+    btree index matches (Postgres neither estimates nor index-scans IS NOT DISTINCT FROM: a recipe
+    config's runs by throughput were a scan of every entry at 1,000,000 runs)."""
+    return [_equal(getattr(table, c), v, keyed=c in KEYED) for c, v in zip(columns, values, strict=True)]
+
+
+def _equal(column: Any, value: Any, *, keyed: bool) -> ColumnElement[bool]:
+    if not keyed and value is None:
+        return column.is_(None)  # type: ignore[no-any-return]
+    if not keyed and (isinstance(value, ClauseElement) or hasattr(value, "__clause_element__")):
+        return column.is_not_distinct_from(value)  # type: ignore[no-any-return]  # another row's column: it may be null
+    return column == value  # type: ignore[no-any-return]
 
 
 def any_of(table: Any, columns: Sequence[str], keys: Iterable[Sequence[Any]]) -> ColumnElement[bool]:

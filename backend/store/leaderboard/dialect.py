@@ -5,6 +5,7 @@ windows over what the filters keep, with the same results."""
 from __future__ import annotations
 
 import json
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Any
@@ -114,35 +115,41 @@ def page_ranks(session: Session, board: Board, rows: list[dict[str, Any]], sizes
 def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) -> dict[str, int] | None:
     """The page's ranks from its groups' cells' marks (`rank_marks`), when the cells answer the
     filters: for each run and each config of its group, the runs faster than the first mark at or
-    above the run's throughput, plus the runs between the two — one short index range per (run,
-    config), all counted and summed per run in one statement.
+    above the run's throughput, plus the runs between the two. Where that mark's position follows
+    the mark below it (a config with no more runs than marks: every mark), no run lies between the
+    two marks and the run's faster runs of that config are every run from the mark's position up;
+    otherwise the runs in the band are one short index range per (run, config), all counted and
+    summed per run in one statement — sent only when some band needs it.
 
-    Two statements whose text does not depend on the page: the cells of the page's groups (found
-    from the page's ids), and the counts of the bands, sent as four arrays of numbers (the band's
-    run on the page, its cell's id, its bounds). None when a config has no hardware key (its range
-    is not indexable) or no marks yet: the caller reads the groups instead."""
+    At most two statements whose text does not depend on the page: the cells of the page's groups
+    (found from the page's ids), and the counts of the bands, sent as four arrays of numbers (the
+    band's run on the page, its cell's id, its bounds). None when a config has no hardware key (its
+    range is not indexable) or no marks yet: the caller reads the groups instead."""
     group_cols = board.group_cols
     cells, table = Cell.__table__, Entry.__table__
     page = table.alias("page")
     on_page = exists().where(page.c.id == any_(bindparam("page_ids", [row["id"] for row in rows], type_=ARRAY(table.c.id.type))))
-    query = select(cells.c.id, *(cells.c[c] for c in group_cols), cast(cells.c.marks, Text).label("marks")).where(
+    query = select(cells.c.id, cells.c.runs, *(cells.c[c] for c in group_cols), cast(cells.c.marks, Text).label("marks")).where(
         *cell_conditions(board.filters, board.group), on_page.where(*match(page.c, cells.c, group_cols))
     )
-    configs: dict[tuple[Any, ...], list[tuple[int, list[float], list[list[float]]]]] = {}
+    configs: dict[tuple[Any, ...], list[tuple[int, int, Marks]]] = {}
     for cell in session.execute(query):
         if cell.marks is None or cell.hardware_key is None:
             return None
-        configs.setdefault(tuple(cell[1 : 1 + len(group_cols)]), []).append((cell.id, *_decoded_marks(cell.marks)))
+        configs.setdefault(tuple(cell[2 : 2 + len(group_cols)]), []).append((cell.id, cell.runs, _decoded_marks(cell.marks)))
     faster = [0] * len(rows)
     bands: list[list[Any]] = [[], [], [], []]  # each band's run on the page, cell id, low and high bound
     for at, row in enumerate(rows):
         x = row["tokens_per_s"]
-        for cell_id, speeds, marks in configs.get(tuple(row[c] for c in group_cols), []):
+        for cell_id, n, (speeds, above, follows) in configs.get(tuple(row[c] for c in group_cols), []):
             i = bisect_left(speeds, x)
-            if i == len(marks):  # faster than every run of this config
+            if i == len(speeds):  # faster than every run of this config
                 continue
-            mark, above = marks[i]
-            faster[at] += int(above)
+            mark = speeds[i]
+            if mark > x and follows[i] >= 0:  # no run between the marks: those from the mark up are faster
+                faster[at] += n - follows[i]
+                continue
+            faster[at] += above[i]
             if mark > x:
                 for column, value in zip(bands, (at, cell_id, x, mark), strict=True):
                     column.append(value)
@@ -170,20 +177,27 @@ def _ranks_by_marks(session: Session, board: Board, rows: list[dict[str, Any]]) 
     return {row["id"]: n + 1 for row, n in zip(rows, faster, strict=True)}
 
 
-MARKS_KEPT = 16_384
-"""Decoded marks kept in memory, keyed by their JSON text (a few hundred bytes each)."""
-_marks: dict[str, tuple[list[float], list[list[float]]]] = {}
+Marks = tuple["array[float]", "array[int]", "array[int]"]
+"""A cell's marks decoded: their throughputs (ascending, for bisection), the runs faster than
+each, and each mark's position where it directly follows the mark below it (no run between the
+two), else -1 (marks written before positions were kept say -1 throughout)."""
+MARKS_KEPT = 4096
+"""Decoded marks kept in memory, keyed by their JSON text (a few kB each; about 8 bytes a number decoded)."""
+_marks: dict[str, Marks] = {}
 
 
-def _decoded_marks(text: str) -> tuple[list[float], list[list[float]]]:
-    """A cell's marks from their JSON text, with their throughputs apart (for bisection): decoded
-    once per distinct text, not per page — a page reads the marks of every config of its groups,
-    and a cell's marks change only when its config's runs do (the text then differs). Never
-    mutated by a reader; kept whole until MARKS_KEPT texts, then started afresh."""
+def _decoded_marks(text: str) -> Marks:
+    """A cell's marks from their JSON text, as flat arrays (`Marks`): decoded once per distinct
+    text, not per page — a page reads the marks of every config of its groups, and a cell's marks
+    change only when its config's runs do (the text then differs). Never mutated by a reader; kept
+    whole until MARKS_KEPT texts, then started afresh."""
     found = _marks.get(text)
     if found is None:
         marks = json.loads(text)
-        found = ([m[0] for m in marks], marks)
+        positions = [int(m[2]) if len(m) > 2 else None for m in marks]
+        before = [-1, *positions[:-1]]
+        follows = [p if p is not None and b is not None and p == b + 1 else -1 for p, b in zip(positions, before, strict=True)]
+        found = (array("d", [m[0] for m in marks]), array("q", [int(m[1]) for m in marks]), array("q", follows))
         if len(_marks) >= MARKS_KEPT:
             _marks.clear()
         _marks[text] = found

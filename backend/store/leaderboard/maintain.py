@@ -157,18 +157,21 @@ def subset_cells(members: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     return cells
 
 
-RANK_MARKS = 32
-"""Marks a cell keeps: a run's rank then reads at most 1/32 of each config of its group."""
+RANK_MARKS = 256
+"""Marks a cell keeps: a config of up to 256 runs has one at each of its runs, and a run's rank
+then counts none of them; in a larger config a rank reads at most 1/256 of it (migration 0030)."""
 
 
 def rank_marks(speeds: Sequence[float]) -> list[list[float]]:
-    """[throughput, how many runs are faster] at RANK_MARKS evenly spaced positions of a config's
-    runs in ascending throughput (the last is its fastest). A run at x is slower than exactly
-    `faster + the runs in (x, mark]` of them, for the first mark at or above x — one short index
-    range — so the rank never counts a whole group."""
+    """[throughput, how many runs are faster, position] at RANK_MARKS evenly spaced positions of a
+    config's runs in ascending throughput (0-based; the last is its fastest). A run at x is slower
+    than exactly `faster + the runs in (x, mark]` of them, for the first mark at or above x — one
+    short index range — so the rank never counts a whole group; and when that mark's position
+    follows the mark below it (no run lies between them), those runs are known without reading
+    them: every run from the mark's position up (`config size − position`)."""
     n = len(speeds)
     positions = sorted({-(-k * n // RANK_MARKS) - 1 for k in range(1, RANK_MARKS + 1)})
-    return [[speeds[p], n - bisect_right(speeds, speeds[p])] for p in positions]
+    return [[speeds[p], n - bisect_right(speeds, speeds[p]), p] for p in positions]
 
 
 def runs_by_config(entries: Any, key: Sequence[str] = CONFIG) -> Any:

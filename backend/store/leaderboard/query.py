@@ -223,7 +223,9 @@ def _every_run(session: Session, board: Board) -> tuple[list[dict[str, Any]], in
         # index look-up to know), leaving the test out keeps the sort index's read index-only
         shaped = board.conds if group == "workload" or _any_shapeless(session, filters) else conditions(filters)
         ids_query = select(Entry.id).where(*shaped).order_by(*first, *tail, Entry.tokens_per_s.desc(), Entry.id)
-        if board.after is None:
+        if board.after is None and _from_sort_index(board):
+            page_ids = _deep_grouped_page(session, board, shaped, ids_query)
+        elif board.after is None:
             page_ids = list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
         else:
             page_ids = _after_key(session, board, ids_query)
@@ -310,6 +312,56 @@ def _after_key(session: Session, board: Board, ids_query: Any) -> list[str]:
     bound = [lead.is_(None)] if first is None else [lead <= first if descending[0] else lead >= first]
     ids = list(session.execute(ids_query.where(after, *bound).limit(board.limit)).scalars())
     if first is not None and lead.nullable and len(ids) < board.limit:
+        ids += session.execute(ids_query.where(lead.is_(None)).limit(board.limit - len(ids))).scalars()
+    return ids
+
+
+DEEP_FROM_INDEX = 1000
+"""From this offset on, a page of every run grouped by other than the workload and sorted by a
+measured column is found in its sort index's own order first (`_deep_grouped_page`)."""
+MEASURED_SORTS = frozenset(SORTED_COLUMNS) - {"strategy", "precision", "source", "branch"}
+"""The indexed sorts whose values rarely tie: a run's (value, model) holds few runs (a label's holds thousands)."""
+PREFIX_CAP = 5000
+"""The most runs of one (value, model) a deep grouped page reads to place itself; beyond, the plain query."""
+
+
+def _from_sort_index(board: Board) -> bool:
+    """Whether a page of every run is read through `_deep_grouped_page`."""
+    return board.group != "workload" and board.sort in MEASURED_SORTS and board.offset >= DEEP_FROM_INDEX
+
+
+def _deep_grouped_page(session: Session, board: Board, shaped: Sequence[ColumnElement[bool]], ids_query: Any) -> list[str]:
+    """A deep page of every run sorted by a measured column under a shape or recipe grouping,
+    without sorting the runs before it.
+
+    The sort's index orders runs by (value, model, workload, hardware, throughput descending, id);
+    the board by (value, model, the group's columns, throughput descending, id): the two agree on
+    (value, model), so the run at the page's offset in the index's order has the (value, model) of
+    the board's run there. That run is read from the index at the offset (a skip, no sort: the
+    board's order re-sorts every (value, model) on the way, which at offset 50,000 cost twice the
+    skip); the runs of its (value, model) before it in the index's order say how far into that
+    (value, model) the page starts; the page is then read in the board's order from the first run of
+    that (value, model) on. A (value, model) of more than PREFIX_CAP runs takes the plain query."""
+    sort = board.sort or ""
+    lead = getattr(Entry, sort)
+    index_tail = [Entry.workload_key, Entry.hardware_key, *([Entry.tokens_per_s.desc()] if sort != "tokens_per_s" else []), Entry.id]
+    index_order = [direction(lead, board.descending), Entry.model, *index_tail]
+    at = session.execute(select(lead, Entry.model, Entry.id).where(*shaped).order_by(*index_order).offset(board.offset).limit(1)).first()
+    if at is None:
+        return []
+    value, model, run_id = at
+    same = [lead.is_(None) if value is None else lead == value, Entry.model == model]
+    prefix = list(session.execute(select(Entry.id).where(*shaped, *same).order_by(*index_order).limit(PREFIX_CAP + 1)).scalars())
+    if len(prefix) > PREFIX_CAP or run_id not in prefix:  # (or the run went between the two reads)
+        return list(session.execute(ids_query.limit(board.limit).offset(board.offset)).scalars())
+    into = prefix.index(run_id)
+    if value is None:  # nulls come last: from this model on among them
+        return list(session.execute(ids_query.where(lead.is_(None), Entry.model >= model).offset(into).limit(board.limit)).scalars())
+    beyond = lead < value if board.descending else lead > value
+    bound = lead <= value if board.descending else lead >= value
+    first = ids_query.where(bound, or_(beyond, Entry.model >= model))
+    ids = list(session.execute(first.offset(into).limit(board.limit)).scalars())
+    if lead.nullable and len(ids) < board.limit:  # then the runs with no value, last in either direction
         ids += session.execute(ids_query.where(lead.is_(None)).limit(board.limit - len(ids))).scalars()
     return ids
 
