@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from backend.config import Settings
 from backend.services import hardware
-from parallab.core.jobs import Limits, resolve_job
+from parallab.core.jobs import resolve_job
 from parallab.core.planner import Hardware
 from parallab.core.prediction import predict
 from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
@@ -23,7 +23,7 @@ def plan(*, spec: JobSpec, settings: Settings) -> dict[str, Any]:
     Planning is for any cluster, not just this deployment's workers: no ceilings apply. The
     allow-list of lab modules does: what this deployment will not run, it does not plan either.
     """
-    job = resolve_job(spec, Limits(allowed_modules=settings.allowed_modules))
+    job = resolve_job(spec, settings.limits.without_ceilings())
     return {"workload": job.workload_document(), "strategy": job.strategy_document(), "prediction": predict(job)}
 
 

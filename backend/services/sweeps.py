@@ -86,7 +86,9 @@ class SweepRequest(KnownKeys):
     )
     world_size: int = Field(4, ge=1, le=1 << 16)
     top: int = Field(8, ge=1, le=64, description="Queue the K configurations with the highest predicted tokens/s.")
-    controls: int = Field(2, ge=0, le=16, description="Also queue this many predicted to be poor (the lowest predicted that fit).")
+    controls: int = Field(
+        2, ge=0, le=16, description="Also queue this many from below the top, spread evenly down to the lowest predicted that fits."
+    )
     steps: int | None = Field(None, ge=1, le=100_000, description="Measured steps of each run (default: Settings.sweep_steps).")
     strategies: list[str] | None = Field(None, max_length=16, description="Strategies to plan (default: every training strategy).")
     precisions: list[Precision] = Field(default_factory=_precisions, min_length=1, max_length=MAX_PRECISIONS)
@@ -144,10 +146,18 @@ def nothing_planned(request: SweepRequest) -> str:
 
 
 def choose(fits: list[PlanRow], *, top: int, controls: int) -> list[tuple[str, int, PlanRow]]:
-    """(role, predicted rank, row): the `top` best predicted, then `controls` from the bottom."""
+    """(role, predicted rank, row): the `top` best predicted, then `controls` spread evenly over the
+    rest of the ranking, the last of them the lowest predicted that fits. The top configurations are
+    often predicted within a few per cent of each other, where the host's noise decides their
+    measured order; controls taken all from the bottom would add one more cluster. Spread down the
+    ranking, they test the prediction's order over its whole range (a rank correlation means
+    something only across predictions that differ by more than the noise)."""
     chosen = [("top", i + 1, row) for i, row in enumerate(fits[:top])]
     rest = list(enumerate(fits))[top:]
-    chosen += [("control", i + 1, row) for i, row in rest[-controls:]] if controls else []
+    n = min(controls, len(rest))
+    stride = len(rest) / n if n else 0.0
+    picks = sorted(len(rest) - 1 - int(j * stride) for j in range(n))  # distinct: the stride is ≥ 1
+    chosen += [("control", rest[k][0] + 1, rest[k][1]) for k in picks]
     return chosen
 
 
@@ -234,9 +244,13 @@ def create_sweep(
     workload = request.workload.model_dump(exclude_none=True)
     for recipe in ("precision", "activation_checkpointing", "grad_accumulation_steps", "steps"):
         workload.pop(recipe, None)
-    if request.world_size > settings.max_world_size:
+    if request.world_size > settings.limits.max_world_size:
         raise SpecError(
-            [SpecProblem(("world_size",), f"world size {request.world_size} is above the server's limit of {settings.max_world_size}")]
+            [
+                SpecProblem(
+                    ("world_size",), f"world size {request.world_size} is above the server's limit of {settings.limits.max_world_size}"
+                )
+            ]
         )
     hw = hardware.pool_hardware(session=session, settings=settings, pool=request.pool)
     ranking = plan_cluster(
@@ -258,7 +272,7 @@ def create_sweep(
     calibration, calibrate_run = calibrate_first(
         session=session, settings=settings, request=request, workload=workload, source=source, local=local
     )
-    steps = request.steps or settings.sweep_steps
+    steps = request.steps or settings.planner.sweep_steps
     sweep = store.add_sweep(
         session,
         Sweep(

@@ -122,7 +122,7 @@ def plan(
     except ValueError as exc:
         fail(str(exc))
     doc = spec_document({}, strategy=strategy, world_size=world_size, options=options, workload=workload)
-    job = resolve(doc, Limits(allowed_modules=_allowed_modules()), predict_only=not dry_run)
+    job = resolve(doc, _limits(), predict_only=not dry_run)
     if not job.trains:
         fail(f"strategy.name: {strategy} trains nothing, so there is nothing to predict; plan one of {', '.join(TRAINING_STRATEGIES)}")
     if dry_run:
@@ -268,11 +268,12 @@ def _print_explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool, json_
     console.print("not modelled: " + escape(", ".join(out["not_modelled"]) or "—"))
 
 
-def _allowed_modules() -> frozenset[str]:
-    """This deployment's allow-list of lab modules: a plan of one it will not run is refused too."""
+def _limits() -> Limits:
+    """This deployment's limits without their ceilings (`Limits.without_ceilings`): a plan is for any
+    cluster, but a plan of a lab module this deployment will not run is refused too."""
     from backend.config import get_settings
 
-    return get_settings().allowed_modules
+    return get_settings().limits.without_ceilings()
 
 
 # ---- ranking ----
@@ -340,7 +341,7 @@ def _rank(
 
 def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
     """The configurations that fit, fastest predicted first, then why the others don't."""
-    from parallab.core.ranking import rejected_by_reason
+    from parallab.core.ranking import MESH_DIMS, rejected_by_reason
 
     console = Console(width=max(Console().width, 150))
     wl = ranking.workload
@@ -371,7 +372,7 @@ def print_ranking(ranking: Ranking, *, top: int, show_all: bool) -> None:
         table.add_row(
             str(i),
             escape(row.strategy + (f" [{opts}]" if opts else "")),
-            "×".join(str(row.mesh[d]) for d in ("dp", "tp", "pp", "cp", "ep")),
+            "×".join(str(row.mesh[d]) for d in MESH_DIMS),
             row.precision,
             row.activation_checkpointing,
             str(row.grad_accumulation_steps),

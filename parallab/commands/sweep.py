@@ -30,7 +30,7 @@ def sweep(
     model: Annotated[str, typer.Option("--model", help="Model preset.")] = "small",
     world_size: Annotated[int, typer.Option("--world-size", "-n", help="Ranks of every run.", min=1)] = 4,
     top: Annotated[int, typer.Option("--top", help="Queue the K best predicted.", min=1)] = 8,
-    controls: Annotated[int, typer.Option("--controls", help="Also queue this many predicted to be poor.", min=0)] = 2,
+    controls: Annotated[int, typer.Option("--controls", help="Also queue this many below the top, spread down to the lowest.", min=0)] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Measured steps of each run (default: the server's).", min=1)] = None,
     precision: Annotated[list[str] | None, typer.Option("--precision", help="Precisions to plan; repeat (default fp32, bf16).")] = None,
     checkpointing: Annotated[

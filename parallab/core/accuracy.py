@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parallab.core.dims import DIMENSIONS, Dimension
+from parallab.core.layout import DATA_PARALLEL
 from parallab.core.recipes import not_runnable_here
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _on(job: ResolvedJob) -> list[Dimension]:
 
 def kind_of(job: ResolvedJob) -> str:
     """The kind of run a band is drawn from: the layout's dimensions beyond data parallelism and the recipe."""
-    layout = "+".join(sorted(d.name for d in _on(job) if not d.splits_batch)) or "dp"
+    layout = "+".join(sorted(d.name for d in _on(job) if not d.splits_batch)) or DATA_PARALLEL
     recipe = "fp8" if job.workload.precision == "fp8" else ("compile" if job.workload.compile else "eager")
     return f"{layout}/{recipe}"
 
@@ -54,7 +55,7 @@ def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list
     for dim in _on(job):
         out += dim.not_modelled
         if layout is not None:
-            out += dim.asked_not_modelled(layout)
+            out += dim.asked_not_modelled(layout, compiled=bool(job.workload.compile))
         if dim.splits_head and not loss_parallel:
             out.append("loss parallel (the logits are gathered whole on every rank)")
     if job.model.is_moe:

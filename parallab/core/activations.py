@@ -102,9 +102,11 @@ wk, wv, wo and w2, 2 each, and w1's, 8): it saves 54 % for that shape.
   (2h² + 2h·kv_dim); a GELU MLP keeps w1's output and GELU's (2af) and casts its input once; the
   shared experts keep their own MLP's terms on every token; an MoE model's dense first blocks are
   counted as the average block (each kind weighted by its share of the L blocks).
-- The LM head (on its rank): the final norm (8h + 4), its projection input (4h fp32 or ah) and
-  the fp32 log-softmax the loss keeps (4V) per token; in backward, the logits' gradient (4V) of
-  one micro-batch on top.
+- The LM head (on its rank): the final norm (8h + 4; 1/tp of it under SP, which shards the final
+  norm over the sequence as it does the blocks'), its projection input (4h fp32 or ah, the whole
+  gathered sequence) and the fp32 log-softmax the loss keeps (4V) per token; in backward, the
+  logits' gradient (4V) of one micro-batch on top — beside it at the loss's backward peak one
+  more logits-wide fp32 tensor, or two under loss parallel (`loss_backward_temporaries`).
 """
 
 from __future__ import annotations
@@ -281,14 +283,40 @@ def checkpoint_input_bytes(
     return min(stream, RESIDUAL_BYTES) * cfg.hidden_size / (tp if sequence_parallel else 1)
 
 
-def head_bytes_per_token(cfg: ModelConfig, precision: str, *, params_16bit: bool = False) -> tuple[float, float]:
-    """(kept per token through the step, the logits' gradient per token of the micro-batch in backward)."""
+def head_bytes_per_token(
+    cfg: ModelConfig, precision: str, *, params_16bit: bool = False, tp: int = 1, sequence_parallel: bool = False
+) -> tuple[float, float]:
+    """(kept per token through the step, the logits' gradient per token of the micro-batch in backward).
+
+    Under sequence parallelism the final norm runs on the rank's sequence shard (torch's
+    SequenceParallel style on it, in torchtitan's plan and parallab's alike), so what it keeps — its
+    fp32 input, the normalised value the weight multiplies and the rsqrt (the eager RMSNorm:
+    `x.float()`, `x * rsqrt(mean(x²) + eps)`, `.type_as(x) * weight`) — is 1/tp of a token's, as the
+    blocks' norms are; the head's input is the all-gathered sequence (ColwiseParallel's input
+    preparation), which its matmul keeps whole."""
     a = activation_dtype_bytes(precision)
     h, v = cfg.hidden_size, cfg.vocab_size
     head_input = RESIDUAL_BYTES * h if a == RESIDUAL_BYTES else a * h
     normalised = a * h if (params_16bit and a != RESIDUAL_BYTES) else RESIDUAL_BYTES * h
-    kept = RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES + head_input + RESIDUAL_BYTES * v
+    norm_split = tp if sequence_parallel and tp > 1 else 1
+    kept = (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split + head_input + RESIDUAL_BYTES * v
     return kept, RESIDUAL_BYTES * v
+
+
+def loss_backward_temporaries(*, loss_parallel: bool = False) -> int:
+    """How many fp32 logits-wide tensors the loss's backward holds beside the kept log-softmax at
+    its peak (each the size of the logits' gradient, V/tp wide under loss parallel).
+
+    - Cross-entropy on whole logits: aten's nll_loss_backward makes a dense gradient (zeros with
+      −1 scattered at the targets) and _log_softmax_backward_data makes log-softmax's own gradient
+      from it and the kept output: 2.
+    - Under loss parallel (torch's `torch.distributed.tensor.parallel.loss_parallel`, which
+      torchtitan turns on with TP): `_nll_loss_and_log_softmax_backward` fuses both backwards as
+      `grad_input = zeros_like(x)` (scattered), then `(grad_input + torch.exp(x)) * grad_output`
+      — while the sum is made, `grad_input`, `exp(x)` and the sum are alive beside x (the kept
+      log-softmax), and then `grad_input`, the sum and the product: 3 (its log-softmax backward
+      handler only casts). The same body in torch before and after the published runs' commit."""
+    return 3 if loss_parallel else 2
 
 
 def per_token_bytes(terms: list[Term], recompute: Recompute) -> float:

@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from parallab.core.stragglers import Skipped, dim_of
+from parallab.core.stragglers import Skipped, apart, dim_of, unread_reason
 
 _closed = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -55,7 +55,7 @@ COMPUTE, COLL, SEND, RECV = "compute", "coll", "send", "recv"
 KINDS = (COMPUTE, COLL, SEND, RECV)
 _COMPUTE_PART = {c: "compute " + c for c in OP_CLASSES}
 MAX_PATH = 2000
-"""Path segments kept for drawing (the last step's; adjacent ones of one part merged first)."""
+"""Path segments kept for drawing (the median step's by length; adjacent ones of one part merged first)."""
 
 _MATMUL = ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "_scaled_mm", "einsum", "conv", "gemm", "cublas", "cutlass", "xmma")
 _ATTENTION = ("attention", "flash", "fmha", "sdpa", "scaled_dot_product")
@@ -283,7 +283,7 @@ class CriticalPath(BaseModel):
         default_factory=dict, description="Part -> its time in a rank's step, mean over the ranks and steps (the diff's parts)."
     )
     rank_step_s: float = Field(0.0, ge=0, description="A rank's profiled step, mean over the ranks and steps.")
-    path: list[PathSegment] = Field(default_factory=list, max_length=MAX_PATH, description="The last step's path, earliest first.")
+    path: list[PathSegment] = Field(default_factory=list, max_length=MAX_PATH, description="The median step's path, earliest first.")
     path_ranks_visited: list[int] = Field(default_factory=list, max_length=1 << 16)
     skipped: list[Skipped] = Field(default_factory=list, max_length=1000)
 
@@ -294,7 +294,7 @@ class PathSummary(BaseModel):
     model_config = _closed
     length_s: float = Field(ge=0, description="The path's length, mean per step.")
     parts_s: dict[str, float] = Field(default_factory=dict, description="Part -> its time on the path, mean per step.")
-    ranks_visited: list[int] = Field(default_factory=list, max_length=1 << 16, description="The ranks the last step's path ran through.")
+    ranks_visited: list[int] = Field(default_factory=list, max_length=1 << 16, description="The ranks the median step's path visits.")
     steps: int = Field(ge=0)
 
     @classmethod
@@ -347,35 +347,23 @@ def _merge_path(path: Iterable[tuple[int, Piece]], t0: float) -> list[PathSegmen
     return out
 
 
-def _overlaps(span: tuple[float, float], others: Iterable[tuple[float, float]]) -> bool:
-    return any(span[0] < b and a < span[1] for a, b in others)
-
-
-def apart(spans: Mapping[int, tuple[float, float]]) -> set[int]:
-    """The ranks whose step overlaps no other rank's on the wall clock while the others overlap
-    each other: their records come from another run. Two ranks apart from each other: both (which
-    one is foreign cannot be told)."""
-    alone = {r for r, v in spans.items() if len(spans) > 1 and not _overlaps(v, (w for q, w in spans.items() if q != r))}
-    if len(alone) == len(spans) and len(spans) > 2:
-        return set()  # nobody overlaps anybody: no common run to measure against, analysed as is
-    return alone
-
-
 def analyse(
     per_rank: Mapping[int, Iterable[StepSegments] | None],
     *,
     world_size: int,
     mesh: Sequence[tuple[str, int]] = (),
     shift_us: Mapping[int, float] | None = None,
+    unread: Mapping[int, str] | None = None,
 ) -> CriticalPath | None:
     """The critical path and the ranks' split steps over the window, one step of every rank at a
     time; None when no rank has segments. `shift_us`: µs to add to a rank's times (other hosts'
-    clocks, as the collective matching aligned them)."""
+    clocks, as the collective matching aligned them); `unread`: why a rank's trace could not be
+    read, in words, told as the reason it is left out."""
     skipped = [
         Skipped(rank=r, reason="no record from this rank: left out of the critical path") for r in range(world_size) if r not in per_rank
     ]
     skipped += [
-        Skipped(rank=r, reason="no step segments (untraced, or its trace was not read): left out of the critical path")
+        Skipped(rank=r, reason=f"no step segments ({unread_reason(r, unread)}): left out of the critical path")
         for r, s in sorted(per_rank.items())
         if s is None
     ]
@@ -390,8 +378,7 @@ def analyse(
     rank_parts: dict[str, float] = defaultdict(float)
     lengths: list[float] = []
     rank_steps: list[float] = []
-    last_path: list[tuple[int, Piece]] = []
-    visited: list[int] = []
+    drawn: list[tuple[float, list[PathSegment], list[int]]] = []  # (length, merged path, ranks visited) a step
     unreadable: list[str] = []
     steps = 0
     while True:
@@ -427,8 +414,7 @@ def analyse(
         for _, p in path:
             path_parts[p.part] += (p.end - p.start) * 1e-6
         lengths.append(sum(p.end - p.start for _, p in path) * 1e-6)
-        last_path = path
-        visited = sorted({r for r, _ in path})
+        drawn.append((lengths[-1], _merge_path(path, min((p.start for _, p in path), default=0.0)), sorted({r for r, _ in path})))
         steps += 1
     skipped += [Skipped(rank=None, reason=f"not analysed, its segments unreadable ({why[:300]})") for why in unreadable[:10]]
     full = max(counts.values()) if counts else 0
@@ -445,7 +431,10 @@ def analyse(
                 )
             )
     n_ranks = max(1, len(rank_steps))
-    t0 = min((p.start for _, p in last_path), default=0.0)
+    # The step drawn is the median step by its path's length, not the last: one step's path follows
+    # that step's noise (a rank descheduled once moves it), and the last step is no more typical
+    # than any other; the median one is the step a reader of the mean parts expects to see.
+    _, path_drawn, visited = sorted(drawn, key=lambda d: d[0])[(len(drawn) - 1) // 2] if drawn else (0.0, [], [])
     return CriticalPath(
         steps=steps,
         ranks=sorted(r for r in iters if r not in out_of_run),
@@ -453,7 +442,7 @@ def analyse(
         parts_s={k: v / max(1, steps) for k, v in sorted(path_parts.items(), key=lambda kv: -kv[1])},
         rank_parts_s={k: v / n_ranks for k, v in sorted(rank_parts.items(), key=lambda kv: -kv[1])},
         rank_step_s=statistics.fmean(rank_steps) if rank_steps else 0.0,
-        path=_merge_path(last_path, t0),
+        path=path_drawn,
         path_ranks_visited=visited,
         skipped=skipped[:1000],
     )

@@ -13,13 +13,13 @@ from typing import Any
 
 from parallab.core.dims import APPLY_ORDER, compose
 from parallab.core.jobs import ResolvedJob
-from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, placed_item_stride, profile_terms
+from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, item_seconds, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.reserved import reserved_memory
 
 
-def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float) -> list[dict[str, Any]]:
-    """Per mesh dimension: its collectives' time and what of it stays exposed."""
+def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, *, loss_parallel: bool) -> list[dict[str, Any]]:
+    """Per mesh dimension: its collectives' time and what of it stays exposed (`planner.item_seconds`)."""
     if job.world_size <= 1:
         return []
     layout = job.descriptor.layout(job.world_size, job.options)
@@ -30,23 +30,21 @@ def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float) -> list[dict[str
         groups = [(job.strategy, job.descriptor.comm_items(job))]
     lines, hidden_want = [], 0.0
     for name, all_items in groups:
-        items = [i for i in all_items if i.op != "recv"]  # a P2P transfer is timed once, on its send
-        if not items:
+        timed = [(i, got) for i in all_items if (got := item_seconds(job, hw, i, loss_parallel=loss_parallel)) is not None]
+        if not timed:
             continue
         seconds = exposed = 0.0
-        for item in items:
-            stride = placed_item_stride(job, item.group_size, item.stride)
-            t = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, stride)
-            share = item.overlap * hw.spec.comm_overlap
+        for _, (t, shown, want) in timed:
             seconds += t
-            exposed += t * (1 - share)
-            hidden_want += t * share
-        ops = ", ".join(sorted({i.op for i in items}))
+            exposed += shown
+            hidden_want += want
+        ops = ", ".join(sorted({i.op for i, _ in timed}))
+        fused = "; async TP: a fused call shows what exceeds (n − 1)/n of its GEMMs" if any(i.pipelined for i, _ in timed) else ""
         lines.append(
             {
                 "name": f"communication: {name} ({ops})",
                 "seconds": exposed,
-                "formula": f"Σ calls × (latency + bytes × busbw factor / link) = {seconds:.4g} s, of which exposed (not overlapped)",
+                "formula": f"Σ calls × (latency + bytes × busbw factor / link) = {seconds:.4g} s, of which exposed (not overlapped){fused}",
                 "entry": "catalogue intra/inter-node bandwidth × link efficiency",
             }
         )
@@ -72,7 +70,7 @@ def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> d
         terms = [{"name": "compute", "seconds": compute, "formula": "GEMMs at peak × efficiency + memory-bound ops", "entry": "datasheet"}]
     step = [
         *({**t, "name": f"compute: {t['name']}"} for t in terms),
-        *_comm_lines(job, hw, estimate.compute_s),
+        *_comm_lines(job, hw, estimate.compute_s, loss_parallel=loss_parallel),
         {"name": "pipeline bubble", "seconds": estimate.bubble_s, "formula": "(compute + exposed) × b/(1 − b)", "entry": "-"},
         {
             "name": "optimizer (AdamW)",

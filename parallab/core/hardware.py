@@ -158,6 +158,39 @@ class MatmulPoint(BaseModel):
     flops_per_s: float = Field(gt=0)
 
 
+class BlockPoint(BaseModel):
+    """One transformer block of the calibrated workload, forward and backward (and its recomputation)
+    on `tokens` tokens in `precision`, every rank at once: seconds per call (the slowest rank's)."""
+
+    model_config = _frozen
+    precision: str
+    recompute: str = Field(max_length=16, description="The block's activation checkpointing: none, selective or full.")
+    tokens: int = Field(ge=1)
+    seconds: float = Field(gt=0)
+
+
+BLOCK_FIELDS = (
+    "family",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "mlp",
+    "attention_bias",
+    "seq_len",
+    "num_experts",
+    "kv_lora_rank",
+    "q_lora_rank",
+)
+"""The fields of a model config that make its blocks: two configs equal on these have the same block."""
+
+
+def block_signature(config: BaseModel) -> str:
+    """What a measured block stands for (`HardwareProfile.block_model`): the block fields of a model config."""
+    return json.dumps({f: getattr(config, f, None) for f in BLOCK_FIELDS}, sort_keys=True)
+
+
 class BusbwPoint(BaseModel):
     """One collective at one size (nccl-tests' buffer convention) and its bus bandwidth."""
 
@@ -185,14 +218,36 @@ class HardwareProfile(BaseModel):
         None, ge=0, description="Extra host time per op of a region under selective recomputation's policy (forward, recompute)."
     )
     collectives: list[BusbwPoint] = Field(default_factory=list)
+    blocks: list[BlockPoint] = Field(
+        default_factory=list, description="The workload's own block, forward and backward, per precision, recomputation and token count."
+    )
+    block_model: str | None = Field(None, max_length=2000, description="`block_signature` of the model whose block `blocks` timed.")
+
+    def block_seconds(self, config: BaseModel, precision: str, recompute: str, tokens: int) -> float | None:
+        """Seconds of one block's forward and backward (with its recomputation) on `tokens` tokens:
+        piecewise linear in tokens through the points measured for this model's block, precision and
+        recomputation, flat below the smallest and proportional to tokens above the largest; None
+        when the profile measured no such block."""
+        if self.block_model is None or self.block_model != block_signature(config):
+            return None
+        points = sorted((p.tokens, p.seconds) for p in self.blocks if p.precision == precision and p.recompute == recompute)
+        if not points:
+            return None
+        if tokens >= points[-1][0]:
+            return points[-1][1] * tokens / points[-1][0]
+        return _interp([(float(t), s) for t, s in points], float(tokens))
 
     def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float | None:
-        """FLOP/s of an (m, n, k) GEMM: interpolated in log(m·n·k) over the points measured in that
-        precision (the nearest end beyond them); None when the precision was not measured."""
+        """FLOP/s of an (m, n, k) GEMM: where that (k, n) was measured in that precision, interpolated
+        in log(m) over its token counts (the nearest end beyond them); else in log(m·n·k) over every
+        point of the precision, points of one volume averaged; None when the precision was not measured."""
+        same = sorted((math.log(p.m), p.flops_per_s) for p in self.matmul if p.precision == precision and (p.k, p.n) == (k, n))
+        if same:
+            return _interp(_mean_by_x(same), math.log(max(m, 1)))
         points = sorted((math.log(p.m * p.n * p.k), p.flops_per_s) for p in self.matmul if p.precision == precision)
         if not points:
             return None
-        return _interp(points, math.log(max(m * n * k, 1)))
+        return _interp(_mean_by_x(points), math.log(max(m * n * k, 1)))
 
     def busbw(self, op: str, size_bytes: int) -> float | None:
         """Bus bandwidth (bytes/s) of `op` at `size_bytes`, interpolated in log(size); None when unmeasured."""
@@ -200,6 +255,14 @@ class HardwareProfile(BaseModel):
         if not points:
             return None
         return _interp(points, math.log(max(size_bytes, 1)))
+
+
+def _mean_by_x(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted points with those of one x replaced by their mean y (shapes of one volume)."""
+    out: dict[float, list[float]] = {}
+    for x, y in points:
+        out.setdefault(x, []).append(y)
+    return [(x, sum(ys) / len(ys)) for x, ys in sorted(out.items())]
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:

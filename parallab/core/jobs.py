@@ -12,16 +12,15 @@ again gives the same job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from parallab.core import dims
 from parallab.core.data import DEFAULT_LR, data_problems
 from parallab.core.families import family_of
-from parallab.core.families.module import allow_list_problem
+from parallab.core.families.module import allow_list_entry_problem, allow_list_problem, parse_allow_list
 from parallab.core.hf_config import HFShape, read_hf_config
 from parallab.core.layout import Layout
 from parallab.core.model import PRESETS, SHAPE_FIELDS, ModelConfig, custom_fields, model_with, shape_problems
@@ -33,13 +32,16 @@ from parallab.core.strategies import get_descriptor
 from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor, StrategyOptions
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(BaseModel):
     """What this deployment lets one job ask for (None: no limit — `parallab plan` plans any cluster).
 
     Each is checked against the resolved job (a preset's default counts as asked for), and a job
-    above one is refused naming the field and the limit.
+    above one is refused naming the field and the limit. The server's settings hold one of these
+    (`Settings.limits`, with the deployment's ceilings as defaults): every submission is checked
+    against that same object.
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_world_size: int | None = None
     max_steps: int | None = None
@@ -57,11 +59,33 @@ class Limits:
     """global_batch_size × seq_len."""
     max_microbatches: int | None = None
     """Pipeline micro-batches per accumulation micro-step (pp)."""
-    whose: str = "this deployment's"
-    """Whose limits these are, as the refusal says it: "the server's", "parallab bench's"."""
+    whose: str = Field("this deployment's", exclude=True)
+    """Whose limits these are, as the refusal says it: "the server's", "parallab bench's". Wording,
+    not a limit: no setting sets it and a dump leaves it out."""
     allowed_modules: frozenset[str] = frozenset()
     """Modules whose entry points the module family may run (`PARALLAB_ALLOWED_MODULES`). Empty by
     default, unlike the ceilings: a submitted entry point is code, and code runs only when allowed."""
+
+    @field_validator("allowed_modules", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`a.b:build, c:make` → {"a.b:build", "c:make"} (the environment's form); a list or set passes as it is."""
+        return parse_allow_list(value) if isinstance(value, str) else value
+
+    @field_validator("allowed_modules")
+    @classmethod
+    def _callables(cls, value: frozenset[str]) -> frozenset[str]:
+        """Each item names one callable: a bare module would let any of its attributes be called."""
+        problems = [why for item in sorted(value) if (why := allow_list_entry_problem(item)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def without_ceilings(self) -> Limits:
+        """The allow-list alone: what planning is held to. A plan is for any cluster, not just this
+        deployment's workers, so no ceiling applies; code this deployment will not run, it does not
+        plan either."""
+        return Limits(whose=self.whose, allowed_modules=self.allowed_modules)
 
     def problems(self, job: ResolvedJob) -> list[SpecProblem]:
         """One problem per ceiling the resolved job is above."""

@@ -30,11 +30,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from enum import Enum
 from typing import Literal
 
-MESH_ORDER: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+
+class MeshAxisName(str, Enum):
+    """The one vocabulary of mesh dimensions (torchtitan's `MeshAxisName`): a layout's degrees,
+    the device mesh's dim names, the dimensions' modules (`parallab.core.dims`), the process groups
+    the predictions name. Every table that names a dimension reads it from here."""
+
+    PP = "pp"
+    DP_REPLICATE = "dp_replicate"
+    DP_SHARD = "dp_shard"
+    CP = "cp"
+    TP = "tp"
+    EP = "ep"
+
+
+MESH_ORDER: tuple[str, ...] = tuple(axis.value for axis in MeshAxisName)
 """Every dimension, outer first (the device mesh's order; `ep` last: a data-like dim of its own whose
 all-to-all takes the closest ranks, composed with dp_shard only so far, see `parallab.core.dims.ep`)."""
+DATA_PARALLEL_AXES: tuple[str, ...] = (MeshAxisName.DP_REPLICATE.value, MeshAxisName.DP_SHARD.value)
+"""Replicas and shards: the two data-parallel dims, which the tables that fold them into one
+data-parallel degree (a plan row's mesh, an accuracy band's kind) count together as `DATA_PARALLEL`."""
+DATA_PARALLEL = "dp"
+"""The label of replicas × shards counted together — a column of a table, never a mesh dim."""
 DEGREE_NAMES: frozenset[str] = frozenset(MESH_ORDER)
 
 
@@ -70,8 +90,9 @@ class Layout:
     """cp: load-balanced causal sharding."""
     async_tp: bool = False
     """tp: torch's async (micro-pipelined) TP, as torchtitan's `enable_async_tensor_parallel` asks.
-    Predicted only and not modelled: the planner times TP's collectives exposed, as without it, and
-    every prediction that asks for it says so; parallab's ranks do not run it."""
+    Predicted only: under torch.compile with sequence parallelism the planner times each block's
+    fused all-gathers and reduce-scatters against their matmuls (`dims.tp.async_tp_items`), else as
+    without it, and every prediction that asks for it says which; parallab's ranks do not run it."""
     shard_over_cp: bool = False
     """cp: FSDP shards over dp_shard × cp, torchtitan's flattened `dp_shard_cp` mesh (the cp ranks
     also shard parameters, gradients and optimizer state), instead of replicating the dp_shard

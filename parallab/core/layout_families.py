@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from parallab.core.layout import DATA_PARALLEL, MeshAxisName
 from parallab.core.ranking import PlanRow
 from parallab.core.strategies import layout_of
 
@@ -23,11 +24,22 @@ planner's estimate is not closer than a few percent to a measured step (its own 
 far wider), and repeated runs of one configuration on one host differ by about that much, so rows
 closer than this cannot be told apart by prediction and would be decided by measuring anyway."""
 
-FAMILY_ORDER = ("pp", "tp", "cp", "ep", "dp", "fsdp")
-"""How a family is spelled: outermost-first as a layout is usually described (`pp×tp×fsdp`)."""
+SHARDED = "fsdp"
+"""Sharded data parallelism's name in a family (replicas are `DATA_PARALLEL`)."""
 
-LAYOUT_DIMS = {"pp": "pp", "tp": "tp", "cp": "cp", "ep": "ep", "dp_replicate": "dp", "dp_shard": "fsdp"}
-"""A layout's degree → its name in a family (replicas are `dp`, sharded data parallelism `fsdp`)."""
+LAYOUT_DIMS: dict[str, str] = {
+    **{axis.value: axis.value for axis in MeshAxisName},
+    MeshAxisName.DP_REPLICATE.value: DATA_PARALLEL,
+    MeshAxisName.DP_SHARD.value: SHARDED,
+}
+"""A layout's degree → its name in a family: its own, but replicas are `dp` and shards `fsdp`."""
+
+FAMILY_ORDER: tuple[str, ...] = (
+    *(axis.value for axis in (MeshAxisName.PP, MeshAxisName.TP, MeshAxisName.CP, MeshAxisName.EP)),
+    DATA_PARALLEL,
+    SHARDED,
+)
+"""How a family is spelled: outermost-first as a layout is usually described (`pp×tp×fsdp`)."""
 
 
 def layout_family(row: PlanRow) -> str:

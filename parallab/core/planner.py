@@ -14,11 +14,15 @@ and optimizer step:
   layer), autocast's weight casts, the loss — at the measured (or datasheet ×
   `MEMORY_EFFICIENCY`) memory bandwidth; plus the host time of every op launched.
 - communication: each `CommItem` of the strategy's descriptor — bytes per call × nccl-tests' bus
-  factor / the bus bandwidth at that message size (calibrated busbw by op and size; uncalibrated,
-  or across nodes, the link bandwidth × `LINK_EFFICIENCY` plus a latency per call). The share the
+  factor / the bus bandwidth at that message size (calibrated busbw by op and size inside a node);
+  on a pool that knows its topology, a group spanning nodes (or inside one, without a curve) runs
+  the α–β ring: the path's measured α per step of the algorithm (`ring_steps`) plus the bytes
+  over its β; without one, the catalogue link × `LINK_EFFICIENCY` plus a latency per call. The share the
   strategy can overlap (DDP's buckets but the last, FSDP's prefetched groups, the ring's and the
   pipeline's asynchronous P2P) hides under compute as far as compute lasts, scaled by what the
-  device can overlap (GPUs 1; CPU ranks share their cores with gloo: 0).
+  device can overlap (GPUs 1; CPU ranks share their cores with gloo: 0). A collective fused with
+  its GEMMs (async TP, `CommItem.pipelined`) hides under those alone: what exceeds (n − 1)/n of
+  their time shows (`pipelined_exposed`). Under loss parallel the logits' gather is left out.
 - bubble: the descriptor's bubble fraction, (p−1)/(m+p−1) for a pipeline.
 - optimizer: AdamW reads and writes 28 bytes per local parameter (fp32 master, grads, 2 moments).
 
@@ -39,7 +43,7 @@ from typing import Any
 
 from parallab.core.costs import activation_dtype_bytes
 from parallab.core.device_profile import DeviceProfile, load_profile
-from parallab.core.dims.base import residual_stream_bytes
+from parallab.core.dims.base import LOGITS_GATHER, CommItem, residual_stream_bytes
 from parallab.core.dims.dp_shard import DIMENSION as FSDP_DIMENSION
 from parallab.core.families import tensor_count
 from parallab.core.gpu_time import Shares, Term, compute_terms
@@ -73,12 +77,26 @@ DTENSOR_OPS_PER_LAYER = 7
 forward, and its two backward matmuls, pay DTensor's dispatch."""
 ADAMW_BYTES = 28
 """AdamW per fp32 parameter: reads param, grad, two moments (16 B), writes param and moments (12 B)."""
+ADAMW_LOOP_BYTES = 80
+"""torch's single-tensor AdamW (`torch.optim.adam._single_tensor_adam`, its default for CPU
+parameters, which no foreach kernel serves) per fp32 parameter, pass by pass: the decoupled weight
+decay `param.mul_` (8 B), `exp_avg.lerp_(grad)` (12), `exp_avg_sq.mul_` (8) and `.addcmul_(grad,
+grad)` (12), `exp_avg_sq.sqrt()` (8), its division (8), `.add_(eps)` (8), `param.addcdiv_(exp_avg,
+denom)` (16)."""
+ADAMW_LOOP_OPS = 10
+"""Ops that loop launches per parameter tensor (the eight passes, the step count's increment and its `.item()`)."""
 P2P_OPS = {"send": "send_recv", "recv": "send_recv"}
 """The calibrated curve a descriptor's op is timed on."""
 RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "broadcast": 1.0}
 """Latency terms of a ring collective over n ranks, in units of (n − 1): all-reduce is a
 reduce-scatter then an all-gather, 2(n − 1) steps each paying the link's latency once; a P2P
 transfer (send, recv) pays it once."""
+
+
+def ring_steps(op: str, group_size: int) -> float:
+    """Steps of `op`'s ring algorithm on `group_size` ranks, each paying the path's α once:
+    2(n − 1) for an all-reduce, n − 1 for an all-gather or reduce-scatter, 1 for a P2P transfer."""
+    return RING_STEPS.get(op, 0.0) * (group_size - 1) or 1.0
 
 
 # ---- hardware ----
@@ -192,18 +210,21 @@ class Hardware:
         return max(1, self.per_node // members)
 
     def topology_link(self, inter: bool) -> tuple[float, float] | None:
-        """(bytes/s, one-way latency s) of the path the pool's topology gives, or None where it gives
-        none: across nodes the measured link (the declared rate × `LINK_EFFICIENCY` unmeasured),
-        inside a node only a measured path (the declared default is the host's unshaped memory)."""
+        """(β: bytes/s, α: seconds a step) of the path the pool's topology gives, or None where it
+        gives none: across nodes the measured link (the declared rate × `LINK_EFFICIENCY` and the
+        declared latency unmeasured), inside a node only a measured path (the declared default is
+        the host's unshaped memory). α is the path's measured per-step cost
+        (`LinkFigures.step_s`), not the wire's floor: on ranks that share cores a step waits
+        for its peer to be scheduled, and that wait, not the wire, is most of a small collective."""
         topo = self.topology
         if topo is None:
             return None
         if inter:
             if topo.measured_inter_node is not None:
-                return topo.measured_inter_node.bandwidth_bps / 8, topo.measured_inter_node.latency_s
-            return topo.inter_node.bandwidth_bps / 8 * LINK_EFFICIENCY, topo.inter_node.latency_s
+                return topo.measured_inter_node.bandwidth_bps / 8, topo.measured_inter_node.step_s
+            return topo.inter_node.bandwidth_bps / 8 * LINK_EFFICIENCY, topo.inter_node.step_s
         said = topo.measured_intra_node or topo.intra_node
-        return (said.bandwidth_bps / 8, said.latency_s) if said is not None else None
+        return (said.bandwidth_bps / 8, said.step_s) if said is not None else None
 
     def comm_seconds(self, op: str, bytes_per_call: int, calls: int, group_size: int, stride: int = 1) -> float:
         """Time of `calls` calls of `op` on a group of `group_size` ranks `stride` apart."""
@@ -217,11 +238,10 @@ class Hardware:
                 return calls * bytes_per_call * factor / busbw
         said = self.topology_link(inter)
         if said is not None:
-            # The textbook ring: (bytes × bus factor) over the link's share, plus a latency per step.
-            bandwidth, latency = said
-            share = bandwidth / (self.link_sharers(group_size, stride) if inter else 1)
-            steps = RING_STEPS.get(op, 0.0) * (group_size - 1) or 1.0
-            return calls * (steps * latency + bytes_per_call * factor / share)
+            # The α–β model of the ring: α per step of the algorithm, (bytes × bus factor) over β's share.
+            beta, alpha = said
+            share = beta / (self.link_sharers(group_size, stride) if inter else 1)
+            return calls * (ring_steps(op, group_size) * alpha + bytes_per_call * factor / share)
         link = self.spec.inter_node_bandwidth if inter else self.spec.intra_node_bandwidth
         latency = LATENCY_S["inter" if inter else "intra"]
         return calls * (latency + bytes_per_call * factor / (link * LINK_EFFICIENCY))
@@ -430,6 +450,9 @@ def compute_seconds(
     lay = lay or layout(job)
     cfg, wl = job.model, job.workload
     precision, mode = wl.precision, wl.activation_checkpointing
+    measured = measured_block_seconds(job, hw, lay, selective_policy=selective_policy)
+    if measured is not None:
+        return lay.forwards * (lay.layers * measured + _root_seconds(job, hw, lay))
     gemms, attention, memory = _block_parts(job, hw, lay)
     block = gemms + attention + memory
     forward = lay.layers * block
@@ -453,6 +476,55 @@ def compute_seconds(
     return lay.forwards * per_forward
 
 
+def measured_block_seconds(job: ResolvedJob, hw: Hardware, lay: Layout, *, selective_policy: str = "every_matmul") -> float | None:
+    """One block's forward, backward and recomputation from the pool's calibration of the workload's
+    own block (`HardwareProfile.blocks`, at the rank's tokens: under context parallelism its share
+    of the sequence): eager, under parallab's selective policy; alternate recomputation is its
+    blocks' mean (every other block full). Split by tensor parallelism, the block's weight GEMMs are
+    timed at their split shapes (and pay DTensor's dispatch) and the rest — norms, rotary,
+    activations, attention, autograd — is what the whole block measured beyond its own GEMMs.
+    None where the profile measured no such block."""
+    profile = hw.profile
+    if profile is None or not profile.blocks or job.workload.compile:
+        return None
+    mode, precision = job.workload.activation_checkpointing, job.workload.precision
+    if mode == "selective" and selective_policy != "every_matmul":
+        return None
+    if mode == "alternate":
+        full = profile.block_seconds(job.model, precision, "full", lay.tokens)
+        none = profile.block_seconds(job.model, precision, "none", lay.tokens)
+        if full is None or none is None:
+            return None
+        recomputed = math.ceil(lay.layers / 2) / max(lay.layers, 1)
+        measured, gemm_passes = recomputed * full + (1 - recomputed) * none, 3 + recomputed
+    else:
+        found = profile.block_seconds(job.model, precision, mode, lay.tokens)
+        if found is None:
+            return None
+        measured, gemm_passes = found, 4 if mode == "full" else 3
+    if lay.tp == 1:
+        return measured
+    whole = _block_parts(job, hw, replace(lay, tp=1))[0]
+    split = _block_parts(job, hw, lay)[0]
+    rest = max(0.0, measured - gemm_passes * whole)
+    return rest + gemm_passes * split + DTENSOR_OPS_PER_LAYER * 3 * hw.dtensor_op_overhead_s
+
+
+def _root_seconds(job: ResolvedJob, hw: Hardware, lay: Layout) -> float:
+    """What a forward and backward spend outside the blocks on the rank holding the head: the head's
+    GEMMs (backward twice the forward), the fp32 logits' softmax and loss, autocast's cast of the
+    head's weight; the embedding's gather is negligible beside them."""
+    if not lay.head:
+        return 0.0
+    cfg, precision = job.model, job.workload.precision
+    vocab = cfg.vocab_size // lay.tp
+    seconds = 3 * _gemm(hw, precision, lay.tokens, cfg.hidden_size, vocab)
+    seconds += 3 * lay.tokens * vocab * 4 * 3 / hw.memory_bandwidth
+    if precision != "fp32":
+        seconds += vocab * cfg.hidden_size * 6 / hw.memory_bandwidth
+    return seconds
+
+
 _LOCAL_PARAMS: dict[str, int] = {}
 """Parameter elements on the busiest rank, by (strategy, world size, options, model): a ranking asks
 for the same split under every recipe."""
@@ -468,11 +540,13 @@ def _local_params(job: ResolvedJob) -> int:
 
 
 def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
-    """AdamW over the rank's parameters (and the accumulation adds into the grads)."""
+    """AdamW over the rank's parameters (and the accumulation adds into the grads): on CPU ranks
+    torch's single-tensor loop, pass by pass (`ADAMW_LOOP_BYTES`); elsewhere the ideal 28 B."""
     local = _local_params(job)
     tensors = tensor_count(job.model)
     accumulate = (job.accum_steps - 1) * local * 12
-    return (local * ADAMW_BYTES + accumulate) / hw.memory_bandwidth + tensors * 10 * hw.op_overhead_s
+    per_param = ADAMW_LOOP_BYTES if hw.device.kind == "cpu" else ADAMW_BYTES
+    return (local * per_param + accumulate) / hw.memory_bandwidth + tensors * ADAMW_LOOP_OPS * hw.op_overhead_s
 
 
 def placed_item_stride(job: ResolvedJob, group_size: int, stride: int) -> int:
@@ -492,6 +566,40 @@ def _mesh_dim(mesh: Sequence[MeshDim], group_size: int, stride: int) -> str:
     return "?"
 
 
+def pipelined_exposed(hw: Hardware, precision: str, item: CommItem, seconds: float) -> float:
+    """The exposed seconds of a collective micro-pipelined with its GEMMs (async TP,
+    `CommItem.pipelined`): each call is cut into n chunks (n the group), and its transfer overlaps
+    n − 1 of the n GEMM chunks — the first chunk of an all-gather is the local shard, multiplied
+    while the first remote one is copied; the last of a reduce-scatter is the rank's own partial,
+    computed while the previous one is pulled — so what exceeds (n − 1)/n of the GEMMs' time shows
+    (the two-stage pipeline: max(n·c, c + (n − 1)·x) for chunks of c compute and x transfer). A
+    reduce-scatter then sums the n partials it gathered (torch's `reduce_fn`): a memory-bound
+    kernel reading the whole output and writing its 1/n, which an NCCL reduce-scatter does inside
+    its kernel. The GEMM chunks are timed as the compute model times a GEMM (`_gemm`, m/n rows)."""
+    n, calls = item.group_size, max(item.calls, 1)
+    chunks = sum(n * _gemm(hw, precision, max(m // n, 1), k, width) for m, k, width in item.pipelined)
+    per_call = max(0.0, seconds / calls - (n - 1) / n * chunks)
+    if item.op == "reduce_scatter":
+        per_call += item.bytes_per_call * (1 + 1 / n) / hw.memory_bandwidth
+    return calls * per_call
+
+
+def item_seconds(job: ResolvedJob, hw: Hardware, item: CommItem, *, loss_parallel: bool) -> tuple[float, float, float] | None:
+    """One `CommItem` on `hw`: (its seconds, what of them is exposed outright, what asks to hide under
+    the step's compute — `overlap` × what the device can overlap), or None where the step does not
+    time it: a P2P receive (timed once, on its send), the logits' gather under loss parallel (the
+    loss runs on the vocabulary shards). A micro-pipelined item (async TP) hides under its own
+    GEMMs instead (`pipelined_exposed`)."""
+    if item.op == "recv" or (loss_parallel and item.label == LOGITS_GATHER):
+        return None
+    placed = placed_item_stride(job, item.group_size, item.stride)
+    seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, placed)
+    share = item.overlap * hw.spec.comm_overlap
+    if item.pipelined and hw.spec.comm_overlap:
+        return seconds, pipelined_exposed(hw, job.workload.precision, item, seconds), 0.0
+    return seconds, seconds * (1 - share), seconds * share
+
+
 def estimate_step_time(
     job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
 ) -> StepTimeEstimate:
@@ -503,23 +611,21 @@ def estimate_step_time(
     exposed_dim: dict[str, float] = {}
     want_dim: dict[str, float] = {}
     crossing: list[str] = []
-    overlap_ok = hw.spec.comm_overlap
     mesh = job.mesh if job.world_size > 1 else ()
     for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:
-        placed = placed_item_stride(job, item.group_size, item.stride)
-        seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, placed)
-        if item.op == "recv":
-            continue  # a P2P transfer is timed once, on its send
+        timed = item_seconds(job, hw, item, loss_parallel=loss_parallel)
+        if timed is None:
+            continue
+        seconds, shown, want = timed
         dim = _mesh_dim(mesh, item.group_size, item.stride)
-        if hw.crosses_nodes(item.group_size, placed) and dim not in crossing:
+        if hw.crosses_nodes(item.group_size, placed_item_stride(job, item.group_size, item.stride)) and dim not in crossing:
             crossing.append(dim)
         comm += seconds
-        share = item.overlap * overlap_ok
-        exposed += seconds * (1 - share)
-        hidden_want += seconds * share
+        exposed += shown
+        hidden_want += want
         by_dim[dim] = by_dim.get(dim, 0.0) + seconds
-        exposed_dim[dim] = exposed_dim.get(dim, 0.0) + seconds * (1 - share)
-        want_dim[dim] = want_dim.get(dim, 0.0) + seconds * share
+        exposed_dim[dim] = exposed_dim.get(dim, 0.0) + shown
+        want_dim[dim] = want_dim.get(dim, 0.0) + want
     overflow = max(0.0, hidden_want - compute)
     exposed += overflow
     for dim, want in want_dim.items():

@@ -144,6 +144,19 @@ class LinkFigures(BaseModel):
 
     bandwidth_bps: float = Field(..., gt=0, description="Bits per second one way.")
     latency_s: float = Field(0.0, ge=0, description="One-way latency in seconds (half a round trip).")
+    alpha_s: float | None = Field(
+        None,
+        ge=0,
+        description="α of the α–β model: what one step of a collective pays on this path beside its bytes, as measured "
+        "(the median half round trip of a one-element message on the pool as loaded); None: the wire's latency_s.",
+    )
+
+    @property
+    def step_s(self) -> float:
+        """The per-step cost a collective's algorithm pays on this path: the measured α where there
+        is one — on CPU ranks that share their cores it is mostly the wait for a descheduled peer,
+        which the wire's floor (`latency_s`) leaves out — else the latency."""
+        return self.alpha_s if self.alpha_s is not None else self.latency_s
 
 
 class PoolTopology(BaseModel):

@@ -39,6 +39,7 @@ from parallab.core.activations import (
     head_bytes_per_token,
     korthikanti_layer_bytes,
     layer_terms,
+    loss_backward_temporaries,
     per_token_bytes,
     selective_kept_bytes,
     weight_copy_bytes,
@@ -86,7 +87,9 @@ def layout_activations(
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     per_token = per_token_bytes(terms, "none")
-    kept_head, head_grad = head_bytes_per_token(cfg, wl.precision, params_16bit=p16)
+    kept_head, head_grad = head_bytes_per_token(
+        cfg, wl.precision, params_16bit=p16, tp=layout.tp, sequence_parallel=layout.sequence_parallel
+    )
     if loss_parallel and layout.tp > 1:
         vocab_part = 4 * cfg.vocab_size  # the fp32 log-softmax, and the logits' gradient, V wide
         kept_head -= vocab_part - vocab_part / layout.tp
@@ -123,6 +126,7 @@ def layout_activations(
         "head": int(head_at_peak),
         "total": int(blocks + copies + head_at_peak),
         "logits_gradient": int(temporaries),
+        "loss_backward_temporaries": loss_backward_temporaries(loss_parallel=loss_parallel and layout.tp > 1),
         "per_layer_bytes": int(layout.micro * kept_per_token),
         "recomputed_layer_bytes": int(layout.micro * per_token),
         "peak_at": "head backward" if at_head else "a block's recomputation",

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from parallab.core.accuracy import accuracy_of
 from parallab.core.hardware import precision_problem
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.layout import DATA_PARALLEL, DATA_PARALLEL_AXES, MeshAxisName
 from parallab.core.model import PRESETS
 from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time
 from parallab.core.prediction import predict
@@ -124,8 +125,8 @@ class Ranking:
         }
 
 
-MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
-"""A row's mesh: a layout's data-parallel dims (dp_replicate × dp_shard) count together as "dp"."""
+MESH_DIMS: tuple[str, ...] = (DATA_PARALLEL, *(axis.value for axis in (MeshAxisName.TP, MeshAxisName.PP, MeshAxisName.CP, MeshAxisName.EP)))
+"""A row's mesh: a layout's data-parallel dims (dp_replicate × dp_shard) count together as `DATA_PARALLEL`."""
 
 
 def candidate_specs(
@@ -181,7 +182,7 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
     micro = None
     if job is not None:
         for d in job.mesh:
-            name = "dp" if d.name.startswith("dp") else d.name
+            name = DATA_PARALLEL if d.name in DATA_PARALLEL_AXES else d.name
             mesh[name] = mesh[name] * d.size
         micro = micro_batch_size(job)
     return PlanRow(

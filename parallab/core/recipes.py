@@ -143,7 +143,10 @@ def not_runnable_here(job: ResolvedJob) -> list[str]:
     if getattr(job.options, "shard_over_cp", False):
         out.append("FSDP over dp_shard × cp (torchtitan's dp_shard_cp): predicted, not runnable here — the ranks replicate shards over cp")
     if getattr(job.options, "async_tp", False):
-        out.append("async TP: predicted (not modelled: TP's collectives timed exposed), not runnable here — the ranks run them unfused")
+        out.append(
+            "async TP: predicted (under torch.compile with sequence parallelism, each block's all-gathers and reduce-scatters "
+            "micro-pipelined with their matmuls), not runnable here — the ranks run them unfused"
+        )
     layout = job.descriptor.layout(job.world_size, job.options) if job.descriptor.trains else None
     if layout is not None and layout.pp > 1:
         sizes = stage_sizes(job.model.num_layers, layout.stages)
@@ -154,4 +157,7 @@ def not_runnable_here(job: ResolvedJob) -> list[str]:
             )
         if layout.tp > 1 and layout.sequence_parallel:
             out.append("sequence parallel beside pp: predicted, not runnable here — the ranks' stage outputs are not composed with it yet")
+    if layout is not None and layout.cp > 1 and (layout.pp > 1 or layout.tp > 1):
+        beside = " × ".join(f"{name}={layout.degrees[name]}" for name in ("pp", "tp") if layout.degrees[name] > 1)
+        out.append(f"context parallel beside {beside}: predicted, not runnable here — the ranks compose cp with dp_shard only")
     return out

@@ -303,6 +303,27 @@ class _Tally:
         ]
 
 
+def _overlaps(span: tuple[float, float], others: Iterable[tuple[float, float]]) -> bool:
+    return any(span[0] < b and a < span[1] for a, b in others)
+
+
+def apart(spans: Mapping[int, tuple[float, float]]) -> set[int]:
+    """The ranks whose span (a step, or the window's collectives) overlaps no other rank's on the
+    wall clock while the others overlap each other: their records come from another run. Two
+    ranks apart from each other: both (which one is foreign cannot be told)."""
+    alone = {r for r, v in spans.items() if len(spans) > 1 and not _overlaps(v, (w for q, w in spans.items() if q != r))}
+    if len(alone) == len(spans) and len(spans) > 2:
+        return set()  # nobody overlaps anybody: no common run to measure against, analysed as is
+    return alone
+
+
+def unread_reason(rank: int, unread: Mapping[int, str] | None) -> str:
+    """Why `rank` gave no times: its trace's note when it left one (the profiler's file cut short or
+    not JSON), else the two causes a record cannot tell apart."""
+    note = (unread or {}).get(rank)
+    return note[:400] if note else "untraced, or its trace was not read"
+
+
 def match(
     per_rank: Mapping[int, Iterable[CollectiveArrival] | None],
     *,
@@ -310,22 +331,36 @@ def match(
     mesh: Sequence[tuple[str, int]] = (),
     steps: int = 0,
     host_of: Mapping[int, str] | None = None,
+    unread: Mapping[int, str] | None = None,
 ) -> CollectivesMatched:
     """Match every rank's collectives by (group, sequence number). A rank absent from `per_rank`
-    or with None (no profiled window, trace missing) is skipped with the reason; a sequence number
-    that some member of its group lacks (a truncated trace) is left out and counted, and the rest
-    is matched as usual."""
+    or with None (no profiled window, trace missing) is skipped with the reason — `unread`'s words
+    for it when given (why its trace could not be read: cut short, say) —, and so is a rank whose
+    collectives lie apart from the others' on the wall clock (its record is from another run); a
+    sequence number that some member of its group lacks (a truncated trace) is left out and
+    counted, and the rest is matched as usual."""
     skipped = [Skipped(rank=r, reason="no record from this rank") for r in range(world_size) if r not in per_rank]
-    skipped += [
-        Skipped(rank=r, reason="no collective times (untraced, or its trace was not read)") for r, a in per_rank.items() if a is None
-    ]
+    skipped += [Skipped(rank=r, reason=f"no collective times: {unread_reason(r, unread)}") for r, a in per_rank.items() if a is None]
     present = {r: list(a) for r, a in per_rank.items() if a is not None}
+    shift = _host_shifts(present, host_of or {})
+    # a rank whose window lies apart from the others' is another run's (told on one host's clock:
+    # across hosts the shift onto the first rank's host would align it)
+    spans = {
+        r: (min(x.arrive_us for x in a) + shift.get(r, 0.0), max(x.end_us for x in a) + shift.get(r, 0.0)) for r, a in present.items() if a
+    }
+    for r in sorted(apart(spans)):
+        del present[r]
+        skipped.append(
+            Skipped(
+                rank=r, reason="its collectives do not overlap the other ranks' on the wall clock (a record from another run?): not matched"
+            )
+        )
     # (group, seq) -> rank -> arrival; built one rank at a time
     table: dict[tuple[str, int], dict[int, CollectiveArrival]] = defaultdict(dict)
     for rank, arrivals in present.items():
         for a in arrivals:
             table[(a.group, a.seq)][rank] = a
-    tally = _Tally(mesh=mesh, present=present, shift=_host_shifts(present, host_of or {}))
+    tally = _Tally(mesh=mesh, present=present, shift=shift)
     for (group, seq), seen in sorted(table.items()):
         tally.add(group, seq, seen)
     for (group, rank), n in sorted(tally.short.items()):

@@ -7,13 +7,21 @@ the comparison is one run or a repeat group (its runs); each part's change is th
 runs minus A's, with a 95 % interval (Welch's, Student's t on the smaller side's degrees of
 freedom) when both sides have two runs or more.
 
-The parts are measured in the profiled window, whose steps run under the profiler (on CPU several
-times slower than the timed ones: the profiler's per-op cost); the measured difference is that
-of the timed steps (`summary.step_time_s.median`). So the parts are put on the timed scale with
-one factor for every run of both sides — the timed steps' sum over the profiled steps' sum — and
-not one per run (which would make them add up by construction). The residual — the measured
-difference minus the scaled parts' sum — is what that one factor misses: a window whose
-difference is not the timed difference's shape. It is shown, never spread over the parts.
+The parts are measured in the profiled window; the measured difference is that of the timed
+steps (`summary.step_time_s.median`). The two differ by an offset: a run's timed step is its
+profiled step plus time the window's parts do not hold — the window's first step starts without
+the previous step's wait, its mean is not the timed steps' median of the slowest rank, the
+harness's census is cut out of it — measured per run as the timed step minus the parts' sum (the
+profiled step, when the attribution is whole; `offset_a_s`, `offset_b_s`). Such an offset is the loop's, not the configuration's: it is the
+same on both sides and cancels in their difference, so the parts are compared as measured, in
+seconds, with no factor. (A factor — timed over profiled step — would carry that offset's share
+into every part: across a slow link the timed steps were the profiled ones plus 0.12–0.4 s on
+both sides, and one factor for all runs left 4.8–8.2 % of the difference unexplained where the
+offset's change was 0.2–0.7 %.) What does not cancel — the offset's change, B's minus A's — is the
+residual, the measured difference minus the parts' sum: the part of the timed difference the
+window did not see, with its own interval. It is shown, never spread over the parts. The
+profiler's per-op cost lands there too: where it lengthens one side's window more than the
+other's (many more ops on CPU), the parts do not add up, and the diff says so.
 """
 
 from __future__ import annotations
@@ -54,11 +62,15 @@ class Why(BaseModel):
     measured_interval_s: float | None = None
     parts: list[PartChange] = Field(default_factory=list)
     parts_sum_s: float
-    residual_s: float = Field(description="measured_delta_s − parts_sum_s.")
+    residual_s: float = Field(
+        description="measured_delta_s − parts_sum_s: the offset's change (offset_b_s − offset_a_s), what the window did not see."
+    )
+    residual_interval_s: float | None = Field(None, description="Half-width of the 95 % interval of residual_s; None without repeats.")
     residual_fraction: float | None = Field(None, description="|residual| over |measured difference|.")
     adds_up: bool = Field(description=f"The residual is within {ADD_UP:.0%} of the measured difference.")
-    profiled_delta_s: float = Field(description="B's profiled step minus A's: what the unscaled parts sum to.")
-    scale: float = Field(gt=0, description="Timed over profiled step, over every run of both sides: the parts' factor.")
+    profiled_delta_s: float = Field(description="B's profiled step minus A's (means over the runs): what the parts sum to.")
+    offset_a_s: float = Field(description="A's timed step minus its parts' sum (mean over its runs): outside the profiled window.")
+    offset_b_s: float = Field(description="B's timed step minus its parts' sum (mean over its runs).")
 
 
 class NotExplained(ValueError):
@@ -96,11 +108,10 @@ def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
     got_a = [_get(d, f"{names[0]} run {i + 1}") for i, d in enumerate(a)]
     got_b = [_get(d, f"{names[1]} run {i + 1}") for i, d in enumerate(b)]
     keys = sorted({k for _, p, _ in got_a + got_b for k in p})
-    scale = sum(t for t, _, _ in got_a + got_b) / sum(p for _, _, p in got_a + got_b)
     parts = []
     measured, interval = _diff([t for t, _, _ in got_a], [t for t, _, _ in got_b])
     for k in keys:
-        va, vb = [scale * p.get(k, 0.0) for _, p, _ in got_a], [scale * p.get(k, 0.0) for _, p, _ in got_b]
+        va, vb = [p.get(k, 0.0) for _, p, _ in got_a], [p.get(k, 0.0) for _, p, _ in got_b]
         d, iv = _diff(va, vb)
         parts.append(
             PartChange(
@@ -116,6 +127,8 @@ def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
     parts.sort(key=lambda p: -abs(p.delta_s))
     total = sum(p.delta_s for p in parts)
     residual = measured - total
+    # per run: its timed step minus its parts' sum (its profiled step, when the attribution is whole)
+    offsets_a, offsets_b = [t - sum(p.values()) for t, p, _ in got_a], [t - sum(p.values()) for t, p, _ in got_b]
     frac = abs(residual) / abs(measured) if measured else None
     return Why(
         runs_a=len(a),
@@ -127,10 +140,12 @@ def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
         parts=parts,
         parts_sum_s=total,
         residual_s=residual,
+        residual_interval_s=_diff(offsets_a, offsets_b)[1],
         residual_fraction=frac,
         adds_up=frac is not None and frac <= ADD_UP,
-        profiled_delta_s=statistics.fmean(p for _, _, p in got_b) - statistics.fmean(p for _, _, p in got_a),
-        scale=scale,
+        profiled_delta_s=statistics.fmean(w for _, _, w in got_b) - statistics.fmean(w for _, _, w in got_a),
+        offset_a_s=statistics.fmean(offsets_a),
+        offset_b_s=statistics.fmean(offsets_b),
     )
 
 
@@ -153,7 +168,8 @@ def lines(why: Why, *, top: int = 12) -> list[str]:
     out = [
         f"step time {why.step_a_s * 1e3:.2f} ms -> {why.step_b_s * 1e3:.2f} ms: {ms(why.measured_delta_s)}{iv(why.measured_interval_s)}"
         f" (runs: {why.runs_a} vs {why.runs_b})",
-        f"parts: the profiled window's ({why.profiled_delta_s * 1e3:+.2f} ms), times {why.scale:.3f} (timed over profiled step, all runs)",
+        f"parts: the profiled window's, in its seconds ({why.profiled_delta_s * 1e3:+.2f} ms); outside it, the timed steps' offset"
+        f" {why.offset_a_s * 1e3:+.2f} ms (A) and {why.offset_b_s * 1e3:+.2f} ms (B): what both share cancels, its change is the residual",
     ]
     for p in why.parts[:top]:
         share = f" ({p.share * 100:.0f} %)" if p.share is not None else ""
@@ -163,5 +179,6 @@ def lines(why: Why, *, top: int = 12) -> list[str]:
         out.append(f"  {len(rest)} smaller parts{'':<26} {ms(sum(p.delta_s for p in rest))}")
     verdict = "add up" if why.adds_up else "do NOT add up"
     frac = f" ({why.residual_fraction * 100:.1f} % of the difference)" if why.residual_fraction is not None else ""
-    out.append(f"  residual (measured − parts){'':<13} {ms(why.residual_s)}{frac}: the parts {verdict} within {ADD_UP:.0%}")
+    residual = f"{ms(why.residual_s)}{iv(why.residual_interval_s)}{frac}"
+    out.append(f"  residual (measured − parts){'':<13} {residual}: the parts {verdict} within {ADD_UP:.0%}")
     return out

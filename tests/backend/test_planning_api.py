@@ -9,6 +9,7 @@ from backend.db import session_scope
 from backend.models import Run
 from backend.services.hardware import pool_of
 from backend.services.ingest import attach_result
+from backend.services.sweeps import choose
 from parallab.core.hardware import DeviceDescription, HardwareProfile, MatmulPoint
 from parallab.core.planner import spearman
 from parallab.core.result import ResultDocument
@@ -117,6 +118,24 @@ def test_a_sweep_queues_the_top_predicted_and_controls_as_one_group(client, sett
         assert all(r.spec["workload"]["steps"] == 2 for r in runs)
     assert client.get(f"/api/v1/sweeps/{view['id']}").json()["points"] == view["points"]
     assert view["id"] in [s["id"] for s in client.get("/api/v1/sweeps").json()["items"]]
+
+
+@pytest.mark.parametrize(
+    ("top", "controls", "ranks"),
+    [
+        (4, 4, [1, 2, 3, 4, 8, 12, 16, 20]),  # spread evenly below the top, the last the lowest
+        (4, 1, [1, 2, 3, 4, 20]),  # one control: the lowest predicted that fits
+        (4, 0, [1, 2, 3, 4]),
+        (18, 5, list(range(1, 21))),  # more controls than configurations left: all of them, once
+        (4, 16, list(range(1, 21))),
+    ],
+)
+def test_controls_are_spread_down_the_ranking_to_its_lowest(top: int, controls: int, ranks: list[int]) -> None:
+    fits = [f"configuration {i + 1}" for i in range(20)]  # in predicted order, best first
+    chosen = choose(fits, top=top, controls=controls)  # type: ignore[arg-type]
+    assert [rank for _, rank, _ in chosen] == ranks
+    assert [row for _, _, row in chosen] == [fits[r - 1] for r in ranks]
+    assert [role for role, _, _ in chosen] == ["top"] * min(top, 20) + ["control"] * (len(ranks) - min(top, 20))
 
 
 def test_a_sweep_holds_measured_against_predicted_and_marks_an_oom_the_prediction_let_through(client, settings):

@@ -14,6 +14,7 @@ from parallab.core.activations import (
     head_bytes_per_token,
     korthikanti_layer_bytes,
     layer_terms,
+    loss_backward_temporaries,
     per_token_bytes,
     selective_kept_bytes,
     weight_copy_bytes,
@@ -82,6 +83,17 @@ HEAD_KEPT, HEAD_GRAD = head_bytes_per_token(TINY, "fp32")
 
 def test_the_head_keeps_the_fp32_log_softmax_and_its_gradient_exists_in_backward():
     assert (HEAD_KEPT, HEAD_GRAD) == (2 * 4 * 64 + 4 + 4 * 64 + 4 * 256, 4 * 256)
+
+
+def test_sequence_parallel_shards_the_final_norm_not_the_heads_gathered_input():
+    kept, _ = head_bytes_per_token(TINY, "fp32", tp=4, sequence_parallel=True)
+    assert kept == (2 * 4 * 64 + 4) / 4 + 4 * 64 + 4 * 256
+    assert head_bytes_per_token(TINY, "fp32", tp=4)[0] == HEAD_KEPT  # without SP every rank norms every token
+
+
+def test_loss_parallels_fused_backward_holds_one_more_logits_wide_tensor():
+    assert loss_backward_temporaries() == 2  # nll_loss's dense gradient and log-softmax's own
+    assert loss_backward_temporaries(loss_parallel=True) == 3  # zeros_like(x), exp(x), their sum
 
 
 def test_ddp_rank_holds_its_micro_batch_through_every_layer_and_the_head():

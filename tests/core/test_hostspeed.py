@@ -4,6 +4,9 @@ and the worker's timing of it returns what the model accepts."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -97,3 +100,11 @@ def test_the_probe_timed_in_the_ranks_is_the_mean_over_them_sample_by_sample() -
     one = hostspeed.from_ranks([[1e7], []], [[2e7], []])
     assert one is not None and one.lanes == 1
     assert not hostspeed.comparable(speed, from_samples([2e7], [6e7], lanes=2)), "timed around the launch: another unit"
+
+
+def test_a_probe_lane_imports_no_pydantic() -> None:
+    """Each lane is a spawned process that imports `workers.hostspeed` to run the probe: it does
+    not pay for the core's pydantic models, which only the rates' caller needs."""
+    code = "import sys, workers.hostspeed; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'parallab')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,6 @@
-"""Layouts: every strategy resolves to one, the dimensions' composition reproduces the 1-D
-strategies' own formulas, bad degrees name the dimension and the numbers, and the planner's grid
-is the runtime's grid."""
+"""Layouts: every strategy resolves to one, every preset predicts exactly what its layout written
+out predicts, bad degrees name the dimension and the numbers, and the planner's grid is the
+runtime's grid."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import pytest
 from parallab.core import dims
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
-from parallab.core.layout import Layout, parse_layout
+from parallab.core.layout import MESH_ORDER, Layout, MeshAxisName, parse_layout
 from parallab.core.planner import Hardware
+from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.ranking import plan_cluster
 from parallab.core.spec import JobSpec
+from parallab.core.strategies import REFERENCE_STRATEGY, TRAINING_STRATEGIES, get_descriptor
+from parallab.core.strategies.layout import LayoutOptions
 from workers.strategies import MODULES
 
 
@@ -60,6 +63,19 @@ def test_the_mesh_names_the_dims_in_torchtitans_order_and_leaves_degree_one_out(
     assert job.dp_degree == 2 and resolve("hsdp", 8, {"dp_replicate": 2}).dp_degree == 8
 
 
+def test_one_vocabulary_names_the_dims_of_layouts_meshes_and_dimension_modules():
+    """A layout's degrees, the dimension modules and the mesh order are one list of names, and no
+    training strategy's mesh names a dim outside it (the old 1-D "dp" mesh included)."""
+    assert list(Layout().degrees) == list(MESH_ORDER) == [axis.value for axis in MeshAxisName]
+    assert set(dims.DIMENSIONS) == set(MESH_ORDER)
+    for name in TRAINING_STRATEGIES:
+        descriptor = get_descriptor(name)
+        for world in (1, 2, 4, 8):
+            for options in descriptor.plan_grid(world):
+                parsed = descriptor.complete_options(descriptor.parse_options(options), world)
+                assert {d.name for d in descriptor.mesh(world, parsed)} <= set(MESH_ORDER), (name, world, options)
+
+
 def test_an_explicit_layout_is_the_same_job_as_its_preset():
     hybrid, explicit = resolve("hybrid", 4, {"tp": 2}), resolve("layout", 4, {"dp_shard": 2, "tp": 2})
     assert hybrid.layout == explicit.layout
@@ -67,18 +83,53 @@ def test_an_explicit_layout_is_the_same_job_as_its_preset():
         assert getattr(hybrid.descriptor, what)(hybrid) == getattr(explicit.descriptor, what)(explicit), what
 
 
-@pytest.mark.parametrize(("strategy", "world", "options"), [("ddp", 4, {}), ("fsdp", 4, {}), ("fsdp", 2, {"reshard_after_forward": False}),
-                                                            ("tp", 2, {}), ("tp", 2, {"sequence_parallel": True}), ("pp", 2, {}),
-                                                            ("pp", 4, {"microbatches": 4}), ("ring", 2, {}), ("moe", 2, {})])  # fmt: skip
-def test_the_composed_dimensions_reproduce_each_1d_strategys_own_formulas(strategy, world, options):
-    """The dims are not a second model of the costs: on a 1-D layout they give what the strategy's
-    descriptor gives (bytes by op, per-rank parameters, the bubble)."""
-    job = resolve(strategy, world, options, **({"num_experts": 4} if strategy == "moe" else {}))
+OFF_DEFAULT: dict[str, list[dict[str, Any]]] = {
+    "ddp": [{"bucket_cap_mb": 1.0}],
+    "tp": [{"async_tp": True}],
+    "pp": [{"schedule": "zbv", "virtual_stages": 2}, {"schedule": "gpipe", "microbatches": 8}],
+    "moe": [{"aux_loss_coef": 0.5}],
+    "hsdp": [{"reshard_after_forward": False}],
+}
+"""Options away from their defaults that the planner's grid leaves out (each must reach the layout)."""
+PRESET_GRID = [
+    (name, world, options, model)
+    for name in TRAINING_STRATEGIES
+    if name not in (REFERENCE_STRATEGY, "layout")
+    for world in (2, 4, 8)
+    for options in get_descriptor(name).plan_grid(world) + OFF_DEFAULT.get(name, [])
+    for model in ("tiny", "small")
+]
+H100_2x4 = Hardware(spec=load_catalogue().get("h100"), nodes=2, devices_per_node=4)
+
+
+def _explicit(job: ResolvedJob) -> ResolvedJob:
+    """`job` as the explicit `layout` strategy of its preset's layout, every degree and option written out."""
     assert job.layout is not None
-    composed = dims.compose(job, job.layout)
-    assert composed.comm_bytes_per_step() == job.descriptor.comm_bytes_per_step(job)
-    assert composed.param_elements_per_rank() == job.descriptor.param_elements_per_rank(job)
-    assert composed.bubble_fraction() == job.descriptor.bubble_fraction(job)
+    options = {k: v for k, v in job.layout.as_dict().items() if k in LayoutOptions.model_fields}
+    doc = job.spec.model_dump(mode="json")
+    doc["strategy"] = {**doc["strategy"], "name": "layout", "options": options}
+    return resolve_job(JobSpec.model_validate(doc), Limits())
+
+
+@pytest.mark.parametrize(("strategy", "world", "options", "model"), PRESET_GRID)
+def test_every_preset_is_its_layout_written_out(strategy, world, options, model):
+    """A preset is nothing but its layout: its mesh (named by the one vocabulary, degree-one dims
+    left out), batch split and whole prediction — bytes, memory, step time on two nodes — are
+    those of the explicit `layout` of the same degrees and options, and each of its options is
+    the layout's."""
+    try:
+        job = resolve(strategy, world, options, model=model)
+    except SpecError:
+        pytest.skip("not a job of this model (the planner's grid is the model's too)")
+    assert job.layout is not None
+    laid_out = {k: v for k, v in job.options.model_dump().items() if k in Layout.__dataclass_fields__ and v is not None}
+    assert laid_out == {k: getattr(job.layout, k) for k in laid_out}, "every option of the preset reaches its layout"
+    explicit = _explicit(job)
+    assert job.layout == explicit.layout
+    assert [(d.name, d.size) for d in job.mesh] == [(d.name, d.size) for d in explicit.mesh]
+    assert [d.name for d in job.mesh] == list(job.layout.on) and set(job.layout.on) <= set(MESH_ORDER)
+    assert (job.dp_degree, job.micro_batch_size) == (explicit.dp_degree, explicit.micro_batch_size) == (job.layout.dp, job.micro_batch_size)
+    assert predict(job, H100_2x4) == predict(explicit, H100_2x4)
 
 
 def test_hsdp_holds_a_dp_shard_share_and_all_reduces_the_shard_over_the_replicas():
@@ -123,7 +174,7 @@ def test_pp_by_tp_does_one_end_of_tp_per_stage_and_3d_cuts_state_three_ways():
         ("layout", 4, {"ep": 4}, {}, ("workload", "num_experts"), "ep=4 needs a model with experts; 0 experts is a dense model"),
         ("layout", 4, {"pp": 2, "dp_shard": 2}, {"global_batch_size": 6}, ("workload", "global_batch_size"), "global batch size (6)"),
         ("layout", 4, {"pp": 2, "dp_shard": 2, "microbatches": 1}, {}, ("strategy", "options", "microbatches"), "at least pp=2"),
-        ("layout", 4, {"cp": 2, "tp": 2}, {}, ("strategy", "options", "cp"), "cp=2 is composed with dp_shard only for now, not with tp=2"),
+        ("layout", 4, {"cp": 2, "tp": 2}, {}, ("strategy", "options", "cp"), "cp=2 beside tp=2 is not composed by the ranks yet"),
         ("layout", 8, {"cp": 2, "ep": 2, "dp_shard": 2}, {"num_experts": 4}, ("strategy", "options", "ep"),
          "ep=2 is composed with dp_shard only for now, not with cp=2"),
         ("layout", 4, {"ep": 2, "pp": 2}, {"num_experts": 4}, ("strategy", "options", "ep"),
@@ -244,3 +295,11 @@ def test_the_norm_count_is_every_module_the_familys_tp_plan_runs_sequence_parall
     fam = FAMILIES[family]
     styled = list(fam.root_plan(cfg).values()) + [s for layer in range(cfg.num_layers) for s in fam.block_plan(cfg, layer).values()]
     assert norm_elements(cfg) == styled.count("norm") * cfg.hidden_size
+
+
+@pytest.mark.parametrize("name", [n for n in TRAINING_STRATEGIES if not getattr(get_descriptor(n).options_model, "stored_when_on", ())])
+def test_a_presets_options_serialize_under_their_own_schema(name):
+    """A preset without flags stored only when on has no serializer of its own: its options' schema
+    (what the API publishes for a response) names its fields, as before the presets became layouts."""
+    model = get_descriptor(name).options_model
+    assert model.model_json_schema(mode="serialization") == model.model_json_schema()

@@ -67,7 +67,8 @@ def test_groups_that_share_a_nodes_link_split_it() -> None:
     [
         ("tp", 2, {}, 1, [], ["tp"]),  # tp=2 inside one node
         ("tp", 2, {}, 2, ["tp"], []),  # tp=2 across two nodes of one rank each
-        ("ddp", 4, {}, 2, ["dp"], []),
+        ("ddp", 4, {}, 2, ["dp_replicate"], []),
+        ("fsdp", 4, {}, 2, ["dp_shard"], []),
         ("hybrid", 4, {"tp": 2}, 2, ["dp_shard"], ["tp"]),  # fsdp across, tp inside
         ("tp", 4, {}, 2, ["tp"], []),
     ],
@@ -105,7 +106,7 @@ def test_a_pool_without_topology_keeps_the_catalogue_link() -> None:
     hw = hardware_for(CPU, nodes=2, devices_per_node=2)
     assert hw.topology_link(inter=True) is None
     e = estimate_step_time(j, hw)
-    assert e.inter_node_dims == ["dp"]
+    assert e.inter_node_dims == ["dp_replicate"]
     assert e.comm_s == pytest.approx(
         hw.comm_seconds("all_reduce", j.descriptor.comm_items(j)[0].bytes_per_call, 1, 4) * j.descriptor.comm_items(j)[0].calls
     )
@@ -166,7 +167,7 @@ def test_a_ranking_on_two_nodes_plans_each_layout_in_each_order_once() -> None:
     )
     rows = {(r.label, tuple(r.estimate["inter_node_dims"])) for r in ranking.fits if not r.options.get("sequence_parallel")}
     assert rows == {
-        ("ddp dp4", ("dp",)),
+        ("ddp dp4", ("dp_replicate",)),
         ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2", ("dp_shard",)),
         ("hybrid[tp=2, sequence_parallel=False] dp2 × tp2 (across)", ("tp",)),
     }
@@ -184,3 +185,68 @@ def test_host_and_mesh_ranks_are_inverse_and_across_reverses_the_mesh_over_the_h
     # across: tp (stride 1 on the mesh) sits 6 host ranks apart, dp_shard (stride 6) 1 apart.
     assert host_rank(1, mesh, "across") - host_rank(0, mesh, "across") == 6
     assert host_rank(6, mesh, "across") - host_rank(0, mesh, "across") == 1
+
+
+def alpha_pool(alpha_s: float | None, *, floor_s: float = 7e-5) -> PoolTopology:
+    """A measured 2 × 2 pool whose links carry the wire's floor and, where given, a measured α."""
+    return PoolTopology(
+        source="emulated",
+        nodes=2,
+        ranks_per_node=2,
+        inter_node=LinkFigures(bandwidth_bps=1e8),
+        measured_inter_node=LinkFigures(bandwidth_bps=1e8, latency_s=floor_s, alpha_s=alpha_s),
+        measured_intra_node=LinkFigures(bandwidth_bps=1e10, latency_s=floor_s, alpha_s=alpha_s),
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "stride", "steps"),
+    [("all_reduce", 4, 1, 6), ("all_gather", 4, 1, 3), ("reduce_scatter", 2, 2, 1), ("reduce_scatter", 2, 1, 1), ("send", 2, 2, 1)],
+)
+def test_each_call_pays_the_measured_alpha_once_per_step_of_its_ring(op: str, n: int, stride: int, steps: int) -> None:
+    """The α–β model: a call costs α × its algorithm's steps (ring: 2(n−1) for an all-reduce, n−1
+    for an all-gather or reduce-scatter, 1 for a P2P transfer) plus its bytes over β — across nodes
+    and inside one alike, with α the path's measured per-step cost, not the wire's floor; 7 calls
+    pay it 7 times."""
+    from parallab.core.metrics import busbw_factor
+    from parallab.core.planner import ring_steps
+
+    assert ring_steps(op, n) == steps
+    size, alpha = 1 << 16, 0.01
+    hw = hardware_for(CPU, nodes=2, devices_per_node=2, topology=alpha_pool(alpha))
+    inter = hw.crosses_nodes(n, stride)
+    beta = 1e8 / 8 / hw.link_sharers(n, stride) if inter else 1e10 / 8
+    assert hw.comm_seconds(op, size, 7, n, stride) == pytest.approx(7 * (steps * alpha + busbw_factor(op, n) * size / beta))
+    # Unmeasured α: the floor stands in, and the difference is α's alone, per call and step.
+    floor = hardware_for(CPU, nodes=2, devices_per_node=2, topology=alpha_pool(None))
+    assert hw.comm_seconds(op, size, 7, n, stride) - floor.comm_seconds(op, size, 7, n, stride) == pytest.approx(7 * steps * (alpha - 7e-5))
+
+
+def test_a_dimensions_alpha_follows_its_collective_count_not_its_bytes() -> None:
+    """fsdp 2 × tp 2 on 2 × 2 (dp_shard across, tp inside, no calibrated curve): raising both paths'
+    α by Δ raises each dimension's predicted time by Δ × Σ calls × ring steps of its collectives —
+    tp's 18 all-reduces (2 steps each) and one all-gather, dp_shard's 10 all-gathers and 5
+    reduce-scatters (1 step each) — whatever their bytes."""
+    from parallab.core.planner import ring_steps
+
+    j = placed("inner-first")
+    low = estimate_step_time(j, on(j, alpha_pool(1e-3)))
+    high = estimate_step_time(j, on(j, alpha_pool(11e-3)))
+    steps = {"tp": 0.0, "dp_shard": 0.0}
+    for item in j.descriptor.comm_items(j):
+        steps["tp" if item.stride == 1 else "dp_shard"] += item.calls * ring_steps(item.op, item.group_size)
+    assert steps == {"tp": 37.0, "dp_shard": 15.0}
+    for dim, count in steps.items():
+        assert high.comm_by_dim[dim] - low.comm_by_dim[dim] == pytest.approx(count * 10e-3)
+    assert high.step_s - low.step_s == pytest.approx(52 * 10e-3)
+    assert high.compute_s == low.compute_s
+
+
+def test_the_probe_records_alpha_beside_the_wire_latency() -> None:
+    from workers.linkprobe import link_figures
+
+    said = link_figures({"bandwidth_bps": 9.7e7, "latency_s": 7e-5, "alpha_s": 1.19e-2})
+    assert (said.latency_s, said.alpha_s, said.step_s) == (7e-5, 1.19e-2, 1.19e-2)
+    # A topology stored before α was measured reads back with the floor as its per-step cost.
+    old = LinkFigures.model_validate({"bandwidth_bps": 1e9, "latency_s": 2e-4})
+    assert old.alpha_s is None and old.step_s == 2e-4

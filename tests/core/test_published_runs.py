@@ -27,14 +27,15 @@ from benchmarks.published import (
     table,
 )
 from parallab.core.device_profile import load_profile
+from parallab.core.dims.base import LOGITS_GATHER, CommItem
 from parallab.core.dims.pp import bubble as pp_bubble
-from parallab.core.dims.tp import ASYNC_TP_NOT_MODELLED
+from parallab.core.dims.tp import ASYNC_TP_NOT_MODELLED, ASYNC_TP_PARTLY_MODELLED
 from parallab.core.families import param_counts
 from parallab.core.hardware import load_catalogue
-from parallab.core.jobs import Limits, resolve_job
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.layout import Layout, stage_sizes
 from parallab.core.megatron import FP16_OPTIMIZER_BYTES_PER_PARAM, step_terms
-from parallab.core.planner import hardware_for
+from parallab.core.planner import Hardware, estimate_step_time, hardware_for, item_seconds, pipelined_exposed, placed_item_stride
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.reserved import reserved_memory
@@ -77,19 +78,20 @@ def test_every_table_of_torchtitans_benchmark_is_recorded():
 
 
 KNOWN_MISSES = {
-    "torchtitan Llama 3.1 70B, FSDP 32 x TP 8, 256 x H100": "memory",
     "torchtitan Llama 3.1 8B, FSDP 4 x CP 2, seq 65536, 8 x H100": "step_time",
     "torchtitan Llama 3.1 405B, FSDP 8 x TP 8 x PP 8 (1F1B), 512 x H100": "memory",
-    "torchtitan Llama 3.1 405B, FSDP 8 x CP 1 x TP 8 x PP 8 (1F1B), seq 32768, 512 x H100": "step_time",
+    "torchtitan Llama 3.1 405B, FSDP 1 x CP 8 x TP 8 x PP 8 (1F1B), seq 262144, 512 x H100": "memory",
 }
-"""The explained exceptions, each a strict xfail with its reason. The accuracy goal allows two; with
-Table 5's and Table 6's 405B rows evaluated there are four: the 70B 2D row's memory, Table 2's
-CP 2 step time, the 405B 1F1B row's memory (its interleaved twin, the same tensors by count, is
-held within 0.3 %) and Table 6's CP 1 step time (AsyncTP not modelled, 32k tokens a micro-batch).
-Lower this as the misses are modelled."""
+"""The explained exceptions, each a strict xfail with its reason. The accuracy goal allows two;
+there are three: Table 2's CP 2 step time, the 405B 1F1B row's memory (its interleaved twin, the
+same tensors by count, is held within 0.3 %) and Table 6's CP 8 row's memory (its CP 1/2/4 twins,
+the same tensors by count, are held). The 70B 2D row's memory is held (-8.7 %) since the loss's
+backward under loss parallel and the final norm under SP are counted as torch runs them; Table 6's
+CP 1 step time is held (+14.0 %) since async TP is modelled, and its CP 2/4/8 rows are evaluated
+(context parallelism beside pp and tp). Lower this as the misses are modelled."""
 
 
-def test_the_known_misses_are_these_four_and_each_says_why():
+def test_the_known_misses_are_these_three_and_each_says_why():
     assert {name: ("step_time" if miss.get("step_time") else "memory") for name, miss in MISSES.items()} == KNOWN_MISSES
     for name, miss in MISSES.items():
         assert len(miss["reason"]) > 60 and bool(miss.get("step_time")) != bool(miss.get("memory")), name
@@ -117,11 +119,6 @@ def test_step_time_lands_within_fifteen_percent(checked, name):
     assert abs(row.step_time_error) <= STEP_TIME_TOLERANCE, f"{name}: step time {row.step_time_error:+.1%}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the 8 % bound is not met: with Table 5's two 405B rows held (+14.2 %, +12.4 %: AsyncTP not modelled, "
-    "TP's collectives all exposed) the mean over the 12 held rows is 8.4 %; it was 7.4 % over the 10 before them",
-)
 def test_mean_step_time_error_is_under_eight_percent(checked):
     """Over the rows held out: not the known misses, nor the row that sets the 500 W part's clock."""
     rows = list(checked.values())
@@ -130,8 +127,10 @@ def test_mean_step_time_error_is_under_eight_percent(checked):
 
 
 def test_mean_step_time_error_is_what_it_was_measured_at(checked):
-    """The mean the table prints over the 12 held rows (8.4 %), held at that figure so any change shows."""
-    assert mean_step_error(list(checked.values())) == pytest.approx(0.084, abs=0.0015)
+    """The mean the table prints over the 16 held rows (6.8 % with the ring's last backward hop
+    exposed; 7.0 % before, 8.4 % over 12 before async TP was modelled and Table 6's CP rows
+    evaluated), held at that figure so any change shows."""
+    assert mean_step_error(list(checked.values())) == pytest.approx(0.068, abs=0.0015)
 
 
 def test_mean_step_time_error_is_what_the_table_prints(checked):
@@ -217,6 +216,20 @@ def test_fsdp_under_a_pipeline_holds_the_stages_parameters_and_fp32_gradients_un
     assert not [n for n in names if "under pp" in n]  # without a pipeline FSDP reshards after each block
 
 
+def test_the_70b_rows_loss_backward_and_final_norm_are_counted_as_torch_runs_them():
+    """Table 4's peak is the loss's backward (16 × 8,192 tokens a rank, V/tp = 16,032 under loss
+    parallel): beside the kept fp32 log-softmax, torch's fused `_nll_loss_and_log_softmax_backward`
+    holds zeros_like(x), exp(x) and their sum (16 B per entry and token, not 12); the head keeps
+    the gathered bf16 input whole and the SequenceParallel final norm its fp32 input, bf16
+    normalised value and rsqrt for the rank's 1/8 of the sequence."""
+    (flat,) = [r for r in RUNS if r["name"] == "torchtitan Llama 3.1 70B, FSDP 32 x TP 8, 256 x H100"]
+    job = resolve_job(JobSpec.model_validate(spec_of(flat)), Limits(), predict_only=True)
+    rows = {r["name"]: r["bytes"] for r in reserved_memory(job, predict(job, loss_parallel=True), load_profile(flat["device"]))}
+    tokens, h, v_local = 16 * 8192, 8192, 128256 // 8
+    norm = (4 * h + 2 * h + 4) / 8
+    assert rows["head and loss"] == pytest.approx(tokens * (2 * h + norm + 4 * v_local * (1 + 3)), rel=1e-6)
+
+
 def test_uneven_stages_fill_the_pipeline_at_each_ranks_pace():
     """The bubble's p − 1 becomes Σ L_r / max L_r − 1: 126/16 − 1 = 6.875 over the 405B row's ranks."""
     lay = Layout(pp=8, microbatches=8, schedule="1f1b")
@@ -225,9 +238,25 @@ def test_uneven_stages_fill_the_pipeline_at_each_ranks_pace():
     assert pp_bubble(lay, 128)[0] == pytest.approx(7 / 15)
 
 
-def test_table_6s_context_parallel_rows_say_why_they_are_not_evaluated():
-    rows = [r for r in NOT_EVALUATED if "Table 6" in r["source"]]
-    assert len(rows) == 3 and all("pp=8 x tp=8" in r["reason"] for r in rows)
+def test_table_6s_context_parallel_rows_are_predicted_beside_pp_and_tp_and_refused_for_a_run():
+    """cp beside pp × tp (torchtitan's 4D): a run asking for it is refused naming the layout, a
+    prediction passes and says it is not runnable here. Each cp rank runs its 1/cp of the sequence
+    through its stage: at S = cp × 32,768 and one sequence a micro-batch, TP's bytes and the stage's
+    sends are those of the CP 1 row (32,768 tokens a rank), and the ring's members are tp ranks apart."""
+    table6 = [r for r in RUNS if "Table 6" in r["source"]]
+    assert [r["options"].get("cp", 1) for r in table6] == [1, 2, 4, 8]
+    assert not [r for r in NOT_EVALUATED if "Table 6" in r["source"]]
+    cp1, cp2 = (resolve_job(JobSpec.model_validate(spec_of(r)), Limits(), predict_only=True) for r in table6[:2])
+    with pytest.raises(SpecError, match="cp=2 beside pp=8 × tp=8 is not composed by the ranks yet"):
+        resolve_job(JobSpec.model_validate(spec_of(table6[1])), Limits())
+    row = evaluate_run(table6[1])[0]
+    assert row.valid and any("context parallel beside pp=8 × tp=8" in x for x in (row.accuracy or {}).get("not_runnable_here", []))
+    for op in ("all_gather", "reduce_scatter", "send"):
+        tp_or_pp = [i for i in cp2.descriptor.comm_items(cp2) if i.op == op and i.group_size in (8, 2) and i.stride in (1, 64)]
+        same = [i for i in cp1.descriptor.comm_items(cp1) if i.op == op and i.group_size in (8, 2) and i.stride in (1, 64)]
+        assert sum(i.bytes_per_step for i in tp_or_pp) == sum(i.bytes_per_step for i in same), op
+    ring = [i for i in cp2.descriptor.comm_items(cp2) if i.op == "send" and i.stride == 8]
+    assert sorted(i.overlap for i in ring) == [0.0, 1.0]  # the hops behind the attention, and the last backward hop
 
 
 def test_each_row_carries_its_held_out_band_and_what_it_does_not_model(checked):
@@ -237,11 +266,12 @@ def test_each_row_carries_its_held_out_band_and_what_it_does_not_model(checked):
             assert name not in row.band["basis"] and row.band["n"] >= 1
     tp_row, async_row = (r for n, r in checked.items() if "70B" in n)
     assert not [x for x in tp_row.not_modelled or [] if "async TP" in x]  # the 2D row does not ask for it
-    for name, row in checked.items():  # every run that used AsyncTP asks for it, and its prediction says it is not modelled
+    for name, row in checked.items():  # every run that used AsyncTP asks for it, and its prediction says what it leaves out
         asked = "AsyncTP" in name or "405B" in name
-        assert (ASYNC_TP_NOT_MODELLED in (row.not_modelled or [])) == asked, name
+        assert (ASYNC_TP_PARTLY_MODELLED in (row.not_modelled or [])) == asked, name
+        assert ASYNC_TP_NOT_MODELLED not in (row.not_modelled or []), name  # each ran compiled with SP: modelled
     assert tp_row.band is not None and tp_row.band["n"] == 1  # the AsyncTP row, the one other fp8 TP run
-    assert async_row.band is None  # its one TP peer is a known miss: outside the validated regime
+    assert async_row.band is not None and async_row.band["n"] == 1  # the 2D row, held since its memory is counted
 
 
 CP_ROWS = [r for r in RUNS if " x CP " in r["name"] and r["model"] == "llama-3-8b" and not r["name"].endswith("CP 1, seq 32768, 8 x H100")]
@@ -261,6 +291,31 @@ def test_table_2s_cp_rows_shard_fsdp_over_dp_shard_and_cp_as_torchtitan_does(che
         assert replicated.model_state_bytes >= run["options"]["cp"] * 0.99 * eight_way, run["name"]
         assert not replicated.fits
         assert any("dp_shard_cp" in line for line in (row.accuracy or {}).get("not_runnable_here", [])), run["name"]
+
+
+@pytest.mark.parametrize("run", CP_ROWS, ids=lambda r: f"cp{r['options']['cp']}")
+def test_the_rings_last_backward_hop_is_exposed_and_the_others_hide(run):
+    """Ring attention hides each hop behind the attention of the block beside it (Liu et al. 2023);
+    the last backward hop returns the chunk's dK/dV to its owner after the last block, with nothing
+    left to hide it (torch waits for it after its loop). One such hop a layer whatever cp, the
+    chunk's dK and dV in fp32 (2 × 32,768 tokens × 4,096 × 4 B, K/V after repeat_kv), and it is
+    all the ring time the step shows (beside it only FSDP's last collectives); the 2(cp − 1) hops
+    a layer behind the attention are timed and hidden."""
+    cp = run["options"]["cp"]
+    job = resolve_job(JobSpec.model_validate(spec_of(run)), Limits(), predict_only=True)
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
+    ring = [i for i in job.descriptor.comm_items(job) if i.op == "send"]
+    (last,) = [i for i in ring if i.overlap == 0.0]
+    (behind,) = [i for i in ring if i.overlap == 1.0]
+    assert last.calls == 32 and last.bytes_per_call == 2 * 32_768 * 4_096 * 4
+    assert behind.calls == 32 * 2 * (cp - 1) and behind.bytes_per_step == 32 * 32_768 * 4_096 * 4 * 6 * (cp - 1)
+    timed = item_seconds(job, hw, last, loss_parallel=False)
+    assert timed is not None and timed[1] == timed[0] > 0
+    hidden = item_seconds(job, hw, behind, loss_parallel=False)
+    assert hidden is not None and hidden[1] == 0.0 and hidden[0] > 2 * (cp - 1) * timed[0]
+    fsdp = [item_seconds(job, hw, i, loss_parallel=False) for i in job.descriptor.comm_items(job) if i.op != "send" and i.op != "recv"]
+    estimate = estimate_step_time(job, hw)
+    assert estimate.exposed_comm_s == pytest.approx(timed[0] + sum(t[1] for t in fsdp if t is not None))
 
 
 def test_korthikantis_eight_step_times_are_recorded_with_calculons_configurations():
@@ -336,22 +391,101 @@ def test_interleaving_shrinks_the_pipeline_bubble_by_the_chunk_count():
     assert ratio == pytest.approx((64 + 7) / (64 + 7 / 3), rel=0.01)
 
 
-def test_async_tp_is_asked_for_predicted_only_and_labelled_not_modelled():
-    """A run asking for async TP: refused for parallab's ranks (naming the option), predicted with the
-    same step as without it (the planner does not model it) and labelled so, on the CLI's, the plan
-    page's and the run page's prediction alike (they all print `not_modelled`)."""
-    (run,) = [r for r in RUNS if r["name"] == "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 + AsyncTP, 256 x H100"]
-    assert run["options"]["async_tp"] is True
+ASYNC_70B = "torchtitan Llama 3.1 70B, FSDP 32 x TP 8 + AsyncTP, 256 x H100"
+
+
+def _async_70b(**workload: object) -> tuple[ResolvedJob, ResolvedJob, Hardware]:
+    """The 70B AsyncTP row's job (with `workload` changed) and the same job without async TP."""
+    (run,) = [r for r in RUNS if r["name"] == ASYNC_70B]
+    spec = spec_of(run)
+    spec["workload"].update(workload)
+    without = {**spec, "strategy": {**spec["strategy"], "options": {k: v for k, v in run["options"].items() if k != "async_tp"}}}
+    hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
+    jobs = [resolve_job(JobSpec.model_validate(s), Limits(), predict_only=True) for s in (spec, without)]
+    return jobs[0], jobs[1], hw
+
+
+def test_async_tp_is_asked_for_predicted_only_and_timed_micro_pipelined():
+    """A run asking for async TP: refused for parallab's ranks (naming the option); predicted with
+    TP's fused collectives behind their matmuls (compiled, with SP: a faster step than without it,
+    the same bytes) and labelled with what it still leaves out, on the CLI's, the plan page's and
+    the run page's prediction alike (they all print `not_modelled`)."""
+    (run,) = [r for r in RUNS if r["name"] == ASYNC_70B]
+    assert run["options"]["async_tp"] is True and run["compile"] is True
     with pytest.raises(SpecError, match="strategy.options.async_tp: async_tp"):
         resolve_job(JobSpec.model_validate({**spec_of(run), "workload": {**spec_of(run)["workload"], "precision": "bf16"}}), Limits())
-    job = resolve_job(JobSpec.model_validate(spec_of(run)), Limits(), predict_only=True)
-    hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
-    prediction = predict(job, hw, loss_parallel=True)
-    assert ASYNC_TP_NOT_MODELLED in prediction["not_modelled"]
+    job, job2, hw = _async_70b()
+    prediction, plain = predict(job, hw, loss_parallel=True), predict(job2, hw, loss_parallel=True)
+    assert ASYNC_TP_PARTLY_MODELLED in prediction["not_modelled"] and ASYNC_TP_NOT_MODELLED not in prediction["not_modelled"]
     assert any("async TP" in line for line in prediction["not_runnable_here"])
-    without = {**run, "options": {k: v for k, v in run["options"].items() if k != "async_tp"}}
-    job2 = resolve_job(JobSpec.model_validate(spec_of(without)), Limits(), predict_only=True)
-    plain = predict(job2, hw, loss_parallel=True)
-    assert ASYNC_TP_NOT_MODELLED not in plain["not_modelled"]
-    assert prediction["step_time_s"] == plain["step_time_s"]
+    assert not [x for x in plain["not_modelled"] if "async TP" in x]
+    assert prediction["step_time_s"] < 0.97 * plain["step_time_s"]
+    assert job.descriptor.comm_bytes_per_step(job) == job2.descriptor.comm_bytes_per_step(job2)  # fused, not fewer bytes
     assert "async_tp" not in job2.spec.model_dump(mode="json")["strategy"]["options"]  # stored options unchanged without it
+
+
+def test_async_tp_without_compile_fuses_nothing_and_says_so():
+    """Inductor's micro-pipeline pass is what fuses: an eager run asking for async TP is timed as
+    without it and labelled not modelled."""
+    job, job2, hw = _async_70b(compile=False)
+    prediction, plain = predict(job, hw, loss_parallel=True), predict(job2, hw, loss_parallel=True)
+    assert ASYNC_TP_NOT_MODELLED in prediction["not_modelled"]
+    assert prediction["step_time_s"] == plain["step_time_s"]
+
+
+def test_async_tp_fuses_the_collectives_beside_one_matmul_and_leaves_the_input_gradients_reduce_scatter():
+    """Per block and forward: the input's all-gather (with wq/wk/wv or w1/w3), the row-parallel
+    output's reduce-scatter (wo or w2) and its gradient's all-gather (their input-gradient GEMM)
+    carry their GEMMs; the backward reduce-scatter of the block input's gradient (a sum of the
+    column-parallel GEMMs' input gradients: no single producer matmul) and the ends do not."""
+    job, job2, _ = _async_70b()
+    fused, plain = job.descriptor.comm_items(job), job2.descriptor.comm_items(job2)
+    tp_fused = [i for i in fused if i.group_size == 8 and i.stride == 1]
+    layers, forwards = job.model.num_layers, job.accum_steps
+    by_op = {op: sum(i.calls for i in tp_fused if i.op == op and i.pipelined) for op in ("all_gather", "reduce_scatter")}
+    assert by_op == {"all_gather": 4 * layers * forwards, "reduce_scatter": 2 * layers * forwards}
+    rest = {i.op: i.calls for i in tp_fused if not i.pipelined and i.op == "reduce_scatter"}
+    assert rest == {"reduce_scatter": (2 * layers + 2) * forwards}  # the input gradients' and the two ends'
+    h, tokens = job.model.hidden_size, job.global_batch_size * job.model.seq_len // 32 // forwards
+    (wo,) = [i.pipelined for i in tp_fused if i.op == "reduce_scatter" and i.pipelined and i.pipelined[0][1] == h // 8]
+    assert wo == ((tokens, h // 8, h),)
+    for op in ("all_gather", "reduce_scatter"):  # the same calls and bytes, split
+        assert sum(i.calls for i in fused if i.op == op) == sum(i.calls for i in plain if i.op == op)
+        assert sum(i.bytes_per_step for i in fused if i.op == op) == sum(i.bytes_per_step for i in plain if i.op == op)
+
+
+def test_a_micro_pipelined_collective_shows_only_what_its_gemm_chunks_cannot_hide():
+    """n chunks, n − 1 of them overlapped: exposed max(0, comm − (n − 1)/n · GEMMs); a reduce-scatter
+    adds the sum of its n partials (read the whole output, write 1/n) at the memory bandwidth."""
+    hw = hardware_for(load_catalogue().get("h100-96gb"), nodes=1, devices_per_node=8)
+    gemm = ((8192, 8192, 1024),)
+    one = 8 * 2 * 1024 * 8192 * 1024 / hw.matmul_flops("bf16", 1024, 1024, 8192)  # the 8 chunks of 1,024 rows
+    ag = CommItem("all_gather", 2**27, 1, 8, pipelined=gemm)
+    assert pipelined_exposed(hw, "bf16", ag, one / 2) == 0.0  # the transfer fits under 7/8 of the GEMMs
+    assert pipelined_exposed(hw, "bf16", ag, 3 * one) == pytest.approx(3 * one - 7 / 8 * one)
+    rs = CommItem("reduce_scatter", 2**27, 1, 8, pipelined=gemm)
+    assert pipelined_exposed(hw, "bf16", rs, one / 2) == pytest.approx(2**27 * 9 / 8 / hw.memory_bandwidth)
+    two = CommItem("all_gather", 2**28, 2, 8, pipelined=gemm)  # per call, then times the calls
+    assert pipelined_exposed(hw, "bf16", two, 6 * one) == pytest.approx(2 * (3 * one - 7 / 8 * one))
+
+
+def test_loss_parallel_gathers_no_logits():
+    """TP's all-gather of the head's logits is an item of its own; a prediction under loss parallel
+    (the loss on the vocabulary shards) leaves it out, and only it."""
+    job, _, hw = _async_70b()
+    (logits,) = [i for i in job.descriptor.comm_items(job) if i.label == LOGITS_GATHER]
+    assert logits.bytes_per_step == job.global_batch_size // 32 * job.model.seq_len * job.model.vocab_size * 2
+    sharded, whole = (estimate_step_time(job, hw, loss_parallel=lp) for lp in (True, False))
+    placed = placed_item_stride(job, logits.group_size, logits.stride)
+    timed = hw.comm_seconds(logits.op, logits.bytes_per_call, logits.calls, logits.group_size, placed)
+    assert whole.comm_by_dim["tp"] - sharded.comm_by_dim["tp"] == pytest.approx(timed)
+
+
+def test_async_tps_gain_on_the_70b_row_is_torchtitans_within_two_points(checked):
+    """Table 4's pair differs only in AsyncTP: torchtitan read 876 against 829 tokens/s (+5.7 %); the
+    prediction's gain, from the fused collectives alone, lands within two points of it."""
+    two_d, fused = (r for n, r in checked.items() if "70B" in n)
+    published = fused.published_tokens_per_s_per_gpu / two_d.published_tokens_per_s_per_gpu - 1
+    predicted = fused.predicted_tokens_per_s_per_gpu / two_d.predicted_tokens_per_s_per_gpu - 1
+    assert published == pytest.approx(0.057, abs=0.001)
+    assert abs(predicted - published) < 0.02, predicted

@@ -52,7 +52,7 @@ CASES = [
          spec("ring", 4, seq_len=68)),
     case("cp/fsdp over cp", spec("layout", 4, {"cp": 2, "shard_over_cp": True}), f"{OPT}.shard_over_cp", "predicted only",
          spec("layout", 4, {"cp": 2})),
-    case("seq/ring zig-zag", spec("ring", 2, {"zigzag": True}, seq_len=66), f"{W}.seq_len", "zig-zag needs 2 × ring size",
+    case("seq/ring zig-zag", spec("ring", 2, {"zigzag": True}, seq_len=66), f"{W}.seq_len", "zig-zag: 2 chunks a rank",
          spec("ring", 2, {"zigzag": False}, seq_len=66)),
     case("experts/world", spec("moe", 3), f"{W}.num_experts", "experts (4) is not divisible by 3", spec("moe", 3, num_experts=6)),
     case("hybrid mesh", spec("hybrid", 6, {"tp": 4}, num_heads=8, ffn_hidden_size=512), f"{OPT}.tp", "does not make world size 6",

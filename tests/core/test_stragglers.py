@@ -71,6 +71,17 @@ def test_a_missing_rank_and_a_truncated_trace_are_reported_and_the_rest_matched(
     assert untraced.skipped[0].rank == 1 and "untraced" in untraced.skipped[0].reason
 
 
+def test_a_record_from_another_run_is_skipped_saying_so_not_named_a_straggler():
+    records = _records(late=None, delay_us=0.0)
+    records[3] = _records(late=None, delay_us=0.0, seed=1, skew={3: 3.6e9})[3]  # the same job an hour later
+    m = match(records, world_size=4)
+    assert [(s.rank, "another run" in s.reason) for s in m.skipped] == [(3, True)]
+    assert name_stragglers(m) == [] and 3 not in {r.rank for r in m.ranks}
+    assert m.groups[0].matched == 0  # the world's collectives need rank 3: none matched, none guessed
+    # the same record among the run's own: matched as usual
+    assert match(_records(late=None, delay_us=0.0), world_size=4).skipped == []
+
+
 def test_hosts_clocks_are_aligned_on_collective_ends():
     skewed = _records(late=0, delay_us=5000.0, skew={2: 8000.0, 3: 8000.0})
     naive = match(skewed, world_size=4)

@@ -5,9 +5,10 @@ the hooks are described) and exposes an instance as `STRATEGY`. The names are th
 strategies of `parallab.core.strategies` (a test holds the two lists equal); adding a strategy is
 its descriptor there plus one module here.
 
-Every layout (`hybrid`, `hsdp`, `3d`, `layout`) runs through `compose`, the one module that
-combines the others, in one fixed order (torchtitan's: pipeline split, TP, EP, CP, FSDP/HSDP,
-DDP); the others never import each other.
+Every training strategy but the one-process reference is a layout, so each runs through
+`compose`, the one module that combines the dimensions' modules (`ddp`, `fsdp`,
+`tensor_parallel`, `pipeline`, `ring_attention`, `expert_parallel`) in one fixed order
+(torchtitan's: pipeline split, TP, EP, CP, FSDP/HSDP, DDP); those never import each other.
 """
 
 from __future__ import annotations
@@ -15,21 +16,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from parallab.core.strategies import REFERENCE_STRATEGY, TRAINING_STRATEGIES
 from workers.strategies.base import Applied, MicroBatch, Strategy
 
-MODULES: dict[str, str] = {
-    "single": "single",
-    "ddp": "ddp",
-    "fsdp": "fsdp",
-    "tp": "tensor_parallel",
-    "pp": "pipeline",
-    "ring": "ring_attention",
-    "moe": "expert_parallel",
-    "hybrid": "compose",
-    "hsdp": "compose",
-    "3d": "compose",
-    "layout": "compose",
-}
+MODULES: dict[str, str] = {name: "single" if name == REFERENCE_STRATEGY else "compose" for name in TRAINING_STRATEGIES}
+"""Each training strategy's rank module: the reference's own, every layout's the composition."""
 
 __all__ = ["MODULES", "Applied", "MicroBatch", "Strategy", "get"]
 

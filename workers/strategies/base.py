@@ -1,19 +1,21 @@
 """The rank half of a strategy: what every rank module implements, and the defaults it inherits.
 
-A strategy module (`ddp.py`, `pipeline.py`, ...) defines one `Strategy` subclass, typed by its
-options model (the descriptor's, `parallab.core.strategies`) and by what its `apply` returns, and
-exposes an instance as `STRATEGY`. The entry point has the same shape everywhere:
+Two modules define a `Strategy`: `single.py` (the one-process reference, exposed as `STRATEGY`)
+and `compose.py` (every layout preset, one instance a name in `STRATEGIES`), each typed by its
+options model (the descriptor's, `parallab.core.strategies`) and by what its `apply` returns. The
+dimensions' modules (`ddp.py`, `fsdp.py`, `pipeline.py`, …) are the composition's steps. The
+entry point has the same shape everywhere:
 
     apply(model, ctx, options) -> Applied
 
 It takes the full model (built on CPU, identical on every rank), places, shards or slices it on
 the rank's mesh (`ctx.mesh`) and returns the module the optimizer trains — plus, for the
 pipeline, its schedule state (a subclass of `Applied`). The shared loop (`workers.harness.loop`)
-then calls the hooks below; the defaults are the plain data-parallel behaviour:
+then calls the hooks below; the defaults are one process's:
 
 - `local_batch(inputs, labels, ctx, options, micro_step) -> MicroBatch`: this rank's part of one
   accumulation micro-step of the global batch (default: the row block `data_rank` names — the
-  data-parallel split over the "dp" mesh dim when the mesh has one, else the whole micro-step);
+  whole micro-step for one process; the composition splits it over the data-parallel dims);
 - `accumulate(applied, last) -> context manager`: around a non-final micro-step (DDP's no_sync);
 - `forward_backward(applied, batch, ctx, options, amp) -> loss`: the pipeline's schedule step
   replaces the default forward + backward;
@@ -31,7 +33,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -77,7 +79,7 @@ M = TypeVar("M", bound=nn.Module)
 class Strategy(ABC, Generic[OptionsT, A]):
     """A strategy on the rank side; subclasses implement `apply` and override the hooks that differ."""
 
-    name: ClassVar[str]
+    name: str
     """The strategy's name in `parallab.core.strategies.REGISTRY`."""
 
     @abstractmethod
@@ -86,8 +88,8 @@ class Strategy(ABC, Generic[OptionsT, A]):
 
     def data_rank(self, ctx: RunContext, options: OptionsT) -> tuple[int, int]:
         """(data-parallel degree, this rank's index among them): which row block of each micro-step
-        the rank takes (`micro_batch`). Default: the mesh's "dp" dim, (1, 0) without one."""
-        return ctx.dp_coordinate()
+        the rank takes (`micro_batch`). Default: one process takes every row."""
+        return 1, 0
 
     def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: OptionsT, micro_step: int) -> MicroBatch:
         dp, r = self.data_rank(ctx, options)

@@ -1,4 +1,6 @@
-"""Every layout on the ranks, through one composition in one fixed order (torchtitan's).
+"""Every training strategy but the one-process reference on the ranks — the one-dimension presets
+(`ddp`, `fsdp`, `tp`, `pp`, `ring`, `moe`), the composed ones and any `layout` — through one
+composition of the dimensions' modules in one fixed order (torchtitan's).
 
 1. the model is built (seeded, on CPU, identical everywhere; activation checkpointing and fp8 are
    applied as it is built, `workers.harness.main.new_model`, before any wrapper);
@@ -32,7 +34,6 @@ from __future__ import annotations
 import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -40,11 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from parallab.core.dims import DIMENSIONS
 from parallab.core.layout import MESH_ORDER, Layout
-from parallab.core.strategies import get_descriptor
-from parallab.core.strategies.hsdp import HSDPOptions
-from parallab.core.strategies.hybrid import HybridOptions
-from parallab.core.strategies.layout import LayoutOptions, PresetOptions
-from parallab.core.strategies.three_d import ThreeDOptions
+from parallab.core.strategies import REFERENCE_STRATEGY, TRAINING_STRATEGIES, get_descriptor
+from parallab.core.strategies.layout import PresetOptions
 from workers.harness.amp import Amp
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
@@ -70,8 +68,11 @@ def _coordinate(ctx: RunContext, name: str) -> tuple[int, int]:
     return dim.get_local_rank(), dim.size()
 
 
-class Composed(Strategy[Any, ComposedApplied]):
-    """The composition; one subclass per name the registry maps here, typed by its options."""
+class Composed(Strategy[PresetOptions, ComposedApplied]):
+    """The composition of the layout strategy `name`'s descriptor resolves to (one instance a name)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def layout(self, ctx: RunContext, options: PresetOptions) -> Layout:
         layout = get_descriptor(self.name).layout(ctx.world_size, options)
@@ -108,7 +109,7 @@ class Composed(Strategy[Any, ComposedApplied]):
             fsdp.shard(model, mesh, reshard_after_forward=layout.reshard_after_forward, mp_policy=fsdp.mixed_precision(ctx.precision))
         return model
 
-    def data_rank(self, ctx: RunContext, options: Any) -> tuple[int, int]:
+    def data_rank(self, ctx: RunContext, options: PresetOptions) -> tuple[int, int]:
         """The data-parallel rank indexed over dp_replicate, dp_shard and ep in mesh order (every tp
         and pp rank of it alike; each ep rank is one of the reference's MoE routing groups)."""
         layout, index = self.layout(ctx, options), 0
@@ -118,7 +119,9 @@ class Composed(Strategy[Any, ComposedApplied]):
                 index = index * size + rank
         return layout.dp, index
 
-    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: Any, micro_step: int) -> MicroBatch:
+    def local_batch(
+        self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: PresetOptions, micro_step: int
+    ) -> MicroBatch:
         """The rows of this rank's `data_rank`; under cp, this rank's part of the sequence of those rows."""
         batch, layout = super().local_batch(inputs, labels, ctx, options, micro_step), self.layout(ctx, options)
         if layout.cp > 1:
@@ -130,12 +133,14 @@ class Composed(Strategy[Any, ComposedApplied]):
             return applied.model.no_sync()
         return contextlib.nullcontext()
 
-    def forward_backward(self, applied: ComposedApplied, batch: MicroBatch, ctx: RunContext, options: Any, amp: Amp) -> torch.Tensor:
+    def forward_backward(
+        self, applied: ComposedApplied, batch: MicroBatch, ctx: RunContext, options: PresetOptions, amp: Amp
+    ) -> torch.Tensor:
         if applied.pipe is not None:
             return pipeline.forward_backward(applied.pipe, batch, ctx, amp)
         return super().forward_backward(applied, batch, ctx, options, amp)
 
-    def sync_grads(self, applied: ComposedApplied, ctx: RunContext, options: Any) -> None:
+    def sync_grads(self, applied: ComposedApplied, ctx: RunContext, options: PresetOptions) -> None:
         """Lay every gradient out like its parameter (`tensor_parallel.lay_out_grads`: the
         vocab-parallel embedding's keeps its rows, SP's norm gradients are all-reduced over tp),
         average what ep and cp replicate over their dims, then, for replicas beside tp or pp,
@@ -153,14 +158,14 @@ class Composed(Strategy[Any, ComposedApplied]):
             grads = [local_grad(p.grad) for p in applied.model.parameters() if p.grad is not None]
             flat_all_reduce_(grads, ctx.mesh_dim("dp_replicate").get_group(), scale=1.0 / layout.dp_replicate)
 
-    def loss_weight(self, ctx: RunContext, options: Any) -> float:
+    def loss_weight(self, ctx: RunContext, options: PresetOptions) -> float:
         """Every rank holding a loss holds its replica's mean: all of them, or the last stages under a pipeline."""
         layout = self.layout(ctx, options)
         if layout.pp == 1:
             return 1.0 / ctx.world_size
         return layout.pp / ctx.world_size if pipeline.last_stage_holder(ctx, layout) else 0.0
 
-    def progress_rank(self, ctx: RunContext, options: Any) -> int:
+    def progress_rank(self, ctx: RunContext, options: PresetOptions) -> int:
         """Under a pipeline, the rank holding the last stage in rank 0's replica (pp is the outermost
         mesh dim); else rank 0."""
         layout = self.layout(ctx, options)
@@ -170,21 +175,5 @@ class Composed(Strategy[Any, ComposedApplied]):
         return int(ctx.mesh.mesh[corner].item())
 
 
-class Hybrid(Composed, Strategy[HybridOptions, ComposedApplied]):
-    name = "hybrid"
-
-
-class HSDP(Composed, Strategy[HSDPOptions, ComposedApplied]):
-    name = "hsdp"
-
-
-class ThreeD(Composed, Strategy[ThreeDOptions, ComposedApplied]):
-    name = "3d"
-
-
-class ExplicitLayout(Composed, Strategy[LayoutOptions, ComposedApplied]):
-    name = "layout"
-
-
-STRATEGIES: dict[str, Composed] = {s.name: s for s in (Hybrid(), HSDP(), ThreeD(), ExplicitLayout())}
-"""The names the registry maps to this module, each typed by its descriptor's options."""
+STRATEGIES: dict[str, Composed] = {name: Composed(name) for name in TRAINING_STRATEGIES if name != REFERENCE_STRATEGY}
+"""Every name the registry maps here: each training strategy that is a layout."""

@@ -1,29 +1,19 @@
-"""`ddp`: data parallel with DistributedDataParallel — full replicas, one bucketed gradient all-reduce.
+"""dp_replicate alone: DistributedDataParallel — full replicas, one bucketed gradient all-reduce
+(the `ddp` preset, and any layout whose only dimension is dp_replicate; `compose` applies it).
 
-Each rank takes its 1/dp of every micro-step (default `local_batch`); DDP averages gradients, so
+Each rank takes its 1/dp of every micro-step (`compose.data_rank`); DDP averages gradients, so
 the update equals the single-process one on the whole global batch. Non-final accumulation
-micro-steps run under `no_sync` so the all-reduce happens once per optimizer step.
+micro-steps run under `no_sync` (`compose.accumulate`) so the all-reduce happens once per
+optimizer step.
 """
 
 from __future__ import annotations
-
-import contextlib
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from parallab.core.strategies.ddp import DDPOptions
-from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy
-
-
-@dataclass(frozen=True)
-class DDPApplied(Applied):
-    model: DistributedDataParallel
 
 
 def wrap(model: nn.Module, ctx: RunContext, *, group: dist.ProcessGroup, bucket_cap_mb: float) -> DistributedDataParallel:
@@ -35,16 +25,3 @@ def wrap(model: nn.Module, ctx: RunContext, *, group: dist.ProcessGroup, bucket_
         bucket_cap_mb=bucket_cap_mb,
         broadcast_buffers=False,  # the model has no buffers to keep in step
     )
-
-
-class DDP(Strategy[DDPOptions, DDPApplied]):
-    name = "ddp"
-
-    def apply(self, model: Transformer, ctx: RunContext, options: DDPOptions) -> DDPApplied:
-        return DDPApplied(wrap(model, ctx, group=ctx.mesh_dim("dp").get_group(), bucket_cap_mb=options.bucket_cap_mb))
-
-    def accumulate(self, applied: DDPApplied, last: bool) -> AbstractContextManager[object]:
-        return contextlib.nullcontext() if last else applied.model.no_sync()
-
-
-STRATEGY = DDP()

@@ -1,6 +1,7 @@
-"""`moe`: expert parallelism — each rank owns num_experts/world experts; tokens travel by all-to-all.
+"""The ep dimension (the `moe` preset, and every layout with ep; `compose` applies it): expert
+parallelism — each rank owns num_experts/world experts; tokens travel by all-to-all.
 
-Data is split over the ranks (the "ep" mesh dim doubles as data parallel). On each rank the MoE
+Data is split over the ranks (the ep mesh dim doubles as data parallel). On each rank the MoE
 layer routes its local tokens (`MoE.route`: softmax router, top-k, capacity per expert, drops
 past capacity, Switch aux loss), then `ep_dispatch` sends every kept slot to the rank owning its
 expert: per-expert counts are exchanged first (all_to_all_single on a count vector), then the
@@ -19,8 +20,8 @@ exactly rank g's rows. The reference therefore keeps and drops the same slots, u
 capacities and averages the same aux losses; the loss is mean CE + coef × Σ_layers mean-group-aux
 on both sides, equal up to float summation order.
 
-`shard_experts` and `average_grads` are the ep step of a composed layout too (`compose`: beside
-FSDP, which then shards each rank's expert slice over dp_shard like any other tensor).
+`shard_experts` and `average_grads` are the ep step of `compose` (beside FSDP, which then shards
+each rank's expert slice over dp_shard like any other tensor).
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from parallab.core.strategies.moe import MoEOptions
 from workers.harness.model import ExpertLayer, Transformer
-from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy, flat_all_reduce_, local_grad
+from workers.strategies.base import flat_all_reduce_, local_grad
 
 
 class _AllToAll(torch.autograd.Function):
@@ -114,23 +113,3 @@ def average_grads(model: nn.Module, ep: DeviceMesh) -> None:
     for g, is_expert in grads:
         if is_expert:
             g.div_(n)
-
-
-class ExpertParallel(Strategy[MoEOptions, Applied]):
-    name = "moe"
-
-    def apply(self, model: Transformer, ctx: RunContext, options: MoEOptions) -> Applied:
-        model.aux_loss_coef = options.aux_loss_coef
-        shard_experts(model, ctx.mesh_dim("ep").get_group())
-        return Applied(model.to(ctx.device))
-
-    def data_rank(self, ctx: RunContext, options: MoEOptions) -> tuple[int, int]:
-        """The "ep" dim is also the data-parallel dim: rank r takes rows [micro_step][r] (data.py)."""
-        ep = ctx.mesh_dim("ep")
-        return ep.size(), ep.get_local_rank()
-
-    def sync_grads(self, applied: Applied, ctx: RunContext, options: MoEOptions) -> None:
-        average_grads(applied.model, ctx.mesh_dim("ep"))
-
-
-STRATEGY = ExpertParallel()

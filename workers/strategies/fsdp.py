@@ -1,4 +1,5 @@
-"""`fsdp`: FSDP2 `fully_shard` per transformer block, then the root (embedding, final norm, head).
+"""dp_shard: FSDP2 `fully_shard` per transformer block, then the root (embedding, final norm, head) —
+the `fsdp` preset, HSDP beside dp_replicate, and every layout with dp_shard (`compose` applies it).
 
 Blocks are the units of all-gather/reduce-scatter so that only one block's full parameters are
 live at a time; the root group holds the rest. `reshard_after_forward=True` frees each block's
@@ -16,10 +17,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from parallab.core.strategies.fsdp import FSDPOptions
 from workers.harness.model import Transformer
-from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 """FSDP's compute (all-gather) dtype of each precision; fp32 keeps the parameters' own dtype."""
@@ -39,16 +37,3 @@ def shard(model: Transformer, mesh: DeviceMesh, *, reshard_after_forward: bool, 
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     return model
-
-
-class FSDP(Strategy[FSDPOptions, Applied]):
-    name = "fsdp"
-
-    def apply(self, model: Transformer, ctx: RunContext, options: FSDPOptions) -> Applied:
-        model = model.to(ctx.device)
-        return Applied(
-            shard(model, ctx.mesh_dim("dp"), reshard_after_forward=options.reshard_after_forward, mp_policy=mixed_precision(ctx.precision))
-        )
-
-
-STRATEGY = FSDP()

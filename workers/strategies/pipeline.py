@@ -1,4 +1,5 @@
-"""`pp`: pipeline parallelism over contiguous layer stages with `torch.distributed.pipelining`.
+"""The pp dimension (the `pp` preset, and every layout with pp; `compose` applies it): pipeline
+parallelism over contiguous layer stages with `torch.distributed.pipelining`.
 
 The model is cut into p·v stages (`Layout.stage_layer_ranges`; v virtual stages per rank under
 the interleaved and ZB-V schedules, 1 otherwise) and each rank keeps the stages the schedule
@@ -11,15 +12,15 @@ plain model's parameter names for the optimizer and the gradient check. Each chu
 `PipelineStage` (built by hand, no tracing) under one schedule over `microbatches` micro-batches
 of every accumulation micro-step: `ScheduleGPipe` or `Schedule1F1B` over one stage,
 `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble` or `ScheduleZBVZeroBubble` over the
-rank's chunks. The schedule runs forward and backward itself, so this module replaces the loop's
-`forward_backward`, and runs it under `pipeline_comm()` so the profiler knows its P2P for the
+rank's chunks. The schedule runs forward and backward itself, so `forward_backward` here replaces
+the loop's, and runs it under `pipeline_comm()` so the profiler knows its P2P for the
 pipeline's. While a profiler runs, each stage action — a micro-batch's forward on a chunk
 (`PipelineStage.forward_one_chunk`), its backward (`backward_one_chunk`, and under the zero-bubble
 schedules the weight half, `backward_weight_one_chunk`), the last stage's loss — is a profiler
 range (`attribution.action_name`): a rank's bubble is its idle time between the pipeline's first
 and last action, whichever of its chunks ran. The loss lives on the rank holding the last stage
 (p−1, or 0 under ZB-V): each micro-batch's loss is scaled by its share of the step, and
-`loss_weight` gives that rank the whole global loss.
+`compose.loss_weight` gives that rank its replica's whole loss.
 """
 
 from __future__ import annotations
@@ -46,13 +47,11 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from parallab.core.families import family_of
 from parallab.core.layout import Layout, last_stage_rank, rank_stages
-from parallab.core.strategies import get_descriptor
-from parallab.core.strategies.pp import PPOptions
 from workers.harness.amp import Amp
 from workers.harness.attribution import action_name, pipeline_comm
 from workers.harness.model import Transformer
 from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, MicroBatch, Strategy
+from workers.strategies.base import Applied, MicroBatch
 
 SCHEDULES: dict[str, type[_PipelineSchedule]] = {
     "gpipe": ScheduleGPipe,
@@ -217,30 +216,3 @@ def forward_backward(applied: PipelineApplied, batch: MicroBatch, ctx: RunContex
     if not applied.last:
         return torch.zeros((), device=ctx.device)
     return torch.stack([loss.detach() for loss in losses]).sum() / amp.scale
-
-
-class Pipeline(Strategy[PPOptions, PipelineApplied]):
-    name = "pp"
-
-    def layout(self, ctx: RunContext, options: PPOptions) -> Layout:
-        layout = get_descriptor(self.name).layout(ctx.world_size, options)
-        assert layout is not None, "the pp descriptor lays out stages"
-        return layout
-
-    def apply(self, model: Transformer, ctx: RunContext, options: PPOptions) -> PipelineApplied:
-        layout = self.layout(ctx, options)
-        parts = {k: m.to(ctx.device) for k, m in chunks(model, rank=_pp_rank(ctx)[0], layout=layout).items()}
-        return schedule(parts, ctx, layout)
-
-    def forward_backward(self, applied: PipelineApplied, batch: MicroBatch, ctx: RunContext, options: PPOptions, amp: Amp) -> torch.Tensor:
-        return forward_backward(applied, batch, ctx, amp)
-
-    def loss_weight(self, ctx: RunContext, options: PPOptions) -> float:
-        return 1.0 if last_stage_holder(ctx, self.layout(ctx, options)) else 0.0
-
-    def progress_rank(self, ctx: RunContext, options: PPOptions) -> int:
-        """The rank holding the last stage writes the live progress: it is the one with a loss to show."""
-        return int(ctx.mesh_dim("pp").mesh.flatten()[last_stage_coordinate(self.layout(ctx, options))].item())
-
-
-STRATEGY = Pipeline()

@@ -1,4 +1,5 @@
-"""`ring`: context parallelism with our own ring attention (torch's context_parallel has no CPU path).
+"""The cp dimension (the `ring` preset, and every layout with cp; `compose` applies it): context
+parallelism with our own ring attention (torch's context_parallel has no CPU path).
 
 The sequence is sharded over the ring (`data.sequence_positions`: contiguous, or zig-zag where
 rank i holds chunks i and 2n−1−i so causal work is balanced). Each rank keeps its queries and
@@ -12,9 +13,9 @@ round the ring again: the K/V block travels with its dK/dV accumulator; each ran
 queries' contribution and passes both on; after n hops the accumulator is back on its owner.
 
 Everything outside attention is replicated (rotary tables from the global positions); each rank's
-loss is over its tokens, and `sync_grads` averages all gradients over the ring in one all-reduce.
-`parallelize`, `shard_sequence` and `average_grads` are the cp step of a composed layout too
-(`compose`: beside FSDP, every cp rank of a data-parallel group takes the group's rows).
+loss is over its tokens, and `average_grads` averages all gradients over the ring in one all-reduce.
+`parallelize`, `shard_sequence` and `average_grads` are the cp step of `compose` (beside FSDP,
+every cp rank of a data-parallel group takes the group's rows).
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from parallab.core.strategies.ring import RingOptions
-from workers.harness.data import micro_batch, sequence_positions
+from workers.harness.data import sequence_positions
 from workers.harness.model import Transformer
-from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, MicroBatch, Strategy, flat_all_reduce_, local_grad
+from workers.strategies.base import MicroBatch, flat_all_reduce_, local_grad
 
 
 def _exchange(send: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, list[dist.Work]]:
@@ -170,21 +169,3 @@ def average_grads(model: nn.Module, cp: DeviceMesh) -> None:
     average, in one flat all-reduce (of the local shards, where FSDP holds the parameters)."""
     grads = [local_grad(p.grad) for p in model.parameters() if p.grad is not None]
     flat_all_reduce_(grads, cp.get_group(), scale=1.0 / cp.size())
-
-
-class Ring(Strategy[RingOptions, Applied]):
-    name = "ring"
-
-    def apply(self, model: Transformer, ctx: RunContext, options: RingOptions) -> Applied:
-        return Applied(parallelize(model.to(ctx.device), ctx.mesh_dim("cp"), ctx.device, zigzag=options.zigzag))
-
-    def local_batch(self, inputs: torch.Tensor, labels: torch.Tensor, ctx: RunContext, options: RingOptions, micro_step: int) -> MicroBatch:
-        """Every row of the micro-step, only this rank's sequence positions."""
-        rows = [micro_batch(t, accum_steps=ctx.accum_steps, micro_step=micro_step) for t in (inputs, labels)]
-        return shard_sequence(MicroBatch(rows[0], rows[1]), ctx.mesh_dim("cp"), zigzag=options.zigzag)
-
-    def sync_grads(self, applied: Applied, ctx: RunContext, options: RingOptions) -> None:
-        average_grads(applied.model, ctx.mesh_dim("cp"))
-
-
-STRATEGY = Ring()

@@ -1,4 +1,5 @@
-"""`tp`: Megatron tensor parallelism with `torch.distributed.tensor.parallel`, on the plan the
+"""The tp dimension (the `tp` preset, and every layout with tp; `compose` applies it): Megatron
+tensor parallelism with `torch.distributed.tensor.parallel`, on the plan the
 model family declares (`parallab.core.families`: module path → style name; `style` turns a name
 into torch's style) — or, for a lab's own module, the plan its spec declares (`Transformer.tp_plan`).
 For the `parallab` family, per block: wq/wk/wv column-parallel (each rank
@@ -13,7 +14,7 @@ plain cross-entropy on every rank.
 `sequence_parallel`: the residual stream and the norms are sharded over the sequence
 (SequenceParallel on norms); each all-reduce becomes a reduce-scatter (row-parallel output
 Shard(1)) plus an all-gather before the next column-parallel input (PrepareModuleInput).
-Every rank sees the whole batch, so `local_batch` is the default (no "dp" dim on this mesh).
+Every tp rank of a data-parallel group sees the group's whole rows (tp splits no batch).
 
 After the last backward of a step, `lay_out_grads` lays every gradient out like its parameter,
 as Megatron's plan has it: the vocab-parallel embedding's gradient comes back from DTensor's
@@ -43,10 +44,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from parallab.core.model import ModelConfig
-from parallab.core.strategies.tp import TPOptions
 from workers.harness.model import Transformer
-from workers.harness.runtime import RunContext
-from workers.strategies.base import Applied, Strategy, place
 
 
 def _inputs(module: nn.Module) -> int:
@@ -168,17 +166,3 @@ def lay_out_grads(model: nn.Module) -> None:
         for p in model.parameters():
             if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-
-
-class TensorParallel(Strategy[TPOptions, Applied]):
-    name = "tp"
-
-    def apply(self, model: Transformer, ctx: RunContext, options: TPOptions) -> Applied:
-        model = place(model, ctx.device)
-        return Applied(parallelize(model, ctx.mesh_dim("tp"), sequence_parallel=options.sequence_parallel))
-
-    def sync_grads(self, applied: Applied, ctx: RunContext, options: TPOptions) -> None:
-        lay_out_grads(applied.model)
-
-
-STRATEGY = TensorParallel()

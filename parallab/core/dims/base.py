@@ -71,10 +71,23 @@ class CommItem:
     group_size: int
     stride: int = 1
     overlap: float = 0.0
+    pipelined: tuple[tuple[int, int, int], ...] = ()
+    """The (m, k, n) GEMMs of one call that the collective is micro-pipelined with (async TP,
+    `parallab.core.dims.tp.async_tp_items`): cut into `group_size` chunks, each chunk's transfer
+    overlaps a chunk of these GEMMs, so only what exceeds (n − 1)/n of their time is exposed (the
+    planner times it). Empty: a collective of its own, hidden only by `overlap`."""
+    label: str = ""
+    """What the item is where a prediction treats it apart (`LOGITS_GATHER`); empty otherwise."""
 
     @property
     def bytes_per_call(self) -> int:
         return self.bytes_per_step // max(self.calls, 1)
+
+
+LOGITS_GATHER = "logits"
+"""The label of TP's all-gather of the head's logits (the harness's plain cross-entropy reads them
+whole): under loss parallel the loss runs on the vocabulary shards and nothing is gathered, so
+the step-time estimate leaves the item out (`planner.estimate_step_time`)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,13 @@ class Plan:
     def tokens_per_replica(self) -> int:
         """Tokens one data-parallel replica processes per optimizer step (all micro-steps)."""
         return self.job.global_batch_size // self.layout.dp * self.model.seq_len
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens of the replica's rows one rank's sequence chunk holds per step: under context
+        parallelism each cp rank runs its 1/cp of every sequence through the blocks (what TP's
+        collectives and a pipeline's sends carry)."""
+        return self.tokens_per_replica // self.layout.cp
 
     @property
     def stages(self) -> list[list[Tensor]]:
@@ -171,6 +191,7 @@ class Dimension:
     """One dimension's facts and formulas; the defaults are a dimension that changes nothing."""
 
     name: ClassVar[str]
+    """Its `parallab.core.layout.MeshAxisName`: its degree's field in `Layout` and its dim's name in the mesh."""
     title: ClassVar[str]
     fp8: ClassVar[bool] = True
     """Whether the rank side runs it with fp8 (torchao's Float8Linear) — a capability fact."""
@@ -192,8 +213,9 @@ class Dimension:
     def degree(self, layout: Layout) -> int:
         return int(getattr(layout, self.name))
 
-    def asked_not_modelled(self, layout: Layout) -> tuple[str, ...]:
-        """What a layout asks of this dimension that the planner does not model (beside `not_modelled`)."""
+    def asked_not_modelled(self, layout: Layout, *, compiled: bool = False) -> tuple[str, ...]:
+        """What a layout asks of this dimension that the planner does not model (beside `not_modelled`);
+        `compiled`: whether the job runs under torch.compile."""
         return ()
 
     def rules(self, draft: Draft) -> list[SpecProblem]:

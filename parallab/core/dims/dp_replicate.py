@@ -13,10 +13,11 @@ from typing import ClassVar
 
 from parallab.core.costs import GRAD_BYTES, chunk, numel
 from parallab.core.dims.base import CommItem, Dimension, Plan
+from parallab.core.layout import MeshAxisName
 
 
 class DataReplicate(Dimension):
-    name = "dp_replicate"
+    name = MeshAxisName.DP_REPLICATE.value
     title = "replicas with a gradient all-reduce (DDP; HSDP's outer dim)"
     splits_batch: ClassVar[bool] = True
 

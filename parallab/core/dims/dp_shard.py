@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from parallab.core.costs import GRAD_BYTES, Tensor, chunk, fsdp_padded, gathered_param_bytes
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Plan
-from parallab.core.layout import Layout
+from parallab.core.layout import Layout, MeshAxisName
 
 
 def fsdp_comm(
@@ -53,7 +53,7 @@ def fsdp_items(
 
 
 class DataShard(Dimension):
-    name = "dp_shard"
+    name = MeshAxisName.DP_SHARD.value
     title = "FSDP2 sharding of parameters, gradients and optimizer state"
     splits_batch: ClassVar[bool] = True
 

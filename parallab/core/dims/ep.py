@@ -17,16 +17,16 @@ from typing import ClassVar
 
 from parallab.core.costs import A2A_CALLS, GRAD_BYTES, Tensor, activation_dtype_bytes, chunk
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, held_grad_elements
-from parallab.core.layout import Layout
+from parallab.core.layout import Layout, MeshAxisName
 from parallab.core.problems import SpecProblem
 
 
 class Expert(Dimension):
     not_modelled: ClassVar[tuple[str, ...]] = ("expert load imbalance",)
-    name = "ep"
+    name = MeshAxisName.EP.value
     title = "expert parallel, all-to-all dispatch"
     splits_batch: ClassVar[bool] = True
-    composes_with: ClassVar[frozenset[str] | None] = frozenset({"dp_shard"})
+    composes_with: ClassVar[frozenset[str] | None] = frozenset({MeshAxisName.DP_SHARD.value})
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         ep, model = draft.layout.ep, draft.model

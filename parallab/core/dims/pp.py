@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
-from parallab.core.layout import SCHEDULES, Layout, last_stage_rank, p2p_per_microbatch, rank_stages, stage_sizes
+from parallab.core.layout import SCHEDULES, Layout, MeshAxisName, last_stage_rank, p2p_per_microbatch, rank_stages, stage_sizes
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 
@@ -150,7 +150,7 @@ def pipeline_facts(layout: Layout) -> dict[str, Any] | None:
 
 class Pipeline(Dimension):
     not_modelled: ClassVar[tuple[str, ...]] = ("uneven stage times beyond the layer count",)
-    name = "pp"
+    name = MeshAxisName.PP.value
     title = "pipeline stages over layers (GPipe, 1F1B, interleaved 1F1B, zero bubble)"
     dense_only = True
     experts_by_family = True
@@ -181,7 +181,7 @@ class Pipeline(Dimension):
             return []
         ways = max(p2p_per_microbatch(r, lay.pp, lay.virtual_stages, lay.schedule) for r in range(lay.pp))
         stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
-        boundary = plan.tokens_per_replica * plan.model.hidden_size * stream * ways
+        boundary = plan.tokens_per_rank * plan.model.hidden_size * stream * ways
         if lay.sequence_parallel and lay.tp > 1:  # a stage's output is its rank's sequence shard
             boundary //= lay.tp
         calls = lay.microbatches * plan.job.accum_steps * ways

@@ -23,8 +23,17 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from parallab.core.costs import Tensor, activation_dtype_bytes, state_bytes_per_param, tp_local
-from parallab.core.dims.base import ActivationLayout, CommItem, Dimension, Draft, Plan, divisible, residual_stream_bytes
-from parallab.core.layout import Layout
+from parallab.core.dims.base import (
+    LOGITS_GATHER,
+    ActivationLayout,
+    CommItem,
+    Dimension,
+    Draft,
+    Plan,
+    divisible,
+    residual_stream_bytes,
+)
+from parallab.core.layout import Layout, MeshAxisName
 from parallab.core.model import ModelConfig
 from parallab.core.problems import Loc, SpecProblem
 
@@ -37,12 +46,13 @@ block's input) — 4 all-reduces of b·s·h per layer."""
 
 def async_tp_field() -> Any:
     """The `async_tp` option of every strategy with a tp dimension: asked for by torchtitan's
-    published rows, predicted only (the ranks refuse it) and timed as without it."""
+    published rows, predicted only (the ranks refuse it) and timed micro-pipelined
+    (`async_tp_items`) where torch.compile and sequence parallelism let inductor fuse it."""
     return Field(
         False,
         description=(
-            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only and not modelled — "
-            "TP's collectives are timed exposed."
+            "tp: async TP (torchtitan's enable_async_tensor_parallel); predicted only — with torch.compile and "
+            "sequence parallelism each block's all-gather and reduce-scatter is timed micro-pipelined with its matmuls."
         ),
     )
 
@@ -64,8 +74,88 @@ def norm_grad_bytes(precision: str, *, fsdp: bool) -> int:
     return 2 if fsdp and precision != "fp32" else state_bytes_per_param(precision)[1]
 
 
-ASYNC_TP_NOT_MODELLED = "async TP (asked for: TP's collectives are timed exposed, as without it)"
-"""What a prediction of a run that asks for async TP says (the planner does not model it)."""
+ASYNC_TP_NOT_MODELLED = (
+    "async TP (asked for without torch.compile or sequence parallelism, which inductor's micro-pipeline pass needs: "
+    "TP's collectives are timed exposed, as without it)"
+)
+"""What a prediction of a run that asks for async TP where nothing would be fused says."""
+ASYNC_TP_PARTLY_MODELLED = "async TP: the copies' share of the SMs while the GEMM chunks run, and the head's collectives (timed unfused)"
+"""What a prediction of async TP leaves out where it is modelled (`async_tp_items`)."""
+
+
+def split_logits_gather(items: list[CommItem], logits: int, forwards: int) -> list[CommItem]:
+    """`tp_items`' all-gather with the head's logits (`logits` bytes a step, one call a forward)
+    taken out as its own item labelled `LOGITS_GATHER`, which a prediction under loss parallel
+    leaves out; the bytes and calls by op are unchanged."""
+    out: list[CommItem] = []
+    for item in items:
+        if item.op != "all_gather" or item.bytes_per_step < logits or item.calls < forwards:
+            out.append(item)
+            continue
+        out.append(replace(item, bytes_per_step=logits, calls=forwards, label=LOGITS_GATHER))
+        if item.calls > forwards:
+            out.append(replace(item, bytes_per_step=item.bytes_per_step - logits, calls=item.calls - forwards))
+    return out
+
+
+def async_tp_fused(layout: Layout, *, compiled: bool) -> bool:
+    """Whether async TP is timed micro-pipelined: asked for, with sequence parallelism (inductor's
+    micro-pipeline pass fuses all-gather → matmul and matmul → reduce-scatter; an all-reduce it
+    leaves alone) and torch.compile (the pass is inductor's: eager runs the collectives unfused)."""
+    return layout.async_tp and layout.sequence_parallel and layout.tp > 1 and compiled
+
+
+def async_tp_items(
+    items: list[CommItem], cfg: ModelConfig, *, tokens: int, forwards: int, tp: int, act: int, stream: int, float8_gathers: bool
+) -> list[CommItem]:
+    """`tp_items` under async TP: each split block's collectives that inductor's micro-pipeline pass
+    fuses with a matmul become their own items carrying those GEMMs (`CommItem.pipelined`), and
+    the rest stays as it was. `tokens`: one forward's tokens (a micro-batch, whole sequence).
+
+    torch's `_fused_all_gather_matmul` (symmetric memory, `_pipelined_all_gather_and_consume`)
+    multiplies the local sequence shard first while the first remote shard is copied, then each
+    remote shard as it arrives, alternating two streams; `_fused_matmul_reduce_scatter`
+    (`_pipelined_produce_and_all2all`) computes the partial for each remote rank while the previous
+    one is pulled, its own last, then sums the tp partials (a memory-bound kernel over the whole
+    output, `reduce_fn`). So a call of n chunks overlaps its transfer with n − 1 of its n GEMM
+    chunks: exposed max(0, comm − (n − 1)/n · GEMMs), plus the sum for a reduce-scatter (the
+    planner's arithmetic, `planner.pipelined_exposed`).
+
+    What the pass fuses (`micro_pipeline_tp.py`: an all-gather whose output is a matmul's left
+    operand; a reduce-scatter whose input a matmul produces), per block and forward:
+    - the all-gather of the block's input with its column-parallel GEMMs (wq, wk, wv; w1, w3),
+    - the reduce-scatter of the row-parallel output with its GEMM (wo; w2),
+    - in backward the all-gather of that output's gradient with its input-gradient GEMM (wo's, w2's).
+    Not fused: the backward reduce-scatter of the block input's gradient — a sum of the
+    column-parallel GEMMs' input gradients, no single producer matmul — and the two ends (the
+    embedding is no matmul; the head's are left unfused, `ASYNC_TP_PARTLY_MODELLED`) and a
+    labelled item (the logits' gather, `split_logits_gather`)."""
+    h, f, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.kv_dim
+    attention, mlp = cfg.num_layers, split_blocks(cfg) - cfg.num_layers
+    bsh = tokens * h
+    gathered_in = 1 if float8_gathers else stream
+    gathered_grad = 1 if float8_gathers else act
+    up = [(tokens, h, f // tp)] * (cfg.mlp_matrices - 1)
+    fused = [
+        ("all_gather", bsh * gathered_in, attention, ((tokens, h, h // tp), (tokens, h, kv // tp), (tokens, h, kv // tp))),
+        ("all_gather", bsh * gathered_in, mlp, tuple(up)),
+        ("reduce_scatter", bsh * act, attention, ((tokens, h // tp, h),)),
+        ("reduce_scatter", bsh * act, mlp, ((tokens, f // tp, h),)),
+        ("all_gather", bsh * gathered_grad, attention, ((tokens, h, h // tp),)),
+        ("all_gather", bsh * gathered_grad, mlp, ((tokens, h, f // tp),)),
+    ]
+    out: list[CommItem] = []
+    for item in items:
+        mine = [(nbytes, count * forwards, gemms) for op, nbytes, count, gemms in fused if op == item.op and count]
+        if not mine or item.label:
+            out.append(item)
+            continue
+        calls = item.calls - sum(c for _, c, _ in mine)
+        rest = item.bytes_per_step - sum(b * c for b, c, _ in mine)
+        out += [replace(item, bytes_per_step=b * c, calls=c, pipelined=gemms) for b, c, gemms in mine]
+        if calls > 0 and rest > 0:
+            out.append(replace(item, bytes_per_step=rest, calls=calls))
+    return out
 
 
 def tp_comm(
@@ -195,12 +285,14 @@ def shape_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool, loc: Lo
 
 class TensorParallel(Dimension):
     splits_head: ClassVar[bool] = True
-    name = "tp"
+    name = MeshAxisName.TP.value
     title = "Megatron column/row tensor parallel (+ sequence parallel)"
     fp8: ClassVar[bool] = False  # torchao's Float8 TP styles are not wired into the plan
 
-    def asked_not_modelled(self, layout: Layout) -> tuple[str, ...]:
-        return (ASYNC_TP_NOT_MODELLED,) if layout.async_tp else ()
+    def asked_not_modelled(self, layout: Layout, *, compiled: bool = False) -> tuple[str, ...]:
+        if not layout.async_tp:
+            return ()
+        return (ASYNC_TP_PARTLY_MODELLED,) if async_tp_fused(layout, compiled=compiled) else (ASYNC_TP_NOT_MODELLED,)
 
     def rules(self, draft: Draft) -> list[SpecProblem]:
         tp, model = draft.layout.tp, draft.model
@@ -231,18 +323,24 @@ class TensorParallel(Dimension):
         stream = residual_stream_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         grad = norm_grad_bytes(plan.precision, fsdp=lay.fsdp_shards > 1)
         fp8 = plan.precision == "fp8"  # predicted only: the ranks refuse fp8 with tp (`recipes.not_runnable_here`)
-        comm = tp_comm(stage_model, plan.tokens_per_replica, act, sequence_parallel=sp, grad_bytes=grad, stream=stream, float8_gathers=fp8)
+        comm = tp_comm(stage_model, plan.tokens_per_rank, act, sequence_parallel=sp, grad_bytes=grad, stream=stream, float8_gathers=fp8)
         # one end per stage: the busiest (last) has the head, not the embedding — whose output is
         # all-reduced, or under SP reduce-scattered forward and its gradient all-gathered backward
         ends = ("reduce_scatter", "all_gather") if sp else ("all_reduce",)
         if lay.pp > 1:
-            bsh = plan.tokens_per_replica * model.hidden_size * stream
+            bsh = plan.tokens_per_rank * model.hidden_size * stream
             for op in ends:
                 comm[op] -= bsh
         forwards = plan.job.accum_steps * lay.microbatches  # every pipeline micro-batch runs the stage's TP
         items = tp_items(comm, stage_model, micro_steps=forwards, sequence_parallel=sp, n=lay.tp)
         if lay.pp > 1:
             items = [replace(i, calls=i.calls - forwards) if i.op in ends else i for i in items]
+        items = split_logits_gather(items, plan.tokens_per_rank * model.vocab_size * act, forwards)
+        if async_tp_fused(lay, compiled=bool(plan.job.workload.compile)):
+            tokens = plan.tokens_per_rank // forwards
+            items = async_tp_items(
+                items, stage_model, tokens=tokens, forwards=forwards, tp=lay.tp, act=act, stream=stream, float8_gathers=fp8
+            )
         return items
 
     def activations(self, plan: Plan, layouts: list[ActivationLayout]) -> list[ActivationLayout]:

@@ -1,14 +1,16 @@
 """The strategy registry: every name a job spec may carry, mapped to its descriptor.
 
-Every training strategy is a preset of a layout (`StrategyDescriptor.layout`); `layout` is any
-layout written out. Each of them takes all its costs — model state, communication, activations,
-the bubble — from the composed dimensions (`parallab.core.dims`, through `composed.ComposedCosts`),
-so a formula is written once, in its dimension's module; a descriptor keeps its options, mesh and
-rules.
+Every training strategy but the one-process reference is a preset of a layout
+(`layout.LayoutDescriptor`: its options fill a `Layout`); `layout` is any layout written out. Its
+mesh, batch split, rules and costs — model state, communication, activations, the bubble — are the
+composed dimensions' (`parallab.core.dims`), so a formula or a rule is written once, in its
+dimension's module, and the mesh's dims are named by one vocabulary
+(`parallab.core.layout.MeshAxisName`); a preset keeps its options, their defaults and what it
+requires of its degrees. `single`, `collectives` and `calibrate` have no layout: no mesh.
 
-Adding a strategy is one descriptor module here (options, mesh, rules, costs) and one rank
-module in `workers/strategies/` (apply it to a model on a mesh); everything that lists
-strategies — the spec's enum, the form, the CLI's help, prediction — reads this registry.
+Adding a preset is one options model and descriptor here; the ranks run it through the one
+composition (`workers.strategies.compose`). Everything that lists strategies — the spec's enum,
+the form, the CLI's help, prediction, the rank side — reads this registry.
 """
 
 from __future__ import annotations

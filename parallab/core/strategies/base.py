@@ -6,7 +6,9 @@ must satisfy (each naming the field at fault), its pipeline stage layout, and it
 (model state, communication, activations, bubble). Validation, the ranks' runtime, prediction
 and the form all read it; the rank half lives in `workers/strategies/<module>.py`.
 
-Defaults here are plain data parallelism on a 1-D "dp" mesh; a descriptor overrides what differs.
+Defaults here read the layout (`layout`): the mesh is its dims of degree above one, the batch is
+split over its data-parallel degree; a descriptor without a layout (the job kinds, the one-process
+reference) has no mesh and splits nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ OptionsT = TypeVar("OptionsT", bound=StrategyOptions)
 
 
 class MeshDim(NamedTuple):
-    """One named dimension of the device mesh (dp, tp, pp, cp, ep)."""
+    """One named dimension of the device mesh (a `parallab.core.layout.MeshAxisName`)."""
 
     name: str
     size: int
@@ -110,16 +112,21 @@ class StrategyDescriptor(Generic[OptionsT]):
         return overrides
 
     def mesh(self, world_size: int, options: OptionsT) -> tuple[MeshDim, ...]:
-        """The device mesh, outer dim first."""
-        return (MeshDim("dp", world_size),)
+        """The device mesh, outer dim first: the layout's dims of degree above one, in mesh order
+        (`parallab.core.layout.MESH_ORDER`: pipeline outer, tp inner); none without a layout."""
+        layout = self.layout(world_size, options)
+        return () if layout is None else tuple(MeshDim(name, layout.degrees[name]) for name in layout.on)
 
     def dp_degree(self, world_size: int, options: OptionsT) -> int:
-        """How many ways the global batch is split (the size of the mesh's "dp" dim, 1 without one)."""
-        return next((d.size for d in self.mesh(world_size, options) if d.name == "dp"), 1)
+        """How many ways the global batch is split: the layout's replicas × shards × expert ranks (1 without a layout)."""
+        layout = self.layout(world_size, options)
+        return 1 if layout is None else layout.dp
 
     def batch_split(self, world_size: int, options: OptionsT) -> int:
-        """What each accumulation micro-step of the global batch must divide by."""
-        return self.dp_degree(world_size, options)
+        """What each accumulation micro-step of the global batch must divide by: the data-parallel
+        degree times the pipeline's micro-batches."""
+        layout = self.layout(world_size, options)
+        return 1 if layout is None else layout.dp * layout.microbatches
 
     def rules(self, draft: Draft[OptionsT]) -> list[SpecProblem]:
         """Divisibility and other rules tying the model, the world size and the options together."""

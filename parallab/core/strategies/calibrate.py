@@ -18,7 +18,7 @@ from pydantic import Field
 from parallab.core.interconnect import CollectiveOp, CollectivesOptions
 from parallab.core.model import ModelConfig
 from parallab.core.problems import SpecProblem
-from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor
+from parallab.core.strategies.base import Draft, StrategyDescriptor
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 """The spec's precisions (parallab.core.spec.Precision; spec imports the registry, so not from there)."""
@@ -73,12 +73,6 @@ class Calibrate(StrategyDescriptor[CalibrateOptions]):
     options_model = CalibrateOptions
     trains: ClassVar[bool] = False
     min_world_size: ClassVar[int] = 1
-
-    def mesh(self, world_size: int, options: CalibrateOptions) -> tuple[MeshDim, ...]:
-        return ()
-
-    def batch_split(self, world_size: int, options: CalibrateOptions) -> int:
-        return 1
 
     def rules(self, draft: Draft[CalibrateOptions]) -> list[SpecProblem]:
         out = []

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from parallab.core.interconnect import ALL_OPS, CollectiveOp, CollectivesOptions
 from parallab.core.problems import SpecProblem
-from parallab.core.strategies.base import Draft, MeshDim, StrategyDescriptor
+from parallab.core.strategies.base import Draft, StrategyDescriptor
 
 __all__ = ["ALL_OPS", "DESCRIPTOR", "CollectiveOp", "Collectives", "CollectivesOptions"]
 
@@ -20,13 +20,6 @@ class Collectives(StrategyDescriptor[CollectivesOptions]):
     title = "nccl-tests-style sweep of the interconnect (a job kind, not a strategy)"
     options_model = CollectivesOptions
     trains: ClassVar[bool] = False
-
-    def mesh(self, world_size: int, options: CollectivesOptions) -> tuple[MeshDim, ...]:
-        """No mesh: the sweep runs on the default process group."""
-        return ()
-
-    def batch_split(self, world_size: int, options: CollectivesOptions) -> int:
-        return 1
 
     def rules(self, draft: Draft[CollectivesOptions]) -> list[SpecProblem]:
         if draft.options.min_bytes > draft.options.max_bytes:

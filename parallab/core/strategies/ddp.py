@@ -1,15 +1,17 @@
-"""`ddp`: data parallel — full replicas, one bucketed gradient all-reduce per step."""
+"""`ddp`: data parallel — full replicas, one bucketed gradient all-reduce per step (every rank on
+dp_replicate; its costs are that dimension's, `parallab.core.dims.dp_replicate`)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from parallab.core.layout import Layout
-from parallab.core.strategies.base import StrategyOptions
-from parallab.core.strategies.composed import ComposedCosts
+from parallab.core.layout import MeshAxisName
+from parallab.core.strategies.layout import LayoutDescriptor, OneAxisOptions
 
 
-class DDPOptions(StrategyOptions):
+class DDPOptions(OneAxisOptions):
+    axis = MeshAxisName.DP_REPLICATE
+
     bucket_cap_mb: float = Field(
         25.0,
         gt=0,
@@ -18,14 +20,11 @@ class DDPOptions(StrategyOptions):
     )
 
 
-class DDP(ComposedCosts[DDPOptions]):
+class DDP(LayoutDescriptor[DDPOptions]):
     name = "ddp"
     title = "data parallel, gradient all-reduce"
     options_model = DDPOptions
     plan_options = ({},)
-
-    def layout(self, world_size: int, options: DDPOptions) -> Layout:
-        return Layout(dp_replicate=world_size, bucket_cap_mb=options.bucket_cap_mb)
 
 
 DESCRIPTOR = DDP()

@@ -1,4 +1,5 @@
-"""`fsdp`: FSDP2 `fully_shard` per block and the root — ZeRO-3 (ZeRO-2 without resharding).
+"""`fsdp`: FSDP2 `fully_shard` per block and the root — ZeRO-3 (ZeRO-2 without resharding); every
+rank on dp_shard (`parallab.core.dims.dp_shard`).
 
 Model state at rest (between steps, where it is measured) is a dim-0 shard of every parameter,
 gradient and optimizer state (`torch.chunk` semantics: rank 0 holds ceil(d0/N) rows), with
@@ -11,23 +12,21 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from parallab.core.layout import Layout
-from parallab.core.strategies.base import StrategyOptions
-from parallab.core.strategies.composed import ComposedCosts
+from parallab.core.layout import MeshAxisName
+from parallab.core.strategies.layout import LayoutDescriptor, OneAxisOptions
 
 
-class FSDPOptions(StrategyOptions):
+class FSDPOptions(OneAxisOptions):
+    axis = MeshAxisName.DP_SHARD
+
     reshard_after_forward: bool = Field(True, description="True ≈ ZeRO-3; False keeps gathered params until backward (≈ ZeRO-2).")
 
 
-class FSDP(ComposedCosts[FSDPOptions]):
+class FSDP(LayoutDescriptor[FSDPOptions]):
     name = "fsdp"
     title = "ZeRO-3 style sharding with FSDP2"
     options_model = FSDPOptions
     plan_options = ({"reshard_after_forward": True}, {"reshard_after_forward": False})
-
-    def layout(self, world_size: int, options: FSDPOptions) -> Layout:
-        return Layout(dp_shard=world_size, reshard_after_forward=options.reshard_after_forward)
 
 
 DESCRIPTOR = FSDP()

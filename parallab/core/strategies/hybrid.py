@@ -10,11 +10,12 @@ from pydantic import Field
 
 from parallab.core.dims.tp import async_tp_field
 from parallab.core.layout import Layout
+from parallab.core.options import FlagsStoredWhenOn
 from parallab.core.problems import SpecProblem
 from parallab.core.strategies.layout import OPTIONS, LayoutDescriptor, PresetOptions, preset_fields
 
 
-class HybridOptions(PresetOptions):
+class HybridOptions(FlagsStoredWhenOn, PresetOptions):
     stored_when_on = ("async_tp",)
     tp: int = Field(2, ge=1, le=1024, description="Tensor-parallel degree (inner mesh dim); FSDP runs over world_size / tp.")
     reshard_after_forward: bool = Field(True, description="FSDP over dp: True ≈ ZeRO-3, False ≈ ZeRO-2.")

@@ -1,15 +1,19 @@
-"""Descriptors whose costs are a composed layout: the explicit `layout` here, and the presets
-written in degrees (`hybrid`, `hsdp`, `3d`, each its own module) on the same base.
+"""Every training strategy but the one-process reference: a preset of a layout. The explicit
+`layout` is here; the presets written in degrees each have their own module — the one-dimension
+ones (`ddp`, `fsdp`, `tp`, `pp`, `ring`, `moe`: every rank on one dim) and the composed ones
+(`hybrid`, `hsdp`, `3d`) — all on the same base.
 
 A preset's options model says which degrees and dimension options it lets a spec set and how they
-fill a `Layout` for a world size (`to_layout`); everything else — mesh, batch split, rules, model
-state, communication, activations, bubble, fp8 — is `parallab.core.dims`'s, summed by `compose`.
-The rank side runs all of them through one module (`workers.strategies.compose`).
+fill a `Layout` for a world size (`to_layout`), and what it requires of the degrees itself
+(`preset_problems`); everything else — mesh, batch split, rules, model state, communication,
+activations, bubble, fp8 — is `parallab.core.dims`'s, summed by `compose`, so each formula and
+each rule is written once, in its dimension's module. The rank side runs all of them through one
+module (`workers.strategies.compose`).
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field
 
@@ -17,18 +21,22 @@ from parallab.core import dims
 from parallab.core.dims.pp import schedule_field, virtual_stages_field
 from parallab.core.dims.tp import async_tp_field
 from parallab.core.families import family_of
-from parallab.core.layout import MESH_ORDER, Layout, Schedule
+from parallab.core.layout import Layout, MeshAxisName, Schedule
 from parallab.core.model import ModelConfig
 from parallab.core.options import FlagsStoredWhenOn
 from parallab.core.problems import Loc, SpecProblem
-from parallab.core.strategies.base import Draft, MeshDim, StrategyOptions
-from parallab.core.strategies.composed import ComposedCosts
+from parallab.core.strategies.base import ActivationLayout, CommItem, Draft, StrategyDescriptor, StrategyOptions
+
+if TYPE_CHECKING:
+    from parallab.core.jobs import ResolvedJob
 
 OPTIONS: Loc = ("strategy", "options")
 
 
-class PresetOptions(FlagsStoredWhenOn):
-    """Options that fill a layout; subclasses declare the fields a spec may set."""
+class PresetOptions(StrategyOptions):
+    """Options that fill a layout; subclasses declare the fields a spec may set (and mix in
+    `FlagsStoredWhenOn` where flags were added after runs were stored: its serializer is theirs
+    alone, so every other preset's serialized options and schema stay what they were)."""
 
     def to_layout(self, world_size: int) -> Layout:
         """The layout these options mean on `world_size` ranks."""
@@ -53,7 +61,17 @@ def preset_fields(options: StrategyOptions) -> dict[str, Any]:
     return {k: v for k, v in options.model_dump().items() if v is not None}
 
 
-class LayoutOptions(PresetOptions):
+class OneAxisOptions(PresetOptions):
+    """Options of a preset that puts every rank on one dimension (`axis`); its fields are that
+    dimension's options, under the layout's names."""
+
+    axis: ClassVar[MeshAxisName]
+
+    def to_layout(self, world_size: int) -> Layout:
+        return Layout(**{**preset_fields(self), self.axis.value: world_size})
+
+
+class LayoutOptions(FlagsStoredWhenOn, PresetOptions):
     """Every degree and every dimension's option: a layout written out (`--layout pp=2,dp_shard=2,tp=2`)."""
 
     stored_when_on = ("shard_over_cp", "async_tp")
@@ -106,8 +124,9 @@ class LayoutOptions(PresetOptions):
 OptT = TypeVar("OptT", bound=PresetOptions)
 
 
-class LayoutDescriptor(ComposedCosts[OptT]):
-    """A descriptor whose layout is its options' degrees, and whose every cost is their composition (`ComposedCosts`)."""
+class LayoutDescriptor(StrategyDescriptor[OptT]):
+    """A descriptor whose layout is its options' degrees, and whose every cost is their composition
+    (`dims.compose`); mesh, data-parallel degree and batch split are the layout's (`StrategyDescriptor`)."""
 
     def layout(self, world_size: int, options: OptT) -> Layout:
         return options.to_layout(world_size)
@@ -121,18 +140,6 @@ class LayoutDescriptor(ComposedCosts[OptT]):
         completed = options.completed(world_size)
         assert isinstance(completed, type(options))
         return completed
-
-    def mesh(self, world_size: int, options: OptT) -> tuple[MeshDim, ...]:
-        """Named dims of degree above one, in torchtitan's order (pipeline outer, tp inner)."""
-        layout = self.layout(world_size, options)
-        return tuple(MeshDim(name, layout.degrees[name]) for name in MESH_ORDER if name in layout.on)
-
-    def dp_degree(self, world_size: int, options: OptT) -> int:
-        return self.layout(world_size, options).dp
-
-    def batch_split(self, world_size: int, options: OptT) -> int:
-        layout = self.layout(world_size, options)
-        return layout.dp * layout.microbatches
 
     def rules(self, draft: Draft[OptT]) -> list[SpecProblem]:
         problems = draft.options.preset_problems(draft.world_size)
@@ -149,6 +156,33 @@ class LayoutDescriptor(ComposedCosts[OptT]):
     def stage_layers(self, model: ModelConfig, world_size: int, options: OptT) -> list[range] | None:
         layout = self.layout(world_size, options)
         return layout.stage_layer_ranges(model.num_layers) if layout.pp > 1 else None
+
+    # ---- costs: the layout's dimensions, composed ----
+
+    def _composed(self, job: ResolvedJob) -> dims.Composition:
+        return dims.compose(job, self.layout(job.world_size, self.opts(job)))
+
+    def param_elements_per_rank(self, job: ResolvedJob) -> list[int]:
+        return self._composed(job).param_elements_per_rank()
+
+    def comm_bytes_per_step(self, job: ResolvedJob) -> dict[str, int]:
+        return self._composed(job).comm_bytes_per_step()
+
+    def comm_groups(self, job: ResolvedJob) -> list[tuple[dict[str, int], int]]:
+        return self._composed(job).comm_groups()
+
+    def comm_items(self, job: ResolvedJob) -> list[CommItem]:
+        return self._composed(job).comm_items() if job.world_size > 1 else []
+
+    def activation_layouts(self, job: ResolvedJob) -> list[ActivationLayout]:
+        tokens = job.micro_batch_size * job.model.seq_len
+        return self._composed(job).activation_layouts(ActivationLayout(tokens=tokens, layers=job.model.num_layers, head_tokens=tokens))
+
+    def activation_layout(self, job: ResolvedJob) -> ActivationLayout:
+        return self.activation_layouts(job)[0]
+
+    def bubble_fraction(self, job: ResolvedJob) -> float | None:
+        return self._composed(job).bubble_fraction()
 
 
 class ExplicitLayout(LayoutDescriptor[LayoutOptions]):

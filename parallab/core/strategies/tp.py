@@ -1,4 +1,5 @@
-"""`tp`: Megatron tensor parallelism — column/row-parallel attention and MLP, vocab-parallel ends.
+"""`tp`: Megatron tensor parallelism — column/row-parallel attention and MLP, vocab-parallel ends;
+every rank on tp (`parallab.core.dims.tp`: its shape rules, costs and the plan's description).
 
 wq/wk/wv/w1/w3 are column-parallel (dim 0 / tp), wo/w2 row-parallel (dim 1 / tp), the embedding
 row-parallel over the vocabulary and the LM head column-parallel (both V/tp); the RMSNorm weights
@@ -9,16 +10,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from parallab.core.dims.tp import async_tp_field, shape_rules
-from parallab.core.layout import Layout
-from parallab.core.model import ModelConfig
+from parallab.core.dims.tp import async_tp_field
+from parallab.core.layout import MeshAxisName
 from parallab.core.options import FlagsStoredWhenOn
-from parallab.core.problems import SpecProblem, divides
-from parallab.core.strategies.base import Draft, MeshDim
-from parallab.core.strategies.composed import ComposedCosts
+from parallab.core.strategies.layout import LayoutDescriptor, OneAxisOptions
 
 
-class TPOptions(FlagsStoredWhenOn):
+class TPOptions(FlagsStoredWhenOn, OneAxisOptions):
+    axis = MeshAxisName.TP
     stored_when_on = ("async_tp",)
 
     sequence_parallel: bool = Field(
@@ -27,28 +26,11 @@ class TPOptions(FlagsStoredWhenOn):
     async_tp: bool = async_tp_field()
 
 
-def tp_rules(model: ModelConfig, tp: int, *, sequence_parallel: bool) -> list[SpecProblem]:
-    """Heads and the MLP split evenly over `tp` ranks (`shape_rules`); with SP, so does the sequence."""
-    out = shape_rules(model, tp, sequence_parallel=sequence_parallel, loc=("strategy", "options"))
-    if sequence_parallel:
-        out += divides(("workload", "seq_len"), model.seq_len, tp, "sequence length")
-    return out
-
-
-class TP(ComposedCosts[TPOptions]):
+class TP(LayoutDescriptor[TPOptions]):
     name = "tp"
     title = "Megatron column/row tensor parallel"
     options_model = TPOptions
     plan_options = ({"sequence_parallel": False}, {"sequence_parallel": True})
-
-    def layout(self, world_size: int, options: TPOptions) -> Layout:
-        return Layout(tp=world_size, sequence_parallel=options.sequence_parallel, async_tp=options.async_tp)
-
-    def mesh(self, world_size: int, options: TPOptions) -> tuple[MeshDim, ...]:
-        return (MeshDim("tp", world_size),)
-
-    def rules(self, draft: Draft[TPOptions]) -> list[SpecProblem]:
-        return tp_rules(draft.model, draft.world_size, sequence_parallel=draft.options.sequence_parallel)
 
 
 DESCRIPTOR = TP()
