@@ -4,7 +4,8 @@ of 2 nodes × 2 ranks, at two link rates — measured step times beside the plan
     sudo python benchmarks/emulated_layouts.py [--rates 1gbit 200mbit] [--steps 6] [--write-band]
 
 Each rate gets its own `workers.netns.EmulatedCluster` (2 namespaces, tbf-shaped links), whose
-link is first measured (`workers.linkprobe`, gloo send/recv across and inside a node) into the
+link is first measured (`workers.linkprobe`, gloo send/recv across and inside a node: β, the
+wire's floor and α, the per-step cost the planner charges each collective's ring) into the
 pool topology `parallab lab emulate` would record. A job runs as the workers would run it: one
 torchrun per node inside its namespace (`workers.launcher.launch` with the node's `netns` and a
 c10d `NodeLaunch`), the records of both nodes merged by `workers.aggregate.build_result` with that
@@ -49,7 +50,7 @@ from parallab.core.spec import JobSpec  # noqa: E402
 from workers.aggregate import build_result, read_node_records  # noqa: E402
 from workers.emulated_calibration import LAST_SPEED, calibrate_node  # noqa: E402
 from workers.launcher import NodeLaunch, launch  # noqa: E402
-from workers.linkprobe import probe  # noqa: E402
+from workers.linkprobe import link_figures, probe  # noqa: E402
 from workers.netns import ClusterSpec, EmulatedCluster, LinkShape, parse_rate  # noqa: E402
 
 Layout = tuple[str, str, int, dict[str, Any], int, str]
@@ -79,19 +80,14 @@ def topology_of(cluster: EmulatedCluster) -> PoolTopology:
     a, b = cluster.nodes[0], cluster.nodes[1]
     inter = probe(cluster.exec_args(a), cluster.exec_args(b), f"{a.address}:29431", megabytes=16)
     intra = probe(cluster.exec_args(a), cluster.exec_args(a), f"{a.address}:29432", megabytes=16)
-    LINK_MEDIANS[cluster.spec.link.rate_bps] = (inter.get("latency_median_s"), intra.get("latency_median_s"))
     return PoolTopology(
         source="emulated",
         nodes=cluster.spec.nodes,
         ranks_per_node=cluster.spec.ranks_per_node,
         inter_node=LinkFigures(bandwidth_bps=cluster.spec.link.rate_bps, latency_s=cluster.spec.link.latency_s),
-        measured_inter_node=LinkFigures(bandwidth_bps=inter["bandwidth_bps"], latency_s=inter["latency_s"]),
-        measured_intra_node=LinkFigures(bandwidth_bps=intra["bandwidth_bps"], latency_s=intra["latency_s"]),
+        measured_inter_node=link_figures(inter),
+        measured_intra_node=link_figures(intra),
     )
-
-
-LINK_MEDIANS: dict[float, tuple[float | None, float | None]] = {}
-"""Per link rate: the median one-way ping across and inside a node (the probe's floor is the latency)."""
 
 
 def run_across(
@@ -232,8 +228,9 @@ def print_table(rate: str, rows: list[dict[str, Any]], topology: PoolTopology, l
     assert inter is not None and intra is not None
     print(f"\n### {rate} links (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f})\n")
     print(
-        f"link measured: {inter.bandwidth_bps / 1e6:.0f} Mbit/s across ({inter.latency_s * 1e3:.2f} ms one way), "
-        f"{intra.bandwidth_bps / 1e9:.1f} Gbit/s inside a node ({intra.latency_s * 1e3:.2f} ms)\n"
+        f"link measured: {inter.bandwidth_bps / 1e6:.0f} Mbit/s across ({inter.latency_s * 1e3:.2f} ms one way, "
+        f"α {inter.step_s * 1e3:.2f} ms a step), {intra.bandwidth_bps / 1e9:.1f} Gbit/s inside a node "
+        f"({intra.latency_s * 1e3:.2f} ms, α {intra.step_s * 1e3:.2f} ms)\n"
     )
     print(
         "| layout | crosses nodes | MB/step per rank | measured step (ms) | predicted (ms) | error | band | predicted compute (ms) "
@@ -290,14 +287,21 @@ def main() -> None:
                         file=sys.stderr,
                     )
             topology = topology_of(cluster)
-            print(f"{rate}: link medians (across, inside) one way: {LINK_MEDIANS.get(cluster.spec.link.rate_bps)}", file=sys.stderr)
             rows = []
             for label, strategy, world, options, nodes, order in FOUR:
                 port += 1
                 job = job_of(strategy, world, options, nodes, args.steps, order)
                 doc = run_across(cluster, job, Path(tmp) / f"r{port}", port, topology, profiles.get(world))
                 speed = LAST_SPEED.get(cluster.nodes[0].netns)
-                extra = {"load": os.getloadavg()[0], "calibration_ops_per_s": speed.ops_per_s if speed else None}
+                extra = {
+                    "load": os.getloadavg()[0],
+                    "calibration_ops_per_s": speed.ops_per_s if speed else None,
+                    "alpha_ms": {
+                        path: fig.step_s * 1e3
+                        for path, fig in (("across", topology.measured_inter_node), ("inside", topology.measured_intra_node))
+                        if fig
+                    },
+                }
                 rows.append(row(label, rate, kind_of(job), doc) | extra)
                 print(f"{label} at {rate}: {json.dumps(rows[-1], ensure_ascii=False)}", file=sys.stderr)
             load = os.getloadavg()

@@ -74,7 +74,7 @@ def timed_run(settings: Any, spec: dict[str, Any]) -> tuple[float, str]:
     from workers import fleet as worker_fleet
     from workers.execute import execute_run
 
-    me = worker_fleet.describe(settings, pool=settings.pool)
+    me = worker_fleet.describe(settings, pool=settings.worker.pool)
     with session_scope(settings.sqlalchemy_url) as session:
         fleet.register(session=session, info=me)
         run_id = create_run(session=session, spec=JobSpec.model_validate(spec), settings=settings, source="api").id

@@ -83,8 +83,8 @@ def up(
     from parallab.commands.supervise import Supervisor
 
     settings = get_settings()
-    host = host or settings.host
-    port = port or settings.port
+    host = host or settings.server.host
+    port = port or settings.server.port
     try:
         settings.model_copy(update={"host": host}).check_secrets()
     except ValueError as exc:

@@ -68,9 +68,9 @@ def test_loss_is_an_nftables_drop_on_the_links_ingress_not_netem() -> None:
     [
         ([("dp_shard", 2), ("tp", 2)], 2, ["dp_shard"]),  # tp innermost stays inside the node
         ([("tp", 2), ("dp_shard", 2)], 2, ["tp"]),  # tp outermost crosses
-        ([("dp", 4)], 2, ["dp"]),
-        ([("dp", 2), ("tp", 2)], 4, []),  # one node holds the whole mesh
-        ([("pp", 2), ("dp", 1), ("tp", 4)], 4, ["pp"]),
+        ([("dp_replicate", 4)], 2, ["dp_replicate"]),
+        ([("dp_replicate", 2), ("tp", 2)], 4, []),  # one node holds the whole mesh
+        ([("pp", 2), ("dp_shard", 1), ("tp", 4)], 4, ["pp"]),
     ],
 )
 def test_the_dimensions_whose_groups_span_nodes(mesh: list[tuple[str, int]], per_node: int, crossing: list[str]) -> None:
@@ -98,5 +98,5 @@ def test_a_runs_estimate_across_nodes_is_made_on_its_nodes_and_the_pools_link() 
     assert (across.nodes, across.per_node, across.topology) == (2, 2, topo)
     assert (alone.nodes, alone.per_node) == (1, 4)
     slow, fast = estimate_step_time(ddp(2), across), estimate_step_time(ddp(1), alone)
-    assert slow.inter_node_dims == ["dp"] and fast.inter_node_dims == []
+    assert slow.inter_node_dims == ["dp_replicate"] and fast.inter_node_dims == []
     assert slow.comm_s > 20 * fast.comm_s  # a 20 Mbit/s link against the host's memory path

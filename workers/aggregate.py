@@ -103,6 +103,7 @@ def match_collectives(job: ResolvedJob, records: Sequence[RankRecord], hosts: Se
         mesh=[(d.name, d.size) for d in job.mesh],
         steps=max(r.profiled_steps or 0 for r in records),
         host_of=host_of,
+        unread=trace_notes(records),
     )
 
 
@@ -115,7 +116,15 @@ def critical_path(job: ResolvedJob, records: Sequence[RankRecord], matched: Coll
         {r.rank: r.step_segments for r in records},
         world_size=job.world_size,
         mesh=[(d.name, d.size) for d in job.mesh],
+        unread=trace_notes(records),
     )
+
+
+def trace_notes(records: Sequence[RankRecord]) -> dict[int, str]:
+    """The note of each rank whose trace was not analysed (why it could not be read: cut short, not
+    JSON), told where the merged analyses skip that rank — the record keeps it only until the merge.
+    A note beside an analysed trace (kept in part, over the cap) says nothing of the analyses."""
+    return {r.rank: r.trace_note for r in records if r.trace_note and r.step_time_breakdown is None}
 
 
 def build_result(

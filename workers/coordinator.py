@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import ResolvedJob
-from parallab.core.ledger import BuildContext, Claimed, End, Ending, Ledger, Refused, WorkerInfo
+from parallab.core.ledger import BuildContext, Claimed, End, Ending, Ledger, NodeState, Refused, WorkerInfo
 from parallab.core.reference import cache_path, is_reference, read_cached, reference_key, write_cached
 from parallab.core.result import RankRecord, ResultDocument
 from workers.aggregate import build_result, merge_nodes
@@ -42,6 +42,11 @@ H = TypeVar("H")
 
 SHARED_SOURCES = ("computed", "own", "host cache")
 """Where a run's reference curve came from when the lab may not have it yet."""
+GANG_SETTLE_S = 30.0
+"""How long node 0, failed, waits for the other nodes to end before it writes the run's error (it
+stops waiting as soon as they have). Peers stuck in the same collective fail on their own timeouts
+within seconds of it on a quiet host; on a loaded 2-core machine 10 s was seen to end before node 1
+had failed, and the error then lacked node 1's own failure and its dump."""
 
 
 @dataclass(frozen=True)
@@ -249,9 +254,11 @@ class Coordinator:
             log.warning("could not read the other nodes' flight-recorder dumps of %s: %s", run.run_id, exc)
             return {}
 
-    def settle(self, run: RunAt, settle_s: float = 10) -> list[str]:
-        """Wait briefly for the other nodes to end (they hand on their dumps as they do); the
-        failures of those that failed, in words."""
+    def settle(self, run: RunAt, settle_s: float = GANG_SETTLE_S) -> list[str]:
+        """Wait briefly for the other nodes to end (they hand on their dumps as they do); how each
+        that did not succeed ended, in words: its own failure, or that it was stopped and why. Which
+        node's ranks fail first is a race when every rank times out at once, so a node stopped for
+        node 0's failure is still named, with its host."""
         deadline = time.monotonic() + settle_s
         others: list[str] = []
         while time.monotonic() < deadline:
@@ -261,13 +268,13 @@ class Coordinator:
                 gang = None
             if gang is not None:
                 rest = [n for n in gang.nodes if n.node_rank != 0]
-                others = [f"node {n.node_rank} (host {n.host}) failed: {n.reason}" for n in rest if n.status == "failed"]
+                others = [node_ending(n) for n in rest if n.status in ("failed", "stopped")]
                 if all(n.status not in ("reserved", "running") for n in rest):
                     break
             self.sleep(0.5)
         return others
 
-    def gang_failure(self, run: RunAt, reason: str, settle_s: float = 10) -> str:
+    def gang_failure(self, run: RunAt, reason: str, settle_s: float = GANG_SETTLE_S) -> str:
         """Node 0 failed by itself: a peer's death often surfaces here as a broken connection, so
         wait briefly for the other nodes to end and name every node that failed, the others first."""
         host = run.worker.host if run.worker is not None else "?"
@@ -277,3 +284,13 @@ class Coordinator:
         except Exception as exc:
             log.warning("could not mark node 0 of %s failed: %s", run.run_id, exc)
         return "\n\n".join([*self.settle(run, settle_s), own])
+
+
+def node_ending(node: NodeState) -> str:
+    """How another node of a gang ended, in words: a failure in full, a stop by its first line
+    (the reason it was stopped names the node that failed, whose own words come apart)."""
+    where = f"node {node.node_rank} (host {node.host})"
+    if node.status == "failed":
+        return f"{where} failed: {node.reason}"
+    head = ((node.reason or "").strip().splitlines() or ["no reason given"])[0]
+    return f"{where} {node.status}: {head[:200]}"

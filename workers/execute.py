@@ -77,11 +77,11 @@ def run_and_collect(
     try:
         records = read_rank_records(files, job.world_size)
         facts = engine.facts(handle, engine.state(handle))
-        document = build_document(job, [records], BuildContext(profile=profile), facts, catalogue=settings.hardware_catalogue)
+        document = build_document(job, [records], BuildContext(profile=profile), facts, catalogue=settings.planner.hardware_catalogue)
     except Exception as exc:  # a rank wrote a bad or partial record
         log.exception("could not build the result of %s", run_dir)
         return Collected(outcome, error=f"could not build the result document: {exc}\n--- log tail ---\n{outcome.log_tail}")
-    traces = read_traces(files, job.world_size, settings.max_trace_bytes) if job.spec.trace else {}
+    traces = read_traces(files, job.world_size, settings.server.max_trace_bytes) if job.spec.trace else {}
     return Collected(outcome, document=document, traces=traces)
 
 
@@ -94,12 +94,14 @@ def _free_endpoint(address: str) -> str:
 def _local_addr(settings: Settings, me: WorkerInfo) -> str | None:
     """The address torchrun gives the other nodes for this one: said outright on an emulated node
     (its namespace's only route out), left to torchrun's own look-up on a real host."""
-    return me.address if settings.worker_netns else None
+    return me.address if settings.worker.worker_netns else None
 
 
 def coordinator(settings: Settings, ledger: Ledger | None = None) -> Coordinator:
     """The coordinator of this worker's runs, over the lab database's ledger (or `ledger`)."""
-    return Coordinator(ledger or DbLedger(settings), catalogue=settings.hardware_catalogue, node_timeout_s=settings.reservation_timeout_s)
+    return Coordinator(
+        ledger or DbLedger(settings), catalogue=settings.planner.hardware_catalogue, node_timeout_s=settings.worker.reservation_timeout_s
+    )
 
 
 def watcher(settings: Settings, ledger: Ledger, run_id: str, node_rank: int, me: WorkerInfo) -> Watcher:
@@ -108,8 +110,8 @@ def watcher(settings: Settings, ledger: Ledger, run_id: str, node_rank: int, me:
         run_id=run_id,
         node_rank=node_rank,
         me=me,
-        reservation_timeout_s=settings.reservation_timeout_s,
-        heartbeat_s=settings.heartbeat_s,
+        reservation_timeout_s=settings.worker.reservation_timeout_s,
+        heartbeat_s=settings.worker.heartbeat_s,
     )
 
 
@@ -146,7 +148,7 @@ def execute_run(run_id: str, settings: Settings, worker: WorkerInfo | None = Non
                 0,
                 claim.endpoint,
                 run_id,
-                join_timeout_s=int(settings.reservation_timeout_s),
+                join_timeout_s=int(settings.worker.reservation_timeout_s),
                 local_addr=_local_addr(settings, me),
             )
             for rank, worker_id in claim.nodes[1:]:
@@ -186,7 +188,7 @@ def execute_node(run_id: str, node_rank: int, settings: Settings, worker: Worker
         node_rank,
         claimed.endpoint,
         run_id,
-        join_timeout_s=int(settings.reservation_timeout_s),
+        join_timeout_s=int(settings.worker.reservation_timeout_s),
         local_addr=_local_addr(settings, me),
     )
     engine = HostTorchrun(settings, watcher=watcher(settings, ledger, run_id, node_rank, me), node=node)

@@ -57,20 +57,20 @@ def _address(host: str) -> str:
 def describe(settings: Settings, *, pool: str | None = None) -> WorkerInfo:
     """This worker as it registers: a new id each start, its host and pool, its devices."""
     gpus = topology.gpus()
-    host = settings.worker_host or socket.gethostname()
+    host = settings.worker.worker_host or socket.gethostname()
     if gpus is not None:
-        count = settings.worker_devices or len(gpus.names)
+        count = settings.worker.worker_devices or len(gpus.names)
         device, name, memory = "cuda", gpus.names[0], min(gpus.memory_bytes) or None
     else:
-        count = settings.worker_devices or settings.max_world_size
+        count = settings.worker.worker_devices or settings.limits.max_world_size
         device, name, memory = "cpu", topology.cpu_name(), psutil.virtual_memory().total // count
     return WorkerInfo(
         id=uuid.uuid4().hex,
         host=host[:200],
         machine=machine_id(),
-        address=settings.worker_address or _address(host),
+        address=settings.worker.worker_address or _address(host),
         pid=os.getpid(),
-        pool=pool or settings.pool or topology.pool_name(gpus.names if gpus else None),
+        pool=pool or settings.worker.pool or topology.pool_name(gpus.names if gpus else None),
         device=device,
         device_name=name,
         device_count=count,
@@ -187,7 +187,7 @@ class Heartbeat(threading.Thread):
         super().__init__(name="parallab-heartbeat", daemon=True)
         self.settings, self.me = settings, me
         self._stop_event = threading.Event()
-        self.every = max(1, int(settings.worker_ttl_s / settings.heartbeat_s / 2))
+        self.every = max(1, int(settings.worker.worker_ttl_s / settings.worker.heartbeat_s / 2))
 
     def beat(self) -> bool:
         try:
@@ -200,7 +200,7 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         beats = 0
-        while not self._stop_event.wait(self.settings.heartbeat_s):
+        while not self._stop_event.wait(self.settings.worker.heartbeat_s):
             if self.beat():
                 beats += 1
                 if beats % self.every == 0:
@@ -208,4 +208,4 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
-        self.join(timeout=self.settings.heartbeat_s + 5)
+        self.join(timeout=self.settings.worker.heartbeat_s + 5)

@@ -17,8 +17,14 @@ from __future__ import annotations
 import multiprocessing
 import time
 from multiprocessing.pool import Pool
+from typing import TYPE_CHECKING
 
-from parallab.core.hostspeed import PROBE_OPS, HostSpeed, from_samples
+if TYPE_CHECKING:
+    from parallab.core.hostspeed import HostSpeed
+
+# The core's definitions (pydantic) are imported where the rates are computed, not at module level:
+# each lane of `SpeedProbe` is a spawned process that imports this module only to run `_lane`, and
+# would otherwise import pydantic first (about 0.4 s of CPU a lane, before every launch's ranks).
 
 N = 64
 AXPY = 50_000
@@ -51,6 +57,8 @@ def _lane(repeats: int) -> list[float]:
 
 def rates(repeats: int = REPEATS, *, pool: Pool | None = None, lanes: int = 1) -> list[float]:
     """The probe's rate in ops/s per lane, `repeats` times; `lanes` processes of `pool` at once."""
+    from parallab.core.hostspeed import PROBE_OPS
+
     if pool is None or lanes == 1:
         return [PROBE_OPS / max(t, 1e-9) for t in _lane(repeats)]
     per_lane = pool.map(_lane, [repeats] * lanes, chunksize=1)
@@ -76,6 +84,8 @@ class SpeedProbe:
         self.before = rates(self.repeats, pool=self._pool, lanes=self.lanes)
 
     def stop(self, *, ended: bool = True) -> HostSpeed | None:
+        from parallab.core.hostspeed import from_samples
+
         try:
             if not self.before:
                 return None

@@ -2,11 +2,12 @@
 
 Run as two processes (`python -m workers.linkprobe --rank 0|1 --master ADDR:PORT`), each where its
 rank lives — two emulated nodes' namespaces for the inter-node link, one namespace twice for the
-intra-node path. Rank 0 measures the round trip of a one-element message (the latency: half the least of
-`PINGS` per repeat)
-and the time to push `--megabytes` to rank 1 and hear its one-element ack; the bandwidth is the
-payload's bits over that time less the least round trip (median over repeats). It prints one JSON line: what the pool's
-topology records as "measured". Torch is imported only in the ranks (`main`), never by `probe`.
+intra-node path. Rank 0 measures the round trip of a one-element message `PINGS` times a repeat
+(the wire's latency: half the least of them; the path's α, what one step of a collective pays
+beside its bytes: half their median) and the time to push `--megabytes` to rank 1 and hear its
+one-element ack; the bandwidth (β) is the payload's bits over that time less the least round trip
+(median over repeats). It prints one JSON line: what the pool's topology records as "measured"
+(`link_figures`). Torch is imported only in the ranks (`main`), never by `probe`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-PINGS = 20
-"""One-element round trips per repeat; the latency is half the least of them."""
+from parallab.core.pools import LinkFigures
+
+PINGS = 40
+"""One-element round trips per repeat; the latency is half the least of them, α half their median."""
 
 
 def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
@@ -58,9 +61,10 @@ def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
     rtt = min(rtts)
     rates = sorted(payload.numel() * 4 * 8 / max(took - rtt, 1e-9) for took in tooks)
     # Beside the floor, the median: what a round trip took on this host as loaded as it was (a
-    # descheduled peer included) — reported, not used as the path's latency.
+    # descheduled peer included). A ring step of a collective is such a one-way hand-over, so half
+    # the median is the path's α, the per-step cost the planner's α–β model charges.
     median = sorted(rtts)[len(rtts) // 2]
-    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "latency_median_s": median / 2, "bytes": payload.numel() * 4}
+    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "alpha_s": median / 2, "bytes": payload.numel() * 4}
 
 
 def _td(seconds: float):  # type: ignore[no-untyped-def]
@@ -80,6 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     said = _ranks(args)
     if said is not None:
         print(json.dumps(said), flush=True)
+
+
+def link_figures(said: dict[str, float]) -> LinkFigures:
+    """What the pool's topology records of one probed path: β, the wire's latency, and α."""
+    return LinkFigures(bandwidth_bps=said["bandwidth_bps"], latency_s=said["latency_s"], alpha_s=said.get("alpha_s"))
 
 
 def probe(

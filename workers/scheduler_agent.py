@@ -94,12 +94,12 @@ class SchedulerAgent(Generic[H]):
         self.engine = self.engine_class(
             pool,
             config,
-            max_job_seconds=settings.max_job_seconds,
-            trace_cap_bytes=settings.max_trace_bytes,
-            allowed_modules=settings.allowed_modules,
+            max_job_seconds=settings.worker.max_job_seconds,
+            trace_cap_bytes=settings.server.max_trace_bytes,
+            allowed_modules=settings.limits.allowed_modules,
         )
         self.ledger: Ledger = ledger or DbLedger(settings)
-        self.coordinator = Coordinator(self.ledger, catalogue=settings.hardware_catalogue)
+        self.coordinator = Coordinator(self.ledger, catalogue=settings.planner.hardware_catalogue)
         self.tails: dict[str, ProgressTail] = {}
 
     # ---- after a restart ----

@@ -37,7 +37,7 @@ class SlurmAgent(SchedulerAgent[SlurmHandle]):
     engine: SlurmEngine
 
     def __init__(self, settings: Settings, pool: str, ledger: Ledger | None = None):
-        super().__init__(settings, pool, ledger, poll_s=settings.slurm_poll_s)
+        super().__init__(settings, pool, ledger, poll_s=settings.worker.slurm_poll_s)
 
     def _states(self, handles: list[SlurmHandle]) -> Callable[[SlurmHandle], EngineState]:
         """Every watched job's state in one `squeue`."""

@@ -33,12 +33,12 @@ class UnknownDevice(LookupError):
 
 def catalogue(settings: Settings) -> Catalogue:
     """The built-in catalogue with the lab's own file (`Settings.hardware_catalogue`) laid over it."""
-    return load_catalogue(settings.hardware_catalogue)
+    return load_catalogue(settings.planner.hardware_catalogue)
 
 
 def pool_of(settings: Settings, pool: str | None = None) -> str:
     """The pool meant: the one named, else this deployment's default pool, else this worker's, else `cpu`."""
-    return pool or settings.default_pool or settings.pool or "cpu"
+    return pool or settings.worker.default_pool or settings.worker.pool or "cpu"
 
 
 def latest_profile(*, session: Session, pool: str) -> HardwareProfile | None:
@@ -140,7 +140,7 @@ def _pool_hardware(*, session: Session, settings: Settings, pool: str | None = N
         return hardware_for(spec, profile=profile, devices_per_node=devices)
     worker = registered_worker(session=session, pool=name)
     if worker is None:
-        return hardware_for(cat.get("cpu"), devices_per_node=settings.max_world_size)
+        return hardware_for(cat.get("cpu"), devices_per_node=settings.limits.max_world_size)
     spec = cat.for_device(worker.device_name, worker.device) or cat.get("cpu")
     if spec.kind == "cpu" and not spec.match and worker.device_name:  # the pool's own CPU, not the catalogue's machine
         spec = spec.model_copy(update={"name": f"{worker.device_name} (the generic CPU's figures until calibrated)"})

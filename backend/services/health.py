@@ -47,7 +47,7 @@ def database(settings: Settings) -> str:
 
 def broker(settings: Settings) -> str:
     """ "ok", or why the broker did not answer: a PING to Redis, else a connection through kombu."""
-    url, timeout = settings.celery_broker_url, settings.health_timeout_s
+    url, timeout = settings.celery_broker_url, settings.server.health_timeout_s
     if url.startswith(("redis://", "rediss://")):
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:
@@ -68,9 +68,9 @@ def _why(exc: BaseException) -> str:
 async def _check(name: str, check: Any, settings: Settings) -> tuple[str, str]:
     loop = asyncio.get_running_loop()
     try:
-        return name, await asyncio.wait_for(loop.run_in_executor(_POOL, check, settings), settings.health_timeout_s)
+        return name, await asyncio.wait_for(loop.run_in_executor(_POOL, check, settings), settings.server.health_timeout_s)
     except TimeoutError:
-        return name, f"timed out after {settings.health_timeout_s:g} s"
+        return name, f"timed out after {settings.server.health_timeout_s:g} s"
     except Exception as exc:  # any failure to answer is the answer
         return name, _why(exc)
 

@@ -28,7 +28,7 @@ from backend.store import pools as pool_store
 from backend.store import references as reference_store
 from backend.store import runs as store
 from backend.store import workers as worker_store
-from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.ledger import (
     BuildContext,
     Claimed,
@@ -54,10 +54,11 @@ T = TypeVar("T")
 
 def frozen_job(run: Run, settings: Settings) -> ResolvedJob:
     """The job frozen into the run at submission. A run queued before jobs were frozen has none:
-    its spec is resolved here, once, and the result stored in the row (the caller commits)."""
+    its spec is resolved here, once, under the deployment's limits as a submission is today, and
+    the result stored in the row (the caller commits)."""
     if run.job is not None:
         return ResolvedJob.model_validate(run.job)
-    job = resolve_job(JobSpec.model_validate(run.spec), Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps))
+    job = resolve_job(JobSpec.model_validate(run.spec), settings.limits)
     run.job = job.model_dump(mode="json")
     return job
 
@@ -74,7 +75,7 @@ def with_db_retry(settings: Settings, what: str, fn: Callable[[], T], *, give_up
                 raise
             log.warning("%s: database unavailable (%s); retrying in %.1f s", what, exc, pause)
             time.sleep(pause)
-            pause = min(pause * 2, settings.heartbeat_s)
+            pause = min(pause * 2, settings.worker.heartbeat_s)
 
 
 def _holds(run: Run, worker: WorkerInfo | None) -> bool:

@@ -211,7 +211,7 @@ class LoginGuard:
 
     def subjects(self, attempt: Attempt) -> list[tuple[str, int]]:
         """(key, failures that lock it) an attempt counts against: its device alone, or its account and address."""
-        s = self.settings
+        s = self.settings.security
         if attempt.device is not None:
             return [("device:" + _digest(attempt.device), s.login_account_lockout)]
         return [(account_key(attempt.email), s.login_account_lockout), (ip_key(attempt.ip), s.login_ip_lockout)]
@@ -222,7 +222,7 @@ class LoginGuard:
 
     def delay_s(self, failures: int, lockout_after: int) -> float:
         """How long a subject waits after its `failures`-th failure in a row."""
-        s = self.settings
+        s = self.settings.security
         if failures >= lockout_after:
             return float(s.login_lockout_s)
         if failures <= s.login_free_failures:
@@ -237,12 +237,12 @@ class LoginGuard:
             return Ticket(attempt, wait_s=wait)
         places: list[tuple[str, int, int]] = []
         for key, lockout_after in self.subjects(attempt):
-            place = self.counts.fail(key, forget_after_s=self.settings.login_lockout_s)
+            place = self.counts.fail(key, forget_after_s=self.settings.security.login_lockout_s)
             if place > lockout_after:
                 for taken, _, _ in places:
                     self.counts.release(taken)
-                self.counts.block(key, self.settings.login_lockout_s)
-                return Ticket(attempt, wait_s=float(self.settings.login_lockout_s))
+                self.counts.block(key, self.settings.security.login_lockout_s)
+                return Ticket(attempt, wait_s=float(self.settings.security.login_lockout_s))
             places.append((key, place, lockout_after))
         return Ticket(attempt, tuple(places))
 
@@ -259,7 +259,7 @@ class LoginGuard:
                     "login lockout: %s %s locked for %d s after %d failed logins (last: account %r from %s)",
                     what,
                     key.split(":", 1)[1][:12],
-                    self.settings.login_lockout_s,
+                    self.settings.security.login_lockout_s,
                     failures,
                     ticket.attempt.email[:320],
                     ticket.attempt.ip,

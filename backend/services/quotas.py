@@ -29,16 +29,16 @@ def check_new_runs(*, session: Session, settings: Settings, user_id: int | None,
     if user_id is None:
         return
     user = account_store.lock_user(session, user_id)
-    if user is None or user.role == "admin" or user.email in settings.quota_exempt_emails:
+    if user is None or user.role == "admin" or user.email in settings.quotas.quota_exempt_emails:
         return
-    if sweep and adding > settings.max_runs_per_sweep:
+    if sweep and adding > settings.quotas.max_runs_per_sweep:
         raise QuotaExceeded(
-            f"a sweep may queue at most {settings.max_runs_per_sweep} runs (max_runs_per_sweep); this one would queue {adding}: "
+            f"a sweep may queue at most {settings.quotas.max_runs_per_sweep} runs (max_runs_per_sweep); this one would queue {adding}: "
             "ask for fewer top configurations or controls"
         )
     active = run_store.count_active_runs(session, user_id)
-    if active + adding > settings.max_active_runs_per_user:
+    if active + adding > settings.quotas.max_active_runs_per_user:
         raise QuotaExceeded(
-            f"{user.email} has {active} runs queued or running and may have at most {settings.max_active_runs_per_user} "
+            f"{user.email} has {active} runs queued or running and may have at most {settings.quotas.max_active_runs_per_user} "
             f"(max_active_runs_per_user); this would add {adding}: wait for some to finish or cancel them"
         )

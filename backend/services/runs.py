@@ -28,7 +28,7 @@ from backend.services.hardware import check_precision
 from backend.services.recipes import job_columns
 from backend.store import runs as store
 from parallab.core.fit import GIB, MemoryFit, memory_fit
-from parallab.core.jobs import Limits, ResolvedJob, resolve_job
+from parallab.core.jobs import ResolvedJob, resolve_job
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.spec import MAX_TAGS, JobSpec, RepeatOf, Tag
@@ -61,27 +61,6 @@ class QueueUnavailable(DomainError, RuntimeError):
         super().__init__("the job queue is unreachable; the run was not queued")
 
 
-def limits(settings: Settings) -> Limits:
-    """What one job may ask of this deployment's workers (every ceiling in Settings)."""
-    return Limits(
-        whose="the server's",
-        max_world_size=settings.max_world_size,
-        max_steps=settings.max_steps,
-        max_warmup_steps=settings.max_warmup_steps,
-        max_seq_len=settings.max_seq_len,
-        max_global_batch_size=settings.max_global_batch_size,
-        max_grad_accumulation_steps=settings.max_grad_accumulation_steps,
-        max_hidden_size=settings.max_hidden_size,
-        max_ffn_hidden_size=settings.max_ffn_hidden_size,
-        max_num_layers=settings.max_num_layers,
-        max_vocab_size=settings.max_vocab_size,
-        max_num_experts=settings.max_num_experts,
-        max_tokens_per_step=settings.max_tokens_per_step,
-        max_microbatches=settings.max_microbatches,
-        allowed_modules=settings.allowed_modules,
-    )
-
-
 def host_memory_bytes() -> int:
     """This host's physical memory."""
     import psutil
@@ -92,8 +71,8 @@ def host_memory_bytes() -> int:
 def rank_memory_limit(settings: Settings, *, local: bool, world_size: int) -> tuple[int | None, str]:
     """(bytes one rank may use, where that comes from): the setting if set; else, in local mode,
     this host's memory shared by the job's ranks; else no limit."""
-    if settings.max_memory_per_rank_bytes:
-        return settings.max_memory_per_rank_bytes, "the setting PARALLAB_MAX_MEMORY_PER_RANK_BYTES"
+    if settings.worker.max_memory_per_rank_bytes:
+        return settings.worker.max_memory_per_rank_bytes, "the setting PARALLAB_MAX_MEMORY_PER_RANK_BYTES"
     if local:
         total = host_memory_bytes()
         return total // max(world_size, 1), f"this host's {total / GIB:.1f} GiB shared by {world_size} rank(s)"
@@ -111,7 +90,7 @@ class CheckedJob:
 
 def check_spec(*, spec: JobSpec, settings: Settings, local: bool) -> CheckedJob:
     """Resolve a spec against this deployment's limits (raises SpecError) and predict its memory fit."""
-    job = resolve_job(spec, limits(settings))
+    job = resolve_job(spec, settings.limits)
     prediction = predict(job)
     limit, source = rank_memory_limit(settings, local=local, world_size=job.world_size)
     return CheckedJob(job, prediction, memory_fit(job, prediction, limit_per_rank_bytes=limit, source=source))

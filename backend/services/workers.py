@@ -60,7 +60,7 @@ def utc(moment: datetime) -> datetime:
 
 def alive_after(settings: Settings, now: datetime | None = None) -> datetime:
     """Workers that heartbeated since then are alive."""
-    return (now or utcnow()) - timedelta(seconds=settings.worker_ttl_s)
+    return (now or utcnow()) - timedelta(seconds=settings.worker.worker_ttl_s)
 
 
 def is_alive(worker: Worker | None, settings: Settings, now: datetime | None = None) -> bool:
@@ -164,11 +164,11 @@ def place(*, session: Session, job: ResolvedJob, settings: Settings) -> str:
     run it. SpecError (a 422 naming the pool and the limit) if none can. Before any worker has ever
     registered (a fresh deployment) the job waits on its named or default pool's queue."""
     pools = pool_capacities(session, settings)
-    fallback = job.pool or settings.default_pool or "cpu"
+    fallback = job.pool or settings.worker.default_pool or "cpu"
     if not pools:
         return fallback
     per_rank = predicted_bytes_per_rank(job)
-    if job.pool or settings.default_pool:
+    if job.pool or settings.worker.default_pool:
         pool = pools.get(fallback, PoolCapacity(fallback))
         problems = pool.problems(job, per_rank)
         if problems and fallback not in pools:

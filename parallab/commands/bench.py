@@ -1,7 +1,7 @@
 """`parallab bench`: run one job through torchrun on this machine, no server, and write its result.
 
 The job comes from `--spec FILE` (the API's JSON), the flags laid over it; it is resolved once,
-under this host's limits (`Settings.max_world_size`, `max_steps`), exactly as a submission is.
+under this host's limits (`Settings.limits`, every ceiling), exactly as a submission is.
 The result is written whatever its checks say; a failed check is printed and sets the exit status
 (`bench_checks`).
 """
@@ -30,7 +30,7 @@ from parallab.commands.jobspec import (
     spec_document,
     with_workload_flags,
 )
-from parallab.core.jobs import Limits, ResolvedJob
+from parallab.core.jobs import ResolvedJob
 from parallab.core.result import ResultDocument
 from parallab.core.spec import JobSpec, workload_fields
 from parallab.core.stats import median_interval
@@ -98,11 +98,8 @@ def bench(
     doc = spec_document(base, strategy=strategy, world_size=world_size, options=options, workload=workload, trace=trace)
     if repeats is not None:
         doc["repeats"] = repeats
-    whose = "parallab bench's (PARALLAB_MAX_WORLD_SIZE / PARALLAB_MAX_STEPS raise it)"
-    limits = Limits(
-        max_world_size=settings.max_world_size, max_steps=settings.max_steps, whose=whose, allowed_modules=settings.allowed_modules
-    )
-    job = resolve(doc, limits)
+    # The deployment's limits, every ceiling, as a submission has them; only the refusal's wording differs.
+    job = resolve(doc, settings.limits.model_copy(update={"whose": "parallab bench's (the PARALLAB_MAX_* settings raise it)"}))
 
     directory = run_dir or Path(tempfile.mkdtemp(prefix="parallab-bench-"))
     repeats = job.spec.repeats

@@ -51,17 +51,14 @@ def spec_from_flags(nodes: int, ranks_per_node: int, inter_node: str, latency: s
 
 
 def measure(cluster: Any) -> tuple[Any, Any]:
-    """(inter-node, intra-node) figures, measured with gloo between node 0 and node 1, and twice in node 0."""
-    from parallab.core.pools import LinkFigures
-    from workers.linkprobe import probe
+    """(inter-node, intra-node) figures — β, the wire's latency and α — measured with gloo between
+    node 0 and node 1, and twice in node 0."""
+    from workers.linkprobe import link_figures, probe
 
     a, b = cluster.nodes[0], cluster.nodes[1]
     inter = probe(cluster.exec_args(a), cluster.exec_args(b), f"{a.address}:29431")
     intra = probe(cluster.exec_args(a), cluster.exec_args(a), f"{a.address}:29432")
-    return (
-        LinkFigures(bandwidth_bps=inter["bandwidth_bps"], latency_s=inter["latency_s"]),
-        LinkFigures(bandwidth_bps=intra["bandwidth_bps"], latency_s=intra["latency_s"]),
-    )
+    return link_figures(inter), link_figures(intra)
 
 
 def record(pool: str, cluster: Any, measured: tuple[Any, Any] | None) -> Any:

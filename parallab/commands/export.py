@@ -140,7 +140,6 @@ def exported(job: ResolvedJob, run_id: str, name: str | None) -> ResolvedJob:
 def load_job(run_or_spec: str) -> tuple[ResolvedJob, str]:
     """The job of a spec file (resolved under this deployment's limits) or of a stored run, and a name for it."""
     from backend.config import get_settings
-    from backend.services.runs import limits
     from parallab.commands.jobspec import resolve
 
     path = Path(run_or_spec)
@@ -151,7 +150,7 @@ def load_job(run_or_spec: str) -> tuple[ResolvedJob, str]:
             fail(f"RUN_OR_SPEC: {path} is not JSON: {exc}")
         if not isinstance(doc, dict):
             fail(f"RUN_OR_SPEC: {path} is not a job spec (a JSON object)")
-        job = resolve(doc, limits(get_settings()))
+        job = resolve(doc, get_settings().limits)
         return job, "parallab-" + hashlib.sha256(job.model_dump_json().encode()).hexdigest()[:10]
     from backend.db import session_scope
     from backend.store import runs as store

@@ -45,4 +45,6 @@ def slurm_agent(
     from workers.slurm_agent import SlurmAgent
 
     settings = get_settings()
-    run_agent(lambda: SlurmAgent(settings, pool), pool=pool, once=once, loglevel=loglevel, poll_s=settings.slurm_poll_s, label="Slurm")
+    run_agent(
+        lambda: SlurmAgent(settings, pool), pool=pool, once=once, loglevel=loglevel, poll_s=settings.worker.slurm_poll_s, label="Slurm"
+    )

@@ -61,7 +61,7 @@ def worker(
 
     from workers.celery_app import celery_app
 
-    if settings.broker_url is None and hasattr(os, "geteuid") and os.geteuid() == 0:
+    if settings.broker.broker_url is None and hasattr(os, "geteuid") and os.geteuid() == 0:
         quiet_root_warning()
     try:
         celery_app.worker_main(

@@ -48,14 +48,14 @@ def start_worker(
     """A `parallab worker` seeing exactly `settings` (and `extra_env`: an emulated node's namespace)."""
     env = worker_env(settings)
     env.update(
-        PARALLAB_WORKER_HOST=settings.worker_host or "",
-        PARALLAB_WORKER_ADDRESS=settings.worker_address or "",
-        PARALLAB_HEARTBEAT_S=str(settings.heartbeat_s),
-        PARALLAB_WORKER_TTL_S=str(settings.worker_ttl_s),
-        PARALLAB_RESERVATION_TIMEOUT_S=str(settings.reservation_timeout_s),
+        PARALLAB_WORKER_HOST=settings.worker.worker_host or "",
+        PARALLAB_WORKER_ADDRESS=settings.worker.worker_address or "",
+        PARALLAB_HEARTBEAT_S=str(settings.worker.heartbeat_s),
+        PARALLAB_WORKER_TTL_S=str(settings.worker.worker_ttl_s),
+        PARALLAB_RESERVATION_TIMEOUT_S=str(settings.worker.reservation_timeout_s),
     )
-    if settings.worker_devices:
-        env["PARALLAB_WORKER_DEVICES"] = str(settings.worker_devices)
+    if settings.worker.worker_devices:
+        env["PARALLAB_WORKER_DEVICES"] = str(settings.worker.worker_devices)
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "parallab", "worker", "--loglevel", "INFO"] + (["--pool", pool] if pool else [])
     return subprocess.Popen(cmd, env=env, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)

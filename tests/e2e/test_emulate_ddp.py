@@ -90,7 +90,7 @@ def test_ddp_across_two_emulated_nodes_matches_single_and_its_gradients_cross_th
     assert summary["gradient_check"]["passed"], summary["gradient_check"]
     assert summary["comm_bytes_per_step"] == result["prediction"]["comm_bytes_per_step"], "DDP's bytes as on one host"
     assert sorted(hardware["hosts"]) == ["node0", "node1"] and hardware["nodes"] == 2
-    assert hardware["inter_node_dims"] == ["dp"], "DDP's one dimension spans both nodes"
+    assert hardware["inter_node_dims"] == ["dp_replicate"], "DDP's one dimension spans both nodes"
     # Every step's gradients cross the link: at least one gradient's worth each way per step.
     grads = summary["comm_bytes_per_step"]["all_reduce"]
     assert crossed >= 2 * grads * STEPS, (crossed, grads)

@@ -120,7 +120,7 @@ def lab(ray_cluster: RayCluster, postgres_url: str, tmp_path_factory: pytest.Tem
     config = RayPool(address=ray_cluster.address, run_root=str(runs), place_timeout_s=120)
     with session_scope(settings.sqlalchemy_url) as session:
         pools.declare_pool(session=session, name=POOL, settings=config)
-    engine = RayEngine(POOL, config, max_job_seconds=600, trace_cap_bytes=settings.max_trace_bytes)
+    engine = RayEngine(POOL, config, max_job_seconds=600, trace_cap_bytes=settings.server.max_trace_bytes)
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: settings
     with TestClient(app) as client:

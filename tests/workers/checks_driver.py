@@ -139,9 +139,9 @@ CASES: dict[str, Case] = {
 """What the test reads (one launch)."""
 BENCH_CASES: dict[str, Case] = {
     "ddp bf16 clean": Case("ddp", BF16),
-    "ddp bf16 missing 1/N": Case("ddp", BF16, wrap=lambda s: Unscaled(s, "dp")),
+    "ddp bf16 missing 1/N": Case("ddp", BF16, wrap=lambda s: Unscaled(s, "dp_replicate")),
     "fsdp bf16 clean": Case("fsdp", BF16),
-    "fsdp bf16 missing 1/N": Case("fsdp", BF16, wrap=lambda s: Unscaled(s, "dp")),
+    "fsdp bf16 missing 1/N": Case("fsdp", BF16, wrap=lambda s: Unscaled(s, "dp_shard")),
     "fsdp bf16 frozen wo": Case("fsdp", BF16, wrap=lambda s: FrozenAfterCheck(s, "attention.wo.weight")),
     "tp bf16 clean": Case("tp", BF16),
     "tp bf16 lost shard": Case("tp", BF16, wrap=lambda s: DropShard(s, W1, where={"tp": 1})),

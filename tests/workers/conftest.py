@@ -4,7 +4,10 @@
 to the run directory for the ranks) and returns (result document, run dir); jobs are memoised for
 the session, so tests that assert different things about the same job share one launch.
 `harness_jobs` runs a list of jobs, those of one world size in one launch (jobs_driver.py: each
-rank imports the harness once, not once a job), into the same memo. All jobs
+rank imports the harness once, not once a job), into the same memo. The files of the `tiny-runs`
+group (tests/conftest.py) declare the folded jobs they read (`HARNESS_JOBS`); the first miss on
+one of them launches every declared job of its world size that this session will read, whichever
+file comes first, so the group's 2-rank jobs go in one launch and its 4-rank ones in another. All jobs
 share a reference cache directory, so the `single` curve of a workload is computed in the first
 job that needs it (in-job path) and read from the cache after (cache path).
 """
@@ -21,19 +24,18 @@ from typing import Any
 
 import pytest
 
-from backend.config import Settings
+from backend.config import ServerSettings
 from parallab.core.families.module import ALLOW_LIST_ENV
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.result import ResultDocument
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
+from tests.conftest import THROUGHPUT, TINY_RUNS
 from tests.workers.declared import fake_tp_group
 from workers.aggregate import build_result, read_rank_records
 from workers.launcher import launch
 
 REPO = Path(__file__).resolve().parents[2]
-THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
-"""(strategy, world size, options, workload, tokens/s) of every job this session launched."""
 # tiny, a few steps: seconds on 2 cores. lr 1e-2 so the curve moves enough for the comparison to bite.
 TEST_WORKLOAD: dict[str, Any] = {"model": "tiny", "steps": 3, "warmup_steps": 1, "lr": 1e-2, "seed": 0}
 
@@ -52,7 +54,7 @@ TEST_ALLOWED_MODULES = frozenset(
     }
 )
 """The entry points these tests put on the allow-list: the shipped example and each wrong build."""
-TRACE_CAP_BYTES: int = Settings.model_fields["max_trace_bytes"].default
+TRACE_CAP_BYTES: int = ServerSettings.model_fields["max_trace_bytes"].default
 """The worker's default cap on a stored trace."""
 
 
@@ -137,6 +139,32 @@ def run_jobs_together(jobs: list[ResolvedJob], run_dirs: list[Path], *, cache_di
     return [build_result(job, read_rank_records(f, world)) for job, f in zip(jobs, files, strict=True)]
 
 
+HarnessSpec = tuple[str, int, dict[str, Any], dict[str, Any]] | tuple[str, int, dict[str, Any], dict[str, Any], bool]
+"""(strategy, world size, options, workload[, traced]): one job `harness_jobs` folds (traced unless said)."""
+
+
+def _spec_job(spec: HarnessSpec, *, trace: bool = True) -> ResolvedJob:
+    """The spec's job, traced as its fifth item says, else as `trace` does."""
+    name, n, options, workload, *traced = spec
+    return make_job(name, n, options, workload, trace=traced[0] if traced else trace)
+
+
+@pytest.fixture(scope="session")
+def declared_jobs(request: pytest.FixtureRequest) -> dict[tuple[str, int], ResolvedJob]:
+    """The folded jobs the collected files of the `tiny-runs` group declare (`HARNESS_JOBS`), by
+    `harness_runs` key: what the group reads from `harness_job`, known before any test asks. Only
+    that group's files count (an xdist worker collects every file, and runs the group's all)."""
+    modules = {
+        item.module for item in request.session.items if item.nodeid.split("::", 1)[0] in TINY_RUNS and getattr(item, "module", None)
+    }
+    jobs = (_spec_job(spec) for module in sorted(modules, key=lambda m: m.__name__) for spec in getattr(module, "HARNESS_JOBS", ()))
+    return {_key(job, TRACE_CAP_BYTES): job for job in jobs}
+
+
+def _key(job: ResolvedJob, trace_cap_bytes: int) -> tuple[str, int]:
+    return job.model_dump_json(), trace_cap_bytes
+
+
 @pytest.fixture(scope="session")
 def harness_runs() -> dict[tuple[str, int], Launched]:
     """Every harness job this session ran, by (job, trace cap): what `harness_job` and
@@ -146,8 +174,14 @@ def harness_runs() -> dict[tuple[str, int], Launched]:
 
 @pytest.fixture(scope="session")
 def harness_job(
-    tmp_path_factory: pytest.TempPathFactory, reference_cache: Path, harness_runs: dict[tuple[str, int], Launched]
+    tmp_path_factory: pytest.TempPathFactory,
+    reference_cache: Path,
+    harness_runs: dict[tuple[str, int], Launched],
+    harness_jobs: Callable[[list[HarnessSpec]], list[Launched]],
 ) -> Callable[..., Launched]:
+    """One job, launched once a session: a declared one (`declared_jobs`) with the rest of its world
+    size through `harness_jobs`, any other alone through the worker's launcher."""
+
     def run(
         strategy: str,
         world_size: int,
@@ -157,8 +191,11 @@ def harness_job(
         trace: bool = True,
         trace_cap_bytes: int = TRACE_CAP_BYTES,
     ) -> Launched:
+        if trace_cap_bytes == TRACE_CAP_BYTES:
+            (launched,) = harness_jobs([(strategy, world_size, options or {}, workload or {}, trace)])
+            return launched
         job = make_job(strategy, world_size, options, workload, trace=trace)
-        key = (job.model_dump_json(), trace_cap_bytes)
+        key = _key(job, trace_cap_bytes)
         if key not in harness_runs:
             run_dir = tmp_path_factory.mktemp(f"{strategy}{world_size}")
             doc = run_job(job, run_dir, cache_dir=reference_cache, trace_cap_bytes=trace_cap_bytes)
@@ -171,17 +208,25 @@ def harness_job(
 
 @pytest.fixture(scope="session")
 def harness_jobs(
-    tmp_path_factory: pytest.TempPathFactory, reference_cache: Path, harness_runs: dict[tuple[str, int], Launched]
-) -> Callable[[list[tuple[str, int, dict[str, Any], dict[str, Any]]]], list[Launched]]:
-    """`harness_job` for a list of (strategy, world size, options, workload), traced: the ones not
-    yet run go in one launch per world size (`run_jobs_together`), and are memoised with
+    tmp_path_factory: pytest.TempPathFactory,
+    reference_cache: Path,
+    harness_runs: dict[tuple[str, int], Launched],
+    declared_jobs: dict[tuple[str, int], ResolvedJob],
+) -> Callable[..., list[Launched]]:
+    """`harness_job` for a list of (strategy, world size, options, workload[, traced]) at the
+    default trace cap, traced unless the spec or `trace=False` says not (a test that reads no
+    profiled step spares each job its profiled window): the ones not yet run go in one launch per world size (`run_jobs_together`),
+    with every declared job of that world size not yet run when one of them is asked for; a job
+    alone in its world size goes through the worker's own launcher. All are memoised with
     `harness_job`'s."""
 
-    def run(specs: list[tuple[str, int, dict[str, Any], dict[str, Any]]]) -> list[Launched]:
-        jobs = [make_job(name, n, options, workload) for name, n, options, workload in specs]
-        keys = [(job.model_dump_json(), TRACE_CAP_BYTES) for job in jobs]
+    def run(specs: list[HarnessSpec], *, trace: bool = True) -> list[Launched]:
+        jobs = [_spec_job(spec, trace=trace) for spec in specs]
+        keys = [_key(job, TRACE_CAP_BYTES) for job in jobs]
         todo = {key: job for key, job in zip(keys, jobs, strict=True) if key not in harness_runs}
         for world in sorted({job.world_size for job in todo.values()}):
+            if any(key in declared_jobs for key, job in todo.items() if job.world_size == world):
+                todo.update((key, job) for key, job in declared_jobs.items() if job.world_size == world and key not in harness_runs)
             batch = [(key, job) for key, job in todo.items() if job.world_size == world]
             dirs = [tmp_path_factory.mktemp(f"{job.strategy}{world}") for _, job in batch]
             if len(batch) == 1:  # alone: through the worker's own launcher
@@ -205,17 +250,3 @@ def ring_moe_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     """One 4-rank torchrun of ring_moe_driver.py: ring attention and EP MoE cases at n=4 and n=2."""
     results: dict[str, dict[str, float]] = run_driver(tmp_path_factory, "ring_moe_driver.py", nproc=4)
     return results
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """tokens/s of each harness job (noisy on a shared 2-core machine: a figure, never asserted)."""
-    if not THROUGHPUT:
-        return
-    terminalreporter.section("harness jobs: tokens/s (tiny)")
-    for name, n, options, workload, tps in THROUGHPUT:
-        recipe = {
-            k: workload[k]
-            for k in ("precision", "activation_checkpointing", "grad_accumulation_steps")
-            if workload.get(k) not in ("fp32", "none", 1)
-        }
-        terminalreporter.write_line(f"{name:<12} N={n}  {tps:10.0f}  {options} {recipe or ''}")

@@ -24,7 +24,8 @@ from workers.harness.runtime import RunContext
 
 def gloo_context(job: ResolvedJob) -> RunContext:
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", tuple(d.size for d in job.mesh), mesh_dim_names=tuple(d.name for d in job.mesh))
+    shape = tuple(d.size for d in job.mesh)  # none for `single`: no mesh, as `init_runtime` leaves it
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple(d.name for d in job.mesh)) if shape else None
     return RunContext(
         rank=rank,
         world_size=world,

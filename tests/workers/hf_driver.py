@@ -1,5 +1,5 @@
-"""torchrun script (not a test module): the `hf` family under ddp, fsdp and tp (with and without
-sequence parallelism) against `single`.
+"""torchrun script (not a test module): the `hf` family under ddp, fsdp, tp (with and without
+sequence parallelism) and pp against `single`.
 
 Launched once by test_hf_family.py at 2 ranks, on a tiny Llama (hidden 64, 2 layers, 4 heads over
 2 KV heads, vocabulary 256). For each strategy it builds the seeded model as a run does
@@ -12,7 +12,10 @@ parameters.
 Broken on purpose (`BROKEN`, each installed as the `hf` family for its case only), tp with:
 - o_proj marked column-parallel where it must be row-parallel (the shards no longer line up);
 - k_proj and v_proj left out of the plan (replicated: it trains, on the wrong K/V heads; the
-  attention's input preparation is left out with them, else the replicated projections raise).
+  attention's input preparation is left out with them, else the replicated projections raise);
+and pp with the final norm declared with the first stage's roots (`NormOnFirstStage`): stage 0
+normalises the residual stream it sends and the last stage feeds the head an unnormalised one.
+All share one `single` reference, computed once.
 Whether a case raises or trains, it records which: the error's message, or the checks' verdicts.
 
 Everything goes to --out as JSON from rank 0.
@@ -37,6 +40,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "fsdp": ("fsdp", {}),
     "tp": ("tp", {}),
     "tp_sp": ("tp", {"sequence_parallel": True}),
+    "pp": ("pp", {}),
 }
 
 
@@ -57,7 +61,18 @@ class KVReplicated(HFFamily):
         return {path: style for path, style in plan.items() if path not in ("self_attn", "self_attn.k_proj", "self_attn.v_proj")}
 
 
-BROKEN = {"tp_o_proj_colwise": ("tp", OProjColwise()), "tp_kv_replicated": ("tp", KVReplicated())}
+class NormOnFirstStage(HFFamily):
+    """A wrong stage boundary: model.norm goes with the embedding rather than with the head."""
+
+    first_stage = ("model.embed_tokens", "model.norm")
+    last_stage = ("lm_head",)
+
+
+BROKEN = {
+    "tp_o_proj_colwise": ("tp", OProjColwise()),
+    "tp_kv_replicated": ("tp", KVReplicated()),
+    "pp_norm_on_first_stage": ("pp", NormOnFirstStage()),
+}
 
 
 def run_case(strategy_name: str, options: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from parallab.core.result import TimelineEvent
+from parallab.core.stragglers import match, name_stragglers
 from tests.workers.traces import chrome_trace
 from workers.harness import attribution
 from workers.harness.attribution import CommRequest, attribute, pipeline_comm, record, requests_of, summarize_comm
@@ -119,6 +120,65 @@ def test_backend_labels_of_gloo_and_nccl():
     assert attribution.backend_label("ncclDevKernel_SendRecv", "kernel") == "p2p"
     assert attribution.backend_label("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cpu_op") is None  # a kernel only
     assert attribution.backend_label("c10d::allreduce_", "cpu_op") is None  # the enqueue, not the op
+
+
+# One NCCL all-reduce kernel as each release names it (the profiler keeps the signature).
+NCCL_NAMINGS = {
+    "2.19 on": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+    "2.7 to 2.18": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+    "before 2.7": "ncclAllReduceRingLLKernel_sum_f32(ncclColl)",
+    "generic": "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)",
+}
+
+
+@pytest.mark.parametrize("release", sorted(NCCL_NAMINGS))
+def test_nccl_kernels_of_every_release_are_communication(release):
+    assert attribution.backend_label(NCCL_NAMINGS[release], "kernel") in ("all_reduce", attribution.NCCL_ANY)
+    assert attribution.backend_label("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, ncclWork*)", "kernel") == "p2p"
+    assert attribution.backend_label("ncclAllGatherRingLLKernel_copy_i8(ncclColl)", "kernel") == "all_gather"
+    assert attribution.backend_label("ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16(ncclDevComm*)", "kernel") == "reduce_scatter"
+
+
+def cuda_rank_trace(rank: int, kernel_name: str, *, late: int, delay_us: float, n: int = 20) -> list[dict]:
+    """Rank `rank`'s CUDA trace: `n` world all-reduces 10 ms apart, each NCCL kernel starting when
+    the rank arrives and ending when the last rank has (`late` arrives `delay_us` after the others),
+    a GEMM before each."""
+    events = []
+    for i in range(n):
+        base = i * 10_000.0 + 37.0 * ((rank * 7 + i) % 5)  # a little jitter, no rank always last
+        arrive = base + (delay_us if rank == late else 0.0)
+        end = i * 10_000.0 + delay_us + 400.0
+        events.append(kernel("ampere_sgemm_128x64_tn", arrive - 300.0, 250.0, stream=7))
+        events.append(kernel(kernel_name, arrive, end - arrive, stream=21))
+    return events
+
+
+@pytest.mark.parametrize("release", sorted(NCCL_NAMINGS))
+def test_a_straggler_is_named_from_cuda_traces_of_every_nccl_release(release):
+    """Each rank's NCCL kernels timed its all-reduces, matched across ranks: the late rank is named
+    and the others' wait is its delay."""
+    per_rank = {}
+    for rank in range(4):
+        requests = [CommRequest("all_reduce", 4096, 0, group_size=4, group="0,1,2,3") for _ in range(20)]
+        attribute(requests, cuda_rank_trace(rank, NCCL_NAMINGS[release], late=2, delay_us=5000.0))
+        per_rank[rank] = attribution.arrivals(requests, offset_us=0.0)
+        assert len(per_rank[rank]) == 20, "every all-reduce timed by its kernel, none by the GEMM"
+    named = name_stragglers(match(per_rank, world_size=4, steps=2))
+    assert [s.rank for s in named] == [2]
+    assert named[0].last_fraction == 1.0
+    assert named[0].wait_caused_s == pytest.approx(3 * 20 * 5e-3, rel=0.05)
+
+
+def test_a_straggler_is_missed_when_only_the_current_kernel_names_are_known(monkeypatch):
+    """Break the naming on purpose, as a tool that knows only `ncclDevKernel_` does: the older
+    releases' kernels time nothing and the late rank goes unnamed — the check above would fail."""
+    monkeypatch.setattr(attribution, "NCCL_PREFIXES", ("nccldevkernel_", "nccl"))
+    per_rank = {}
+    for rank in range(4):
+        requests = [CommRequest("all_reduce", 4096, 0, group_size=4, group="0,1,2,3") for _ in range(20)]
+        attribute(requests, cuda_rank_trace(rank, NCCL_NAMINGS["2.7 to 2.18"], late=2, delay_us=5000.0))
+        per_rank[rank] = attribution.arrivals(requests, offset_us=0.0)
+    assert name_stragglers(match(per_rank, world_size=4, steps=2)) == []
 
 
 def test_nccl_p2p_kernels_time_sends_and_all_to_all():

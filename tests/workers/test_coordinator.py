@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from parallab.core.ledger import (
     Ending,
     GangState,
     NodeClaim,
+    NodeState,
     Observed,
     OpenJob,
     Refusal,
@@ -268,3 +270,43 @@ def test_a_gangs_failure_analyses_every_nodes_dumps_and_leads_with_that_sentence
 def test_an_ending_holds_a_document_exactly_when_it_succeeded() -> None:
     with pytest.raises(ValueError, match="succeeds with its result document"):
         Ending(End.SUCCEEDED)
+
+
+@dataclass
+class GangLedger(FakeLedger):
+    """A ledger whose gang has ended as `nodes` say."""
+
+    nodes: list[NodeState] = field(default_factory=list)
+
+    def gang(self, run_id: str, me: WorkerInfo | None = None) -> GangState | None:
+        self.calls.append("gang")
+        return GangState("running", False, self.nodes, {})
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "told"),
+    [
+        ("failed", "rank 1 timed out\n--- log tail ---\nlong", "node 1 (host host-b) failed: rank 1 timed out\n--- log tail ---\nlong"),
+        (
+            "stopped",
+            "node 0 (host host-a) failed: exit 1\n--- log tail ---\nlong",
+            "node 1 (host host-b) stopped: node 0 (host host-a) failed: exit 1",
+        ),
+        ("succeeded", None, None),
+    ],
+)
+def test_node_0s_failure_names_every_other_node_that_did_not_succeed_with_its_host(
+    status: str, reason: str | None, told: str | None
+) -> None:
+    """Which node's ranks time out first is a race: node 1 failed by itself, or was stopped for node
+    0's failure; either way it is named with its host, a stop by its first line only."""
+    now = datetime.now(timezone.utc)
+    nodes = [NodeState(0, "host-a", "failed", "x", True, now), NodeState(1, "host-b", status, reason, True, now)]
+    ledger = GangLedger(nodes=nodes)
+    error = Coordinator(ledger).gang_failure(RunAt("r3", JOB, "pool", "cpu", worker=ME), "exit code 1", settle_s=5)
+    own = "node 0 (host host-a) failed: exit code 1"
+    assert "fail_node" in ledger.calls
+    if told is None:
+        assert error == own
+    else:
+        assert error == f"{told}\n\n{own}", error

@@ -121,11 +121,11 @@ def test_a_tp_formula_without_the_norms_term_fails_the_dry_run(monkeypatch):
 
 
 def test_the_tp_preset_keeps_the_embeddings_rows_and_reduces_the_norms(monkeypatch):
-    """The `tp` strategy itself (the dry run proper runs every job as a layout): after the step each
-    rank holds the vocab-parallel embedding's gradient as a V/tp shard, like the weight — the
-    gradient bytes are the prediction's — and all-reduces SP's norm gradients, one call per norm.
-    Without its `sync_grads` the embedding's gradient stays whole (V·h/2 fp32 more) and the norms'
-    partial sums are never reduced."""
+    """The `tp` preset itself (the dry run proper runs every job as its layout written out): after
+    the step each rank holds the vocab-parallel embedding's gradient as a V/tp shard, like the
+    weight — the gradient bytes are the prediction's — and all-reduces SP's norm gradients, one call
+    per norm. Without the composition's `lay_out_grads` the embedding's gradient stays whole
+    (V·h/2 fp32 more) and the norms' partial sums are never reduced."""
     from parallab.core.prediction import predict
     from workers.strategies import tensor_parallel
 
@@ -136,7 +136,7 @@ def test_the_tp_preset_keeps_the_embeddings_rows_and_reduces_the_norms(monkeypat
     reduces = [c.nbytes for c in run.calls if c.op == "all_reduce"]
     assert reduces == [64 * 4] * 9 and sum(reduces) == predicted["comm_bytes_per_step"]["all_reduce"]
 
-    monkeypatch.setattr(tensor_parallel.TensorParallel, "sync_grads", lambda self, applied, ctx, options: None)
+    monkeypatch.setattr(tensor_parallel, "lay_out_grads", lambda model: None)  # the composition's step for tp
     broken = run_forked(job, 0, predicted)
     assert broken.state["grads"] - run.state["grads"] == 256 * 64 // 2 * 4, broken.state
     assert not [c for c in broken.calls if c.op == "all_reduce"]

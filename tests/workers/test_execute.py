@@ -51,7 +51,7 @@ def stored(settings: Settings, run_id: str) -> Run:
 def test_a_run_without_a_frozen_job_is_resolved_once_and_keeps_it(settings: Settings) -> None:
     run_id = add_run(settings, SPEC, job=None)
     job = _claim(settings, run_id)
-    expected = resolve_job(JobSpec.model_validate(SPEC), Limits(max_world_size=settings.max_world_size, max_steps=settings.max_steps))
+    expected = resolve_job(JobSpec.model_validate(SPEC), settings.limits)
     assert job == expected
     run = stored(settings, run_id)
     assert run.status == "running" and run.job is not None
@@ -61,7 +61,7 @@ def test_a_run_without_a_frozen_job_is_resolved_once_and_keeps_it(settings: Sett
 def test_the_frozen_job_is_run_as_it_was_resolved(settings: Settings) -> None:
     """No rule runs again at the claim: the frozen job wins over the row's spec and today's limits."""
     frozen = resolve_job(JobSpec.model_validate({**SPEC, "strategy": {"name": "ddp", "world_size": 8}}))
-    assert frozen.world_size > settings.max_world_size
+    assert frozen.world_size > settings.limits.max_world_size
     run_id = add_run(settings, SPEC, job=frozen)
     assert _claim(settings, run_id) == frozen
     assert stored(settings, run_id).status == "running"
@@ -195,7 +195,7 @@ def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node
     def node(rank: int, status: str, *, alive: bool = True, age_s: float = 0, reason: str | None = None) -> NodeState:
         return NodeState(rank, f"host-{rank}", status, reason, alive, now - timedelta(seconds=age_s))
 
-    timeouts = {"reservation_timeout_s": settings.reservation_timeout_s, "heartbeat_s": settings.heartbeat_s}
+    timeouts = {"reservation_timeout_s": settings.worker.reservation_timeout_s, "heartbeat_s": settings.worker.heartbeat_s}
     lead = Watcher(DbLedger(settings), run_id="r", node_rank=0, me=info("host-0"), **timeouts)
     other = Watcher(DbLedger(settings), run_id="r", node_rank=1, me=info("host-1"), **timeouts)
     healthy = state(node(0, "running"), node(1, "running"))
@@ -208,8 +208,8 @@ def test_every_node_stops_for_a_cancel_a_fault_elsewhere_a_lost_worker_or_a_node
     assert other.reason(state(node(0, "running", alive=False), node(1, "running"))) == (
         "worker lost on node 0 (host host-0): it stopped heartbeating"
     )
-    late = state(node(0, "running"), node(1, "reserved", age_s=settings.reservation_timeout_s + 1))
-    assert lead.reason(late) == f"node 1 (host host-1) did not start its part within {settings.reservation_timeout_s:.0f} s"
+    late = state(node(0, "running"), node(1, "reserved", age_s=settings.worker.reservation_timeout_s + 1))
+    assert lead.reason(late) == f"node 1 (host host-1) did not start its part within {settings.worker.reservation_timeout_s:.0f} s"
     assert other.reason(None) == "the run was deleted"
 
 

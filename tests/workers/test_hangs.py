@@ -34,6 +34,13 @@ pytestmark = pytest.mark.slow
 WORKLOAD = {"model": "tiny", "steps": 2, "warmup_steps": 1, "seed": 0}
 
 
+# The collective timeouts: how long a rank waits for a peer, so they must exceed the gap between
+# ranks reaching one collective. Measured on 2 shared cores at load average 17: at most 0.5 s
+# between 2 ranks, 1.6 s among 4 (the job's first collective, after each rank's start-up; every
+# later one within 0.1 s); each test waits its timeout out once.
+TIMEOUT_2_RANKS_S, TIMEOUT_4_RANKS_S = 3, 5
+
+
 def _run(tmp_path, monkeypatch, fault: str, *, world: int, collective_timeout_s: float | None, timeout_s: float = 240):
     monkeypatch.setenv(FAULT_ENV, fault)
     job = resolve_job(JobSpec.model_validate({"workload": WORKLOAD, "strategy": {"name": "ddp", "world_size": world}}))
@@ -51,7 +58,7 @@ def _run(tmp_path, monkeypatch, fault: str, *, world: int, collective_timeout_s:
 
 
 def test_a_mismatched_collective_fails_within_its_timeout_naming_sequence_calls_and_ranks(tmp_path, monkeypatch) -> None:
-    run_dir, outcome, took = _run(tmp_path, monkeypatch, "mismatch:1", world=2, collective_timeout_s=10)
+    run_dir, outcome, took = _run(tmp_path, monkeypatch, "mismatch:1", world=2, collective_timeout_s=TIMEOUT_2_RANKS_S)
     assert not outcome.ok
     assert took < 120, f"took {took:.0f} s"
     report = hang_report(run_dir)
@@ -72,7 +79,7 @@ def test_a_mismatched_collective_fails_within_its_timeout_naming_sequence_calls_
 
 
 def test_a_rank_that_never_reaches_the_collective_is_named_as_missing(tmp_path, monkeypatch) -> None:
-    run_dir, outcome, _ = _run(tmp_path, monkeypatch, "absent:3", world=4, collective_timeout_s=10)
+    run_dir, outcome, _ = _run(tmp_path, monkeypatch, "absent:3", world=4, collective_timeout_s=TIMEOUT_4_RANKS_S)
     assert not outcome.ok
     report = hang_report(run_dir)
     assert report is not None and report.never_arrived == [3], report

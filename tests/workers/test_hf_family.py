@@ -3,10 +3,10 @@ held against its declaration and trained under ddp, fsdp and tp against `single`
 
 In one process: the module built on the meta device is exactly the declared tensors (names,
 shapes, the closed-form count), and the tp plan splits each parameter on its declared dim (torch's
-fake process group). One 2-rank torchrun (hf_driver.py, module fixture) runs ddp, fsdp, tp and tp
-with sequence parallelism on
-a tiny Llama (hidden 64, 2 layers, 4 heads over 2 KV heads, vocabulary 256) and two wrong TP
-plans. Without `transformers` the launcher refuses the job naming the field and the fix.
+fake process group). One 2-rank torchrun (hf_driver.py, module fixture) runs ddp, fsdp, tp, tp
+with sequence parallelism and pp on a tiny Llama (hidden 64, 2 layers, 4 heads over 2 KV heads,
+vocabulary 256), two wrong TP plans and a wrong pipeline stage boundary, all against one `single`.
+Without `transformers` the launcher refuses the job naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -178,8 +178,9 @@ def hf_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
-CASES = ("ddp", "fsdp", "tp", "tp_sp")
-"""The driver's cases: tp_sp is tp with sequence parallelism."""
+CASES = ("ddp", "fsdp", "tp", "tp_sp", "pp")
+"""The driver's cases: tp_sp is tp with sequence parallelism; pp is 2 stages, 1F1B (under pp the
+check gathers every tensor from both stages)."""
 
 
 @pytest.mark.slow
@@ -212,3 +213,14 @@ def test_k_and_v_left_out_of_the_plan_train_and_fail_the_gradient_check(hf_resul
     check = outcome["gradient_check"]
     assert not check["passed"] and check["max_rel_err"] > 0.1, check
     assert outcome["loss_max_rel_diff"] > 1e-4, "the loss check sees it too"
+
+
+@pytest.mark.slow
+def test_the_final_norm_on_the_wrong_stage_trains_and_fails_both_checks(hf_results):
+    """Stage 0 normalises what it sends and the last stage feeds the head unnormalised: every
+    gradient is wrong, and the loss curve leaves the reference's (the clean pp above passes both)."""
+    outcome = hf_results["pp_norm_on_first_stage"]["outcome"]
+    check = outcome["gradient_check"]
+    assert not check["passed"] and check["max_rel_err"] > 0.1, check
+    assert check["params_checked"] == 21 and check["worst_param"] is not None, "both stages' tensors, the norm now on stage 0"
+    assert outcome["loss_max_rel_diff"] > 1e-4, (outcome["losses"], outcome["reference"])

@@ -95,8 +95,9 @@ untied — tied embeddings are not composed with tp; pp: a block a stage)."""
 
 @pytest.fixture(scope="module")
 def gemma_phi3_runs(harness_jobs) -> None:
-    """The four 2-rank jobs of RUNS in one launch (`harness_jobs`), read through `harness_job`'s memo."""
-    harness_jobs([(strategy, 2, options, {"hf_config": config}) for config, strategy, options in RUNS.values()])
+    """The four 2-rank jobs of RUNS in one launch (`harness_jobs`), read through `harness_job`'s memo;
+    untraced: the tests read the loss and gradient checks, which every run makes, and no profiled step."""
+    harness_jobs([(strategy, 2, options, {"hf_config": config}) for config, strategy, options in RUNS.values()], trace=False)
 
 
 @pytest.mark.slow
@@ -104,7 +105,7 @@ def gemma_phi3_runs(harness_jobs) -> None:
 @pytest.mark.parametrize("key", list(RUNS))
 def test_gemma2_and_phi3_match_single_in_loss_and_gradients(harness_job, key):
     config, strategy, options = RUNS[key]
-    doc, _ = harness_job(strategy, 2, options, {"hf_config": config})
+    doc, _ = harness_job(strategy, 2, options, {"hf_config": config}, trace=False)
     assert doc.workload["family"] == "hf" and doc.workload["model_type"] == config["model_type"]
     assert len(doc.loss.values) == doc.workload["steps"] == len(doc.loss.reference)
     assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss

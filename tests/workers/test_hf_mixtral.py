@@ -1,7 +1,7 @@
 """The `hf` family's Mixtral from a config.json: in one process, the module the rank side builds
 from the resolved config is `MixtralForCausalLM`'s parameter for parameter and, with its weights,
-gives its logits; `single` is its own reference. Its runs at 2 ranks (ddp, fsdp, tp) are
-test_hf_parallel.py's.
+gives its logits; `single` is its own reference, in fp32 and in bf16. Its runs at 2 ranks (ddp,
+fsdp, tp, and ep=2 under `moe`) are test_hf_parallel.py's, in that file's one launch.
 
 The model is TINY_MIXTRAL (hidden 64, 2 layers of 4 experts top-2 of inner width 256, 4 heads
 over 2 KV heads, vocabulary 256). Its MoE blocks are the library's: dropless, routing each token
@@ -18,7 +18,6 @@ import pytest
 
 from parallab.core.families import HF
 from tests.core.hf_configs import TINY_MIXTRAL
-from tests.workers.test_hf_deepseek import assert_comm_is_predicted
 from tests.workers.test_hf_family import cfg_of
 
 pytest.importorskip("transformers")
@@ -48,20 +47,17 @@ def test_the_configs_model_is_the_librarys_mixtral_tensor_for_tensor_and_logit_f
         torch.testing.assert_close(model(tokens), reference(tokens).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_mixtral_under_expert_parallelism_matches_single_and_communicates_what_it_predicts(harness_job):
-    """ep=2: each rank holds 2 of the 4 experts (the library's fused tensors, sliced on dim 0) and
-    sends every routed slot to its expert's rank by all-to-all; no load-balancing loss (0)."""
-    doc, _ = harness_job("moe", 2, {"aux_loss_coef": 0.0}, MIXTRAL)
-    assert doc.summary.loss_max_rel_diff_vs_reference <= 1e-4, doc.loss
-    check = doc.summary.gradient_check
-    assert check is not None and check.passed and check.params_checked == 21, check
-    assert_comm_is_predicted(doc)
+@pytest.fixture(scope="module")
+def single_runs(harness_jobs) -> None:
+    """The two 1-rank jobs the tests read, fp32 and bf16, in one launch (`harness_jobs`), untraced:
+    they read the loss curve, the checks and the prediction, which every run makes, and no profiled step."""
+    harness_jobs([("single", 1, {}, MIXTRAL), ("single", 1, {}, {**MIXTRAL, "precision": "bf16"})], trace=False)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("single_runs")
 def test_single_mixtral_is_its_own_reference(harness_job):
-    doc, _ = harness_job("single", 1, workload=MIXTRAL)
+    doc, _ = harness_job("single", 1, workload=MIXTRAL, trace=False)
     assert doc.loss.values == doc.loss.reference and doc.loss.reference_source == "own"
     assert doc.summary.gradient_check is not None and doc.summary.gradient_check.max_rel_err == 0
     assert doc.prediction.params_total == HF.param_counts(cfg_of(MIXTRAL)).total == 451_392
@@ -80,6 +76,7 @@ def test_a_config_transformers_5_saves_reads_back_as_the_same_shape():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("single_runs")
 def test_single_mixtral_in_bf16_passes_against_fp32_with_the_runs_routing(harness_job):
     """A bf16 run on one rank records its experts in the check's step and the fp32 reference replays
     them (`workers.harness.routing`): without it some tokens' top-2 flip and the check failed at

@@ -4,10 +4,15 @@ log tails stay bounded)."""
 from __future__ import annotations
 
 import json
+import sys
+
+import pytest
 
 from parallab.core.jobs import Limits, resolve_job
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
+from workers import launcher
+from workers.hostspeed import SpeedProbe
 from workers.launcher import ProgressTail, read_log_tail, torchrun_command
 
 
@@ -41,3 +46,20 @@ def test_log_tail_keeps_the_last_lines(tmp_path) -> None:
     tail = read_log_tail(log, lines=5)
     assert tail.splitlines() == [f"line {i}" for i in range(995, 1000)]
     assert read_log_tail(tmp_path / "missing.log") == ""
+
+
+def test_the_launch_ends_when_torchrun_exits_not_at_the_next_poll(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll interval far beyond the suite's timeout: the launch returns only because it waits on
+    the process itself, and it still runs its checks once after the exit, as each poll does."""
+    job = resolve_job(JobSpec.model_validate({"strategy": {"name": "single", "world_size": 1}}), Limits())
+    monkeypatch.setattr(launcher, "torchrun_command", lambda *args, **kwargs: [sys.executable, "-c", "print('ranks done')"])
+    monkeypatch.setattr(launcher, "SpeedProbe", lambda lanes: SpeedProbe(repeats=1))  # the probe's own cost: not this test's
+    checks: list[int] = []
+
+    def cancel() -> bool:
+        checks.append(1)
+        return False
+
+    outcome = launcher.launch(job, RunDir(tmp_path), timeout_s=7200, trace_cap_bytes=0, poll_s=3600, should_cancel=cancel)
+    assert outcome.ok and outcome.returncode == 0 and "ranks done" in outcome.log_tail
+    assert checks == [1]

@@ -5,8 +5,9 @@ exactly the communication its dimensions predict (the router's all-to-alls on th
 
 `layout_runs` runs every case once per session through `harness_jobs`: the seven at world 4 in
 one launch (each rank runs the harness's `run_training` for each job in turn, jobs_driver.py),
-the one at world 8 through the worker's launcher; they are memoised with `harness_job`'s, so
-`hybrid` is shared with test_strategies.py. Each test reads its result.
+with test_strategies.py's 4-rank jobs when it runs in the same session (`HARNESS_JOBS`, declared
+to the `tiny-runs` group), the one at world 8 through the worker's launcher; they are memoised
+with `harness_job`'s, so `hybrid` is shared with test_strategies.py. Each test reads its result.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 
 from parallab.core.result import ResultDocument
 
-# The first test pays for the session's two launches (7 jobs at 4 ranks, 1 at 8) on 2 cores: more
-# than the suite's 600 s per test when the machine is loaded.
+# The first test pays for the session's two launches (7 jobs at 4 ranks, with test_strategies' 3
+# more when both run, 1 at 8) on 2 cores: more than the suite's 600 s per test when the machine is loaded.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MOE: dict[str, Any] = {"num_experts": 4, "capacity_factor": 2.0}
@@ -42,6 +43,9 @@ LAYOUTS: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
     "ep×dp_shard": ("layout", 4, {"ep": 2, "dp_shard": 2}, MOE),
     "pp×dp_shard×tp": ("3d", 8, {}, {}),
 }
+
+HARNESS_JOBS = list(LAYOUTS.values())
+"""What this file reads, declared to the `tiny-runs` group's folded launches (tests/workers/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
@@ -91,8 +95,13 @@ def test_the_critical_path_of_a_pipeline_layout_shows_its_bubble_and_its_sends(h
     assert any(p.startswith("transfer pp ") for p in parts), parts
     assert any(p.startswith("compute ") for p in parts), parts
     assert sum(parts.values()) == pytest.approx(cp.length_s, rel=1e-6)
+    # The drawn path is one step's (the median's): it crosses the stages through their sends and
+    # draws only parts the mean counts. Whether that one step waited on its input depends on the
+    # scheduler (a stage slowed by a busy machine finds its input already there): the bubble is
+    # asserted over every step, above, not on the drawn one.
     drawn = {s.part for s in cp.path}
-    assert "bubble" in drawn and any(p.startswith("transfer pp ") for p in drawn), drawn
+    assert drawn <= set(parts) and any(p.startswith("transfer pp ") for p in drawn), (drawn, parts)
+    assert {s.rank for s in cp.path} == set(cp.path_ranks_visited) and len(cp.path_ranks_visited) >= 2, cp.path_ranks_visited
     # each rank's split step covers it exactly
     assert sum(cp.rank_parts_s.values()) == pytest.approx(cp.rank_step_s, rel=1e-6)
     short = doc.summary.critical_path  # the summary keeps the length and parts

@@ -1,7 +1,9 @@
 """Measured against predicted: every strategy's communication per op, FSDP's model state vs DDP's.
 
 Real torchrun jobs of the harness on gloo (`tiny`, 3 measured steps after 1 warm-up), merged by
-`workers.aggregate.build_result` exactly as the worker does.
+`workers.aggregate.build_result` exactly as the worker does; the file's 2-rank jobs share one
+torchrun and its 4-rank jobs another (tests/workers/jobs_driver.py runs the harness's
+`run_training` for each in turn), as tests/workers/test_strategies.py does.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ import json
 
 import pytest
 
-from parallab.core.jobs import Limits, resolve_job
+from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.spec import JobSpec
-from tests.workers.conftest import run_job
+from tests.workers.conftest import TRACE_CAP_BYTES, run_job, run_jobs_together
 
 CASES = [  # (strategy, world size, options): every strategy, and the options that change the traffic
     ("ddp", 2, {}),
@@ -29,22 +31,44 @@ CASES = [  # (strategy, world size, options): every strategy, and the options th
 pytestmark = pytest.mark.slow
 
 
+FOLDED = [  # every job this file reads, as (strategy, world size, options, workload): launched together
+    *((name, n, options, {}) for name, n, options in CASES),
+    ("fsdp", 2, {}, {"precision": "bf16"}),
+    ("fsdp", 4, {}, {}),
+]
+
+
+def _job(strategy: str, n: int, options: dict | None, workload: dict | None) -> ResolvedJob:
+    spec = JobSpec.model_validate(
+        {
+            "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1, **(workload or {})},
+            "strategy": {"name": strategy, "world_size": n, "options": options or {}},
+        }
+    )
+    return resolve_job(spec, Limits(max_world_size=8))
+
+
+def _key(strategy: str, n: int, options: dict | None, workload: dict | None) -> tuple[str, int, str, str]:
+    return (strategy, n, json.dumps(options or {}, sort_keys=True), json.dumps(workload or {}, sort_keys=True))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Launch (once per strategy and world size) and return the result document."""
+    """The result document of a job, each launched once: the file's jobs (`FOLDED`) in one torchrun
+    per world size (`run_jobs_together`: the harness's own `run_training` for each in turn, merged
+    by `build_result` as the worker merges them), so a rank imports the harness once, not per job."""
     cache = {}
+    root = tmp_path_factory.mktemp("prediction-agreement")
+    for world in sorted({n for _, n, _, _ in FOLDED}):
+        specs = [spec for spec in FOLDED if spec[1] == world]
+        dirs = [root / f"{name}{n}-{i}" for i, (name, n, _, _) in enumerate(specs)]
+        docs = run_jobs_together([_job(*spec) for spec in specs], dirs, cache_dir=root / "cache", trace_cap_bytes=TRACE_CAP_BYTES)
+        cache.update({_key(*spec): doc for spec, doc in zip(specs, docs, strict=True)})
 
     def launch(strategy: str, n: int, options: dict | None = None, workload: dict | None = None):
-        key = (strategy, n, json.dumps(options or {}, sort_keys=True), json.dumps(workload or {}, sort_keys=True))
-        if key not in cache:
-            spec = JobSpec.model_validate(
-                {
-                    "workload": {"model": "tiny", "steps": 3, "warmup_steps": 1, **(workload or {})},
-                    "strategy": {"name": strategy, "world_size": n, "options": options or {}},
-                }
-            )
-            job = resolve_job(spec, Limits(max_world_size=8))
-            cache[key] = run_job(job, tmp_path_factory.mktemp(f"{strategy}{n}"), cache_dir=None)
+        key = _key(strategy, n, options, workload)
+        if key not in cache:  # a job outside FOLDED: alone, through the worker's launcher
+            cache[key] = run_job(_job(strategy, n, options, workload), tmp_path_factory.mktemp(f"{strategy}{n}"), cache_dir=None)
         return cache[key]
 
     return launch

@@ -1,12 +1,13 @@
 """docs/quickstart.md's walk-through, kept current: the pages it shows, rendered in Chromium from
 real runs, say what its text quotes, and its screenshots are of those pages.
 
-The runs are the shared DDP and FSDP launches on `tiny` (`harness_job`: the same two that
-test_strategies reads, so no torchrun of its own), stored as a worker stores its result, served by
-the real app. Each screenshot is one element of a page (small PNGs), written to a temporary folder;
-`PARALLAB_UPDATE_SCREENSHOTS=1` writes them over docs/img/ instead, for a doc change. Without it
-the test checks that every image the doc names exists, is a PNG of a sane size, and that every
-phrase the doc quotes is on the element its screenshot shows.
+The runs are the shared DDP and FSDP runs on `tiny` (`harness_job`: the same two that
+test_strategies reads, folded into the group's one 2-rank launch, so no torchrun of its own),
+stored as a worker stores its result, served by the real app. Each screenshot is one element of
+a page (small PNGs), written to a temporary folder; `PARALLAB_UPDATE_SCREENSHOTS=1` writes them
+over docs/img/ instead, for a doc change. Without it the test checks that every image the doc
+names exists, is a PNG of a sane size, and that every phrase the doc quotes is on the element its
+screenshot shows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ SHOTS = [
     ("quickstart-verdict.png", "compare", "#decision", ["not decided", "more each", "exposed communication", "compute", "idle"]),
     ("quickstart-steps.png", "compare", ".chart-card:has(#chart-steps)", ["compute", "exposed"]),
 ]
+
+
+HARNESS_JOBS = [("ddp", 2, {}, {}), ("fsdp", 2, {}, {})]
+"""The two runs the walk-through submits, declared to the `tiny-runs` group's folded launches
+(tests/workers/conftest.py): launched with the group's other 2-rank jobs, whichever file asks first."""
 
 
 def png_size(data: bytes) -> tuple[int, int]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from parallab.core.hardware import block_signature
+from parallab.core.model import PRESETS
 from parallab.core.recipes import ACCUMULATION_TOLERANCE, loss_tolerance
 from parallab.core.rundir import RunDir
 from tests.workers.conftest import make_job, run_driver
@@ -28,6 +30,11 @@ counts bf16 activations as all 2-byte, but autocast keeps RMSNorm's and rotary's
 fp32 (measured on tiny: ddp 0.69 against 0.54, tp 0.76 against 0.56 — tp's replicated norms are a
 larger share of its activations); and it keeps one block's full set at full recomputation's peak
 where the recompute frees it block by block (0.19 against 0.34). docs/recipes.md."""
+
+
+HARNESS_JOBS = [("ddp", 2, {}, {})]
+"""What this file reads from `harness_job` (the default DDP run), declared to the `tiny-runs`
+group's folded launches (tests/workers/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +127,10 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
     assert {(h, h), (h, f), (f, h), (h, v), (h, f // 2), (f // 2, h), (h // 2, h)} <= shapes
     assert all(p.flops_per_s > 0 for p in profile.matmul) and len(profile.matmul) == 2 * 2 * len(shapes)
     assert profile.memory_bandwidth > 0 and profile.op_overhead_s > 0 and profile.dtensor_op_overhead_s is not None
+    # tiny's own block, at both token counts (whole sequences of 64), each precision and recomputation
+    blocks = {(b.precision, b.recompute, b.tokens) for b in profile.blocks}
+    assert blocks == {(p, r, t) for p in ("fp32", "bf16") for r in ("none", "selective", "full") for t in (64, 256)}
+    assert profile.block_model == block_signature(PRESETS["tiny"].config)
     assert {p.op for p in profile.collectives} == {"all_reduce", "send_recv"} and {p.op for p in doc.collectives} == {
         "all_reduce",
         "send_recv",
@@ -127,7 +138,8 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
 
 
 def test_fp8_on_a_cpu_fails_the_run_with_the_devices_reason(tmp_path):
-    outcome = launch(make_job("ddp", 2, workload={"precision": "fp8"}), RunDir(tmp_path), timeout_s=300, trace_cap_bytes=1 << 20)
+    """One rank is enough: each rank checks the device before it builds anything (`run_training`)."""
+    outcome = launch(make_job("single", 1, workload={"precision": "fp8"}), RunDir(tmp_path), timeout_s=300, trace_cap_bytes=1 << 20)
     assert not outcome.ok
     assert (
         "PrecisionUnsupported: fp8 training needs an NVIDIA GPU of compute capability 9.0 or newer (Hopper); no CUDA device here"

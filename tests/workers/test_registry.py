@@ -9,9 +9,11 @@ import typing
 import pytest
 import torch
 
-from parallab.core.strategies import REGISTRY, TRAINING_STRATEGIES, get_descriptor
+from parallab.core.options import NoOptions
+from parallab.core.strategies import REFERENCE_STRATEGY, REGISTRY, TRAINING_STRATEGIES, get_descriptor
 from workers import strategies
 from workers.harness.runtime import RunContext
+from workers.strategies import compose
 from workers.strategies.base import Applied, Strategy
 
 
@@ -28,8 +30,22 @@ def test_each_rank_module_takes_its_descriptors_options(name):
     assert isinstance(strategy, Strategy) and strategy.name == name
     base = next(b for b in getattr(type(strategy), "__orig_bases__", ()) if typing.get_origin(b) is Strategy)
     options, applied = typing.get_args(base)
-    assert options is get_descriptor(name).options_model
+    assert issubclass(get_descriptor(name).options_model, options)
     assert issubclass(applied, Applied)
+
+
+@pytest.mark.parametrize("name", [n for n in TRAINING_STRATEGIES if n != REFERENCE_STRATEGY])
+def test_every_preset_runs_through_the_composition_on_its_descriptors_layout(name):
+    """No preset has a rank module of its own: the composition applies the layout its descriptor
+    resolves to, whose dims are the mesh the rank builds (`ResolvedJob.mesh`)."""
+    strategy = strategies.get(name)
+    assert strategies.MODULES[name] == "compose" and isinstance(strategy, compose.Composed)
+    descriptor = get_descriptor(name)
+    options = descriptor.complete_options(descriptor.parse_options(descriptor.plan_grid(8)[0] if descriptor.plan_grid(8) else {}), 8)
+    ctx = dataclasses.replace(solo(), world_size=8)
+    layout = strategy.layout(ctx, options)
+    assert layout == descriptor.layout(8, options) and layout.size == 8
+    assert tuple(d.name for d in descriptor.mesh(8, options)) == layout.on
 
 
 def solo() -> RunContext:
@@ -45,6 +61,6 @@ def test_a_run_context_is_never_changed_after_it_is_built():
 
 def test_without_a_mesh_there_is_no_data_parallel_split_and_no_dims():
     ctx = solo()
-    assert ctx.dp_coordinate() == (1, 0)
+    assert strategies.get(REFERENCE_STRATEGY).data_rank(ctx, NoOptions()) == (1, 0)
     with pytest.raises(RuntimeError, match="no 'tp' dim"):
         ctx.mesh_dim("tp")

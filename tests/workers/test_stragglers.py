@@ -21,7 +21,10 @@ from parallab.core.stragglers import CollectivesMatched, GroupTimes, match, name
 DRIVER = Path(__file__).with_name("straggler_driver.py")
 REPO = Path(__file__).resolve().parents[2]
 LATE = 2
-DELAY_MS = 100.0  # long beside a loaded 2-core host's scheduling jitter (tens of ms), so "D within 25 %" tests the analysis, not the host
+DELAY_MS = 250.0
+"""Long beside a loaded 2-core host's scheduling jitter, so "D within 25 %" tests the analysis, not the
+host: at 100 ms a whole run under two xdist workers and a neighbour's 4-rank jobs (load 5 to 9) once
+left rank 2 unnamed, other ranks' descheduling reaching the delay's size. 24 delays cost 6 s."""
 CLEAN = 5
 MESH = [("dp_shard", 2), ("tp", 2)]
 
@@ -75,8 +78,17 @@ def test_the_delayed_rank_is_named_and_the_others_wait_its_delay(windows):
 
 @pytest.mark.slow
 def test_no_straggler_without_a_delay(windows):
+    """No delay is invented: most clean windows name no rank, and a rank one of them names causes a
+    small fraction of the wait the injected delay did. Four ranks share 2 cores with the suite's
+    other worker, so the host itself can make a rank late for a whole window (under a whole run:
+    one clean window's rank 2 last at 21 of 24 collectives, 88 ms of waits a step) — a straggler of
+    the host's, which the rule rightly names; the delayed rank causes 250 ms at each of 8 collectives a step."""
+    delayed = name_stragglers(windows["late"])[0].wait_caused_s_per_step
+    named = []
     for i in range(CLEAN):
         clean = windows[f"clean{i}"]
         assert clean.skipped == []
         assert sum(g.matched for g in clean.groups) == 36
-        assert name_stragglers(clean) == [], (i, clean.ranks)
+        named += [(i, s) for s in name_stragglers(clean)]
+    assert len({i for i, _ in named}) <= 1, named
+    assert all(s.wait_caused_s_per_step < 0.1 * delayed for _, s in named), (delayed, named)

@@ -2,11 +2,12 @@
 
 Each job is resolved once and launched once per session (`harness_job` memoises), its ranks'
 records merged by `workers.aggregate.build_result` exactly as the worker does; the assertions
-read the document. `strategy_runs` asks for every traced job of this file together through
-`harness_jobs`: the 2-rank ones in one launch, the 4-rank ones in another (jobs_driver.py runs
-the harness's `run_training` for each in turn). The jobs that differ in what the launch itself
-does go through the worker's launcher and the harness's `main()` alone: `single` on 1 rank, the
-untraced run and the 1 KiB trace cap, and the failing rank.
+read the document. `strategy_runs` asks for every job of this file at the default trace cap
+together through `harness_jobs` (declared in `HARNESS_JOBS`, so the other files of the
+`tiny-runs` group fold theirs into the same launches): the 2-rank ones in one launch, the 4-rank
+ones in another (jobs_driver.py runs the harness's `run_training` for each in turn). The jobs
+that differ in what the launch itself does go through the worker's launcher and the harness's
+`main()` alone: `single` on 1 rank, the 1 KiB trace cap, and the failing rank.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import pytest
 from parallab.core.jobs import ResolvedJob
 from parallab.core.layout import SCHEDULES
 from parallab.core.rundir import RunDir
-from tests.workers.conftest import make_job, torchrun
+from tests.workers.conftest import HarnessSpec, make_job, torchrun
 from workers.harness import attribution
 
-# The first test pays for the file's two folded launches (13 jobs at 2 ranks, 4 at 4) on 2 cores:
+# The first test pays for the file's two folded launches (12 jobs at 2 ranks, 4 at 4) on 2 cores:
 # more than the suite's 600 s per test when the machine is loaded.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -50,14 +51,15 @@ CASES: list[tuple[Any, ...]] = [
 ]
 
 
-FOLDED: list[tuple[str, int, dict[str, Any], dict[str, Any]]] = [
+FOLDED: list[HarnessSpec] = [
     *((name, n, options, workload[0] if workload else {}) for name, n, options, *workload in CASES),
     ("fsdp", 2, {}, {"precision": "bf16", "activation_checkpointing": "full", "grad_accumulation_steps": 2}),
-    ("ddp", 2, {}, {"steps": 4}),
-    ("ddp", 2, {}, {"steps": 10}),
+    ("ddp", 2, {}, {}, False),  # untraced: right after the traced ddp × 2 it is compared with
     ("collectives", 2, {"ops": ["all_reduce", "all_to_all"], "max_bytes": 8192, "iters": 2, "warmup_iters": 1}, {}),
 ]
-"""Every traced job at the default trace cap that the tests below read: launched together."""
+"""Every job at the default trace cap that the tests below read: launched together."""
+HARNESS_JOBS = FOLDED
+"""What this file reads from `harness_job`, declared to the `tiny-runs` group's folded launches."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,10 +167,10 @@ def test_bf16_with_full_checkpointing_and_accumulation_runs(harness_job):
 
 
 def test_the_ranks_ran_the_frozen_job_the_launcher_wrote(harness_job):
-    """Read from a job the worker's launcher wrote and `main()` ran (not a folded one)."""
-    doc, run_dir = harness_job("ddp", 2, trace=False)
+    """Read from a job the worker's launcher wrote and `main()` ran (not a folded one): the 1 KiB cap's."""
+    doc, run_dir = harness_job("ddp", 2, trace=True, trace_cap_bytes=1024)
     job = ResolvedJob.model_validate_json(RunDir(run_dir).job.read_text())
-    assert job == make_job("ddp", 2, trace=False)
+    assert job == make_job("ddp", 2)
     assert doc.workload == job.workload_document() and doc.strategy.model_dump() == job.strategy_document()
 
 
@@ -181,15 +183,19 @@ def test_text_data_learns_at_2_ranks_against_its_own_text_reference(harness_job)
 
 
 def test_throughput_comes_from_unprofiled_steps_only(harness_job):
-    """A 4-step traced run reports about the tokens/s of a 10-step one: the profiled window runs
-    after the timed steps (when it did not, 4 steps gave ~6× fewer tokens/s than 10)."""
-    short, _ = harness_job("ddp", 2, {}, {"steps": 4})
-    long, _ = harness_job("ddp", 2, {}, {"steps": 10})
-    assert len(short.loss.values) == 4 and len(long.loss.values) == 10, "the profiled steps are not the run's"
-    ratio = short.summary.tokens_per_s / long.summary.tokens_per_s
-    # Loose on purpose: on 2 shared cores a 4-step run's few timed steps swing (0.57-0.94 seen);
-    # profiled steps counted in would put it near 0.17.
-    assert 0.35 < ratio < 1.6, (short.summary.tokens_per_s, long.summary.tokens_per_s)
+    """A traced run reports about the tokens/s of the same job untraced (launched right after it):
+    the profiled window runs after the timed steps and is not timed (when it was, 4 steps gave ~6×
+    fewer tokens/s than 10). tokens/s is over the median step: the 4 profiled steps counted beside
+    3 timed ones would make it a profiled step's, several times a timed one's."""
+    traced, _ = harness_job("ddp", 2)
+    untraced, _ = harness_job("ddp", 2, trace=False)
+    steps = traced.workload["steps"]
+    assert len(traced.loss.values) == len(untraced.loss.values) == steps, "the profiled steps are not the run's"
+    assert all(len(r.step_times_s) == steps for r in traced.ranks) and all(r.profiled_steps > 0 for r in traced.ranks)
+    ratio = traced.summary.tokens_per_s / untraced.summary.tokens_per_s
+    # Loose on purpose, both ways (the two runs are alike): on 2 shared cores a few timed steps
+    # swing (0.57-0.94 seen between a 4-step and a 10-step run).
+    assert 0.35 < ratio < 1 / 0.35, (traced.summary.tokens_per_s, untraced.summary.tokens_per_s)
 
 
 def test_an_untraced_run_measures_without_any_profiler(harness_job):

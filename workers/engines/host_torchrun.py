@@ -116,16 +116,16 @@ class HostTorchrun(Engine[HostJob]):
         handle.outcome = launch(
             job,
             handle.run_dir,
-            timeout_s=self.settings.max_job_seconds,
-            trace_cap_bytes=self.settings.max_trace_bytes,
+            timeout_s=self.settings.worker.max_job_seconds,
+            trace_cap_bytes=self.settings.server.max_trace_bytes,
             cache_dir=reference_cache_dir(self.settings),
             on_progress=watcher.progress if watcher is not None else None,
             should_stop=should_stop,
             on_start=watcher.started if watcher is not None else None,
             node=self.node,
-            netns=self.settings.worker_netns,
-            collective_timeout_s=self.settings.collective_timeout_s,
-            allowed_modules=self.settings.allowed_modules,
+            netns=self.settings.worker.worker_netns,
+            collective_timeout_s=self.settings.worker.collective_timeout_s,
+            allowed_modules=self.settings.limits.allowed_modules,
         )
         return handle
 
@@ -151,7 +151,7 @@ class HostTorchrun(Engine[HostJob]):
     def collect(self, handle: HostJob, job: ResolvedJob) -> Records:
         tail = handle.outcome.log_tail if handle.outcome else ""
         records = node_records(handle.run_dir, job, expected=job.ranks_per_node, log_tail=tail)
-        traces = read_traces(handle.run_dir, job.world_size, self.settings.max_trace_bytes) if job.spec.trace else {}
+        traces = read_traces(handle.run_dir, job.world_size, self.settings.server.max_trace_bytes) if job.spec.trace else {}
         return Records(records, traces)
 
     def log_tail(self, handle: HostJob) -> str:

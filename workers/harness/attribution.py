@@ -94,6 +94,14 @@ BACKEND_LABELS: dict[str, tuple[str, ...]] = {
 """Labels a request's backend event may carry besides its own kind. gloo runs reduce-scatter as
 an all-reduce; NCCL runs all-to-all and P2P as grouped send/recv kernels ("p2p")."""
 P2P = ("send", "recv")
+NCCL_PREFIXES = ("nccldevkernel_", "ncclkernel_", "nccl")
+"""What comes before the op in an NCCL kernel's name (lowered), newest naming first:
+`ncclDevKernel_AllReduce_Sum_f32_RING_LL` (NCCL 2.19 on), `ncclKernel_AllReduce_RING_LL_Sum_float`
+(2.7 to 2.18), `ncclAllReduceRingLLKernel_sum_f32` (before 2.7)."""
+NCCL_ANY = "nccl"
+"""The label of an NCCL kernel that can run any collective (`ncclDevKernel_Generic`, the kernel
+NCCL launches when no kernel is specialised for the op): any request matches it, in issue order
+(the kernels of a communicator run in the order their ops were issued)."""
 NCCL_KERNELS = (
     ("allreduce", "all_reduce"),
     ("allgather", "all_gather"),
@@ -103,6 +111,7 @@ NCCL_KERNELS = (
     ("send", "p2p"),
     ("recv", "p2p"),
     ("reduce", "reduce"),
+    ("generic", NCCL_ANY),
 )
 GLOO_LABELS = {"recvAnySource": "recv"}
 """gloo's event names that are not the request's kind: a receive from any source is a receive."""
@@ -218,12 +227,13 @@ class BackendEvent:
 
 
 def backend_label(name: str, cat: str) -> str | None:
-    """The op a backend event ran ("all_reduce", "send", "p2p", ...); None for other events."""
+    """The op a backend event ran ("all_reduce", "send", "p2p", ..., `NCCL_ANY` for a kernel that runs
+    any); None for other events."""
     if name.startswith("gloo:"):
         return GLOO_LABELS.get(name[5:], name[5:])
     lowered = name.lower()
     if cat == "kernel" and lowered.startswith("nccl"):
-        kernel = lowered.split("_", 1)[1] if "_" in lowered else lowered
+        kernel = next(lowered[len(p) :] for p in NCCL_PREFIXES if lowered.startswith(p))
         for needle, label in NCCL_KERNELS:
             if kernel.startswith(needle):
                 return label
@@ -246,7 +256,7 @@ def attribute(requests: list[CommRequest], trace_events: Sequence[TraceEvent]) -
     """Give each request the duration of its backend event (issue order, earliest unused match)."""
     events = backend_events(trace_events)
     for req in requests:
-        labels = BACKEND_LABELS.get(req.kind, (req.kind,))
+        labels = (*BACKEND_LABELS.get(req.kind, (req.kind,)), NCCL_ANY)
         for ev in events:
             if not ev.used and ev.label in labels:
                 ev.used = True

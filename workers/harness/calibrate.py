@@ -2,11 +2,19 @@
 
 Each measurement runs on all ranks together between barriers, and its time is the slowest rank's
 (one all-reduce MAX), so CPU ranks sharing cores — or GPUs sharing a host's PCIe — report what
-each gets while the others work, which is what a training job on the same ranks sees:
+each gets while the others work, which is what a training job on the same ranks sees. Each
+point is timed over at least `MIN_TIMED_S` of calls (the count agreed from the slowest rank's first
+call): CPU ranks that outnumber the cores are scheduled in slices of milliseconds, and three
+sub-millisecond GEMMs measured whether a rank happened to hold a core, not its share of one:
 
 - GEMM FLOP/s: (m×k)@(k×n) for every (k, n) of `gemm_shapes` (the workload's model, split by
   each TP degree) and every token count m, in each precision the device supports (the others are
   skipped and said so on stderr); 2·m·n·k FLOPs per call.
+- the workload's own block (the parallab family's dense decoder block), forward and backward at
+  the smallest token counts, in each precision and under each recomputation (none, selective,
+  full): what the planner times a block by where it is the block planned (no tensor or context
+  parallelism), since a training step's norms, rotary, activations, attention and autograd
+  bookkeeping cost far more on CPU ranks than their bytes over a large copy's bandwidth.
 - memory bandwidth: a 64 MiB copy, read + write.
 - op overhead: the host time of a one-element add, end to end; and what a linear on DTensors
   (a replicated input, a weight sharded over all ranks: tensor parallelism's dispatch) costs on
@@ -18,6 +26,7 @@ each gets while the others work, which is what a training job on the same ranks 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +34,15 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from parallab.core.hardware import BusbwPoint, DeviceDescription, HardwareProfile, MatmulPoint, precision_problem
+from parallab.core.hardware import (
+    BlockPoint,
+    BusbwPoint,
+    DeviceDescription,
+    HardwareProfile,
+    MatmulPoint,
+    block_signature,
+    precision_problem,
+)
 from parallab.core.interconnect import CollectivesOptions
 from parallab.core.model import ModelConfig
 from parallab.core.result import CollectivePoint
@@ -35,6 +52,11 @@ from workers.harness.amp import DTYPES
 
 COPY_BYTES = 64 * 1024 * 1024
 OVERHEAD_CALLS = 2000
+MIN_TIMED_S = 0.2
+"""Seconds of calls each point is timed over, at least (many scheduler slices of ranks sharing cores)."""
+BLOCK_TOKEN_COUNTS = 2
+"""The block is timed at this many of the smallest token counts (a run's tokens per forward are few)."""
+BLOCK_RECOMPUTE = ("none", "selective", "full")
 
 
 def _sync(device: torch.device) -> None:
@@ -51,10 +73,16 @@ def slowest(seconds: float, device: torch.device, world_size: int) -> float:
     return float(t.item())
 
 
-def timed(call: Callable[[], object], iters: int, device: torch.device, world_size: int) -> float:
-    """Seconds per call of `call`, all ranks together: one untimed call, a barrier, `iters` timed."""
+def timed(call: Callable[[], object], iters: int, device: torch.device, world_size: int, min_seconds: float = MIN_TIMED_S) -> float:
+    """Seconds per call of `call`, all ranks together: one untimed call (its slowest rank's time
+    sets the count: at least `iters`, and enough for `min_seconds`, one for a call that takes
+    longer), a barrier, that many timed."""
+    start = time.perf_counter()
     call()
     _sync(device)
+    first = slowest(time.perf_counter() - start, device, world_size)
+    if min_seconds > 0:
+        iters = max(1 if first >= min_seconds else iters, math.ceil(min_seconds / max(first, 1e-9)))
     if world_size > 1 and dist.is_initialized():
         dist.barrier()
     start = time.perf_counter()
@@ -87,6 +115,43 @@ def measure_matmuls(
                 seconds = timed(functools.partial(torch.matmul, a, b), options.matmul_iters, device, world_size)
                 points.append(MatmulPoint(precision=precision, m=m, n=n, k=k, flops_per_s=2 * m * n * k / seconds))
     return points
+
+
+def measure_blocks(
+    model: ModelConfig, options: CalibrateOptions, device: torch.device, world_size: int, describe: DeviceDescription
+) -> list[BlockPoint]:
+    """The workload's block, forward and backward, at the smallest token counts that are whole
+    sequences, in each precision the device supports and under each recomputation; none for a model
+    the parallab family does not build or for an MoE block (its routing varies with the data)."""
+    if model.family != "parallab" or model.is_moe or model.is_mla:
+        return []
+    from workers.harness.model import Block, rope_tables
+
+    counts = sorted(t for t in options.token_counts if t % model.seq_len == 0)[:BLOCK_TOKEN_COUNTS]
+    points = []
+    for precision in options.precisions:
+        if precision == "fp8" or precision_problem(precision, describe) is not None:
+            continue  # fp8's block is torchao's Float8Linear layers, not timed here
+        for recompute in BLOCK_RECOMPUTE:
+            torch.manual_seed(0)
+            block = Block(model, 0).to(device)
+            block.recompute = recompute  # what `apply_activation_checkpointing` sets on every block
+            cos, sin = rope_tables(torch.arange(model.seq_len, device=device), model.head_width, model.rope_theta)
+            for tokens in counts:
+                x = torch.randn(tokens // model.seq_len, model.seq_len, model.hidden_size, device=device, requires_grad=True)
+                step = functools.partial(block_step, block, x, torch.randn_like(x), cos, sin, precision)
+                seconds = timed(step, 1, device, world_size)
+                points.append(BlockPoint(precision=precision, recompute=recompute, tokens=tokens, seconds=seconds))
+    return points
+
+
+def block_step(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, precision: str) -> None:
+    """One block's forward and backward as a training step runs it: fresh gradients (a step's first
+    micro-step), autocast in a 16-bit precision, a dense gradient from above (the next block's)."""
+    block.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=gemm_dtype(precision), enabled=precision != "fp32"):
+        out = block(x, cos, sin)
+    out.backward(grad.to(out.dtype))
 
 
 def memory_bandwidth(device: torch.device, world_size: int) -> float:
@@ -159,6 +224,7 @@ def run_calibration(
 ) -> tuple[HardwareProfile, list[CollectivePoint]]:
     """The pool's profile and the collectives sweep's points (the same on every rank)."""
     matmul = measure_matmuls(model, options, device, world_size, describe)
+    blocks = measure_blocks(model, options, device, world_size, describe)
     bandwidth = memory_bandwidth(device, world_size)
     overhead = op_overhead(device, world_size)
     dtensor = dtensor_overhead(device, world_size) if dist.is_initialized() else None
@@ -176,5 +242,7 @@ def run_calibration(
         dtensor_op_overhead_s=dtensor,
         selective_op_overhead_s=selective,
         collectives=busbw_points(sweep),
+        blocks=blocks,
+        block_model=block_signature(model) if blocks else None,
     )
     return profile, sweep

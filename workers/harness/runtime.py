@@ -38,7 +38,8 @@ class RunContext:
     """Gradient-accumulation micro-steps per optimizer step (the workload's recipe)."""
     precision: Precision = "fp32"
     mesh: DeviceMesh | None = None
-    """The job's mesh: named dims dp, tp, pp, cp, ep — ("dp", "tp") for hybrid; None without one."""
+    """The job's mesh: its layout's dims of degree above one, named by `parallab.core.layout.MeshAxisName`
+    (("dp_shard", "tp") for hybrid); None without one."""
 
     @property
     def is_lead(self) -> bool:
@@ -55,13 +56,6 @@ class RunContext:
         if self.mesh is None or name not in names:
             raise RuntimeError(f"this rank's mesh has no {name!r} dim (dims: {', '.join(names) or 'none'})")
         return self.mesh[name] if self.mesh.ndim > 1 else self.mesh
-
-    def dp_coordinate(self) -> tuple[int, int]:
-        """(data-parallel degree, this rank's index) on the mesh's "dp" dim; (1, 0) without one."""
-        if self.mesh is None or "dp" not in (self.mesh.mesh_dim_names or ()):
-            return 1, 0
-        sub = self.mesh_dim("dp")
-        return sub.size(), sub.get_local_rank()
 
 
 def init_runtime(job: ResolvedJob) -> RunContext:
