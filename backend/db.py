@@ -30,7 +30,11 @@ def get_engine(url: str) -> Engine:
     kwargs: dict = {"pool_pre_ping": True, "json_serializer": json_dumps}
     parsed = make_url(url)
     if not (parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")):  # one shared connection there
-        kwargs.update(pool_size=settings.db_pool_size, max_overflow=settings.db_max_overflow, pool_timeout=settings.db_pool_timeout_s)
+        kwargs.update(
+            pool_size=settings.database.db_pool_size,
+            max_overflow=settings.database.db_max_overflow,
+            pool_timeout=settings.database.db_pool_timeout_s,
+        )
     if url.startswith("sqlite"):
         # The API serves from a thread pool; the worker writes from another process.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}

@@ -1,9 +1,9 @@
 """The Celery app's configuration, shared by the API (which only sends tasks by name) and the
 worker (which registers them in `workers.celery_app`). No torch, no training code here.
 
-Queues: pool P is consumed from `<settings.queue>.<P>` (e.g. `parallab.cpu`,
+Queues: pool P is consumed from `<settings.broker.queue>.<P>` (e.g. `parallab.cpu`,
 `parallab.h100x8`) by every worker of that pool; each worker also consumes its own queue
-`<settings.queue>.worker.<id>`, where the worker that leads a multi-node job sends each reserved
+`<settings.broker.queue>.worker.<id>`, where the worker that leads a multi-node job sends each reserved
 host its part.
 """
 
@@ -24,11 +24,11 @@ RUN_NODE_TASK = "parallab.run_node"
 
 
 def pool_queue(settings: Settings, pool: str) -> str:
-    return f"{settings.queue}.{pool}"
+    return f"{settings.broker.queue}.{pool}"
 
 
 def worker_queue(settings: Settings, worker_id: str) -> str:
-    return f"{settings.queue}.worker.{worker_id}"
+    return f"{settings.broker.queue}.worker.{worker_id}"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -43,7 +43,7 @@ def make_celery(settings: Settings) -> Celery:
         task_track_started=True,
         worker_prefetch_multiplier=1,
         worker_concurrency=1,
-        task_default_queue=pool_queue(settings, settings.pool or settings.default_pool or "cpu"),
+        task_default_queue=pool_queue(settings, settings.worker.pool or settings.worker.default_pool or "cpu"),
         broker_connection_retry_on_startup=True,
         # A broker blip must not end the worker: keep reconnecting (None: for ever), and let a
         # running job go on while the connection is down (its lease lives in the database).
@@ -54,7 +54,7 @@ def make_celery(settings: Settings) -> Celery:
     if settings.celery_broker_url.startswith(("redis", "rediss")):
         app.conf.broker_transport_options = {
             # Longer than the longest job, or Redis would hand an unacked job to a second worker.
-            "visibility_timeout": settings.max_job_seconds * 2 + 600,
+            "visibility_timeout": settings.worker.max_job_seconds * 2 + 600,
             # A dead or hung Redis answers within seconds (the API's 503), never hangs a request.
             "socket_connect_timeout": 5,
             "socket_timeout": 15,
@@ -93,12 +93,14 @@ def _send(settings: Settings, task: str, args: list[object], *, queue: str, atte
 
 def enqueue_run(settings: Settings, run_id: str, *, pool: str | None = None, attempts: int = 3) -> None:
     """Queue a run on its pool's queue; called only after the run row is committed."""
-    _send(settings, RUN_JOB_TASK, [run_id], queue=pool_queue(settings, pool or settings.default_pool or "cpu"), attempts=attempts)
+    _send(settings, RUN_JOB_TASK, [run_id], queue=pool_queue(settings, pool or settings.worker.default_pool or "cpu"), attempts=attempts)
 
 
 def send_node(settings: Settings, *, worker_id: str, run_id: str, node_rank: int) -> None:
     """Tell a reserved worker to start its part of a multi-node run (the message expires with the reservation)."""
-    _send(settings, RUN_NODE_TASK, [run_id, node_rank], queue=worker_queue(settings, worker_id), expires=settings.reservation_timeout_s)
+    _send(
+        settings, RUN_NODE_TASK, [run_id, node_rank], queue=worker_queue(settings, worker_id), expires=settings.worker.reservation_timeout_s
+    )
 
 
 def queue_lengths(settings: Settings, pools: list[str]) -> dict[str, int | None]:

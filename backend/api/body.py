@@ -75,7 +75,7 @@ class BoundedBodies:
         if not declared and "chunked" not in headers.get("transfer-encoding", ""):
             await self.app(scope, receive, send)  # no body
             return
-        limit = settings_for(scope).max_request_bytes
+        limit = settings_for(scope).server.max_request_bytes
         too_large = f"request bodies are limited to {limit} bytes"
         if declared.isdigit() and int(declared) > limit:
             await _answer(send, 413, too_large)

@@ -2,7 +2,7 @@
 bound to the login session.
 
 The cookie holds a random nonce (HttpOnly, SameSite=Strict); each form carries the nonce and a
-digest of the login session's cookie, signed with `settings.secret_key` (itsdangerous,
+digest of the login session's cookie, signed with `settings.security.secret_key` (itsdangerous,
 timestamped). A POST is accepted only when the signed field verifies, is fresh, names the nonce in
 this browser's cookie and the login session the request carries — a page on another origin can
 neither read the cookie nor forge the signature, and a token taken from one session (another

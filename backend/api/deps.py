@@ -127,13 +127,13 @@ def gate(request: Request, principal: CurrentUser) -> None:
     with a login session, not a token, must carry the page's CSRF token in the X-CSRF-Token header."""
     if request.url.path in PUBLIC_PATHS:
         return
-    if request.url.path in DOCS_PATHS and _settings(request).docs_public:
+    if request.url.path in DOCS_PATHS and _settings(request).security.docs_public:
         return
     if not principal.may("read"):
         deny(request, principal, "this needs a login")
     if principal.via == "session" and is_api(request) and request.method not in SAFE_METHODS:
         try:
-            csrf.verify(request, request.headers.get(CSRF_HEADER), _settings(request).secret_key)
+            csrf.verify(request, request.headers.get(CSRF_HEADER), _settings(request).security.secret_key)
         except csrf.CSRFError as exc:
             raise Forbidden(f"{CSRF_HEADER}: {exc}") from None
 

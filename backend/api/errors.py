@@ -68,7 +68,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(PoolTimeout)
     async def _no_connection(_: Request, exc: Exception) -> JSONResponse:
-        # Every pooled connection stayed busy for the pool's timeout (settings.db_pool_timeout_s):
+        # Every pooled connection stayed busy for the pool's timeout (settings.database.db_pool_timeout_s):
         # the server is saturated, not broken; the client may retry.
         return JSONResponse(
             status_code=503,

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def period_s(settings: Settings) -> float:
     """Seconds between two rounds (0: the loop is off)."""
-    return settings.worker_ttl_s / 2 if settings.lease_check_s is None else settings.lease_check_s
+    return settings.worker.worker_ttl_s / 2 if settings.worker.lease_check_s is None else settings.worker.lease_check_s
 
 
 def reconcile_once(settings: Settings) -> list[str]:

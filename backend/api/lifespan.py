@@ -53,7 +53,7 @@ async def _watch_bind() -> None:
 
 def seed_admin(settings: Settings) -> None:
     """The admin named by PARALLAB_ADMIN_EMAIL / PARALLAB_ADMIN_PASSWORD, created once (read at start-up)."""
-    if not (settings.admin_email and settings.admin_password):
+    if not (settings.security.admin_email and settings.security.admin_password):
         return
     from sqlalchemy.exc import IntegrityError
 
@@ -62,22 +62,26 @@ def seed_admin(settings: Settings) -> None:
 
     try:
         with session_scope(settings.sqlalchemy_url) as session:
-            created = auth.seed_admin(session=session, email=settings.admin_email, password=settings.admin_password.get_secret_value())
+            created = auth.seed_admin(
+                session=session, email=settings.security.admin_email, password=settings.security.admin_password.get_secret_value()
+            )
     except IntegrityError:
         # `uvicorn --workers N` starts N processes at once: another one created the admin between
         # this one's look-up and its insert (the email is unique). Nothing is left to do.
         return
     if created:
-        log.warning("created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.admin_email)
+        log.warning(
+            "created the admin %s from PARALLAB_ADMIN_EMAIL; change its password after the first login", settings.security.admin_email
+        )
 
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = settings_for({"app": app})
     watch: asyncio.Task[None] | None = None
-    if settings.secret_key == PLACEHOLDER_SECRET:
+    if settings.security.secret_key == PLACEHOLDER_SECRET:
         if not settings.local_mode:
-            raise RuntimeError(placeholder_message(f"configured for {settings.host} (PARALLAB_HOST)"))
+            raise RuntimeError(placeholder_message(f"configured for {settings.server.host} (PARALLAB_HOST)"))
         exposed = network_listeners(fresh=True)
         if exposed:
             raise RuntimeError(placeholder_message(f"listening on {', '.join(exposed)}"))
@@ -88,17 +92,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Upload threads are CPU-bound: a shorter GIL slice lets the event loop's thread
     # answer between their bytecodes instead of waiting 5 ms at each socket call.
     switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000)
     # Everything made so far lives as long as the process: frozen, the collector's gen-2 passes
     # (one C call holding the GIL) walk only what requests made since.
-    if settings.gc_freeze:
+    if settings.server.gc_freeze:
         gc.freeze()
     try:
         async with lease_keeper(settings):
             yield
     finally:
         sys.setswitchinterval(switch_interval)
-        if settings.gc_freeze:
+        if settings.server.gc_freeze:
             gc.unfreeze()
         if watch is not None:
             watch.cancel()

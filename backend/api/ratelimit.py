@@ -182,14 +182,15 @@ def upload_rate_limit(
     request: Request, response: Response, settings: SettingsDep, token: Annotated[str | None, Depends(bearer_token)]
 ) -> None:
     """Take one upload from this token's bucket; 429 with Retry-After when it is empty."""
-    if not token or settings.upload_rate_per_minute <= 0:
+    if not token or settings.security.upload_rate_per_minute <= 0:
         return
     key = hashlib.sha256(token.encode()).hexdigest()
-    answer = _buckets(request, settings, "upload", settings.upload_rate_per_minute, settings.upload_burst).take(key)
+    answer = _buckets(request, settings, "upload", settings.security.upload_rate_per_minute, settings.security.upload_burst).take(key)
     if not answer.allowed:
         raise HTTPException(
             status.HTTP_429_TOO_MANY_REQUESTS,
-            detail=f"this token may upload {settings.upload_burst} results at once and {settings.upload_rate_per_minute:g} per minute; "
+            detail=f"this token may upload {settings.security.upload_burst} results at once and "
+            f"{settings.security.upload_rate_per_minute:g} per minute; "
             f"retry in {answer.headers()['Retry-After']} s",
             headers=answer.headers(),
         )

@@ -193,7 +193,7 @@ class SecurityMiddleware:
     @staticmethod
     def refusal(scope: Scope, settings: Settings, local: bool) -> tuple[int, bytes] | None:
         """(status, JSON body) when the request must not reach the app."""
-        if not local and settings.secret_key == PLACEHOLDER_SECRET:
+        if not local and settings.security.secret_key == PLACEHOLDER_SECRET:
             return _refusal(
                 503, "PARALLAB_SECRET_KEY still holds its placeholder; this server refuses to serve beyond loopback until it is set"
             )

@@ -103,7 +103,7 @@ def test_invalid_document_is_422_naming_the_field_and_nothing_is_written(client,
 
 
 def test_oversized_upload_is_413(client, settings) -> None:
-    settings.max_upload_bytes = 2048
+    settings.server.max_upload_bytes = 2048
     big = copy.deepcopy(DOCUMENT)
     big["environment"]["padding"] = "x" * 4096
     response = client.post("/api/v1/results", json=big, headers=token(settings, "upload"))

@@ -59,7 +59,7 @@ def test_the_resolved_job_is_frozen_at_submission_and_its_spec_resubmits_to_the_
 
 
 def test_an_unreachable_queue_is_503_and_the_run_is_failed_not_left_queued(client, settings) -> None:
-    settings.broker_url = f"sqla+sqlite:///{settings.resolved_home}/no-such-dir/broker.db"  # the transport cannot open it
+    settings.broker.broker_url = f"sqla+sqlite:///{settings.resolved_home}/no-such-dir/broker.db"  # the transport cannot open it
     response = client.post("/api/v1/runs", json=VALID)
     assert response.status_code == 503 and "queue" in response.json()["detail"]
     with session_scope(settings.sqlalchemy_url) as session:
@@ -207,7 +207,7 @@ def test_trace_of_a_run_without_one_is_404(client) -> None:
 
 
 def test_outside_local_mode_submitting_needs_a_token(client, settings) -> None:
-    settings.host, settings.secret_key = "0.0.0.0", "a-real-secret"
+    settings.server.host, settings.security.secret_key = "0.0.0.0", "a-real-secret"
     assert client.post("/api/v1/runs", json=VALID).status_code == 401
     assert run_count(settings.sqlalchemy_url) == 0
 

@@ -74,7 +74,7 @@ def test_every_route_answers_a_deeply_nested_body_422(client, settings, name, me
 
 @ON_SQLITE
 def test_a_body_over_the_request_limit_is_413_whether_declared_or_streamed(client, settings) -> None:
-    settings.max_request_bytes = 4096
+    settings.server.max_request_bytes = 4096
     spec = {"workload": {"model": "tiny", "steps": 1}, "strategy": {"name": "single", "world_size": 1}, "name": "x" * 5000}
     declared = client.post("/api/v1/runs", json=spec)
     assert declared.status_code == 413 and "limited to 4096 bytes" in declared.json()["detail"]

@@ -57,8 +57,8 @@ def test_a_planted_change_fails_the_job_until_it_is_accepted(settings, tmp_path:
 
 
 def test_the_report_of_a_shared_server_is_read_with_a_token(settings, tmp_path: Path) -> None:
-    settings.allow_local_mode = False  # a lab's shared server: no API call without a session or a token
-    settings.secret_key = "ci-report-secret"  # which such a server must have
+    settings.security.allow_local_mode = False  # a lab's shared server: no API call without a session or a token
+    settings.security.secret_key = "ci-report-secret"  # which such a server must have
     bearer = member(settings, "grace@lab.org")["Authorization"].removeprefix("Bearer ")
     path, ids = tmp_path / "result.json", tmp_path / "series.txt"
     path.write_text(json.dumps(with_counters(document(commit="ffff001"))))

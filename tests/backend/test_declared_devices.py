@@ -56,7 +56,7 @@ def test_the_form_the_workers_page_and_the_planner_count_the_pools_declared_devi
     client, settings, monkeypatch, source: Callable[[pytest.MonkeyPatch], None]
 ) -> None:
     info = describe(settings, pool="cpu")  # this host's worker, as `parallab worker` registers it
-    assert info.device == "cpu" and info.device_count == settings.max_world_size > 2  # not the calibration's 2 ranks
+    assert info.device == "cpu" and info.device_count == settings.limits.max_world_size > 2  # not the calibration's 2 ranks
     with session_scope(settings.sqlalchemy_url) as session:
         fleet.register(session=session, info=info)
     store_calibration(settings, "cpu")  # a calibration run at 2 ranks

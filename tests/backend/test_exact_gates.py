@@ -148,7 +148,7 @@ def test_an_upload_of_another_config_never_joins_the_comparison(client, settings
 
 
 def test_accept_is_refused_for_another_member_and_for_a_metric_that_did_not_change(client, settings) -> None:
-    settings.allow_local_mode, settings.secret_key = False, "gates-test-secret"
+    settings.security.allow_local_mode, settings.security.secret_key = False, "gates-test-secret"
     ada = member(settings, "ada@lab.org")
     bob = member(settings, "bob@lab.org")
     upload(client, ada, with_counters(document(commit="dddd001")))

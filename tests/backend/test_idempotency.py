@@ -20,7 +20,7 @@ UPLOADERS = 20
 
 
 def test_twenty_parallel_uploads_with_one_key_store_one_run(client, settings) -> None:
-    settings.upload_queue = UPLOADERS  # room for all of them: none is turned away
+    settings.server.upload_queue = UPLOADERS  # room for all of them: none is turned away
     headers = {**token(settings, "upload"), "Idempotency-Key": "ci-build-race"}
     start = threading.Barrier(UPLOADERS)
 
@@ -39,7 +39,7 @@ def test_twenty_parallel_uploads_with_one_key_store_one_run(client, settings) ->
 
 def test_twenty_parallel_uploads_with_one_key_over_a_short_queue_answer_the_run_or_a_clean_503(client, settings) -> None:
     """Those turned away get 503 with Retry-After and nothing stored; their retries get the one run."""
-    settings.upload_concurrency, settings.upload_queue = 2, 3
+    settings.server.upload_concurrency, settings.server.upload_queue = 2, 3
     headers = {**token(settings, "upload"), "Idempotency-Key": "ci-build-busy"}
     start = threading.Barrier(UPLOADERS)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from backend.config import ServerLimits, Settings, environment_names
 from backend.models import Run
-from backend.services.runs import limits, validate_spec
+from backend.services.runs import validate_spec
 from parallab.core.jobs import Limits, resolve_job
 from parallab.core.problems import SpecError
 from parallab.core.spec import JobSpec
@@ -54,7 +55,7 @@ def test_each_ceiling_is_a_422_naming_the_field_and_the_limit(client, settings, 
     assert response.status_code == 422, response.text
     problems = {tuple(d["loc"]): d["msg"] for d in response.json()["detail"]}
     assert ("body", *loc) in problems, problems
-    limit = getattr(settings, setting)
+    limit = getattr(settings.limits, setting)
     assert f"above the server's limit of {limit}" in problems[("body", *loc)]
     assert count(settings, Run) == 0
 
@@ -62,7 +63,7 @@ def test_each_ceiling_is_a_422_naming_the_field_and_the_limit(client, settings, 
 def test_a_ceiling_is_a_setting(client, settings) -> None:
     spec = spec_with({"workload": {"warmup_steps": 50}})
     assert client.post("/api/v1/runs", json=spec).status_code == 202
-    settings.max_warmup_steps = 10
+    settings.limits = settings.limits.model_copy(update={"max_warmup_steps": 10})
     response = client.post("/api/v1/runs", json=spec)
     assert response.status_code == 422 and "limit of 10" in response.json()["detail"][0]["msg"]
 
@@ -95,19 +96,19 @@ def test_a_preset_default_counts_as_asked_for(settings) -> None:
 
 
 def test_the_api_refuses_a_job_predicted_above_the_memory_per_rank(client, settings) -> None:
-    settings.max_memory_per_rank_bytes = 1 << 20  # 1 MiB: not even `tiny` fits
+    settings.worker.max_memory_per_rank_bytes = 1 << 20  # 1 MiB: not even `tiny` fits
     response = client.post("/api/v1/runs", json=spec_with({}))
     assert response.status_code == 422
     detail = response.json()["detail"][0]
     assert detail["loc"] == ["body", "workload", "model"]
     assert "per rank" in detail["msg"] and "PARALLAB_MAX_MEMORY_PER_RANK_BYTES" in detail["msg"]
     assert count(settings, Run) == 0
-    settings.max_memory_per_rank_bytes = 1 << 40
+    settings.worker.max_memory_per_rank_bytes = 1 << 40
     assert client.post("/api/v1/runs", json=spec_with({})).status_code == 202
 
 
 def test_the_form_and_the_api_share_one_memory_check(client, settings) -> None:
-    settings.max_memory_per_rank_bytes = 1 << 20
+    settings.worker.max_memory_per_rank_bytes = 1 << 20
     api = client.post("/api/v1/runs", json=spec_with({})).json()["detail"][0]["msg"]
     form = client.get("/runs/new/plan.json", params={"model": "tiny", "strategy": "ddp", "world_size": "2", "steps": "3"}).json()
     assert form["ok"] is False and form["errors"]["model"] == [api]
@@ -127,7 +128,7 @@ def test_in_local_mode_the_ranks_share_this_hosts_memory(settings) -> None:
 
 
 def test_the_collectives_sweep_is_held_to_its_buffers(settings) -> None:
-    settings.max_memory_per_rank_bytes = 64 << 20
+    settings.worker.max_memory_per_rank_bytes = 64 << 20
     small = JobSpec.model_validate({"strategy": {"name": "collectives", "world_size": 2, "options": {"max_bytes": 16 << 20}}})
     big = JobSpec.model_validate({"strategy": {"name": "collectives", "world_size": 2, "options": {"max_bytes": 1 << 30}}})
     validate_spec(spec=small, settings=settings)
@@ -135,13 +136,15 @@ def test_the_collectives_sweep_is_held_to_its_buffers(settings) -> None:
         validate_spec(spec=big, settings=settings)
 
 
-def test_every_ceiling_in_settings_reaches_the_limits(settings) -> None:
-    """A setting added without wiring it into `limits()` would silently not apply."""
-    bound = limits(settings)
-    for name in Limits.__dataclass_fields__:
-        if name.startswith("max_"):
-            assert getattr(bound, name) == getattr(settings, name), name
-    assert bound.whose == "the server's"
+def test_every_ceiling_of_a_job_is_a_setting_with_the_servers_default(settings) -> None:
+    """`settings.limits` is the `Limits` a submission is checked against; a ceiling added to `Limits`
+    without a server default would be None there (no limit) and no variable would set it."""
+    ceilings = [name for name in Limits.model_fields if name.startswith("max_")]
+    assert isinstance(settings.limits, Limits) and len(ceilings) == 13
+    for name in ceilings:
+        assert getattr(ServerLimits(), name) is not None, f"{name}: no server default (a job would be unlimited)"
+        assert environment_names(Settings)[name] == ("limits", name)
+    assert settings.limits.whose == "the server's"
 
 
 @pytest.mark.parametrize(

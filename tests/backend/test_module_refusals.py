@@ -27,9 +27,9 @@ def refusals(spec: dict, limits: Limits = LISTED) -> list[tuple[tuple, str]]:
 
 
 def test_the_allow_list_is_comma_separated_callables_and_empty_by_default(monkeypatch):
-    assert Settings().allowed_modules == frozenset()
+    assert Settings().limits.allowed_modules == frozenset()
     monkeypatch.setenv("PARALLAB_ALLOWED_MODULES", " examples.lab_model:build, mylab.models:gpt ,")
-    assert Settings().allowed_modules == {"examples.lab_model:build", "mylab.models:gpt"}
+    assert Settings().limits.allowed_modules == {"examples.lab_model:build", "mylab.models:gpt"}
 
 
 @pytest.mark.parametrize(

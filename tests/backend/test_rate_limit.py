@@ -13,7 +13,7 @@ ON_SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 @ON_SQLITE
 def test_a_token_past_its_burst_gets_429_with_retry_after(client, settings) -> None:
-    settings.upload_burst, settings.upload_rate_per_minute = 3, 1.0
+    settings.security.upload_burst, settings.security.upload_rate_per_minute = 3, 1.0
     ci = token(settings, "upload")
     remaining = []
     for _ in range(3):
@@ -34,14 +34,14 @@ def test_a_token_past_its_burst_gets_429_with_retry_after(client, settings) -> N
 
 @ON_SQLITE
 def test_a_bad_token_is_401_not_counted(client, settings) -> None:
-    settings.upload_burst, settings.upload_rate_per_minute = 1, 1.0
+    settings.security.upload_burst, settings.security.upload_rate_per_minute = 1, 1.0
     for _ in range(3):
         assert client.post("/api/v1/results", json=DOCUMENT, headers={"Authorization": "Bearer plb_nope"}).status_code == 401
 
 
 @ON_SQLITE
 def test_rate_zero_turns_the_limit_off(client, settings) -> None:
-    settings.upload_burst, settings.upload_rate_per_minute = 1, 0.0
+    settings.security.upload_burst, settings.security.upload_rate_per_minute = 1, 0.0
     ci = token(settings, "upload")
     assert [client.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code for _ in range(3)] == [201] * 3
 
@@ -63,8 +63,8 @@ def test_the_bucket_refills_at_the_rate() -> None:
 def test_while_redis_is_down_the_limit_holds_per_process(client, settings, caplog) -> None:
     """Fail closed: with the broker's Redis unreachable, each API process keeps its own buckets
     (a token gets at most its burst here), rather than letting every upload through."""
-    settings.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
-    settings.upload_burst, settings.upload_rate_per_minute = 2, 1.0
+    settings.broker.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings.security.upload_burst, settings.security.upload_rate_per_minute = 2, 1.0
     ci = token(settings, "upload")
     codes = [client.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code for _ in range(4)]
     assert codes == [201, 201, 429, 429]

@@ -92,7 +92,7 @@ def test_a_group_is_resolved_once_and_each_run_stores_what_its_own_spec_resolves
     with session_scope(settings.sqlalchemy_url) as session:
         for run_id in ids:
             run = session.get(Run, run_id)
-            alone = resolve_job(JobSpec.model_validate(run.spec), run_service.limits(settings))
+            alone = resolve_job(JobSpec.model_validate(run.spec), settings.limits)
             assert run.job == alone.model_dump(mode="json"), "the copied job differs from its own spec's"
             assert run.job["spec"]["repeat"] == run.spec["repeat"] and run.spec["repeat"]["of"] == 3
 

@@ -146,7 +146,7 @@ def test_runs_and_the_leaderboard_filter_by_and_show_the_uploader(client, settin
 
 
 def test_a_member_cannot_cancel_another_members_run_but_an_admin_can(client, settings) -> None:
-    settings.allow_local_mode, settings.secret_key = False, "series-test-secret"  # off loopback a real secret is required
+    settings.security.allow_local_mode, settings.security.secret_key = False, "series-test-secret"  # off loopback a real secret is required
     ada = member(settings, "ada@lab.org", scopes=("submit",))
     bo = member(settings, "bo@lab.org", scopes=("submit",))
     root = member(settings, "root@lab.org", role="admin", scopes=("admin",))
@@ -162,7 +162,7 @@ def test_a_member_cannot_cancel_another_members_run_but_an_admin_can(client, set
 def test_a_member_cannot_switch_off_another_members_regression_detection(client, settings) -> None:
     """The request that changed another member's series: window 2, a baseline branch that does not
     exist and min_change 0.99. Refused (403) with nothing changed; the owner and an admin may."""
-    settings.allow_local_mode, settings.secret_key = False, "series-test-secret"
+    settings.security.allow_local_mode, settings.security.secret_key = False, "series-test-secret"
     ada = member(settings, "ada@lab.org")
     bo = member(settings, "bo@lab.org")
     root = member(settings, "root@lab.org", role="admin", scopes=("admin",))
@@ -194,7 +194,7 @@ def form_token(client, path: str = "/login") -> str:
 
 @pytest.mark.parametrize(("host", "secure"), [("127.0.0.1", False), ("10.1.2.3", True)])
 def test_login_sets_an_httponly_samesite_cookie_secure_off_loopback_and_logout_ends_it(client, settings, host, secure) -> None:
-    settings.allow_local_mode, settings.host, settings.secret_key = False, host, "series-test-secret"
+    settings.security.allow_local_mode, settings.server.host, settings.security.secret_key = False, host, "series-test-secret"
     member(settings, "ada@lab.org")
     assert client.get("/", follow_redirects=False).headers["location"] == "/login?next=%2F"
     if secure:  # off loopback the CSRF cookie is Secure too; httpx sends Secure cookies over https only,
@@ -224,7 +224,7 @@ def test_login_sets_an_httponly_samesite_cookie_secure_off_loopback_and_logout_e
 
 
 def test_a_member_makes_a_token_on_the_tokens_page_shown_once(client, settings) -> None:
-    settings.allow_local_mode, settings.secret_key = False, "series-test-secret"
+    settings.security.allow_local_mode, settings.security.secret_key = False, "series-test-secret"
     member(settings, "ada@lab.org")
     token = form_token(client)
     client.post("/login", data={"csrf_token": token, "email": "ada@lab.org", "password": PASSWORD})
@@ -256,7 +256,7 @@ def test_the_series_page_draws_the_history_and_marks_the_alert(client, settings)
 
 
 def test_csrf_guards_api_writes_made_with_a_login_session(client, settings) -> None:
-    settings.allow_local_mode, settings.secret_key = False, "series-test-secret"
+    settings.security.allow_local_mode, settings.security.secret_key = False, "series-test-secret"
     member(settings, "ada@lab.org")
     client.post("/login", data={"csrf_token": form_token(client), "email": "ada@lab.org", "password": PASSWORD})
     spec = {"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}}

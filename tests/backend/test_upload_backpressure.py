@@ -72,7 +72,7 @@ def test_a_full_queue_refuses_at_once_and_frees_its_place() -> None:
 
 
 def test_an_upload_over_a_full_queue_is_503_with_retry_after_and_stores_nothing(client, settings) -> None:
-    settings.upload_concurrency, settings.upload_queue, settings.upload_retry_after_s = 1, 0, 4
+    settings.server.upload_concurrency, settings.server.upload_queue, settings.server.upload_retry_after_s = 1, 0, 4
     ci = {**token(settings, "upload"), "Idempotency-Key": "busy-1"}
     with busy_threads(upload_pool(threads=1, queue=0)):
         refused = client.post("/api/v1/results", json=DOCUMENT, headers=ci)
@@ -90,7 +90,7 @@ def test_uploads_waiting_for_a_thread_hold_no_database_connection(client, settin
     """Ten uploads queue behind a busy thread: the pool lends none of them a connection meanwhile
     (each took one for its token check, and gave it back before it queued)."""
     waiting = 10
-    settings.upload_concurrency, settings.upload_queue = 1, waiting
+    settings.server.upload_concurrency, settings.server.upload_queue = 1, waiting
     pool = upload_pool(threads=1, queue=waiting)
     headers = [token(settings, "upload") for _ in range(waiting)]
     for h in headers:  # a token's first use is recorded in a commit of its own, which would give the connection back anyway
@@ -149,9 +149,9 @@ def test_an_upload_whose_answer_cannot_be_built_at_all_is_a_503_naming_its_run(c
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_request_that_finds_no_free_connection_is_503_after_the_pools_timeout_not_500(client, settings) -> None:
     engine = get_engine(settings.sqlalchemy_url)
-    assert engine.pool.timeout() == get_settings().db_pool_timeout_s  # type: ignore[attr-defined]
+    assert engine.pool.timeout() == get_settings().database.db_pool_timeout_s  # type: ignore[attr-defined]
     ci = token(settings, "upload")
-    held = [engine.connect() for _ in range(get_settings().db_pool_size + get_settings().db_max_overflow)]
+    held = [engine.connect() for _ in range(get_settings().database.db_pool_size + get_settings().database.db_max_overflow)]
     try:
         response = client.post("/api/v1/results", json=DOCUMENT, headers={**ci, "Idempotency-Key": "no-connection"})
     finally:

@@ -66,7 +66,7 @@ def document(tmp_path: Path) -> Path:
 
 @ON_POSTGRES
 def test_a_busy_server_is_retried_after_its_retry_after_and_the_result_stored_once(settings, tmp_path) -> None:
-    settings.upload_concurrency, settings.upload_queue, settings.upload_retry_after_s = 1, 0, 1
+    settings.server.upload_concurrency, settings.server.upload_queue, settings.server.upload_retry_after_s = 1, 0, 1
     bearer = token(settings, "upload")["Authorization"].split()[1]
     with served(settings) as server:
         with busy_threads(upload_pool(threads=1, queue=0)):
@@ -99,7 +99,7 @@ def test_a_server_that_comes_up_late_is_retried_and_a_retry_of_a_stored_upload_i
 
 @ON_POSTGRES
 def test_retries_are_bounded(settings, tmp_path) -> None:
-    settings.upload_concurrency, settings.upload_queue, settings.upload_retry_after_s = 1, 0, 1
+    settings.server.upload_concurrency, settings.server.upload_queue, settings.server.upload_retry_after_s = 1, 0, 1
     bearer = token(settings, "upload")["Authorization"].split()[1]
     with served(settings) as server, busy_threads(upload_pool(threads=1, queue=0)):
         code, err = Cli(str(document(tmp_path)), "--server", server.url, "--token", bearer, "--retries", "2").finish()

@@ -18,11 +18,11 @@ def test_an_upload_is_parsed_and_stored_in_the_upload_pool(client, settings, mon
         return parse(body)
 
     monkeypatch.setattr(results, "parse_documents", spy)
-    settings.upload_concurrency = 3
+    settings.server.upload_concurrency = 3
     response = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
     assert response.status_code == 201, response.text
     assert seen and seen[0].startswith("parallab-upload"), seen
-    assert upload_pool(threads=3, queue=settings.upload_queue).executor._max_workers == 3
+    assert upload_pool(threads=3, queue=settings.server.upload_queue).executor._max_workers == 3
     again = client.post("/api/v1/results", json=DOCUMENT, headers={**token(settings, "upload"), "Idempotency-Key": "pool-1"})
     assert again.status_code == 200 and again.json()["id"] == response.json()["id"], "a replay still answers 200 with the first run"
     assert "ratelimit-remaining" in response.headers, "the rate limiter's headers survive the answer built in the pool"
@@ -62,7 +62,7 @@ def test_the_api_process_hands_the_gil_over_in_short_slices(settings) -> None:
     from backend.config import get_settings
 
     before = sys.getswitchinterval()
-    settings.gil_switch_interval_ms = 0.25
+    settings.server.gil_switch_interval_ms = 0.25
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: settings
     with TestClient(app):
@@ -84,6 +84,6 @@ def test_the_api_process_freezes_what_start_up_made(settings) -> None:
     with TestClient(app):
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
-    settings.gc_freeze = False
+    settings.server.gc_freeze = False
     with TestClient(app):
         assert gc.get_freeze_count() == 0

@@ -173,7 +173,7 @@ def test_ranks_are_held_to_the_documents_world_size_and_nothing_is_stored(upload
 def test_another_members_upload_for_the_same_repository_and_branch_starts_its_own_series(client, settings) -> None:
     """Member B names A's repository and branch at half A's throughput: B's results go to B's own
     series, A's series holds only A's, and A's next result is judged against A's baseline alone."""
-    settings.allow_local_mode, settings.secret_key = False, "trust-test-secret"
+    settings.security.allow_local_mode, settings.security.secret_key = False, "trust-test-secret"
     ada, bo = member(settings, "ada@lab.org"), member(settings, "bo@lab.org")
     own = [upload_as(client, ada, ci_document(tokens_per_s=tps, commit=f"a{i:06d}")) for i, tps in enumerate((1000.0, 1010.0, 990.0))]
     assert len({u["series_id"] for u in own}) == 1

@@ -51,7 +51,7 @@ def two_processes(settings: Settings) -> tuple[TestClient, TestClient]:
 
 @ON_SQLITE
 def test_with_a_redis_broker_the_upload_rate_is_one_budget_across_api_processes(settings: Settings) -> None:
-    settings.broker_url, settings.upload_burst, settings.upload_rate_per_minute = REDIS_URL, 3, 1.0
+    settings.broker.broker_url, settings.security.upload_burst, settings.security.upload_rate_per_minute = REDIS_URL, 3, 1.0
     first, second = two_processes(settings)
     ci = token(settings, "upload")
     answers = [(first if i % 2 == 0 else second).post("/api/v1/results", json=DOCUMENT, headers=ci) for i in range(4)]
@@ -62,7 +62,11 @@ def test_with_a_redis_broker_the_upload_rate_is_one_budget_across_api_processes(
 
 @ON_SQLITE
 def test_with_redis_away_each_process_keeps_its_own_budget(settings: Settings) -> None:
-    settings.broker_url, settings.upload_burst, settings.upload_rate_per_minute = f"redis://127.0.0.1:{free_port()}/0", 1, 1.0
+    settings.broker.broker_url, settings.security.upload_burst, settings.security.upload_rate_per_minute = (
+        f"redis://127.0.0.1:{free_port()}/0",
+        1,
+        1.0,
+    )
     first, second = two_processes(settings)
     ci = token(settings, "upload")
     assert first.post("/api/v1/results", json=DOCUMENT, headers=ci).status_code == 201

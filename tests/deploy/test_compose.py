@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from backend.config import Settings
+from backend.config import Settings, environment_names
 from tests.deploy.compose import (
     COMPOSE,
     ENV_EXAMPLE,
@@ -30,7 +30,7 @@ from tests.deploy.compose import (
     variables,
 )
 
-SETTINGS = {f"PARALLAB_{name.upper()}" for name in Settings.model_fields}
+SETTINGS = {f"PARALLAB_{name.upper()}" for name in environment_names(Settings)}
 SECRETS = ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "PARALLAB_SECRET_KEY")
 ALWAYS_ON = {"postgres", "redis", "migrate", "api", "worker-gpu"}
 """What `docker compose up` starts with no profile."""

@@ -122,7 +122,7 @@ def test_the_full_document_is_accepted(client, settings) -> None:
 
 
 def test_no_hostile_field_gives_a_server_error(client, settings) -> None:
-    settings.upload_rate_per_minute = 0
+    settings.security.upload_rate_per_minute = 0
     headers = {**token(settings, "upload"), "content-type": "application/json"}
     failures, accepted = [], 0
     for name, path, bad, where in ATTACKS:

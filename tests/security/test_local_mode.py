@@ -57,14 +57,14 @@ def test_the_loopback_names_are_served(local, host) -> None:
 
 def test_outside_local_mode_any_host_is_served(local, settings) -> None:
     """A lab sits behind its own names and proxies; it has accounts instead."""
-    settings.host, settings.secret_key = "0.0.0.0", "a-real-secret"
+    settings.server.host, settings.security.secret_key = "0.0.0.0", "a-real-secret"
     answer = local.get("/api/v1/runs", headers={"host": "parallab.lab.example"})
     assert answer.status_code == 401, "served (no 421 for the name): accounts decide, and anonymous readers must log in"
 
 
 @pytest.mark.parametrize(("host", "secure"), [("127.0.0.1", False), ("0.0.0.0", True)])
 def test_the_csrf_cookie_is_secure_off_loopback_like_the_session_cookie(local, settings, host, secure) -> None:
-    settings.host, settings.secret_key = host, "a-real-secret"
+    settings.server.host, settings.security.secret_key = host, "a-real-secret"
     cookie = local.get("/login").headers.get("set-cookie", "")
     assert "csrf" in cookie.lower() and ("secure" in cookie.lower()) == secure, cookie
 
@@ -123,7 +123,7 @@ def test_reads_need_no_origin(local) -> None:
 
 
 def test_the_placeholder_secret_fails_start_up_when_configured_for_the_network(settings) -> None:
-    settings.host = "0.0.0.0"
+    settings.server.host = "0.0.0.0"
     app = create_app()
     app.dependency_overrides[get_settings] = lambda: settings
     with pytest.raises(RuntimeError, match="PARALLAB_SECRET_KEY still holds its placeholder"), TestClient(app):
@@ -131,7 +131,7 @@ def test_the_placeholder_secret_fails_start_up_when_configured_for_the_network(s
 
 
 def test_the_placeholder_secret_is_refused_for_every_request_off_loopback(local, settings) -> None:
-    settings.host = "0.0.0.0"
+    settings.server.host = "0.0.0.0"
     for response in (local.get("/api/v1/runs"), local.get("/"), local.get("/healthz"), local.post("/api/v1/runs", json=SPEC)):
         assert response.status_code == 503
         assert "PARALLAB_SECRET_KEY" in response.json()["detail"]

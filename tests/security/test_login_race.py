@@ -88,7 +88,7 @@ def test_threads_racing_one_guard_without_redis_get_exactly_the_lockouts_number_
     with ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(guess, range(CLIENTS)))
     assert len(checked) == LOCKOUT
-    assert guard.admit(Attempt(email="ada@lab.org", ip="10.0.0.99")).wait_s >= settings.login_lockout_s - 1
+    assert guard.admit(Attempt(email="ada@lab.org", ip="10.0.0.99")).wait_s >= settings.security.login_lockout_s - 1
 
 
 @pytest.mark.parametrize("counts", ["redis", "process"])
@@ -99,7 +99,7 @@ def test_successful_logins_give_their_addresss_place_back(tmp_path: Path, counts
     broker = REDIS_URL if counts == "redis" else f"sqla+sqlite:///{tmp_path / 'broker.db'}"
     settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / f'{secrets.token_hex(4)}.db'}", broker_url=broker)
     guard = login_guard(settings)
-    for i in range(settings.login_ip_lockout + 5):
+    for i in range(settings.security.login_ip_lockout + 5):
         ticket = guard.admit(Attempt(email=f"user{i}@lab.org", ip="198.51.100.20"))
         assert ticket.wait_s == 0, f"success {i + 1} was refused"
         guard.succeeded(ticket)

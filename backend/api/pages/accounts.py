@@ -56,11 +56,11 @@ def login(request: Request, form: FormDep, session: SessionDep, settings: Settin
     email, password = str(form.get("email") or ""), str(form.get("password") or "")
     next_url = safe_next(str(form.get("next") or "/"))
     try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+        csrf.verify(request, form.get(csrf.FIELD), settings.security.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return login_page(request, settings, next_url=next_url, error=str(exc), email=email, status_code=403)
     guard = login_guard.login_guard(settings)
-    device = login_guard.device_of(settings.secret_key, request.cookies.get(login_guard.DEVICE_COOKIE), email)
+    device = login_guard.device_of(settings.security.secret_key, request.cookies.get(login_guard.DEVICE_COOKIE), email)
     attempt = login_guard.Attempt(email=email, ip=request.client.host if request.client else "?", device=device)
     ticket = guard.admit(attempt)  # its place in the counts, taken before the password is looked at
     if ticket.wait_s > 0:
@@ -73,14 +73,16 @@ def login(request: Request, form: FormDep, session: SessionDep, settings: Settin
     guard.succeeded(ticket)
     if old := request.cookies.get(SESSION_COOKIE):  # a new login never keeps a session someone else may have set
         auth_service.end_session(session=session, cookie=old)
-    cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.session_max_age_s)
+    cookie = auth_service.start_session(session=session, user=user, max_age_s=settings.security.session_max_age_s)
     session.commit()
     response = RedirectResponse(next_url, status_code=303)
     secure = secure_cookies(request, settings)
-    response.set_cookie(SESSION_COOKIE, cookie, max_age=settings.session_max_age_s, httponly=True, samesite="lax", secure=secure, path="/")
+    response.set_cookie(
+        SESSION_COOKIE, cookie, max_age=settings.security.session_max_age_s, httponly=True, samesite="lax", secure=secure, path="/"
+    )
     response.set_cookie(
         login_guard.DEVICE_COOKIE,
-        login_guard.issue_device(settings.secret_key, user.email, device),
+        login_guard.issue_device(settings.security.secret_key, user.email, device),
         max_age=login_guard.DEVICE_MAX_AGE_S,
         httponly=True,
         samesite="lax",

@@ -26,7 +26,7 @@ async def read_form(request: Request) -> FormData:
 async def checked_form(request: Request, settings: SettingsDep) -> FormData:
     """The posted form, its CSRF token verified (403 naming what is wrong otherwise)."""
     form = await request.form()
-    csrf.require_form_token(request, form, settings.secret_key)
+    csrf.require_form_token(request, form, settings.security.secret_key)
     return form
 
 

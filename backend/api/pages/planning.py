@@ -134,7 +134,7 @@ def _sweep_form(
             "measured": sweep_examples.measured_rows(example.measured) if example and example.measured else [],
             "examples": list(sweep_examples.EXAMPLES.values()),
             "presets": list(PRESETS),
-            "max_world_size": settings.max_world_size,
+            "max_world_size": settings.limits.max_world_size,
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
         },
         settings=settings,
@@ -200,7 +200,7 @@ def submit_sweep(request: Request, form: FormDep, session: SessionDep, settings:
         if k != csrf.FIELD
     }
     try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+        csrf.verify(request, form.get(csrf.FIELD), settings.security.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return _sweep_form(request, settings, values, [str(exc)], status_code=403)
     try:

@@ -60,7 +60,7 @@ def secure_cookies(request: Request, settings: Settings) -> bool:
 
 def render(request: Request, name: str, context: dict[str, Any], *, settings: Settings, status_code: int = 200) -> HTMLResponse:
     """Render a page with a CSRF token for its forms, setting this browser's CSRF cookie if it has none."""
-    nonce, token = csrf.issue(request, settings.secret_key) if settings.secret_key else ("", "")
+    nonce, token = csrf.issue(request, settings.security.secret_key) if settings.security.secret_key else ("", "")
     principal = getattr(request.state, "principal", ANONYMOUS)
     response = templates.TemplateResponse(
         request,

@@ -97,7 +97,7 @@ def form_page(
             "recipe_fields": [*run_form.RECIPE_FIELDS, *run_form.CHOICE_FIELDS],
             "local_mode": local_mode(request),
             "can_submit": getattr(request.state, "principal", ANONYMOUS).may("submit"),
-            "max_world_size": settings.max_world_size,
+            "max_world_size": settings.limits.max_world_size,
             "trace_help": run_form.TRACE_HELP,
             "hf_config_help": run_form.HF_CONFIG_HELP,
             "repeats_help": run_form.REPEATS_HELP,
@@ -125,7 +125,7 @@ def submit_run(
 ) -> Response:
     values = run_form.form_values(form)
     try:
-        csrf.verify(request, form.get(csrf.FIELD), settings.secret_key)  # type: ignore[arg-type]
+        csrf.verify(request, form.get(csrf.FIELD), settings.security.secret_key)  # type: ignore[arg-type]
     except csrf.CSRFError as exc:
         return form_page(request, settings, values, {"__all__": [str(exc)]}, status_code=403)
     check = run_form.check_form(form=form, settings=settings, local=local, session=session)

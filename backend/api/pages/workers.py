@@ -21,4 +21,6 @@ def workers_page(request: Request, session: SessionDep, settings: SettingsDep) -
     session.commit()
     pools = fleet.fleet(session=session, settings=settings, queue_lengths=lambda names: queue_lengths(settings, names))
     scheduled = declared.scheduled_pools_by_kind(session=session)
-    return render(request, "workers.html", {"pools": pools, "scheduled": scheduled, "ttl_s": settings.worker_ttl_s}, settings=settings)
+    return render(
+        request, "workers.html", {"pools": pools, "scheduled": scheduled, "ttl_s": settings.worker.worker_ttl_s}, settings=settings
+    )

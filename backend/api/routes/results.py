@@ -125,7 +125,7 @@ async def upload_result(
     are never taken as stated: they are recomputed from the document's `prediction` and the checked
     summary by the one 10% gap rule.
     """
-    body = await read_limited_body(request, settings.max_upload_bytes)
+    body = await read_limited_body(request, settings.server.max_upload_bytes)
     headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}  # the rate limit's
 
     def _write() -> Response:
@@ -151,8 +151,8 @@ async def upload_result(
             log.exception("upload of runs %s committed but its answer failed; answering from a fresh read", [i for i, _ in stored])
         return answer_read_back(session, stored, batch=batch, headers=headers)
 
-    pool = upload_pool(threads=settings.upload_concurrency, queue=settings.upload_queue)
-    return await pool.run(_write, retry_after_s=settings.upload_retry_after_s)
+    pool = upload_pool(threads=settings.server.upload_concurrency, queue=settings.server.upload_queue)
+    return await pool.run(_write, retry_after_s=settings.server.upload_retry_after_s)
 
 
 @router.get("/schema")
