@@ -8,17 +8,26 @@ at the end, so parallel sessions and the developer's data never collide.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from backend.config import Settings, get_settings
 from backend.migrate import upgrade
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # An xdist worker starts with COLUMNS=80 in its environment, which a serial session lacks. The
+    # CLI's module-level rich consoles fix their width from COLUMNS when they are made, so a test's
+    # own COLUMNS (`monkeypatch.setenv("COLUMNS", "200")`: tables unwrapped) would no longer reach
+    # them: a worker runs with the environment a serial session has.
+    os.environ.pop("COLUMNS", None)
 
 PG_ADMIN_URL = os.environ.get("PARALLAB_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PARALLAB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -155,9 +164,9 @@ def worker_env(settings: Settings) -> dict[str, str]:
         PARALLAB_HOME=str(settings.resolved_home),
         PARALLAB_DATABASE_URL=settings.sqlalchemy_url,
         PARALLAB_BROKER_URL=settings.celery_broker_url,
-        PARALLAB_MAX_WORLD_SIZE=str(settings.max_world_size),
-        PARALLAB_MAX_JOB_SECONDS=str(settings.max_job_seconds),
-        PARALLAB_QUEUE=settings.queue,
+        PARALLAB_MAX_WORLD_SIZE=str(settings.limits.max_world_size),
+        PARALLAB_MAX_JOB_SECONDS=str(settings.worker.max_job_seconds),
+        PARALLAB_QUEUE=settings.broker.queue,
         OMP_NUM_THREADS="1",
     )
     return env
@@ -190,3 +199,127 @@ def ray_cluster():
 
     with start(num_cpus=2) as cluster:
         yield cluster
+
+
+# Running in parallel. `./run test` runs pytest-xdist workers (`-n 2 --dist loadgroup
+# --no-loadscope-reorder`): each worker is its own pytest session with its own scratch Postgres
+# database, SQLite file, temp folders and, where a test starts them, servers, Redis and Celery
+# queues on free ports or under unique names. A file's tests always stay in one worker (its
+# module-scoped fixtures, the browser or a module's launch, are set up once), and files that share
+# something one process must hold stay together in an xdist group:
+#   tiny-runs  the files reading the same memoised launches of the `tiny` workload (`harness_job`'s
+#              memo is a process's: in two workers the ddp × 2 both read would be launched twice);
+#   ring-moe   the files reading `ring_moe_results`' one 4-rank launch;
+#   slurm      the files on the machine's one Slurm (`slurm_conf`): one starter, one queue;
+#   emulated   the files that bring up an emulated cluster (network namespaces: one a machine,
+#              workers/netns.py's lock refuses a second).
+# Every other file that launches (the HF files, test_compile, …) asks for jobs of its own workload
+# only, so it is a unit of its own; its `single` reference may be computed once a worker instead of
+# once a session (tests accept a computed or a cached reference). The Ray file keeps its session
+# cluster as a file of its own.
+TINY_RUNS = frozenset(f"tests/workers/{name}.py" for name in ("test_strategies", "test_recipes", "test_quickstart_pages", "test_layouts"))
+"""Files whose `harness_job` jobs overlap (ddp and fsdp × 2, hybrid × 4 of the `tiny` workload)."""
+SLOW_TEST_S, SLOW_E2E_TEST_S, LIGHT_TEST_S = 20.0, 40.0, 0.2
+"""Rough seconds a test costs where `UNIT_SECONDS` has no measure of its unit: one marked slow
+launches torchrun or a browser, an end-to-end one also starts its own server and workers."""
+UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
+"""Each unit's measured seconds (setup, call and teardown of its tests) from a whole run under xdist,
+written by `PARALLAB_TEST_UNIT_SECONDS=tests/unit_seconds.json ./run test` (docs/testing.md)."""
+UNIT_SECONDS_ENV = "PARALLAB_TEST_UNIT_SECONDS"
+SPENT: dict[str, float] = {}
+"""Seconds this session's tests took, by unit (its xdist group), when `UNIT_SECONDS_ENV` asks."""
+
+
+def measured_unit_seconds() -> dict[str, float]:
+    """The committed measure of each unit's cost; empty when the file is missing or unreadable."""
+    try:
+        found = json.loads(UNIT_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(unit): float(seconds) for unit, seconds in found.items()} if isinstance(found, dict) else {}
+
+
+def xdist_group(path: str, module: Any, fixturenames: set[str]) -> str | None:
+    """The group that keeps the test file `path` with others sharing a session resource, or None
+    (the file is a unit of its own)."""
+    if path in TINY_RUNS:
+        return "tiny-runs"
+    if "ring_moe_results" in fixturenames:
+        return "ring-moe"
+    if "slurm_conf" in fixturenames:
+        return "slurm"
+    if hasattr(module, "emulated_cluster") or hasattr(module, "EmulatedCluster"):
+        return "emulated"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist: mark every test with its unit of work (its group, or else its file, as
+    `workers/test_moe`; xdist appends it to the test's id, `…::test@unit`) and put the units in
+    order of their rough cost, longest first, so that no long unit starts last and leaves one
+    worker running alone at the end. A serial run keeps collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    unit_of: dict[str, str] = {}
+    for path, tests in by_file.items():
+        names = set().union(*(getattr(t, "fixturenames", ()) for t in tests))
+        unit_of[path] = xdist_group(path, getattr(tests[0], "module", None), names) or path.removeprefix("tests/").removesuffix(".py")
+    rough: dict[str, float] = {}
+    for item in items:
+        unit = unit_of[item.nodeid.split("::", 1)[0]]
+        slow = SLOW_E2E_TEST_S if item.nodeid.startswith("tests/e2e/") else SLOW_TEST_S
+        rough[unit] = rough.get(unit, 0.0) + (slow if item.get_closest_marker("slow") else LIGHT_TEST_S)
+        item.add_marker(pytest.mark.xdist_group(unit))
+    measured = measured_unit_seconds()
+    cost = {unit: measured.get(unit, seconds) for unit, seconds in rough.items()}
+    rank = {unit: i for i, unit in enumerate(sorted(cost, key=lambda u: (-cost[u], u)))}
+    items.sort(key=lambda item: rank[unit_of[item.nodeid.split("::", 1)[0]]])  # stable: a unit's order kept
+
+
+THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
+"""(strategy, world size, options, workload, tokens/s) of every harness job this session launched
+(tests/workers/conftest.py notes them); under xdist the workers hand theirs to the controller."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count a test's setup, call and teardown towards its unit's seconds, when asked to."""
+    if os.environ.get(UNIT_SECONDS_ENV) and os.environ.get("PYTEST_XDIST_WORKER") and "@" in report.nodeid:
+        unit = report.nodeid.rpartition("@")[2]  # xdist's loadgroup ends the id with the unit
+        SPENT[unit] = SPENT.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if workeroutput is not None:
+        workeroutput["harness_throughput"] = [list(row) for row in THROUGHPUT]
+        workeroutput["unit_seconds"] = dict(SPENT)
+    elif (out := os.environ.get(UNIT_SECONDS_ENV)) and SPENT:
+        Path(out).write_text(json.dumps({unit: round(s, 1) for unit, s in sorted(SPENT.items(), key=lambda kv: -kv[1])}, indent=1) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """An xdist worker finished: keep its harness jobs' throughput for the summary (and its units'
+    seconds, when asked for them)."""
+    output = getattr(node, "workeroutput", {})
+    THROUGHPUT.extend(tuple(row) for row in output.get("harness_throughput", []))
+    for unit, seconds in output.get("unit_seconds", {}).items():
+        SPENT[unit] = SPENT.get(unit, 0.0) + seconds
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """tokens/s of each harness job (noisy on a shared 2-core machine: a figure, never asserted)."""
+    if not THROUGHPUT:
+        return
+    terminalreporter.section("harness jobs: tokens/s (tiny)")
+    for name, n, options, workload, tps in THROUGHPUT:
+        recipe = {
+            k: workload[k]
+            for k in ("precision", "activation_checkpointing", "grad_accumulation_steps")
+            if workload.get(k) not in ("fp32", "none", 1)
+        }
+        terminalreporter.write_line(f"{name:<12} N={n}  {tps:10.0f}  {options} {recipe or ''}")

@@ -43,7 +43,7 @@ STDLIB = frozenset(sys.stdlib_module_names)
 CORE_MAY_USE = frozenset({"pydantic", "pydantic_core", "annotated_types", "typing_extensions"})
 STRATEGY_PACKAGES = ("parallab.core.strategies", "workers.strategies", "parallab.core.dims")
 COMPOSER = "compose"
-SHARED_STRATEGY_MODULES = frozenset({"base", "composed", "layout"})
+SHARED_STRATEGY_MODULES = frozenset({"base", "layout"})
 """Modules of a strategy package that every strategy may import (not strategies themselves)."""
 
 
