@@ -85,6 +85,27 @@ def parse_time(text: str, *, flag: str) -> float:
     return seconds
 
 
+BURST_S = 0.001
+"""tbf's bucket: a millisecond of the rate, or `MIN_BURST_BYTES` where that is more. The bucket
+refills while the link idles and what it holds crosses at memory speed, so every collective after
+a compute gap had its first bucketful free: 256 KiB at 3 mbit (the old floor) was 0.7 s of the
+link, 10 ms of the rate at 1 gbit (the old rule) let a 400 KB all-gather cross in 1 ms instead of
+3.2 — the link's cost depended on the compute around it. At a millisecond the bucket is a few
+frames' worth and a sustained 8 MB still crosses 1 gbit at 93–95 % of the rate (measured here;
+tbf sleeps on a high-resolution timer, and cuts a GSO super-packet larger than the bucket into
+segments itself)."""
+MIN_BURST_BYTES = 16 * 1024
+"""The bucket's floor: ten MTU-sized frames."""
+
+
+QUEUE_LIMIT_BYTES = 64 << 20
+"""tbf's queue: deeper than what the node's TCP connections can have in flight (4 MiB of send
+buffer each, a few connections a rank), so the shaper delays and never drops. A queue bounded by
+200 ms of the rate (75 KB at 3 mbit) dropped a third of a collective's packets at low rates, and
+TCP's retransmission timer (200 ms and up) turned each drop into a stall: the link's time varied
+by a second a step. Loss is the `--loss` rule's, on purpose, not the shaper's by accident."""
+
+
 @dataclass(frozen=True)
 class LinkShape:
     """One node's link to the others: rate in bit/s, one-way latency and jitter in s, loss in %."""
@@ -114,9 +135,8 @@ class LinkShape:
 
     def tc_commands(self, dev: str) -> list[list[str]]:
         """The qdiscs of one node's egress: netem (delay, jitter) at the root when asked, tbf for the rate."""
-        # tbf's bucket must hold a GSO super-packet (64 KiB) and a timer tick's worth of bytes.
-        burst = max(256 * 1024, int(self.rate_bps / 8 / 100))
-        tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "latency", "200ms"]
+        burst = max(MIN_BURST_BYTES, int(self.rate_bps / 8 * BURST_S))
+        tbf = ["tbf", "rate", f"{int(self.rate_bps)}bit", "burst", str(burst), "limit", str(QUEUE_LIMIT_BYTES)]
         if not self.needs_netem:
             return [["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf]]
         netem = ["netem", "delay", f"{self.latency_s * 1e6:.0f}us"]
