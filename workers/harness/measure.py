@@ -682,10 +682,10 @@ class StepProfiler:
             split = attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)
             stage_steps: list[list[tuple[float, float]]] = []
             busy: list[attribution.Interval] = []
-            for span in spans:
-                busy = attribution.busy(events, span, device=self.device.type)
+            for span, own in zip(spans, attribution.within(events, spans), strict=True):
+                busy = attribution.busy(own, span, device=self.device.type)
                 split += attribution.breakdown(busy, attribution.comm_intervals(requests, span), span)
-                stage_steps.append([(a.start, a.end) for a in attribution.actions(events, span, device=self.device.type)])
+                stage_steps.append([(a.start, a.end) for a in attribution.actions(own, span, device=self.device.type)])
             per_step = split.scaled(1e-6 / steps)  # µs over the window -> seconds per step
             out.step_time_breakdown = StepBreakdown(
                 compute_s=per_step.compute,
