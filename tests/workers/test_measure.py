@@ -138,8 +138,9 @@ def test_every_op_in_the_table_exists_with_its_buffer_argument():
 
 
 def test_the_raw_trace_is_streamed_kept_as_written_and_a_truncated_one_skips_the_analyses(tmp_path):
-    """The profiler's file is read one event at a time; the kept trace is that file gzipped as it
-    was written; a file cut short is named in the trace note, its analyses skipped, no crash."""
+    """The profiler's file is read (whole under `WHOLE_READ_BYTES`, else one event at a time); the
+    kept trace is that file gzipped as it was written; a file cut short is named in the trace
+    note, its analyses skipped, no crash."""
     import torch
 
     from workers.harness.measure import StepProfiler
