@@ -550,3 +550,41 @@ def test_arrivals_number_each_groups_collectives_in_issue_order_on_the_wall_cloc
         ("0,2", 0, "all_gather", 1020.0, 1021.0),
         ("0,1", 2, "all_reduce", 1040.0, 1042.0),  # keeps its place: the untimed one was 1
     ]
+
+
+def random_event(rng: random.Random, ts: float, dur: float) -> dict:
+    """One of the events a window holds: a main-thread or worker-thread op (compute or comm), an
+    annotation, a pipeline action (host or device copy), a kernel (compute or NCCL), a memory instant."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        return cpu_op(rng.choice(["aten::mm", "aten::add", "c10d::allreduce_", "autograd::engine"]), ts, dur, tid=rng.choice([1, 1, 7]))
+    if kind == 1:
+        return cpu_op("Forward 0", ts, dur, cat="user_annotation")
+    if kind == 2:
+        cat = rng.choice(["user_annotation", "gpu_user_annotation"])
+        return action(rng.choice(["forward", "backward"]), rng.randrange(2), ts, dur, cat=cat)
+    if kind == 3:
+        return kernel(rng.choice(["ampere_sgemm", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"]), ts, dur, stream=rng.choice([7, 21]))
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "tid": 1, "ts": ts}
+
+
+def random_window(rng: random.Random, steps: int = 3) -> tuple[list[dict], list[dict]]:
+    """(events, step spans): 300 events at random, many straddling a step's boundary, shuffled."""
+    spans = [dict(STEP, name=f"ProfilerStep#{i + 1}", ts=100.0 * i) for i in range(steps)]
+    events: list[dict] = list(spans)
+    for _ in range(300):
+        events.append(random_event(rng, rng.uniform(-20, 100 * steps + 20), rng.choice([0.0, rng.uniform(0, 60)])))
+    rng.shuffle(events)
+    return events, spans
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_each_step_on_its_own_events_answers_as_on_the_whole_trace(device):
+    """`within` hands each step the events that overlap it: busy and actions are the same as on every event."""
+    rng = random.Random(7)
+    for _ in range(20):
+        events, spans = random_window(rng)
+        for span, own in zip(spans, attribution.within(events, spans), strict=True):
+            assert attribution.busy(own, span, device=device) == attribution.busy(events, span, device=device)
+            assert attribution.actions(own, span, device=device) == attribution.actions(events, span, device=device)
+            assert len(own) < len(events)

@@ -138,8 +138,9 @@ def test_every_op_in_the_table_exists_with_its_buffer_argument():
 
 
 def test_the_raw_trace_is_streamed_kept_as_written_and_a_truncated_one_skips_the_analyses(tmp_path):
-    """The profiler's file is read one event at a time; the kept trace is that file gzipped as it
-    was written; a file cut short is named in the trace note, its analyses skipped, no crash."""
+    """The profiler's file is read (whole under `WHOLE_READ_BYTES`, else one event at a time); the
+    kept trace is that file gzipped as it was written; a file cut short is named in the trace
+    note, its analyses skipped, no crash."""
     import torch
 
     from workers.harness.measure import StepProfiler
@@ -162,3 +163,26 @@ def test_the_raw_trace_is_streamed_kept_as_written_and_a_truncated_one_skips_the
     assert cut.trace_file is None and cut.step_time_breakdown is None
     assert cut.trace_note is not None and cut.trace_note.startswith("the profiler's trace could not be read (the trace ends")
     assert not RunDir(tmp_path).trace(0).exists() and not RunDir(tmp_path).raw_trace(0).exists()
+
+
+def test_a_raw_trace_read_whole_or_streamed_gives_the_same_document(tmp_path, monkeypatch):
+    """A trace under the size bound is decoded in one call, a larger one streamed: the same
+    document either way (non-object elements dropped, as the stream drops them); a file cut
+    short is named by the stream whichever way it was tried first."""
+    from parallab.core import tracestream
+    from workers.harness import measure
+
+    doc = chrome_trace(steps=2, events_per_step=50)
+    doc["traceEvents"].insert(3, 7)  # not an event: neither way keeps it
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(doc))
+    whole = measure.read_raw_trace(path)
+    monkeypatch.setattr(measure, "WHOLE_READ_BYTES", 0)
+    streamed = measure.read_raw_trace(path)
+    assert whole == streamed
+    assert 7 not in whole["traceEvents"] and len(whole["traceEvents"]) == len(doc["traceEvents"]) - 1
+
+    monkeypatch.setattr(measure, "WHOLE_READ_BYTES", 1 << 30)
+    path.write_text(json.dumps(doc)[:-40])
+    with pytest.raises(tracestream.TruncatedTrace):
+        measure.read_raw_trace(path)

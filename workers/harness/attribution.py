@@ -472,6 +472,24 @@ def comm_time_fraction(split: Breakdown) -> float | None:
     return (split.exposed_comm + split.overlapped_comm) / split.step
 
 
+def within(trace_events: Sequence[TraceEvent], spans: Sequence[TraceEvent]) -> list[list[TraceEvent]]:
+    """For each of `spans`, the complete events (`ph` X) that overlap it, in file order.
+
+    `busy` and `actions` keep only what lies in their span (clipped, or starting there), so on a
+    span's events they answer as on the whole trace; handing each step its own events makes one
+    pass over the window's events instead of two per step (the trace holds every step's operators)."""
+    bounds = [_span(s) for s in spans]
+    out: list[list[TraceEvent]] = [[] for _ in spans]
+    for e in trace_events:
+        if e.get("ph") != "X":
+            continue
+        a, b = _span(e)
+        for (t0, t1), kept in zip(bounds, out, strict=True):
+            if a <= t1 and b >= t0:
+                kept.append(e)
+    return out
+
+
 def busy(trace_events: Sequence[TraceEvent], span: TraceEvent, *, device: str) -> list[Interval]:
     """What counts as compute in the step `span`: the main thread's operators on CPU, kernels on CUDA."""
     return gpu_busy(trace_events, span) if device == "cuda" else cpu_busy(trace_events, span)

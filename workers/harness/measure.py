@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import gzip
+import itertools
 import json
 import resource
 import shutil
@@ -237,14 +238,16 @@ def live_tensors() -> list[torch.Tensor]:
 
     The heap can hold weak proxies whose referent is gone (torch.compile leaves some): `isinstance`
     on one raises ReferenceError, so proxies are skipped by their own type, which reads nothing through them.
+    A rank's heap holds hundreds of thousands of objects of a few hundred types: the tensor types
+    are picked among the types, and the objects of those types selected by C loops (`map`,
+    `compress`), so no Python code runs per object (the window takes this census twice).
     """
+    heap = gc.get_objects()
+    tensor_types = {t for t in set(map(type, heap)) if t not in weakref.ProxyTypes and issubclass(t, torch.Tensor)}
     return [
         obj
-        for obj in gc.get_objects()
-        if type(obj) not in weakref.ProxyTypes
-        and isinstance(obj, torch.Tensor)
-        and obj.layout == torch.strided
-        and obj.device.type != "meta"
+        for obj in itertools.compress(heap, map(tensor_types.__contains__, map(type, heap)))
+        if obj.layout == torch.strided and obj.device.type != "meta"
     ]
 
 
@@ -466,6 +469,30 @@ def cuda_snapshot() -> dict[str, Any] | None:
 
 # ---- the profiled window ----
 
+WHOLE_READ_BYTES = 64 << 20
+"""A raw trace up to this size is decoded in one `json.loads`; a larger one is streamed."""
+
+
+def read_raw_trace(path: Path) -> dict[str, Any]:
+    """The profiler's Chrome trace at `path` as a document with its `traceEvents`.
+
+    Decoding element by element (`tracestream`) bounds memory by the events, not the text, but
+    costs half again the time of one `json.loads` (a Python call per element and per object): on
+    a traced tiny job, the read was the largest part of the window's analysis. So a file up to
+    `WHOLE_READ_BYTES` — its text held beside its events for the one call — is decoded whole, and
+    a larger one streamed. Anything but a whole trace is read again by the stream, which names
+    what is wrong (`tracestream.TruncatedTrace`, `NotATrace`)."""
+    if path.stat().st_size <= WHOLE_READ_BYTES:
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8: the stream says which
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if isinstance(e, dict)]  # as the stream yields them
+            return doc
+    meta, kept = tracestream.read_trace(path)
+    return {**meta, "traceEvents": kept}
+
 
 @dataclass
 class ProfileResult:
@@ -642,9 +669,8 @@ class StepProfiler:
         doc: dict[str, Any] = {}
         unread: str | None = None
         if self._raw_trace is not None and self._raw_trace.exists():
-            try:  # streamed: the file's text is never held whole beside its events
-                meta, kept = tracestream.read_trace(self._raw_trace)
-                doc = {**meta, "traceEvents": kept}
+            try:
+                doc = read_raw_trace(self._raw_trace)
             except (tracestream.NotATrace, UnicodeDecodeError) as exc:
                 unread = f"the profiler's trace could not be read ({exc}); its analyses were skipped"
         events: list[dict[str, Any]] = doc.get("traceEvents", [])
@@ -656,10 +682,10 @@ class StepProfiler:
             split = attribution.Breakdown(0.0, 0.0, 0.0, 0.0, 0.0)
             stage_steps: list[list[tuple[float, float]]] = []
             busy: list[attribution.Interval] = []
-            for span in spans:
-                busy = attribution.busy(events, span, device=self.device.type)
+            for span, own in zip(spans, attribution.within(events, spans), strict=True):
+                busy = attribution.busy(own, span, device=self.device.type)
                 split += attribution.breakdown(busy, attribution.comm_intervals(requests, span), span)
-                stage_steps.append([(a.start, a.end) for a in attribution.actions(events, span, device=self.device.type)])
+                stage_steps.append([(a.start, a.end) for a in attribution.actions(own, span, device=self.device.type)])
             per_step = split.scaled(1e-6 / steps)  # µs over the window -> seconds per step
             out.step_time_breakdown = StepBreakdown(
                 compute_s=per_step.compute,
