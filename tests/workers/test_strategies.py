@@ -27,8 +27,9 @@ from parallab.core.rundir import RunDir
 from tests.workers.conftest import HarnessSpec, make_job, torchrun
 from workers.harness import attribution
 
-# The first test pays for the file's two folded launches (12 jobs at 2 ranks, 4 at 4) on 2 cores:
-# more than the suite's 600 s per test when the machine is loaded.
+# The first test pays for the file's two folded launches (12 jobs at 2 ranks, 4 at 4; with the
+# group's other files, 20 at 2 and 10 at 4) on 2 cores: more than the suite's 600 s per test when
+# the machine is loaded.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CASES: list[tuple[Any, ...]] = [
