@@ -208,8 +208,10 @@ def ray_cluster():
 # module-scoped fixtures, the browser or a module's launch, are set up once), and files that share
 # something one process must hold stay together in an xdist group:
 #   tiny-runs  the files reading the same memoised launches of the `tiny` workload (`harness_job`'s
-#              memo is a process's: in two workers the ddp × 2 both read would be launched twice);
-#   ring-moe   the files reading `ring_moe_results`' one 4-rank launch;
+#              memo is a process's: in two workers the ddp × 2 both read would be launched twice;
+#              test_prediction_agreement's comm-bytes cases are test_strategies' jobs, read again),
+#              and those reading `ring_moe_results`' one 4-rank launch (their moe and ring jobs
+#              are test_prediction_agreement's too);
 #   slurm      the files on the machine's one Slurm (`slurm_conf`): one starter, one queue;
 #   emulated   the files that bring up an emulated cluster (network namespaces: one a machine,
 #              workers/netns.py's lock refuses a second).
@@ -217,8 +219,19 @@ def ray_cluster():
 # only, so it is a unit of its own; its `single` reference may be computed once a worker instead of
 # once a session (tests accept a computed or a cached reference). The Ray file keeps its session
 # cluster as a file of its own.
-TINY_RUNS = frozenset(f"tests/workers/{name}.py" for name in ("test_strategies", "test_recipes", "test_quickstart_pages", "test_layouts"))
-"""Files whose `harness_job` jobs overlap (ddp and fsdp × 2, hybrid × 4 of the `tiny` workload)."""
+TINY_RUNS = frozenset(
+    f"tests/workers/{name}.py"
+    for name in (
+        "test_strategies",
+        "test_recipes",
+        "test_quickstart_pages",
+        "test_layouts",
+        "test_prediction_agreement",
+        "test_moe",
+        "test_ring_attention",
+    )
+)
+"""Files whose `harness_job` jobs overlap (ddp, fsdp and tp × 2, hybrid and fsdp × 4 of the `tiny` workload)."""
 SLOW_TEST_S, SLOW_E2E_TEST_S, LIGHT_TEST_S = 20.0, 40.0, 0.2
 """Rough seconds a test costs where `UNIT_SECONDS` has no measure of its unit: one marked slow
 launches torchrun or a browser, an end-to-end one also starts its own server and workers."""
@@ -242,10 +255,8 @@ def measured_unit_seconds() -> dict[str, float]:
 def xdist_group(path: str, module: Any, fixturenames: set[str]) -> str | None:
     """The group that keeps the test file `path` with others sharing a session resource, or None
     (the file is a unit of its own)."""
-    if path in TINY_RUNS:
+    if path in TINY_RUNS or "ring_moe_results" in fixturenames:
         return "tiny-runs"
-    if "ring_moe_results" in fixturenames:
-        return "ring-moe"
     if "slurm_conf" in fixturenames:
         return "slurm"
     if hasattr(module, "emulated_cluster") or hasattr(module, "EmulatedCluster"):

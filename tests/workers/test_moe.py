@@ -7,8 +7,10 @@ import json
 import pytest
 
 from parallab.core.rundir import RunDir
+from tests.workers.conftest import HarnessSpec
 
-pytestmark = pytest.mark.slow
+# The group's first test pays for its folded launches, whichever file it is in (test_layouts.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -25,11 +27,20 @@ def test_ep_with_drops_equals_one_rank_routing_in_n_groups(ring_moe_results, n):
     assert max(errors.values()) <= 1e-5, errors
 
 
+HARNESS_JOBS: list[HarnessSpec] = [
+    ("moe", 2, {}, {}),  # test_prediction_agreement.py reads its traffic: one launch for both
+    ("tp", 2, {}, {"num_experts": 4, "first_dense_layers": 1}),
+    ("moe", 2, {}, {"precision": "bf16"}, False),  # untraced: its test reads the checks alone
+]
+"""What this file reads from `harness_job`, declared to the `tiny-runs` group's folded launches
+(tests/workers/conftest.py): with the group's other 2-rank jobs, whichever file asks first."""
+
+
 @pytest.fixture(scope="module", autouse=True)
 def moe_runs(harness_jobs) -> None:
-    """The two traced 2-rank jobs below (moe, and tp on an MoE tiny) in one launch (`harness_jobs`),
-    read through `harness_job`'s memo; the untraced bf16 one goes through the worker's launcher."""
-    harness_jobs([("moe", 2, {}, {}), ("tp", 2, {}, {"num_experts": 4, "first_dense_layers": 1})])
+    """The three 2-rank jobs below, folded into the group's 2-rank launch (`harness_jobs`), read
+    through `harness_job`'s memo."""
+    harness_jobs(HARNESS_JOBS)
 
 
 def test_moe_job_agrees_with_single_and_reports_routing(harness_job):
