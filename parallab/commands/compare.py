@@ -6,7 +6,8 @@ A and B are each one run or a repeat group's runs, comma-separated: result-docum
 page's: compute by op class, each collective by dimension and op, wait, bubble, idle, each with
 its interval over the repeats, and the residual the parts leave of the measured change.
 
-Exit codes: 0 explained, the parts adding up within 5 %; 1 explained, but the parts do not add up;
+Exit codes: 0 explained, the parts adding up within 5 % (or the residual's interval straddling
+5 %: the text says "cannot tell", more repeats decide); 1 explained, but the parts do not add up;
 2 bad input (a file that is no result document, a run without its analysis); 3 the server could
 not be reached or refused.
 """
@@ -84,5 +85,5 @@ def compare(
         typer.echo(lines(result)[0])
         return
     typer.echo(result.model_dump_json(indent=2) if as_json else "\n".join(lines(result, top=20)))
-    if not result.adds_up:
+    if result.verdict == "do not add up":
         raise typer.Exit(1)

@@ -22,6 +22,14 @@ residual, the measured difference minus the parts' sum: the part of the timed di
 window did not see, with its own interval. It is shown, never spread over the parts. The
 profiler's per-op cost lands there too: where it lengthens one side's window more than the
 other's (many more ops on CPU), the parts do not add up, and the diff says so.
+
+Whether the parts add up is a claim about the residual, which is measured with noise: each run's
+offset moves with the host's load between its timed steps and its window (across an emulated
+link, ±0.1–0.2 s a run at 3–12 mbit with three runs a side). So the verdict weighs the residual's
+interval as the parts' are weighed: "add up" when the whole interval lies within `ADD_UP` of the
+measured difference, "do not add up" when the whole of it lies beyond, "cannot tell" when it
+straddles the bound — then more repeats decide, and the diff says so rather than guess. Without
+repeats (no interval) the point estimate decides. `adds_up` keeps the point estimate's answer.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +47,9 @@ _closed = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 ADD_UP = 0.05
 """The parts add up to the measured difference when the residual is within this share of it."""
+
+
+WhyVerdict = Literal["add up", "do not add up", "cannot tell"]
 
 
 class PartChange(BaseModel):
@@ -67,7 +78,11 @@ class Why(BaseModel):
     )
     residual_interval_s: float | None = Field(None, description="Half-width of the 95 % interval of residual_s; None without repeats.")
     residual_fraction: float | None = Field(None, description="|residual| over |measured difference|.")
-    adds_up: bool = Field(description=f"The residual is within {ADD_UP:.0%} of the measured difference.")
+    adds_up: bool = Field(description=f"The residual (its point estimate) is within {ADD_UP:.0%} of the measured difference.")
+    verdict: WhyVerdict = Field(
+        description=f"Whether the parts add up within {ADD_UP:.0%}, the residual's interval weighed: all of it within the bound,"
+        " all of it beyond, or straddling it (more repeats decide)."
+    )
     profiled_delta_s: float = Field(description="B's profiled step minus A's (means over the runs): what the parts sum to.")
     offset_a_s: float = Field(description="A's timed step minus its parts' sum (mean over its runs): outside the profiled window.")
     offset_b_s: float = Field(description="B's timed step minus its parts' sum (mean over its runs).")
@@ -130,6 +145,7 @@ def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
     # per run: its timed step minus its parts' sum (its profiled step, when the attribution is whole)
     offsets_a, offsets_b = [t - sum(p.values()) for t, p, _ in got_a], [t - sum(p.values()) for t, p, _ in got_b]
     frac = abs(residual) / abs(measured) if measured else None
+    residual_interval = _diff(offsets_a, offsets_b)[1]
     return Why(
         runs_a=len(a),
         runs_b=len(b),
@@ -140,13 +156,28 @@ def explain(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
         parts=parts,
         parts_sum_s=total,
         residual_s=residual,
-        residual_interval_s=_diff(offsets_a, offsets_b)[1],
+        residual_interval_s=residual_interval,
         residual_fraction=frac,
         adds_up=frac is not None and frac <= ADD_UP,
+        verdict=_verdict(residual, residual_interval, measured),
         profiled_delta_s=statistics.fmean(w for _, _, w in got_b) - statistics.fmean(w for _, _, w in got_a),
         offset_a_s=statistics.fmean(offsets_a),
         offset_b_s=statistics.fmean(offsets_b),
     )
+
+
+def _verdict(residual: float, interval: float | None, measured: float) -> WhyVerdict:
+    """The residual against `ADD_UP` of the measured difference, its interval weighed (see the module)."""
+    bound = ADD_UP * abs(measured)
+    if not measured:
+        return "do not add up" if residual else "add up"
+    if interval is None:
+        return "add up" if abs(residual) <= bound else "do not add up"
+    if abs(residual) + interval <= bound:
+        return "add up"
+    if abs(residual) - interval > bound:
+        return "do not add up"
+    return "cannot tell"
 
 
 def share_of(why: Why, needle: str) -> float | None:
@@ -177,8 +208,13 @@ def lines(why: Why, *, top: int = 12) -> list[str]:
     rest = why.parts[top:]
     if rest:
         out.append(f"  {len(rest)} smaller parts{'':<26} {ms(sum(p.delta_s for p in rest))}")
-    verdict = "add up" if why.adds_up else "do NOT add up"
+    said = {
+        "add up": f"the parts add up within {ADD_UP:.0%}",
+        "do not add up": f"the parts do NOT add up within {ADD_UP:.0%}",
+        "cannot tell": f"cannot tell whether the parts add up within {ADD_UP:.0%}: the residual's interval straddles it"
+        " (more repeats narrow it)",
+    }[why.verdict]
     frac = f" ({why.residual_fraction * 100:.1f} % of the difference)" if why.residual_fraction is not None else ""
     residual = f"{ms(why.residual_s)}{iv(why.residual_interval_s)}{frac}"
-    out.append(f"  residual (measured − parts){'':<13} {residual}: the parts {verdict} within {ADD_UP:.0%}")
+    out.append(f"  residual (measured − parts){'':<13} {residual}: {said}")
     return out

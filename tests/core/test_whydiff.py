@@ -77,3 +77,34 @@ def test_a_run_without_its_analysis_is_refused_naming_the_field():
         explain(A, [{"summary": {"step_time_s": {"median": 1.0}}}])
     with pytest.raises(NotExplained, match="step_time_s"):
         explain([{"critical_path": {}}], B)
+
+
+def _noisy(step: float, all_gather: float, offsets: tuple[float, ...]) -> list[dict]:
+    """Runs whose timed step is the window's plus `offsets` (one a run): the offset's noise is the residual's."""
+    return [
+        doc(step + o, {"compute matmul": 0.4, "transfer dp_shard all_gather": all_gather, "idle": step - 0.4 - all_gather}) for o in offsets
+    ]
+
+
+@pytest.mark.parametrize(
+    ("offsets_b", "verdict"),
+    [
+        ((0.0, 0.002, -0.002), "add up"),  # residual 0 ± 0.005 of 0.2: all within 5 %
+        ((0.0, 0.1, -0.1), "cannot tell"),  # residual 0 ± 0.25: straddles 5 %
+        ((0.3, 0.31, 0.29), "do not add up"),  # residual 0.3 ± 0.025: all beyond 5 %
+        ((0.3, 0.7, -0.1), "cannot tell"),  # residual 0.3 ± 0.99: its point estimate alone would say "do not add up"
+    ],
+)
+def test_the_verdict_weighs_the_residuals_interval(offsets_b: tuple[float, ...], verdict: str) -> None:
+    a = _noisy(1.0, 0.2, (0.0, 0.0, 0.0))
+    b = _noisy(1.2, 0.4, offsets_b)
+    why = explain(a, b)
+    assert why.verdict == verdict, "\n".join(lines(why))
+    text = "\n".join(lines(why))
+    assert {"add up": "the parts add up", "do not add up": "do NOT add up", "cannot tell": "cannot tell whether"}[verdict] in text
+
+
+def test_without_repeats_the_point_estimate_decides() -> None:
+    assert explain(A[:1], B[:1]).verdict == "add up"
+    flat = [doc(1.20, {"compute matmul": 0.4, "transfer dp_shard all_gather": 0.2, "idle": 0.1})]
+    assert explain(A[:1], flat).verdict == "do not add up"
