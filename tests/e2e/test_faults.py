@@ -108,9 +108,11 @@ def test_the_only_worker_sigkilled_mid_run_fails_its_run_within_two_ttls_and_lea
     assert ended_after <= 2 * lab.settings.worker.worker_ttl_s + 2, f"ended {ended_after:.1f} s after the kill"
     assert not rank_processes(run_id)
     lab.restart_worker()
-    # The message delivered again (Redis would, after the visibility timeout) never starts it twice.
+    # The message delivered again (Redis would, after the visibility timeout) never starts it twice:
+    # the worker takes it and skips it (waited on, not slept on: the skip proves it was delivered).
     enqueue_run(lab.settings, run_id, pool=run["pool"])
-    time.sleep(3)
+    log = lab.root / "worker.log"
+    wait_until(lambda: f"run {run_id} finished: skipped" in log.read_text(errors="replace"), "the worker to skip it", timeout=60)
     assert lab.client.get(f"/api/v1/runs/{run_id}").json()["status"] == "failed"
     assert not rank_processes(run_id)
     assert live_hosts(lab.client)[HOST]["run_id"] is None
