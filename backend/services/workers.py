@@ -195,7 +195,6 @@ def reserve(*, session: Session, run: Run, job: ResolvedJob, me: WorkerInfo, set
     rolls the transaction back."""
     now = utcnow()
     cutoff = alive_after(settings, now)
-    register(session=session, info=me)
     picked: list[Worker] = []
     if job.nodes > 1:
         hosts = {me.host}
@@ -210,7 +209,12 @@ def reserve(*, session: Session, run: Run, job: ResolvedJob, me: WorkerInfo, set
                 impossible=len(live_hosts) < job.nodes,
             )
     rank_of = {me.id: 0} | {worker.id: i + 1 for i, worker in enumerate(picked)}
-    for worker_id in sorted(rank_of):  # one order for every coordinator: no wait cycle on Postgres
+    # Lock every host in one order before writing any (this worker's heartbeat included): a
+    # coordinator that refreshed its own row first held it while waiting for another's, which that
+    # one's coordinator held while waiting for this — a cycle Postgres broke by aborting one task.
+    store.lock_workers(session, list(rank_of))
+    register(session=session, info=me)
+    for worker_id in sorted(rank_of):
         if not store.take_worker(session, worker_id, run_id=run.id, node_rank=rank_of[worker_id], now=now, alive_after=cutoff):
             raise NotReserved(f"host of worker {worker_id} was taken meanwhile", mine_taken=worker_id == me.id)
     nodes = [RunNode(run_id=run.id, node_rank=0, worker_id=me.id, host=me.host, machine=me.machine, endpoint=endpoint, status="running")]

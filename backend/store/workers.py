@@ -99,6 +99,15 @@ def forget_dead_twins(session: Session, *, machine: str, live_pids: Iterable[int
 # ---- reservations ----
 
 
+def lock_workers(session: Session, worker_ids: Sequence[str]) -> None:
+    """Row locks on those of these workers that exist, taken in id order. Every reservation locks
+    its hosts through here before it writes any of them (its own heartbeat included), so two
+    coordinators wanting each other's host wait in one order instead of in a cycle Postgres must
+    break by aborting one of them. (SQLite has no row locks: it serialises the writers.)"""
+    query = select(Worker.id).where(Worker.id.in_(sorted(worker_ids))).order_by(Worker.id).with_for_update()
+    session.execute(query).all()
+
+
 def take_worker(session: Session, worker_id: str, *, run_id: str, node_rank: int, now: datetime, alive_after: datetime) -> bool:
     """Point an idle, live worker at `run_id`; False if it is taken (or dead) — the caller rolls back."""
     result = session.execute(

@@ -4,6 +4,7 @@ reservations that never deadlock, leases that lapse into "worker lost", cancel o
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from datetime import timedelta
@@ -238,6 +239,49 @@ def test_two_coordinators_racing_for_the_same_two_hosts_never_deadlock_and_one_w
     assert len(winners) == 1 if settings.sqlalchemy_url.startswith("postgresql") else len(winners) <= 1, outcomes
     taken = set(holders(settings).values())
     assert taken == ({runs[winners[0]]} if winners else {None}), "hosts are taken by one job, whole, or by none"
+
+
+def test_two_coordinators_that_each_refreshed_their_own_row_first_do_not_deadlock(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both reach the point where each has written its own worker row before taking the other's —
+    the interleaving that deadlocked on Postgres (one task died of DeadlockDetected, its run left
+    queued). Locking every host in one order first makes the second wait instead: one wins, the
+    other is told its host was taken."""
+    if not settings.sqlalchemy_url.startswith("postgresql"):
+        pytest.skip("row locks and deadlocks are Postgres's; SQLite serialises writers")
+    a, b = info("host-a"), info("host-b")
+    register(settings, a, b)
+    two = job(nodes=2)
+    runs = [queued_run(settings, two), queued_run(settings, two)]
+    both_registered = threading.Barrier(2, timeout=3)
+    real_register = fleet.register
+
+    def register_then_wait(*, session: Any, info: WorkerInfo) -> Worker:
+        worker = real_register(session=session, info=info)
+        session.flush()
+        with contextlib.suppress(threading.BrokenBarrierError):  # the other waits on a lock: go on alone
+            both_registered.wait()
+        return worker
+
+    monkeypatch.setattr(fleet, "register", register_then_wait)
+    outcomes: dict[int, Any] = {}
+
+    def coordinator(i: int, me: WorkerInfo) -> None:
+        try:
+            outcomes[i] = reserve(settings, runs[i], two, me)
+        except Exception as exc:  # DeadlockDetected, before the fix
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=coordinator, args=(i, me)) for i, me in enumerate((a, b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a coordinator hung"
+    assert sorted(type(o).__name__ for o in outcomes.values()) == ["NotReserved", "list"], outcomes
+    (winner,) = (i for i, o in outcomes.items() if isinstance(o, list))
+    assert set(holders(settings).values()) == {runs[winner]}
 
 
 # ---- leases ----
