@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Locator, Page
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from backend.db import session_scope
 from backend.models import Run
 from backend.services.ingest import attach_result
 from tests.backend.test_repeats import _store as store_runs
 from tests.core.hf_configs import TINY_LLAMA
-from tests.ui.conftest import CHROMIUM, LiveServer, make_settings
+from tests.ui.conftest import CHROMIUM, LiveServer, make_settings, polled_into_view
 from tests.ui.factories import csrf_token, make_document
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
@@ -66,21 +63,6 @@ def finish(settings, run_ids: list[str], tokens_per_s: float = 9_000.0) -> None:
             run = session.get(Run, run_id)
             document = make_document(strategy=run.strategy, world_size=run.world_size, tokens_per_s=tokens_per_s * (1 + i / 50), seed=i)
             attach_result(session, run=run, document=document)
-
-
-def polled_into_view(page: Page, locator: Locator, timeout_s: float = 15.0) -> None:
-    """Wait for `locator`, moving the page's installed clock on by watch.js's 2 s poll interval at
-    each try instead of waiting for it in real time: the page still has to poll, get the new state
-    and draw it (or reload with it), only sooner."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        page.clock.run_for(2000)
-        try:
-            locator.wait_for(timeout=500)
-            return
-        except PlaywrightTimeout:
-            if time.monotonic() > deadline:
-                raise
 
 
 @pytest.fixture()
