@@ -135,11 +135,12 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     created = form_client.post("/runs/new", data=form, follow_redirects=False)
     assert created.status_code == 303 and created.headers["location"].startswith("/compare?ids="), created.text[:500]
     a = created.headers["location"].split("ids=", 1)[1].split("&")[0].split(",")
+    page.clock.install()  # the polls run when polled_into_view moves the clock on
     page.goto(server.url + created.headers["location"])
     waiting = page.locator("#waiting")
     assert "Waiting for 2 of 2 runs" in waiting.inner_text() and waiting.locator("a").count() == 2
     finish(answers_settings, a)
-    page.locator("#waiting").wait_for(state="detached", timeout=15_000)
+    polled_into_view(page, page.locator("#waiting"), state="detached")
     rows = page.locator("#configurations tbody tr")
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
 
