@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from backend.store import runs as run_store
 from backend.store.leaderboard import query as leaderboard_query
 from parallab.core.flags import failed_checks
 from parallab.core.stats import median_interval
+from tests.conftest import empty_tables
 from tests.ui.factories import make_document, store_run
 
 LUCKY = [10_000.0, 10_100.0, 10_200.0, 10_300.0, 50_000.0]
@@ -44,12 +46,11 @@ def by_config(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any
     return {(r["strategy"], r["world_size"]): r for r in rows}
 
 
-@pytest.fixture
-def lab(settings) -> dict[str, Any]:
+def seed_lab(url: str) -> dict[str, Any]:
     """Runs of four configs on one workload: the lab's own (form) runs, one CI upload (its gradient
     and replica checks stated), one run whose gradient check failed, one lone run."""
     ids: dict[str, Any] = {}
-    with session_scope(settings.sqlalchemy_url) as session:
+    with session_scope(url) as session:
         for strategy, values in (("ddp", LUCKY), ("fsdp", STEADY), ("tp", TEN)):
             for i, tps in enumerate(values):
                 store_run(session, doc(strategy=strategy, world_size=2, tokens_per_s=tps, seed=i), source="form")
@@ -59,6 +60,44 @@ def lab(settings) -> dict[str, Any]:
         ids["stated"] = store_run(session, doc(strategy="ddp", world_size=2, tokens_per_s=10_150.0, seed=7), source="ci").id
         ids["lone"] = store_run(session, doc(strategy="ddp", world_size=4, tokens_per_s=20_000.0), source="form").id
     return ids
+
+
+@pytest.fixture(scope="module")
+def seeded() -> Iterator[dict[str, dict[str, Any]]]:
+    """The lab's ids by database URL, seeded once per database for the module: every test but one
+    only reads it (seeding took a second a test, half the module's time). Emptied at the end, as
+    the shared `db_url` would have."""
+    labs: dict[str, dict[str, Any]] = {}
+    yield labs
+    for url in labs:
+        empty_tables(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, seeded: dict[str, dict[str, Any]]) -> str:
+    """This module's `db_url`: the session's database holding the lab, seeded on first use (on
+    emptied tables, as the shared fixture gives them) instead of emptied for every test."""
+    url = request.getfixturevalue(f"{request.param}_url")
+    if url not in seeded:
+        empty_tables(url)
+        seeded[url] = seed_lab(url)
+    return url
+
+
+@pytest.fixture
+def lab(db_url: str, seeded: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The seeded runs' ids (see `seed_lab`)."""
+    return seeded[db_url]
+
+
+@pytest.fixture
+def changed_lab(db_url: str, seeded: dict[str, dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The lab, for a test that changes it: seeded again afterwards, so the next test reads the
+    lab `seed_lab` makes (the same dict, its ids replaced)."""
+    yield seeded[db_url]
+    empty_tables(db_url)
+    seeded[db_url].clear()
+    seeded[db_url].update(seed_lab(db_url))
 
 
 def test_a_lucky_outlier_does_not_win_the_median_does(settings, lab) -> None:
@@ -160,10 +199,10 @@ def assert_cells_hold_the_medians(session) -> None:
         assert median_run is not None and median_run.tokens_per_s == sorted(values[key])[len(values[key]) // 2]
 
 
-def test_the_cells_keep_the_median_through_ingest_delete_and_rebuild(settings, lab) -> None:
+def test_the_cells_keep_the_median_through_ingest_delete_and_rebuild(settings, changed_lab) -> None:
     with session_scope(settings.sqlalchemy_url) as session:
         assert_cells_hold_the_medians(session)
-        run_store.delete_run(session, lab["lone"])
+        run_store.delete_run(session, changed_lab["lone"])
         tp_run = session.execute(select(Run.id).where(Run.strategy == "tp", Run.tokens_per_s == 9_000.0)).scalar_one()
         run_store.delete_run(session, tp_run)
         session.commit()

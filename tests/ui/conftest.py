@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -103,3 +104,21 @@ class LiveServer:
 def live_server(app, lab) -> Iterator[LiveServer]:
     with LiveServer(app) as server:
         yield server
+
+
+def polled_into_view(page: Any, locator: Any, state: str = "visible", interval_ms: int = 2000, timeout_s: float = 15.0) -> None:
+    """Wait for `locator` (to be in `state`) on a page with an installed clock (`page.clock.install()`), moving that
+    clock on by the page's poll interval (watch.js and index.js: 2 s) at each try instead of
+    waiting the interval out: the page still has to poll, get the new state and draw it (or reload
+    with it), only sooner."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.clock.run_for(interval_ms)
+        try:
+            locator.wait_for(state=state, timeout=500)
+            return
+        except PlaywrightTimeout:  # not yet: the next poll
+            if time.monotonic() > deadline:
+                raise

@@ -17,7 +17,7 @@ from backend.models import Run
 from backend.services.ingest import attach_result
 from tests.backend.test_repeats import _store as store_runs
 from tests.core.hf_configs import TINY_LLAMA
-from tests.ui.conftest import CHROMIUM, LiveServer, make_settings
+from tests.ui.conftest import CHROMIUM, LiveServer, make_settings, polled_into_view
 from tests.ui.factories import csrf_token, make_document
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
@@ -109,6 +109,7 @@ def test_the_sweep_page_changes_to_finished_by_itself(page, server, form_client,
     with session_scope(answers_settings.sqlalchemy_url) as session:
         runs = [r.id for r in session.query(Run).filter(Run.sweep_id == url.rsplit("/", 1)[-1]).order_by(Run.created_at)]
     assert len(runs) >= 2
+    page.clock.install()  # the polls run when polled_into_view moves the clock on
     page.goto(server.url + url)
     status = page.locator(".page-head .actions .badge").first
     assert status.inner_text() == "running"
@@ -121,11 +122,11 @@ def test_the_sweep_page_changes_to_finished_by_itself(page, server, form_client,
     with session_scope(answers_settings.sqlalchemy_url) as session:
         session.get(Run, calibrate).status = "cancelled"
     finish(answers_settings, runs[:1])  # one run lands: the page fills it in, the sweep still runs
-    page.locator(f'#waiting li[data-run="{runs[0]}"] .badge.status-succeeded').wait_for(timeout=15_000)
+    polled_into_view(page, page.locator(f'#waiting li[data-run="{runs[0]}"] .badge.status-succeeded'))
     assert f"Waiting for {len(runs) - 1} of {len(watched)}" in page.locator("#waiting").inner_text()
     assert page.locator(".page-head .actions .badge").first.inner_text() == "running"
     finish(answers_settings, runs[1:])
-    page.locator(".page-head .actions .badge.status-finished").wait_for(timeout=15_000)
+    polled_into_view(page, page.locator(".page-head .actions .badge.status-finished"))
     assert page.locator("#waiting").count() == 0 and page.locator("#sweep-table .badge.status-succeeded").count() == len(runs)
 
 
@@ -134,11 +135,12 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     created = form_client.post("/runs/new", data=form, follow_redirects=False)
     assert created.status_code == 303 and created.headers["location"].startswith("/compare?ids="), created.text[:500]
     a = created.headers["location"].split("ids=", 1)[1].split("&")[0].split(",")
+    page.clock.install()  # the polls run when polled_into_view moves the clock on
     page.goto(server.url + created.headers["location"])
     waiting = page.locator("#waiting")
     assert "Waiting for 2 of 2 runs" in waiting.inner_text() and waiting.locator("a").count() == 2
     finish(answers_settings, a)
-    page.locator("#waiting").wait_for(state="detached", timeout=15_000)
+    polled_into_view(page, page.locator("#waiting"), state="detached")
     rows = page.locator("#configurations tbody tr")
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
 

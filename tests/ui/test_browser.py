@@ -15,7 +15,7 @@ import pytest
 
 from backend.models import Run
 from tests.core.hf_configs import TINY_LLAMA
-from tests.ui.conftest import CHROMIUM, LiveServer, make_settings
+from tests.ui.conftest import CHROMIUM, LiveServer, make_settings, polled_into_view
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
 
@@ -139,18 +139,19 @@ def test_index_follows_unfinished_runs_live(page, live_server, session_factory):
     from tests.ui.factories import make_document
 
     run_id = add_running_run(session_factory, name="index live", strategy="fsdp", step=2)
-    page.goto(f"{live_server.url}/")
     row = f'tr[data-live-run="{run_id}"]'
+    page.clock.install()  # index.js's polls run when polled_into_view moves the clock on
+    page.goto(f"{live_server.url}/")
     assert page.inner_text(f"{row} .live-progress") == "step 2/20"
     with session_factory() as s:
         s.get(Run, run_id).progress = {"phase": "train", "step": 9, "steps": 20, "loss": 4.0}
         s.commit()
-    page.wait_for_function(f"document.querySelector('{row} .live-progress').textContent === 'step 9/20'", timeout=15_000)
+    polled_into_view(page, page.locator(f"{row} .live-progress", has_text=re.compile(r"^step 9/20$")))
     with session_factory() as s:
         attach_result(s, run=s.get(Run, run_id), document=make_document(strategy="fsdp", world_size=2, tokens_per_s=12_345.0))
         s.commit()
     # Finished: the page reloads and the row shows the measured throughput, no longer live.
-    page.wait_for_selector(f'a[href="/runs/{run_id}"]:not(tr[data-live-run] a)', timeout=15_000)
+    polled_into_view(page, page.locator(f'a[href="/runs/{run_id}"]:not(tr[data-live-run] a)'))
     assert "12,345" in page.inner_text("table.runs-table")
 
 
