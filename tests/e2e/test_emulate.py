@@ -188,4 +188,6 @@ def test_a_burst_after_an_idle_link_crosses_at_the_rate_not_free_from_the_bucket
     24 ms instead of 34), so the link's cost depended on the compute around it."""
     with emulated_cluster(nodes=2, ranks_per_node=1, rate=rate) as cluster:
         took = _burst_seconds(cluster, nbytes, idle_s=1.0)
-    assert took == pytest.approx(nbytes * 8 / rate_bps, rel=0.12), took
+    # Only a bound below: a loaded host can only stretch the receiver's clock (the rate itself is
+    # held by the bandwidth test above), and a free bucket only shortens it.
+    assert took >= 0.88 * nbytes * 8 / rate_bps, took

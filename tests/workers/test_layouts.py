@@ -95,13 +95,15 @@ def test_the_critical_path_of_a_pipeline_layout_shows_its_bubble_and_its_sends(h
     assert any(p.startswith("transfer pp ") for p in parts), parts
     assert any(p.startswith("compute ") for p in parts), parts
     assert sum(parts.values()) == pytest.approx(cp.length_s, rel=1e-6)
-    # The drawn path is one step's (the median's): it crosses the stages through their sends and
-    # draws only parts the mean counts. Whether that one step waited on its input depends on the
-    # scheduler (a stage slowed by a busy machine finds its input already there): the bubble is
-    # asserted over every step, above, not on the drawn one.
+    # The drawn path is one step's (the median's): its pipeline transfer lies on it and it draws
+    # only parts the mean counts. Whether that one step waited on its input depends on the
+    # scheduler (a stage slowed by a busy machine finds its input already there, and the path then
+    # stays on that stage: a clean-clone run drew rank 3 alone, its receive as transfer): the
+    # bubble is asserted over every step, above, and the move to the rank a wait was for is held
+    # on synthetic steps (tests/core/test_critpath.py), not on the drawn one.
     drawn = {s.part for s in cp.path}
     assert drawn <= set(parts) and any(p.startswith("transfer pp ") for p in drawn), (drawn, parts)
-    assert {s.rank for s in cp.path} == set(cp.path_ranks_visited) and len(cp.path_ranks_visited) >= 2, cp.path_ranks_visited
+    assert {s.rank for s in cp.path} == set(cp.path_ranks_visited) and set(cp.path_ranks_visited) <= set(cp.ranks), cp.path_ranks_visited
     # each rank's split step covers it exactly
     assert sum(cp.rank_parts_s.values()) == pytest.approx(cp.rank_step_s, rel=1e-6)
     short = doc.summary.critical_path  # the summary keeps the length and parts
