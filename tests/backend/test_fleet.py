@@ -214,27 +214,37 @@ def test_a_reservation_takes_every_host_or_none(settings: Settings) -> None:
     assert reserve(settings, third, job(world=8, nodes=4), spare).impossible  # type: ignore[union-attr]
 
 
-def test_two_coordinators_racing_for_the_same_two_hosts_never_deadlock_and_one_wins(settings: Settings) -> None:
-    a, b = info("host-a"), info("host-b")
-    register(settings, a, b)
-    two = job(nodes=2)
-    runs = [queued_run(settings, two), queued_run(settings, two)]
-    start = threading.Barrier(2)
+def race(
+    settings: Settings, runs: list[str], resolved: ResolvedJob, coordinators: tuple[WorkerInfo, ...], *, start: bool
+) -> dict[int, Any]:
+    """Coordinator i reserves runs[i] in a thread of its own (all released at once when `start`):
+    each one's outcome — its nodes, NotReserved, or the exception it raised."""
+    gate = threading.Barrier(len(coordinators))
     outcomes: dict[int, Any] = {}
 
     def coordinator(i: int, me: WorkerInfo) -> None:
-        start.wait()
+        if start:
+            gate.wait()
         try:
-            outcomes[i] = reserve(settings, runs[i], two, me)
-        except Exception as exc:  # SQLite may answer "database is locked": still nothing taken twice
+            outcomes[i] = reserve(settings, runs[i], resolved, me)
+        except Exception as exc:  # SQLite's "database is locked"; Postgres's DeadlockDetected
             outcomes[i] = exc
 
-    threads = [threading.Thread(target=coordinator, args=(i, me)) for i, me in enumerate((a, b))]
+    threads = [threading.Thread(target=coordinator, args=(i, me)) for i, me in enumerate(coordinators)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a coordinator hung"
+    return outcomes
+
+
+def test_two_coordinators_racing_for_the_same_two_hosts_never_deadlock_and_one_wins(settings: Settings) -> None:
+    a, b = info("host-a"), info("host-b")
+    register(settings, a, b)
+    two = job(nodes=2)
+    runs = [queued_run(settings, two), queued_run(settings, two)]
+    outcomes = race(settings, runs, two, (a, b), start=True)  # SQLite may refuse one: still nothing taken twice
     winners = [i for i, o in outcomes.items() if isinstance(o, list)]
     assert len(winners) == 1 if settings.sqlalchemy_url.startswith("postgresql") else len(winners) <= 1, outcomes
     taken = set(holders(settings).values())
@@ -265,20 +275,7 @@ def test_two_coordinators_that_each_refreshed_their_own_row_first_do_not_deadloc
         return worker
 
     monkeypatch.setattr(fleet, "register", register_then_wait)
-    outcomes: dict[int, Any] = {}
-
-    def coordinator(i: int, me: WorkerInfo) -> None:
-        try:
-            outcomes[i] = reserve(settings, runs[i], two, me)
-        except Exception as exc:  # DeadlockDetected, before the fix
-            outcomes[i] = exc
-
-    threads = [threading.Thread(target=coordinator, args=(i, me)) for i, me in enumerate((a, b))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a coordinator hung"
+    outcomes = race(settings, runs, two, (a, b), start=False)  # before the fix, one was DeadlockDetected
     assert sorted(type(o).__name__ for o in outcomes.values()) == ["NotReserved", "list"], outcomes
     (winner,) = (i for i, o in outcomes.items() if isinstance(o, list))
     assert set(holders(settings).values()) == {runs[winner]}
