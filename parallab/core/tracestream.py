@@ -148,3 +148,28 @@ def read_trace(path: Path, keep: Callable[[dict[str, Any]], bool] | None = None)
     with open_trace(path) as stream:
         events = [e for e in iter_events(stream, meta) if keep is None or keep(e)]
     return meta, events
+
+
+WHOLE_READ_BYTES = 64 << 20
+"""A raw trace up to this size is decoded in one `json.loads`; a larger one is streamed."""
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """The Chrome trace at `path` as a document with its `traceEvents`.
+
+    Decoding element by element (`read_trace`) bounds memory by the events, not the text, but
+    costs half again the time of one `json.loads` (a Python call per element and per object): on
+    a traced tiny job, the read was the largest part of the window's analysis. So a file up to
+    `WHOLE_READ_BYTES` — its text held beside its events for the one call — is decoded whole, and
+    a larger one streamed. Anything but a whole trace is read again by the stream, which names
+    what is wrong (`TruncatedTrace`, `NotATrace`)."""
+    if path.stat().st_size <= WHOLE_READ_BYTES:
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8: the stream says which
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if isinstance(e, dict)]  # as the stream yields them
+            return doc
+    meta, kept = read_trace(path)
+    return {**meta, "traceEvents": kept}

@@ -170,19 +170,18 @@ def test_a_raw_trace_read_whole_or_streamed_gives_the_same_document(tmp_path, mo
     document either way (non-object elements dropped, as the stream drops them); a file cut
     short is named by the stream whichever way it was tried first."""
     from parallab.core import tracestream
-    from workers.harness import measure
 
     doc = chrome_trace(steps=2, events_per_step=50)
     doc["traceEvents"].insert(3, 7)  # not an event: neither way keeps it
     path = tmp_path / "raw.json"
     path.write_text(json.dumps(doc))
-    whole = measure.read_raw_trace(path)
-    monkeypatch.setattr(measure, "WHOLE_READ_BYTES", 0)
-    streamed = measure.read_raw_trace(path)
+    whole = tracestream.read_document(path)
+    monkeypatch.setattr(tracestream, "WHOLE_READ_BYTES", 0)
+    streamed = tracestream.read_document(path)
     assert whole == streamed
     assert 7 not in whole["traceEvents"] and len(whole["traceEvents"]) == len(doc["traceEvents"]) - 1
 
-    monkeypatch.setattr(measure, "WHOLE_READ_BYTES", 1 << 30)
+    monkeypatch.setattr(tracestream, "WHOLE_READ_BYTES", 1 << 30)
     path.write_text(json.dumps(doc)[:-40])
     with pytest.raises(tracestream.TruncatedTrace):
-        measure.read_raw_trace(path)
+        tracestream.read_document(path)

@@ -469,30 +469,6 @@ def cuda_snapshot() -> dict[str, Any] | None:
 
 # ---- the profiled window ----
 
-WHOLE_READ_BYTES = 64 << 20
-"""A raw trace up to this size is decoded in one `json.loads`; a larger one is streamed."""
-
-
-def read_raw_trace(path: Path) -> dict[str, Any]:
-    """The profiler's Chrome trace at `path` as a document with its `traceEvents`.
-
-    Decoding element by element (`tracestream`) bounds memory by the events, not the text, but
-    costs half again the time of one `json.loads` (a Python call per element and per object): on
-    a traced tiny job, the read was the largest part of the window's analysis. So a file up to
-    `WHOLE_READ_BYTES` — its text held beside its events for the one call — is decoded whole, and
-    a larger one streamed. Anything but a whole trace is read again by the stream, which names
-    what is wrong (`tracestream.TruncatedTrace`, `NotATrace`)."""
-    if path.stat().st_size <= WHOLE_READ_BYTES:
-        try:
-            doc = json.loads(path.read_bytes())
-        except ValueError:  # JSONDecodeError, or bytes that are not UTF-8: the stream says which
-            doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-            doc["traceEvents"] = [e for e in doc["traceEvents"] if isinstance(e, dict)]  # as the stream yields them
-            return doc
-    meta, kept = tracestream.read_trace(path)
-    return {**meta, "traceEvents": kept}
-
 
 @dataclass
 class ProfileResult:
@@ -670,7 +646,7 @@ class StepProfiler:
         unread: str | None = None
         if self._raw_trace is not None and self._raw_trace.exists():
             try:
-                doc = read_raw_trace(self._raw_trace)
+                doc = tracestream.read_document(self._raw_trace)
             except (tracestream.NotATrace, UnicodeDecodeError) as exc:
                 unread = f"the profiler's trace could not be read ({exc}); its analyses were skipped"
         events: list[dict[str, Any]] = doc.get("traceEvents", [])
