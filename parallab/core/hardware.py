@@ -169,6 +169,35 @@ class BlockPoint(BaseModel):
     seconds: float = Field(gt=0)
 
 
+class TpBlockPoint(BaseModel):
+    """The workload's block as tensor parallelism runs it (the `tp` plan on a (world / tp, tp) mesh, every
+    rank at once), forward and backward on `tokens` tokens of each tp group's rows: seconds per call
+    less the block's own TP collectives timed alone on the same groups (`parallab.core.dims.tp.block_collectives`),
+    so what is left is its compute as DTensor runs it — sharding propagation and dispatch on every op of
+    its linears and (under sequence parallelism) norms, the redistributions' local work, and under
+    selective recomputation the policy's mode seeing each of them."""
+
+    model_config = _frozen
+    tp: int = Field(ge=2)
+    sequence_parallel: bool
+    precision: str
+    recompute: str = Field(max_length=16)
+    tokens: int = Field(ge=1)
+    seconds: float = Field(ge=0)
+
+
+class FsdpOverhead(BaseModel):
+    """What FSDP2 (`fully_shard` over every rank) adds to one wrapped block's forward and backward
+    beyond the block itself and the all-gathers and reduce-scatter of its parameters timed alone:
+    the copy-in and copy-out around each all-gather, the reduce-scatter's copy-in, division and
+    view-out into sharded DTensor gradients, and the hooks that drive them — seconds per group and
+    accumulation micro-step."""
+
+    model_config = _frozen
+    reshard_after_forward: bool
+    seconds: float = Field(ge=0)
+
+
 BLOCK_FIELDS = (
     "family",
     "hidden_size",
@@ -222,6 +251,35 @@ class HardwareProfile(BaseModel):
         default_factory=list, description="The workload's own block, forward and backward, per precision, recomputation and token count."
     )
     block_model: str | None = Field(None, max_length=2000, description="`block_signature` of the model whose block `blocks` timed.")
+    tp_blocks: list[TpBlockPoint] = Field(
+        default_factory=list, description="The same block under the tp plan, its own collectives taken out (`block_model`'s)."
+    )
+    fsdp_overhead: list[FsdpOverhead] = Field(
+        default_factory=list, description="FSDP2's own cost per group and micro-step, by reshard_after_forward (none: not measured, 0)."
+    )
+
+    def tp_block_seconds(
+        self, config: BaseModel, tp: int, sequence_parallel: bool, precision: str, recompute: str, tokens: int
+    ) -> float | None:
+        """Seconds of one block's forward and backward under tp (its collectives out) on `tokens`
+        tokens, as `block_seconds` reads its points; None where no such block was measured."""
+        if self.block_model is None or self.block_model != block_signature(config):
+            return None
+        points = sorted(
+            (p.tokens, p.seconds)
+            for p in self.tp_blocks
+            if (p.tp, p.sequence_parallel, p.precision, p.recompute) == (tp, sequence_parallel, precision, recompute)
+        )
+        if not points:
+            return None
+        if tokens >= points[-1][0]:
+            return points[-1][1] * tokens / points[-1][0]
+        return _interp([(float(t), s) for t, s in points], float(tokens))
+
+    def fsdp_group_overhead_s(self, reshard_after_forward: bool) -> float:
+        """FSDP2's own seconds per group and micro-step; 0 where the calibration did not measure it
+        (a profile from before it did, or one rank)."""
+        return next((p.seconds for p in self.fsdp_overhead if p.reshard_after_forward == reshard_after_forward), 0.0)
 
     def block_seconds(self, config: BaseModel, precision: str, recompute: str, tokens: int) -> float | None:
         """Seconds of one block's forward and backward (with its recomputation) on `tokens` tokens:

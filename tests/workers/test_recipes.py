@@ -131,6 +131,12 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
     blocks = {(b.precision, b.recompute, b.tokens) for b in profile.blocks}
     assert blocks == {(p, r, t) for p in ("fp32", "bf16") for r in ("none", "selective", "full") for t in (64, 256)}
     assert profile.block_model == block_signature(PRESETS["tiny"].config)
+    # the same block as tp = 2 runs it (sequence parallel off and on) and FSDP2's own cost, reshard off and on
+    tp_blocks = {(b.tp, b.sequence_parallel, b.precision, b.recompute, b.tokens) for b in profile.tp_blocks}
+    assert tp_blocks == {
+        (2, sp, p, r, t) for sp in (False, True) for p in ("fp32", "bf16") for r in ("none", "selective", "full") for t in (64, 256)
+    }
+    assert sorted(o.reshard_after_forward for o in profile.fsdp_overhead) == [False, True]
     assert {p.op for p in profile.collectives} == {"all_reduce", "send_recv"} and {p.op for p in doc.collectives} == {
         "all_reduce",
         "send_recv",

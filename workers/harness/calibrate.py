@@ -20,15 +20,15 @@ sub-millisecond GEMMs measured whether a rank happened to hold a core, not its s
   (a replicated input, a weight sharded over all ranks: tensor parallelism's dispatch) costs on
   top of the same plain linear; and what an op costs inside a region under selective
   recomputation's policy (its caching mode sees every op in forward and again in the recompute).
+- the same block as tensor parallelism and FSDP2 run it (`workers.harness.wrapped_blocks`): what
+  DTensor's dispatch and FSDP2's copies and hooks add beyond the block and its collectives.
 - the collectives sweep of the `collectives` job (`workers.harness.collectives`), skipped on one rank.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -48,54 +48,10 @@ from parallab.core.model import ModelConfig
 from parallab.core.result import CollectivePoint
 from parallab.core.strategies.calibrate import CalibrateOptions, gemm_shapes
 from workers.harness import collectives
-from workers.harness.amp import DTYPES
+from workers.harness.everyrank import BLOCK_RECOMPUTE, BLOCK_TOKEN_COUNTS, block_step, gemm_dtype, timed
 
 COPY_BYTES = 64 * 1024 * 1024
 OVERHEAD_CALLS = 2000
-MIN_TIMED_S = 0.2
-"""Seconds of calls each point is timed over, at least (many scheduler slices of ranks sharing cores)."""
-BLOCK_TOKEN_COUNTS = 2
-"""The block is timed at this many of the smallest token counts (a run's tokens per forward are few)."""
-BLOCK_RECOMPUTE = ("none", "selective", "full")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def slowest(seconds: float, device: torch.device, world_size: int) -> float:
-    """The slowest rank's time (every rank gets the same answer)."""
-    if world_size <= 1 or not dist.is_initialized():
-        return seconds
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def timed(call: Callable[[], object], iters: int, device: torch.device, world_size: int, min_seconds: float = MIN_TIMED_S) -> float:
-    """Seconds per call of `call`, all ranks together: one untimed call (its slowest rank's time
-    sets the count: at least `iters`, and enough for `min_seconds`, one for a call that takes
-    longer), a barrier, that many timed."""
-    start = time.perf_counter()
-    call()
-    _sync(device)
-    first = slowest(time.perf_counter() - start, device, world_size)
-    if min_seconds > 0:
-        iters = max(1 if first >= min_seconds else iters, math.ceil(min_seconds / max(first, 1e-9)))
-    if world_size > 1 and dist.is_initialized():
-        dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        call()
-    _sync(device)
-    return slowest((time.perf_counter() - start) / iters, device, world_size)
-
-
-def gemm_dtype(precision: str) -> torch.dtype:
-    """The dtype a precision's GEMMs run in (fp8's are timed as its bf16 fallback: torchao's
-    scaled GEMM is measured by an fp8 training run, not here)."""
-    return DTYPES.get(precision, torch.float32)
 
 
 def measure_matmuls(
@@ -143,15 +99,6 @@ def measure_blocks(
                 seconds = timed(step, 1, device, world_size)
                 points.append(BlockPoint(precision=precision, recompute=recompute, tokens=tokens, seconds=seconds))
     return points
-
-
-def block_step(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, precision: str) -> None:
-    """One block's forward and backward as a training step runs it: fresh gradients (a step's first
-    micro-step), autocast in a 16-bit precision, a dense gradient from above (the next block's)."""
-    block.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=gemm_dtype(precision), enabled=precision != "fp32"):
-        out = block(x, cos, sin)
-    out.backward(grad.to(out.dtype))
 
 
 def memory_bandwidth(device: torch.device, world_size: int) -> float:
@@ -229,6 +176,10 @@ def run_calibration(
     overhead = op_overhead(device, world_size)
     dtensor = dtensor_overhead(device, world_size) if dist.is_initialized() else None
     selective = selective_overhead(device, world_size)
+    from workers.harness.wrapped_blocks import measure_fsdp_overhead, measure_tp_blocks
+
+    tp_blocks = measure_tp_blocks(model, options, device, world_size, describe) if blocks else []
+    fsdp = measure_fsdp_overhead(model, options, device, world_size) if blocks else []
     sweep: list[CollectivePoint] = []
     if world_size > 1 and options.ops:
         fields = CollectivesOptions.model_fields
@@ -244,5 +195,7 @@ def run_calibration(
         collectives=busbw_points(sweep),
         blocks=blocks,
         block_model=block_signature(model) if blocks else None,
+        tp_blocks=tp_blocks,
+        fsdp_overhead=fsdp,
     )
     return profile, sweep

@@ -152,9 +152,19 @@ def parallelize(model: Transformer, mesh: DeviceMesh, *, sequence_parallel: bool
     blocks = model.get_submodule(plan.blocks)
     assert isinstance(blocks, nn.ModuleDict | nn.ModuleList), "blocks are kept in a ModuleDict or a ModuleList"
     for key, block in blocks.named_children():  # keys "0".."L-1" either way (a pipeline stage keeps its blocks' keys)
-        # Norms run on the sequence shard under SP (the attention's rotary tables are plain, full-sequence tensors).
-        _apply(block, plan.block(int(key)), mesh, cfg=model.cfg, residual=residual, sequence_parallel=sequence_parallel)
+        parallelize_block(block, plan.block(int(key)), mesh, cfg=model.cfg, sequence_parallel=sequence_parallel)
     return model
+
+
+def parallelize_block(
+    block: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh, *, cfg: ModelConfig, sequence_parallel: bool
+) -> nn.Module:
+    """One block's part of the plan (`plan`: its paths → style names) on the 1-D `mesh`; the
+    calibration times a block so (`workers.harness.wrapped_blocks`). Norms run on the sequence
+    shard under SP (the attention's rotary tables are plain, full-sequence tensors)."""
+    residual: Placement = Shard(1) if sequence_parallel else Replicate()
+    _apply(block, plan, mesh, cfg=cfg, residual=residual, sequence_parallel=sequence_parallel)
+    return block
 
 
 def lay_out_grads(model: nn.Module) -> None:

@@ -237,6 +237,24 @@ def split_blocks(cfg: ModelConfig) -> int:
     return 2 * cfg.num_layers - cfg.moe_layers
 
 
+def block_collectives(tokens: int, hidden: int, *, act: int, stream: int, sequence_parallel: bool) -> list[tuple[str, int, int]]:
+    """(op, bytes per call, calls) of one dense block's forward and backward under tp, on `tokens`
+    tokens (b·s, the whole sequence) — `tp_comm`'s per-layer share: without SP the 4 all-reduces of
+    b·s·h (the two row-parallel outputs forward in `act`, the two prepared inputs' gradients backward
+    in `stream`); with SP each becomes a reduce-scatter, and the two inputs' gathers forward
+    (`stream`) and the two outputs' gradients' gathers backward (`act`) are all-gathers. What the
+    calibration times alone to take the collectives out of the block it measures under tp."""
+    bsh = tokens * hidden
+    if not sequence_parallel:
+        return [("all_reduce", bsh * act, 2), ("all_reduce", bsh * stream, 2)]
+    return [
+        ("all_gather", bsh * stream, 2),
+        ("all_gather", bsh * act, 2),
+        ("reduce_scatter", bsh * act, 2),
+        ("reduce_scatter", bsh * stream, 2),
+    ]
+
+
 def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
     """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives);
     under SP the norms' gradient all-reduces are per optimizer step, not here (`tp_items`)."""
