@@ -13,7 +13,7 @@ from typing import Any
 
 from parallab.core.dims import APPLY_ORDER, compose
 from parallab.core.jobs import ResolvedJob
-from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, item_seconds, profile_terms
+from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, fsdp_overhead_seconds, item_seconds, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.reserved import reserved_memory
 
@@ -68,6 +68,11 @@ def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> d
     if not terms:
         compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
         terms = [{"name": "compute", "seconds": compute, "formula": "GEMMs at peak × efficiency + memory-bound ops", "entry": "datasheet"}]
+    fsdp = fsdp_overhead_seconds(job, hw)
+    if fsdp > 0:
+        terms.append(
+            {"name": "FSDP2's copies and hooks", "seconds": fsdp, "formula": "groups × micro-steps × per group", "entry": "fsdp_overhead"}
+        )
     step = [
         *({**t, "name": f"compute: {t['name']}"} for t in terms),
         *_comm_lines(job, hw, estimate.compute_s, loss_parallel=loss_parallel),

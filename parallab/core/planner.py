@@ -191,6 +191,12 @@ class Hardware:
         """Calibrated only, as `dtensor_op_overhead_s`."""
         return (self.profile.selective_op_overhead_s or 0.0) if self.profile is not None else 0.0
 
+    def fsdp_group_overhead_s(self, reshard_after_forward: bool) -> float:
+        """FSDP2's own seconds per group and micro-step (`HardwareProfile.fsdp_overhead`): calibrated
+        only, 0 where the calibration did not measure it (GPUs hide FSDP2's host work behind their
+        kernels: the device profiles carry none)."""
+        return self.profile.fsdp_group_overhead_s(reshard_after_forward) if self.profile is not None else 0.0
+
     @property
     def ranks_per_core(self) -> float:
         """CPU ranks time-share the host's cores: how many ranks each core serves (1 on GPUs, or unknown cores)."""
@@ -504,10 +510,53 @@ def measured_block_seconds(job: ResolvedJob, hw: Hardware, lay: Layout, *, selec
         measured, gemm_passes = found, 4 if mode == "full" else 3
     if lay.tp == 1:
         return measured
+    under_tp = _measured_tp_block(job, hw, lay)
+    if under_tp is not None:
+        return under_tp
     whole = _block_parts(job, hw, replace(lay, tp=1))[0]
     split = _block_parts(job, hw, lay)[0]
     rest = max(0.0, measured - gemm_passes * whole)
     return rest + gemm_passes * split + DTENSOR_OPS_PER_LAYER * 3 * hw.dtensor_op_overhead_s
+
+
+def _measured_tp_block(job: ResolvedJob, hw: Hardware, lay: Layout) -> float | None:
+    """One block's forward and backward as the calibration timed it under tensor parallelism at this
+    degree and sequence parallelism (`HardwareProfile.tp_blocks`: its collectives taken out, which
+    the tp dimension's items time); alternate recomputation as its blocks' mean. None where the
+    calibration did not time the block so (then the block measured whole is split by its GEMMs)."""
+    assert hw.profile is not None
+    sp = bool(getattr(job.options, "sequence_parallel", False))
+    mode, precision = job.workload.activation_checkpointing, job.workload.precision
+
+    def read(recompute: str) -> float | None:
+        assert hw.profile is not None
+        return hw.profile.tp_block_seconds(job.model, lay.tp, sp, precision, recompute, lay.tokens)
+
+    if mode != "alternate":
+        return read(mode)
+    full, none = read("full"), read("none")
+    if full is None or none is None:
+        return None
+    recomputed = math.ceil(lay.layers / 2) / max(lay.layers, 1)
+    return recomputed * full + (1 - recomputed) * none
+
+
+def fsdp_overhead_seconds(job: ResolvedJob, hw: Hardware) -> float:
+    """FSDP2's own work on the rank per step beyond its collectives — the copies around each
+    all-gather and reduce-scatter and the hooks that drive them — as the calibration measured it per
+    group and micro-step (`Hardware.fsdp_group_overhead_s`), times the groups (the busiest stage's
+    blocks and the root) and the accumulation micro-steps; 0 without dp_shard or a measurement."""
+    mesh = job.descriptor.layout(job.world_size, job.options)
+    if mesh is None or mesh.fsdp_shards == 1:
+        return 0.0
+    groups = mesh.most_layers(job.model.num_layers) + 1
+    return groups * job.accum_steps * hw.fsdp_group_overhead_s(mesh.reshard_after_forward)
+
+
+def _dtensor_params(job: ResolvedJob) -> bool:
+    """Whether the optimizer steps DTensor parameters (FSDP2 shards them as DTensors; tp's plan too)."""
+    mesh = job.descriptor.layout(job.world_size, job.options)
+    return mesh is not None and (mesh.fsdp_shards > 1 or mesh.tp > 1)
 
 
 def _root_seconds(job: ResolvedJob, hw: Hardware, lay: Layout) -> float:
@@ -541,12 +590,18 @@ def _local_params(job: ResolvedJob) -> int:
 
 def optimizer_seconds(job: ResolvedJob, hw: Hardware) -> float:
     """AdamW over the rank's parameters (and the accumulation adds into the grads): on CPU ranks
-    torch's single-tensor loop, pass by pass (`ADAMW_LOOP_BYTES`); elsewhere the ideal 28 B."""
+    torch's single-tensor loop, pass by pass (`ADAMW_LOOP_BYTES`), each of its ops paying DTensor's
+    dispatch on top where the parameters are DTensors (FSDP2, tp: the calibrated
+    `dtensor_op_overhead_s`); elsewhere the ideal 28 B."""
     local = _local_params(job)
     tensors = tensor_count(job.model)
     accumulate = (job.accum_steps - 1) * local * 12
-    per_param = ADAMW_LOOP_BYTES if hw.device.kind == "cpu" else ADAMW_BYTES
-    return (local * per_param + accumulate) / hw.memory_bandwidth + tensors * ADAMW_LOOP_OPS * hw.op_overhead_s
+    cpu = hw.device.kind == "cpu"
+    per_param = ADAMW_LOOP_BYTES if cpu else ADAMW_BYTES
+    per_op = hw.op_overhead_s
+    if cpu and _dtensor_params(job):  # each op of the loop dispatches through DTensor
+        per_op += hw.dtensor_op_overhead_s
+    return (local * per_param + accumulate) / hw.memory_bandwidth + tensors * ADAMW_LOOP_OPS * per_op
 
 
 def placed_item_stride(job: ResolvedJob, group_size: int, stride: int) -> int:
@@ -606,6 +661,7 @@ def estimate_step_time(
     """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md);
     `selective_policy`: a published run's selective recomputation policy (`activations.SELECTIVE_POLICIES`)."""
     compute = compute_seconds(job, hw, loss_parallel=loss_parallel, selective_policy=selective_policy)
+    compute += fsdp_overhead_seconds(job, hw)
     comm = exposed = hidden_want = 0.0
     by_dim: dict[str, float] = {}
     exposed_dim: dict[str, float] = {}
