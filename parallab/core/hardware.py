@@ -186,6 +186,21 @@ class TpBlockPoint(BaseModel):
     seconds: float = Field(ge=0)
 
 
+class TpRootPoint(BaseModel):
+    """The model's two ends as tensor parallelism runs them — the vocab-parallel embedding, the final
+    norm (on sequence shards under SP), the column-parallel head and the loss on its gathered logits
+    — forward and backward on `tokens` tokens, less their collectives timed alone
+    (`parallab.core.dims.tp.root_collectives`): what DTensor's embedding, head and norm cost."""
+
+    model_config = _frozen
+    tp: int = Field(ge=2)
+    sequence_parallel: bool
+    precision: str
+    vocab_size: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    seconds: float = Field(ge=0)
+
+
 class FsdpOverhead(BaseModel):
     """What FSDP2 (`fully_shard` over every rank) adds to one wrapped block's forward and backward
     beyond the block itself and the all-gathers and reduce-scatter of its parameters timed alone:
@@ -254,6 +269,9 @@ class HardwareProfile(BaseModel):
     tp_blocks: list[TpBlockPoint] = Field(
         default_factory=list, description="The same block under the tp plan, its own collectives taken out (`block_model`'s)."
     )
+    tp_roots: list[TpRootPoint] = Field(
+        default_factory=list, description="The two ends under the tp plan, their collectives taken out (`block_model`'s width)."
+    )
     fsdp_overhead: list[FsdpOverhead] = Field(
         default_factory=list, description="FSDP2's own cost per group and micro-step, by reshard_after_forward (none: not measured, 0)."
     )
@@ -265,16 +283,22 @@ class HardwareProfile(BaseModel):
         tokens, as `block_seconds` reads its points; None where no such block was measured."""
         if self.block_model is None or self.block_model != block_signature(config):
             return None
-        points = sorted(
-            (p.tokens, p.seconds)
-            for p in self.tp_blocks
-            if (p.tp, p.sequence_parallel, p.precision, p.recompute) == (tp, sequence_parallel, precision, recompute)
+        key = (tp, sequence_parallel, precision, recompute)
+        return _by_tokens(
+            [(p.tokens, p.seconds) for p in self.tp_blocks if (p.tp, p.sequence_parallel, p.precision, p.recompute) == key], tokens
         )
-        if not points:
+
+    def tp_root_seconds(self, config: BaseModel, tp: int, sequence_parallel: bool, precision: str, tokens: int) -> float | None:
+        """Seconds of the two ends' forward and backward under tp (their collectives out) on `tokens`
+        tokens, read as `block_seconds` reads its points; None where none was measured for this width
+        and vocabulary."""
+        if self.block_model is None or self.block_model != block_signature(config):
             return None
-        if tokens >= points[-1][0]:
-            return points[-1][1] * tokens / points[-1][0]
-        return _interp([(float(t), s) for t, s in points], float(tokens))
+        vocab = getattr(config, "vocab_size", None)
+        key = (tp, sequence_parallel, precision, vocab)
+        return _by_tokens(
+            [(p.tokens, p.seconds) for p in self.tp_roots if (p.tp, p.sequence_parallel, p.precision, p.vocab_size) == key], tokens
+        )
 
     def fsdp_group_overhead_s(self, reshard_after_forward: bool) -> float:
         """FSDP2's own seconds per group and micro-step; 0 where the calibration did not measure it
@@ -288,12 +312,7 @@ class HardwareProfile(BaseModel):
         when the profile measured no such block."""
         if self.block_model is None or self.block_model != block_signature(config):
             return None
-        points = sorted((p.tokens, p.seconds) for p in self.blocks if p.precision == precision and p.recompute == recompute)
-        if not points:
-            return None
-        if tokens >= points[-1][0]:
-            return points[-1][1] * tokens / points[-1][0]
-        return _interp([(float(t), s) for t, s in points], float(tokens))
+        return _by_tokens([(p.tokens, p.seconds) for p in self.blocks if p.precision == precision and p.recompute == recompute], tokens)
 
     def matmul_flops(self, precision: str, m: int, n: int, k: int) -> float | None:
         """FLOP/s of an (m, n, k) GEMM: where that (k, n) was measured in that precision, interpolated
@@ -313,6 +332,17 @@ class HardwareProfile(BaseModel):
         if not points:
             return None
         return _interp(points, math.log(max(size_bytes, 1)))
+
+
+def _by_tokens(measured: list[tuple[int, float]], tokens: int) -> float | None:
+    """Seconds at `tokens` through (tokens, seconds) points: piecewise linear between them, flat
+    below the smallest, proportional to tokens above the largest; None without points."""
+    points = sorted(measured)
+    if not points:
+        return None
+    if tokens >= points[-1][0]:
+        return points[-1][1] * tokens / points[-1][0]
+    return _interp([(float(t), s) for t, s in points], float(tokens))
 
 
 def _mean_by_x(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

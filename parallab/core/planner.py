@@ -562,10 +562,17 @@ def _dtensor_params(job: ResolvedJob) -> bool:
 def _root_seconds(job: ResolvedJob, hw: Hardware, lay: Layout) -> float:
     """What a forward and backward spend outside the blocks on the rank holding the head: the head's
     GEMMs (backward twice the forward), the fp32 logits' softmax and loss, autocast's cast of the
-    head's weight; the embedding's gather is negligible beside them."""
+    head's weight; the embedding's gather is negligible beside them. Under tp without a pipeline
+    (the rank holds both ends), the calibration's ends as tp runs them where it timed them
+    (`HardwareProfile.tp_roots`: DTensor's vocab-parallel embedding, head and norm, collectives out)."""
     if not lay.head:
         return 0.0
     cfg, precision = job.model, job.workload.precision
+    if lay.tp > 1 and hw.profile is not None and job.degrees["pp"] == job.degrees["cp"] == 1:  # both ends, whole sequences: as calibrated
+        sp = bool(getattr(job.options, "sequence_parallel", False))
+        measured = hw.profile.tp_root_seconds(cfg, lay.tp, sp, precision, lay.tokens)
+        if measured is not None:
+            return measured
     vocab = cfg.vocab_size // lay.tp
     seconds = 3 * _gemm(hw, precision, lay.tokens, cfg.hidden_size, vocab)
     seconds += 3 * lay.tokens * vocab * 4 * 3 / hw.memory_bandwidth

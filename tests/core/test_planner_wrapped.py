@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from parallab.core import planner
-from parallab.core.dims.tp import block_collectives, tp_comm
+from parallab.core.dims.tp import block_collectives, root_collectives, tp_comm
 from parallab.core.explain import explain
 from parallab.core.hardware import (
     BlockPoint,
@@ -17,6 +17,7 @@ from parallab.core.hardware import (
     HardwareProfile,
     MatmulPoint,
     TpBlockPoint,
+    TpRootPoint,
     block_signature,
     load_catalogue,
 )
@@ -86,6 +87,28 @@ def test_a_tp_block_of_another_degree_sequence_split_or_recomputation_is_not_use
         assert planner.measured_block_seconds(other, hw, lay) == pytest.approx(planner.measured_block_seconds(other, split, lay))
 
 
+def test_the_ends_as_tp_runs_them_are_read_from_the_calibration_where_the_rank_holds_both():
+    """hybrid tp2 with SP at 256 tokens: halfway in thirds between the measured 128 and 512; a
+    pipeline's last stage (no embedding) and a point of another vocabulary keep the head's GEMMs."""
+    roots = [
+        TpRootPoint(tp=2, sequence_parallel=True, precision="fp32", vocab_size=1024, tokens=128, seconds=0.03),
+        TpRootPoint(tp=2, sequence_parallel=True, precision="fp32", vocab_size=1024, tokens=512, seconds=0.06),
+    ]
+    j = job("hybrid", HYBRID, grad_accumulation_steps=2)
+    lay = layout(j)
+    assert j.model.vocab_size == 1024 and lay.head
+    assert planner._root_seconds(j, cpu(profile(tp_roots=roots)), lay) == pytest.approx(0.03 + 0.03 / 3)
+    unmeasured = planner._root_seconds(j, cpu(profile()), lay)
+    assert unmeasured != pytest.approx(0.04)
+    other = [r.model_copy(update={"vocab_size": 2048}) for r in roots]
+    assert planner._root_seconds(j, cpu(profile(tp_roots=other)), lay) == pytest.approx(unmeasured)
+    staged = job("layout", {"tp": 2, "pp": 2}, global_batch_size=8)
+    staged_lay = layout(staged)
+    assert planner._root_seconds(staged, cpu(profile(tp_roots=roots)), staged_lay) == pytest.approx(
+        planner._root_seconds(staged, cpu(profile()), staged_lay)
+    )
+
+
 def test_fsdp2s_own_work_is_per_group_and_micro_step_at_the_measured_reshard():
     """fsdp over 4 ranks: 4 blocks and the root are 5 groups; accumulation 2 doubles it; the point
     of the job's reshard_after_forward is the one read."""
@@ -105,10 +128,10 @@ def test_a_profile_without_the_wrapped_measurements_defaults_to_none_of_them():
     """A calibration stored before these entries (its JSON lacks them) reads as measured nothing:
     no FSDP2 term, the tp block split from the whole one; a GPU's catalogue entry gets none either."""
     stored = profile().model_dump(mode="json")
-    for entry in ("tp_blocks", "fsdp_overhead"):
+    for entry in ("tp_blocks", "tp_roots", "fsdp_overhead"):
         stored.pop(entry)
     old = HardwareProfile.model_validate(stored)
-    assert old.tp_blocks == [] and old.fsdp_overhead == []
+    assert old.tp_blocks == [] and old.tp_roots == [] and old.fsdp_overhead == []
     assert old.fsdp_group_overhead_s(True) == 0.0
     j = job("fsdp")
     assert fsdp_overhead_seconds(j, cpu(old)) == 0.0
@@ -127,16 +150,15 @@ def test_adamw_over_dtensor_parameters_pays_dtensors_dispatch_on_each_op_of_its_
     assert optimizer_seconds(ddp, hw) == pytest.approx(optimizer_seconds(ddp, cpu(profile(dtensor_op_overhead_s=0.0))))
 
 
-def test_a_blocks_tp_collectives_are_tp_comms_per_layer_share():
-    """What the calibration takes out of a block timed under tp is tp_comm's bytes per layer, the
-    ends (embedding, head, logits, norms) aside."""
+def test_the_blocks_and_the_ends_tp_collectives_are_tp_comms():
+    """What the calibration takes out of a block and of the ends timed under tp add up to tp_comm's
+    bytes (the norms' gradient all-reduce under SP aside: once a step, after the last backward)."""
     cfg = job("ddp").model
     tokens, h, layers = 256, cfg.hidden_size, cfg.num_layers
     for sp in (False, True):
         calls = block_collectives(tokens, h, act=4, stream=4, sequence_parallel=sp)
+        ends = root_collectives(tokens, h, cfg.vocab_size, act=4, stream=4, sequence_parallel=sp)
         comm = tp_comm(cfg, tokens, 4, sequence_parallel=sp, grad_bytes=4)
-        ends = 2 * tokens * h * 4
         for op in {op for op, _, _ in calls}:
             per_layer = sum(b * c for o, b, c in calls if o == op)
-            logits = tokens * cfg.vocab_size * 4 if op == "all_gather" else 0
-            assert layers * per_layer + ends + logits == comm[op]
+            assert layers * per_layer + sum(b * c for o, b, c in ends if o == op) == comm[op]

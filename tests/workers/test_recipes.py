@@ -136,6 +136,8 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
     assert tp_blocks == {
         (2, sp, p, r, t) for sp in (False, True) for p in ("fp32", "bf16") for r in ("none", "selective", "full") for t in (64, 256)
     }
+    roots = {(r.tp, r.sequence_parallel, r.precision, r.tokens) for r in profile.tp_roots}
+    assert roots == {(2, sp, p, t) for sp in (False, True) for p in ("fp32", "bf16") for t in (64, 256)}
     assert sorted(o.reshard_after_forward for o in profile.fsdp_overhead) == [False, True]
     assert {p.op for p in profile.collectives} == {"all_reduce", "send_recv"} and {p.op for p in doc.collectives} == {
         "all_reduce",

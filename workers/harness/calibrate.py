@@ -176,9 +176,10 @@ def run_calibration(
     overhead = op_overhead(device, world_size)
     dtensor = dtensor_overhead(device, world_size) if dist.is_initialized() else None
     selective = selective_overhead(device, world_size)
-    from workers.harness.wrapped_blocks import measure_fsdp_overhead, measure_tp_blocks
+    from workers.harness.wrapped_blocks import measure_fsdp_overhead, measure_tp_blocks, measure_tp_roots
 
     tp_blocks = measure_tp_blocks(model, options, device, world_size, describe) if blocks else []
+    tp_roots = measure_tp_roots(model, options, device, world_size, describe) if blocks else []
     fsdp = measure_fsdp_overhead(model, options, device, world_size) if blocks else []
     sweep: list[CollectivePoint] = []
     if world_size > 1 and options.ops:
@@ -196,6 +197,7 @@ def run_calibration(
         blocks=blocks,
         block_model=block_signature(model) if blocks else None,
         tp_blocks=tp_blocks,
+        tp_roots=tp_roots,
         fsdp_overhead=fsdp,
     )
     return profile, sweep

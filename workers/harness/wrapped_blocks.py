@@ -11,6 +11,8 @@ planner times those from the collectives sweep — so what is stored is the wrap
 - `measure_tp_blocks`: the block under the family's tp plan on a (world / tp, tp) mesh (the tp
   groups side by side, as a hybrid job runs them), per tp degree, sequence parallelism off and on,
   recomputation and the smallest token counts (`TpBlockPoint`).
+- `measure_tp_roots`: the model's two ends (embedding, final norm, head, loss) under the same plan
+  (`TpRootPoint`): the vocab-parallel embedding and the head run on DTensors too.
 - `measure_fsdp_overhead`: the block under `fully_shard` over every rank, reshard after forward off
   and on, less the plain block and its all-gather(s) and reduce-scatter (`FsdpOverhead`).
 """
@@ -24,12 +26,12 @@ import torch.distributed as dist
 
 from parallab.core.costs import activation_dtype_bytes
 from parallab.core.dims.base import residual_stream_bytes
-from parallab.core.dims.tp import block_collectives
+from parallab.core.dims.tp import block_collectives, root_collectives
 from parallab.core.families import family_of
-from parallab.core.hardware import DeviceDescription, FsdpOverhead, TpBlockPoint, precision_problem
+from parallab.core.hardware import DeviceDescription, FsdpOverhead, TpBlockPoint, TpRootPoint, precision_problem
 from parallab.core.model import ModelConfig
 from parallab.core.strategies.calibrate import CalibrateOptions
-from workers.harness.everyrank import BLOCK_RECOMPUTE, BLOCK_TOKEN_COUNTS, block_step, timed
+from workers.harness.everyrank import BLOCK_RECOMPUTE, BLOCK_TOKEN_COUNTS, block_step, gemm_dtype, timed
 
 COLLECTIVES = {
     "all_reduce": lambda buf, shard, group: dist.all_reduce(buf, group=group),
@@ -81,9 +83,7 @@ def measure_tp_blocks(
     from workers.strategies.tensor_parallel import parallelize_block
 
     points = []
-    for tp in sorted({t for t in options.tp_degrees if 1 < t <= world_size and world_size % t == 0 and model.num_heads % t == 0}):
-        if model.kv_heads % tp or model.ffn_hidden_size % tp:
-            continue
+    for tp in _tp_degrees(model, options, world_size):
         mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
         plan = family_of(model).block_plan(model, 0)
         for precision in options.precisions:
@@ -116,6 +116,75 @@ def measure_tp_blocks(
                             )
                         )
     return points
+
+
+def measure_tp_roots(
+    model: ModelConfig, options: CalibrateOptions, device: torch.device, world_size: int, describe: DeviceDescription
+) -> list[TpRootPoint]:
+    """The model without its blocks — the embedding, the final norm, the head and the loss — under the
+    family's tp plan, for the degrees and sequence splits `measure_tp_blocks` times, at the smallest
+    token counts, in each precision: seconds less its collectives (`root_collectives`) timed alone."""
+    if not _wrappable(model, world_size):
+        return []
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workers.harness.model import Transformer
+    from workers.strategies.tensor_parallel import parallelize
+
+    points = []
+    for tp in _tp_degrees(model, options, world_size):
+        mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
+        for precision in options.precisions:
+            if precision == "fp8" or precision_problem(precision, describe) is not None:
+                continue
+            for sp in (False, True):
+                if sp and model.seq_len % tp:
+                    continue
+                torch.manual_seed(0)
+                root = Transformer(model)
+                root.layers = nn.ModuleDict()
+                parallelize(root.to(device), mesh, sequence_parallel=sp)
+                for tokens in _token_counts(model, options):
+                    ids = torch.randint(0, model.vocab_size, (tokens // model.seq_len, model.seq_len), device=device)
+                    seconds = timed(functools.partial(root_step, root, ids, precision), 1, device, world_size)
+                    calls = root_collectives(
+                        tokens,
+                        model.hidden_size,
+                        model.vocab_size,
+                        act=activation_dtype_bytes(precision),
+                        stream=residual_stream_bytes(precision, fsdp=False),
+                        sequence_parallel=sp,
+                    )
+                    alone = _collectives_seconds(calls, mesh.get_group(), device, world_size)
+                    points.append(
+                        TpRootPoint(
+                            tp=tp,
+                            sequence_parallel=sp,
+                            precision=precision,
+                            vocab_size=model.vocab_size,
+                            tokens=tokens,
+                            seconds=max(seconds - alone, 0.0),
+                        )
+                    )
+    return points
+
+
+def root_step(root: torch.nn.Module, ids: torch.Tensor, precision: str) -> None:
+    """The ends' forward to the loss and backward, as a training step runs them (autocast in 16 bits)."""
+    root.zero_grad(set_to_none=True)
+    with torch.autocast(ids.device.type, dtype=gemm_dtype(precision), enabled=precision != "fp32"):
+        loss = root(ids, labels=ids)
+    loss.backward()
+
+
+def _tp_degrees(model: ModelConfig, options: CalibrateOptions, world_size: int) -> list[int]:
+    """The tp degrees of `options` the ranks and the model's heads, K/V heads and MLP split evenly."""
+    return sorted(
+        t
+        for t in set(options.tp_degrees)
+        if 1 < t <= world_size and world_size % t == 0 and not (model.num_heads % t or model.kv_heads % t or model.ffn_hidden_size % t)
+    )
 
 
 def measure_fsdp_overhead(model: ModelConfig, options: CalibrateOptions, device: torch.device, world_size: int) -> list[FsdpOverhead]:

@@ -255,6 +255,17 @@ def block_collectives(tokens: int, hidden: int, *, act: int, stream: int, sequen
     ]
 
 
+def root_collectives(tokens: int, hidden: int, vocab: int, *, act: int, stream: int, sequence_parallel: bool) -> list[tuple[str, int, int]]:
+    """(op, bytes per call, calls) of the two ends' forward and backward under tp (`tp_comm`'s ends):
+    the vocab-parallel embedding's output and the column-parallel head's input gradient on the
+    residual stream — all-reduced, or under SP reduce-scattered and all-gathered each way — and
+    the head's logits gathered forward."""
+    bsh, logits = tokens * hidden * stream, ("all_gather", tokens * vocab * act, 1)
+    if not sequence_parallel:
+        return [("all_reduce", bsh, 2), logits]
+    return [("reduce_scatter", bsh, 2), ("all_gather", bsh, 2), logits]
+
+
 def tp_calls(cfg: ModelConfig, *, sequence_parallel: bool) -> dict[str, int]:
     """Calls per accumulation micro-step of each op of `tp_comm` (the counts its docstring gives);
     under SP the norms' gradient all-reduces are per optimizer step, not here (`tp_items`)."""
