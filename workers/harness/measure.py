@@ -2,8 +2,8 @@
 and the profiled window of a traced job.
 
 Runs inside the ranks (imports torch); writes files in the run directory only — the rank's record
-is a JSON file the worker merges. This module drives `torch.profiler`, a `TorchDispatchMode` that
-records the communication asked for, and MemTracker; what their output means (op kinds, bytes,
+is a JSON file the worker merges. This module drives `torch.profiler`, kernels on the c10d ops that
+record the communication asked for, and MemTracker; what their output means (op kinds, bytes,
 which backend event timed which request, where a step's time goes, the pipeline's actions, the
 timeline) is decided in `workers.harness.attribution`, which needs no torch and is tested on its own.
 """
@@ -11,6 +11,7 @@ timeline) is decided in `workers.harness.attribution`, which needs no torch and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import gzip
 import itertools
@@ -31,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from parallab.core import tracestream
@@ -139,39 +139,77 @@ def peer_of(args: Mapping[str, object]) -> int | None:
     return members[peer] if 0 <= peer < len(members) else None
 
 
-class _CommRecorder(TorchDispatchMode):
-    """Sees every top-level c10d op while active and records what it asked for.
+_PRE_DISPATCH = torch._C.DispatchKeySet(torch._C.DispatchKey.PreDispatch)
+_ACTIVE: list[_CommRecorder] = []
+"""The recorders now entered, innermost last: the one the c10d kernels record into."""
+_KERNELS: list[torch.library.Library] = []
+"""The recording kernels' registration, made once a process (see `_CommRecorder`)."""
 
-    Ops a collective issues internally (a functional all_reduce calls `c10d::allreduce_`) run
-    while the mode is popped, so each request is counted once. DDP's reducer (autograd thread),
-    FSDP2, DTensor redistributions, `batch_isend_irecv` and `all_to_all_single` all come through.
+
+def _recorded(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
+    """A c10d op's kernel at the PreDispatch key: tell the active recorder, then run the op below it."""
+    if _ACTIVE:
+        _ACTIVE[-1].record(op, args, kwargs)
+    with torch._C._ExcludeDispatchKeyGuard(_PRE_DISPATCH):
+        return op(*args, **kwargs)
+
+
+def _install_kernels() -> None:
+    if _KERNELS:
+        return
+    lib = torch.library.Library("c10d", "IMPL")
+    for name in attribution.C10D_OPS:
+        namespace, op = name.split("::")
+        if namespace == "c10d":
+            lib.impl(op, functools.partial(_recorded, getattr(torch.ops.c10d, op).default), "PreDispatch")
+    _KERNELS.append(lib)
+
+
+class _CommRecorder:
+    """Records every c10d op issued while it is active: what each asked for, in issue order.
+
+    Every path to a process group ends in a c10d op (`c10d::allreduce_`, `c10d::_allgather_base_`,
+    `c10d::send`, …): DDP's reducer, FSDP2, DTensor's and the functional collectives (which call the
+    process group, which dispatches the c10d op), the functional autograd collectives,
+    `batch_isend_irecv` (one send or receive each). A Python kernel at the PreDispatch key of each
+    c10d op records the call and runs the op below that key; the key is in this thread's dispatch
+    keys only while a recorder is active (the autograd engine carries a thread's keys into its
+    own threads, so backward's collectives come through), and every other op falls through it in
+    C++. So each request is counted once, as the process group ran it, and the profiled step pays
+    for its collectives alone. (A TorchDispatchMode over every aten op, the recorder before, cost
+    40–90 ms of a ~50–100 ms tiny or small step on CPU even as a bare pass-through: every op's
+    arguments boxed into Python; the profiled window's steps were that much longer than the timed
+    ones, and that cost's noise was most of a diff's residual.) The kernels are registered once a
+    process and stay: outside a recorder the key is never dispatched to.
     """
 
     def __init__(self) -> None:
-        super().__init__()
         self.requests: list[CommRequest] = []
         self.peers: list[int | None] = []
         """Request i's other end (global rank) for a send or receive whose peer the op names; else None."""
         self.step = 0
-        self._is_comm: dict[torch._ops.OpOverload, bool] = {}
+        self._guard: Any = None
 
-    def __torch_dispatch__(
-        self, func: torch._ops.OpOverload, types: Sequence[type], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
-    ) -> object:
-        kwargs = kwargs or {}
-        # Every aten op of the profiled steps comes through here: keep the common path short.
-        comm = self._is_comm.get(func)
-        if comm is None:
-            comm = self._is_comm[func] = attribution.is_comm_op(func._schema.name)
-        if comm:
-            named: dict[str, object] = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
-            named.update(kwargs)
-            made = attribution.record(
-                func._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named), group=group_key(named)
-            )
-            self.requests += made
-            self.peers += [peer_of(named)] * len(made)
-        return func(*args, **kwargs)
+    def record(self, op: torch._ops.OpOverload, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+        named: dict[str, object] = dict(zip((a.name for a in op._schema.arguments), args, strict=False))
+        named.update(kwargs)
+        made = attribution.record(
+            op._schema.name, named, local_nbytes, step=self.step, group_size=group_size(named), group=group_key(named)
+        )
+        self.requests += made
+        self.peers += [peer_of(named)] * len(made)
+
+    def __enter__(self) -> _CommRecorder:
+        _install_kernels()
+        self._guard = torch._C._IncludeDispatchKeyGuard(torch._C.DispatchKey.PreDispatch)
+        self._guard.__enter__()
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.remove(self)
+        self._guard.__exit__(*exc)
+        self._guard = None
 
 
 # ---- memory at the peak: MemTracker ----
