@@ -52,11 +52,18 @@ def is_reference(job: ResolvedJob) -> bool:
     return job.strategy == REFERENCE_STRATEGY and all(getattr(job.workload, k) == v for k, v in RECIPE_DEFAULTS.items())
 
 
+OUTSIDE_THE_CURVE = ("profiled_steps",)
+"""Workload fields that shape no step of the loss curve (the profiled window runs after the timed
+steps): left out of the key, so runs that differ only in them share one reference."""
+
+
 def reference_key(job: ResolvedJob) -> str:
     """sha256 of the reference's workload block; MoE adds its routing groups and aux weight (they shape the loss).
     The data is in the block (a text run never meets a random reference), left out at its default
     so the curves stored before it existed keep their keys."""
     block: dict[str, Any] = without_neutral(reference_job(job).workload_document())
+    for name in OUTSIDE_THE_CURVE:
+        block.pop(name, None)
     if job.model.is_moe:
         block = {"workload": block, "route_groups": job.dp_degree, "aux_loss_coef": aux_loss_coef(job)}
     return hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest()

@@ -82,6 +82,12 @@ else:
     ShapeOverrides = _shape_overrides()
 
 
+DEFAULT_PROFILED_STEPS = 3
+MAX_PROFILED_STEPS = 20
+"""A profiled step costs the profiler's time and its trace's bytes (the stored trace is capped): a
+window longer than this adds trace, not precision a diff can use over a run's repeats."""
+
+
 class Workload(ShapeOverrides):
     """What is trained: a model preset with any shape field overridden, and the recipe."""
 
@@ -95,6 +101,14 @@ class Workload(ShapeOverrides):
     model: SafeStr = recipe_field("tiny", f"Model preset: {', '.join(PRESETS)}.", cli="--model", max_length=64)
     steps: int = recipe_field(20, "Measured optimizer steps (after warm-up).", cli="--steps", ge=1, le=1_000_000)
     warmup_steps: int = recipe_field(2, "Steps run before measuring (not timed, not profiled).", cli="--warmup-steps", ge=0, le=10_000)
+    profiled_steps: int = recipe_field(
+        DEFAULT_PROFILED_STEPS,
+        "Steps of a traced run's profiled window, after the timed steps (neither timed nor in the loss curve): "
+        "its communication, step-time split and critical path are their mean; more of them narrow a diff's intervals.",
+        cli="--profiled-steps",
+        ge=1,
+        le=MAX_PROFILED_STEPS,
+    )
     global_batch_size: int | None = recipe_field(
         None,
         "Sequences per optimizer step, over all ranks (default: the preset's, rounded up to split evenly).",
@@ -362,7 +376,7 @@ class JobSpec(KnownKeys):
             "On: after the timed steps, a profiled window of extra steps measures communication by op "
             "(with the time no compute overlaps), the step-time split, the pipeline bubble, the peak-memory "
             "split, the timeline and Chrome traces; throughput still comes from the timed steps only. "
-            "Off: no profiler and no dispatch mode at all; the run records step times, throughput, loss, "
+            "Off: no profiler and no collective recording at all; the run records step times, throughput, loss, "
             "model-state bytes, peak RSS and, on GPU, the allocator's peaks."
         ),
     )

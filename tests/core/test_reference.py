@@ -24,6 +24,7 @@ def test_the_key_is_the_reference_workload_so_every_recipe_and_strategy_of_it_sh
     assert reference_key(job(seed=1)) != base
     assert reference_key(job(steps=4)) != base
     assert reference_key(job(lr=1e-2)) != base
+    assert reference_key(job(profiled_steps=8)) == base  # the window runs after the curve's steps
 
 
 def test_text_data_has_its_own_reference_and_random_keeps_the_key_it_had() -> None:

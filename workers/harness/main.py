@@ -283,7 +283,12 @@ def run_training(job: ResolvedJob, ctx: RunContext, run_dir: RunDir, cache_dir: 
     del grads
     profiler = (
         measure.StepProfiler(
-            rank=ctx.rank, world_size=ctx.world_size, out_dir=run_dir.path, device=ctx.device, trace_cap_bytes=trace_cap_bytes
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            out_dir=run_dir.path,
+            device=ctx.device,
+            window=job.workload.profiled_steps,
+            trace_cap_bytes=trace_cap_bytes,
         )
         if job.spec.trace
         else None
