@@ -7,7 +7,7 @@ Both sides train the same model (`workers.harness.model.build_model`, same seed)
 intra-op thread count (the harness's rule: cores // local ranks), after the same 2 warm-up steps.
 The plain loop is `plain_rank` below: batch, forward, backward, optimizer step, a clock read;
 nothing else. The harness runs as a worker runs it (launcher, torchrun, `workers.harness.main`),
-untraced (`trace: false`: no profiler, no dispatch mode) and traced (`trace: true`: the same
+untraced (`trace: false`: no profiler, no collective recording) and traced (`trace: true`: the same
 timed steps, then the profiled window after them). The three take turns, round after round, in a
 rotating order, so the drift of a shared machine hits them alike.
 
@@ -170,9 +170,9 @@ def report(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
         "Targets: ratio_tracing_off ≤ 1.03, ratio_tracing_on ≤ 1.15. On this shared 2-core machine one round's ratio "
         "swings by 10–20% either way (the range in brackets), so a ratio below 1 says only that no overhead stands out "
         "of that noise. A traced run's timed steps run exactly as an "
-        "untraced run's (the profiler, the comm-recording dispatch mode and MemTracker run only in the profiled "
+        "untraced run's (the profiler, the collective recorder and MemTracker run only in the profiled "
         "window of extra steps after them), so both ratios measure the same loop. The window's own steps are slower "
-        "(the profiler's and the dispatch mode's per-op cost; last column but one): its fractions (communication, "
+        "(the profiler's per-op cost; last column but one): its fractions (communication, "
         "exposed communication, bubble) are ratios within those steps, never used for throughput. Tracing's other cost is "
         "wall time: the window's steps plus exporting, attributing and gzipping the trace (last column). "
         "The wall time also holds torchrun's start-up and, for the harness, rank 0's `single` reference run the first time a "

@@ -2,10 +2,10 @@
 
 Pure on purpose — no torch — so every rule here is unit-tested on synthetic trace events
 (tests/workers/test_attribution.py). The profiler driver (`workers.harness.measure`) feeds it what
-a `TorchDispatchMode` saw and what the profiler exported. Verified on torch 2.13, gloo:
+the recorder's kernels on the c10d ops saw and what the profiler exported. Verified on torch 2.13, gloo:
 
-- KIND and BYTES come from what the strategy asked for: every top-level `c10d::*` /
-  `_c10d_functional::*` op, with its arguments (`requests_of`), in nccl-tests' buffer convention —
+- KIND and BYTES come from what the strategy asked for: every `c10d::*` op (the functional
+  `_c10d_functional::*` ops reach the process group through one), with its arguments (`requests_of`), in nccl-tests' buffer convention —
   the buffer for all_reduce and broadcast, the gathered output for all_gather, the full input for
   reduce_scatter and all_to_all, the message for send/recv.
 - TIME comes from the backend's events in the profile: `gloo:<op>` on CPU (worker threads for

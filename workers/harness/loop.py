@@ -4,7 +4,7 @@ Per optimizer step: the step's global batch (`data.global_batch`, seeded by seed
 for each accumulation micro-step the strategy's `local_batch` and `forward_backward`, then the
 strategy's `sync_grads`, then AdamW. Warm-up steps run first and are neither timed nor profiled.
 Each measured step is timed between two device synchronisations, with nothing watching it: no
-profiler, no dispatch mode. A traced job's profiled window (`measure.StepProfiler`) runs its
+profiler, no collective recording. A traced job's profiled window (`measure.StepProfiler`) runs its
 extra steps after the measured ones; their losses, times and MoE routing are not the run's.
 
 Losses stay local during the measured steps — combining them is one all-reduce *after* them

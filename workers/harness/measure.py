@@ -535,7 +535,7 @@ class ProfileResult:
 
 class StepProfiler:
     """The profiled window of a traced job: extra steps run *after* the timed ones, so no timed
-    step ever runs under the profiler, the dispatch mode or MemTracker.
+    step ever runs under the profiler, the collective recorder or MemTracker.
 
     :meth:`run` drives `skip + window` steps. The first `skip` are the profiler's warm-up (its
     start-up cost lands there, and they are not exported); the first of them runs under MemTracker,
