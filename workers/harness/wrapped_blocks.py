@@ -20,6 +20,8 @@ planner times those from the collectives sweep — so what is stored is the wrap
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,9 @@ from parallab.core.hardware import DeviceDescription, FsdpOverhead, TpBlockPoint
 from parallab.core.model import ModelConfig
 from parallab.core.strategies.calibrate import CalibrateOptions
 from workers.harness.everyrank import BLOCK_RECOMPUTE, BLOCK_TOKEN_COUNTS, block_step, gemm_dtype, timed
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 COLLECTIVES = {
     "all_reduce": lambda buf, shard, group: dist.all_reduce(buf, group=group),
@@ -77,45 +82,54 @@ def measure_tp_blocks(
     its collectives (`block_collectives`) timed alone on the same tp groups."""
     if not _wrappable(model, world_size):
         return []
-    from torch.distributed.device_mesh import init_device_mesh
-
     from workers.harness.model import Block
     from workers.strategies.tensor_parallel import parallelize_block
 
     points = []
+    plan = family_of(model).block_plan(model, 0)
+    for tp, mesh, precision, sp in _tp_cases(model, options, device, world_size, describe):
+        for recompute in BLOCK_RECOMPUTE:
+            torch.manual_seed(0)
+            block = Block(model, 0).to(device)
+            block.recompute = recompute
+            parallelize_block(block, plan, mesh, cfg=model, sequence_parallel=sp)
+            for tokens in _token_counts(model, options):
+                x, grad, cos, sin = _inputs(model, tokens, device, shards=tp if sp else 1)
+                seconds = timed(functools.partial(block_step, block, x, grad, cos, sin, precision), 1, device, world_size)
+                stream = residual_stream_bytes(precision, fsdp=False)
+                calls = block_collectives(
+                    tokens, model.hidden_size, act=activation_dtype_bytes(precision), stream=stream, sequence_parallel=sp
+                )
+                alone = _collectives_seconds(calls, mesh.get_group(), device, world_size)
+                points.append(
+                    TpBlockPoint(
+                        tp=tp,
+                        sequence_parallel=sp,
+                        precision=precision,
+                        recompute=recompute,
+                        tokens=tokens,
+                        seconds=max(seconds - alone, 0.0),
+                    )
+                )
+    return points
+
+
+def _tp_cases(
+    model: ModelConfig, options: CalibrateOptions, device: torch.device, world_size: int, describe: DeviceDescription
+) -> Iterator[tuple[int, DeviceMesh, str, bool]]:
+    """(tp, its mesh, precision, sequence parallel) of every wrapped point the calibration times:
+    each tp degree on a (world / tp, tp) mesh, each precision the device runs (fp8 is not timed
+    wrapped), with and without sequence parallelism where the sequence splits over tp."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     for tp in _tp_degrees(model, options, world_size):
         mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
-        plan = family_of(model).block_plan(model, 0)
         for precision in options.precisions:
             if precision == "fp8" or precision_problem(precision, describe) is not None:
                 continue
             for sp in (False, True):
-                if sp and model.seq_len % tp:
-                    continue
-                for recompute in BLOCK_RECOMPUTE:
-                    torch.manual_seed(0)
-                    block = Block(model, 0).to(device)
-                    block.recompute = recompute
-                    parallelize_block(block, plan, mesh, cfg=model, sequence_parallel=sp)
-                    for tokens in _token_counts(model, options):
-                        x, grad, cos, sin = _inputs(model, tokens, device, shards=tp if sp else 1)
-                        seconds = timed(functools.partial(block_step, block, x, grad, cos, sin, precision), 1, device, world_size)
-                        stream = residual_stream_bytes(precision, fsdp=False)
-                        calls = block_collectives(
-                            tokens, model.hidden_size, act=activation_dtype_bytes(precision), stream=stream, sequence_parallel=sp
-                        )
-                        alone = _collectives_seconds(calls, mesh.get_group(), device, world_size)
-                        points.append(
-                            TpBlockPoint(
-                                tp=tp,
-                                sequence_parallel=sp,
-                                precision=precision,
-                                recompute=recompute,
-                                tokens=tokens,
-                                seconds=max(seconds - alone, 0.0),
-                            )
-                        )
-    return points
+                if not (sp and model.seq_len % tp):
+                    yield tp, mesh, precision, sp
 
 
 def measure_tp_roots(
@@ -127,46 +141,38 @@ def measure_tp_roots(
     if not _wrappable(model, world_size):
         return []
     from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
 
     from workers.harness.model import Transformer
     from workers.strategies.tensor_parallel import parallelize
 
     points = []
-    for tp in _tp_degrees(model, options, world_size):
-        mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))["tp"]
-        for precision in options.precisions:
-            if precision == "fp8" or precision_problem(precision, describe) is not None:
-                continue
-            for sp in (False, True):
-                if sp and model.seq_len % tp:
-                    continue
-                torch.manual_seed(0)
-                root = Transformer(model)
-                root.layers = nn.ModuleDict()
-                parallelize(root.to(device), mesh, sequence_parallel=sp)
-                for tokens in _token_counts(model, options):
-                    ids = torch.randint(0, model.vocab_size, (tokens // model.seq_len, model.seq_len), device=device)
-                    seconds = timed(functools.partial(root_step, root, ids, precision), 1, device, world_size)
-                    calls = root_collectives(
-                        tokens,
-                        model.hidden_size,
-                        model.vocab_size,
-                        act=activation_dtype_bytes(precision),
-                        stream=residual_stream_bytes(precision, fsdp=False),
-                        sequence_parallel=sp,
-                    )
-                    alone = _collectives_seconds(calls, mesh.get_group(), device, world_size)
-                    points.append(
-                        TpRootPoint(
-                            tp=tp,
-                            sequence_parallel=sp,
-                            precision=precision,
-                            vocab_size=model.vocab_size,
-                            tokens=tokens,
-                            seconds=max(seconds - alone, 0.0),
-                        )
-                    )
+    for tp, mesh, precision, sp in _tp_cases(model, options, device, world_size, describe):
+        torch.manual_seed(0)
+        root = Transformer(model)
+        root.layers = nn.ModuleDict()
+        parallelize(root.to(device), mesh, sequence_parallel=sp)
+        for tokens in _token_counts(model, options):
+            ids = torch.randint(0, model.vocab_size, (tokens // model.seq_len, model.seq_len), device=device)
+            seconds = timed(functools.partial(root_step, root, ids, precision), 1, device, world_size)
+            calls = root_collectives(
+                tokens,
+                model.hidden_size,
+                model.vocab_size,
+                act=activation_dtype_bytes(precision),
+                stream=residual_stream_bytes(precision, fsdp=False),
+                sequence_parallel=sp,
+            )
+            alone = _collectives_seconds(calls, mesh.get_group(), device, world_size)
+            points.append(
+                TpRootPoint(
+                    tp=tp,
+                    sequence_parallel=sp,
+                    precision=precision,
+                    vocab_size=model.vocab_size,
+                    tokens=tokens,
+                    seconds=max(seconds - alone, 0.0),
+                )
+            )
     return points
 
 
