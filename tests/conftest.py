@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 
 from backend.config import Settings, get_settings
 from backend.migrate import upgrade
+from tests import quiet
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # An xdist worker starts with COLUMNS=80 in its environment, which a serial session lacks. The
@@ -291,6 +292,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank[unit_of[item.nodeid.split("::", 1)[0]]])  # stable: a unit's order kept
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Every test (setup, call, teardown) runs inside the room a quiet measurement empties
+    (`tests.quiet`): it starts only while no such measurement waits or runs."""
+    quiet.enter_test()
+    try:
+        return (yield)
+    finally:
+        quiet.leave_test()
+
+
 THROUGHPUT: list[tuple[str, int, dict[str, Any], dict[str, Any], float]] = []
 """(strategy, world size, options, workload, tokens/s) of every harness job this session launched
 (tests/workers/conftest.py notes them); under xdist the workers hand theirs to the controller."""
@@ -303,8 +315,17 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         SPENT[unit] = SPENT.get(unit, 0.0) + report.duration
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller names its run (the id its workers see as PYTEST_XDIST_TESTRUNUID), so
+    that it can remove the run's quiet-machine lock files at the end (`tests.quiet`)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if workeroutput is None and (run := getattr(session.config.option, "testrunuid", None)):
+        quiet.remove_files(run)
     if workeroutput is not None:
         workeroutput["harness_throughput"] = [list(row) for row in THROUGHPUT]
         workeroutput["unit_seconds"] = dict(SPENT)
