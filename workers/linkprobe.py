@@ -6,7 +6,7 @@ intra-node path. Rank 0 measures the round trip of a one-element message `PINGS`
 (the wire's latency: half the least of them; the path's α, what one step of a collective pays
 beside its bytes: half their median) and the time to push `--megabytes` to rank 1 and hear its
 one-element ack; the bandwidth (β) is the payload's bits over that time less the least round trip
-(median over repeats). It prints one JSON line: what the pool's topology records as "measured"
+(median over repeats, and the fastest of them as the path's peak). It prints one JSON line: what the pool's topology records as "measured"
 (`link_figures`). Torch is imported only in the ranks (`main`), never by `probe`.
 """
 
@@ -64,7 +64,15 @@ def _ranks(args: argparse.Namespace) -> dict[str, float] | None:
     # descheduled peer included). A ring step of a collective is such a one-way hand-over, so half
     # the median is the path's α, the per-step cost the planner's α–β model charges.
     median = sorted(rtts)[len(rtts) // 2]
-    return {"bandwidth_bps": rates[len(rates) // 2], "latency_s": rtt / 2, "alpha_s": median / 2, "bytes": payload.numel() * 4}
+    # The fastest push beside the median: a loaded host only ever slows a push, so the best of the
+    # repeats is what says whether the path itself runs at its rate.
+    return {
+        "bandwidth_bps": rates[len(rates) // 2],
+        "peak_bps": rates[-1],
+        "latency_s": rtt / 2,
+        "alpha_s": median / 2,
+        "bytes": payload.numel() * 4,
+    }
 
 
 def _td(seconds: float):  # type: ignore[no-untyped-def]
