@@ -106,8 +106,8 @@ def live_server(app, lab) -> Iterator[LiveServer]:
         yield server
 
 
-def polled_into_view(page: Any, locator: Any, state: str = "visible", interval_ms: int = 2000, timeout_s: float = 15.0) -> None:
-    """Wait for `locator` (to be in `state`) on a page with an installed clock (`page.clock.install()`), moving that
+def polled_into_view(page: Any, locator: Any, interval_ms: int = 2000, timeout_s: float = 15.0) -> None:
+    """Wait for `locator` to be visible on a page with an installed clock (`page.clock.install()`), moving that
     clock on by the page's poll interval (watch.js and index.js: 2 s) at each try instead of
     waiting the interval out: the page still has to poll, get the new state and draw it (or reload
     with it), only sooner."""
@@ -117,7 +117,7 @@ def polled_into_view(page: Any, locator: Any, state: str = "visible", interval_m
     while True:
         page.clock.run_for(interval_ms)
         try:
-            locator.wait_for(state=state, timeout=500)
+            locator.wait_for(state="visible", timeout=500)
             return
         except PlaywrightTimeout:  # not yet: the next poll
             if time.monotonic() > deadline:

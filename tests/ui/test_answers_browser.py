@@ -140,8 +140,11 @@ def test_compare_after_a_repeats_submit_lists_the_runs_and_fills_in_the_verdict(
     waiting = page.locator("#waiting")
     assert "Waiting for 2 of 2 runs" in waiting.inner_text() and waiting.locator("a").count() == 2
     finish(answers_settings, a)
-    polled_into_view(page, page.locator("#waiting"), state="detached")
+    # wait for what only the reloaded page draws (both runs in the row), not for #waiting to go: it
+    # is also gone mid-reload, before the new page is there to read
     rows = page.locator("#configurations tbody tr")
+    polled_into_view(page, page.locator("#configurations tbody tr:has(td:nth-child(2):text-is('2'))"))
+    assert page.locator("#waiting").count() == 0
     assert rows.count() == 1 and rows.first.locator("td").nth(1).inner_text() == "2", "both runs filled in, one configuration"
 
 
