@@ -99,7 +99,16 @@ def test_block_seconds_below_between_and_beyond_the_measured_tokens():
     p = profile(blocks=BLOCKS, model=small)
     assert p.block_seconds(small, "fp32", "none", 64) == pytest.approx(0.02)  # flat below
     assert p.block_seconds(small, "fp32", "none", 320) == pytest.approx(0.035)
-    assert p.block_seconds(small, "fp32", "none", 1024) == pytest.approx(0.10)  # proportional above
+    # above: the last two points' line (0.02 s at 128, 0.05 s at 512: 0.03 s per 384 tokens), not 0.05 × 2
+    assert p.block_seconds(small, "fp32", "none", 1024) == pytest.approx(0.09)
+
+
+def test_above_the_measured_tokens_a_falling_line_is_held_flat_and_one_point_is_scaled():
+    small = job().model
+    noisy = [BlockPoint(precision="fp32", recompute="none", tokens=t, seconds=s) for t, s in ((128, 0.06), (512, 0.05))]
+    assert profile(blocks=noisy, model=small).block_seconds(small, "fp32", "none", 2048) == pytest.approx(0.05)
+    alone = [BlockPoint(precision="fp32", recompute="none", tokens=512, seconds=0.05)]
+    assert profile(blocks=alone, model=small).block_seconds(small, "fp32", "none", 1024) == pytest.approx(0.10)
 
 
 def test_a_gemm_is_read_on_its_own_shapes_curve_and_one_volume_is_averaged():
