@@ -143,6 +143,9 @@ def test_the_calibrate_job_measures_gemms_memory_and_collectives(harness_job):
         "all_reduce",
         "send_recv",
     }
+    # the host's speed timed in both ranks around the measurements, as a training run's around its steps
+    assert doc.host_speed is not None and doc.host_speed.where == "steps" and doc.host_speed.lanes == 2
+    assert len(doc.host_speed.before_ops_per_s) == len(doc.host_speed.after_ops_per_s) == 3
 
 
 def test_fp8_on_a_cpu_fails_the_run_with_the_devices_reason(tmp_path):

@@ -47,7 +47,7 @@ from parallab.core.spec import Precision
 from parallab.core.strategies.base import NoOptions
 from parallab.core.strategies.calibrate import CalibrateOptions
 from parallab.core.strategies.collectives import CollectivesOptions
-from workers import lifeline, strategies, topology
+from workers import hostspeed, lifeline, strategies, topology
 from workers.harness import amp, divergence, faults, flight, frozen, gradcheck, loop, measure, replicas
 from workers.harness import routing as routing_module
 from workers.harness.families import build_model
@@ -220,6 +220,10 @@ def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
     from workers.harness import calibrate, collectives  # only these job kinds need them
 
     assert isinstance(job.options, CollectivesOptions), f"{job.strategy} is not a sweep"
+    # The host's speed right before and after the measurements, every rank at once, as a training
+    # run times it around its steps: a prediction from this calibration can be read against a run
+    # at the host speed each was measured at.
+    probe_before = hostspeed.rates(hostspeed.IN_STEPS)
     start = time.perf_counter()
     profile = None
     if isinstance(job.options, CalibrateOptions):
@@ -228,11 +232,14 @@ def run_sweep(job: ResolvedJob, ctx: RunContext, run_dir: RunDir) -> None:
         )
     else:
         points = collectives.run_collectives(ctx.rank, ctx.world_size, ctx.device, job.options)
+    seconds = time.perf_counter() - start
     record = RankRecord(
         rank=ctx.rank,
         model_state_bytes=ModelStateBytes(params=0, grads=0, optimizer=0),
         peak_rss_bytes=measure.peak_rss_bytes(),
-        step_times_s=[time.perf_counter() - start],
+        step_times_s=[seconds],
+        host_probe_before=probe_before,
+        host_probe_after=hostspeed.rates(hostspeed.IN_STEPS),
     )
     if ctx.is_lead:
         record = record.model_copy(
