@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,8 +196,12 @@ def test_throughput_comes_from_unprofiled_steps_only(harness_job):
     assert all(len(r.step_times_s) == steps for r in traced.ranks) and all(r.profiled_steps > 0 for r in traced.ranks)
     ratio = traced.summary.tokens_per_s / untraced.summary.tokens_per_s
     # Loose on purpose, both ways (the two runs are alike): on 2 shared cores a few timed steps
-    # swing (0.57-0.94 seen between a 4-step and a 10-step run).
-    assert 0.35 < ratio < 1 / 0.35, (traced.summary.tokens_per_s, untraced.summary.tokens_per_s)
+    # swing (0.57-0.94 seen between a 4-step and a 10-step run; 0.30 in a whole suite, the traced
+    # run launched beside the other worker's calibration, the untraced one on an idle machine).
+    # Timing the window would read ~1/6.
+    assert 0.25 < ratio < 1 / 0.25, (traced.summary.tokens_per_s, untraced.summary.tokens_per_s)
+    timed = [max(r.step_times_s[i] for r in traced.ranks) for i in range(steps)]
+    assert traced.summary.step_time_s.median == pytest.approx(statistics.median(timed)), "the step time is the timed steps' median"
 
 
 def test_an_untraced_run_measures_without_any_profiler(harness_job):
