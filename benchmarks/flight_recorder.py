@@ -66,29 +66,11 @@ def micro_rank(calls: int, out: Path) -> None:
 def ddp_stepper(model_name: str) -> tuple[int, Callable[[int], None]]:
     """Inside torchrun (gloo up): this rank and one DDP training step of `model_name` as the harness's
     DDP takes it (the step's global batch, this rank's share), for `count_rank` and `probe_rank`."""
-    import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from parallab.core.model import PRESETS
-    from workers.harness.data import global_batch, micro_batch
-    from workers.harness.model import build_model
+    from benchmarks.plain_ddp import plain_ddp_step
 
-    rank = dist.get_rank()
-    preset = PRESETS[model_name]
-    cfg, gbs = preset.config, preset.global_batch_size
-    model = DistributedDataParallel(build_model(cfg, seed=0))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step(s: int) -> None:
-        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=s)
-        inputs = micro_batch(inputs, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
-        labels = micro_batch(labels, accum_steps=1, micro_step=0, dp_degree=WORLD, dp_rank=rank)
-        optimizer.zero_grad(set_to_none=True)
-        model(inputs, labels=labels).backward()
-        optimizer.step()
-
-    return rank, step
+    return dist.get_rank(), plain_ddp_step(model_name)
 
 
 def count_rank(model_name: str, out: Path) -> None:

@@ -5,8 +5,8 @@
 Both sides train the same model (`workers.harness.model.build_model`, same seed), with AdamW
 (the harness's betas and weight decay), the same global batch split over 2 gloo ranks, the same
 intra-op thread count (the harness's rule: cores // local ranks), after the same 2 warm-up steps.
-The plain loop is `plain_rank` below: batch, forward, backward, optimizer step, a clock read;
-nothing else. The harness runs as a worker runs it (launcher, torchrun, `workers.harness.main`),
+The plain loop is `plain_rank` below, stepping `benchmarks.plain_ddp`: batch, forward, backward,
+optimizer step, a clock read; nothing else. The harness runs as a worker runs it (launcher, torchrun, `workers.harness.main`),
 untraced (`trace: false`: no profiler, no collective recording) and traced (`trace: true`: the same
 timed steps, then the profiled window after them). The three take turns, round after round, in a
 rotating order, so the drift of a shared machine hits them alike.
@@ -47,30 +47,18 @@ def plain_rank(model_name: str, steps: int, out: Path) -> None:
     sys.path.insert(0, str(REPO))
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from parallab.core.model import PRESETS
-    from workers.harness.data import global_batch, micro_batch
-    from workers.harness.loop import BETAS, WEIGHT_DECAY
-    from workers.harness.model import build_model
+    from benchmarks.plain_ddp import plain_ddp_step
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    preset = PRESETS[model_name]
-    cfg, gbs = preset.config, preset.global_batch_size
-    model = DistributedDataParallel(build_model(cfg, seed=0))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    step = plain_ddp_step(model_name)
     times = []
-    for step in range(WARMUP + steps):
+    for index in range(WARMUP + steps):
         start = time.perf_counter()
-        inputs, labels = global_batch(cfg, global_batch_size=gbs, seed=0, step=step)
-        inputs = micro_batch(inputs, accum_steps=1, micro_step=0, dp_degree=world, dp_rank=rank)
-        labels = micro_batch(labels, accum_steps=1, micro_step=0, dp_degree=world, dp_rank=rank)
-        optimizer.zero_grad(set_to_none=True)
-        model(inputs, labels=labels).backward()
-        optimizer.step()
-        if step >= WARMUP:
+        step(index)
+        if index >= WARMUP:
             times.append(time.perf_counter() - start)
     (out / f"plain_{rank}.json").write_text(json.dumps(times))
     dist.barrier()  # as the harness's ranks do: nobody tears the group down while a peer is still in it

@@ -1,7 +1,7 @@
 """A sweep of `small` on this machine: calibrate, plan, run the top predicted and controls, rank.
 
     python benchmarks/sweep.py [--model small] [--world-size 4] [--top 8] [--controls 2] [--precisions fp32,bf16]
-                               [--steps 10] [--repeats 1] [--write]
+                               [--steps 10] [--repeats 1] [--recalibrate] [--home DIR] [--write]
 
 The accuracy check on this machine (predicted vs measured step time of 8 configurations, 3 repeats
 each; the goal: mean absolute step-time error ≤ 15 %, Spearman ρ ≥ 0.9), on a quiet machine: the
@@ -19,26 +19,40 @@ predicted and measured tokens/s of every configuration (with --repeats, the medi
 its 95 % interval; the runs interleaved A1 B1 … A2 B2 …, as the sweep queues them), Spearman's ρ
 with its interval, each configuration's step-time error and their mean absolute (`step_errors`),
 and the best configuration found.
+
+With `--recalibrate` the pool is calibrated again before each round of runs (a round: one run of
+every configuration), and each run is read against the calibration just before it as well as the
+sweep's first: on a shared host the speed drifts over the minutes a sweep takes by as much as the
+goal, one calibration's point is one window that may catch the host busy, and the host-speed
+probe follows neither (BENCHMARKS.md), so only a calibration next to the runs in time separates
+the model's error from the host's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.config import Settings  # noqa: E402
 from backend.db import session_scope  # noqa: E402
 from backend.migrate import upgrade  # noqa: E402
-from backend.services import runs, sweeps  # noqa: E402
+from backend.models import Run  # noqa: E402
+from backend.services import hardware, runs, sweeps  # noqa: E402
+from backend.store import series  # noqa: E402
 from benchmarks.report import write_section  # noqa: E402
+from parallab.core.ranking import evaluate  # noqa: E402
 from parallab.core.spec import JobSpec  # noqa: E402
+from parallab.core.stats import spearman_rho  # noqa: E402
 from workers.execute import execute_run  # noqa: E402
 
 HEADING = "Planner: a sweep of small on this machine"
@@ -58,20 +72,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=1, help="runs per configuration, interleaved")
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
+    parser.add_argument("--home", type=Path, help="keep the deployment (its database and run folders) here, to read the runs after")
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="calibrate again before each round of runs and read each run against the calibration just before it, too",
+    )
     args = parser.parse_args()
     started, load_before = time.perf_counter(), load_after()
-    with tempfile.TemporaryDirectory(prefix="parallab-sweep-") as tmp:
+    with contextlib.nullcontext(str(args.home)) if args.home else tempfile.TemporaryDirectory(prefix="parallab-sweep-") as tmp:
         home = Path(tmp)
         settings = Settings(
             home=home, database_url=f"sqlite:///{home / 'parallab.db'}", max_world_size=args.world_size, sweep_steps=args.steps
         )
         settings.ensure_home()
         upgrade(settings.sqlalchemy_url)
-        calibrate = {"workload": {"model": args.model}, "strategy": {"name": "calibrate", "world_size": args.world_size}}
-        with session_scope(settings.sqlalchemy_url) as session:
-            run_id = runs.submit_run(session=session, spec=JobSpec.model_validate(calibrate), settings=settings, source="cli").id
-        print(f"calibrating {args.world_size} ranks on {args.model}'s shapes …", flush=True)
-        assert execute_run(run_id, settings) == "succeeded", "the calibration failed"
+        calibration_id = calibrate(settings, args)
         with session_scope(settings.sqlalchemy_url) as session:
             request = sweeps.SweepRequest(
                 workload={"model": args.model},
@@ -84,26 +100,91 @@ def main() -> None:
             sweep = sweeps.create_sweep(session=session, settings=settings, request=request, source="cli")
             candidates = list(sweep.candidates)
             planned, sweep_id = sweep.planned, sweep.id
-        queue = [
-            (candidate, run_ids[index])
+        rounds = [
+            [(candidate, run_ids[index]) for candidate in candidates if len(run_ids := sweeps.candidate_run_ids(candidate)) > index]
             for index in range(args.repeats)
-            for candidate in candidates
-            if len(run_ids := [r for r in candidate.get("run_ids") or [candidate.get("run_id")] if r]) > index
         ]
-        for i, (candidate, run_id) in enumerate(queue, 1):
-            print(
-                f"[{i}/{len(queue)}] {candidate['label']} {candidate['precision']} {candidate['activation_checkpointing']} …",
-                flush=True,
-            )
-            status = execute_run(run_id, settings)
-            print(f"    {status}", flush=True)
+        queue = [pair for entries in rounds for pair in entries]
+        predicted_in_round: dict[str, float] = {}
+        i = 0
+        for index, entries in enumerate(rounds):
+            if args.recalibrate:
+                if index > 0:
+                    calibrate(settings, args)
+                predicted_in_round |= predictions_now(settings, [run_id for _, run_id in entries])
+            for candidate, run_id in entries:
+                i += 1
+                print(
+                    f"[{i}/{len(queue)}] {candidate['label']} {candidate['precision']} {candidate['activation_checkpointing']} …",
+                    flush=True,
+                )
+                status = execute_run(run_id, settings)
+                print(f"    {status}", flush=True)
         with session_scope(settings.sqlalchemy_url) as session:
             view = sweeps.sweep_view(session=session, sweep_id=sweep_id).as_dict()
+            speeds = probe_rates(series.host_speeds(session, [calibration_id, *(r for _, r in queue)]))
+            measured_runs = {run_id: run.tokens_per_s for _, run_id in queue if (run := session.get(Run, run_id)) is not None}
     minutes = (time.perf_counter() - started) / 60
     text = report(view, planned=planned, args=args, minutes=minutes, load_before=load_before)
+    text += "\n\n" + host_speed_section(view, speeds, calibration_id)
+    if args.recalibrate:
+        text += "\n\n" + recalibrated_section(view, predicted_in_round, measured_runs)
     print(text)
     if args.write:
         write_section(HEADING, text)
+
+
+def calibrate(settings: Settings, args: argparse.Namespace) -> str:
+    """Run a `calibrate` job on the pool (it becomes the pool's latest profile); its run id."""
+    spec = {"workload": {"model": args.model}, "strategy": {"name": "calibrate", "world_size": args.world_size}}
+    with session_scope(settings.sqlalchemy_url) as session:
+        calibration_id = runs.submit_run(session=session, spec=JobSpec.model_validate(spec), settings=settings, source="cli").id
+    print(f"calibrating {args.world_size} ranks on {args.model}'s shapes …", flush=True)
+    assert execute_run(calibration_id, settings) == "succeeded", "the calibration failed"
+    return calibration_id
+
+
+def predictions_now(settings: Settings, run_ids: list[str]) -> dict[str, float]:
+    """Each queued run's predicted tokens/s on the pool's latest calibration, read as the planner
+    reads it (`ranking.evaluate` on the run's spec)."""
+    with session_scope(settings.sqlalchemy_url) as session:
+        hw = hardware.pool_hardware(session=session, settings=settings)
+        out = {}
+        for run_id in run_ids:
+            run = session.get(Run, run_id)
+            if run is not None and (predicted := evaluate(run.spec, hw).tokens_per_s):
+                out[run_id] = predicted
+    return out
+
+
+def recalibrated_section(view: dict, predicted: dict[str, float], measured: dict[str, float | None]) -> str:
+    """Each run read against the calibration timed just before its round, not the sweep's first:
+    a configuration's error is the median over its runs of measured ÷ predicted, less one; ρ ranks
+    the configurations' median predictions against their measured medians. What it removes is the
+    host's drift between one calibration and runs minutes later, not any term of the model."""
+    lines = [
+        "Each round's runs against the calibration timed just before that round (`--recalibrate`: one calibration a round; "
+        "each run predicted on the profile of its own round):",
+        "",
+        "| configuration | precision | recompute | accum | predicted tokens/s, each round | measured tokens/s, each run "
+        "| step-time error against its round's calibration (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    predictions, measurements, errors = [], [], []
+    for p in view["points"]:
+        pairs = [(predicted[r], got) for r in sweeps.candidate_run_ids(p) if r in predicted and (got := measured.get(r))]
+        if not pairs:
+            continue
+        error = statistics.median(got / tps - 1 for tps, got in pairs)
+        errors.append(error)
+        predictions.append(statistics.median(tps for tps, _ in pairs))
+        measurements.append(statistics.median(got for _, got in pairs))
+        lines.append(
+            f"| {p['label']} | {p['precision']} | {p['activation_checkpointing']} | {p['grad_accumulation_steps']} | "
+            f"{', '.join(f'{tps:,.0f}' for tps, _ in pairs)} | {', '.join(f'{got:,.0f}' for _, got in pairs)} | {error:+.1%} |"
+        )
+    rho = spearman_rho(predictions, measurements)
+    return "\n".join([*lines, "", "Against each round's own calibration: " + accuracy_line(errors, rho)])
 
 
 def load_after() -> str:
@@ -132,6 +213,48 @@ def accuracy_line(errors: list[float], rho: float | None) -> str:
         f"**Mean absolute step-time error over {len(errors)} configurations: {mae:.1%}** (goal ≤ {STEP_ERROR_GOAL:.0%}); "
         f"ρ {rho:.2f} (goal ≥ {RHO_GOAL}): {'met' if met else 'not met'}"
     )
+
+
+def probe_rates(stored: dict[str, Any]) -> dict[str, float]:
+    """Each run's host speed (the probe's mean ops/s, one lane per rank, timed in the ranks around
+    their measurements), where it was timed there: a launch-side probe is another unit."""
+    return {run_id: float(h["ops_per_s"]) for run_id, h in stored.items() if h.get("where") == "steps"}
+
+
+def host_speed_section(view: dict, speeds: dict[str, float], calibration_id: str) -> str:
+    """The host's speed at each configuration's runs against the calibration's, and each step-time
+    error read at the host speed its runs had: the prediction's tokens/s times the ratio of the
+    runs' probe (their median) to the calibration's. The ratio is measured by a fixed piece of
+    work (`parallab.core.hostspeed`), not fitted to the runs' step times: what it moves is the
+    host's load between the calibration and the run, not the model's terms."""
+    base = speeds.get(calibration_id)
+    if not base:
+        return "Host speed: the calibration has no probe timed in its ranks; no reading at the runs' host speed."
+    lines = [
+        f"Host speed (the probe `parallab.core.hostspeed`, in the ranks around the measurements): the calibration's "
+        f"{base / 1e6:.2f} Mops/s a lane. Each configuration's runs against it, and its step-time error with the prediction "
+        "carried to its runs' host speed (predicted tokens/s × runs' speed ÷ calibration's):",
+        "",
+        "| configuration | precision | recompute | accum | runs' host speed ÷ calibration's | step-time error | at the runs' host speed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    predicted_at, measured, errors = [], [], []
+    for p in view["points"]:
+        ratios = [speeds[r] / base for r in sweeps.candidate_run_ids(p) if r in speeds]
+        tps, got = p["predicted"]["tokens_per_s"], p["measured"]["tokens_per_s"]
+        if not ratios or not tps or not got:
+            continue
+        factor = statistics.median(ratios)
+        carried = tps * factor
+        predicted_at.append(carried)
+        measured.append(got)
+        errors.append(got / carried - 1)
+        lines.append(
+            f"| {p['label']} | {p['precision']} | {p['activation_checkpointing']} | {p['grad_accumulation_steps']} | "
+            f"{factor:.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {got / tps - 1:+.1%} | {errors[-1]:+.1%} |"
+        )
+    rho = spearman_rho(predicted_at, measured)
+    return "\n".join([*lines, "", "At the runs' host speed: " + accuracy_line(errors, rho)])
 
 
 def report(view: dict, *, planned: int, args: argparse.Namespace, minutes: float, load_before: str) -> str:

@@ -553,11 +553,16 @@ def sweep_view(*, session: Session, sweep_id: str, settings: Settings | None = N
     )
 
 
+def candidate_run_ids(candidate: dict[str, Any]) -> list[str]:
+    """A queued candidate's runs in queue order: its repeats (`run_ids`), or the one `run_id` a
+    sweep without repeats kept; none for a candidate that did not queue."""
+    return [str(r) for r in candidate.get("run_ids") or [candidate.get("run_id")] if r]
+
+
 def _point(candidate: dict[str, Any], runs: dict[str, Run]) -> SweepPoint:
     """A candidate with its runs: the median of what they measured (with its interval), out of
     memory when any ran out."""
-    ids = candidate.get("run_ids") or ([candidate["run_id"]] if candidate.get("run_id") else [])
-    own = [runs[i] for i in ids if i in runs]
+    own = [runs[i] for i in candidate_run_ids(candidate) if i in runs]
     point = SweepPoint(candidate=candidate, run=own[0] if own else None, runs=own)
     done = [r for r in own if r.status == "succeeded" and r.tokens_per_s is not None]
     if done:
