@@ -168,6 +168,11 @@ class DbLedger:
     ) -> None:
         def write() -> None:
             with self._db() as session:
+                # The run's row first, locked: node 0 writes the run's end under the same lock
+                # (`finish`), so of the two whichever writes second sees the other's work — a dump
+                # handed on while the run still runs is merged by node 0's end, one handed on after
+                # it is merged here. Read unlocked, both could miss the other and the dump be lost.
+                run = store.get_run_for_update(session, run_id)
                 fleet.finish_node(
                     session=session, run_id=run_id, node_rank=node_rank, worker_id=me.id, status=status, reason=reason, records=records
                 )
@@ -175,7 +180,6 @@ class DbLedger:
                     worker_store.add_traces(session, run_id, traces)
                 if flight:
                     store.add_node_flight(session, run_id, node_rank, flight)
-                    run = store.get_run(session, run_id)
                     if run is not None and run.status == "failed" and run.job is not None:
                         store.merge_late_flight(session, run_id, world_size=ResolvedJob.model_validate(run.job).world_size, files=flight)
 
@@ -253,6 +257,10 @@ class DbLedger:
             worker_store.delete_traces(session, run.id)  # other nodes' traces: nothing half-kept
             if ending.flight is not None:
                 store.set_flight_recorder(session, run.id, ending.flight)
+            # dumps another node handed on after node 0 last read them (`finish_node` takes this
+            # run's lock, so none can come between here and the commit)
+            if (late := store.node_flight(session, run.id)) and run.job is not None:
+                store.merge_late_flight(session, run.id, world_size=ResolvedJob.model_validate(run.job).world_size, files=late)
 
     # ---- a scheduler's runs ----
 

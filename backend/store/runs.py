@@ -259,10 +259,10 @@ def merge_late_flight(session: Session, run_id: str, *, world_size: int, files: 
     run kept (a rank's own dump never replaced) and every rank analysed again — caller's transaction."""
     before = get_flight_recorder(session, run_id)
     merged: dict[int, str | None] = hangs.kept_files(before) if before is not None else {}
-    for rank, text in files.items():
-        if merged.get(rank) is None:
-            merged[rank] = text
-    value = hangs.kept(merged, world_size=world_size, run=run_id)
+    new = {rank: text for rank, text in files.items() if merged.get(rank) is None}
+    if not new:  # every one already kept: nothing to analyse again
+        return
+    value = hangs.kept({**merged, **new}, world_size=world_size, run=run_id)
     if value is not None:
         set_flight_recorder(session, run_id, value)
 
