@@ -1,9 +1,10 @@
 """The run side's ledger over the lab's database: `parallab.core.ledger.Ledger`'s one implementation.
 
 Every method is one transaction of its own (`session_scope`), so a coordinator holds no session
-between steps. The two writes a run's outcome depends on — a node's end and the run's end — are
-retried while the database is away (`with_db_retry`): a finished job's outcome must not be lost to
-a database blip. The rest is best effort where the coordinator says so.
+between steps. The writes a run's outcome depends on — its claim, a node's end and the run's end —
+are retried while the database is away (`with_db_retry`): a finished job's outcome must not be lost
+to a database blip, nor a queued run's one message on the queue (a claim that gives up puts the run
+back). The rest is best effort where the coordinator says so.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _holds(run: Run, worker: WorkerInfo | None) -> bool:
 class DbLedger:
     """The ledger of one lab database (`settings.sqlalchemy_url`)."""
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, settings: Settings, *, give_up_after_s: float = 600):
+        """`give_up_after_s`: how long a write waits for an unavailable database (`with_db_retry`)."""
+        self.settings, self.give_up_after_s = settings, give_up_after_s
 
     def _db(self) -> Any:
         return session_scope(self.settings.sqlalchemy_url)
@@ -98,6 +100,19 @@ class DbLedger:
     # ---- a worker's run ----
 
     def claim(self, run_id: str, me: WorkerInfo, endpoint: str) -> Claimed | Refused:
+        """The run moved to running with its hosts reserved, or why not. Retried while the database
+        is away; when it stays away the run is put back on its queue (`Refusal.REQUEUE`: its
+        transaction never committed, so it is still queued), where a raised error would have lost
+        the queue's message and left the run queued with nothing to start it."""
+        try:
+            return with_db_retry(
+                self.settings, f"claiming run {run_id}", lambda: self._claim(run_id, me, endpoint), give_up_after_s=self.give_up_after_s
+            )
+        except (OperationalError, InterfaceError) as exc:
+            log.warning("could not claim run %s, the database is away (%s): putting it back on its queue", run_id, exc)
+            return Refused(Refusal.REQUEUE, None)
+
+    def _claim(self, run_id: str, me: WorkerInfo, endpoint: str) -> Claimed | Refused:
         with self._db() as session:
             run = store.get_run_for_update(session, run_id)
             if run is None or run.status != "queued":
@@ -183,7 +198,7 @@ class DbLedger:
                     if run is not None and run.status == "failed" and run.job is not None:
                         store.merge_late_flight(session, run_id, world_size=ResolvedJob.model_validate(run.job).world_size, files=flight)
 
-        with_db_retry(self.settings, f"storing node {node_rank} of run {run_id}", write)
+        with_db_retry(self.settings, f"storing node {node_rank} of run {run_id}", write, give_up_after_s=self.give_up_after_s)
 
     def node_flight(self, run_id: str) -> dict[int, str]:
         with self._db() as session:
@@ -245,7 +260,7 @@ class DbLedger:
                     fleet.close_nodes(session=session, run_id=run_id)
                 return run.status
 
-        return with_db_retry(self.settings, f"storing the end of run {run_id}", write)
+        return with_db_retry(self.settings, f"storing the end of run {run_id}", write, give_up_after_s=self.give_up_after_s)
 
     @staticmethod
     def _write_end(session: Any, run: Run, ending: Ending) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -348,3 +349,15 @@ def test_a_worker_reserved_by_a_gang_puts_a_single_node_job_back(settings: Setti
     assert claim_run(settings, single, b) == Refused(Refusal.REQUEUE_NOW, "cpu")
     with session_scope(settings.sqlalchemy_url) as session:
         assert session.get(Run, single).status == "queued"
+
+
+def test_a_claim_while_the_database_is_away_puts_the_run_back_on_its_queue(tmp_path) -> None:
+    """Nothing answers on the database's port: the claim is retried until it gives up, then the run
+    goes back on its queue (still queued: nothing committed) rather than the task raising and the
+    queue's message being lost with the run left queued."""
+    from backend.services.ledger import DbLedger
+
+    away = Settings(home=tmp_path / "home", database_url="postgresql+psycopg://postgres@127.0.0.1:9/parallab")
+    started = time.monotonic()
+    assert DbLedger(away, give_up_after_s=1.0).claim("some-run", info("host-a"), "127.0.0.1:29400") == Refused(Refusal.REQUEUE, None)
+    assert time.monotonic() - started >= 1.0, "given up without retrying"
