@@ -52,7 +52,10 @@ a step on the wire (+0.56 s measured, 88 % of the difference on the all-gathers)
 rest of the step's noise; the shaper is a wire of this rate (no free bucket after a compute gap,
 no drops), so lower rates only stretch every run: the offsets' noise grows with the link's time,
 and the residual was no better determined at 3 mbit (+2.2 s a step; 10 % ± 20 % of it) or 6 mbit
-(+1.0 s; 4 % ± 33 %) than here."""
+(+1.0 s; 4 % ± 33 %) than here. A faster link is no cheaper for the same certainty: at 24 mbit the
+six runs took 334 s instead of 563 s on a quiet machine, but the residual was +12 ± 45 ms of +272 ms
+(4.5 %) against −8 ± 15 ms of +552 ms (1.4 %) here: the host's share of the noise stays as the
+link's time halves."""
 STEPS = 24
 """Timed steps a run: their median is the run's step time."""
 PROFILED = 16
