@@ -6,7 +6,6 @@ hand-over race: whichever is written second merges the other's dumps, under the 
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pytest
 
@@ -17,8 +16,9 @@ from backend.services.ledger import DbLedger
 from backend.store import runs as store
 from parallab.core.hangs import kept
 from parallab.core.jobs import Limits, resolve_job
-from parallab.core.ledger import End, Ending, WorkerInfo
+from parallab.core.ledger import End, Ending
 from parallab.core.spec import JobSpec
+from tests.backend.test_fleet import info
 from tests.core.test_hangs import agreeing, dump, entry
 
 SPEC = {"workload": {"model": "tiny", "steps": 2}, "strategy": {"name": "ddp", "world_size": 2}, "placement": {"nodes": 2}}
@@ -41,25 +41,11 @@ def rank_dumps(run_id: str) -> tuple[str, str]:
     return rank0, rank1
 
 
-def node1() -> WorkerInfo:
-    return WorkerInfo(
-        id=uuid.uuid4().hex,
-        host="host-1",
-        machine="m",
-        address="127.0.0.1",
-        pid=1,
-        pool="cpu",
-        device="cpu",
-        device_name="cpu",
-        device_count=1,
-        memory_per_device_bytes=None,
-        interconnect="cpu",
-    )
-
-
 def hand_on(settings: Settings, run_id: str, rank1: str) -> None:
     """Node 1 ends, stopped, and hands its rank's dump on."""
-    DbLedger(settings).finish_node(run_id, 1, node1(), status="stopped", reason="stopped", records=None, traces={}, flight={1: rank1})
+    DbLedger(settings).finish_node(
+        run_id, 1, info("host-1"), status="stopped", reason="stopped", records=None, traces={}, flight={1: rank1}
+    )
 
 
 def kept_report(settings: Settings, run_id: str) -> dict:
