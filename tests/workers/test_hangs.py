@@ -25,7 +25,7 @@ from parallab.core.jobs import resolve_job
 from parallab.core.rundir import RunDir
 from parallab.core.spec import JobSpec
 from tests.workers.conftest import TRACE_CAP_BYTES
-from workers.engines.outputs import failure_message, hang_report
+from workers.engines.outputs import failure_message, hang_report, node_flight
 from workers.harness.faults import FAULT_ENV, parse
 from workers.launcher import launch
 
@@ -104,3 +104,16 @@ def test_the_knob_refuses_what_it_does_not_know() -> None:
     for bad in ("mismatch", "absent:x", "hang:1"):
         with pytest.raises(ValueError, match=FAULT_ENV):
             parse(bad)
+
+
+def test_a_node_hands_on_the_dumps_of_whatever_ranks_ran_on_it(tmp_path) -> None:
+    """torchrun's c10d rendezvous numbers the nodes in the order they join, so node 1 of a gang can
+    run global rank 0: the dumps its host's run directory holds go on, whichever ranks wrote them
+    (read as node 1's rank 1, node 1 handed on nothing and the hang went unlocated)."""
+    job = resolve_job(
+        JobSpec.model_validate({"workload": {"model": "tiny"}, "strategy": {"name": "ddp", "world_size": 2}, "placement": {"nodes": 2}})
+    )
+    run_dir = RunDir(tmp_path / "node1")
+    run_dir.path.mkdir()
+    run_dir.flight(0).write_text('{"rank": 0}')
+    assert node_flight(run_dir, job) == {0: '{"rank": 0}'}

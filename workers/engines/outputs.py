@@ -41,18 +41,21 @@ def flight_dumps(run_dir: RunDir, ranks: Iterable[int]) -> dict[int, bytes | Non
     return out
 
 
-def node_flight(run_dir: RunDir, job: ResolvedJob, node_rank: int) -> dict[int, str]:
-    """The dumps this node's ranks wrote (as text, by global rank), for the run's node 0: the
-    ranks of node k are k * ranks_per_node onwards (torchrun's order)."""
-    first = node_rank * job.ranks_per_node
-    found = flight_dumps(run_dir, range(first, first + job.ranks_per_node))
+def node_flight(run_dir: RunDir, job: ResolvedJob) -> dict[int, str]:
+    """The dumps this node's ranks wrote (as text, by global rank), for the run's node 0: every
+    rank's found in this host's run directory. Which global ranks a node runs is the rendezvous's
+    to say, not `node_rank`'s: torchrun's c10d rendezvous numbers the nodes in the order they join
+    ("node_rank is only used for static rdzv_backend"), so node 1 can run rank 0 — reading only
+    ranks node_rank × ranks_per_node onwards handed on nothing then. The run directory is this
+    host's alone, so whatever ranks ran here wrote into it."""
+    found = flight_dumps(run_dir, range(job.world_size))
     return {rank: data.decode(errors="replace") for rank, data in found.items() if data is not None}
 
 
 def kept_node_flight(run_dir: RunDir, job: ResolvedJob, node_rank: int) -> dict[int, str] | None:
     """`node_flight`, best effort (None: none, or unreadable): a node's end is stored without its dumps rather than lost."""
     try:
-        return node_flight(run_dir, job, node_rank) or None
+        return node_flight(run_dir, job) or None
     except Exception:
         log.exception("could not read node %d's flight-recorder dumps in %s", node_rank, run_dir.path)
         return None
