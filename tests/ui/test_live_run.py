@@ -111,12 +111,17 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
 
 def state_after_reload(page: Any, tries: int = 5) -> dict:
     """The page's state once it has settled: a finished run's page reloads itself, and a read
-    that lands during that navigation finds no page to evaluate in."""
+    that lands during that navigation finds no page to evaluate in, or the new document before
+    its body is parsed (no status badge yet: status None, seen once in a whole suite)."""
     for _ in range(tries - 1):
         try:
-            return page.evaluate(STATE)
+            page.wait_for_selector("#run-status .badge", state="attached", timeout=10_000)
+            state = page.evaluate(STATE)
+            if state["status"] is not None:
+                return state
         except Exception:  # playwright's Error: the execution context went with the navigation
-            page.wait_for_load_state()
+            pass
+        page.wait_for_load_state()
     return page.evaluate(STATE)
 
 
