@@ -111,7 +111,8 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
     hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
     loss_parallel = bool(run.get("loss_parallel", False))
     policy = str(run.get("selective_policy") or "every_matmul")
-    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel, predict_only=True, selective_policy=policy)
+    compiled_loss = bool(run.get("compiled_loss", False))
+    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel, predict_only=True, selective_policy=policy, compiled_loss=compiled_loss)
     world = run["nodes"] * run["gpus_per_node"]
     accuracy = row.accuracy or {}
     kind = str((accuracy.get("band") or {}).get("kind") or accuracy.get("regime", ""))

@@ -107,6 +107,12 @@ wk, wv, wo and w2, 2 each, and w1's, 8): it saves 54 % for that shape.
   gathered sequence) and the fp32 log-softmax the loss keeps (4V) per token; in backward, the
   logits' gradient (4V) of one micro-batch on top — beside it at the loss's backward peak one
   more logits-wide fp32 tensor, or two under loss parallel (`loss_backward_temporaries`).
+- A compiled loss (torch.compile over the cross-entropy with its fp32 upcast, as torchtitan
+  compiles it with the model since April 2025; parallab's `compile` compiles the blocks only):
+  inductor fuses the upcast, log-softmax and nll_loss into reductions over the vocabulary, so
+  what the forward saves for the backward is its input, the 16-bit logits (aV), and a few fp32
+  numbers a token (the row's max and log-sum-exp), and the backward's one fused kernel writes the
+  logits' gradient in their dtype (aV) with no fp32 tensor beside it.
 """
 
 from __future__ import annotations
@@ -284,7 +290,13 @@ def checkpoint_input_bytes(
 
 
 def head_bytes_per_token(
-    cfg: ModelConfig, precision: str, *, params_16bit: bool = False, tp: int = 1, sequence_parallel: bool = False
+    cfg: ModelConfig,
+    precision: str,
+    *,
+    params_16bit: bool = False,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    compiled_loss: bool = False,
 ) -> tuple[float, float]:
     """(kept per token through the step, the logits' gradient per token of the micro-batch in backward).
 
@@ -293,19 +305,21 @@ def head_bytes_per_token(
     fp32 input, the normalised value the weight multiplies and the rsqrt (the eager RMSNorm:
     `x.float()`, `x * rsqrt(mean(x²) + eps)`, `.type_as(x) * weight`) — is 1/tp of a token's, as the
     blocks' norms are; the head's input is the all-gathered sequence (ColwiseParallel's input
-    preparation), which its matmul keeps whole."""
+    preparation), which its matmul keeps whole. A compiled loss keeps the logits in their dtype
+    and makes their gradient in it (module docstring)."""
     a = activation_dtype_bytes(precision)
     h, v = cfg.hidden_size, cfg.vocab_size
     head_input = RESIDUAL_BYTES * h if a == RESIDUAL_BYTES else a * h
     normalised = a * h if (params_16bit and a != RESIDUAL_BYTES) else RESIDUAL_BYTES * h
     norm_split = tp if sequence_parallel and tp > 1 else 1
-    kept = (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split + head_input + RESIDUAL_BYTES * v
-    return kept, RESIDUAL_BYTES * v
+    vocab = a if compiled_loss else RESIDUAL_BYTES  # the saved logits or the kept fp32 log-softmax; their gradient's
+    kept = (RESIDUAL_BYTES * h + normalised + RESIDUAL_BYTES) / norm_split + head_input + vocab * v
+    return kept, vocab * v
 
 
-def loss_backward_temporaries(*, loss_parallel: bool = False) -> int:
-    """How many fp32 logits-wide tensors the loss's backward holds beside the kept log-softmax at
-    its peak (each the size of the logits' gradient, V/tp wide under loss parallel).
+def loss_backward_temporaries(*, loss_parallel: bool = False, compiled_loss: bool = False) -> int:
+    """How many logits-wide tensors the loss's backward holds beside what the loss kept at its
+    peak (each the size of the logits' gradient, V/tp wide under loss parallel).
 
     - Cross-entropy on whole logits: aten's nll_loss_backward makes a dense gradient (zeros with
       −1 scattered at the targets) and _log_softmax_backward_data makes log-softmax's own gradient
@@ -315,8 +329,11 @@ def loss_backward_temporaries(*, loss_parallel: bool = False) -> int:
       `grad_input = zeros_like(x)` (scattered), then `(grad_input + torch.exp(x)) * grad_output`
       — while the sum is made, `grad_input`, `exp(x)` and the sum are alive beside x (the kept
       log-softmax), and then `grad_input`, the sum and the product: 3 (its log-softmax backward
-      handler only casts). The same body in torch before and after the published runs' commit."""
-    return 3 if loss_parallel else 2
+      handler only casts). The same body in torch before and after the published runs' commit.
+    - A compiled loss on whole logits: the fused backward's output, the gradient itself: 1."""
+    if compiled_loss and loss_parallel:
+        raise ValueError("compiled_loss: a compiled loss under loss parallel is not modelled")
+    return 1 if compiled_loss else 3 if loss_parallel else 2
 
 
 def per_token_bytes(terms: list[Term], recompute: Recompute) -> float:

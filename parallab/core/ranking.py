@@ -199,7 +199,13 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
 
 
 def evaluate(
-    raw: dict[str, Any], hw: Hardware, *, loss_parallel: bool = False, predict_only: bool = False, selective_policy: str = "every_matmul"
+    raw: dict[str, Any],
+    hw: Hardware,
+    *,
+    loss_parallel: bool = False,
+    predict_only: bool = False,
+    selective_policy: str = "every_matmul",
+    compiled_loss: bool = False,
 ) -> PlanRow:
     """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time.
 
@@ -208,7 +214,8 @@ def evaluate(
     `loss_parallel` shards the head's output over the vocabulary under tensor parallelism;
     `predict_only` predicts a recipe the ranks refuse but the planner models (a published run's:
     fp8 beside tensor parallelism), its accuracy saying it is not runnable here; `selective_policy`:
-    what selective recomputation keeps (`activations.SELECTIVE_POLICIES`: a published run's)."""
+    what selective recomputation keeps (`activations.SELECTIVE_POLICIES`: a published run's);
+    `compiled_loss`: a published run's loss ran under torch.compile (`activations`)."""
     try:
         job = resolve_job(JobSpec.model_validate(raw), Limits(), predict_only=predict_only)
     except SpecError as exc:
@@ -227,7 +234,7 @@ def evaluate(
     problem = precision_problem(job.workload.precision, hw.device)
     if problem:
         row.reasons.append(f"workload.precision: {problem}")
-    prediction = predict(job, loss_parallel=loss_parallel, selective_policy=selective_policy)
+    prediction = predict(job, loss_parallel=loss_parallel, selective_policy=selective_policy, compiled_loss=compiled_loss)
     state = sum(prediction["model_state_bytes_per_rank"].values())
     # beyond the model state the peak holds the activations and, at the head's backward, the logits' gradient
     activations = int(prediction.get("activation_bytes_per_rank") or 0) + int(prediction.get("backward_temporary_bytes_per_rank") or 0)

@@ -13,7 +13,8 @@ category, each with its formula and the profile entry it used.
   beside its kept output (12 B per vocabulary entry and token with the output) — the loss runs
   uncompiled, and the 16-bit copy of the gradient the head's matmul reads comes after nll_loss's
   gradient is freed (6 B, lower). Under loss parallel (V/tp wide) torch's fused backward holds
-  three fp32 tensors beside the output, 16 B (`activations.loss_backward_temporaries`).
+  three fp32 tensors beside the output, 16 B (`activations.loss_backward_temporaries`). A
+  compiled loss keeps the 16-bit logits and writes their 16-bit gradient beside them, 4 B.
 - FSDP buffers: FSDP2 holds a block's gathered parameters while the next is prefetched (2 × the
   block's parameters in the gathered dtype) and the fp32 reduce-scatter input of the block being
   reduced and of the one in flight (2 × 4 B), per the FSDP paper's (Zhao et al. 2023, §3.3)
@@ -57,8 +58,10 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
     # policy tags: the partitioner removes neither
     shrink = compiled and wl.activation_checkpointing not in ("full", "selective")
     blocks = (acts["blocks"] + acts["weight_copies"]) * (profile.allocator.compiled_activation_share if shrink else 1.0)
-    # the loss's backward: nll_loss's gradient and log-softmax's own, or loss parallel's fused three
-    head = acts["head"] + int(acts.get("loss_backward_temporaries", 2)) * acts["logits_gradient"]
+    # the loss's backward: nll_loss's gradient and log-softmax's own, loss parallel's fused three,
+    # or a compiled loss's one
+    temporaries = int(acts.get("loss_backward_temporaries", 2))
+    head = acts["head"] + temporaries * acts["logits_gradient"]
     per_layer = param_counts(cfg).per_layer // tp
     fsdp = 2 * per_layer * gathered_param_bytes(wl.precision) + 2 * per_layer * 4 if dp_shard > 1 else 0
     held = held_grads = 0
@@ -82,7 +85,9 @@ def reserved_memory(job: ResolvedJob, prediction: dict[str, Any], profile: Devic
         {
             "name": "head and loss",
             "bytes": int(head),
-            "formula": "head kept + 2 × fp32 logits' gradient (log-softmax's backward; 3 × and V/tp under loss parallel)",
+            "formula": "head kept + 2 × fp32 logits' gradient (log-softmax's backward; 3 × and V/tp under loss parallel)"
+            if temporaries != 1
+            else "head kept (16-bit logits) + their 16-bit gradient (a compiled loss's fused backward)",
             "entry": "-",
         },
         {

@@ -96,6 +96,53 @@ def test_loss_parallels_fused_backward_holds_one_more_logits_wide_tensor():
     assert loss_backward_temporaries(loss_parallel=True) == 3  # zeros_like(x), exp(x), their sum
 
 
+def test_a_compiled_loss_keeps_the_16_bit_logits_and_makes_their_gradient_in_their_dtype():
+    eager_kept, eager_grad = head_bytes_per_token(TINY, "bf16")
+    kept, grad = head_bytes_per_token(TINY, "bf16", compiled_loss=True)
+    assert (eager_kept - kept, eager_grad, grad) == ((4 - 2) * 256, 4 * 256, 2 * 256)
+    assert loss_backward_temporaries(compiled_loss=True) == 1  # the fused backward's output alone
+    with pytest.raises(ValueError, match="compiled_loss"):
+        loss_backward_temporaries(loss_parallel=True, compiled_loss=True)
+
+
+def loss_saved_bytes_per_token(tokens: int, vocab: int, *, compiled: bool) -> float:
+    """Logits-wide bytes per token that the cross-entropy over 16-bit logits (with its fp32 upcast,
+    as parallab's model and torchtitan compute it) saves for its backward, eager or compiled."""
+    import torch
+    import torch.nn.functional as F
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels)
+
+    fn = torch.compile(loss) if compiled else loss
+    leaf = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+    fn(leaf * 1, labels).backward()  # compiled: the first call compiles
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() >= tokens * vocab:  # the row statistics (max, log-sum-exp) are a few per token
+            storage = t.untyped_storage()  # log-softmax's output is saved by it and by nll_loss: once
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(leaf * 1, labels)
+    return sum(saved.values()) / tokens
+
+
+def test_what_the_loss_saves_for_backward_is_what_the_head_count_changes_by():
+    """What autograd (eager) and AOTAutograd's partitioner (inductor, here on CPU) save of the
+    loss over 16-bit logits: the fp32 log-softmax, or the 16-bit logits; the count's kept head
+    changes by the same bytes."""
+    vocab = TINY.vocab_size
+    eager, compiled = (loss_saved_bytes_per_token(64, vocab, compiled=c) for c in (False, True))
+    assert (eager, compiled) == (4 * vocab, 2 * vocab)
+    eager_kept, _ = head_bytes_per_token(TINY, "bf16")
+    kept, _ = head_bytes_per_token(TINY, "bf16", compiled_loss=True)
+    assert eager_kept - kept == eager - compiled
+
+
 def test_ddp_rank_holds_its_micro_batch_through_every_layer_and_the_head():
     p = predict(job("ddp", 2))
     tokens = 4 * 64  # 8 sequences over 2 replicas
