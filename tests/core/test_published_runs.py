@@ -102,7 +102,20 @@ def test_every_selective_row_names_torchtitans_policy_and_its_source():
     for run in RUNS:
         if run["activation_checkpointing"] == "selective":
             assert run["selective_policy"] == "torchtitan_op", run["name"]
-            assert "_save_list" in run["selective_policy_source"] and "9dec370" in run["selective_policy_source"]
+            source = run["selective_policy_source"]
+            assert "_save_list" in source and ("9dec370" in source or "e7c0cae" in source), run["name"]
+
+
+def test_the_rows_whose_loss_ran_compiled_are_held_only_with_it_counted(checked):
+    """Trainy's H200 rows (torchtitan e7c0cae compiles the loss under training.compile; the Dec 2024
+    tables' commit does not): held with the compiled loss's head, and 35-45 % over without it."""
+    compiled = [run for run in RUNS if run.get("compiled_loss")]
+    assert len(compiled) == 2 and all("e7c0cae" in run["compiled_loss_source"] for run in compiled)
+    assert not any(run.get("compiled_loss") for run in RUNS if "torchtitan" in run["name"])
+    for run in compiled:
+        assert abs(checked[run["name"]].memory_error) <= MEMORY_TOLERANCE
+        eager_loss = evaluate_run({**run, "compiled_loss": False})[1]
+        assert 0.35 < eager_loss.memory_error < 0.45, (run["name"], eager_loss.memory_error)
 
 
 @pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS])
@@ -127,10 +140,11 @@ def test_mean_step_time_error_is_under_eight_percent(checked):
 
 
 def test_mean_step_time_error_is_what_it_was_measured_at(checked):
-    """The mean the table prints over the 16 held rows (6.8 % with the ring's last backward hop
-    exposed; 7.0 % before, 8.4 % over 12 before async TP was modelled and Table 6's CP rows
-    evaluated), held at that figure so any change shows."""
-    assert mean_step_error(list(checked.values())) == pytest.approx(0.068, abs=0.0015)
+    """The mean the table prints over the 18 held rows (7.6 % with Trainy's two H200 rows held out,
+    −13.3 % and −14.8 %; 6.8 % over torchtitan's 16 with the ring's last backward hop exposed; 7.0 %
+    before, 8.4 % over 12 before async TP was modelled and Table 6's CP rows evaluated), held at
+    that figure so any change shows."""
+    assert mean_step_error(list(checked.values())) == pytest.approx(0.076, abs=0.0015)
 
 
 def test_mean_step_time_error_is_what_the_table_prints(checked):
