@@ -31,6 +31,7 @@ from parallab.core.jobs import Limits, resolve_job
 from parallab.core.megatron import MegatronLayout, step_seconds
 from parallab.core.planner import estimate_step_time, hardware_for
 from parallab.core.ranking import PlanRow, evaluate
+from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import JobSpec
 
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
@@ -109,10 +110,12 @@ def spec_of(run: dict[str, Any]) -> dict[str, Any]:
 def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
     """The planner's row for `run` on its hardware, and the comparison (the band holds the row out)."""
     hw = hardware_for(load_catalogue().get(run["device"]), nodes=run["nodes"], devices_per_node=run["gpus_per_node"])
-    loss_parallel = bool(run.get("loss_parallel", False))
-    policy = str(run.get("selective_policy") or "every_matmul")
-    compiled_loss = bool(run.get("compiled_loss", False))
-    row = evaluate(spec_of(run), hw, loss_parallel=loss_parallel, predict_only=True, selective_policy=policy, compiled_loss=compiled_loss)
+    recipe = RunRecipe(
+        loss_parallel=bool(run.get("loss_parallel", False)),
+        selective_policy=str(run.get("selective_policy") or "every_matmul"),
+        compiled_loss=bool(run.get("compiled_loss", False)),
+    )
+    row = evaluate(spec_of(run), hw, recipe, predict_only=True)
     world = run["nodes"] * run["gpus_per_node"]
     accuracy = row.accuracy or {}
     kind = str((accuracy.get("band") or {}).get("kind") or accuracy.get("regime", ""))

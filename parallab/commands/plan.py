@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -35,10 +35,12 @@ from parallab.commands.jobspec import (
     spec_document,
     with_workload_flags,
 )
+from parallab.core.activations import SELECTIVE_POLICIES
 from parallab.core.costs import precision_recipe
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
 from parallab.core.prediction import predict
+from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
 from parallab.core.units import format_bytes
@@ -91,11 +93,27 @@ def plan(
             "--loss-parallel", help="Predict with the head's output sharded over the vocabulary under TP (torchtitan's loss parallel)."
         ),
     ] = False,
+    compiled_loss: Annotated[
+        bool,
+        typer.Option(
+            "--compiled-loss",
+            help="Predict with the cross-entropy compiled (torchtitan with compile since April 2025): the 16-bit logits kept, "
+            "their gradient in their dtype. --compile alone compiles the blocks, as parallab's ranks do.",
+        ),
+    ] = False,
+    selective_policy: Annotated[
+        str,
+        typer.Option(
+            "--selective-policy",
+            help=f"What selective recomputation keeps: {'; '.join(f'{k}: {v}' for k, v in SELECTIVE_POLICIES.items())}.",
+        ),
+    ] = "every_matmul",
     *,
     workload: dict[str, Any],
 ) -> None:
     """Predict one job (--strategy), or rank every configuration of the workload on a cluster (--device / --pool)."""
     given = dict(workload)  # what the flags set, and (below) what the config file does
+    recipe = run_recipe(loss_parallel=loss_parallel, compiled_loss=compiled_loss, selective_policy=selective_policy)
     if hf_config is not None:
         doc, shape = read_hf_config_file(hf_config)
         given = {**shape.fields, **workload, "hf_config": f"{hf_config} (model_type {shape.model_type})"}
@@ -112,9 +130,9 @@ def plan(
             fail("--dry-run: give the job to run, with --strategy or --layout")
         if explain:
             fail("--explain: give the one configuration to decompose, with --strategy or --layout, and --device")
-        _rank(
-            workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size, loss_parallel=loss_parallel
-        )(top=top, json_out=json_out, show_all=show_all)
+        _rank(workload, device=device, nodes=nodes, gpus_per_node=gpus_per_node, pool=pool, world_size=world_size, recipe=recipe)(
+            top=top, json_out=json_out, show_all=show_all
+        )
         return
     world_size = world_size or 1
     try:
@@ -131,19 +149,34 @@ def plan(
         dry_run_command(job, json_out=json_out)
         return
     hw = _hardware(device, nodes, gpus_per_node, pool) if (device or pool) else None
-    _predict_one(job, hw, given, explain=explain, loss_parallel=loss_parallel, json_out=json_out)
+    _predict_one(job, hw, given, recipe, explain=explain, json_out=json_out)
 
 
-def _predict_one(
-    job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], *, explain: bool, loss_parallel: bool, json_out: bool
-) -> None:
+def run_recipe(*, loss_parallel: bool, compiled_loss: bool, selective_policy: str) -> RunRecipe:
+    """The flags' recipe, or the CLI's message naming the flag it cannot take."""
+    try:
+        return RunRecipe(loss_parallel=loss_parallel, compiled_loss=compiled_loss, selective_policy=selective_policy)
+    except ValueError as exc:
+        flag_error(exc)
+
+
+def flag_error(exc: ValueError) -> NoReturn:
+    """A recipe's "field: problem" as the CLI says it: the flag that set the field, and the problem."""
+    field, _, problem = str(exc).partition(": ")
+    fail(f"--{field.replace('_', '-')}: {problem}")
+
+
+def _predict_one(job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], recipe: RunRecipe, *, explain: bool, json_out: bool) -> None:
     """One job's prediction (on `hw` when given: its step time, band and what it does not model), or its explanation."""
     if explain:
         if hw is None:
             fail("--explain: give the hardware to time the step on, with --device (or --pool)")
-        _print_explain(job, hw, loss_parallel=loss_parallel, json_out=json_out)
+        _print_explain(job, hw, recipe, json_out=json_out)
         return
-    prediction = predict(job, hw, loss_parallel=loss_parallel)
+    try:
+        prediction = predict(job, hw, recipe)
+    except ValueError as exc:  # a recipe the planner does not count for this model
+        flag_error(exc)
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
         return
@@ -243,11 +276,14 @@ def band_label(accuracy: dict[str, Any] | None) -> str:
     return str(accuracy.get("regime") or "")
 
 
-def _print_explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool, json_out: bool) -> None:
+def _print_explain(job: ResolvedJob, hw: Hardware, recipe: RunRecipe, *, json_out: bool) -> None:
     from parallab.core.accuracy import accuracy_of
     from parallab.core.explain import explain
 
-    out = {**explain(job, hw, loss_parallel=loss_parallel), **accuracy_of(job, hw, loss_parallel=loss_parallel)}
+    try:
+        out = {**explain(job, hw, recipe), **accuracy_of(job, hw, recipe)}
+    except ValueError as exc:  # a recipe the planner does not count for this model
+        flag_error(exc)
     if json_out:
         typer.echo(json.dumps(out, indent=2))
         return
@@ -306,7 +342,7 @@ def _rank(
     gpus_per_node: int | None,
     pool: str | None,
     world_size: int | None,
-    loss_parallel: bool = False,
+    recipe: RunRecipe,
 ) -> Any:
     from parallab.core.model import PRESETS
     from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, plan_cluster
@@ -316,15 +352,15 @@ def _rank(
     if workload["model"] not in PRESETS:
         fail(f"--model: unknown model preset {workload['model']!r}; known: {', '.join(PRESETS)}")
     hw = _hardware(device, nodes, gpus_per_node, pool)
-    recipe = {k: workload.pop(k) for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if k in workload}
+    fixed = {k: workload.pop(k) for k in ("precision", "activation_checkpointing", "grad_accumulation_steps") if k in workload}
     ranking = plan_cluster(
         workload,
         hw,
         world_size=world_size,
-        loss_parallel=loss_parallel,
-        precisions=[recipe["precision"]] if "precision" in recipe else DEFAULT_PRECISIONS,
-        checkpointing=[recipe["activation_checkpointing"]] if "activation_checkpointing" in recipe else DEFAULT_CHECKPOINTING,
-        accumulation=[recipe["grad_accumulation_steps"]] if "grad_accumulation_steps" in recipe else DEFAULT_ACCUMULATION,
+        recipe=recipe,
+        precisions=[fixed["precision"]] if "precision" in fixed else DEFAULT_PRECISIONS,
+        checkpointing=[fixed["activation_checkpointing"]] if "activation_checkpointing" in fixed else DEFAULT_CHECKPOINTING,
+        accumulation=[fixed["grad_accumulation_steps"]] if "grad_accumulation_steps" in fixed else DEFAULT_ACCUMULATION,
     )
 
     def show(*, top: int, json_out: bool, show_all: bool) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from parallab.core.dims import DIMENSIONS, Dimension
 from parallab.core.layout import DATA_PARALLEL
 from parallab.core.recipes import not_runnable_here
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -46,7 +47,7 @@ def kind_of(job: ResolvedJob) -> str:
     return f"{layout}/{recipe}"
 
 
-def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list[str]:
+def not_modelled(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB) -> list[str]:
     """What the prediction leaves out for this job, in words (each dimension says its own)."""
     out = []
     if hw.device_profile is None and not hw.calibrated:
@@ -56,7 +57,7 @@ def not_modelled(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool) -> list
         out += dim.not_modelled
         if layout is not None:
             out += dim.asked_not_modelled(layout, compiled=bool(job.workload.compile))
-        if dim.splits_head and not loss_parallel:
+        if dim.splits_head and not recipe.loss_parallel:
             out.append("loss parallel (the logits are gathered whole on every rank)")
     if job.model.is_moe:
         out.append("expert load imbalance")
@@ -114,13 +115,13 @@ def band_of(kind: str, hw: Hardware, *, leave_out: str | None = None) -> dict[st
     return None
 
 
-def accuracy_of(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, leave_out: str | None = None) -> dict[str, Any]:
+def accuracy_of(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB, *, leave_out: str | None = None) -> dict[str, Any]:
     """The prediction's band, what it does not model, whether it lies in a validated regime, and
     what of it parallab's ranks would refuse (a predicted-only recipe: `recipes.not_runnable_here`)."""
     kind = kind_of(job)
     band = band_of(kind, hw, leave_out=leave_out)
     regime = "validated" if band is not None else f"{OUTSIDE} ({kind} on {hw.spec.key})"
-    out = {"band": band, "not_modelled": not_modelled(job, hw, loss_parallel=loss_parallel), "regime": regime}
+    out = {"band": band, "not_modelled": not_modelled(job, hw, recipe), "regime": regime}
     unrunnable = not_runnable_here(job)
     if unrunnable:
         out["not_runnable_here"] = unrunnable

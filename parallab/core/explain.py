@@ -16,9 +16,10 @@ from parallab.core.jobs import ResolvedJob
 from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, fsdp_overhead_seconds, item_seconds, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.reserved import reserved_memory
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 
 
-def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, *, loss_parallel: bool) -> list[dict[str, Any]]:
+def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, recipe: RunRecipe) -> list[dict[str, Any]]:
     """Per mesh dimension: its collectives' time and what of it stays exposed (`planner.item_seconds`)."""
     if job.world_size <= 1:
         return []
@@ -30,7 +31,7 @@ def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, *, loss_parallel
         groups = [(job.strategy, job.descriptor.comm_items(job))]
     lines, hidden_want = [], 0.0
     for name, all_items in groups:
-        timed = [(i, got) for i in all_items if (got := item_seconds(job, hw, i, loss_parallel=loss_parallel)) is not None]
+        timed = [(i, got) for i in all_items if (got := item_seconds(job, hw, i, recipe)) is not None]
         if not timed:
             continue
         seconds = exposed = 0.0
@@ -61,12 +62,12 @@ def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, *, loss_parallel
     return lines
 
 
-def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> dict[str, Any]:
-    """The step and the memory of `job` on `hw`, term by term (module docstring)."""
-    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel)
-    terms = [t.as_dict() for t in profile_terms(job, hw, loss_parallel=loss_parallel)]
+def explain(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
+    """The step and the memory of `job` on `hw` under `recipe`, term by term (module docstring)."""
+    estimate = estimate_step_time(job, hw, recipe)
+    terms = [t.as_dict() for t in profile_terms(job, hw, recipe=recipe)]
     if not terms:
-        compute = compute_seconds(job, hw, loss_parallel=loss_parallel)
+        compute = compute_seconds(job, hw, recipe=recipe)
         terms = [{"name": "compute", "seconds": compute, "formula": "GEMMs at peak × efficiency + memory-bound ops", "entry": "datasheet"}]
     fsdp = fsdp_overhead_seconds(job, hw)
     if fsdp > 0:
@@ -75,7 +76,7 @@ def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> d
         )
     step = [
         *({**t, "name": f"compute: {t['name']}"} for t in terms),
-        *_comm_lines(job, hw, estimate.compute_s, loss_parallel=loss_parallel),
+        *_comm_lines(job, hw, estimate.compute_s, recipe),
         {"name": "pipeline bubble", "seconds": estimate.bubble_s, "formula": "(compute + exposed) × b/(1 − b)", "entry": "-"},
         {
             "name": "optimizer (AdamW)",
@@ -84,7 +85,7 @@ def explain(job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False) -> d
             "entry": "memory_bound",
         },
     ]
-    prediction = predict(job, loss_parallel=loss_parallel)
+    prediction = predict(job, recipe=recipe)
     device_profile = hw.device_profile
     if device_profile is not None:
         memory = reserved_memory(job, prediction, device_profile)

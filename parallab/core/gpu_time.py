@@ -11,7 +11,9 @@ Per forward of the busiest rank (t tokens, L blocks, tensor-parallel degree tp):
 - memory-bound: (a·h + b·f/tp) elements (a·h/tp under sequence parallelism) per token and block (`memory_bound.elements_per_token`),
   three passes (forward, backward twice), at `memory_bound.bandwidth_share` of the bandwidth;
   torch.compile keeps `memory_bound.compiled_share` of those bytes (fusion).
-- the loss: the fp32 logits (V/tp wide under loss parallel, V otherwise) read and written three times.
+- the loss: the fp32 logits (V/tp wide under loss parallel, V otherwise) read and written three
+  times; a compiled loss (one fused kernel each way) reads the 16-bit logits in forward, and reads
+  them again and writes their gradient in backward: three passes of the logits' own dtype.
 - fp8 casts (torchao's Float8Linear, dynamic tensorwise; torchao's float8 roofline counts the
   same casts): each linear casts its input once per forward it runs (again when recomputation
   re-runs the forward) and its output gradient once in backward — the backward's GEMMs reuse the
@@ -32,7 +34,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from parallab.core.costs import activation_dtype_bytes
 from parallab.core.device_profile import DeviceProfile
+from parallab.core.run_recipe import RunRecipe
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
@@ -76,8 +80,6 @@ class Shares:
     """Under TP, whether the h-wide ops (norms, residual adds) run on sequence shards."""
     stream_bytes: int = 2
     """Bytes per element of the residual stream (`dims.base.residual_stream_bytes`)."""
-    selective_policy: str = "every_matmul"
-    """What selective recomputation keeps (`activations.SELECTIVE_POLICIES`)."""
     recomputed_gemm_forward_s: float = 0.0
     """One block's forward GEMMs the selective policy recomputes (torchtitan's: wk, wo, w3)."""
 
@@ -89,8 +91,13 @@ def attention_flops(job: ResolvedJob, tokens: int, context: int, tp: int) -> flo
     return 0.5 * 2 * tokens * context * (cfg.qk_head_dim + cfg.value_head_dim) * heads
 
 
+def loss_bytes_per_entry(precision: str, recipe: RunRecipe) -> int:
+    """Bytes the loss moves per logit over a step's forward and backward (module docstring)."""
+    return 3 * (activation_dtype_bytes(precision) if recipe.compiled_loss else 4)
+
+
 def compute_terms(
-    job: ResolvedJob, shares: Shares, profile: DeviceProfile, *, peak16: float, bandwidth: float, loss_parallel: bool
+    job: ResolvedJob, shares: Shares, profile: DeviceProfile, recipe: RunRecipe, *, peak16: float, bandwidth: float
 ) -> list[Term]:
     """The step's compute on the busiest rank, by term (module docstring)."""
     cfg, wl = job.model, job.workload
@@ -111,13 +118,14 @@ def compute_terms(
     casts = 5 * cfg.hidden_size * 6 if shares.stream_bytes > act_bytes else 0
     per_token = a * h_wide * shares.stream_bytes + b * width * act_bytes + casts
     mem_fwd = layers * t * per_token * profile.memory_bound.measured_factor * fused / bw
-    vocab = cfg.vocab_size // tp if loss_parallel and tp > 1 else cfg.vocab_size
-    loss = t * vocab * 4 * 3 / bw if shares.head_forward_s else 0.0  # on the rank holding the head
+    vocab = cfg.vocab_size // tp if recipe.loss_parallel_at(tp) else cfg.vocab_size
+    loss_bytes = loss_bytes_per_entry(wl.precision, recipe)
+    loss = t * vocab * loss_bytes / bw if shares.head_forward_s else 0.0  # on the rank holding the head
     gemm_fwd = layers * shares.gemm_forward_s
 
     # selective: parallab's policy keeps every matmul and recomputes the attention; torchtitan's
     # keeps the attention and every other matmul, recomputing wk, wo and w3
-    titan = shares.selective_policy == "torchtitan_op"
+    titan = recipe.selective_policy == "torchtitan_op"
     selective = mem_fwd + (layers * shares.recomputed_gemm_forward_s if titan else attn_fwd)
     recompute = {"full": gemm_fwd + attn_fwd + mem_fwd, "selective": selective}.get(mode, 0.0)
     terms = [
@@ -136,9 +144,9 @@ def compute_terms(
             "memory_bound",
         ),
         Term(
-            "loss (fp32 logits)",
+            "loss (compiled)" if recipe.compiled_loss else "loss (fp32 logits)",
             n * loss,
-            f"t × {'V/tp' if vocab != cfg.vocab_size else 'V'} × 4 B × 3 / (bw·share)",
+            f"t × {'V/tp' if vocab != cfg.vocab_size else 'V'} × {loss_bytes // 3} B × 3 / (bw·share)",
             "memory_bound.bandwidth_share",
         ),
         Term(

@@ -46,12 +46,13 @@ from parallab.core.device_profile import DeviceProfile, load_profile
 from parallab.core.dims.base import LOGITS_GATHER, CommItem, residual_stream_bytes
 from parallab.core.dims.dp_shard import DIMENSION as FSDP_DIMENSION
 from parallab.core.families import tensor_count
-from parallab.core.gpu_time import Shares, Term, compute_terms
+from parallab.core.gpu_time import Shares, Term, compute_terms, loss_bytes_per_entry
 from parallab.core.hardware import DeviceDescription, DeviceSpec, HardwareProfile
 from parallab.core.jobs import ResolvedJob
 from parallab.core.layout import last_stage_rank
 from parallab.core.metrics import busbw_factor
 from parallab.core.pools import PoolTopology, placed_stride
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.stats import spearman_rho
 from parallab.core.strategies.base import MeshDim
 
@@ -417,9 +418,7 @@ def _recomputed_blocks(mode: str, layers: int) -> float:
     return {"full": layers, "alternate": math.ceil(layers / 2)}.get(mode, 0)
 
 
-def profile_terms(
-    job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
-) -> list[Term]:
+def profile_terms(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, recipe: RunRecipe = PARALLAB) -> list[Term]:
     """The step's compute by term on a GPU with a device profile (`parallab.core.gpu_time`)."""
     device_profile = hw.device_profile
     if device_profile is None:
@@ -434,29 +433,22 @@ def profile_terms(
     sp = bool(getattr(job.options, "sequence_parallel", False))
     fsdp = job.degrees[FSDP_DIMENSION.name] > 1
     stream = residual_stream_bytes(precision, fsdp=fsdp)
-    recomputed = _policy_recomputed_gemms(job, hw, lay, selective_policy)
-    shares = Shares(
-        lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream, selective_policy, recomputed
-    )
+    recomputed = _policy_recomputed_gemms(job, hw, lay, recipe.selective_policy)
+    shares = Shares(lay.tokens, lay.layers, lay.context, lay.tp, lay.forwards, gemms, head, block_weights, sp, stream, recomputed)
     peak16 = hw.peak_flops("bf16" if precision != "fp32" else "fp32")
-    return compute_terms(job, shares, device_profile, peak16=peak16, bandwidth=hw.spec.memory_bandwidth, loss_parallel=loss_parallel)
+    return compute_terms(job, shares, device_profile, recipe, peak16=peak16, bandwidth=hw.spec.memory_bandwidth)
 
 
-def compute_seconds(
-    job: ResolvedJob, hw: Hardware, lay: Layout | None = None, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
-) -> float:
+def compute_seconds(job: ResolvedJob, hw: Hardware, lay: Layout | None = None, recipe: RunRecipe = PARALLAB) -> float:
     """Forward, backward and recomputation of one optimizer step on the busiest rank."""
     if lay is None:
-        return max(
-            compute_seconds(job, hw, candidate, loss_parallel=loss_parallel, selective_policy=selective_policy)
-            for candidate in busiest_layouts(job)
-        )
+        return max(compute_seconds(job, hw, candidate, recipe) for candidate in busiest_layouts(job))
     if hw.device_profile is not None:
-        return sum(term.seconds for term in profile_terms(job, hw, lay, loss_parallel=loss_parallel, selective_policy=selective_policy))
+        return sum(term.seconds for term in profile_terms(job, hw, lay, recipe))
     lay = lay or layout(job)
     cfg, wl = job.model, job.workload
     precision, mode = wl.precision, wl.activation_checkpointing
-    measured = measured_block_seconds(job, hw, lay, selective_policy=selective_policy)
+    measured = measured_block_seconds(job, hw, lay, recipe.selective_policy)
     if measured is not None:
         return lay.forwards * (lay.layers * measured + _root_seconds(job, hw, lay))
     gemms, attention, memory = _block_parts(job, hw, lay)
@@ -465,11 +457,11 @@ def compute_seconds(
     if lay.head:
         vocab = cfg.vocab_size // lay.tp
         forward += _gemm(hw, precision, lay.tokens, cfg.hidden_size, vocab)
-        forward += lay.tokens * vocab * 4 * 3 / hw.memory_bandwidth  # fp32 logits: softmax, loss
+        forward += lay.tokens * vocab * loss_bytes_per_entry(precision, recipe) / hw.memory_bandwidth  # the logits: softmax, loss
     recompute = _recomputed_blocks(mode, lay.layers) * block
     if mode == "selective":
-        recomputed = _policy_recomputed_gemms(job, hw, lay, selective_policy)
-        recompute = lay.layers * (memory + (recomputed if selective_policy == "torchtitan_op" else attention))
+        recomputed = _policy_recomputed_gemms(job, hw, lay, recipe.selective_policy)
+        recompute = lay.layers * (memory + (recomputed if recipe.selective_policy == "torchtitan_op" else attention))
     ops = OPS_PER_LAYER * lay.layers * (1 + BACKWARD_OPS + (1 if mode != "none" else 0)) * hw.op_overhead_s
     if mode == "selective":  # the policy's caching mode sees every op of the block
         ops += OPS_PER_LAYER * lay.layers * hw.selective_op_overhead_s
@@ -482,7 +474,7 @@ def compute_seconds(
     return lay.forwards * per_forward
 
 
-def measured_block_seconds(job: ResolvedJob, hw: Hardware, lay: Layout, *, selective_policy: str = "every_matmul") -> float | None:
+def measured_block_seconds(job: ResolvedJob, hw: Hardware, lay: Layout, selective_policy: str = "every_matmul") -> float | None:
     """One block's forward, backward and recomputation from the pool's calibration of the workload's
     own block (`HardwareProfile.blocks`, at the rank's tokens: under context parallelism its share
     of the sequence): eager, under parallab's selective policy; alternate recomputation is its
@@ -646,13 +638,13 @@ def pipelined_exposed(hw: Hardware, precision: str, item: CommItem, seconds: flo
     return calls * per_call
 
 
-def item_seconds(job: ResolvedJob, hw: Hardware, item: CommItem, *, loss_parallel: bool) -> tuple[float, float, float] | None:
+def item_seconds(job: ResolvedJob, hw: Hardware, item: CommItem, recipe: RunRecipe = PARALLAB) -> tuple[float, float, float] | None:
     """One `CommItem` on `hw`: (its seconds, what of them is exposed outright, what asks to hide under
     the step's compute — `overlap` × what the device can overlap), or None where the step does not
     time it: a P2P receive (timed once, on its send), the logits' gather under loss parallel (the
     loss runs on the vocabulary shards). A micro-pipelined item (async TP) hides under its own
     GEMMs instead (`pipelined_exposed`)."""
-    if item.op == "recv" or (loss_parallel and item.label == LOGITS_GATHER):
+    if item.op == "recv" or (recipe.loss_parallel and item.label == LOGITS_GATHER):
         return None
     placed = placed_item_stride(job, item.group_size, item.stride)
     seconds = hw.comm_seconds(item.op, item.bytes_per_call, item.calls, item.group_size, placed)
@@ -662,12 +654,10 @@ def item_seconds(job: ResolvedJob, hw: Hardware, item: CommItem, *, loss_paralle
     return seconds, seconds * (1 - share), seconds * share
 
 
-def estimate_step_time(
-    job: ResolvedJob, hw: Hardware, *, loss_parallel: bool = False, selective_policy: str = "every_matmul"
-) -> StepTimeEstimate:
-    """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md);
-    `selective_policy`: a published run's selective recomputation policy (`activations.SELECTIVE_POLICIES`)."""
-    compute = compute_seconds(job, hw, loss_parallel=loss_parallel, selective_policy=selective_policy)
+def estimate_step_time(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB) -> StepTimeEstimate:
+    """The step-time estimate of `job` on `hw` (see the module docstring and docs/planner.md) under
+    `recipe`: how the head's loss runs and what selective recomputation keeps (`parallab.core.run_recipe`)."""
+    compute = compute_seconds(job, hw, recipe=recipe)
     compute += fsdp_overhead_seconds(job, hw)
     comm = exposed = hidden_want = 0.0
     by_dim: dict[str, float] = {}
@@ -676,7 +666,7 @@ def estimate_step_time(
     crossing: list[str] = []
     mesh = job.mesh if job.world_size > 1 else ()
     for item in job.descriptor.comm_items(job) if job.world_size > 1 else []:
-        timed = item_seconds(job, hw, item, loss_parallel=loss_parallel)
+        timed = item_seconds(job, hw, item, recipe)
         if timed is None:
             continue
         seconds, shown, want = timed

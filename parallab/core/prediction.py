@@ -50,6 +50,7 @@ from parallab.core.families import model_flops_per_token, param_counts
 from parallab.core.jobs import ResolvedJob
 from parallab.core.memory_curve import inputs_for
 from parallab.core.planner import Hardware, estimate_step_time
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.strategies.base import ActivationLayout
 
 GB = 1e9
@@ -74,30 +75,22 @@ def model_state_per_rank(job: ResolvedJob) -> dict[str, int]:
     return {"params": p * most, "grads": g * most, "optimizer": k * most}
 
 
-def layout_activations(
-    job: ResolvedJob,
-    layout: ActivationLayout,
-    *,
-    loss_parallel: bool = False,
-    selective_policy: str = "every_matmul",
-    compiled_loss: bool = False,
-) -> dict[str, Any]:
-    """The activation bytes of one kind of rank, by part (see `parallab.core.activations`);
-    `loss_parallel`: the head's output is sharded over the vocabulary under tensor parallelism
-    (torchtitan's ColwiseParallel head with Shard(-1) output and loss_parallel), so its log-softmax
-    and the logits' gradient are V/tp wide on each rank; `selective_policy`: what selective
-    recomputation keeps (`activations.SELECTIVE_POLICIES`: parallab's, or a published run's);
-    `compiled_loss`: a published run's loss ran under torch.compile (`activations`: the logits kept
-    and their gradient made in their dtype, no fp32 tensor)."""
+def layout_activations(job: ResolvedJob, layout: ActivationLayout, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
+    """The activation bytes of one kind of rank, by part (see `parallab.core.activations`), under
+    `recipe` (`parallab.core.run_recipe`): with loss parallel the head's output is sharded over the
+    vocabulary under tensor parallelism, so its log-softmax and the logits' gradient are V/tp wide
+    on each rank; its selective policy says what selective recomputation keeps; a compiled loss
+    keeps the logits and makes their gradient in their dtype, no fp32 tensor."""
     cfg, wl = job.model, job.workload
     mode = wl.activation_checkpointing
     p16 = not layout.weight_copies  # FSDP computes with its 16-bit param_dtype: no autocast copies, a 16-bit stream
     terms = layer_terms(cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16)
     per_token = per_token_bytes(terms, "none")
     kept_head, head_grad = head_bytes_per_token(
-        cfg, wl.precision, params_16bit=p16, tp=layout.tp, sequence_parallel=layout.sequence_parallel, compiled_loss=compiled_loss
+        cfg, wl.precision, params_16bit=p16, tp=layout.tp, sequence_parallel=layout.sequence_parallel, compiled_loss=recipe.compiled_loss
     )
-    if loss_parallel and layout.tp > 1:
+    loss_parallel = recipe.loss_parallel_at(layout.tp)
+    if loss_parallel:
         vocab_part = 4 * cfg.vocab_size  # the fp32 log-softmax, and the logits' gradient, V wide
         kept_head -= vocab_part - vocab_part / layout.tp
         head_grad /= layout.tp
@@ -111,7 +104,7 @@ def layout_activations(
         kept_per_token = per_token
     elif mode == "selective":
         kept_per_token = selective_kept_bytes(
-            cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16, policy=selective_policy
+            cfg, wl.precision, tp=layout.tp, sequence_parallel=layout.sequence_parallel, params_16bit=p16, policy=recipe.selective_policy
         )
     else:
         kept_per_token = input_bytes
@@ -133,7 +126,7 @@ def layout_activations(
         "head": int(head_at_peak),
         "total": int(blocks + copies + head_at_peak),
         "logits_gradient": int(temporaries),
-        "loss_backward_temporaries": loss_backward_temporaries(loss_parallel=loss_parallel and layout.tp > 1, compiled_loss=compiled_loss),
+        "loss_backward_temporaries": loss_backward_temporaries(loss_parallel=loss_parallel, compiled_loss=recipe.compiled_loss),
         "per_layer_bytes": int(layout.micro * kept_per_token),
         "recomputed_layer_bytes": int(layout.micro * per_token),
         "peak_at": "head backward" if at_head else "a block's recomputation",
@@ -142,16 +135,11 @@ def layout_activations(
     }
 
 
-def activation_prediction(
-    job: ResolvedJob, *, loss_parallel: bool = False, selective_policy: str = "every_matmul", compiled_loss: bool = False
-) -> dict[str, Any]:
+def activation_prediction(job: ResolvedJob, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
     """The activation estimate of the rank that holds the most, its parts, and the paper's per-layer
     figure for the same micro-batch (16-bit GPT with dropout and materialised scores)."""
     layouts = job.descriptor.activation_layouts(job)
-    ranks = [
-        layout_activations(job, layout, loss_parallel=loss_parallel, selective_policy=selective_policy, compiled_loss=compiled_loss)
-        for layout in layouts
-    ]
+    ranks = [layout_activations(job, layout, recipe) for layout in layouts]
     most = max(range(len(ranks)), key=lambda i: ranks[i]["total"] + ranks[i]["logits_gradient"])
     layout, cfg = layouts[most], job.model
     paper = korthikanti_layer_bytes(
@@ -171,26 +159,17 @@ def activation_prediction(
     }
 
 
-def predict(
-    job: ResolvedJob,
-    hardware: Hardware | None = None,
-    *,
-    loss_parallel: bool = False,
-    selective_policy: str = "every_matmul",
-    compiled_loss: bool = False,
-) -> dict[str, Any]:
+def predict(job: ResolvedJob, hardware: Hardware | None = None, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
     """The `prediction` block of a result document ({} for job kinds that train nothing); with
     `hardware`, also the estimated step time (`step_time_s`, `parallab.core.planner`), its error
     band, what it does not model and whether it lies in a validated regime (`parallab.core.accuracy`).
-    `selective_policy`: a published run's selective recomputation policy (`activations.SELECTIVE_POLICIES`);
-    `compiled_loss`: a published run's loss ran under torch.compile (its memory only: the step time
-    is the planner's for the blocks' recipe)."""
+    `recipe`: how the head's loss runs and what selective recomputation keeps (`parallab.core.run_recipe`)."""
     if not job.trains:
         return {}
     precision = job.workload.precision
     psi = param_counts(job.model).total
     p, g, k = state_bytes_per_param(precision)
-    activations = activation_prediction(job, loss_parallel=loss_parallel, selective_policy=selective_policy, compiled_loss=compiled_loss)
+    activations = activation_prediction(job, recipe)
     distributed = job.world_size > 1
     out: dict[str, Any] = {
         "model_state_bytes_per_rank": model_state_per_rank(job),
@@ -214,14 +193,11 @@ def predict(
         out["model_state_bytes_per_stage"] = [
             {"params": p * e, "grads": g * e, "optimizer": k * e} for e in job.descriptor.param_elements_per_rank(job)
         ]
-    kinds = [
-        layout_activations(job, lay, loss_parallel=loss_parallel, selective_policy=selective_policy, compiled_loss=compiled_loss)
-        for lay in job.descriptor.activation_layouts(job)
-    ]
+    kinds = [layout_activations(job, lay, recipe) for lay in job.descriptor.activation_layouts(job)]
     states = out.get("model_state_bytes_per_stage") or [out["model_state_bytes_per_rank"]]
     out["memory_curve"] = [c.model_dump() for c in inputs_for(job, states, kinds)]
     if hardware is not None:
-        estimate = estimate_step_time(job, hardware, loss_parallel=loss_parallel, selective_policy=selective_policy)
+        estimate = estimate_step_time(job, hardware, recipe)
         out.update(step_time_s=estimate.step_s, step_time_estimate=estimate.as_dict())
-        out.update(accuracy_of(job, hardware, loss_parallel=loss_parallel))
+        out.update(accuracy_of(job, hardware, recipe))
     return out

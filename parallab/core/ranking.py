@@ -31,6 +31,7 @@ from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.recipes import micro_batch_size
 from parallab.core.reserved import reserved_budget, reserved_memory
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.spec import JobSpec
 from parallab.core.strategies import TRAINING_STRATEGIES, get_descriptor
 from parallab.core.units import format_bytes
@@ -201,21 +202,18 @@ def _row(raw: dict[str, Any], job: ResolvedJob | None) -> PlanRow:
 def evaluate(
     raw: dict[str, Any],
     hw: Hardware,
+    recipe: RunRecipe = PARALLAB,
     *,
-    loss_parallel: bool = False,
     predict_only: bool = False,
-    selective_policy: str = "every_matmul",
-    compiled_loss: bool = False,
 ) -> PlanRow:
     """One candidate: resolved (its SpecErrors are the reasons), then memory, device and time.
 
     On a GPU with a device profile the memory is what the allocator reserves: torch.compile's
     share of the eager activations, and reserved over allocated (`device_profile.Allocator`);
-    `loss_parallel` shards the head's output over the vocabulary under tensor parallelism;
-    `predict_only` predicts a recipe the ranks refuse but the planner models (a published run's:
-    fp8 beside tensor parallelism), its accuracy saying it is not runnable here; `selective_policy`:
-    what selective recomputation keeps (`activations.SELECTIVE_POLICIES`: a published run's);
-    `compiled_loss`: a published run's loss ran under torch.compile (`activations`)."""
+    `recipe`: how the head's loss runs and what selective recomputation keeps (`run_recipe`: loss
+    parallel, a compiled loss, a published run's policy); `predict_only` predicts a recipe the ranks
+    refuse but the planner models (a published run's: fp8 beside tensor parallelism), its accuracy
+    saying it is not runnable here."""
     try:
         job = resolve_job(JobSpec.model_validate(raw), Limits(), predict_only=predict_only)
     except SpecError as exc:
@@ -234,7 +232,11 @@ def evaluate(
     problem = precision_problem(job.workload.precision, hw.device)
     if problem:
         row.reasons.append(f"workload.precision: {problem}")
-    prediction = predict(job, loss_parallel=loss_parallel, selective_policy=selective_policy, compiled_loss=compiled_loss)
+    try:
+        prediction = predict(job, recipe=recipe)
+    except ValueError as exc:  # a recipe the planner does not count for this model (`run_recipe`)
+        row.reasons, row.valid = [str(exc)], False
+        return row
     state = sum(prediction["model_state_bytes_per_rank"].values())
     # beyond the model state the peak holds the activations and, at the head's backward, the logits' gradient
     activations = int(prediction.get("activation_bytes_per_rank") or 0) + int(prediction.get("backward_temporary_bytes_per_rank") or 0)
@@ -251,8 +253,8 @@ def evaluate(
             f"{hw.spec.name} gives a rank {gib(budget)} "
             + (f"({USABLE_MEMORY:.0%} of its memory)" if device_profile is None else "(its memory less the CUDA context)")
         )
-    estimate = estimate_step_time(job, hw, loss_parallel=loss_parallel, selective_policy=selective_policy)
-    row.accuracy = accuracy_of(job, hw, loss_parallel=loss_parallel)
+    estimate = estimate_step_time(job, hw, recipe)
+    row.accuracy = accuracy_of(job, hw, recipe)
     row.step_time_s, row.tokens_per_s, row.estimate = estimate.step_s, estimate.tokens_per_s, estimate.as_dict()
     return row
 
@@ -263,11 +265,11 @@ def rank(
     *,
     workload: dict[str, Any] | None = None,
     world_size: int = 0,
-    loss_parallel: bool = False,
+    recipe: RunRecipe = PARALLAB,
 ) -> Ranking:
     """Evaluate every candidate; those that fit, fastest first, those that don't, with why, and apart
     the combinations the spec refuses (not configurations of this workload)."""
-    rows = [row for raw in specs if not (row := evaluate(raw, hw, loss_parallel=loss_parallel)).duplicate]
+    rows = [row for raw in specs if not (row := evaluate(raw, hw, recipe)).duplicate]
     fits = sorted((r for r in rows if r.fits), key=lambda r: -(r.tokens_per_s or 0.0))
     rejected = [r for r in rows if not r.fits and r.valid]
     invalid = [r for r in rows if not r.valid]
@@ -283,7 +285,7 @@ def plan_cluster(
     precisions: Iterable[str] = DEFAULT_PRECISIONS,
     checkpointing: Iterable[str] = DEFAULT_CHECKPOINTING,
     accumulation: Iterable[int] = DEFAULT_ACCUMULATION,
-    loss_parallel: bool = False,
+    recipe: RunRecipe = PARALLAB,
     nodes: int = 1,
     placements: Iterable[str] = ("inner-first",),
 ) -> Ranking:
@@ -308,7 +310,7 @@ def plan_cluster(
         nodes=nodes,
         placements=placements,
     )
-    return rank(specs, hw, workload=wl, world_size=world, loss_parallel=loss_parallel)
+    return rank(specs, hw, workload=wl, world_size=world, recipe=recipe)
 
 
 def rejected_by_reason(rows: Iterable[PlanRow]) -> list[dict[str, Any]]:

@@ -53,6 +53,38 @@ def test_loss_parallel_changes_the_printed_prediction(home: Path) -> None:
     assert sharded["step_time_s"] < whole["step_time_s"] and "band" in sharded
 
 
+EIGHT_B_FSDP = (
+    "plan", "--model", "llama-3-8b", "--seq-len", "8192", "--global-batch-size", "64", "--precision", "bf16",
+    "--activation-checkpointing", "selective", "--compile", "--strategy", "fsdp", "-n", "32", "--device", "h200", "--nodes", "4",
+)  # fmt: skip
+
+
+def test_a_compiled_loss_and_torchtitans_policy_change_the_printed_prediction(home: Path) -> None:
+    eager = json.loads(parallab(home, *EIGHT_B_FSDP, "--json").stdout)
+    compiled = json.loads(parallab(home, *EIGHT_B_FSDP, "--json", "--compiled-loss").stdout)
+    # the kept fp32 log-softmax becomes the 16-bit logits, and the logits' fp32 gradient a 16-bit one:
+    # 2 B less each per vocabulary entry and token (2 sequences of 8192 tokens a rank, 128,256 entries)
+    saved = eager["activation_bytes_per_rank"] + eager["backward_temporary_bytes_per_rank"]
+    saved -= compiled["activation_bytes_per_rank"] + compiled["backward_temporary_bytes_per_rank"]
+    assert saved == pytest.approx(4 * 2 * 8192 * 128256, rel=0.01)
+    assert compiled["step_time_s"] < eager["step_time_s"]  # the loss moves 6 B an entry, not 12
+    titan = json.loads(parallab(home, *EIGHT_B_FSDP, "--json", "--selective-policy", "torchtitan_op").stdout)
+    assert titan["activation_bytes_per_rank"] != eager["activation_bytes_per_rank"]
+
+
+def test_a_recipe_the_planner_does_not_count_names_its_flag(home: Path) -> None:
+    both = parallab(home, *EIGHT_B_FSDP, "--compiled-loss", "--loss-parallel")
+    assert both.returncode == 2 and "--compiled-loss: a compiled loss under loss parallel is not modelled" in both.stderr
+    bogus = parallab(home, *EIGHT_B_FSDP, "--selective-policy", "bogus")
+    assert bogus.returncode == 2 and "--selective-policy: 'bogus' is not one of every_matmul, torchtitan_op" in bogus.stderr
+    moe = parallab(
+        home, "plan", "--model", "mixtral-8x7b", "--activation-checkpointing", "selective", "--strategy", "ddp", "-n", "2",
+        "--selective-policy", "torchtitan_op",
+    )  # fmt: skip
+    assert moe.returncode == 2 and "--selective-policy: torchtitan_op is counted for dense SwiGLU blocks" in moe.stderr
+    assert "Traceback" not in both.stderr + bogus.stderr + moe.stderr
+
+
 def test_the_ranking_prints_each_rows_band(home: Path) -> None:
     args = ("plan", "--model", "llama-3-8b", "--seq-len", "8192", "--device", "h100-96gb", "--nodes", "1", "--precision", "bf16")
     result = parallab(home, *args, "--activation-checkpointing", "selective", "--json", "--top", "3")

@@ -17,6 +17,7 @@ from parallab.core.planner import estimate_step_time, hardware_for, profile_term
 from parallab.core.prediction import predict
 from parallab.core.ranking import evaluate
 from parallab.core.reserved import reserved_memory
+from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import JobSpec
 
 CATALOGUE = load_catalogue()
@@ -142,8 +143,8 @@ def test_fp8_beside_tensor_parallelism_is_predicted_only():
     with pytest.raises(SpecError, match="fp8 with hybrid needs torchao's Float8 tensor-parallel styles"):
         resolve_job(JobSpec.model_validate(spec))
     hw = hardware_for(CATALOGUE.get("h100-96gb"), nodes=32, devices_per_node=8)
-    fp8 = evaluate(spec, hw, loss_parallel=True, predict_only=True)
-    bf16 = evaluate({**spec, "workload": {**spec["workload"], "precision": "bf16"}}, hw, loss_parallel=True, predict_only=True)
+    fp8 = evaluate(spec, hw, RunRecipe(loss_parallel=True), predict_only=True)
+    bf16 = evaluate({**spec, "workload": {**spec["workload"], "precision": "bf16"}}, hw, RunRecipe(loss_parallel=True), predict_only=True)
     assert fp8.valid and fp8.fits and (fp8.step_time_s or 0) < 0.85 * (bf16.step_time_s or 0)
     assert any("not runnable here" in n for n in (fp8.accuracy or {})["not_runnable_here"])
     assert "not_runnable_here" not in (bf16.accuracy or {})
@@ -164,7 +165,7 @@ def test_torchtitans_selective_policy_keeps_every_other_matmul_and_the_attention
     titan = selective_kept_bytes(cfg, "bf16", params_16bit=True, policy="torchtitan_op")
     assert ours - titan == 2 * (kv + h + f) - (2 * h + 4 * cfg.num_heads)
     terms = {
-        policy: {t.name: t.seconds for t in profile_terms(job(), H100, selective_policy=policy)}
+        policy: {t.name: t.seconds for t in profile_terms(job(), H100, recipe=RunRecipe(selective_policy=policy))}
         for policy in ("every_matmul", "torchtitan_op")
     }
     memory_forward = terms["every_matmul"]["memory-bound ops"] / 3
@@ -189,11 +190,28 @@ def test_the_loss_peak_is_log_softmax_backward_at_twelve_bytes_an_entry():
     assert head - acts["head"] == 8 * j.model.vocab_size * tokens
 
 
+def test_a_compiled_loss_moves_the_16_bit_logits_three_times():
+    """The eager loss reads and writes the fp32 logits three times (12 B an entry); compiled, one
+    fused kernel reads the bf16 logits in forward and another reads them and writes their gradient
+    in backward (6 B). Nothing else in the step changes."""
+    eager, compiled = ({t.name: t.seconds for t in profile_terms(job(), H100, recipe=RunRecipe(compiled_loss=c))} for c in (False, True))
+    assert compiled["loss (compiled)"] == pytest.approx(eager["loss (fp32 logits)"] / 2, rel=1e-9)
+    assert {k: v for k, v in compiled.items() if k != "loss (compiled)"} == {k: v for k, v in eager.items() if k != "loss (fp32 logits)"}
+
+
+def test_a_recipe_the_planner_does_not_count_is_refused_naming_its_field():
+    with pytest.raises(ValueError, match="compiled_loss: a compiled loss under loss parallel is not modelled"):
+        RunRecipe(loss_parallel=True, compiled_loss=True)
+    with pytest.raises(ValueError, match="selective_policy: 'bogus' is not one of every_matmul, torchtitan_op"):
+        RunRecipe(selective_policy="bogus")
+    assert RunRecipe(loss_parallel=True).loss_parallel_at(8) and not RunRecipe(loss_parallel=True).loss_parallel_at(1)
+
+
 def test_loss_parallel_shards_the_logits_under_tensor_parallelism():
     spec = raw(model="llama-3-70b", global_batch_size=512, activation_checkpointing="full", compile=True)
     spec["strategy"] = {"name": "hybrid", "world_size": 256, "options": {"tp": 8, "sequence_parallel": True}}
     hw = hardware_for(CATALOGUE.get("h100-96gb"), nodes=32, devices_per_node=8)
-    whole, sharded = (evaluate(spec, hw, loss_parallel=lp) for lp in (False, True))
+    whole, sharded = (evaluate(spec, hw, RunRecipe(loss_parallel=lp)) for lp in (False, True))
     assert sharded.fits and not whole.fits  # torchtitan's 70B row fits on 96 GB H100s only with the sharded head
     assert (whole.memory_per_rank_bytes or 0) - (sharded.memory_per_rank_bytes or 0) > 40 * 2**30
     assert (sharded.step_time_s or 0) < (whole.step_time_s or 0)

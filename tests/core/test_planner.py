@@ -183,8 +183,8 @@ def _valid_as_ever(monkeypatch) -> None:
     """The old count: every refused combination a misfit."""
     evaluate = ranking_module.evaluate
 
-    def every_row_valid(raw, hw, **kw):
-        row = evaluate(raw, hw, **kw)
+    def every_row_valid(raw, hw, *args, **kw):
+        row = evaluate(raw, hw, *args, **kw)
         row.valid = True
         return row
 

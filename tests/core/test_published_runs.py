@@ -39,11 +39,13 @@ from parallab.core.planner import Hardware, estimate_step_time, hardware_for, it
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.reserved import reserved_memory
+from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import JobSpec
 
 RUNS = load_runs()
 NOT_EVALUATED = load_not_evaluated()
 MEGATRON = load_megatron()
+LOSS_PARALLEL = RunRecipe(loss_parallel=True)
 MISSES = {r["name"]: r["expected_failure"] for r in RUNS if r.get("expected_failure")}
 
 
@@ -220,13 +222,13 @@ def test_fsdp_under_a_pipeline_holds_the_stages_parameters_and_fp32_gradients_un
     (run, *_) = REGULAR_405B
     job = resolve_job(JobSpec.model_validate(spec_of(run)), Limits(), predict_only=True)
     profile = load_profile(run["device"])
-    rows = {r["name"]: r["bytes"] for r in reserved_memory(job, predict(job, loss_parallel=True), profile)}
+    rows = {r["name"]: r["bytes"] for r in reserved_memory(job, predict(job, recipe=LOSS_PARALLEL), profile)}
     per_layer = param_counts(job.model).per_layer // 8
     assert rows["FSDP under pp: stage parameters held unsharded"] == pytest.approx(16 * per_layer * 1, rel=0.01)
     assert rows["FSDP under pp: gradients held unsharded"] == pytest.approx(16 * per_layer * 4, rel=0.01)
     (flat,) = [r for r in RUNS if r["name"] == "torchtitan Llama 3.1 70B, FSDP 32 x TP 8, 256 x H100"]
     job2 = resolve_job(JobSpec.model_validate(spec_of(flat)), Limits(), predict_only=True)
-    names = [r["name"] for r in reserved_memory(job2, predict(job2, loss_parallel=True), profile)]
+    names = [r["name"] for r in reserved_memory(job2, predict(job2, recipe=LOSS_PARALLEL), profile)]
     assert not [n for n in names if "under pp" in n]  # without a pipeline FSDP reshards after each block
 
 
@@ -238,7 +240,7 @@ def test_the_70b_rows_loss_backward_and_final_norm_are_counted_as_torch_runs_the
     normalised value and rsqrt for the rank's 1/8 of the sequence."""
     (flat,) = [r for r in RUNS if r["name"] == "torchtitan Llama 3.1 70B, FSDP 32 x TP 8, 256 x H100"]
     job = resolve_job(JobSpec.model_validate(spec_of(flat)), Limits(), predict_only=True)
-    rows = {r["name"]: r["bytes"] for r in reserved_memory(job, predict(job, loss_parallel=True), load_profile(flat["device"]))}
+    rows = {r["name"]: r["bytes"] for r in reserved_memory(job, predict(job, recipe=LOSS_PARALLEL), load_profile(flat["device"]))}
     tokens, h, v_local = 16 * 8192, 8192, 128256 // 8
     norm = (4 * h + 2 * h + 4) / 8
     assert rows["head and loss"] == pytest.approx(tokens * (2 * h + norm + 4 * v_local * (1 + 3)), rel=1e-6)
@@ -323,11 +325,11 @@ def test_the_rings_last_backward_hop_is_exposed_and_the_others_hide(run):
     (behind,) = [i for i in ring if i.overlap == 1.0]
     assert last.calls == 32 and last.bytes_per_call == 2 * 32_768 * 4_096 * 4
     assert behind.calls == 32 * 2 * (cp - 1) and behind.bytes_per_step == 32 * 32_768 * 4_096 * 4 * 6 * (cp - 1)
-    timed = item_seconds(job, hw, last, loss_parallel=False)
+    timed = item_seconds(job, hw, last)
     assert timed is not None and timed[1] == timed[0] > 0
-    hidden = item_seconds(job, hw, behind, loss_parallel=False)
+    hidden = item_seconds(job, hw, behind)
     assert hidden is not None and hidden[1] == 0.0 and hidden[0] > 2 * (cp - 1) * timed[0]
-    fsdp = [item_seconds(job, hw, i, loss_parallel=False) for i in job.descriptor.comm_items(job) if i.op != "send" and i.op != "recv"]
+    fsdp = [item_seconds(job, hw, i) for i in job.descriptor.comm_items(job) if i.op != "send" and i.op != "recv"]
     estimate = estimate_step_time(job, hw)
     assert estimate.exposed_comm_s == pytest.approx(timed[0] + sum(t[1] for t in fsdp if t is not None))
 
@@ -429,7 +431,7 @@ def test_async_tp_is_asked_for_predicted_only_and_timed_micro_pipelined():
     with pytest.raises(SpecError, match="strategy.options.async_tp: async_tp"):
         resolve_job(JobSpec.model_validate({**spec_of(run), "workload": {**spec_of(run)["workload"], "precision": "bf16"}}), Limits())
     job, job2, hw = _async_70b()
-    prediction, plain = predict(job, hw, loss_parallel=True), predict(job2, hw, loss_parallel=True)
+    prediction, plain = predict(job, hw, LOSS_PARALLEL), predict(job2, hw, LOSS_PARALLEL)
     assert ASYNC_TP_PARTLY_MODELLED in prediction["not_modelled"] and ASYNC_TP_NOT_MODELLED not in prediction["not_modelled"]
     assert any("async TP" in line for line in prediction["not_runnable_here"])
     assert not [x for x in plain["not_modelled"] if "async TP" in x]
@@ -442,7 +444,7 @@ def test_async_tp_without_compile_fuses_nothing_and_says_so():
     """Inductor's micro-pipeline pass is what fuses: an eager run asking for async TP is timed as
     without it and labelled not modelled."""
     job, job2, hw = _async_70b(compile=False)
-    prediction, plain = predict(job, hw, loss_parallel=True), predict(job2, hw, loss_parallel=True)
+    prediction, plain = predict(job, hw, LOSS_PARALLEL), predict(job2, hw, LOSS_PARALLEL)
     assert ASYNC_TP_NOT_MODELLED in prediction["not_modelled"]
     assert prediction["step_time_s"] == plain["step_time_s"]
 
@@ -489,7 +491,7 @@ def test_loss_parallel_gathers_no_logits():
     job, _, hw = _async_70b()
     (logits,) = [i for i in job.descriptor.comm_items(job) if i.label == LOGITS_GATHER]
     assert logits.bytes_per_step == job.global_batch_size // 32 * job.model.seq_len * job.model.vocab_size * 2
-    sharded, whole = (estimate_step_time(job, hw, loss_parallel=lp) for lp in (True, False))
+    sharded, whole = (estimate_step_time(job, hw, RunRecipe(loss_parallel=lp)) for lp in (True, False))
     placed = placed_item_stride(job, logits.group_size, logits.stride)
     timed = hw.comm_seconds(logits.op, logits.bytes_per_call, logits.calls, logits.group_size, placed)
     assert whole.comm_by_dim["tp"] - sharded.comm_by_dim["tp"] == pytest.approx(timed)
