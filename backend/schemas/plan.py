@@ -10,6 +10,9 @@ predicting one: `device` (a catalogue device) on `nodes` × `gpus_per_node`, or 
 `pool`; `precisions` (shared with the calibrate job's option), `checkpointing` and
 `accumulation` narrow the search; `top` bounds the list of those that fit.
 
+`loss_parallel`, `compiled_loss` and `selective_policy` (`RECIPE_PARAMS`) are the run's recipe beyond its
+spec (`parallab.core.run_recipe`), for either mode: a published run's loss and recomputation policy.
+
 The query is a `QueryParams` like every list route's: an unknown name is refused listing the names
 `/plan` takes, and each list parameter is bounded as a sweep bounds it (`MAX_CHECKPOINTING`,
 `MAX_ACCUMULATION`; a strategy option's list by its own `max_length`) and keeps each value once —
@@ -22,17 +25,21 @@ import types
 import typing
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from backend.schemas.queries import QueryParams
-from parallab.core.problems import SpecError, SpecProblem
+from parallab.core.activations import SELECTIVE_POLICIES
+from parallab.core.problems import RecipeError, SpecError, SpecProblem
 from parallab.core.ranking import MAX_ACCUMULATION, MAX_CHECKPOINTING
+from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import MAX_GRAD_ACCUMULATION, POOL_PATTERN, Checkpointing, JobSpec, StrategyName, StrategySpec, workload_fields
 from parallab.core.strategies import REGISTRY
 
 RANK_PARAMS: tuple[str, ...] = ("mode", "device", "nodes", "gpus_per_node", "pool", "top", "checkpointing", "accumulation")
 """The ranking mode's own parameters."""
+RECIPE_PARAMS: tuple[str, ...] = ("loss_parallel", "compiled_loss", "selective_policy")
+"""The run's recipe beyond its spec (`parallab.core.run_recipe.RunRecipe`'s fields)."""
 
 
 WORKLOAD_PARAMS: tuple[str, ...] = tuple(f.name for f in workload_fields())
@@ -55,7 +62,7 @@ def _option_params() -> dict[str, tuple[Any, FieldInfo]]:
     owners: dict[str, str] = {}
     for strategy, descriptor in REGISTRY.items():
         for name, info in descriptor.options_model.model_fields.items():
-            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size", *RANK_PARAMS):
+            if name in WORKLOAD_PARAMS or name in ("strategy", "world_size", *RANK_PARAMS, *RECIPE_PARAMS):
                 raise TypeError(f"option {strategy}.{name} would shadow a /plan parameter of the same name")
             if name in params:
                 if params[name][1].annotation != _unset_by_default(info)[1].annotation:
@@ -68,6 +75,15 @@ def _option_params() -> dict[str, tuple[Any, FieldInfo]]:
 _OPTIONS = _option_params()
 OPTION_PARAMS: tuple[str, ...] = tuple(_OPTIONS)
 """Strategy options, by name."""
+
+
+def _counted(value: Any, **recipe: Any) -> Any:
+    """`value`, where the recipe it belongs to is one the planner counts; else a 422 naming its field."""
+    try:
+        RunRecipe(**recipe)
+    except RecipeError as exc:
+        raise ValueError(exc.problem) from None
+    return value
 
 
 class _PlanBase(QueryParams):
@@ -90,6 +106,30 @@ class _PlanBase(QueryParams):
     accumulation: list[Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUMULATION)]] | None = Field(
         None, min_length=1, max_length=MAX_ACCUMULATION, description="rank: accumulation steps to plan (default: 1, 2, 4)."
     )
+
+    loss_parallel: bool = Field(
+        False, description="Predict with the head's output sharded over the vocabulary under tp (torchtitan's loss parallel)."
+    )
+    compiled_loss: bool = Field(
+        False, description="Predict with the cross-entropy compiled (the 16-bit logits kept, their gradient in their dtype)."
+    )
+    selective_policy: str = Field(
+        "every_matmul", max_length=32, description=f"What selective recomputation keeps: one of {', '.join(SELECTIVE_POLICIES)}."
+    )
+
+    @field_validator("compiled_loss")
+    @classmethod
+    def _not_beside_loss_parallel(cls, compiled: bool, info: ValidationInfo) -> bool:
+        return _counted(compiled, loss_parallel=bool(info.data.get("loss_parallel")), compiled_loss=compiled)
+
+    @field_validator("selective_policy")
+    @classmethod
+    def _a_policy_the_planner_counts(cls, policy: str) -> str:
+        return _counted(policy, selective_policy=policy)
+
+    def recipe(self) -> RunRecipe:
+        """The run's recipe beyond its spec these parameters give."""
+        return RunRecipe(loss_parallel=self.loss_parallel, compiled_loss=self.compiled_loss, selective_policy=self.selective_policy)
 
     def to_spec(self) -> JobSpec:
         """The job spec these parameters describe (options only as given: unknown ones are refused)."""

@@ -14,17 +14,19 @@ from parallab.core.jobs import resolve_job
 from parallab.core.planner import Hardware
 from parallab.core.prediction import predict
 from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.spec import JobSpec
 
 
-def plan(*, spec: JobSpec, settings: Settings) -> dict[str, Any]:
-    """The resolved workload and strategy and their prediction (raises SpecError).
+def plan(*, spec: JobSpec, settings: Settings, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
+    """The resolved workload and strategy and their prediction under `recipe` (raises SpecError,
+    and RecipeError for a recipe the planner does not count for this model).
 
     Planning is for any cluster, not just this deployment's workers: no ceilings apply. The
     allow-list of lab modules does: what this deployment will not run, it does not plan either.
     """
     job = resolve_job(spec, settings.limits.without_ceilings())
-    return {"workload": job.workload_document(), "strategy": job.strategy_document(), "prediction": predict(job)}
+    return {"workload": job.workload_document(), "strategy": job.strategy_document(), "prediction": predict(job, recipe=recipe)}
 
 
 def ranking_hardware(
@@ -44,8 +46,9 @@ def rank(
     precisions: Iterable[str] | None = None,
     checkpointing: Iterable[str] | None = None,
     accumulation: Iterable[int] | None = None,
+    recipe: RunRecipe = PARALLAB,
 ) -> Ranking:
-    """Every configuration of `workload` on `hw` (see `parallab.core.planner.plan_cluster`)."""
+    """Every configuration of `workload` on `hw` under `recipe` (see `parallab.core.planner.plan_cluster`)."""
     return plan_cluster(
         {k: v for k, v in workload.items() if v is not None},
         hw,
@@ -53,4 +56,5 @@ def rank(
         precisions=precisions or DEFAULT_PRECISIONS,
         checkpointing=checkpointing or DEFAULT_CHECKPOINTING,
         accumulation=accumulation or DEFAULT_ACCUMULATION,
+        recipe=recipe,
     )

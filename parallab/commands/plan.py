@@ -40,6 +40,7 @@ from parallab.core.costs import precision_recipe
 from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
 from parallab.core.prediction import predict
+from parallab.core.problems import RecipeError
 from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
@@ -156,14 +157,13 @@ def run_recipe(*, loss_parallel: bool, compiled_loss: bool, selective_policy: st
     """The flags' recipe, or the CLI's message naming the flag it cannot take."""
     try:
         return RunRecipe(loss_parallel=loss_parallel, compiled_loss=compiled_loss, selective_policy=selective_policy)
-    except ValueError as exc:
+    except RecipeError as exc:
         flag_error(exc)
 
 
-def flag_error(exc: ValueError) -> NoReturn:
-    """A recipe's "field: problem" as the CLI says it: the flag that set the field, and the problem."""
-    field, _, problem = str(exc).partition(": ")
-    fail(f"--{field.replace('_', '-')}: {problem}")
+def flag_error(exc: RecipeError) -> NoReturn:
+    """A recipe the planner does not count, as the CLI says it: the flag that set the field, and why."""
+    fail(f"--{exc.field.replace('_', '-')}: {exc.problem}")
 
 
 def _predict_one(job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], recipe: RunRecipe, *, explain: bool, json_out: bool) -> None:
@@ -175,7 +175,7 @@ def _predict_one(job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], r
         return
     try:
         prediction = predict(job, hw, recipe)
-    except ValueError as exc:  # a recipe the planner does not count for this model
+    except RecipeError as exc:  # a recipe the planner does not count for this model
         flag_error(exc)
     if json_out:
         typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
@@ -282,7 +282,7 @@ def _print_explain(job: ResolvedJob, hw: Hardware, recipe: RunRecipe, *, json_ou
 
     try:
         out = {**explain(job, hw, recipe), **accuracy_of(job, hw, recipe)}
-    except ValueError as exc:  # a recipe the planner does not count for this model
+    except RecipeError as exc:  # a recipe the planner does not count for this model
         flag_error(exc)
     if json_out:
         typer.echo(json.dumps(out, indent=2))

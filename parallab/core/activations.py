@@ -123,6 +123,7 @@ from typing import Literal
 from parallab.core.costs import activation_dtype_bytes
 from parallab.core.families.base import attention_params
 from parallab.core.model import ModelConfig
+from parallab.core.problems import RecipeError
 
 Recompute = Literal["none", "selective", "full"]
 RESIDUAL_BYTES = 4
@@ -332,7 +333,7 @@ def loss_backward_temporaries(*, loss_parallel: bool = False, compiled_loss: boo
       handler only casts). The same body in torch before and after the published runs' commit.
     - A compiled loss on whole logits: the fused backward's output, the gradient itself: 1."""
     if compiled_loss and loss_parallel:
-        raise ValueError("compiled_loss: a compiled loss under loss parallel is not modelled")
+        raise RecipeError("compiled_loss", "a compiled loss under loss parallel is not modelled")
     return 1 if compiled_loss else 3 if loss_parallel else 2
 
 
@@ -371,12 +372,12 @@ def selective_kept_bytes(
     reduced = 2 * a * h / (tp if sequence_parallel else 1) if tp > 1 else 0.0  # wo's and w2's collective outputs
     if policy == "torchtitan_op":
         if cfg.is_moe or cfg.is_mla or cfg.mlp != "swiglu":
-            raise ValueError("selective_policy: torchtitan_op is counted for dense SwiGLU blocks with multi-head attention only")
+            raise RecipeError("selective_policy", "torchtitan_op is counted for dense SwiGLU blocks with multi-head attention only")
         matmuls = a * ((h + cfg.kv_dim + f) / tp + h)  # wq, wv, w1 (column-split), w2 (full width, partial under tp)
         attention = a * h / tp + RESIDUAL_BYTES * cfg.num_heads / tp  # the flash kernel's output and logsumexp
         return block_input + matmuls + attention + (reduced if sequence_parallel else 0.0)  # only reduce-scatters are kept
     if policy != "every_matmul":
-        raise ValueError(f"selective_policy: {policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+        raise RecipeError("selective_policy", f"{policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
     attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
     if cfg.is_mla:  # the matmuls' outputs: q_a (if any), q, kv_a (latent and rotary key), kv_b, o (no tp: refused)
         heads = cfg.num_heads

@@ -34,6 +34,15 @@ class SpecError(ValueError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
+class RecipeError(ValueError):
+    """A run recipe the planner does not count (`parallab.core.run_recipe`): `field` names the
+    recipe's field (each front end says it its own way: a CLI flag, a query parameter), `problem` why."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+
 def divides(loc: Loc, value: int, by: int, what: str) -> list[SpecProblem]:
     """[] when `by` divides `value`; else the problem, naming `loc`."""
     if by and value % by:

@@ -28,7 +28,7 @@ from parallab.core.layout import DATA_PARALLEL, DATA_PARALLEL_AXES, MeshAxisName
 from parallab.core.model import PRESETS
 from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time
 from parallab.core.prediction import predict
-from parallab.core.problems import SpecError
+from parallab.core.problems import RecipeError, SpecError
 from parallab.core.recipes import micro_batch_size
 from parallab.core.reserved import reserved_budget, reserved_memory
 from parallab.core.run_recipe import PARALLAB, RunRecipe
@@ -234,7 +234,7 @@ def evaluate(
         row.reasons.append(f"workload.precision: {problem}")
     try:
         prediction = predict(job, recipe=recipe)
-    except ValueError as exc:  # a recipe the planner does not count for this model (`run_recipe`)
+    except RecipeError as exc:  # a recipe the planner does not count for this model (`run_recipe`)
         row.reasons, row.valid = [str(exc)], False
         return row
     state = sum(prediction["model_state_bytes_per_rank"].values())

@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parallab.core.activations import SELECTIVE_POLICIES
+from parallab.core.problems import RecipeError
 
 
 @dataclass(frozen=True)
 class RunRecipe:
-    """How the head's loss runs and what selective recomputation keeps (module docstring)."""
+    """How the head's loss runs and what selective recomputation keeps (module docstring); one the
+    planner does not count raises `RecipeError` naming its field."""
 
     loss_parallel: bool = False
     """Under tensor parallelism the head's output stays sharded over the vocabulary and the loss runs
@@ -32,9 +34,9 @@ class RunRecipe:
 
     def __post_init__(self) -> None:
         if self.selective_policy not in SELECTIVE_POLICIES:
-            raise ValueError(f"selective_policy: {self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+            raise RecipeError("selective_policy", f"{self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
         if self.compiled_loss and self.loss_parallel:
-            raise ValueError("compiled_loss: a compiled loss under loss parallel is not modelled (give one of the two)")
+            raise RecipeError("compiled_loss", "a compiled loss under loss parallel is not modelled (give one of the two)")
 
     def loss_parallel_at(self, tp: int) -> bool:
         """Whether the loss runs on vocabulary shards at tensor-parallel degree `tp`."""

@@ -28,10 +28,12 @@ from backend.services.hardware import UnknownDevice, calibration_advice, catalog
 from backend.services.quotas import QuotaExceeded
 from backend.services.runs import QueueUnavailable, RunNotFound
 from backend.services.sweeps import SweepNotFound, SweepRequest
+from parallab.core.activations import SELECTIVE_POLICIES
 from parallab.core.layout_families import NEAR_IDENTICAL, fold_by_family
 from parallab.core.model import PRESETS
-from parallab.core.problems import SpecError
+from parallab.core.problems import RecipeError, SpecError
 from parallab.core.ranking import rejected_by_reason
+from parallab.core.run_recipe import RunRecipe
 
 router = APIRouter(include_in_schema=False)
 
@@ -53,6 +55,9 @@ def plan_page(
     gpus_per_node: int = 8,
     global_batch_size: str = "",
     top: int = 25,
+    loss_parallel: bool = False,
+    compiled_loss: bool = False,
+    selective_policy: str = "every_matmul",
 ) -> HTMLResponse:
     values = {
         "model": model,
@@ -62,13 +67,18 @@ def plan_page(
         "global_batch_size": global_batch_size,
         "top": top,
     }
+    recipe_values = {"loss_parallel": loss_parallel, "compiled_loss": compiled_loss, "selective_policy": selective_policy}
     error, ranking, advice = None, None, None
+    try:
+        recipe = RunRecipe(loss_parallel=loss_parallel, compiled_loss=compiled_loss, selective_policy=selective_policy)
+    except RecipeError as exc:
+        error, recipe = f"{exc.field}: {exc.problem}", None
     workload: dict[str, Any] = {"model": model}
     if global_batch_size.strip():
         workload["global_batch_size"] = global_batch_size.strip()
     if model not in PRESETS:
         error = f"model: unknown preset {model!r}; known: {', '.join(PRESETS)}"
-    else:
+    elif recipe is not None:
         try:
             hw = plan_service.ranking_hardware(
                 session=session,
@@ -78,7 +88,7 @@ def plan_page(
                 nodes=max(nodes, 1),
                 gpus_per_node=max(gpus_per_node, 1),
             )
-            ranking = plan_service.rank(workload=workload, hw=hw)
+            ranking = plan_service.rank(workload=workload, hw=hw, recipe=recipe)
             if device == "pool":
                 advice = calibration_advice(session=session, settings=settings)
             else:
@@ -91,6 +101,9 @@ def plan_page(
         "plan.html",
         {
             "values": values,
+            "recipe": recipe_values,
+            "recipe_query": {k: "true" if v is True else v for k, v in recipe_values.items() if v and v != "every_matmul"},
+            "policies": SELECTIVE_POLICIES,
             "error": error,
             "advice": advice,
             "ranking": ranking,

@@ -11,6 +11,7 @@ from backend.api.deps import SessionDep, SettingsDep
 from backend.schemas.plan import WORKLOAD_PARAMS, PlanQuery
 from backend.services import plan as plan_service
 from backend.services.hardware import UnknownDevice
+from parallab.core.problems import RecipeError
 from parallab.core.ranking import rejected_by_reason
 
 router = APIRouter(tags=["plan"])
@@ -27,9 +28,15 @@ def plan(query: Annotated[PlanQuery, Query()], session: SessionDep, settings: Se
     and precision of the workload on `device` × `nodes` × `gpus_per_node` (or a calibrated
     `pool`): those that fit, fastest predicted first, with memory per rank, step time and tokens/s;
     and every one that does not, with why.
+
+    `loss_parallel`, `compiled_loss` and `selective_policy`: the run's recipe beyond its spec (a
+    published run's loss and recomputation policy), in either mode.
     """
     if query.mode != "rank":
-        return plan_service.plan(spec=query.to_spec(), settings=settings)
+        try:
+            return plan_service.plan(spec=query.to_spec(), settings=settings, recipe=query.recipe())
+        except RecipeError as exc:  # a recipe the planner does not count for this model
+            raise HTTPException(422, detail=[{"loc": ["query", exc.field], "msg": exc.problem, "type": "value_error"}]) from None
     try:
         hw = plan_service.ranking_hardware(
             session=session, settings=settings, device=query.device, pool=query.pool, nodes=query.nodes, gpus_per_node=query.gpus_per_node
@@ -44,6 +51,7 @@ def plan(query: Annotated[PlanQuery, Query()], session: SessionDep, settings: Se
         precisions=given.get("precisions") if "precisions" in query.model_fields_set else None,
         checkpointing=query.checkpointing,
         accumulation=query.accumulation,
+        recipe=query.recipe(),
     )
     out = ranking.as_dict(top=query.top)
     out["rejected_by_reason"] = rejected_by_reason(ranking.rejected)
