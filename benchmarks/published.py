@@ -29,7 +29,8 @@ from parallab.core.accuracy import band_for, kind_of
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, resolve_job
 from parallab.core.megatron import MegatronLayout, step_seconds
-from parallab.core.planner import estimate_step_time, hardware_for
+from parallab.core.plan_hardware import hardware_for
+from parallab.core.planner import estimate_step_time
 from parallab.core.ranking import PlanRow, evaluate
 from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import JobSpec

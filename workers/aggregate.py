@@ -25,7 +25,7 @@ from parallab.core.hostspeed import HostSpeed
 from parallab.core.jobs import ResolvedJob
 from parallab.core.metrics import rank_bubbles, summarize
 from parallab.core.noise import HostNoise
-from parallab.core.planner import Hardware, hardware_for
+from parallab.core.plan_hardware import Hardware, hardware_for
 from parallab.core.pools import PoolTopology
 from parallab.core.prediction import predict
 from parallab.core.result import SCHEMA_VERSION, LossCurve, RankRecord, ResultDocument

@@ -21,7 +21,7 @@ from backend.store import pools as pool_store
 from backend.store import workers as worker_store
 from parallab.core.hardware import Catalogue, DeviceDescription, HardwareProfile, load_catalogue, precision_problem
 from parallab.core.jobs import ResolvedJob
-from parallab.core.planner import Hardware, hardware_for
+from parallab.core.plan_hardware import Hardware, hardware_for
 from parallab.core.pools import PoolTopology
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.result import ResultDocument

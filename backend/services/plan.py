@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from backend.config import Settings
 from backend.services import hardware
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import Hardware
+from parallab.core.plan_hardware import Hardware
 from parallab.core.prediction import predict
 from parallab.core.ranking import DEFAULT_ACCUMULATION, DEFAULT_CHECKPOINTING, DEFAULT_PRECISIONS, Ranking, plan_cluster
 from parallab.core.run_recipe import PARALLAB, RunRecipe

@@ -35,7 +35,8 @@ from backend.services.redact import strip_paths
 from backend.services.runs import QueueUnavailable, cancel_run, check_owner, create_run, enqueue_stored
 from backend.store import planning as store
 from parallab.core.options import KnownKeys
-from parallab.core.planner import Hardware, spearman
+from parallab.core.plan_hardware import Hardware
+from parallab.core.planner import spearman
 from parallab.core.problems import SpecError, SpecProblem
 from parallab.core.ranking import (
     MAX_ACCUMULATION,

@@ -47,7 +47,7 @@ from parallab.core.strategies import TRAINING_STRATEGIES
 from parallab.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from parallab.core.planner import Hardware
+    from parallab.core.plan_hardware import Hardware
     from parallab.core.ranking import Ranking
 
 PLAN_FIELDS = tuple(f for f in workload_fields() if f.workload_key or f.name == "model")

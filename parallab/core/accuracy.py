@@ -29,7 +29,7 @@ from parallab.core.run_recipe import PARALLAB, RunRecipe
 
 if TYPE_CHECKING:
     from parallab.core.jobs import ResolvedJob
-    from parallab.core.planner import Hardware
+    from parallab.core.plan_hardware import Hardware
 
 BANDS_FILE = Path(__file__).with_name("profiles") / "bands.json"
 CPU_BANDS_FILE = Path(__file__).with_name("profiles") / "bands_cpu.json"

@@ -13,7 +13,8 @@ from typing import Any
 
 from parallab.core.dims import APPLY_ORDER, compose
 from parallab.core.jobs import ResolvedJob
-from parallab.core.planner import Hardware, compute_seconds, estimate_step_time, fsdp_overhead_seconds, item_seconds, profile_terms
+from parallab.core.plan_hardware import Hardware
+from parallab.core.planner import compute_seconds, estimate_step_time, fsdp_overhead_seconds, item_seconds, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.reserved import reserved_memory
 from parallab.core.run_recipe import PARALLAB, RunRecipe

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from parallab.core.gpu_time import Term
 
 if TYPE_CHECKING:
-    from parallab.core.planner import Hardware
+    from parallab.core.plan_hardware import Hardware
 
 FP16 = 2
 """Bytes per element of Megatron's fp16 activations, weights and collectives."""

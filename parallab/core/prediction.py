@@ -49,7 +49,8 @@ from parallab.core.dims.pp import pipeline_facts
 from parallab.core.families import model_flops_per_token, param_counts
 from parallab.core.jobs import ResolvedJob
 from parallab.core.memory_curve import inputs_for
-from parallab.core.planner import Hardware, estimate_step_time
+from parallab.core.plan_hardware import Hardware
+from parallab.core.planner import estimate_step_time
 from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.strategies.base import ActivationLayout
 

@@ -26,7 +26,8 @@ from parallab.core.hardware import precision_problem
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.layout import DATA_PARALLEL, DATA_PARALLEL_AXES, MeshAxisName
 from parallab.core.model import PRESETS
-from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time
+from parallab.core.plan_hardware import USABLE_MEMORY, Hardware
+from parallab.core.planner import estimate_step_time
 from parallab.core.prediction import predict
 from parallab.core.problems import RecipeError, SpecError
 from parallab.core.recipes import micro_batch_size

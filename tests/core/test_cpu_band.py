@@ -12,7 +12,7 @@ from parallab.core import accuracy
 from parallab.core.accuracy import OUTSIDE, accuracy_of, band_for, cpu_bands
 from parallab.core.hardware import DeviceDescription, HardwareProfile, load_catalogue
 from parallab.core.jobs import Limits, resolve_job
-from parallab.core.planner import hardware_for
+from parallab.core.plan_hardware import hardware_for
 from parallab.core.spec import JobSpec
 
 CPU = load_catalogue().get("cpu")

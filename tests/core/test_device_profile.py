@@ -13,7 +13,8 @@ from parallab.core.device_profile import PROFILES_DIR, ProfileError, load_profil
 from parallab.core.dims.tp import tp_comm
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import estimate_step_time, hardware_for, profile_terms
+from parallab.core.plan_hardware import hardware_for
+from parallab.core.planner import estimate_step_time, profile_terms
 from parallab.core.prediction import predict
 from parallab.core.ranking import evaluate
 from parallab.core.reserved import reserved_memory

@@ -303,7 +303,8 @@ def test_the_planner_times_deepseeks_narrow_experts_and_latent_projections():
     q, k, v and the output at the latent attention's widths (A·(2·192 + 2·128) per token)."""
     from parallab.core.activations import layer_terms
     from parallab.core.hardware import load_catalogue
-    from parallab.core.planner import Hardware, compute_seconds
+    from parallab.core.plan_hardware import Hardware
+    from parallab.core.planner import compute_seconds
 
     hw = Hardware(spec=load_catalogue().get("h100"), nodes=1)
     lite = job("fsdp", 8, model="deepseek-v2-lite", precision="bf16")

@@ -12,7 +12,7 @@ from parallab.core import dims
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.layout import MESH_ORDER, Layout, MeshAxisName, parse_layout
-from parallab.core.planner import Hardware
+from parallab.core.plan_hardware import Hardware
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.ranking import plan_cluster

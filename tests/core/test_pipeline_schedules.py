@@ -139,7 +139,7 @@ def test_the_planner_ranks_interleaved_1f1b_and_each_such_candidate_resolves():
     """The planner's grid is the runtime's: interleaved 1F1B over 2 chunks per rank is a candidate,
     ranked by its own bubble, and every fitting one resolves as a job the ranks run."""
     from parallab.core.hardware import load_catalogue
-    from parallab.core.planner import Hardware
+    from parallab.core.plan_hardware import Hardware
     from parallab.core.ranking import plan_cluster
 
     hw = Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=2)

@@ -7,7 +7,8 @@ import pytest
 from parallab.core import ranking as ranking_module
 from parallab.core.hardware import DeviceDescription, HardwareProfile, MatmulPoint, load_catalogue
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import USABLE_MEMORY, Hardware, estimate_step_time, hardware_for, spearman
+from parallab.core.plan_hardware import USABLE_MEMORY, Hardware, hardware_for
+from parallab.core.planner import estimate_step_time, spearman
 from parallab.core.prediction import predict
 from parallab.core.ranking import candidate_specs, plan_cluster, rejected_by_reason
 from parallab.core.spec import JobSpec

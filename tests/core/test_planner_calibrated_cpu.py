@@ -8,7 +8,8 @@ import pytest
 from parallab.core import planner
 from parallab.core.hardware import BlockPoint, DeviceDescription, HardwareProfile, MatmulPoint, block_signature, load_catalogue
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import ADAMW_BYTES, ADAMW_LOOP_BYTES, ADAMW_LOOP_OPS, compute_seconds, hardware_for, layout, optimizer_seconds
+from parallab.core.plan_hardware import Hardware, hardware_for
+from parallab.core.planner import ADAMW_BYTES, ADAMW_LOOP_BYTES, ADAMW_LOOP_OPS, compute_seconds, layout, optimizer_seconds
 from parallab.core.spec import JobSpec
 
 CPU = DeviceDescription(kind="cpu", name="cpu", memory_bytes=8 << 30, cores=2)
@@ -132,7 +133,7 @@ def test_cpu_ranks_pay_torchs_single_tensor_adamw_and_gpus_the_ideal_bytes():
     local = planner._local_params(j)
     tensors = planner.tensor_count(j.model)
     assert optimizer_seconds(j, hw) == pytest.approx(local * ADAMW_LOOP_BYTES / 1e9 + tensors * ADAMW_LOOP_OPS * 1e-5)
-    gpu = planner.Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=4)
+    gpu = Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=4)
     assert optimizer_seconds(j, gpu) == pytest.approx(
         local * ADAMW_BYTES / gpu.memory_bandwidth + tensors * ADAMW_LOOP_OPS * gpu.op_overhead_s
     )

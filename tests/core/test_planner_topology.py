@@ -9,7 +9,8 @@ import pytest
 
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
-from parallab.core.planner import LINK_EFFICIENCY, Hardware, estimate_step_time, hardware_for
+from parallab.core.plan_hardware import LINK_EFFICIENCY, Hardware, hardware_for
+from parallab.core.planner import estimate_step_time
 from parallab.core.pools import LinkFigures, PoolTopology
 from parallab.core.spec import JobSpec
 
@@ -209,7 +210,7 @@ def test_each_call_pays_the_measured_alpha_once_per_step_of_its_ring(op: str, n:
     and inside one alike, with α the path's measured per-step cost, not the wire's floor; 7 calls
     pay it 7 times."""
     from parallab.core.metrics import busbw_factor
-    from parallab.core.planner import ring_steps
+    from parallab.core.plan_hardware import ring_steps
 
     assert ring_steps(op, n) == steps
     size, alpha = 1 << 16, 0.01
@@ -227,7 +228,7 @@ def test_a_dimensions_alpha_follows_its_collective_count_not_its_bytes() -> None
     α by Δ raises each dimension's predicted time by Δ × Σ calls × ring steps of its collectives —
     tp's 18 all-reduces (2 steps each) and one all-gather, dp_shard's 10 all-gathers and 5
     reduce-scatters (1 step each) — whatever their bytes."""
-    from parallab.core.planner import ring_steps
+    from parallab.core.plan_hardware import ring_steps
 
     j = placed("inner-first")
     low = estimate_step_time(j, on(j, alpha_pool(1e-3)))

@@ -22,7 +22,8 @@ from parallab.core.hardware import (
     load_catalogue,
 )
 from parallab.core.jobs import resolve_job
-from parallab.core.planner import ADAMW_LOOP_OPS, estimate_step_time, fsdp_overhead_seconds, hardware_for, layout, optimizer_seconds
+from parallab.core.plan_hardware import Hardware, hardware_for
+from parallab.core.planner import ADAMW_LOOP_OPS, estimate_step_time, fsdp_overhead_seconds, layout, optimizer_seconds
 from parallab.core.spec import JobSpec
 
 CPU = DeviceDescription(kind="cpu", name="cpu", memory_bytes=8 << 30, cores=2)
@@ -135,7 +136,7 @@ def test_a_profile_without_the_wrapped_measurements_defaults_to_none_of_them():
     assert old.fsdp_group_overhead_s(True) == 0.0
     j = job("fsdp")
     assert fsdp_overhead_seconds(j, cpu(old)) == 0.0
-    gpu = planner.Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=4)
+    gpu = Hardware(spec=load_catalogue().get("h100"), nodes=1, devices_per_node=4)
     assert fsdp_overhead_seconds(j, gpu) == 0.0
 
 

@@ -35,7 +35,8 @@ from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import Limits, ResolvedJob, resolve_job
 from parallab.core.layout import Layout, stage_sizes
 from parallab.core.megatron import FP16_OPTIMIZER_BYTES_PER_PARAM, step_terms
-from parallab.core.planner import Hardware, estimate_step_time, hardware_for, item_seconds, pipelined_exposed, placed_item_stride
+from parallab.core.plan_hardware import Hardware, hardware_for
+from parallab.core.planner import estimate_step_time, item_seconds, pipelined_exposed, placed_item_stride
 from parallab.core.prediction import predict
 from parallab.core.problems import SpecError
 from parallab.core.reserved import reserved_memory
