@@ -22,7 +22,7 @@ from parallab.core.recipes import RECIPE_DEFAULTS, reference_workload
 from parallab.core.result import ResultDocument
 from parallab.core.spec import JobSpec, key_fields
 from workers.harness.families import build_model
-from workers.harness.measure import live_tensors
+from workers.harness.memwatch import live_tensors
 from workers.harness.model import compile_blocks
 
 

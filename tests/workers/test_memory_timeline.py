@@ -162,7 +162,7 @@ def test_phase_marks_in_process_name_forward_backward_and_recomputation(tmp_path
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    from workers.harness.measure import phase_marks
+    from workers.harness.memwatch import phase_marks
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:

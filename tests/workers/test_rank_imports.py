@@ -21,7 +21,7 @@ PROBE = f"""
 import json, sys
 import workers.harness.main
 before = [m for m in {UNUSED!r} if m in sys.modules]
-from workers.harness.measure import MemTracker, ModTracker
+from workers.harness.memwatch import MemTracker, ModTracker
 from torch.distributed._tools import RuntimeEstimator, FSDPMemTracker
 import torch.distributed._tools as tools
 print(json.dumps({{
