@@ -16,7 +16,7 @@ from parallab.core.jobs import resolve_job
 from parallab.core.plan_hardware import hardware_for
 from parallab.core.planner import estimate_step_time, profile_terms
 from parallab.core.prediction import predict
-from parallab.core.ranking import evaluate
+from parallab.core.ranking import evaluate, plan_cluster
 from parallab.core.reserved import reserved_memory
 from parallab.core.run_recipe import RunRecipe
 from parallab.core.spec import JobSpec
@@ -206,6 +206,24 @@ def test_a_recipe_the_planner_does_not_count_is_refused_naming_its_field():
     with pytest.raises(ValueError, match="selective_policy: 'bogus' is not one of every_matmul, torchtitan_op"):
         RunRecipe(selective_policy="bogus")
     assert RunRecipe(loss_parallel=True).loss_parallel_at(8) and not RunRecipe(loss_parallel=True).loss_parallel_at(1)
+
+
+def test_a_ranking_keeps_the_candidates_a_recipe_cannot_count_apart_naming_the_field():
+    """torchtitan's policy on an MoE model: each selective candidate is invalid, with the recipe's
+    reason, and the candidates without recomputation are ranked as ever."""
+    ranking = plan_cluster(
+        {"model": "mixtral-8x7b"},
+        H100,
+        checkpointing=("none", "selective"),
+        precisions=("bf16",),
+        accumulation=(1,),
+        recipe=RunRecipe(selective_policy="torchtitan_op"),
+    )
+    refused = [r for r in ranking.invalid if r.reasons[0].startswith("selective_policy:")]
+    assert refused and all(r.activation_checkpointing == "selective" for r in refused)
+    assert "torchtitan_op is counted for dense SwiGLU blocks" in refused[0].reasons[0]
+    valid = ranking.fits + ranking.rejected
+    assert valid and {r.activation_checkpointing for r in valid} == {"none"}
 
 
 def test_loss_parallel_shards_the_logits_under_tensor_parallelism():
