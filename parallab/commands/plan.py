@@ -16,6 +16,7 @@ the world size nor the steps have a limit here. `--pool` plans on a pool's calib
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -41,7 +42,7 @@ from parallab.core.jobs import Limits, ResolvedJob
 from parallab.core.model import FFN_MULTIPLE, PRESETS, SCALED_FFN_MULTIPLE
 from parallab.core.prediction import predict
 from parallab.core.problems import RecipeError
-from parallab.core.run_recipe import RunRecipe
+from parallab.core.run_recipe import PARALLAB, RunRecipe
 from parallab.core.spec import workload_fields
 from parallab.core.strategies import TRAINING_STRATEGIES
 from parallab.core.units import format_bytes
@@ -178,9 +179,10 @@ def _predict_one(job: ResolvedJob, hw: Hardware | None, given: dict[str, Any], r
     except RecipeError as exc:  # a recipe the planner does not count for this model
         flag_error(exc)
     if json_out:
-        typer.echo(json.dumps({"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}, indent=2))
+        doc = {"workload": job.workload_document(), "strategy": job.strategy_document(), **prediction}
+        typer.echo(json.dumps({**doc, "run_recipe": dataclasses.asdict(recipe)}, indent=2))
         return
-    _print_table(job, given, prediction)
+    _print_table(job, given, prediction, recipe)
 
 
 def _notes(job: ResolvedJob, given: dict[str, Any]) -> list[str]:
@@ -205,7 +207,7 @@ def _notes(job: ResolvedJob, given: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, Any]) -> None:
+def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, Any], recipe: RunRecipe) -> None:
     workload, strategy = job.workload_document(), job.strategy_document()
     title = (
         f"{strategy['name']} × {strategy['world_size']} — {job.model_label}: L={workload['num_layers']} "
@@ -245,6 +247,9 @@ def _print_table(job: ResolvedJob, given: dict[str, Any], prediction: dict[str, 
         formula = (prediction.get("pipeline") or {}).get("bubble_formula")
         table.add_row("pipeline bubble", f"{prediction['bubble_fraction']:.1%}" + (f"  {formula}" if formula else ""))
     table.add_row("model FLOPs per token", f"{prediction['flops_per_token']:,}")
+    if recipe != PARALLAB:
+        said = [f"{k.replace('_', ' ')}: {v}" for k, v in dataclasses.asdict(recipe).items() if v != getattr(PARALLAB, k)]
+        table.add_row("recipe beyond the spec", ", ".join(said))
     if prediction.get("step_time_s") is not None:
         table.add_row("step time (estimate)", f"{prediction['step_time_s'] * 1e3:,.1f} ms {band_label(prediction)}")
         table.add_row("not modelled", escape(", ".join(prediction.get("not_modelled") or []) or "—"))

@@ -70,6 +70,10 @@ def test_a_compiled_loss_and_torchtitans_policy_change_the_printed_prediction(ho
     assert compiled["step_time_s"] < eager["step_time_s"]  # the loss moves 6 B an entry, not 12
     titan = json.loads(parallab(home, *EIGHT_B_FSDP, "--json", "--selective-policy", "torchtitan_op").stdout)
     assert titan["activation_bytes_per_rank"] != eager["activation_bytes_per_rank"]
+    assert compiled["run_recipe"] == {"loss_parallel": False, "selective_policy": "every_matmul", "compiled_loss": True}
+    table = " ".join(parallab(home, *EIGHT_B_FSDP, "--compiled-loss").stdout.split())
+    assert "recipe beyond the spec" in table and "compiled loss: True" in table
+    assert "recipe beyond the spec" not in " ".join(parallab(home, *EIGHT_B_FSDP).stdout.split())
 
 
 def test_a_recipe_the_planner_does_not_count_names_its_flag(home: Path) -> None:
