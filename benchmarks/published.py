@@ -52,7 +52,8 @@ class Checked:
 
     name: str
     predicted_memory_gib: float
-    published_memory_gib: float
+    published_memory_gib: float | None
+    """None where the run published no memory reading (its row holds the step time only)."""
     predicted_tokens_per_s_per_gpu: float
     published_tokens_per_s_per_gpu: float
     fits: bool
@@ -68,7 +69,9 @@ class Checked:
     not_modelled: list[str] | None = None
 
     @property
-    def memory_error(self) -> float:
+    def memory_error(self) -> float | None:
+        if self.published_memory_gib is None:
+            return None
         return self.predicted_memory_gib / self.published_memory_gib - 1
 
     @property
@@ -125,7 +128,7 @@ def evaluate_run(run: dict[str, Any]) -> tuple[PlanRow, Checked]:
     checked = Checked(
         name=run["name"],
         predicted_memory_gib=(row.memory_per_rank_bytes or 0) / GIB,
-        published_memory_gib=float(run["published_memory_gib"]),
+        published_memory_gib=None if run.get("published_memory_gib") is None else float(run["published_memory_gib"]),
         predicted_tokens_per_s_per_gpu=(row.tokens_per_s or 0.0) / world,
         published_tokens_per_s_per_gpu=float(run["published_tokens_per_s_per_gpu"]),
         fits=row.fits,
@@ -154,7 +157,11 @@ def bands(rows: list[Checked], runs: list[dict[str, Any]]) -> dict[str, list[dic
         if row.expected_failure or row.calibrates:
             continue
         out.setdefault(kind_of_run(run), []).append(
-            {"name": row.name, "step_time_error": round(row.step_time_error, 4), "memory_error": round(row.memory_error, 4)}
+            {
+                "name": row.name,
+                "step_time_error": round(row.step_time_error, 4),
+                "memory_error": None if row.memory_error is None else round(row.memory_error, 4),
+            }
         )
     return out
 
@@ -176,15 +183,18 @@ def table(rows: list[Checked]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
+        published, error = (
+            ("not published", "—") if r.memory_error is None else (f"{r.published_memory_gib:.1f} GiB", f"{r.memory_error:+.1%}")
+        )
         lines.append(
-            f"| {r.name} | {r.predicted_memory_gib:.1f} GiB | {r.published_memory_gib:.1f} GiB | {r.memory_error:+.1%} "
+            f"| {r.name} | {r.predicted_memory_gib:.1f} GiB | {published} | {error} "
             f"| {r.predicted_tokens_per_s_per_gpu:,.0f} | {r.published_tokens_per_s_per_gpu:,.0f} | {r.step_time_error:+.1%} "
             f"| {band_text(r.band)} | {'fits' if r.fits else 'rejected: ' + '; '.join(r.reasons)}"
             f"{' (known miss: ' + r.expected_failure + ')' if r.expected_failure else ''}"
             f"{' (sets the profile constant, not held out)' if r.calibrates else ''} |"
         )
     step = [abs(r.step_time_error) for r in rows if not r.step_time_expected_to_fail and not r.calibrates]
-    memory = [abs(r.memory_error) for r in rows if not r.memory_expected_to_fail]
+    memory = [abs(r.memory_error) for r in rows if r.memory_error is not None and not r.memory_expected_to_fail]
     if step and memory:
         lines.append("")
         lines.append(

@@ -74,7 +74,7 @@ def test_every_row_names_its_source_and_its_hardware_is_in_the_catalogue():
 
 def test_every_table_of_torchtitans_benchmark_is_recorded():
     """Tables 1–6 of llama3_h100_202412_torchtitan.md: 18 rows, evaluated or not, each once."""
-    names = [r["name"] for r in [*RUNS, *NOT_EVALUATED] if "torchtitan" in r["name"]]
+    names = [r["name"] for r in [*RUNS, *NOT_EVALUATED] if "llama3_h100_202412_torchtitan.md" in r["source"]]
     assert len(names) == len(set(names)) == 18
     for table_no in range(1, 7):
         assert any(f"Table {table_no}," in r["source"] for r in [*RUNS, *NOT_EVALUATED]), table_no
@@ -106,7 +106,7 @@ def test_every_selective_row_names_torchtitans_policy_and_its_source():
         if run["activation_checkpointing"] == "selective":
             assert run["selective_policy"] == "torchtitan_op", run["name"]
             source = run["selective_policy_source"]
-            assert "_save_list" in source and ("9dec370" in source or "e7c0cae" in source), run["name"]
+            assert "_save_list" in source and any(commit in source for commit in ("9dec370", "e7c0cae", "820504e")), run["name"]
 
 
 def test_the_rows_whose_loss_ran_compiled_are_held_only_with_it_counted(checked):
@@ -121,7 +121,7 @@ def test_the_rows_whose_loss_ran_compiled_are_held_only_with_it_counted(checked)
         assert 0.35 < eager_loss.memory_error < 0.45, (run["name"], eager_loss.memory_error)
 
 
-@pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS])
+@pytest.mark.parametrize("name", [_param(r["name"], "memory") for r in RUNS if r["published_memory_gib"] is not None])
 def test_memory_lands_within_ten_percent_of_the_reported_peak(checked, name):
     row = checked[name]
     assert abs(row.memory_error) <= MEMORY_TOLERANCE, (
@@ -143,11 +143,26 @@ def test_mean_step_time_error_is_under_eight_percent(checked):
 
 
 def test_mean_step_time_error_is_what_it_was_measured_at(checked):
-    """The mean the table prints over the 18 held rows (7.6 % with Trainy's two H200 rows held out,
-    −13.3 % and −14.8 %; 6.8 % over torchtitan's 16 with the ring's last backward hop exposed; 7.0 %
-    before, 8.4 % over 12 before async TP was modelled and Table 6's CP rows evaluated), held at
-    that figure so any change shows."""
-    assert mean_step_error(list(checked.values())) == pytest.approx(0.076, abs=0.0015)
+    """The mean the table prints over the 26 held rows (7.5 % with the June 2025 async TP benchmark's
+    eight rows held out; 7.6 % over 18 with Trainy's two H200 rows; 6.8 % over torchtitan's 16 with
+    the ring's last backward hop exposed; 7.0 % before, 8.4 % over 12 before async TP was modelled
+    and Table 6's CP rows evaluated), held at that figure so any change shows."""
+    assert mean_step_error(list(checked.values())) == pytest.approx(0.0749, abs=0.0015)
+
+
+def test_the_async_tp_benchmark_is_held_out_on_its_step_time_alone(checked):
+    """torchtitan's June 2025 async TP benchmark, added after the model was written and evaluated once:
+    its eight bf16 and Float8-tensorwise rows publish tokens/s only, so they are held to the step-time
+    bound and not to the memory one (first reading: −0.7, 0.0, +3.9, +13.7 % on 70B; −10.7, −11.7,
+    −9.7, −7.6 % on 8B; mean 7.3 %); its four Float8-rowwise rows are not evaluated (rowwise scaling
+    is not modelled), each saying why."""
+    june = {n: r for n, r in checked.items() if "async TP benchmark (June 2025)" in n}
+    assert len(june) == 8 and all(r.published_memory_gib is None and r.memory_error is None for r in june.values())
+    assert sum(abs(r.step_time_error) for r in june.values()) / 8 == pytest.approx(0.0726, abs=0.001)
+    assert all(abs(r.step_time_error) <= STEP_TIME_TOLERANCE for r in june.values())
+    rowwise = [r for r in NOT_EVALUATED if "async TP benchmark (June 2025)" in r["name"]]
+    assert len(rowwise) == 4 and all("rowwise" in r["name"] and "not modelled" in r["reason"] for r in rowwise)
+    assert "not published" in table(list(checked.values()))
 
 
 def test_mean_step_time_error_is_what_the_table_prints(checked):
@@ -281,14 +296,15 @@ def test_each_row_carries_its_held_out_band_and_what_it_does_not_model(checked):
         assert row.not_modelled, name
         if row.band is not None:
             assert name not in row.band["basis"] and row.band["n"] >= 1
-    tp_row, async_row = (r for n, r in checked.items() if "70B" in n)
+    tp_row, async_row = (r for n, r in checked.items() if n.startswith("torchtitan Llama 3.1 70B"))
     assert not [x for x in tp_row.not_modelled or [] if "async TP" in x]  # the 2D row does not ask for it
     for name, row in checked.items():  # every run that used AsyncTP asks for it, and its prediction says what it leaves out
         asked = "AsyncTP" in name or "405B" in name
         assert (ASYNC_TP_PARTLY_MODELLED in (row.not_modelled or [])) == asked, name
         assert ASYNC_TP_NOT_MODELLED not in (row.not_modelled or []), name  # each ran compiled with SP: modelled
-    assert tp_row.band is not None and tp_row.band["n"] == 1  # the AsyncTP row, the one other fp8 TP run
-    assert async_row.band is not None and async_row.band["n"] == 1  # the 2D row, held since its memory is counted
+    # each holds itself out of its band: the other Dec 2024 70B row and the June 2025 benchmark's four Float8-tensorwise TP rows
+    assert tp_row.band is not None and tp_row.band["n"] == 5
+    assert async_row.band is not None and async_row.band["n"] == 5
 
 
 CP_ROWS = [r for r in RUNS if " x CP " in r["name"] and r["model"] == "llama-3-8b" and not r["name"].endswith("CP 1, seq 32768, 8 x H100")]
@@ -501,7 +517,7 @@ def test_loss_parallel_gathers_no_logits():
 def test_async_tps_gain_on_the_70b_row_is_torchtitans_within_two_points(checked):
     """Table 4's pair differs only in AsyncTP: torchtitan read 876 against 829 tokens/s (+5.7 %); the
     prediction's gain, from the fused collectives alone, lands within two points of it."""
-    two_d, fused = (r for n, r in checked.items() if "70B" in n)
+    two_d, fused = (r for n, r in checked.items() if n.startswith("torchtitan Llama 3.1 70B"))
     published = fused.published_tokens_per_s_per_gpu / two_d.published_tokens_per_s_per_gpu - 1
     predicted = fused.predicted_tokens_per_s_per_gpu / two_d.predicted_tokens_per_s_per_gpu - 1
     assert published == pytest.approx(0.057, abs=0.001)
