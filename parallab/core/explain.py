@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parallab.core.costs import activation_dtype_bytes
 from parallab.core.dims import APPLY_ORDER, compose
 from parallab.core.jobs import ResolvedJob
 from parallab.core.plan_hardware import Hardware
@@ -63,6 +64,14 @@ def _comm_lines(job: ResolvedJob, hw: Hardware, compute: float, recipe: RunRecip
     return lines
 
 
+def _logits_gradient_formula(job: ResolvedJob, recipe: RunRecipe) -> str:
+    """The logits' gradient as `activations.head_bytes_per_token` counts it: fp32, or the logits'
+    own dtype under a compiled loss; V/tp wide under loss parallel."""
+    nbytes = activation_dtype_bytes(job.workload.precision) if recipe.compiled_loss else 4
+    width = "V/tp" if recipe.loss_parallel_at(job.degrees["tp"]) else "V"
+    return f"{nbytes} B × {width} per token of one micro-batch"
+
+
 def explain(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB) -> dict[str, Any]:
     """The step and the memory of `job` on `hw` under `recipe`, term by term (module docstring)."""
     estimate = estimate_step_time(job, hw, recipe)
@@ -96,7 +105,7 @@ def explain(job: ResolvedJob, hw: Hardware, recipe: RunRecipe = PARALLAB) -> dic
         memory = [
             {"name": "model state", "bytes": state, "formula": "params + grads + optimizer", "entry": "-"},
             {"name": "activations", "bytes": act, "formula": "Korthikanti et al. 2022, counted for this model", "entry": "-"},
-            {"name": "logits' gradient", "bytes": temp, "formula": "4 B × V per token of one micro-batch", "entry": "-"},
+            {"name": "logits' gradient", "bytes": temp, "formula": _logits_gradient_formula(job, recipe), "entry": "-"},
             {"name": "allocated peak", "bytes": state + act + temp, "formula": "sum", "entry": "-"},
         ]
     return {"step_s": estimate.step_s, "tokens_per_s": estimate.tokens_per_s, "step": step, "memory": memory}

@@ -11,6 +11,7 @@ from parallab.core.accuracy import OUTSIDE, accuracy_of
 from parallab.core.activations import selective_kept_bytes
 from parallab.core.device_profile import PROFILES_DIR, ProfileError, load_profile, parse_profile
 from parallab.core.dims.tp import tp_comm
+from parallab.core.explain import explain
 from parallab.core.hardware import load_catalogue
 from parallab.core.jobs import resolve_job
 from parallab.core.plan_hardware import hardware_for
@@ -198,6 +199,16 @@ def test_a_compiled_loss_moves_the_16_bit_logits_three_times():
     eager, compiled = ({t.name: t.seconds for t in profile_terms(job(), H100, recipe=RunRecipe(compiled_loss=c))} for c in (False, True))
     assert compiled["loss (compiled)"] == pytest.approx(eager["loss (fp32 logits)"] / 2, rel=1e-9)
     assert {k: v for k, v in compiled.items() if k != "loss (compiled)"} == {k: v for k, v in eager.items() if k != "loss (fp32 logits)"}
+
+
+def test_explain_on_a_datasheet_says_the_logits_gradient_as_the_recipe_makes_it():
+    """Without a device profile the memory lines are the prediction's parts: the logits' gradient is
+    fp32 from the eager loss and 16-bit from a compiled one, and says so with the bytes it counts."""
+    cpu = hardware_for(CATALOGUE.get("cpu"), nodes=1, devices_per_node=8)
+    j = job(model="llama-8b", global_batch_size=16)
+    lines = {c: {m["name"]: m for m in explain(j, cpu, RunRecipe(compiled_loss=c))["memory"]}["logits' gradient"] for c in (False, True)}
+    assert lines[False]["formula"].startswith("4 B × V") and lines[True]["formula"].startswith("2 B × V")
+    assert lines[False]["bytes"] == 2 * lines[True]["bytes"]
 
 
 def test_a_recipe_the_planner_does_not_count_is_refused_naming_its_field():
