@@ -138,3 +138,4 @@ def test_the_plan_page_ranks_under_the_recipe_it_was_given(client) -> None:
     refused = client.get("/plan", params={**query, "compiled_loss": "true", "loss_parallel": "true"})
     assert refused.status_code == 200 and "compiled_loss: a compiled loss under loss parallel is not modelled" in refused.text
     assert "configurations fit" not in refused.text
+    assert client.get("/plan", params={**query, "selective_policy": "x" * 40}).status_code == 422  # bounded as the API's

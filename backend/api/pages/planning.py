@@ -7,9 +7,9 @@ refuses exactly what the API refuses.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
@@ -57,7 +57,7 @@ def plan_page(
     top: int = 25,
     loss_parallel: bool = False,
     compiled_loss: bool = False,
-    selective_policy: str = "every_matmul",
+    selective_policy: Annotated[str, Query(max_length=32)] = "every_matmul",
 ) -> HTMLResponse:
     values = {
         "model": model,
