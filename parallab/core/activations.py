@@ -333,7 +333,7 @@ def loss_backward_temporaries(*, loss_parallel: bool = False, compiled_loss: boo
       handler only casts). The same body in torch before and after the published runs' commit.
     - A compiled loss on whole logits: the fused backward's output, the gradient itself: 1."""
     if compiled_loss and loss_parallel:
-        raise RecipeError("compiled_loss", "a compiled loss under loss parallel is not modelled")
+        raise RecipeError("compiled_loss", COMPILED_UNDER_LOSS_PARALLEL)
     return 1 if compiled_loss else 3 if loss_parallel else 2
 
 
@@ -350,6 +350,14 @@ SELECTIVE_POLICIES = {
     "reduce-scatters' outputs",
 }
 """Selective recomputation policies the planner counts: parallab's own, and the one a published run used."""
+COMPILED_UNDER_LOSS_PARALLEL = "a compiled loss under loss parallel is not modelled"
+"""Why a compiled loss beside loss parallel is refused (`loss_backward_temporaries`, `run_recipe.RunRecipe`)."""
+
+
+def check_selective_policy(policy: str) -> None:
+    """A RecipeError naming the field where `policy` is not one of `SELECTIVE_POLICIES`."""
+    if policy not in SELECTIVE_POLICIES:
+        raise RecipeError("selective_policy", f"{policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
 
 
 def selective_kept_bytes(
@@ -376,8 +384,7 @@ def selective_kept_bytes(
         matmuls = a * ((h + cfg.kv_dim + f) / tp + h)  # wq, wv, w1 (column-split), w2 (full width, partial under tp)
         attention = a * h / tp + RESIDUAL_BYTES * cfg.num_heads / tp  # the flash kernel's output and logsumexp
         return block_input + matmuls + attention + (reduced if sequence_parallel else 0.0)  # only reduce-scatters are kept
-    if policy != "every_matmul":
-        raise RecipeError("selective_policy", f"{policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+    check_selective_policy(policy)
     attention = a * ((h + 2 * cfg.kv_dim) / tp + h)  # wq, wk, wv (column-split; k, v kv_dim wide), wo (full width, partial under tp)
     if cfg.is_mla:  # the matmuls' outputs: q_a (if any), q, kv_a (latent and rotary key), kv_b, o (no tp: refused)
         heads = cfg.num_heads

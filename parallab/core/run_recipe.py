@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parallab.core.activations import SELECTIVE_POLICIES
+from parallab.core.activations import COMPILED_UNDER_LOSS_PARALLEL, check_selective_policy
 from parallab.core.problems import RecipeError
 
 
@@ -33,10 +33,9 @@ class RunRecipe:
     each (`gpu_time`)."""
 
     def __post_init__(self) -> None:
-        if self.selective_policy not in SELECTIVE_POLICIES:
-            raise RecipeError("selective_policy", f"{self.selective_policy!r} is not one of {', '.join(SELECTIVE_POLICIES)}")
+        check_selective_policy(self.selective_policy)
         if self.compiled_loss and self.loss_parallel:
-            raise RecipeError("compiled_loss", "a compiled loss under loss parallel is not modelled (give one of the two)")
+            raise RecipeError("compiled_loss", f"{COMPILED_UNDER_LOSS_PARALLEL} (give one of the two)")
 
     def loss_parallel_at(self, tp: int) -> bool:
         """Whether the loss runs on vocabulary shards at tensor-parallel degree `tp`."""
